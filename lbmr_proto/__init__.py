@@ -1,0 +1,1 @@
+"""lbmr_proto: the LBMR (Ultra Messaging topic resolution) wire format."""

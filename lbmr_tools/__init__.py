@@ -1,0 +1,1 @@
+"""lbmr_tools: command-line tools over the LBMR wire format (lbmr-inspect, ...)."""

@@ -1,0 +1,1 @@
+"""lbmrd: unicast topic-resolution daemon (lands with the lbmrd issue)."""

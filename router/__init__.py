@@ -1,0 +1,1 @@
+"""router: Topic Resolution Domain router (lands with the router issue)."""
