@@ -139,7 +139,19 @@ class Fixed:
 
 
 def fixed(cls):
-    """Class decorator: make ``cls`` a slotted dataclass and compile its layout."""
+    """Class decorator: make ``cls`` a slotted dataclass, compile its layout
+    and generate a specialised ``unpack_body`` (one ``unpack_from`` and one
+    constructor call, no loops) -- the decoder's hot path."""
     cls = dataclass(slots=True)(cls)
     cls._compile()
+    nhead = len(cls._HEAD)
+    names = [f"_h{i}" for i in range(nhead)] + [f"v{i}" for i in range(len(cls._NAMES))]
+    args = [f"ip_text(v{i})" if i in cls._IPIDX else f"v{i}" for i in range(len(cls._NAMES))]
+    lhs = ", ".join(names) + ("," if len(names) == 1 else "")
+    src = (f"def unpack_body(data, off):\n"
+           f"    {lhs} = unpack_from(data, off)\n"
+           f"    return cls({', '.join(args)})\n")
+    ns = {"unpack_from": cls._S.unpack_from, "cls": cls, "ip_text": ip_text}
+    exec(src, ns)  # noqa: S102 - generated from the class's own field list
+    cls.unpack_body = staticmethod(ns["unpack_body"])
     return cls

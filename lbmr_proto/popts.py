@@ -128,20 +128,34 @@ def check_packet_options(data: bytes, off: int) -> None:
 
 
 def decode_packet_options(data: bytes, off: int) -> list:
-    check_packet_options(data, off)
+    """Decode (and validate, in the same pass) the trailer from ``off``."""
     end = len(data) - 4
     out: list = []
     p = off
     get = PACKET_OPTION_TYPES.get
     while p < end:
+        if p + 2 > end:
+            raise LBMRDecodeError(p, "packet option header truncated")
         typ = data[p]
         ln = data[p + 1]
         cls = get(typ)
-        if cls is None:
-            out.append(UnknownPacketOption(typ, _HDR.unpack_from(data, p)[2], data[p + 4:p + ln]))
-        else:
+        if cls is not None:
+            if ln != cls.SIZE:
+                raise LBMRDecodeError(p, f"packet option {typ:#04x} has len {ln}, expected {cls.SIZE}")
+            if p + ln > end:
+                break
             out.append(cls.unpack_body(data, p))
+        elif typ == LENGTH_OPTION:
+            raise LBMRDecodeError(p, "length option before the end of the packet options")
+        elif ln < 4:
+            raise LBMRDecodeError(p, f"packet option {typ:#04x} has len {ln} (< 4)")
+        else:
+            if p + ln > end:
+                break
+            out.append(UnknownPacketOption(typ, _HDR.unpack_from(data, p)[2], data[p + 4:p + ln]))
         p += ln
+    if p != end:
+        raise LBMRDecodeError(end, "packet options overrun the length option")
     return out
 
 

@@ -278,22 +278,46 @@ def check_tir_options(data: bytes, off: int, end: int) -> int:
 
 
 def decode_tir_options(data: bytes, off: int, end: int) -> tuple[list, int]:
-    """Decode a TIR options chunk at ``off``; returns (options, offset after the chunk)."""
-    stop = check_tir_options(data, off, end)
+    """Decode (and validate, in the same pass as :func:`check_tir_options`
+    would) a TIR options chunk at ``off``; returns (options, offset after it)."""
+    if off + 4 > end:
+        raise LBMRDecodeError(off, "TIR options chunk truncated")
+    typ, ln, total = _HDR.unpack_from(data, off)
+    if typ != 0 or ln != 4:
+        raise LBMRDecodeError(off, f"TIR options must start with the length option, got type {typ:#04x} len {ln}")
+    if total < 4 or off + total > end:
+        raise LBMRDecodeError(off, f"TIR options total_len {total} does not fit")
+    stop = off + total
     out: list = []
     p = off + 4
     get = TIR_OPTION_TYPES.get
     while p < stop:
+        if p + 2 > stop:
+            raise LBMRDecodeError(p, "TIR option header truncated")
         typ = data[p]
         ln = data[p + 1]
         cls = get(typ)
-        if cls is None:
-            out.append(UnknownTirOption(typ, _HDR.unpack_from(data, p)[2], data[p + 4:p + ln]))
-        elif cls is UmqQueueInfoOption:
-            out.append(UmqQueueInfoOption(_HDR.unpack_from(data, p)[2], text(data[p + 4:p + ln])))
-        else:
+        if cls is not None and cls is not UmqQueueInfoOption:
+            if ln != cls.SIZE:
+                raise LBMRDecodeError(p, f"TIR option {typ:#04x} has len {ln}, expected {cls.SIZE}")
+            if p + ln > stop:
+                break
             out.append(cls.unpack_body(data, p))
+        elif typ == 0:
+            raise LBMRDecodeError(p, "second length option inside a TIR options chunk")
+        elif ln < 4:
+            raise LBMRDecodeError(p, f"TIR option {typ:#04x} has len {ln} (< 4)")
+        else:
+            if p + ln > stop:
+                break
+            flags = _HDR.unpack_from(data, p)[2]
+            if cls is None:
+                out.append(UnknownTirOption(typ, flags, data[p + 4:p + ln]))
+            else:
+                out.append(UmqQueueInfoOption(flags, text(data[p + 4:p + ln])))
         p += ln
+    if p != stop:
+        raise LBMRDecodeError(stop, "TIR options overrun their total_len")
     return out, stop
 
 
