@@ -12,14 +12,22 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from ._wire import read_strz
 from .constants import HDR_OPTIONS_FLAG, PacketType
 from .errors import LBMRDecodeError, LBMREncodeError
 from .ext import decode_ext
 from .popts import decode_packet_options, encode_packet_options, trailer_length
 from .records import (
-    QIR, QQR, TIR, TQR, TopicMgmtBlock, WcTQR, decode_qir, decode_tir, decode_tmb,
+    QIR,
+    QQR,
+    TIR,
+    TQR,
+    TopicMgmtBlock,
+    WcTQR,
+    decode_qir,
+    decode_tir,
+    decode_tmb,
 )
-from ._wire import read_strz
 
 _HDR = struct.Struct("!BBH")
 TYPE_NAMES = {

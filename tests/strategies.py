@@ -15,7 +15,7 @@ u8 = st.integers(0, 0xFF)
 u16 = st.integers(0, 0xFFFF)
 u32 = st.integers(0, 0xFFFFFFFF)
 i32 = st.integers(-(2**31), 2**31 - 1)
-ipv4 = st.tuples(u8, u8, u8, u8).map(lambda t: "%d.%d.%d.%d" % t)
+ipv4 = st.tuples(u8, u8, u8, u8).map(lambda t: ".".join(map(str, t)))
 b8 = st.binary(min_size=8, max_size=8)
 # printable ASCII names (what UM topics are in practice), 1..60 chars
 name = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=60)

@@ -1,0 +1,273 @@
+"""lbmr-inspect: print LBMR (UM topic resolution) packets from captures or live traffic.
+
+One line per LBMR datagram (or one JSON object per line with ``--json``), and
+a per-type / per-topic / per-sender summary with ``--stats``. See
+lbmr-inspect(1).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+
+import click
+
+from lbmr_proto import LBMRDecodeError, decode
+from lbmr_proto.capture import CaptureError, UdpDatagram, read_udp
+from lbmr_proto.constants import LBMR_MC_PORT, LBMRD_PORT
+from lbmr_proto.jsonview import packet_dict
+from lbmr_proto.packet import TYPE_NAMES, Packet
+
+DEFAULT_PORTS = frozenset({LBMR_MC_PORT, LBMRD_PORT})
+TYPE_CHOICES = sorted(TYPE_NAMES.values())
+
+
+def _addr(t) -> str:
+    """Short text of a transport's address fields."""
+    n = t.NAME
+    if n == "LBTRM":
+        return f"{t.ip}:{t.src_ucast_port} grp {t.mcast_group}:{t.dest_port} sess {t.session_id:#x}"
+    if n in ("LBTIPC", "LBTSMX"):
+        return f"host {t.host_id:#x} xport {t.xport_id} sess {t.session_id:#x}"
+    if n == "UNKNOWN":
+        return f"type {t.type_code:#04x} {len(t.data)} bytes"
+    sess = getattr(t, "session_id", None)
+    return f"{t.ip}:{t.port}" + ("" if sess is None else f" sess {sess:#x}")
+
+
+def describe(pkt: Packet) -> str:
+    """One human-readable line for a decoded packet (without time and addresses)."""
+    parts = [f"{pkt.type_name} v{pkt.version}"]
+    for q in pkt.tqrs:
+        parts.append(f"TQR '{q.topic}'")
+    for w in pkt.wc_tqrs:
+        parts.append(f"WC-TQR {'PCRE' if w.pattern_type == 1 else 'REGEX' if w.pattern_type == 2 else w.pattern_type} '{w.pattern}'")
+    for t in pkt.tirs:
+        opts = "" if not t.options else " [" + ",".join(type(o).__name__.removesuffix("Option") for o in t.options) + "]"
+        parts.append(f"TIR '{t.topic}' {t.transport.NAME} {_addr(t.transport)} idx {t.index}{opts}")
+    if pkt.tmb is not None:
+        for m in pkt.tmb.tmrs:
+            parts.append(f"TMR {'use' if m.type == 1 else 'leave' if m.type == 0 else m.type} '{m.name}' flags {m.flags:#04x}")
+    for q in pkt.qqrs:
+        parts.append(f"QQR '{q.queue}'")
+    for q in pkt.qirs:
+        parts.append(f"QIR '{q.queue}' topic '{q.topic}' id {q.queue_id}")
+    if pkt.ext is not None:
+        parts.append(f"{type(pkt.ext).__name__} {packet_dict(pkt)['ext']}")
+    if pkt.options:
+        parts.append("opts " + ",".join(type(o).__name__.removesuffix("Option") for o in pkt.options))
+    return "; ".join(parts)
+
+
+def topics_of(pkt: Packet) -> list[str]:
+    """Every topic, pattern, TMR name and queue name a packet carries."""
+    out = [q.topic for q in pkt.tqrs] + [w.pattern for w in pkt.wc_tqrs] + [t.topic for t in pkt.tirs]
+    if pkt.tmb is not None:
+        out += [m.name for m in pkt.tmb.tmrs]
+    out += [q.queue for q in pkt.qqrs] + [q.topic for q in pkt.qirs]
+    return out
+
+
+def _from_scapy(p, frame, IP, UDP) -> UdpDatagram:  # noqa: N803
+    ip = p[IP]
+    udp = p[UDP]
+    return UdpDatagram(float(p.time), ip.src, udp.sport, ip.dst, udp.dport, bytes(udp.payload), frame, -1)
+
+
+def _sniff_iter(iface: str, count: int | None) -> Iterator[UdpDatagram]:
+    """Yield sniffed datagrams as they arrive (AsyncSniffer + queue, bounded)."""
+    import queue
+
+    from scapy.all import IP, UDP, AsyncSniffer
+
+    q: queue.Queue = queue.Queue(maxsize=10000)
+    state = {"frame": 0}
+
+    def on_packet(p):
+        if IP in p and UDP in p:
+            state["frame"] += 1
+            try:
+                q.put_nowait(_from_scapy(p, state["frame"], IP, UDP))
+            except queue.Full:
+                pass  # a flood must not grow memory without bound
+
+    sniffer = AsyncSniffer(iface=iface, filter="udp", prn=on_packet, store=False)
+    sniffer.start()
+    try:
+        n = 0
+        while count is None or n < count:
+            try:
+                yield q.get(timeout=0.5)
+                n += 1
+            except queue.Empty:
+                if not sniffer.running:
+                    return
+    finally:
+        if sniffer.running:
+            sniffer.stop()
+
+
+class Stats:
+    """Counters for ``--stats`` (like the vendor's TR sniffer summary)."""
+
+    def __init__(self) -> None:
+        self.types: Counter[str] = Counter()
+        self.tqr_topics: Counter[str] = Counter()
+        self.tir_topics: Counter[str] = Counter()
+        self.wc_patterns: Counter[str] = Counter()
+        self.senders: Counter[str] = Counter()
+        self.sender_bytes: Counter[str] = Counter()
+        self.errors = 0
+        self.packets = 0
+
+    def add(self, d: UdpDatagram, pkt: Packet | None) -> None:
+        src = f"{d.src}:{d.sport}"
+        self.packets += 1
+        self.senders[src] += 1
+        self.sender_bytes[src] += len(d.payload)
+        if pkt is None:
+            self.errors += 1
+            self.types["ERROR"] += 1
+            return
+        self.types[pkt.type_name] += 1
+        self.tqr_topics.update(q.topic for q in pkt.tqrs)
+        self.tir_topics.update(t.topic for t in pkt.tirs)
+        self.wc_patterns.update(w.pattern for w in pkt.wc_tqrs)
+
+    def as_dict(self) -> dict:
+        topics = sorted(set(self.tqr_topics) | set(self.tir_topics))
+        return {
+            "packets": self.packets,
+            "decode_errors": self.errors,
+            "types": dict(self.types.most_common()),
+            "topics": {t: {"tqrs": self.tqr_topics[t], "tirs": self.tir_topics[t]} for t in topics},
+            "wc_patterns": dict(self.wc_patterns.most_common()),
+            "senders": {s: {"packets": n, "bytes": self.sender_bytes[s]} for s, n in self.senders.most_common()},
+        }
+
+    def render(self) -> str:
+        d = self.as_dict()
+        lines = [f"{d['packets']} LBMR datagrams, {d['decode_errors']} undecodable", "", "By type:"]
+        lines += [f"  {k:<12} {v:>10}" for k, v in d["types"].items()]
+        lines += ["", f"By topic ({len(d['topics'])}):", f"  {'TQRs':>8} {'TIRs':>8}  topic"]
+        for t, c in sorted(d["topics"].items(), key=lambda kv: -(kv[1]["tqrs"] + kv[1]["tirs"])):
+            lines.append(f"  {c['tqrs']:>8} {c['tirs']:>8}  {t}")
+        if d["wc_patterns"]:
+            lines += ["", "Wildcard patterns:"] + [f"  {v:>8}  {k}" for k, v in d["wc_patterns"].items()]
+        lines += ["", f"By sender ({len(d['senders'])}):", f"  {'packets':>8} {'bytes':>10}  sender"]
+        lines += [f"  {c['packets']:>8} {c['bytes']:>10}  {s}" for s, c in d["senders"].items()]
+        return "\n".join(lines)
+
+
+def _ts_text(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def run(datagrams: Iterable[UdpDatagram], ports: frozenset[int], *, as_json: bool,
+        topic_re: re.Pattern | None, types: set[str], stats: Stats | None, limit: int | None,
+        out) -> int:
+    """Decode, filter and print; returns the number of LBMR datagrams shown."""
+    shown = 0
+    for d in datagrams:
+        if d.sport not in ports and d.dport not in ports:
+            continue
+        try:
+            pkt: Packet | None = decode(d.payload)
+            err = None
+        except LBMRDecodeError as e:
+            pkt, err = None, str(e)
+        if types and (pkt.type_name if pkt is not None else "ERROR") not in types:
+            continue
+        if topic_re is not None and (pkt is None or not any(topic_re.search(t) for t in topics_of(pkt))):
+            continue
+        shown += 1
+        if stats is not None:
+            stats.add(d, pkt)
+        elif as_json:
+            obj = {"ts": d.ts, "src": f"{d.src}:{d.sport}", "dst": f"{d.dst}:{d.dport}", "frame": d.frame,
+                   "len": len(d.payload)}
+            if pkt is None:
+                obj.update(error=err, data=d.payload.hex())
+            else:
+                obj.update(packet_dict(pkt))
+            out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        else:
+            what = describe(pkt) if pkt is not None else f"ERROR {err}"
+            out.write(f"{d.frame:>7} {_ts_text(d.ts)} {d.src}:{d.sport} -> {d.dst}:{d.dport} {what}\n")
+        if limit is not None and shown >= limit:
+            break
+    return shown
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("captures", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+@click.option("--live", "iface", metavar="IFACE", help="Sniff live traffic on IFACE through scapy (needs root).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per LBMR datagram per line.")
+@click.option("--port", "ports", type=click.IntRange(1, 65535), multiple=True, metavar="N",
+              help="Also treat UDP port N as LBMR (repeatable). Always: 12965, 15380.")
+@click.option("--topic", "topic", metavar="REGEX", help="Only packets with a topic/pattern/queue matching REGEX.")
+@click.option("--type", "types", type=click.Choice(TYPE_CHOICES + ["ERROR"], case_sensitive=False),
+              multiple=True, help="Only packets of this type (repeatable); ERROR = undecodable.")
+@click.option("--stats", is_flag=True, help="Print counts per type, per topic and per sender instead of packets.")
+@click.option("-c", "--count", type=click.IntRange(min=1), help="Stop after N LBMR datagrams.")
+def main(captures, iface, as_json, ports, topic, types, stats, count):
+    """Print the LBMR (Ultra Messaging topic resolution) datagrams in CAPTURES
+    (pcap or pcapng files) or, with --live, on a network interface.
+
+    \b
+    Examples:
+      lbmr-inspect trace.pcapng
+      lbmr-inspect --json --topic '^md\\.' trace.pcap | jq .tirs
+      lbmr-inspect --stats trace.pcap
+      sudo lbmr-inspect --live eth0 --type NORMAL
+    """
+    if not captures and not iface:
+        raise click.UsageError("give at least one capture file or --live IFACE")
+    try:
+        topic_re = re.compile(topic) if topic else None
+    except re.error as e:
+        raise click.BadParameter(f"{topic!r}: {e}", param_hint="--topic") from None
+    portset = DEFAULT_PORTS | frozenset(ports)
+    typeset = {t.upper() for t in types}
+    st = Stats() if stats else None
+    out = click.get_text_stream("stdout")
+    failed = False
+    remaining = count
+    try:
+        sources: list[Iterable[UdpDatagram]] = []
+        errors: list[CaptureError] = []
+        for path in captures:
+            sources.append(read_udp(path, ports=portset, on_error=errors.append))
+        if iface:
+            sources.append(_sniff_iter(iface, None))
+        for src in sources:
+            n = run(src, portset, as_json=as_json, topic_re=topic_re, types=typeset, stats=st,
+                    limit=remaining, out=out)
+            for e in errors:
+                click.echo(f"lbmr-inspect: {e}", err=True)
+                failed = True
+            errors.clear()
+            if remaining is not None:
+                remaining -= n
+                if remaining <= 0:
+                    break
+        if st is not None:
+            out.write((json.dumps(st.as_dict()) if as_json else st.render()) + "\n")
+        out.flush()
+    except BrokenPipeError:  # e.g. `| head`
+        sys.stderr.close()
+        sys.exit(0)
+    except PermissionError as e:
+        raise click.ClickException(f"{e} (live capture needs root)") from None
+    except OSError as e:
+        raise click.ClickException(str(e)) from None
+    if failed:
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
