@@ -234,7 +234,7 @@ def main(captures, iface, as_json, ports, topic, types, stats, count):
     portset = DEFAULT_PORTS | frozenset(ports)
     typeset = {t.upper() for t in types}
     st = Stats() if stats else None
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     failed = False
     remaining = count
     try:
