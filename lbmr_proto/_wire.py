@@ -92,9 +92,13 @@ def opt_wire(s: str, nul: bool) -> bytes:
     return wire(s) + (b"\0" if nul else b"")
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Fixed:
     """Base of records whose wire layout is one struct format.
+
+    These are immutable values (like dnspython's rdata): decoded instances
+    may be shared between packets, so change one with
+    :func:`dataclasses.replace`.
 
     A subclass sets ``_FMT`` (struct codes of its dataclass fields in
     declaration order, without the leading ``!``), ``_HEAD`` (struct codes of
@@ -142,7 +146,7 @@ def fixed(cls):
     """Class decorator: make ``cls`` a slotted dataclass, compile its layout
     and generate a specialised ``unpack_body`` (one ``unpack_from`` and one
     constructor call, no loops) -- the decoder's hot path."""
-    cls = dataclass(slots=True)(cls)
+    cls = dataclass(frozen=True, slots=True)(cls)
     cls._compile()
     nhead = len(cls._HEAD)
     names = [f"_h{i}" for i in range(nhead)] + [f"v{i}" for i in range(len(cls._NAMES))]

@@ -27,28 +27,45 @@ _LABELS = {
 }
 
 
+_SHAPES: dict[type, tuple] = {}
+
+
+def _shape(cls: type) -> tuple:
+    """(label, field names, has CODE, has EXT) of a record class, computed once."""
+    s = _SHAPES.get(cls)
+    if s is None:
+        names = tuple(f.name for f in fields(cls))
+        s = _SHAPES[cls] = (_LABELS.get(cls.__name__), names, hasattr(cls, "CODE"),
+                            hasattr(cls, "EXT") and "ext_type" not in names)
+    return s
+
+
 def plain(obj: Any) -> Any:
     """Recursively turn codec objects into dicts/lists/ints/strs."""
-    if isinstance(obj, (bytes, bytearray)):
+    t = type(obj)
+    if t is int or t is str or obj is None or t is bool:
+        return obj
+    if t is bytes or t is bytearray:
         return obj.hex()
-    if isinstance(obj, list):
+    if t is list or t is tuple:
         return [plain(x) for x in obj]
-    if is_dataclass(obj):
-        d: dict[str, Any] = {}
-        label = _LABELS.get(type(obj).__name__)
-        if label is not None:
-            d["kind"] = label
-            code = getattr(obj, "CODE", None)
-            if code is None:
-                code = getattr(obj, "code", None)
-            if code is not None:
-                d["code"] = code
-        for f in fields(obj):
-            d[f.name] = plain(getattr(obj, f.name))
-        if label is not None and "EXT" in dir(type(obj)) and "ext_type" not in d:
-            d["ext_type"] = int(obj.EXT)
-        return d
-    return obj
+    if not is_dataclass(obj):
+        return int(obj) if isinstance(obj, int) else obj
+    label, names, has_code, has_ext = _shape(t)
+    d: dict[str, Any] = {}
+    if label is not None:
+        d["kind"] = label
+        if has_code:
+            d["code"] = obj.CODE
+        elif "code" in names:
+            d["code"] = obj.code
+    for n in names:
+        v = getattr(obj, n)
+        tv = type(v)
+        d[n] = v if tv is int or tv is str or v is None else plain(v)
+    if has_ext:
+        d["ext_type"] = int(obj.EXT)
+    return d
 
 
 def tir_dict(tir: TIR) -> dict[str, Any]:
@@ -59,8 +76,8 @@ def tir_dict(tir: TIR) -> dict[str, Any]:
         d["transport_type"] = t.type_code
         d["data"] = t.data.hex()
     else:
-        for f in fields(t):
-            d[f.name] = getattr(t, f.name)
+        for n in t._NAMES:
+            d[n] = getattr(t, n)
     d["options"] = None if tir.options is None else plain(tir.options)
     return d
 

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass, field
 
 from ._wire import read_strz
-from .constants import HDR_OPTIONS_FLAG, PacketType
+from .constants import HDR_OPTIONS_FLAG, MAX_NAME_LEN, PacketType
 from .errors import LBMRDecodeError, LBMREncodeError
 from .ext import decode_ext
 from .popts import decode_packet_options, encode_packet_options, trailer_length
@@ -30,6 +30,9 @@ from .records import (
 )
 
 _HDR = struct.Struct("!BBH")
+# packet-options trailer bytes -> decoded (immutable) options; a sender's
+# trailer is the same in every datagram it sends. Bounded: cleared when full.
+_TRAILER_CACHE: dict[bytes, tuple] = {}
 TYPE_NAMES = {
     0: "NORMAL", 1: "WC_TQR", 2: "RCV_ALIVE", 3: "SRC_ALIVE", 4: "TOPIC_MGMT",
     6: "QUEUE_RES", 7: "EXT",
@@ -91,9 +94,13 @@ def decode(data: bytes | bytearray | memoryview) -> Packet:
         p = 4
         if ptype == 0:
             tq = pkt.tqrs
+            find = data.find
             for _ in range(b1):
-                topic, p = read_strz(data, p, end, "TQR topic")
-                tq.append(TQR(topic))
+                nul = find(b"\0", p, end)
+                if nul < 0 or nul - p >= MAX_NAME_LEN:
+                    read_strz(data, p, end, "TQR topic")  # raises the precise error
+                tq.append(TQR(data[p:nul].decode("utf-8", "surrogateescape")))
+                p = nul + 1
         else:
             wq = pkt.wc_tqrs
             for _ in range(b1):
@@ -127,7 +134,14 @@ def decode(data: bytes | bytearray | memoryview) -> Packet:
     if p != end:
         raise LBMRDecodeError(p, f"{end - p} stray bytes after the records")
     if b0 & HDR_OPTIONS_FLAG:
-        pkt.options = decode_packet_options(data, end)
+        trailer = data[end:]
+        opts = _TRAILER_CACHE.get(trailer)
+        if opts is None:
+            opts = tuple(decode_packet_options(data, end))
+            if len(_TRAILER_CACHE) >= 4096:
+                _TRAILER_CACHE.clear()
+            _TRAILER_CACHE[trailer] = opts
+        pkt.options = list(opts)
     return pkt
 
 

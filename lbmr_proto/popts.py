@@ -68,7 +68,7 @@ class LocalDomainOption(PacketOption):
     local_domain_id: int = 0
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class UnknownPacketOption:
     """A packet option the codec does not know, kept byte for byte."""
 

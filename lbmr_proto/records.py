@@ -155,7 +155,7 @@ class LbtrdmaTransport(TransportBody):
     port: int = 0
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class UnknownTransport:
     """A transport the codec does not dissect (TCP6 0x02, PGM 0x11, others): raw body."""
 
@@ -222,11 +222,37 @@ class TIR:
         return strz(self.topic, "TIR topic") + hdr + opts + body
 
 
+# TIR tail (8-byte header + options chunk + transport body) -> decoded parts.
+# Sources re-advertise the same bytes over and over, so the immutable parts of
+# a TIR are decoded once per distinct tail. Bounded: cleared when full.
+_TAIL_CACHE: dict[bytes, tuple] = {}
+TAIL_CACHE_MAX = 1 << 16
+
+
 def decode_tir(data: bytes, off: int, end: int) -> tuple[TIR, int]:
     """Decode one TIR at ``off`` (record area ends at ``end``)."""
     topic, p = read_strz(data, off, end, "TIR topic")
     if p + 8 > end:
         raise LBMRDecodeError(p, "TIR header truncated")
+    stop = p + 8 + data[p + 1]
+    if data[p] & TIR_OPTIONS_FLAG and p + 12 <= end:
+        stop += (data[p + 10] << 8) | data[p + 11]
+    if stop <= end:
+        tail = data[p:stop]
+        hit = _TAIL_CACHE.get(tail)
+        if hit is not None:  # these exact bytes were fully validated before
+            ttl, index, opts, body = hit
+            return TIR(topic, body, ttl, index, None if opts is None else list(opts)), stop
+    tir, q = _decode_tir_tail(data, p, end, topic)
+    if q == stop:
+        if len(_TAIL_CACHE) >= TAIL_CACHE_MAX:
+            _TAIL_CACHE.clear()
+        _TAIL_CACHE[tail] = (tir.ttl, tir.index, None if tir.options is None else tuple(tir.options),
+                             tir.transport)
+    return tir, q
+
+
+def _decode_tir_tail(data: bytes, p: int, end: int, topic: str) -> tuple[TIR, int]:
     tbyte, tlen, ttl, index = _TIRHDR.unpack_from(data, p)
     p += 8
     options = None

@@ -198,7 +198,7 @@ class ExFuncOption(TirOption):
     functionality_flags: int = 0
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class UmqQueueInfoOption:
     """0x06: UMQ queue info; variable length: 4 + queue-name bytes (no NUL required)."""
 
@@ -213,7 +213,7 @@ class UmqQueueInfoOption:
         return _HDR.pack(self.CODE, 4 + len(q), self.flags) + q
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class UnknownTirOption:
     """A TIR option whose type the codec does not know, kept byte for byte."""
 
