@@ -61,7 +61,7 @@ def main() -> int:
               f"in {time.perf_counter() - t0:.1f} s")
         small = Path(tmp) / "tr-head.pcap"
         with PcapWriter(small) as w:
-            for i, d in enumerate(datagrams(args.tshark_packets)):
+            for d in datagrams(args.tshark_packets):
                 w.write_udp(*d)
         n = args.packets
         payloads = [d.payload for d in read_udp(cap)]

@@ -46,7 +46,7 @@ def datagrams(n: int, *, contexts: int = 200, topics: int = 5000, seed: int = 7
                 for j in range(rng.randint(1, 3)):
                     t = rng.randrange(3)
                     if t == 0:
-                        body = L.LbtrmTransport(ip, "239.100.0.%d" % (c % 200), rng.getrandbits(32), 14400, 14390 + j)
+                        body = L.LbtrmTransport(ip, f"239.100.0.{c % 200}", rng.getrandbits(32), 14400, 14390 + j)
                     elif t == 1:
                         body = L.TcpTransport(ip, 14371 + j)
                     else:
@@ -60,7 +60,7 @@ def datagrams(n: int, *, contexts: int = 200, topics: int = 5000, seed: int = 7
             tq = [L.TQR(rng.choice(names)) for _ in range(rng.randint(1, 2))]
             yield ts, ip, port, "10.0.0.1", 15380, L.encode(L.Packet(0, 1, tqrs=tq, options=trailer))
         elif r < 0.80:
-            wc = [L.WcTQR(r"^md\.%s\..*" % rng.choice(["eq", "fx"]), 1)]
+            wc = [L.WcTQR("^md\\." + rng.choice(["eq", "fx"]) + r"\..*", 1)]
             yield ts, ip, port, "10.0.0.1", 15380, L.encode(L.Packet(1, 1, wc_tqrs=wc, options=trailer))
         else:
             yield ts, ip, port, "10.0.0.1", 15380, bytes((2 + (k & 1), 0, 0, 0))
