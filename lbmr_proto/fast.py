@@ -26,7 +26,7 @@ from .errors import LBMRDecodeError
 from .packet import decode
 from .popts import check_packet_options, trailer_length
 from .records import KNOWN_TRANSPORTS, TRANSPORT_BODIES
-from .topts import check_tir_options
+from .topts import check_tir_options, option_addr_pairs
 
 _HDR = struct.Struct("!BBH")
 
@@ -42,7 +42,9 @@ class TirFields(NamedTuple):
 
     ``topic``..``topic_end`` is the topic name without its NUL; ``addr`` the
     source IPv4 address (4 bytes), ``port`` the source port (2 bytes; for
-    LBT-RM the source unicast port), ``body`` the transport body start.
+    LBT-RM the source unicast port), ``body`` the transport body start;
+    ``opt_pairs`` the (address, port) offset pairs carried by TIR options
+    (UME source and store, UME store, late join, ULB, extended functionality).
     """
 
     transport: int
@@ -51,6 +53,7 @@ class TirFields(NamedTuple):
     body: int
     addr: int
     port: int
+    opt_pairs: tuple[tuple[int, int], ...] = ()
 
 
 class ScanResult(NamedTuple):
@@ -122,8 +125,10 @@ def scan(data: bytes) -> ScanResult:
             tbyte = data[h]
             tlen = data[h + 1]
             body = h + 8
+            pairs = ()
             if tbyte & TIR_OPTIONS_FLAG:
-                body = check_tir_options(data, body, end)
+                body = check_tir_options(data, h + 8, end)
+                pairs = option_addr_pairs(data, h + 8, body)
             code = tbyte & 0x7F
             if body + tlen > end:
                 raise LBMRDecodeError(body, f"TIR transport body of {tlen} bytes truncated")
@@ -131,10 +136,11 @@ def scan(data: bytes) -> ScanResult:
             if fields is None:
                 if code in KNOWN_TRANSPORTS:
                     raise LBMRDecodeError(h + 1, f"wrong transport length {tlen} for transport {code:#04x}")
-                append(TirFields(code, p, nul, body, -1, -1))
+                append(TirFields(code, p, nul, body, -1, -1, pairs))
             else:
                 a, o = fields
-                append(TirFields(code, p, nul, body, -1 if a < 0 else body + a, -1 if o < 0 else body + o))
+                append(TirFields(code, p, nul, body, -1 if a < 0 else body + a, -1 if o < 0 else body + o,
+                                 pairs))
             p = body + tlen
     if p != end:
         raise LBMRDecodeError(p, f"{end - p} stray bytes after the records")

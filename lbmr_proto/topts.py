@@ -243,6 +243,32 @@ TIR_OPTION_TYPES: dict[int, type] = {
 _FIXED_SIZE = {code: cls.SIZE for code, cls in TIR_OPTION_TYPES.items() if hasattr(cls, "SIZE")}
 
 
+# Address-bearing options: type -> ((address offset, port offset), ...) within
+# the option (4-byte IPv4 address, 2-byte port; big-endian). Resolver daemons
+# fill in 0.0.0.0 and apply NAT rules to each pair separately.
+OPTION_ADDR_PAIRS: dict[int, tuple[tuple[int, int], ...]] = {
+    UmeOption.CODE: ((12, 6), (8, 4)),  # source, store
+    UmeStoreOption.CODE: ((8, 4),),
+    LateJoinOption.CODE: ((8, 4),),
+    UlbOption.CODE: ((20, 24),),
+    ExFuncOption.CODE: ((8, 4),),
+}
+
+
+def option_addr_pairs(data: bytes, off: int, stop: int) -> tuple[tuple[int, int], ...]:
+    """Datagram offsets of the (address, port) pairs in the already validated
+    TIR options chunk ``data[off:stop]``."""
+    out: list[tuple[int, int]] = []
+    p = off + 4
+    get = OPTION_ADDR_PAIRS.get
+    while p < stop:
+        pairs = get(data[p])
+        if pairs is not None:
+            out += [(p + a, p + o) for a, o in pairs]
+        p += data[p + 1]
+    return tuple(out)
+
+
 def check_tir_options(data: bytes, off: int, end: int) -> int:
     """Validate a TIR options chunk at ``off`` without building objects.
 

@@ -82,6 +82,17 @@ def test_scan_agrees_with_decode_on_valid(pkt):
             port = getattr(t.transport, "port", getattr(t.transport, "src_ucast_port", None))
             if f.port >= 0:
                 assert int.from_bytes(b[f.port:f.port + 2], "big") == port
+            want = []
+            for o in t.options or ():
+                if isinstance(o, L.UmeOption):
+                    want += [(o.src_tcp_addr, o.src_tcp_port), (o.store_tcp_addr, o.store_tcp_port)]
+                elif isinstance(o, L.UmeStoreOption):
+                    want.append((o.store_ip_addr, o.store_tcp_port))
+                elif isinstance(o, (L.LateJoinOption, L.ExFuncOption, L.UlbOption)):
+                    want.append((o.src_ip_addr, o.src_tcp_port))
+            got = [(".".join(str(x) for x in b[a:a + 4]), int.from_bytes(b[q:q + 2], "big"))
+                   for a, q in f.opt_pairs]
+            assert got == want
 
 
 def _outcome(fn, b):
