@@ -1,0 +1,219 @@
+"""lbmrd command line: the same options as Ultra Messaging's lbmrd, plus
+long-only extensions. See lbmrd(8).
+
+Exit status: 0 normal stop or valid file; 1 invalid configuration;
+2 usage error; 3 socket/bind failure; 4 fatal runtime error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import logging
+import sys
+import time
+
+import trio
+
+from .interfaces import InterfaceError, resolve_interface
+from .server import Daemon, Settings
+
+EXIT_CONFIG, EXIT_USAGE, EXIT_SOCKET, EXIT_FATAL = 1, 2, 3, 4
+log = logging.getLogger("lbmrd")
+
+
+class _UTCFormatter(logging.Formatter):
+    converter = time.gmtime
+
+    def formatTime(self, record, datefmt=None):  # noqa: N802 - logging API
+        t = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        return f"{t}.{int(record.msecs):03d}Z"
+
+
+class _JSONFormatter(_UTCFormatter):
+    def format(self, record):
+        return json.dumps({"ts": self.formatTime(record), "level": record.levelname.lower(),
+                           "logger": record.name, "msg": record.getMessage()})
+
+
+def setup_logging(logfile: str | None, fmt: str, level: int = logging.INFO) -> None:
+    handler: logging.Handler = logging.FileHandler(logfile) if logfile else logging.StreamHandler(sys.stdout)
+    handler.setFormatter(_JSONFormatter() if fmt == "json" else
+                         _UTCFormatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))
+    root = logging.getLogger("lbmrd")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {s!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {s!r}")
+    return v
+
+
+def _port(s: str) -> int:
+    v = _positive_int(s)
+    if v > 65535:
+        raise argparse.ArgumentTypeError(f"port out of range: {s!r}")
+    return v
+
+
+def _hostport(s: str) -> tuple[str, int]:
+    host, sep, port = s.rpartition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected ADDR:PORT, got {s!r}")
+    return host or "127.0.0.1", int(_port(port)) if port != "0" else 0
+
+
+def _cidr(s: str) -> str:
+    try:
+        ipaddress.IPv4Network(s, strict=False)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return s
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="lbmrd", description="Unicast topic-resolution daemon for Ultra Messaging "
+                "(lbmr-kit's drop-in lbmrd).", add_help=False)
+    p.add_argument("config", nargs="?", metavar="config-file", help="XML configuration file (optional)")
+    g = p.add_argument_group("UM lbmrd options")
+    g.add_argument("-a", "--activity", type=_positive_int, metavar="IVL",
+                   help="activity check interval in milliseconds (default 60000)")
+    g.add_argument("-d", "--dump-dtd", action="store_true", help="print the configuration DTD and exit")
+    g.add_argument("-h", "--help", action="help", help="print this help and exit")
+    g.add_argument("-i", "--interface", metavar="ADDR",
+                   help="interface to bind: address, CIDR network, device name or host name (default 0.0.0.0)")
+    g.add_argument("-L", "--logfile", metavar="FILE", help="write the log to FILE instead of stdout")
+    g.add_argument("-p", "--port", type=_port, metavar="PORT", help="UDP port to listen on (default 15380)")
+    g.add_argument("-t", "--ttl", type=_positive_int, metavar="TTL",
+                   help="seconds of silence after which a client is removed (default 60)")
+    g.add_argument("-r", "--rcv-buf", type=_positive_int, metavar="SIZE", help="socket receive buffer, bytes (default 1048576)")
+    g.add_argument("-s", "--snd-buf", type=_positive_int, metavar="SIZE", help="socket send buffer, bytes (default 1048576)")
+    g.add_argument("-v", "--validate", action="store_true", help="validate config-file and exit (0 = valid)")
+    g.add_argument("-f", "--lic-file", metavar="FILE", help=argparse.SUPPRESS)
+    g.add_argument("--strict", action="store_true",
+                   help="with -v: require UM's strict grammar (<domains> and <transformations> present)")
+    x = p.add_argument_group("lbmr-kit extensions")
+    x.add_argument("--metrics", type=_hostport, metavar="ADDR:PORT",
+                   help="serve Prometheus /metrics and JSON /status over HTTP (off by default)")
+    x.add_argument("--allow", type=_cidr, action="append", default=[], metavar="CIDR",
+                   help="accept clients only from these networks (repeatable; default: everyone)")
+    x.add_argument("--max-clients", type=_positive_int, metavar="N",
+                   help="at most N clients; when full, new clients are refused and counted")
+    x.add_argument("--rate-limit", type=float, metavar="N", help="per-client limit, datagrams per second")
+    x.add_argument("--burst", type=float, metavar="N", help="per-client burst, datagrams (default 2 x rate)")
+    x.add_argument("--echo", action="store_true", help="also send each datagram back to its sender")
+    x.add_argument("--log-format", choices=["text", "json"], default="text", help="log line format")
+    x.add_argument("--stats-interval", type=float, default=60.0, metavar="SECONDS",
+                   help="period of the one-line stats log, 0 = off (default 60)")
+    x.add_argument("--events", type=_positive_int, default=1000, metavar="N", help="size of the recent-events ring")
+    x.add_argument("--debug", action="store_true", help="debug logging")
+    return p
+
+
+def effective_settings(args, cfg) -> Settings:
+    """CLI values override the file's <daemon> values, which override defaults."""
+    d = cfg.daemon if cfg is not None else None
+
+    def pick(cli, attr, default):
+        if cli is not None:
+            return cli
+        v = getattr(d, attr, None) if d is not None else None
+        return default if v is None else v
+
+    iface = pick(args.interface, "interface", "0.0.0.0")
+    return Settings(
+        bind_ip=resolve_interface(iface),
+        port=pick(args.port, "port", 15380),
+        activity_ms=pick(args.activity, "activity_ms", 60000),
+        ttl_s=float(pick(args.ttl, "ttl_s", 60)),
+        rcv_buf=pick(args.rcv_buf, "rcv_buf", 1048576),
+        snd_buf=pick(args.snd_buf, "snd_buf", 1048576),
+        config_path=args.config, metrics=args.metrics, allow=args.allow, max_clients=args.max_clients,
+        rate=args.rate_limit, burst=args.burst, echo=args.echo, stats_interval=args.stats_interval,
+        events=args.events,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .config import DTD_TEXT, ConfigError, load_config, validate
+
+    args = build_parser().parse_args(argv)
+    if args.dump_dtd:
+        sys.stdout.write(DTD_TEXT)
+        return 0
+    if args.validate:
+        if not args.config:
+            print("lbmrd: -v/--validate needs a config-file", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            cfg = validate(args.config, strict=args.strict)
+        except ConfigError as e:
+            print(f"lbmrd: {e.format_all()}", file=sys.stderr)
+            return EXIT_CONFIG
+        for line, msg in cfg.warnings:
+            print(f"lbmrd: {args.config}:{line}: warning: {msg}", file=sys.stderr)
+        print(f"{args.config}: valid")
+        return 0
+    cfg = None
+    if args.config:
+        try:
+            cfg = load_config(args.config)
+        except ConfigError as e:
+            print(f"lbmrd: {e}", file=sys.stderr)
+            return EXIT_CONFIG
+    logfile = args.logfile or (cfg.daemon.log if cfg is not None else None)
+    try:
+        setup_logging(logfile, args.log_format, logging.DEBUG if args.debug else logging.INFO)
+    except OSError as e:
+        print(f"lbmrd: cannot open log file: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.lic_file:
+        log.warning("-f/--lic-file is ignored (no licence is needed)")
+    try:
+        settings = effective_settings(args, cfg)
+    except InterfaceError as e:
+        log.error("%s", e)
+        return EXIT_USAGE
+    if cfg is not None:
+        for line, msg in cfg.warnings:
+            log.warning("%s:%s: %s", args.config, line, msg)
+    if settings.activity_ms > settings.ttl_s * 1000:
+        log.warning("activity interval %d ms is longer than the ttl (%g s): clients may live up to %g s",
+                    settings.activity_ms, settings.ttl_s, settings.ttl_s + settings.activity_ms / 1000)
+    if settings.bind_ip == "0.0.0.0":
+        log.warning("bound to all interfaces: replies leave from the address the route picks; give -i "
+                    "the address clients use in resolver_unicast_daemon")
+    log.info("lbmr-kit lbmrd starting: interface %s port %d ttl %g s activity %d ms config %s",
+             settings.bind_ip, settings.port, settings.ttl_s, settings.activity_ms, args.config or "(none)")
+    reload = (lambda: load_config(args.config)) if args.config else None
+    daemon = Daemon(settings, cfg, reload=reload)
+    try:
+        trio.run(daemon.run)
+    except KeyboardInterrupt:
+        log.info("stopping (interrupt)")
+        return 0
+    except OSError as e:
+        log.error("socket error: %s", e)
+        return EXIT_SOCKET
+    except Exception:  # noqa: BLE001
+        log.exception("fatal error")
+        return EXIT_FATAL
+    return 0
+
+
+def entry() -> None:
+    sys.exit(main())

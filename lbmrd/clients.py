@@ -1,0 +1,142 @@
+"""The lbmrd client table (sans-IO): who has sent us valid topic resolution
+recently, grouped by NAT domain for the fan-out.
+
+Times are in seconds (floats from any monotonic clock the caller uses).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Iterator
+
+_SOCKADDR = struct.Struct("=H2s4s8x")  # struct sockaddr_in (Linux): family host order, port/addr network order
+
+
+class Client:
+    """One registered client: a UM context's unicast TR socket (ip, port)."""
+
+    __slots__ = ("addr", "ip4", "sockaddr", "domain", "first_seen", "last_seen", "tokens",
+                 "token_time", "rx", "group", "pos")
+
+    def __init__(self, addr: tuple[str, int], now: float, domain: str | None, burst: float) -> None:
+        self.addr = addr
+        self.ip4 = socket.inet_aton(addr[0])
+        self.sockaddr = _SOCKADDR.pack(socket.AF_INET, addr[1].to_bytes(2, "big"), self.ip4)
+        self.domain = domain
+        self.first_seen = now
+        self.last_seen = now
+        self.tokens = burst  # rate-limit bucket (datagrams)
+        self.token_time = now
+        self.rx = 0  # datagrams received from this client
+        self.group: Group | None = None
+        self.pos = -1
+
+    def as_dict(self, now: float) -> dict:
+        return {"addr": f"{self.addr[0]}:{self.addr[1]}", "domain": self.domain,
+                "age_s": round(now - self.first_seen, 3), "idle_s": round(now - self.last_seen, 3),
+                "datagrams": self.rx}
+
+
+class Group:
+    """The clients of one NAT domain, as a dense list (for batched sends).
+
+    ``version`` changes whenever membership changes, so a sender can cache
+    per-group socket-address arrays and rebuild them only then.
+    """
+
+    __slots__ = ("domain", "members", "version")
+
+    def __init__(self, domain: str | None) -> None:
+        self.domain = domain
+        self.members: list[Client] = []
+        self.version = 0
+
+    def add(self, c: Client) -> None:
+        c.group = self
+        c.pos = len(self.members)
+        self.members.append(c)
+        self.version += 1
+
+    def remove(self, c: Client) -> None:
+        last = self.members.pop()
+        if last is not c:  # move the last member into the hole: O(1)
+            self.members[c.pos] = last
+            last.pos = c.pos
+        c.group = None
+        c.pos = -1
+        self.version += 1
+
+
+class ClientTable:
+    """Clients keyed by their datagrams' source (ip, port).
+
+    ``ttl`` seconds of silence make a client removable by :meth:`expire`.
+    ``max_clients`` bounds the table: when it is full a new client is refused
+    (its datagram is dropped and counted by the relay) and known clients keep
+    their place -- a flood of new sources cannot push real clients out.
+    """
+
+    def __init__(self, ttl: float = 60.0, max_clients: int | None = None, burst: float = 0.0) -> None:
+        self.ttl = ttl
+        self.max_clients = max_clients
+        self.burst = burst
+        self._by_addr: dict[tuple[str, int], Client] = {}
+        self.groups: dict[str | None, Group] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_addr)
+
+    def __iter__(self) -> Iterator[Client]:
+        return iter(self._by_addr.values())
+
+    def get(self, addr: tuple[str, int]) -> Client | None:
+        return self._by_addr.get(addr)
+
+    def register(self, addr: tuple[str, int], now: float, domain: str | None) -> Client | None:
+        """Add a new client (``None`` when the table is full)."""
+        if self.max_clients is not None and len(self._by_addr) >= self.max_clients:
+            return None
+        c = Client(addr, now, domain, self.burst)
+        self._by_addr[addr] = c
+        self._group(domain).add(c)
+        return c
+
+    def _group(self, domain: str | None) -> Group:
+        g = self.groups.get(domain)
+        if g is None:
+            g = self.groups[domain] = Group(domain)
+        return g
+
+    def remove(self, c: Client) -> None:
+        del self._by_addr[c.addr]
+        g = c.group
+        if g is not None:
+            g.remove(c)
+            if not g.members:
+                del self.groups[g.domain]
+
+    def expire(self, now: float) -> list[Client]:
+        """Remove and return every client silent for more than ``ttl`` seconds."""
+        limit = now - self.ttl
+        dead = [c for c in self._by_addr.values() if c.last_seen < limit]
+        for c in dead:
+            self.remove(c)
+        return dead
+
+    def regroup(self, domain_of) -> int:
+        """Re-classify every client with ``domain_of(ip4) -> domain`` (after a
+        config reload); returns how many moved."""
+        moved = 0
+        for c in list(self._by_addr.values()):
+            d = domain_of(c.ip4)
+            if d != c.domain:
+                g = c.group
+                if g is not None:
+                    g.remove(c)
+                    if not g.members:
+                        del self.groups[g.domain]
+                c.domain = d
+                self._group(d).add(c)
+                moved += 1
+        return moved

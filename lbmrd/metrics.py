@@ -1,0 +1,81 @@
+"""A small HTTP endpoint for lbmrd: ``GET /metrics`` (Prometheus text
+format) and ``GET /status`` (JSON: client table, counters, recent events).
+Loopback by default; requests are bounded in size and time."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import trio
+
+log = logging.getLogger("lbmrd")
+MAX_REQUEST = 8192
+REQUEST_TIMEOUT = 5.0
+
+
+def prometheus_text(daemon) -> str:
+    c = daemon.core.counters
+    out = [
+        "# HELP lbmrd_clients Known clients.", "# TYPE lbmrd_clients gauge",
+        f"lbmrd_clients {len(daemon.core.table)}",
+    ]
+    for dom, g in sorted(daemon.core.table.groups.items(), key=lambda kv: str(kv[0])):
+        out.append(f'lbmrd_clients_by_domain{{domain="{dom or ""}"}} {len(g.members)}')
+    out += ["# HELP lbmrd_datagrams_in_total Valid datagrams received, by packet type.",
+            "# TYPE lbmrd_datagrams_in_total counter"]
+    out += [f'lbmrd_datagrams_in_total{{type="{k}"}} {v}' for k, v in sorted(c.rx.items())]
+    out += ["# HELP lbmrd_datagrams_out_total Datagrams sent.", "# TYPE lbmrd_datagrams_out_total counter",
+            f"lbmrd_datagrams_out_total {c.tx}",
+            "# TYPE lbmrd_bytes_in_total counter", f"lbmrd_bytes_in_total {c.rx_bytes}",
+            "# TYPE lbmrd_bytes_out_total counter", f"lbmrd_bytes_out_total {c.tx_bytes}",
+            "# HELP lbmrd_drops_total Datagrams dropped, by reason.", "# TYPE lbmrd_drops_total counter"]
+    out += [f'lbmrd_drops_total{{reason="{k}"}} {v}' for k, v in sorted(c.drops.items())]
+    out += ["# HELP lbmrd_send_errors_total Send failures, by errno.", "# TYPE lbmrd_send_errors_total counter"]
+    out += [f'lbmrd_send_errors_total{{errno="{k}"}} {v}' for k, v in sorted(c.send_errors.items())]
+    out += ["# HELP lbmrd_nat_rewrites_total Per-domain copies rewritten by NAT rules.",
+            "# TYPE lbmrd_nat_rewrites_total counter", f"lbmrd_nat_rewrites_total {c.nat_rewrites}",
+            "# HELP lbmrd_fillins_total 0.0.0.0 address fields filled with the sender's address.",
+            "# TYPE lbmrd_fillins_total counter", f"lbmrd_fillins_total {c.fillins}",
+            "# TYPE lbmrd_clients_added_total counter", f"lbmrd_clients_added_total {c.clients_added}",
+            "# TYPE lbmrd_clients_expired_total counter", f"lbmrd_clients_expired_total {c.clients_expired}"]
+    return "\n".join(out) + "\n"
+
+
+async def _handle(stream: trio.SocketStream, daemon) -> None:
+    try:
+        with trio.move_on_after(REQUEST_TIMEOUT):
+            req = b""
+            while b"\r\n\r\n" not in req and b"\n\n" not in req and len(req) < MAX_REQUEST:
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    break
+                req += chunk
+            parts = req.split(b"\r\n", 1)[0].split()
+            path = parts[1].decode("ascii", "replace") if len(parts) >= 2 else ""
+            if parts[:1] != [b"GET"]:
+                status, ctype, body = "405 Method Not Allowed", "text/plain", "GET only\n"
+            elif path == "/metrics":
+                status, ctype, body = "200 OK", "text/plain; version=0.0.4", prometheus_text(daemon)
+            elif path == "/status":
+                status, ctype = "200 OK", "application/json"
+                body = json.dumps(daemon.core.snapshot(trio.current_time()))
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", "try /metrics or /status\n"
+            data = body.encode()
+            head = (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
+                    "Connection: close\r\n\r\n").encode()
+            await stream.send_all(head + data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    finally:
+        await stream.aclose()
+
+
+async def serve_metrics(daemon, addr: tuple[str, int], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    listeners = await trio.open_tcp_listeners(addr[1], host=addr[0])
+    bound = listeners[0].socket.getsockname()
+    log.info("metrics on http://%s:%d/metrics and /status", bound[0], bound[1])
+    async with trio.open_nursery() as nursery:
+        task_status.started(bound)
+        await trio.serve_listeners(lambda s: _handle(s, daemon), listeners, handler_nursery=nursery)

@@ -1,0 +1,141 @@
+"""lbmrd's sans-IO relay core: client table, relay decisions, fill-in, limits."""
+
+from __future__ import annotations
+
+import pytest
+
+import lbmr_proto as L
+from lbmrd.clients import ClientTable
+from lbmrd.relay import Drop, Quiet, Relay, RelayCore, Reply
+
+A = ("10.0.0.1", 14402)
+B = ("10.0.0.2", 14402)
+C = ("10.0.0.3", 14403)
+TQR = L.encode(L.Packet(0, 1, tqrs=[L.TQR("md.X")]))
+
+
+def tir_packet(ip="0.0.0.0", port=14371, topic="md.X", options=None):
+    return L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, L.TcpTransport(ip, port), 16, 1, options)]))
+
+
+def dests(d: Relay) -> list[tuple[bytes, list]]:
+    """(payload, [addr...]) as the shell would send, sender excluded."""
+    return [(p, sorted(c.addr for c in g.members if c is not d.sender)) for p, g in d.parts]
+
+
+def test_keepalives_register_and_get_a_normal_reply():
+    core = RelayCore()
+    for t in (2, 3):
+        d = core.handle(bytes((t, 0, 0, 0)), A, 0.0)
+        assert d == Reply(b"\x00\x00\x00\x00")
+    d = core.handle(bytes((0x12, 0, 0, 0)), B, 0.0)  # version 1 receiver alive
+    assert d == Reply(b"\x10\x00\x00\x00")
+    assert isinstance(core.handle(b"\x00\x00\x00\x00", C, 0.0), Quiet)
+    assert len(core.table) == 3 and core.counters.clients_added == 3
+    assert core.counters.rx == {"RCV_ALIVE": 2, "SRC_ALIVE": 1, "NORMAL": 1}
+
+
+def test_relay_goes_to_every_other_client_unchanged():
+    core = RelayCore()
+    for a in (A, B, C):
+        core.handle(b"\x02\x00\x00\x00", a, 0.0)
+    d = core.handle(TQR, A, 1.0)
+    assert isinstance(d, Relay) and d.sender.addr == A
+    assert dests(d) == [(TQR, [B, C])]
+    assert d.parts[0][0] is TQR  # one shared buffer, no copy
+
+
+def test_malformed_is_dropped_and_does_not_register():
+    core = RelayCore()
+    for bad in (b"", b"\x05\x00\x00\x00", b"\x00\x01\x00\x00abc", TQR + b"x"):
+        assert core.handle(bad, A, 0.0) == Drop("malformed")
+    assert len(core.table) == 0 and core.counters.drops["malformed"] == 4
+    assert [e[1] for e in core.events] == ["malformed"] * 4
+
+
+def test_fill_in_replaces_zero_addresses_with_the_sender():
+    core = RelayCore()
+    core.handle(b"\x02\x00\x00\x00", B, 0.0)
+    opts = [L.ExFuncOption(0x8000, 14391, 0, "0.0.0.0", 1), L.UmeOption(0, 1, 2, "10.9.9.9", "0.0.0.0")]
+    d = core.handle(tir_packet(options=opts), A, 0.0)
+    (payload, to), = dests(d)
+    assert to == [B]
+    tir = L.decode(payload).tirs[0]
+    assert tir.transport.ip == "10.0.0.1" and tir.transport.port == 14371
+    assert tir.options[0].src_ip_addr == "10.0.0.1"
+    assert tir.options[1].src_tcp_addr == "10.0.0.1" and tir.options[1].store_tcp_addr == "10.9.9.9"
+    assert core.counters.fillins == 3
+    # a real address is left alone and the buffer is shared
+    data = tir_packet("192.168.5.5")
+    d = core.handle(data, A, 0.0)
+    assert d.parts[0][0] is data
+
+
+def test_lbtrm_fill_in_never_touches_the_group():
+    core = RelayCore()
+    core.handle(b"\x02\x00\x00\x00", B, 0.0)
+    data = L.encode(L.Packet(0, tirs=[L.TIR("t", L.LbtrmTransport("0.0.0.0", "239.1.1.1", 5, 14400, 14390))]))
+    (payload, _), = dests(core.handle(data, A, 0.0))
+    t = L.decode(payload).tirs[0].transport
+    assert (t.ip, t.mcast_group, t.src_ucast_port) == ("10.0.0.1", "239.1.1.1", 14390)
+
+
+def test_expiry_after_ttl():
+    core = RelayCore(ttl=60)
+    core.handle(b"\x02\x00\x00\x00", A, 0.0)
+    core.handle(b"\x02\x00\x00\x00", B, 30.0)
+    assert core.expire(59.0) == []
+    core.handle(TQR, A, 59.5)  # any valid datagram refreshes
+    assert [c.addr for c in core.expire(90.5)] == [B]
+    assert [c.addr for c in core.table] == [A]
+    assert core.counters.clients_expired == 1
+    assert [c.addr for c in core.expire(120.0)] == [A]
+    assert len(core.table) == 0 and core.table.groups == {}
+
+
+def test_max_clients_refuses_new_and_keeps_old():
+    core = RelayCore(max_clients=2)
+    core.handle(TQR, A, 0.0)
+    core.handle(TQR, B, 0.0)
+    assert core.handle(TQR, C, 0.0) == Drop("table_full")
+    assert {c.addr for c in core.table} == {A, B}
+    assert isinstance(core.handle(TQR, A, 1.0), Relay)
+    assert core.counters.drops["table_full"] == 1
+
+
+def test_allow_list():
+    core = RelayCore(allow=["10.0.0.0/31"])
+    assert isinstance(core.handle(TQR, A, 0.0), Relay)
+    assert core.handle(TQR, B, 0.0) == Drop("denied")
+    assert len(core.table) == 1
+
+
+def test_rate_limit_token_bucket():
+    core = RelayCore(rate=10.0, burst=3)
+    got = [core.handle(TQR, A, 0.0) for _ in range(5)]
+    assert [type(g).__name__ for g in got] == ["Relay", "Relay", "Relay", "Drop", "Drop"]
+    assert isinstance(core.handle(TQR, A, 0.1), Relay)  # one token back after 100 ms
+    assert core.handle(TQR, A, 0.1) == Drop("rate_limited")
+    assert core.counters.drops["rate_limited"] == 3
+
+
+def test_snapshot_and_events_ring_is_bounded():
+    core = RelayCore(events=5)
+    for i in range(20):
+        core.handle(b"\x02\x00\x00\x00", (f"10.0.1.{i}", 14402), float(i))
+    snap = core.snapshot(20.0)
+    assert len(snap["clients"]) == 20 and len(snap["events"]) == 5
+    assert snap["events"][-1]["detail"].startswith("10.0.1.19:14402")
+    assert snap["counters"]["clients_added"] == 20
+
+
+def test_client_table_remove_keeps_dense_groups():
+    t = ClientTable(ttl=10)
+    cs = [t.register((f"10.0.0.{i}", 1), 0.0, None) for i in range(5)]
+    g = t.groups[None]
+    v = g.version
+    t.remove(cs[1])
+    assert [c.addr[0] for c in g.members] == ["10.0.0.0", "10.0.0.4", "10.0.0.2", "10.0.0.3"]
+    assert all(c.pos == i for i, c in enumerate(g.members)) and g.version != v
+    with pytest.raises(KeyError):
+        t.remove(cs[1])
