@@ -3,7 +3,9 @@ benchmarks: a population of contexts (each with its own packet-options
 trailer) advertising and querying a pool of topics, as UM 6.x sends them.
 
 Mix per datagram: 40% TIR advertisements (1-3 TIRs, LBT-RM / TCP / LBT-RU,
-each with OTID and extended-functionality options), 35% TQRs (1-2 topics),
+each with OTID and extended-functionality options; each context re-sends
+its own 40 advertisements), 35% TQRs (1-2 topics; each context re-sends its
+own 20 queries),
 5% wildcard TQRs, 20% unicast keepalives -- every datagram but the
 keepalives carrying the trailer (source id, source type, version, domain).
 """
@@ -57,8 +59,13 @@ def datagrams(n: int, *, contexts: int = 200, topics: int = 5000, seed: int = 7
                 b = cache[key] = L.encode(L.Packet(0, 1, tirs=tirs, options=trailer))
             yield ts, ip, port, "10.0.0.1", 15380, b
         elif r < 0.75:
-            tq = [L.TQR(rng.choice(names)) for _ in range(rng.randint(1, 2))]
-            yield ts, ip, port, "10.0.0.1", 15380, L.encode(L.Packet(0, 1, tqrs=tq, options=trailer))
+            # receivers re-query the topics they want until resolved: identical datagrams
+            key = (c, 1000 + rng.randrange(20))
+            b = cache.get(key)
+            if b is None:
+                tq = [L.TQR(rng.choice(names)) for _ in range(rng.randint(1, 2))]
+                b = cache[key] = L.encode(L.Packet(0, 1, tqrs=tq, options=trailer))
+            yield ts, ip, port, "10.0.0.1", 15380, b
         elif r < 0.80:
             wc = [L.WcTQR("^md\\." + rng.choice(["eq", "fx"]) + r"\..*", 1)]
             yield ts, ip, port, "10.0.0.1", 15380, L.encode(L.Packet(1, 1, wc_tqrs=wc, options=trailer))

@@ -75,11 +75,52 @@ class Packet:
         return encode(self)
 
 
+# Whole-datagram memo for NORMAL / WC_TQR packets: datagram bytes -> the
+# decoded immutable parts. Topic resolution is periodic repetition (sources
+# re-advertise and receivers re-query with identical bytes), so most
+# datagrams have been seen before. A hit still returns fresh, mutable record
+# objects; only immutable values (strings, option and transport objects) are
+# shared. Bounded: cleared when full.
+_MEMO: dict[bytes, tuple] = {}
+MEMO_MAX = 1 << 14
+
+
 def decode(data: bytes | bytearray | memoryview) -> Packet:
     """Decode one UDP payload. Raises :class:`LBMRDecodeError` (and nothing
     else) for anything that is not a well-formed LBMR packet."""
     if type(data) is not bytes:
         data = bytes(data)
+    hit = _MEMO.get(data)
+    if hit is not None:
+        ptype, version, tqrs, wcs, tirs, popts = hit
+        if not tqrs:
+            tq = []
+        elif len(tqrs) == 1:  # the common case, without a comprehension's call
+            tq = [TQR(tqrs[0])]
+        else:
+            tq = [TQR(t) for t in tqrs]
+        if not tirs:
+            ti = []
+        elif len(tirs) == 1:
+            t, b, ttl, i, o = tirs[0]
+            ti = [TIR(t, b, ttl, i, None if o is None else list(o))]
+        else:
+            ti = [TIR(t, b, ttl, i, None if o is None else list(o)) for t, b, ttl, i, o in tirs]
+        return Packet(ptype, version, tq, [WcTQR(p, t) for p, t in wcs] if wcs else [], ti,
+                      None, [], [], None, None if popts is None else list(popts))
+    pkt = _decode(data)
+    if pkt.type <= 3 and len(data) <= 1500:
+        if len(_MEMO) >= MEMO_MAX:
+            _MEMO.clear()
+        _MEMO[data] = (pkt.type, pkt.version, tuple(q.topic for q in pkt.tqrs),
+                       tuple((w.pattern, w.pattern_type) for w in pkt.wc_tqrs),
+                       tuple((t.topic, t.transport, t.ttl, t.index, None if t.options is None else tuple(t.options))
+                             for t in pkt.tirs),
+                       None if pkt.options is None else tuple(pkt.options))
+    return pkt
+
+
+def _decode(data: bytes) -> Packet:
     n = len(data)
     if n < 4:
         raise LBMRDecodeError(0, f"datagram of {n} bytes is shorter than the 4-byte header")

@@ -164,3 +164,23 @@ def test_encode_rejects_bad_objects():
         L.encode(L.Packet(0, tirs=[L.TIR("t", L.TcpTransport("1.2.3.4", 70000))]))
     with pytest.raises(L.LBMREncodeError):
         L.encode(L.Packet(0, tqrs=[L.TQR("a\0b")]))
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.one_of(S.normal(), S.wc(), S.keepalive()))
+def test_memoised_decode_returns_fresh_equal_records(pkt):
+    b = L.encode(pkt)
+    first = L.decode(b)
+    second = L.decode(b)  # served from the whole-datagram memo
+    assert second == first and L.encode(second) == b
+    # mutating what one decode returned never leaks into the next
+    first.tqrs.append(L.TQR("extra"))
+    for t in first.tirs:
+        t.topic = "changed"
+        if t.options is not None:
+            t.options.append(L.DomainIdOption(0, 1))
+    if first.options is not None:
+        first.options.clear()
+    third = L.decode(b)
+    assert third == second and L.encode(third) == b
+    assert third.tirs is not second.tirs and all(x is not y for x, y in zip(third.tirs, second.tirs, strict=True))
