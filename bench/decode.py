@@ -6,7 +6,9 @@ Generates a capture of realistic UM topic-resolution traffic
 (bench/traffic.py), then measures on this machine, in this run:
 
 * pcap reading (lbmr_proto.capture.read_udp), packets/s;
-* lbmr_proto.decode over every payload (full typed objects), packets/s;
+* lbmr_proto.decode over every payload (full typed objects), packets/s,
+  and the same without its whole-datagram memo (as if every datagram were
+  new);
 * lbmr_proto.fast.scan (the daemons' validate-and-locate path), packets/s;
 * read + decode end to end, packets/s;
 * ``lbmr-inspect --json`` on the whole file (a subprocess), packets/s;
@@ -35,6 +37,7 @@ from bench.traffic import datagrams, write_capture  # noqa: E402
 from lbmr_proto import decode  # noqa: E402
 from lbmr_proto.capture import PcapWriter, read_udp  # noqa: E402
 from lbmr_proto.fast import scan  # noqa: E402
+from lbmr_proto.packet import _decode  # noqa: E402  (decode minus the whole-datagram memo)
 
 
 def best_of(fn, runs=3) -> float:
@@ -72,6 +75,8 @@ def main() -> int:
         # streaming, as a consumer does: each packet is dropped after use
         t = best_of(lambda: deque(map(decode, payloads), maxlen=0))
         rows.append(("lbmr_proto.decode", n / t))
+        t = best_of(lambda: deque(map(_decode, payloads), maxlen=0))
+        rows.append(("  ... without the memo", n / t))
         t = best_of(lambda: deque(map(scan, payloads), maxlen=0))
         rows.append(("lbmr_proto.fast.scan", n / t))
         t = best_of(lambda: deque((decode(d.payload) for d in read_udp(cap)), maxlen=0), runs=1)

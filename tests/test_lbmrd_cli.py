@@ -1,0 +1,116 @@
+"""The lbmrd command line, as a user runs it: real processes, real sockets."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from lbmrd.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+LBMRD = [sys.executable, "-c", "import sys; from lbmrd.cli import main; sys.exit(main(sys.argv[1:]))"]
+
+
+def free_port(kind=socket.SOCK_DGRAM) -> int:
+    s = socket.socket(socket.AF_INET, kind)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_dump_dtd(capsys):
+    assert main(["-d"]) == 0
+    out = capsys.readouterr().out
+    assert "<!ELEMENT lbmrd" in out and "<!ATTLIST transform" in out
+
+
+@pytest.mark.parametrize("name", ["lbmrd.xml", "lbmrd-dummy.xml", "lbmrd-nat-example.xml"])
+def test_validate_shipped_configs(name, capsys):
+    assert main(["-v", str(ROOT / "configs" / name)]) == 0
+    assert "valid" in capsys.readouterr().out
+
+
+def test_validate_reports_file_line_and_exits_1(tmp_path, capsys):
+    bad = tmp_path / "bad.xml"
+    bad.write_text('<?xml version="1.0"?>\n<lbmrd version="1.0">\n  <daemon>\n    <port>70000</port>\n'
+                   "  </daemon>\n</lbmrd>\n")
+    assert main(["-v", "--strict", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:" in err
+    assert main(["-v"]) == 2  # -v needs a file
+    assert main(["-v", str(tmp_path / "missing.xml")]) == 1
+
+
+def test_usage_errors_exit_2():
+    for argv in (["-p", "70000"], ["-t", "abc"], ["--bogus"], ["-i", "203.0.113.77"]):
+        r = subprocess.run(LBMRD + argv, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2, (argv, r.stdout, r.stderr)
+
+
+def test_bind_failure_exits_3():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    try:
+        r = subprocess.run(LBMRD + ["-i", "127.0.0.1", "-p", str(s.getsockname()[1])], capture_output=True,
+                           text=True, timeout=30)
+    finally:
+        s.close()
+    assert r.returncode == 3 and "Address already in use" in r.stdout
+
+
+def _wait_http(url: str, deadline: float) -> str:
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                return r.read().decode()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_daemon_process_signals_metrics_and_json_log(tmp_path):
+    port, mport = free_port(), free_port(socket.SOCK_STREAM)
+    cfg = tmp_path / "lbmrd.xml"
+    cfg.write_text((ROOT / "configs" / "lbmrd-dummy.xml").read_text())
+    log = tmp_path / "lbmrd.log"
+    p = subprocess.Popen(LBMRD + ["-i", "127.0.0.1", "-p", str(port), "-L", str(log), "--log-format", "json",
+                                  "--metrics", f"127.0.0.1:{mport}", str(cfg)])
+    try:
+        _wait_http(f"http://127.0.0.1:{mport}/metrics", time.monotonic() + 20)
+        c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        c.bind(("127.0.0.1", 0))
+        c.settimeout(5)
+        c.sendto(b"\x02\x00\x00\x00", ("127.0.0.1", port))
+        data, src = c.recvfrom(100)
+        assert data == b"\x00\x00\x00\x00" and src == ("127.0.0.1", port)
+        c.close()
+        p.send_signal(signal.SIGUSR1)
+        p.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while "configuration reloaded" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=10) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    msgs = [x["msg"] for x in lines]
+    assert all(x["ts"].endswith("Z") for x in lines)  # UTC
+    assert any(m.startswith("Using interface [127.0.0.1]") for m in msgs)
+    dump = next(m for m in msgs if m.startswith("dump "))
+    snap = json.loads(dump[5:])
+    assert snap["clients"][0]["addr"].startswith("127.0.0.1:") and snap["events"][0]["event"] == "client_added"
+    assert any("configuration reloaded" in m for m in msgs)
+    assert any("stopping (SIGTERM)" in m for m in msgs)

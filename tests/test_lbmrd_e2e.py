@@ -1,0 +1,236 @@
+"""lbmrd end to end on real UDP sockets on loopback (trio)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import trio
+
+import lbmr_proto as L
+from lbmrd.config import parse_config
+from lbmrd.server import Daemon, Settings
+
+TQR = L.encode(L.Packet(0, 1, tqrs=[L.TQR("md.X")]))
+
+
+def tir(ip="0.0.0.0", port=14371, topic="md.X"):
+    return L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, L.TcpTransport(ip, port), 16, 1)]))
+
+
+async def start(nursery, config=None, **kw) -> tuple[Daemon, tuple[str, int]]:
+    s = Settings(bind_ip="127.0.0.1", port=0, stats_interval=0, **kw)
+    d = Daemon(s, config)
+    bound = await nursery.start(d.run)
+    return d, bound
+
+
+def client(ip="127.0.0.1") -> trio.socket.SocketType:
+    s = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+    s._sock.bind((ip, 0))  # bind synchronously (loopback only)
+    return s
+
+
+async def recv(s, timeout=2.0):
+    with trio.fail_after(timeout):
+        return await s.recvfrom(65535)
+
+
+async def nothing(s, wait=0.2) -> bool:
+    with trio.move_on_after(wait):
+        await s.recvfrom(65535)
+        return False
+    return True
+
+
+async def test_keepalive_reply_and_relay_with_fill_in():
+    async with trio.open_nursery() as n:
+        d, daemon = await start(n)
+        a, b, c = client(), client(), client()
+        for s in (a, b, c):
+            await s.sendto(b"\x02\x00\x00\x00", daemon)
+            data, src = await recv(s)
+            assert data == b"\x00\x00\x00\x00" and src == daemon  # from the listening socket
+        await a.sendto(tir(), daemon)
+        for s in (b, c):
+            data, src = await recv(s)
+            assert src == daemon
+            t = L.decode(data).tirs[0].transport
+            assert (t.ip, t.port) == ("127.0.0.1", 14371)  # 0.0.0.0 filled with the sender's address
+        assert await nothing(a)  # never echoed to the sender
+        assert len(d.core.table) == 3 and d.core.counters.fillins == 1
+        n.cancel_scope.cancel()
+
+
+async def test_ttl_expiry_on_virtual_clock(autojump_clock):
+    async with trio.open_nursery() as n:
+        d, daemon = await start(n, ttl_s=60, activity_ms=1000)
+        a, b = client(), client()
+        await a.sendto(TQR, daemon)
+        await b.sendto(TQR, daemon)
+        await recv(a)  # b's TQR reached a: both registered
+        assert len(d.core.table) == 2
+        await trio.sleep(30)
+        await a.sendto(b"\x03\x00\x00\x00", daemon)  # a stays alive
+        await recv(a)
+        await trio.sleep(31.5)
+        assert [c.addr for c in d.core.table] == [a.getsockname()]
+        await trio.sleep(30)
+        assert len(d.core.table) == 0 and d.core.counters.clients_expired == 2
+        n.cancel_scope.cancel()
+
+
+async def test_malformed_flood_is_counted_and_dropped():
+    async with trio.open_nursery() as n:
+        d, daemon = await start(n)
+        good, bad = client(), client()
+        await good.sendto(b"\x02\x00\x00\x00", daemon)
+        await recv(good)
+        for i in range(3000):
+            await bad.sendto(bytes((5, i & 255, 0, 0)) + b"x" * (i % 50), daemon)
+            if i % 500 == 0:
+                await trio.sleep(0.01)  # let the daemon drain: loopback buffers are finite
+        await bad.sendto(b"\x02\x00\x00\x00", daemon)
+        await recv(bad)  # the daemon is alive and answers
+        c = d.core.counters
+        assert c.drops["malformed"] + 0 >= 2500  # a few may be lost in the socket buffer
+        assert len(d.core.table) == 2  # garbage never registered anyone
+        assert await nothing(good)  # nothing malformed was relayed
+        n.cancel_scope.cancel()
+
+
+NAT_XML = """<?xml version="1.0" encoding="UTF-8" ?>
+<lbmrd version="1.0">
+  <domains>
+    <domain name="Net-NYC"><network>127.0.1.0/24</network></domain>
+    <domain name="Net-NJC"><network>127.0.2.0/24</network></domain>
+  </domains>
+  <transformations>
+    <transform source="Net-NYC" destination="Net-NJC">
+      <rule><match address="127.0.1.50" port="*"/><replace address="127.0.2.1" port="*"/></rule>
+      <rule><match address="127.0.1.51" port="14371"/><replace address="127.0.2.2" port="24371"/></rule>
+    </transform>
+  </transformations>
+</lbmrd>
+"""
+
+
+async def test_nat_transform_between_domains():
+    """The UM documentation's NAT example on loopback addresses: NYC = 127.0.1.x
+    (the source side), NJC = 127.0.2.x; TIRs for NJC clients are rewritten."""
+    cfg = parse_config(NAT_XML, "nat.xml")
+    async with trio.open_nursery() as n:
+        d, daemon = await start(n, cfg)
+        src = client("127.0.1.50")
+        nyc = client("127.0.1.7")
+        njc = client("127.0.2.9")
+        for s in (src, nyc, njc):
+            await s.sendto(b"\x02\x00\x00\x00", daemon)
+            await recv(s)
+        await src.sendto(tir("0.0.0.0", 12001), daemon)  # fill-in gives 127.0.1.50, then NAT
+        got_nyc = L.decode((await recv(nyc))[0]).tirs[0].transport
+        got_njc = L.decode((await recv(njc))[0]).tirs[0].transport
+        assert (got_nyc.ip, got_nyc.port) == ("127.0.1.50", 12001)  # same domain: untouched
+        assert (got_njc.ip, got_njc.port) == ("127.0.2.1", 12001)  # `*` keeps the port
+        # second rule: address and port matched as a pair
+        await src.sendto(tir("127.0.1.51", 14371), daemon)
+        t = L.decode((await recv(njc))[0]).tirs[0].transport
+        assert (t.ip, t.port) == ("127.0.2.2", 24371)
+        await recv(nyc)
+        await src.sendto(tir("127.0.1.51", 14372), daemon)  # port does not match: unchanged
+        t = L.decode((await recv(njc))[0]).tirs[0].transport
+        assert (t.ip, t.port) == ("127.0.1.51", 14372)
+        await recv(nyc)
+        # TIRs from NJC to NYC: no transform for that direction
+        await njc.sendto(tir("127.0.2.9", 5000), daemon)
+        t = L.decode((await recv(nyc))[0]).tirs[0].transport
+        assert (t.ip, t.port) == ("127.0.2.9", 5000)
+        assert d.core.counters.nat_rewrites == 2
+        assert {c.domain for c in d.core.table} == {"Net-NYC", "Net-NJC"}
+        n.cancel_scope.cancel()
+
+
+async def test_metrics_and_status_endpoint():
+    async with trio.open_nursery() as n:
+        d, daemon = await start(n, metrics=("127.0.0.1", 0))
+        a, b = client(), client()
+        await a.sendto(TQR, daemon)
+        await b.sendto(TQR, daemon)
+        await recv(a)
+        await b.sendto(b"garbage", daemon)
+        await trio.sleep(0.05)
+
+        async def get(path):
+            stream = await trio.open_tcp_stream(*d.metrics_addr)
+            await stream.send_all(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+            data = b""
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+            return data.decode()
+
+        text = await get("/metrics")
+        assert "HTTP/1.0 200 OK" in text
+        assert "lbmrd_clients 2" in text
+        assert 'lbmrd_datagrams_in_total{type="NORMAL"} 2' in text
+        assert 'lbmrd_drops_total{reason="malformed"} 1' in text
+        assert "lbmrd_datagrams_out_total 1" in text  # b -> a (a was alone when it sent)
+        status = json.loads((await get("/status")).split("\r\n\r\n", 1)[1])
+        assert len(status["clients"]) == 2 and status["events"][0]["event"] == "client_added"
+        assert "404" in (await get("/nope")).split("\r\n")[0]
+        n.cancel_scope.cancel()
+
+
+async def test_reload_keeps_clients_and_reclassifies(tmp_path):
+    path = tmp_path / "lbmrd.xml"
+    path.write_text(NAT_XML)
+    from lbmrd.config import load_config
+
+    async with trio.open_nursery() as n:
+        s = Settings(bind_ip="127.0.0.1", port=0, stats_interval=0)
+        d = Daemon(s, load_config(path), reload=lambda: load_config(path))
+        daemon = await n.start(d.run)
+        a = client("127.0.2.9")
+        await a.sendto(b"\x02\x00\x00\x00", daemon)
+        await recv(a)
+        assert [c.domain for c in d.core.table] == ["Net-NJC"]
+        path.write_text(NAT_XML.replace("127.0.2.0/24", "127.0.3.0/24"))
+        assert d.reload()
+        assert [c.domain for c in d.core.table] == [None] and len(d.core.table) == 1
+        path.write_text("<lbmrd version='1.0'><oops/></lbmrd>")
+        assert not d.reload()  # a bad file keeps the running config
+        assert d.core.config.domains[1].networks[0].exploded == "127.0.3.0/24"
+        n.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("sendmmsg", [True, False], ids=["sendmmsg", "sendto"])
+async def test_many_clients_fan_out(sendmmsg):
+    clients = 200
+    async with trio.open_nursery() as n:
+        d, daemon = await start(n)
+        d.fanout.use_sendmmsg = sendmmsg
+        socks = [client() for _ in range(clients)]
+        for s in socks:
+            await s.sendto(b"\x02\x00\x00\x00", daemon)
+            await recv(s)
+        await socks[0].sendto(TQR, daemon)
+        for s in socks[1:]:
+            data, src = await recv(s)
+            assert data == TQR and src == daemon
+        assert d.core.counters.tx == clients + clients - 1  # replies + fan-out
+        for s in socks:
+            s.close()
+        n.cancel_scope.cancel()
+
+
+def test_sockaddr_layout_matches_the_kernel():
+    from lbmrd.clients import Client
+
+    c = Client(("127.0.0.1", 14402), 0.0, None, 0.0)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        assert len(c.sockaddr) == 16 and c.sockaddr[2:4] == (14402).to_bytes(2, "big")
+        assert c.sockaddr[4:8] == socket.inet_aton("127.0.0.1")
+    finally:
+        s.close()
