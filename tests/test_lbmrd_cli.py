@@ -114,3 +114,15 @@ def test_daemon_process_signals_metrics_and_json_log(tmp_path):
     assert snap["clients"][0]["addr"].startswith("127.0.0.1:") and snap["events"][0]["event"] == "client_added"
     assert any("configuration reloaded" in m for m in msgs)
     assert any("stopping (SIGTERM)" in m for m in msgs)
+
+
+def test_systemd_unit_uses_valid_options():
+    from lbmrd.cli import build_parser
+
+    unit = (ROOT / "configs" / "lbmrd.service").read_text()
+    execs = [line.split("=", 1)[1].split() for line in unit.splitlines()
+             if line.startswith(("ExecStart=", "ExecStartPre="))]
+    assert len(execs) == 2
+    for argv in execs:
+        assert argv[0].endswith("/lbmrd")
+        build_parser().parse_args(argv[1:])  # exits 2 on an unknown option

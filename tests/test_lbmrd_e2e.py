@@ -234,3 +234,34 @@ def test_sockaddr_layout_matches_the_kernel():
         assert c.sockaddr[4:8] == socket.inet_aton("127.0.0.1")
     finally:
         s.close()
+
+
+async def test_um_documentation_nat_example_on_loopback():
+    """configs/lbmrd-nat-example.xml (UM's "LBMRD NAT Transit" example) with its
+    networks moved onto loopback: 10.1.0.0/16 -> 127.1.0.0/16 (Net-NYC) and
+    192.168.1.0/24 -> 127.2.1.0/24 (Net-NJC); lbmrd and the TCP source run on
+    the NYC host 10.1.1.50 -> 127.1.1.50, seen from NJC as 192.168.1.1 -> 127.2.1.1."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "configs" / "lbmrd-nat-example.xml").read_text()
+    text = text.replace("10.1.", "127.1.").replace("192.168.1", "127.2.1")
+    cfg = parse_config(text, "lbmrd-nat-example.xml")
+    assert cfg.daemon.interface == "127.1.1.50" and cfg.daemon.port == 12000
+    async with trio.open_nursery() as n:
+        d = Daemon(Settings(bind_ip=cfg.daemon.interface, port=0, stats_interval=0), cfg)
+        daemon = await n.start(d.run)
+        app_a = client("127.1.1.50")  # the application on the NAT'ed host (source)
+        rcv_a = client("127.1.2.3")  # a receiver on network A
+        rcv_b = client("127.2.1.20")  # a receiver on network B
+        for s in (app_a, rcv_a, rcv_b):
+            await s.sendto(b"\x02\x00\x00\x00", daemon)
+            await recv(s)
+        await app_a.sendto(tir("0.0.0.0", 12001, "29west.example.multi.0"), daemon)
+        ta = L.decode((await recv(rcv_a))[0]).tirs[0].transport
+        tb = L.decode((await recv(rcv_b))[0]).tirs[0].transport
+        assert (ta.ip, ta.port) == ("127.1.1.50", 12001)
+        assert (tb.ip, tb.port) == ("127.2.1.1", 12001)
+        # queries pass untouched in both directions
+        await rcv_b.sendto(TQR, daemon)
+        assert (await recv(app_a))[0] == TQR and (await recv(rcv_a))[0] == TQR
+        n.cancel_scope.cancel()
