@@ -42,30 +42,37 @@ class Group:
     """The clients of one NAT domain, as a dense list (for batched sends).
 
     ``version`` changes whenever membership changes, so a sender can cache
-    per-group socket-address arrays and rebuild them only then.
+    per-group socket-address arrays; ``dirty`` lists the positions whose
+    member changed since the sender last synchronised (it clears it), so
+    keeping those arrays up to date costs O(1) per join or removal.
     """
 
-    __slots__ = ("domain", "members", "version")
+    __slots__ = ("domain", "members", "version", "dirty")
 
     def __init__(self, domain: str | None) -> None:
         self.domain = domain
         self.members: list[Client] = []
         self.version = 0
+        self.dirty: list[int] = []
 
     def add(self, c: Client) -> None:
         c.group = self
         c.pos = len(self.members)
         self.members.append(c)
         self.version += 1
+        self.dirty.append(c.pos)
 
     def remove(self, c: Client) -> None:
         last = self.members.pop()
         if last is not c:  # move the last member into the hole: O(1)
             self.members[c.pos] = last
             last.pos = c.pos
+            self.dirty.append(c.pos)
         c.group = None
         c.pos = -1
         self.version += 1
+        if len(self.dirty) > 4096:  # nobody is syncing: forget, the sender rebuilds
+            self.dirty = [-1]
 
 
 class ClientTable:

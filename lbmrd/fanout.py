@@ -54,28 +54,66 @@ _sendmmsg = _load_sendmmsg()
 HAVE_SENDMMSG = _sendmmsg is not None
 
 
-class _GroupArrays:
-    """ctypes arrays for one group at one membership version."""
+def _bytes_data_offset() -> int | None:
+    """Offset of a bytes object's data from its id() in CPython, checked;
+    None where that does not hold (then a ctypes pointer is made per send)."""
+    probe = b"lbmrd-fanout-probe"
+    off = bytes.__basicsize__ - 1
+    try:
+        if ctypes.string_at(id(probe) + off, len(probe)) == probe:
+            return off
+    except Exception:  # noqa: BLE001 - any failure: use the portable path
+        pass
+    return None
 
-    __slots__ = ("version", "n", "names", "iov", "msgs", "base")
+
+_BYTES_OFF = _bytes_data_offset() if sys.implementation.name == "cpython" else None
+_MSG_SIZE = ctypes.sizeof(_Mmsghdr)
+
+
+class _GroupArrays:
+    """ctypes arrays for one group: socket addresses and mmsghdrs sharing one
+    iovec. Kept in step with the group through its ``dirty`` positions; grown
+    (rebuilt) only when the group outgrows the capacity."""
+
+    __slots__ = ("cap", "names", "iov", "msgs", "base", "names_addr")
 
     def __init__(self, group: Group) -> None:
         members = group.members
         n = len(members)
-        self.version = group.version
-        self.n = n
-        self.names = ctypes.create_string_buffer(b"".join(c.sockaddr for c in members), 16 * n or 1)
+        self.cap = cap = max(16, 2 * n)
+        self.names = ctypes.create_string_buffer(16 * cap)
+        ctypes.memmove(self.names, b"".join([c.sockaddr for c in members]), 16 * n)
+        self.names_addr = names = ctypes.addressof(self.names)
         self.iov = _Iovec()
-        self.msgs = (_Mmsghdr * max(n, 1))()
-        names = ctypes.addressof(self.names)
-        iov = ctypes.pointer(self.iov)
-        for i in range(n):
-            h = self.msgs[i].msg_hdr
-            h.msg_name = names + 16 * i
-            h.msg_namelen = 16
-            h.msg_iov = iov
-            h.msg_iovlen = 1
+        self.msgs = (_Mmsghdr * cap)()
+        iov = ctypes.addressof(self.iov)
+        # every mmsghdr: name -> its 16-byte slot, iov -> the shared iovec
+        proto = _Mmsghdr()
+        proto.msg_hdr.msg_namelen = 16
+        proto.msg_hdr.msg_iov = ctypes.cast(iov, ctypes.POINTER(_Iovec))
+        proto.msg_hdr.msg_iovlen = 1
+        raw = bytearray(bytes(proto) * cap)
+        name_off = _Mmsghdr.msg_hdr.offset + _Msghdr.msg_name.offset
+        for i in range(cap):
+            o = i * _MSG_SIZE + name_off
+            raw[o:o + 8] = (names + 16 * i).to_bytes(8, sys.byteorder)
+        ctypes.memmove(self.msgs, bytes(raw), len(raw))
         self.base = ctypes.addressof(self.msgs)
+        group.dirty.clear()
+
+    def sync(self, group: Group) -> bool:
+        """Apply the group's changes; False when it outgrew the capacity."""
+        members = group.members
+        if len(members) > self.cap or group.dirty[:1] == [-1]:
+            return False
+        n = len(members)
+        names = self.names_addr
+        for i in group.dirty:
+            if i < n:
+                ctypes.memmove(names + 16 * i, members[i].sockaddr, 16)
+        group.dirty.clear()
+        return True
 
 
 class Fanout:
@@ -102,16 +140,19 @@ class Fanout:
         if not self.use_sendmmsg:
             return self._send_range_plain(payload, group, start, stop)
         arr = self._arrays.get(id(group))
-        if arr is None or arr.version != group.version:
+        if arr is None or (group.dirty and not arr.sync(group)):
             arr = self._arrays[id(group)] = _GroupArrays(group)
             if len(self._arrays) > 4096:
                 self._arrays = {id(group): arr}
-        buf = ctypes.c_char_p(payload)
-        arr.iov.iov_base = ctypes.cast(buf, ctypes.c_void_p).value
+        if _BYTES_OFF is not None and type(payload) is bytes:
+            arr.iov.iov_base = id(payload) + _BYTES_OFF  # payload stays referenced for the call
+        else:
+            buf = ctypes.c_char_p(bytes(payload))
+            arr.iov.iov_base = ctypes.cast(buf, ctypes.c_void_p).value
         arr.iov.iov_len = len(payload)
         sent = 0
         i = start
-        size = ctypes.sizeof(_Mmsghdr)
+        size = _MSG_SIZE
         while i < stop:
             count = min(stop - i, BATCH)
             r = _sendmmsg(self.fd, arr.base + size * i, count, MSG_DONTWAIT)

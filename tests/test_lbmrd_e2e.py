@@ -265,3 +265,31 @@ async def test_um_documentation_nat_example_on_loopback():
         await rcv_b.sendto(TQR, daemon)
         assert (await recv(app_a))[0] == TQR and (await recv(rcv_a))[0] == TQR
         n.cancel_scope.cancel()
+
+
+async def test_fan_out_follows_joins_and_expiries(autojump_clock):
+    """The sendmmsg arrays are updated in place as clients come and go."""
+    async with trio.open_nursery() as n:
+        d, daemon = await start(n, ttl_s=10, activity_ms=1000)
+        socks = [client() for _ in range(40)]
+        for s in socks:
+            await s.sendto(b"\x02\x00\x00\x00", daemon)
+            await recv(s)
+        await trio.sleep(6)
+        for s in socks[20:]:  # keep half alive, let the other half expire
+            await s.sendto(b"\x02\x00\x00\x00", daemon)
+            await recv(s)
+        await trio.sleep(5.5)  # ttl 10 s + one activity check (1 s) after the silent half's last word
+        assert len(d.core.table) == 20
+        late = [client() for _ in range(5)]
+        for s in late:
+            await s.sendto(b"\x02\x00\x00\x00", daemon)
+            await recv(s)
+        sender = socks[25]
+        await sender.sendto(TQR, daemon)
+        for s in socks[20:] + late:
+            if s is not sender:
+                assert (await recv(s))[0] == TQR
+        for s in socks[:20]:
+            assert await nothing(s, 0.05)  # expired clients get nothing
+        n.cancel_scope.cancel()
