@@ -577,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  fan-out decision core.handle(TQR) with {mem['n']:,} clients: {mem['decide_s'] * 1e6:.1f} us")
     print(f"  lbmrd.fanout sendmmsg arrays for the group: built in {mem['arrays_s'] * 1e3:.0f} ms, "
           f"{mem['arrays_traced_mb']:.1f} MB traced / {mem['arrays_rss_mb']:.1f} MB RSS "
-          "(rebuilt on the first relay after every membership change)")
+          "(built once; then kept in step in O(1) per join or expiry)")
     print(f"  total with the arrays: {mem['traced_mb'] + mem['arrays_traced_mb']:.1f} MB traced, "
           f"{mem['rss_mb'] + mem['arrays_rss_mb']:.1f} MB RSS")
     sys.stdout.flush()

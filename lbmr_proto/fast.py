@@ -80,8 +80,29 @@ def _topic_end(data: bytes, p: int, end: int, what: str) -> int:
     return nul
 
 
+# Valid datagrams seen recently -> their (immutable) ScanResult. Topic
+# resolution repeats itself, so a daemon sees the same bytes again and again.
+# Bounded: cleared when full. Only successes are kept.
+_MEMO: dict[bytes, ScanResult] = {}
+MEMO_MAX = 1 << 14
+
+
 def scan(data: bytes) -> ScanResult:
     """Validate ``data`` as one LBMR datagram and summarise it (see module doc)."""
+    if type(data) is bytes:
+        hit = _MEMO.get(data)
+        if hit is not None:
+            return hit
+        res = _scan(data)
+        if len(data) <= 1500:
+            if len(_MEMO) >= MEMO_MAX:
+                _MEMO.clear()
+            _MEMO[data] = res
+        return res
+    return _scan(bytes(data))
+
+
+def _scan(data: bytes) -> ScanResult:
     n = len(data)
     if n < 4:
         raise LBMRDecodeError(0, f"datagram of {n} bytes is shorter than the 4-byte header")

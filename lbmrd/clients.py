@@ -62,6 +62,19 @@ class Group:
         self.version += 1
         self.dirty.append(c.pos)
 
+    def move_to_end(self, c: Client) -> None:
+        """Swap ``c`` with the last member, so "everyone but c" is one range."""
+        members = self.members
+        j = len(members) - 1
+        i = c.pos
+        if i != j:
+            last = members[j]
+            members[i] = last
+            members[j] = c
+            last.pos = i
+            c.pos = j
+            self.dirty += (i, j)
+
     def remove(self, c: Client) -> None:
         last = self.members.pop()
         if last is not c:  # move the last member into the hole: O(1)

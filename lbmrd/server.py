@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from .fanout import Fanout, os_error_name
+from .fanout import BatchReceiver, Fanout, os_error_name
 from .relay import Drop, Relay, RelayCore, Reply
 
 log = logging.getLogger("lbmrd")
@@ -102,64 +102,80 @@ class Daemon:
 
     async def _recv_loop(self) -> None:
         sock = self.sock
-        recvfrom = sock.recvfrom
+        rx = BatchReceiver(sock)
         handle = self.core.handle
         counters = self.core.counters
         clock = trio.current_time
-        n = 0
         while True:
             try:
-                data, addr = recvfrom(65535)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
-                continue
+                batch = rx.receive()
             except OSError as e:  # e.g. ICMP port unreachable reported on the socket
                 counters.drops["recv_error:" + os_error_name(e)] += 1
                 continue
-            d = handle(data, addr, clock())
-            t = type(d)
-            if t is Relay:
-                await self._relay(d)
-            elif t is Reply:
-                try:
-                    sock.sendto(d.payload, addr)
-                    counters.tx += 1
-                    counters.tx_bytes += len(d.payload)
-                except OSError as e:
-                    counters.send_errors[os_error_name(e)] += 1
-            elif t is Drop and d.reason == "malformed":
-                log.debug("dropped malformed datagram from %s:%d", *addr)
-            n += 1
-            if n >= 64:  # let the timers and the metrics endpoint run under a flood
-                n = 0
-                await trio.lowlevel.checkpoint()
+            if not batch:
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            now = clock()
+            for data, addr in batch:
+                d = handle(data, addr, now)
+                t = type(d)
+                if t is Relay:
+                    await self._relay(d)
+                elif t is Reply:
+                    try:
+                        sock.sendto(d.payload, addr)
+                        counters.tx += 1
+                        counters.tx_bytes += len(d.payload)
+                    except OSError as e:
+                        counters.send_errors[os_error_name(e)] += 1
+                elif t is Drop and d.reason == "malformed":
+                    log.debug("dropped malformed datagram from %s:%d", *addr)
+            # let the timers and the metrics endpoint run under a flood
+            await trio.lowlevel.checkpoint()
 
     async def _relay(self, d: Relay) -> None:
         c = self.core.counters
         fan = self.fanout
         skip = None if self.core.echo else d.sender
         for payload, group in d.parts:
-            ranges = [(0, len(group.members))]
+            stop = len(group.members)
             if skip is not None and skip.group is group:
-                ranges = [(0, skip.pos), (skip.pos + 1, len(group.members))]
-            version = group.version
-            for start, stop in ranges:
-                while start < stop:
-                    sent, start, err = fan.send_range(payload, group, start, stop)
-                    c.tx += sent
-                    c.tx_bytes += sent * len(payload)
-                    if err is None:
-                        break
-                    if err != "EAGAIN":
-                        c.send_errors[err] += 1
-                        continue
-                    with trio.move_on_after(WRITE_WAIT):
-                        await trio.lowlevel.wait_writable(self.sock)
-                        if group.version == version:
-                            continue
+                group.move_to_end(skip)  # everyone but the sender is one range: one syscall
+                stop -= 1
+            sent, start, err = fan.send_range(payload, group, 0, stop)
+            c.tx += sent
+            c.tx_bytes += sent * len(payload)
+            if err is not None:
+                await self._send_rest(payload, group, start, stop, err)
+
+    async def _send_rest(self, payload: bytes, group, start: int, stop: int, err: str) -> None:
+        """Slow path of a fan-out: per-destination errors and a full buffer."""
+        c = self.core.counters
+        version = group.version
+        while True:
+            if err == "EAGAIN":
+                with trio.move_on_after(WRITE_WAIT):
+                    await trio.lowlevel.wait_writable(self.sock)
+                if group.version != version or not self._writable():
                     # buffer still full, or the group changed while we waited
                     c.drops["send_buffer_full"] += stop - start
-                    break
+                    return
+            else:
+                c.send_errors[err] += 1
+            if start >= stop:
+                return
+            sent, start, err = self.fanout.send_range(payload, group, start, stop)
+            c.tx += sent
+            c.tx_bytes += sent * len(payload)
+            if err is None:
+                return
+
+    def _writable(self) -> bool:
+        import select
+
+        p = select.poll()
+        p.register(self.sock, select.POLLOUT)
+        return bool(p.poll(0))
 
     async def _activity_loop(self) -> None:
         while True:
