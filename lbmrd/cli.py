@@ -144,7 +144,7 @@ def effective_settings(args, cfg) -> Settings:
         snd_buf=pick(args.snd_buf, "snd_buf", 1048576),
         config_path=args.config, metrics=args.metrics, allow=args.allow, max_clients=args.max_clients,
         rate=args.rate_limit, burst=args.burst, echo=args.echo, stats_interval=args.stats_interval,
-        events=args.events,
+        events=args.events, handle_signals=True,
     )
 
 

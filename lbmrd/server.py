@@ -43,6 +43,7 @@ class Settings:
     echo: bool = False
     stats_interval: float = 60.0
     events: int = 1000
+    handle_signals: bool = False  # SIGHUP/SIGUSR1/SIGTERM; the command line turns it on
 
 
 class Daemon:
@@ -88,7 +89,8 @@ class Daemon:
                 nursery.start_soon(self._activity_loop)
                 if self.s.stats_interval > 0:
                     nursery.start_soon(self._stats_loop)
-                nursery.start_soon(self._signal_loop)
+                if self.s.handle_signals:
+                    await nursery.start(self._signal_loop)
                 if self.s.metrics is not None:
                     from .metrics import serve_metrics
 
@@ -195,12 +197,9 @@ class Daemon:
             await trio.sleep(self.s.stats_interval)
             log.info("%s", self.stats_line())
 
-    async def _signal_loop(self) -> None:
-        try:
-            cm = trio.open_signal_receiver(signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM)
-        except (ValueError, RuntimeError):  # not the main thread: no signals
-            await trio.sleep_forever()
-        with cm as sigs:
+    async def _signal_loop(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.open_signal_receiver(signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM) as sigs:
+            task_status.started()  # handlers are in place before the daemon reports readiness
             async for sig in sigs:
                 if sig == signal.SIGHUP:
                     self.reload()

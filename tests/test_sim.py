@@ -355,6 +355,7 @@ async def test_pcap_holds_exactly_what_was_sent(autojump_clock, tmp_path):
         nursery.cancel_scope.cancel()
     got = list(read_udp(str(path)))
     assert len(got) == len(res.sent) > 10
+    assert all(a.ts <= b.ts for a, b in zip(got, got[1:], strict=False))
     for g, s in zip(got, res.sent, strict=True):
         assert (g.src, g.sport, g.dst, g.dport, g.payload) == (s.src, s.sport, s.dst, s.dport, s.payload)
         assert g.ts == pytest.approx(s.ts, abs=1e-6) and t0 - 1 <= g.ts <= t0 + 10

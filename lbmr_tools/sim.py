@@ -1,0 +1,1026 @@
+"""lbmr-sim: play N Ultra Messaging contexts' topic resolution on loopback.
+
+Two layers:
+
+* :class:`Context` is a sans-IO model of one UM context's unicast topic
+  resolution (no sockets, no clock): it owns sources (topic -> transport
+  address) and receivers (topics), and is driven by ``tick(now)`` (the
+  datagrams due at ``now``), ``receive(data, now, src)`` (an incoming TR
+  datagram; returns immediate replies) and ``next_deadline()``. Times are
+  seconds on any monotonic clock. The cadence follows UM's defaults and is
+  configurable through :class:`Timing`.
+* :func:`run_sim` is the trio shell: one UDP socket per context on a loopback
+  address, talking to one or more lbmrds, until every receiver has resolved
+  or ``duration`` has passed. It uses :func:`trio.current_time`, so it runs
+  unchanged on a virtual clock (``autojump_clock`` in tests).
+
+``main`` is the ``lbmr-sim`` command; see lbmr-sim(1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import math
+import random
+import socket
+import statistics
+import struct
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import click
+import trio
+
+from lbmr_proto import (
+    TIR,
+    TQR,
+    ExFuncOption,
+    LBMRDecodeError,
+    LbtrmTransport,
+    LbtruTransport,
+    LocalDomainOption,
+    OtidOption,
+    SourceIdOption,
+    SourceTypeOption,
+    TcpTransport,
+    VersionOption,
+    decode,
+)
+from lbmr_proto.capture import PcapWriter
+from lbmr_proto.constants import LBMRD_PORT, MAX_NAME_LEN
+from lbmr_proto.popts import encode_packet_options
+
+Addr = tuple[str, int]
+
+EPS = 1e-9  # seconds; "due" tolerance for float schedules
+MIN_STEP = 1e-6  # seconds; the shortest wait between two ticks of one context
+HDR = struct.Struct("!BBH")
+HDR_V1_NORMAL_OPTS = 0x18  # version 1, packet-options flag, type NORMAL
+RCV_ALIVE = b"\x02\x00\x00\x00"
+SRC_ALIVE = b"\x03\x00\x00\x00"
+UM_VERSION = 0x060E0000  # 6.14, as in the packet-options trailer of a UM 6.14 capture
+VERSION_FLAGS = 0x8001  # ignore | UME capable, as UM 6.14 sends it
+TIR_TTL = 60  # the TIR ttl value UM 6.14 sends in steady state
+MAX_TQRS = 255  # the header's TQR count is one byte
+DEFAULT_MAX_DATAGRAM = 1400
+MAX_CONTEXTS = 1000
+REQUEST_PORT_BASE = 14391  # UM request_tcp_port_low: the extended-functionality option's port
+LBTRM_GROUP = "224.10.10.10"  # UM transport_lbtrm_multicast_address_low (advertised only)
+LBTRM_DEST_PORT = 14400  # UM transport_lbtrm_destination_port (advertised only)
+TRANSPORTS = ("tcp", "lbtru", "lbtrm")
+PORT_BASES = {"tcp": 14371, "lbtru": 14380, "lbtrm": 14390}  # UM's *_port_low defaults
+LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
+
+
+# ------------------------------------------------------------------ timing
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Topic-resolution cadence, in seconds (UM configuration option in brackets).
+
+    Advertisements: the first at source creation, then gaps of
+    ``ad_initial_min`` doubling up to ``ad_initial_max`` while the gap starts
+    within ``ad_initial_duration`` of creation (initial phase), then gaps of
+    ``ad_sustain_interval`` (sustaining phase); nothing is advertised from
+    ``ad_initial_duration + ad_sustain_duration`` on (quiescent phase: the
+    source still answers queries). Queries run the same way with the
+    ``query_*`` values and stop as soon as the receiver has resolved.
+    A keepalive goes to a daemon when nothing was sent to it for
+    ``keepalive_interval``. With several daemons the one receiving normal TR
+    traffic changes every ``change_interval``.
+    """
+
+    ad_initial_min: float = 0.010  # resolver_advertisement_minimum_initial_interval
+    ad_initial_max: float = 0.500  # resolver_advertisement_maximum_initial_interval
+    ad_initial_duration: float = 5.0  # resolver_advertisement_minimum_initial_duration
+    ad_sustain_interval: float = 1.0  # resolver_advertisement_sustain_interval
+    ad_sustain_duration: float = 60.0  # resolver_advertisement_minimum_sustain_duration
+    query_initial_min: float = 0.020  # resolver_query_minimum_initial_interval
+    query_initial_max: float = 0.200  # resolver_query_maximum_initial_interval
+    query_initial_duration: float = 5.0  # resolver_query_minimum_initial_duration
+    query_sustain_interval: float = 1.0  # resolver_query_sustain_interval
+    query_sustain_duration: float = 60.0  # resolver_query_minimum_sustain_duration
+    keepalive_interval: float = 0.5  # resolver_unicast_keepalive_interval
+    change_interval: float = 0.2  # resolver_unicast_change_interval (not randomised here)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"timing {f.name} must be a finite number, not {v!r}")
+            if f.name.endswith("_duration"):
+                if v < 0:
+                    raise ValueError(f"timing {f.name} must be >= 0, not {v}")
+            elif v <= 0:
+                raise ValueError(f"timing {f.name} must be > 0, not {v}")
+        if self.ad_initial_max < self.ad_initial_min:
+            raise ValueError("timing ad_initial_max is smaller than ad_initial_min")
+        if self.query_initial_max < self.query_initial_min:
+            raise ValueError("timing query_initial_max is smaller than query_initial_min")
+
+    def ad_phase(self) -> tuple[float, float, float, float, float]:
+        return (self.ad_initial_min, self.ad_initial_max, self.ad_initial_duration,
+                self.ad_sustain_interval, self.ad_sustain_duration)
+
+    def query_phase(self) -> tuple[float, float, float, float, float]:
+        return (self.query_initial_min, self.query_initial_max, self.query_initial_duration,
+                self.query_sustain_interval, self.query_sustain_duration)
+
+
+TIMING_FIELDS = tuple(f.name for f in dataclasses.fields(Timing))
+
+
+class Schedule:
+    """The send times of one advertisement or query stream.
+
+    ``phase`` is (initial min, initial max, initial duration, sustain
+    interval, sustain duration). ``next`` is the next send time (``inf``
+    when the stream has ended). Whether a gap belongs to the initial or the
+    sustaining phase is decided by when the gap *starts*.
+    """
+
+    __slots__ = ("start", "next", "gap", "sent", "phase")
+
+    def __init__(self, start: float, phase: tuple[float, float, float, float, float]) -> None:
+        self.phase = phase
+        self.start = start
+        self.next = start
+        self.gap = phase[0]
+        self.sent = 0
+
+    def due(self, now: float) -> bool:
+        return self.next <= now + EPS
+
+    def advance(self, now: float) -> None:
+        """Record a send of the due item at ``now``; schedule the next one."""
+        _, imax, idur, sustain, sdur = self.phase
+        self.sent += 1
+        base = self.next
+        if base - self.start < idur - EPS:
+            gap = self.gap
+            self.gap = min(self.gap * 2, imax)
+        else:
+            gap = sustain
+        nxt = base + gap
+        if nxt <= now + EPS:  # we were late by more than a gap: re-anchor, never burst
+            nxt = now + gap
+        self.next = math.inf if nxt - self.start >= idur + sdur - EPS else nxt
+
+    def stop(self) -> None:
+        self.next = math.inf
+
+
+# ------------------------------------------------------------- sans-IO core
+
+
+class Datagram(bytes):
+    """The bytes of one datagram, with where it goes: ``dest`` (ip, port) and
+    ``kind`` ("tr" scheduled TR, "response" answer to a query, "keepalive")."""
+
+    dest: Addr
+    kind: str
+
+    def __new__(cls, data: bytes, dest: Addr, kind: str = "tr") -> Datagram:
+        self = super().__new__(cls, data)
+        self.dest = dest
+        self.kind = kind
+        return self
+
+    def __repr__(self) -> str:
+        return f"Datagram({bytes(self)!r}, dest={self.dest!r}, kind={self.kind!r})"
+
+
+@dataclass(eq=False)
+class Source:
+    """One simulated source: its topic, advertised transport and TIR."""
+
+    topic: str
+    transport: object
+    index: int
+    otid: bytes
+    tir: TIR
+    record: bytes  # the encoded TIR
+    schedule: Schedule
+
+
+@dataclass(eq=False)
+class Receiver:
+    """One simulated receiver. ``resolved_at`` is ``None`` until a TIR for
+    the topic arrives; ``transport`` is the first source's transport (the
+    address it would connect to), ``tir`` that TIR as received; ``sources``
+    every distinct transport seen. ``local`` means resolved from a source
+    in the same context (no TR traffic needed)."""
+
+    topic: str
+    created: float
+    schedule: Schedule
+    resolved_at: float | None = None
+    transport: object | None = None
+    tir: TIR | None = None
+    sources: set = field(default_factory=set)
+    local: bool = False
+
+    @property
+    def resolved(self) -> bool:
+        return self.resolved_at is not None
+
+    @property
+    def time_to_resolve(self) -> float | None:
+        return None if self.resolved_at is None else self.resolved_at - self.created
+
+
+def transport_text(t) -> str:
+    """``TCP 127.0.1.3:14371``-style text of a TIR transport."""
+    name = t.NAME
+    if name == "LBTRM":
+        return f"LBTRM {t.ip}:{t.src_ucast_port} grp {t.mcast_group}:{t.dest_port}"
+    if hasattr(t, "ip") and hasattr(t, "port"):
+        return f"{name} {t.ip}:{t.port}"
+    return name
+
+
+def make_otid(t, topic_index: int, ctx_id: bytes, xport_idx: int, session_id: int) -> bytes:
+    """A 32-byte originating transport id laid out as UM's (lbmotid.c): byte 0
+    transport type, per-transport address/port/session/topic-index/context
+    fields, byte 31 = 1 (OTID version: transport index present)."""
+    ip = socket.inet_aton(t.ip)
+    if t.NAME == "LBTRM":
+        body = (ip + struct.pack("!H", t.src_ucast_port) + socket.inet_aton(t.mcast_group)
+                + struct.pack("!HII", t.dest_port, t.session_id, topic_index) + ctx_id
+                + struct.pack("!I", xport_idx))
+    elif t.NAME == "LBTRU":
+        body = ip + struct.pack("!HII", t.port, session_id, topic_index) + ctx_id + struct.pack("!I", xport_idx)
+    else:
+        body = ip + struct.pack("!HI", t.port, topic_index) + ctx_id + struct.pack("!II", xport_idx, session_id)
+    raw = bytes((t.TYPE,)) + body
+    return raw + bytes(31 - len(raw)) + b"\x01"
+
+
+class Context:
+    """Sans-IO model of one UM context's unicast topic resolution.
+
+    ``daemons`` are the lbmrd (ip, port)s (UM's ``resolver_unicast_daemon``
+    list). Keepalives go to every daemon; scheduled TR and query responses go
+    to the current daemon, which changes round-robin every
+    ``timing.change_interval`` seconds counted from ``start`` (daemon
+    ``k mod n`` during the k-th interval; UM randomises the period and skips
+    inactive daemons, this model does neither).
+
+    Every TR datagram is a version-1 NORMAL packet with a packet-options
+    trailer (source id = ``src_id``, source type 0, version, local domain 0),
+    as UM 6.x sends; due TQRs and TIRs are batched into datagrams of at
+    most ``max_datagram`` bytes. Keepalives are the 4-byte ``02 00 00 00`` /
+    ``03 00 00 00`` (alternating per daemon).
+
+    With ``ignore_unknown_source`` (UM's default since 6.7.1) ``receive``
+    drops datagrams whose ``src`` is not a configured daemon. Datagrams
+    carrying this context's own source id are always ignored. A context
+    without sources and receivers sends nothing unless ``force_alive``.
+    """
+
+    def __init__(self, daemons: Sequence[Addr] = (("127.0.0.1", LBMRD_PORT),), *,
+                 timing: Timing | None = None, start: float = 0.0, src_id: bytes | None = None,
+                 rng: random.Random | None = None, index: int = 0, local_ip: str = "127.0.0.1",
+                 max_datagram: int = DEFAULT_MAX_DATAGRAM, force_alive: bool = False,
+                 request_port: int = REQUEST_PORT_BASE, ignore_unknown_source: bool = True) -> None:
+        if not daemons:
+            raise ValueError("a context needs at least one daemon")
+        self.daemons: list[Addr] = [(str(ip), int(port)) for ip, port in daemons]
+        self.timing = timing if timing is not None else Timing()
+        self.start = start
+        self.rng = rng if rng is not None else random.Random()
+        self.src_id = src_id if src_id is not None else self.rng.randbytes(8)
+        if len(self.src_id) != 8:
+            raise ValueError("src_id must be 8 bytes")
+        self.ctx_id = self.src_id[:4]
+        self.index = index
+        self.local_ip = local_ip
+        self.max_datagram = max_datagram
+        self.request_port = request_port
+        self.ignore_unknown_source = ignore_unknown_source
+        self.options = [SourceIdOption(0x8000, self.src_id), SourceTypeOption(0x80, 0),
+                        VersionOption(VERSION_FLAGS, UM_VERSION), LocalDomainOption(0x8000, 0)]
+        self.trailer = encode_packet_options(self.options)
+        if max_datagram < 4 + len(self.trailer) + MAX_NAME_LEN + 80:
+            raise ValueError(f"max_datagram {max_datagram} cannot hold the largest record")
+        self.sources: list[Source] = []
+        self.receivers: list[Receiver] = []
+        self._sources_by_topic: dict[str, list[Source]] = {}
+        self._receivers_by_topic: dict[str, list[Receiver]] = {}
+        self._daemon_set = set(self.daemons)
+        self._last_tx: list[float] = [-math.inf] * len(self.daemons)
+        self._ka_next_type = [0] * len(self.daemons)
+        self._alive_since: float | None = start if force_alive else None
+        self.stats: Counter[str] = Counter()
+
+    # ------------------------------------------------------------ setup
+
+    def add_source(self, topic: str, transport, *, now: float | None = None,
+                   topic_index: int | None = None) -> Source:
+        """Create a source advertising ``transport`` (a TcpTransport,
+        LbtruTransport, LbtrmTransport...) for ``topic`` from ``now``
+        (default: the context's start)."""
+        now = self.start if now is None else now
+        self._activate(now)
+        idx = self.rng.getrandbits(32) if topic_index is None else topic_index
+        session = getattr(transport, "session_id", None)
+        session = self.rng.getrandbits(32) if session is None else session
+        otid = make_otid(transport, idx, self.ctx_id, len(self.sources) + 1, session)
+        ip = getattr(transport, "ip", "0.0.0.0")
+        tir = TIR(topic, transport, ttl=TIR_TTL, index=idx,
+                  options=[OtidOption(0x8000, otid),
+                           ExFuncOption(0x8000, self.request_port, 0, ip, 0)])
+        src = Source(topic, transport, idx, otid, tir, tir.encode(),
+                     Schedule(now, self.timing.ad_phase()))
+        self.sources.append(src)
+        self._sources_by_topic.setdefault(topic, []).append(src)
+        for r in self._receivers_by_topic.get(topic, ()):
+            if not r.resolved:
+                self._resolve_local(r, src, now)
+        return src
+
+    def add_receiver(self, topic: str, *, now: float | None = None) -> Receiver:
+        """Create a receiver for ``topic`` from ``now``. It queries until a
+        TIR for the topic arrives (or at once resolves from a source of the
+        same context)."""
+        now = self.start if now is None else now
+        self._activate(now)
+        r = Receiver(topic, now, Schedule(now, self.timing.query_phase()))
+        self.receivers.append(r)
+        self._receivers_by_topic.setdefault(topic, []).append(r)
+        local = self._sources_by_topic.get(topic)
+        if local:
+            self._resolve_local(r, local[0], now)
+        return r
+
+    def _activate(self, now: float) -> None:
+        if self._alive_since is None:
+            self._alive_since = now
+
+    def _resolve_local(self, r: Receiver, src: Source, now: float) -> None:
+        t = src.transport
+        if getattr(t, "ip", None) == "0.0.0.0":
+            t = dataclasses.replace(t, ip=self.local_ip)
+        r.resolved_at, r.transport, r.tir, r.local = now, t, src.tir, True
+        r.sources.add(t)
+        r.schedule.stop()
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def all_resolved(self) -> bool:
+        return all(r.resolved for r in self.receivers)
+
+    def current_daemon(self, now: float) -> int:
+        """Index of the daemon that gets normal TR traffic at ``now``."""
+        n = len(self.daemons)
+        if n == 1:
+            return 0
+        return int(math.floor((now - self.start) / self.timing.change_interval + EPS)) % n
+
+    def next_deadline(self) -> float:
+        """The earliest time at which :meth:`tick` has something to send
+        (``inf`` if never, e.g. an inactive context)."""
+        d = math.inf
+        for s in self.sources:
+            d = min(d, s.schedule.next)
+        for r in self.receivers:
+            if not r.resolved:
+                d = min(d, r.schedule.next)
+        if self._alive_since is not None:
+            iv = self.timing.keepalive_interval
+            for last in self._last_tx:
+                d = min(d, max(last, self._alive_since) + iv)
+        return d
+
+    # ------------------------------------------------------------ output
+
+    def _pack(self, tqrs: list[bytes], tirs: list[bytes]) -> list[bytes]:
+        """Batch encoded TQR and TIR records into NORMAL datagrams (TQRs
+        precede TIRs in a packet) of at most ``max_datagram`` bytes."""
+        out: list[bytes] = []
+        fixed = 4 + len(self.trailer)
+        q: list[bytes] = []
+        i: list[bytes] = []
+        size = fixed
+
+        def flush() -> None:
+            nonlocal q, i, size
+            if q or i:
+                out.append(HDR.pack(HDR_V1_NORMAL_OPTS, len(q), len(i)) + b"".join(q) + b"".join(i)
+                           + self.trailer)
+            q, i, size = [], [], fixed
+
+        for rec in tqrs:
+            if size + len(rec) > self.max_datagram or len(q) >= MAX_TQRS:
+                flush()
+            q.append(rec)
+            size += len(rec)
+        for rec in tirs:
+            if size + len(rec) > self.max_datagram or len(i) >= 0xFFFF:
+                flush()
+            i.append(rec)
+            size += len(rec)
+        flush()
+        return out
+
+    def _send_tr(self, tqrs: list[bytes], tirs: list[bytes], now: float, kind: str) -> list[Datagram]:
+        if not tqrs and not tirs:
+            return []
+        k = self.current_daemon(now)
+        dest = self.daemons[k]
+        out = [Datagram(d, dest, kind) for d in self._pack(tqrs, tirs)]
+        self._last_tx[k] = now
+        st = self.stats
+        st["tqrs_sent"] += len(tqrs)
+        st["tirs_sent"] += len(tirs)
+        st["datagrams_sent"] += len(out)
+        st["bytes_sent"] += sum(len(d) for d in out)
+        return out
+
+    def tick(self, now: float) -> list[Datagram]:
+        """Everything due at ``now``: advertisements, queries (both batched,
+        to the current daemon), then keepalives to every daemon that has
+        been idle for ``keepalive_interval``."""
+        tirs = []
+        for s in self.sources:
+            if s.schedule.due(now):
+                tirs.append(s.record)
+                s.schedule.advance(now)
+        tqrs = []
+        for r in self.receivers:
+            if not r.resolved and r.schedule.due(now):
+                tqrs.append(TQR(r.topic).encode())
+                r.schedule.advance(now)
+        if tirs:
+            self.stats["advertisements"] += len(tirs)
+        if tqrs:
+            self.stats["queries"] += len(tqrs)
+        out = self._send_tr(tqrs, tirs, now, "tr")
+        if self._alive_since is not None:
+            iv = self.timing.keepalive_interval
+            for k, dest in enumerate(self.daemons):
+                if max(self._last_tx[k], self._alive_since) + iv <= now + EPS:
+                    ka = RCV_ALIVE if self._ka_next_type[k] == 0 else SRC_ALIVE
+                    self._ka_next_type[k] ^= 1
+                    self._last_tx[k] = now
+                    out.append(Datagram(ka, dest, "keepalive"))
+                    self.stats["keepalives_sent"] += 1
+                    self.stats["datagrams_sent"] += 1
+                    self.stats["bytes_sent"] += 4
+        return out
+
+    # ------------------------------------------------------------- input
+
+    def receive(self, data: bytes, now: float, src: Addr | None = None) -> list[Datagram]:
+        """Process one incoming datagram at ``now`` from ``src`` (if known).
+
+        A TIR for a wanted topic resolves that topic's receivers (the first
+        one sets the resolved transport and time); a TQR for a topic this
+        context sources is answered at once with the sources' TIRs (the
+        returned datagrams, sent to the current daemon). Keepalive replies
+        (empty NORMAL packets) are counted.
+        """
+        st = self.stats
+        if src is not None and self.ignore_unknown_source and (src[0], src[1]) not in self._daemon_set:
+            st["ignored_unknown_source"] += 1
+            return []
+        try:
+            pkt = decode(data)
+        except LBMRDecodeError:
+            st["malformed"] += 1
+            return []
+        st["datagrams_received"] += 1
+        if pkt.options:
+            for o in pkt.options:
+                if type(o) is SourceIdOption and o.src_id == self.src_id:
+                    st["ignored_own"] += 1
+                    return []
+        if pkt.type in (2, 3):
+            st["keepalives_received"] += 1
+            return []
+        if pkt.type != 0:
+            st["other_received"] += 1
+            return []
+        if not pkt.tqrs and not pkt.tirs:
+            st["keepalive_replies"] += 1
+            return []
+        for tir in pkt.tirs:
+            st["tirs_received"] += 1
+            for r in self._receivers_by_topic.get(tir.topic, ()):
+                r.sources.add(tir.transport)
+                if r.resolved_at is None:
+                    r.resolved_at = now
+                    r.transport = tir.transport
+                    r.tir = tir
+                    r.schedule.stop()
+                    st["resolved"] += 1
+        answer = []
+        for q in pkt.tqrs:
+            st["tqrs_received"] += 1
+            for s in self._sources_by_topic.get(q.topic, ()):
+                answer.append(s.record)
+        st["responses"] += len(answer)
+        return self._send_tr([], answer, now, "response")
+
+
+# ---------------------------------------------------------------- topology
+
+
+@dataclass
+class SimConfig:
+    """What :func:`run_sim` plays. ``bind`` is every context's local address
+    unless ``bind_base`` is given (context i then binds ``bind_base + i``).
+    ``source_ip`` is advertised in the TIRs ("0.0.0.0" lets lbmrd fill in the
+    sender's address; "bind" advertises each context's own address).
+    ``source_port_base`` defaults per transport (tcp 14371, lbtru 14380,
+    lbtrm 14390); source number n (counted over all contexts) advertises port
+    ``base + n``. ``keep_running`` runs the full ``duration`` even after every
+    receiver has resolved. ``record_sent`` keeps every sent datagram in
+    :attr:`SimResult.sent`."""
+
+    daemons: list[Addr] = field(default_factory=lambda: [("127.0.0.1", LBMRD_PORT)])
+    contexts: int = 4
+    topics: int = 4
+    sources_per_topic: int = 1
+    receivers_per_context: int = 1
+    transport: str = "tcp"
+    source_ip: str = "0.0.0.0"
+    source_port_base: int | None = None
+    bind: str = "127.0.0.1"
+    bind_base: str | None = None
+    duration: float = 10.0
+    keep_running: bool = False
+    pcap: str | None = None
+    seed: int | None = None
+    topic_prefix: str = "md."
+    max_datagram: int = DEFAULT_MAX_DATAGRAM
+    timing: Timing = field(default_factory=Timing)
+    record_sent: bool = False
+
+
+def _loopback(ip: str, what: str) -> ipaddress.IPv4Address:
+    try:
+        a = ipaddress.IPv4Address(ip)
+    except ValueError:
+        raise ValueError(f"{what} {ip!r} is not an IPv4 address") from None
+    if a not in LOOPBACK:
+        raise ValueError(f"{what} {ip} is not a loopback address (127.0.0.0/8); lbmr-sim only "
+                         "plays on loopback")
+    return a
+
+
+def bind_addresses(cfg: SimConfig) -> list[str]:
+    """The local address of each context."""
+    if cfg.bind_base is None:
+        _loopback(cfg.bind, "bind address")
+        return [cfg.bind] * cfg.contexts
+    base = _loopback(cfg.bind_base, "bind base")
+    last = int(base) + cfg.contexts - 1
+    if last > int(LOOPBACK.broadcast_address) - 1:
+        raise ValueError(f"bind base {cfg.bind_base} + {cfg.contexts} contexts leaves 127.0.0.0/8")
+    return [str(ipaddress.IPv4Address(int(base) + i)) for i in range(cfg.contexts)]
+
+
+def topic_names(cfg: SimConfig) -> list[str]:
+    return [f"{cfg.topic_prefix}{j}" for j in range(cfg.topics)]
+
+
+def check_config(cfg: SimConfig) -> None:
+    """Raise ValueError with a readable message if ``cfg`` cannot be played."""
+    if not 1 <= cfg.contexts <= MAX_CONTEXTS:
+        raise ValueError(f"contexts must be 1..{MAX_CONTEXTS}")
+    if cfg.topics < 0 or cfg.sources_per_topic < 0 or cfg.receivers_per_context < 0:
+        raise ValueError("topics, sources per topic and receivers per context must be >= 0")
+    if cfg.receivers_per_context > cfg.topics:
+        raise ValueError(f"receivers per context ({cfg.receivers_per_context}) exceeds the number "
+                         f"of topics ({cfg.topics})")
+    if not cfg.daemons:
+        raise ValueError("at least one daemon is needed")
+    seen = set()
+    for ip, port in cfg.daemons:
+        _loopback(ip, "daemon address")
+        if not 1 <= port <= 65535:
+            raise ValueError(f"daemon port {port} out of range")
+        if (ip, port) in seen:
+            raise ValueError(f"daemon {ip}:{port} given twice")
+        seen.add((ip, port))
+    bind_addresses(cfg)
+    if cfg.transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}")
+    if cfg.source_ip != "bind":
+        try:
+            ipaddress.IPv4Address(cfg.source_ip)
+        except ValueError:
+            raise ValueError(f"source IP {cfg.source_ip!r} is neither an IPv4 address nor 'bind'") from None
+    base = PORT_BASES[cfg.transport] if cfg.source_port_base is None else cfg.source_port_base
+    n = cfg.topics * cfg.sources_per_topic
+    if not 1 <= base or base + max(n, 1) - 1 > 65535:
+        raise ValueError(f"source ports {base}..{base + n - 1} do not fit in 1..65535")
+    if cfg.topics and len(f"{cfg.topic_prefix}{cfg.topics - 1}".encode()) >= MAX_NAME_LEN:
+        raise ValueError("topic names would be longer than 255 bytes")
+    if "\0" in cfg.topic_prefix:
+        raise ValueError("the topic prefix contains a NUL")
+    if not (cfg.duration > 0 and math.isfinite(cfg.duration)):
+        raise ValueError("duration must be a positive number of seconds")
+    if cfg.max_datagram > 65507:
+        raise ValueError("max datagram larger than a UDP datagram")
+
+
+def make_transport(kind: str, ip: str, port: int, rng: random.Random):
+    if kind == "tcp":
+        return TcpTransport(ip, port)
+    if kind == "lbtru":
+        return LbtruTransport(ip, port)
+    if kind == "lbtrm":
+        return LbtrmTransport(ip, LBTRM_GROUP, rng.getrandbits(32), LBTRM_DEST_PORT, port)
+    raise ValueError(f"unknown transport {kind!r}")
+
+
+def receiver_topics(i: int, topics: list[str], local: set[str], count: int) -> list[str]:
+    """Topics for context ``i``'s receivers: starting after topic ``i``,
+    those it does not source itself first, then the ones it does."""
+    n = len(topics)
+    order = [topics[(i + 1 + m) % n] for m in range(n)]
+    picked = [t for t in order if t not in local] + [t for t in order if t in local]
+    return picked[:count]
+
+
+def build_contexts(cfg: SimConfig, addrs: Sequence[Addr], start: float,
+                   rng: random.Random) -> list[Context]:
+    """Place sources and receivers: source k of topic j lives on context
+    ``(j * sources_per_topic + k) mod contexts``; each context gets
+    ``receivers_per_context`` receivers (see :func:`receiver_topics`)."""
+    ctxs = [Context(cfg.daemons, timing=cfg.timing, start=start, src_id=rng.randbytes(8), rng=rng,
+                    index=i, local_ip=addrs[i][0], max_datagram=cfg.max_datagram,
+                    request_port=REQUEST_PORT_BASE + i)
+            for i in range(cfg.contexts)]
+    topics = topic_names(cfg)
+    base = PORT_BASES[cfg.transport] if cfg.source_port_base is None else cfg.source_port_base
+    n = 0
+    for j, topic in enumerate(topics):
+        for k in range(cfg.sources_per_topic):
+            ctx = ctxs[(j * cfg.sources_per_topic + k) % cfg.contexts]
+            ip = ctx.local_ip if cfg.source_ip == "bind" else cfg.source_ip
+            ctx.add_source(topic, make_transport(cfg.transport, ip, base + n, rng), now=start)
+            n += 1
+    for i, ctx in enumerate(ctxs):
+        local = {s.topic for s in ctx.sources}
+        for topic in receiver_topics(i, topics, local, cfg.receivers_per_context):
+            ctx.add_receiver(topic, now=start)
+    return ctxs
+
+
+# -------------------------------------------------------------- trio shell
+
+
+class SentDatagram(NamedTuple):
+    """One datagram the simulator sent (``ts`` in seconds since the epoch)."""
+
+    ts: float
+    src: str
+    sport: int
+    dst: str
+    dport: int
+    payload: bytes
+
+
+@dataclass
+class ReceiverResult:
+    context: int
+    client: str  # the context's socket "ip:port"
+    topic: str
+    time_ms: float | None
+    transport: str | None  # "TCP 127.0.1.3:14371"
+    sources_seen: int
+    local: bool
+
+    @property
+    def resolved(self) -> bool:
+        return self.time_ms is not None
+
+    def as_dict(self) -> dict:
+        return {"context": self.context, "client": self.client, "topic": self.topic,
+                "resolved": self.resolved,
+                "time_ms": None if self.time_ms is None else round(self.time_ms, 3),
+                "transport": self.transport, "sources_seen": self.sources_seen, "local": self.local}
+
+
+@dataclass
+class SimResult:
+    receivers: list[ReceiverResult]
+    contexts: list[Context]
+    clients: list[Addr]
+    daemons: list[Addr]
+    elapsed: float
+    send_errors: int = 0
+    recv_errors: int = 0
+    sent: list[SentDatagram] | None = None
+
+    @property
+    def resolved(self) -> int:
+        return sum(r.resolved for r in self.receivers)
+
+    @property
+    def all_resolved(self) -> bool:
+        return self.resolved == len(self.receivers)
+
+    def times_ms(self) -> list[float]:
+        return [r.time_ms for r in self.receivers if r.time_ms is not None]
+
+    def summary(self) -> dict:
+        t = self.times_ms()
+        return {"resolved": self.resolved, "total": len(self.receivers),
+                "median_ms": round(statistics.median(t), 3) if t else None,
+                "max_ms": round(max(t), 3) if t else None,
+                "elapsed_s": round(self.elapsed, 3), "send_errors": self.send_errors,
+                "recv_errors": self.recv_errors}
+
+    def as_dict(self) -> dict:
+        return {
+            "receivers": [r.as_dict() for r in self.receivers],
+            "summary": self.summary(),
+            "daemons": [f"{ip}:{port}" for ip, port in self.daemons],
+            "contexts": [{"context": c.index, "client": f"{a[0]}:{a[1]}", "src_id": c.src_id.hex(),
+                          "sources": [f"{s.topic} {transport_text(s.transport)}" for s in c.sources],
+                          "receivers": [r.topic for r in c.receivers], "stats": dict(sorted(c.stats.items()))}
+                         for c, a in zip(self.contexts, self.clients, strict=True)],
+        }
+
+
+def _results(ctxs: Sequence[Context], clients: Sequence[Addr]) -> list[ReceiverResult]:
+    out = []
+    for c, (ip, port) in zip(ctxs, clients, strict=True):
+        for r in c.receivers:
+            ttr = r.time_to_resolve
+            out.append(ReceiverResult(c.index, f"{ip}:{port}", r.topic,
+                                      None if ttr is None else ttr * 1000.0,
+                                      None if r.transport is None else transport_text(r.transport),
+                                      len(r.sources), r.local))
+    return out
+
+
+async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> SimResult:
+    """Play ``config`` on loopback until every receiver has resolved (unless
+    ``keep_running``) or ``config.duration`` seconds have passed.
+
+    Reports the contexts' bound (ip, port)s through ``task_status.started``
+    once the sockets are open. Returns a :class:`SimResult`.
+    """
+    check_config(config)
+    rng = random.Random(config.seed)
+    addrs = bind_addresses(config)
+    socks: list[trio.socket.SocketType] = []
+    pcap: PcapWriter | None = None
+    sent: list[SentDatagram] | None = [] if config.record_sent else None
+    errors = Counter()
+    try:
+        for ip in addrs:
+            s = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            socks.append(s)
+            await s.bind((ip, 0))
+        clients: list[Addr] = [s.getsockname()[:2] for s in socks]
+        if config.pcap:
+            pcap = PcapWriter(config.pcap)
+        start = trio.current_time()
+        wall0 = time.time()
+        end = start + config.duration
+        ctxs = build_contexts(config, clients, start, rng)
+        has_receivers = any(c.receivers for c in ctxs)
+        task_status.started(clients)
+
+        async with trio.open_nursery() as nursery:
+            nursery.cancel_scope.deadline = end
+
+            def check_done() -> None:
+                if has_receivers and not config.keep_running and all(c.all_resolved for c in ctxs):
+                    nursery.cancel_scope.cancel()
+
+            async def send(sock, me: Addr, dgs: Iterable[Datagram]) -> None:
+                for d in dgs:
+                    try:
+                        await sock.sendto(d, d.dest)
+                    except OSError:
+                        errors["send"] += 1
+                        continue
+                    # stamped when recorded, so the pcap's timestamps never go backwards
+                    ts = wall0 + (trio.current_time() - start)
+                    rec = SentDatagram(ts, me[0], me[1], d.dest[0], d.dest[1], bytes(d))
+                    if pcap is not None:
+                        pcap.write_udp(*rec)
+                    if sent is not None:
+                        sent.append(rec)
+
+            async def ticker(ctx: Context, sock, me: Addr, wake: list[trio.Event]) -> None:
+                while trio.current_time() < end:
+                    now = trio.current_time()
+                    await send(sock, me, ctx.tick(now))
+                    # never wait for a time already passed: the loop always makes progress,
+                    # also on a virtual clock that only moves when every task sleeps
+                    with trio.move_on_at(min(max(ctx.next_deadline(), now + MIN_STEP), end)):
+                        await wake[0].wait()
+                    wake[0] = trio.Event()
+
+            async def listener(ctx: Context, sock, me: Addr, wake: list[trio.Event]) -> None:
+                while trio.current_time() < end:
+                    try:
+                        data, src = await sock.recvfrom(65535)
+                    except OSError:  # e.g. an ICMP error reported on the socket
+                        errors["recv"] += 1
+                        continue
+                    now = trio.current_time()
+                    await send(sock, me, ctx.receive(data, now, src[:2]))
+                    wake[0].set()
+                    check_done()
+
+            check_done()
+            for ctx, sock, me in zip(ctxs, socks, clients, strict=True):
+                wake = [trio.Event()]
+                nursery.start_soon(ticker, ctx, sock, me, wake)
+                nursery.start_soon(listener, ctx, sock, me, wake)
+        elapsed = trio.current_time() - start
+    finally:
+        for s in socks:
+            s.close()
+        if pcap is not None:
+            pcap.close()
+    return SimResult(_results(ctxs, clients), ctxs, clients, list(config.daemons), elapsed,
+                     errors["send"], errors["recv"], sent)
+
+
+# ------------------------------------------------------------------- report
+
+
+def render_text(result: SimResult) -> str:
+    lines = []
+    for r in result.receivers:
+        head = f"ctx {r.context} ({r.client}) {r.topic}"
+        if r.resolved:
+            how = " (local source)" if r.local else ""
+            lines.append(f"{head} resolved in {r.time_ms:.3f} ms: {r.transport}{how}")
+        else:
+            lines.append(f"{head} unresolved")
+    s = result.summary()
+    if s["median_ms"] is None:
+        times = "no time to resolve"
+    else:
+        times = f"time to resolve median {s['median_ms']:.3f} ms, max {s['max_ms']:.3f} ms"
+    lines.append(f"summary: {s['resolved']}/{s['total']} receivers resolved; {times}; "
+                 f"ran {s['elapsed_s']:.3f} s")
+    return "\n".join(lines) + "\n"
+
+
+def render(result: SimResult, as_json: bool = False) -> str:
+    if as_json:
+        return json.dumps(result.as_dict(), indent=2) + "\n"
+    return render_text(result)
+
+
+def exit_status(result: SimResult) -> int:
+    """0 when every receiver resolved, else 1."""
+    return 0 if result.all_resolved else 1
+
+
+# ---------------------------------------------------------------------- CLI
+
+
+def parse_hostport(text: str) -> Addr:
+    """``IP:PORT`` -> (ip, port); the IP must be in 127.0.0.0/8."""
+    ip, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected IP:PORT, got {text!r}")
+    p = int(port)
+    if not 1 <= p <= 65535:
+        raise ValueError(f"port out of range in {text!r}")
+    _loopback(ip, "daemon address")
+    return ip, p
+
+
+def parse_timing(items: Iterable[str]) -> Timing:
+    """``FIELD=SECONDS`` overrides of :class:`Timing`."""
+    kw: dict[str, float] = {}
+    for it in items:
+        name, sep, val = it.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in TIMING_FIELDS:
+            raise ValueError(f"expected FIELD=SECONDS with FIELD one of {', '.join(TIMING_FIELDS)}; got {it!r}")
+        try:
+            kw[name] = float(val)
+        except ValueError:
+            raise ValueError(f"not a number of seconds: {val!r}") from None
+    return Timing(**kw)
+
+
+def _daemons_cb(ctx, param, values):
+    try:
+        return [parse_hostport(v) for v in values]
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _timing_cb(ctx, param, values):
+    try:
+        return parse_timing(values)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def config_from_params(params: dict) -> SimConfig:
+    """Build a SimConfig from the command's parsed parameters."""
+    cfg = SimConfig(
+        daemons=list(params["daemons"]) or [("127.0.0.1", LBMRD_PORT)],
+        contexts=params["contexts"], topics=params["topics"],
+        sources_per_topic=params["sources_per_topic"],
+        receivers_per_context=params["receivers_per_context"],
+        transport=params["transport"].lower(), source_ip=params["source_ip"],
+        source_port_base=params["source_port_base"], bind=params["bind"], bind_base=params["bind_base"],
+        duration=params["duration"], keep_running=params["keep_running"], pcap=params["pcap"],
+        seed=params["seed"], topic_prefix=params["topic_prefix"], max_datagram=params["max_datagram"],
+        timing=params["timing"])
+    check_config(cfg)
+    return cfg
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--daemon", "daemons", multiple=True, metavar="IP:PORT", callback=_daemons_cb,
+              help="An lbmrd to use (repeatable; loopback only). Default 127.0.0.1:15380.")
+@click.option("--contexts", type=click.IntRange(1, MAX_CONTEXTS), default=4, show_default=True,
+              help="Number of simulated UM contexts.")
+@click.option("--topics", type=click.IntRange(min=0), default=4, show_default=True,
+              help="Number of topics (named PREFIX0, PREFIX1, ...).")
+@click.option("--sources-per-topic", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Sources per topic, spread round-robin over the contexts.")
+@click.option("--receivers-per-context", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Receivers per context (topics other contexts source first).")
+@click.option("--transport", type=click.Choice(TRANSPORTS, case_sensitive=False), default="tcp",
+              show_default=True, help="Transport the sources advertise.")
+@click.option("--source-ip", default="0.0.0.0", show_default=True, metavar="IP|bind",
+              help="Address advertised in TIRs; 0.0.0.0 lets lbmrd fill in the sender's "
+                   "address, 'bind' advertises each context's own address.")
+@click.option("--source-port-base", type=click.IntRange(1, 65535), metavar="PORT",
+              help="First advertised source port (default tcp 14371, lbtru 14380, lbtrm 14390).")
+@click.option("--bind", default="127.0.0.1", show_default=True, metavar="IP",
+              help="Loopback address every context binds to.")
+@click.option("--bind-base", metavar="IP",
+              help="Bind context i to IP + i (e.g. 127.0.1.1 gives 127.0.1.1, 127.0.1.2, ...).")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, metavar="S", help="Stop after S seconds at most.")
+@click.option("--keep-running", is_flag=True,
+              help="Run the whole duration even after every receiver has resolved.")
+@click.option("--pcap", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Write every datagram the simulator sends to FILE (classic pcap).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--seed", type=int, help="Random seed (source ids, topic indexes, session ids).")
+@click.option("--topic-prefix", default="md.", show_default=True, help="Topic name prefix.")
+@click.option("--max-datagram", type=click.IntRange(512, 65507), default=DEFAULT_MAX_DATAGRAM,
+              show_default=True, metavar="BYTES", help="Largest TR datagram when batching records.")
+@click.option("--timing", "timing", multiple=True, metavar="FIELD=SECONDS", callback=_timing_cb,
+              help="Override one timing parameter (repeatable), e.g. keepalive_interval=0.25.")
+def main(as_json: bool, **params) -> None:
+    """Simulate Ultra Messaging contexts' unicast topic resolution on loopback
+    against one or more lbmrds, and report how fast each receiver resolved.
+
+    Exit status: 0 if every receiver resolved, 1 otherwise, 2 usage error.
+
+    \b
+    Examples:
+      lbmr-sim --daemon 127.0.0.1:15380 --contexts 8 --topics 100 --receivers-per-context 10
+      lbmr-sim --daemon 127.0.0.1:15380 --daemon 127.0.0.1:15381 --bind-base 127.0.1.1
+      lbmr-sim --transport lbtrm --pcap sim.pcap --json
+    """
+    try:
+        cfg = config_from_params(params)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    try:
+        result = trio.run(run_sim, cfg)
+    except KeyboardInterrupt:
+        click.echo("lbmr-sim: interrupted", err=True)
+        sys.exit(130)
+    except OSError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(render(result, as_json), nl=False)
+    sys.exit(exit_status(result))
+
+
+def parse_args(argv: Sequence[str]) -> tuple[SimConfig, bool]:
+    """Parse ``lbmr-sim`` arguments without running: (config, as_json).
+    Raises :class:`click.UsageError`/:class:`click.BadParameter` on errors."""
+    with main.make_context("lbmr-sim", list(argv)) as ctx:
+        params = dict(ctx.params)
+    as_json = params.pop("as_json")
+    try:
+        return config_from_params(params), as_json
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
+if __name__ == "__main__":
+    main()
