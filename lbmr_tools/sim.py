@@ -2,27 +2,34 @@
 
 Two layers:
 
-* :class:`Context` is a sans-IO model of one UM context's unicast topic
-  resolution (no sockets, no clock): it owns sources (topic -> transport
-  address) and receivers (topics), and is driven by ``tick(now)`` (the
-  datagrams due at ``now``), ``receive(data, now, src)`` (an incoming TR
-  datagram; returns immediate replies) and ``next_deadline()``. Times are
-  seconds on any monotonic clock. The cadence follows UM's defaults and is
-  configurable through :class:`Timing`.
-* :func:`run_sim` is the trio shell: one UDP socket per context on a loopback
-  address, talking to one or more lbmrds, until every receiver has resolved
-  or ``duration`` has passed. It uses :func:`trio.current_time`, so it runs
-  unchanged on a virtual clock (``autojump_clock`` in tests).
+* :class:`Context` is a sans-IO model of one UM context's UDP topic
+  resolution (no sockets, no clock), either unicast through lbmrds or
+  multicast to a group: it owns sources (topic -> transport address) and
+  receivers (topics), and is driven by ``tick(now)`` (the datagrams due at
+  ``now``), ``receive(data, now, src)`` (an incoming TR datagram; returns
+  immediate replies) and ``next_deadline()``. Times are seconds on any
+  monotonic clock. The cadence follows UM's defaults and is configurable
+  through :class:`Timing`.
+* :func:`run_sim` is the trio shell: one UDP socket per context, either on a
+  loopback address talking to one or more lbmrds, or bound to a multicast
+  group's port and joined to the group (multicast mode; needs an interface
+  with multicast enabled, e.g. ``lo`` inside a network namespace), until
+  every receiver has resolved or ``duration`` has passed. It uses
+  :func:`trio.current_time`, so it runs unchanged on a virtual clock
+  (``autojump_clock`` in tests).
 
 ``main`` is the ``lbmr-sim`` command; see lbmr-sim(1).
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import fcntl
 import ipaddress
 import json
 import math
+import os
 import random
 import socket
 import statistics
@@ -76,6 +83,11 @@ LBTRM_DEST_PORT = 14400  # UM transport_lbtrm_destination_port (advertised only)
 TRANSPORTS = ("tcp", "lbtru", "lbtrm")
 PORT_BASES = {"tcp": 14371, "lbtru": 14380, "lbtrm": 14390}  # UM's *_port_low defaults
 LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
+MULTICAST = ipaddress.IPv4Network("224.0.0.0/4")
+DEFAULT_DAEMON: Addr = ("127.0.0.1", LBMRD_PORT)
+MC_GROUP = "224.9.10.11"  # UM resolver_multicast_address
+MC_PORT = 12965  # UM resolver_multicast_port
+MC_INTERFACE = "127.0.0.1"
 
 
 # ------------------------------------------------------------------ timing
@@ -264,14 +276,22 @@ def make_otid(t, topic_index: int, ctx_id: bytes, xport_idx: int, session_id: in
 
 
 class Context:
-    """Sans-IO model of one UM context's unicast topic resolution.
+    """Sans-IO model of one UM context's UDP topic resolution.
 
-    ``daemons`` are the lbmrd (ip, port)s (UM's ``resolver_unicast_daemon``
-    list). Keepalives go to every daemon; scheduled TR and query responses go
-    to the current daemon, which changes round-robin every
-    ``timing.change_interval`` seconds counted from ``start`` (daemon
-    ``k mod n`` during the k-th interval; UM randomises the period and skips
-    inactive daemons, this model does neither).
+    Unicast mode: ``daemons`` are the lbmrd (ip, port)s (UM's
+    ``resolver_unicast_daemon`` list; default 127.0.0.1:15380). Keepalives go
+    to every daemon; scheduled TR and query responses go to the current
+    daemon, which changes round-robin every ``timing.change_interval``
+    seconds counted from ``start`` (daemon ``k mod n`` during the k-th
+    interval; UM randomises the period and skips inactive daemons, this
+    model does neither).
+
+    Multicast mode: ``multicast`` is the (group, port) (UM's
+    ``resolver_multicast_address`` / ``resolver_multicast_port``) and no
+    daemons are given. Every TR datagram, scheduled or a query response, goes
+    to the group; no keepalives are sent; datagrams are accepted from
+    anyone (the group delivers the context's own datagrams too, which are
+    dropped by source id like everyone's own).
 
     Every TR datagram is a version-1 NORMAL packet with a packet-options
     trailer (source id = ``src_id``, source type 0, version, local domain 0),
@@ -280,18 +300,28 @@ class Context:
     ``03 00 00 00`` (alternating per daemon).
 
     With ``ignore_unknown_source`` (UM's default since 6.7.1) ``receive``
-    drops datagrams whose ``src`` is not a configured daemon. Datagrams
-    carrying this context's own source id are always ignored. A context
-    without sources and receivers sends nothing unless ``force_alive``.
+    drops datagrams whose ``src`` is not a configured daemon (unicast mode
+    only). Datagrams carrying this context's own source id are always
+    ignored. A context without sources and receivers sends nothing unless
+    ``force_alive`` (which only concerns keepalives, so unicast mode).
     """
 
-    def __init__(self, daemons: Sequence[Addr] = (("127.0.0.1", LBMRD_PORT),), *,
+    def __init__(self, daemons: Sequence[Addr] | None = None, *, multicast: Addr | None = None,
                  timing: Timing | None = None, start: float = 0.0, src_id: bytes | None = None,
                  rng: random.Random | None = None, index: int = 0, local_ip: str = "127.0.0.1",
                  max_datagram: int = DEFAULT_MAX_DATAGRAM, force_alive: bool = False,
                  request_port: int = REQUEST_PORT_BASE, ignore_unknown_source: bool = True) -> None:
-        if not daemons:
-            raise ValueError("a context needs at least one daemon")
+        if multicast is not None:
+            if daemons:
+                raise ValueError("a context uses either daemons or a multicast group, not both")
+            self.multicast: Addr | None = (str(multicast[0]), int(multicast[1]))
+            daemons = ()
+        else:
+            self.multicast = None
+            if daemons is None:
+                daemons = (DEFAULT_DAEMON,)
+            if not daemons:
+                raise ValueError("a context needs at least one daemon or a multicast group")
         self.daemons: list[Addr] = [(str(ip), int(port)) for ip, port in daemons]
         self.timing = timing if timing is not None else Timing()
         self.start = start
@@ -379,11 +409,21 @@ class Context:
         return all(r.resolved for r in self.receivers)
 
     def current_daemon(self, now: float) -> int:
-        """Index of the daemon that gets normal TR traffic at ``now``."""
+        """Index of the daemon that gets normal TR traffic at ``now``
+        (unicast mode; ValueError in multicast mode)."""
         n = len(self.daemons)
+        if n == 0:
+            raise ValueError("a multicast context has no daemons")
         if n == 1:
             return 0
         return int(math.floor((now - self.start) / self.timing.change_interval + EPS)) % n
+
+    def destination(self, now: float) -> Addr:
+        """Where TR datagrams sent at ``now`` go: the multicast group, or
+        the current daemon."""
+        if self.multicast is not None:
+            return self.multicast
+        return self.daemons[self.current_daemon(now)]
 
     def next_deadline(self) -> float:
         """The earliest time at which :meth:`tick` has something to send
@@ -434,10 +474,13 @@ class Context:
     def _send_tr(self, tqrs: list[bytes], tirs: list[bytes], now: float, kind: str) -> list[Datagram]:
         if not tqrs and not tirs:
             return []
-        k = self.current_daemon(now)
-        dest = self.daemons[k]
+        if self.multicast is not None:
+            dest = self.multicast
+        else:
+            k = self.current_daemon(now)
+            dest = self.daemons[k]
+            self._last_tx[k] = now
         out = [Datagram(d, dest, kind) for d in self._pack(tqrs, tirs)]
-        self._last_tx[k] = now
         st = self.stats
         st["tqrs_sent"] += len(tqrs)
         st["tirs_sent"] += len(tirs)
@@ -447,8 +490,9 @@ class Context:
 
     def tick(self, now: float) -> list[Datagram]:
         """Everything due at ``now``: advertisements, queries (both batched,
-        to the current daemon), then keepalives to every daemon that has
-        been idle for ``keepalive_interval``."""
+        to the current daemon or the multicast group), then keepalives to
+        every daemon that has been idle for ``keepalive_interval`` (none in
+        multicast mode)."""
         tirs = []
         for s in self.sources:
             if s.schedule.due(now):
@@ -485,11 +529,12 @@ class Context:
         A TIR for a wanted topic resolves that topic's receivers (the first
         one sets the resolved transport and time); a TQR for a topic this
         context sources is answered at once with the sources' TIRs (the
-        returned datagrams, sent to the current daemon). Keepalive replies
-        (empty NORMAL packets) are counted.
+        returned datagrams, sent to the current daemon or the multicast
+        group). Keepalive replies (empty NORMAL packets) are counted.
         """
         st = self.stats
-        if src is not None and self.ignore_unknown_source and (src[0], src[1]) not in self._daemon_set:
+        if (src is not None and self.multicast is None and self.ignore_unknown_source
+                and (src[0], src[1]) not in self._daemon_set):
             st["ignored_unknown_source"] += 1
             return []
         try:
@@ -536,25 +581,38 @@ class Context:
 
 @dataclass
 class SimConfig:
-    """What :func:`run_sim` plays. ``bind`` is every context's local address
-    unless ``bind_base`` is given (context i then binds ``bind_base + i``).
-    ``source_ip`` is advertised in the TIRs ("0.0.0.0" lets lbmrd fill in the
-    sender's address; "bind" advertises each context's own address).
-    ``source_port_base`` defaults per transport (tcp 14371, lbtru 14380,
-    lbtrm 14390); source number n (counted over all contexts) advertises port
-    ``base + n``. ``keep_running`` runs the full ``duration`` even after every
-    receiver has resolved. ``record_sent`` keeps every sent datagram in
-    :attr:`SimResult.sent`."""
+    """What :func:`run_sim` plays.
 
-    daemons: list[Addr] = field(default_factory=lambda: [("127.0.0.1", LBMRD_PORT)])
+    Unicast mode (``multicast`` is None): the contexts talk to ``daemons``
+    (empty: 127.0.0.1:15380). Multicast mode: ``multicast`` is the (group,
+    port) every context sends to and listens on, ``daemons`` must be empty,
+    ``mc_interface`` is the address of the interface used for the group
+    membership and for sending (IP_MULTICAST_IF), ``mc_ttl`` (0 or 1) the
+    multicast TTL: 0 never leaves the host, 1 reaches the link.
+
+    ``bind`` is every context's local address unless ``bind_base`` is given
+    (context i then uses ``bind_base + i``); None means 127.0.0.1, or the
+    multicast interface's address when that is not a loopback address (the
+    only address allowed then). In multicast mode it is the source address
+    of the context's datagrams (the socket itself is bound to the group's
+    port). ``source_ip`` is advertised in the TIRs ("0.0.0.0" lets lbmrd fill
+    in the sender's address; "bind" advertises each context's own address);
+    None means "0.0.0.0" with daemons and "bind" with multicast (no lbmrd
+    fills anything in there). ``source_port_base`` defaults per transport
+    (tcp 14371, lbtru 14380, lbtrm 14390); source number n (counted over all
+    contexts) advertises port ``base + n``. ``keep_running`` runs the full
+    ``duration`` even after every receiver has resolved. ``record_sent``
+    keeps every sent datagram in :attr:`SimResult.sent`."""
+
+    daemons: list[Addr] = field(default_factory=list)
     contexts: int = 4
     topics: int = 4
     sources_per_topic: int = 1
     receivers_per_context: int = 1
     transport: str = "tcp"
-    source_ip: str = "0.0.0.0"
+    source_ip: str | None = None
     source_port_base: int | None = None
-    bind: str = "127.0.0.1"
+    bind: str | None = None
     bind_base: str | None = None
     duration: float = 10.0
     keep_running: bool = False
@@ -564,24 +622,64 @@ class SimConfig:
     max_datagram: int = DEFAULT_MAX_DATAGRAM
     timing: Timing = field(default_factory=Timing)
     record_sent: bool = False
+    multicast: Addr | None = None
+    mc_interface: str = MC_INTERFACE
+    mc_ttl: int = 0
+
+
+def _ipv4(ip: str, what: str) -> ipaddress.IPv4Address:
+    try:
+        return ipaddress.IPv4Address(ip)
+    except ValueError:
+        raise ValueError(f"{what} {ip!r} is not an IPv4 address") from None
 
 
 def _loopback(ip: str, what: str) -> ipaddress.IPv4Address:
-    try:
-        a = ipaddress.IPv4Address(ip)
-    except ValueError:
-        raise ValueError(f"{what} {ip!r} is not an IPv4 address") from None
+    a = _ipv4(ip, what)
     if a not in LOOPBACK:
         raise ValueError(f"{what} {ip} is not a loopback address (127.0.0.0/8); lbmr-sim only "
-                         "plays on loopback")
+                         "plays on loopback (or on a multicast group)")
     return a
 
 
+def _group(ip: str, what: str = "multicast group") -> ipaddress.IPv4Address:
+    a = _ipv4(ip, what)
+    if a not in MULTICAST:
+        raise ValueError(f"{what} {ip} is not a multicast address (224.0.0.0/4)")
+    return a
+
+
+def daemon_list(cfg: SimConfig) -> list[Addr]:
+    """The daemons the contexts use: none in multicast mode, else
+    ``cfg.daemons`` or the default 127.0.0.1:15380."""
+    if cfg.multicast is not None:
+        return []
+    return list(cfg.daemons) or [DEFAULT_DAEMON]
+
+
+def source_ip_of(cfg: SimConfig) -> str:
+    """The effective ``source_ip``: an address or "bind"."""
+    if cfg.source_ip is not None:
+        return cfg.source_ip
+    return "bind" if cfg.multicast is not None else "0.0.0.0"
+
+
+def _loopback_interface(cfg: SimConfig) -> bool:
+    return cfg.multicast is None or _ipv4(cfg.mc_interface, "multicast interface") in LOOPBACK
+
+
 def bind_addresses(cfg: SimConfig) -> list[str]:
-    """The local address of each context."""
+    """The local address of each context (in multicast mode: the source
+    address of its datagrams)."""
+    if not _loopback_interface(cfg):
+        if cfg.bind_base is not None or cfg.bind not in (None, cfg.mc_interface):
+            raise ValueError(f"with the non-loopback multicast interface {cfg.mc_interface} every "
+                             "context sends from that address; --bind/--bind-base do not apply")
+        return [cfg.mc_interface] * cfg.contexts
     if cfg.bind_base is None:
-        _loopback(cfg.bind, "bind address")
-        return [cfg.bind] * cfg.contexts
+        bind = "127.0.0.1" if cfg.bind is None else cfg.bind
+        _loopback(bind, "bind address")
+        return [bind] * cfg.contexts
     base = _loopback(cfg.bind_base, "bind base")
     last = int(base) + cfg.contexts - 1
     if last > int(LOOPBACK.broadcast_address) - 1:
@@ -602,8 +700,17 @@ def check_config(cfg: SimConfig) -> None:
     if cfg.receivers_per_context > cfg.topics:
         raise ValueError(f"receivers per context ({cfg.receivers_per_context}) exceeds the number "
                          f"of topics ({cfg.topics})")
-    if not cfg.daemons:
-        raise ValueError("at least one daemon is needed")
+    if cfg.multicast is not None:
+        if cfg.daemons:
+            raise ValueError("--daemon and --multicast are mutually exclusive: a context uses "
+                             "lbmrds or a multicast group")
+        group, port = cfg.multicast
+        _group(group)
+        if not 1 <= port <= 65535:
+            raise ValueError(f"multicast port {port} out of range")
+        _ipv4(cfg.mc_interface, "multicast interface")
+        if cfg.mc_ttl not in (0, 1):
+            raise ValueError(f"multicast TTL must be 0 (host) or 1 (link), not {cfg.mc_ttl}")
     seen = set()
     for ip, port in cfg.daemons:
         _loopback(ip, "daemon address")
@@ -615,11 +722,12 @@ def check_config(cfg: SimConfig) -> None:
     bind_addresses(cfg)
     if cfg.transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}")
-    if cfg.source_ip != "bind":
+    source_ip = source_ip_of(cfg)
+    if source_ip != "bind":
         try:
-            ipaddress.IPv4Address(cfg.source_ip)
+            ipaddress.IPv4Address(source_ip)
         except ValueError:
-            raise ValueError(f"source IP {cfg.source_ip!r} is neither an IPv4 address nor 'bind'") from None
+            raise ValueError(f"source IP {source_ip!r} is neither an IPv4 address nor 'bind'") from None
     base = PORT_BASES[cfg.transport] if cfg.source_port_base is None else cfg.source_port_base
     n = cfg.topics * cfg.sources_per_topic
     if not 1 <= base or base + max(n, 1) - 1 > 65535:
@@ -658,17 +766,19 @@ def build_contexts(cfg: SimConfig, addrs: Sequence[Addr], start: float,
     """Place sources and receivers: source k of topic j lives on context
     ``(j * sources_per_topic + k) mod contexts``; each context gets
     ``receivers_per_context`` receivers (see :func:`receiver_topics`)."""
-    ctxs = [Context(cfg.daemons, timing=cfg.timing, start=start, src_id=rng.randbytes(8), rng=rng,
-                    index=i, local_ip=addrs[i][0], max_datagram=cfg.max_datagram,
-                    request_port=REQUEST_PORT_BASE + i)
+    daemons = daemon_list(cfg)
+    ctxs = [Context(daemons, multicast=cfg.multicast, timing=cfg.timing, start=start,
+                    src_id=rng.randbytes(8), rng=rng, index=i, local_ip=addrs[i][0],
+                    max_datagram=cfg.max_datagram, request_port=REQUEST_PORT_BASE + i)
             for i in range(cfg.contexts)]
     topics = topic_names(cfg)
     base = PORT_BASES[cfg.transport] if cfg.source_port_base is None else cfg.source_port_base
+    source_ip = source_ip_of(cfg)
     n = 0
     for j, topic in enumerate(topics):
         for k in range(cfg.sources_per_topic):
             ctx = ctxs[(j * cfg.sources_per_topic + k) % cfg.contexts]
-            ip = ctx.local_ip if cfg.source_ip == "bind" else cfg.source_ip
+            ip = ctx.local_ip if source_ip == "bind" else source_ip
             ctx.add_source(topic, make_transport(cfg.transport, ip, base + n, rng), now=start)
             n += 1
     for i, ctx in enumerate(ctxs):
@@ -676,6 +786,133 @@ def build_contexts(cfg: SimConfig, addrs: Sequence[Addr], start: float,
         for topic in receiver_topics(i, topics, local, cfg.receivers_per_context):
             ctx.add_receiver(topic, now=start)
     return ctxs
+
+
+# ------------------------------------------------------ multicast interface
+
+SIOCGIFCONF = 0x8912
+SIOCGIFFLAGS = 0x8913
+IFF_UP = 0x1
+IFF_LOOPBACK = 0x8
+IFF_MULTICAST = 0x1000
+IP_MULTICAST_ALL = getattr(socket, "IP_MULTICAST_ALL", 49)  # Linux
+PROC_NET_INIT_INO = 0xEFFFFFF9  # the initial network namespace's inode (linux/proc_ns.h)
+_IFREQ_SIZE = 40 if struct.calcsize("P") == 8 else 32  # sizeof(struct ifreq)
+
+
+class MulticastUnavailable(OSError):
+    """Multicast mode cannot run on the requested interface."""
+
+
+class Interface(NamedTuple):
+    name: str
+    index: int
+    flags: int
+
+    @property
+    def loopback(self) -> bool:
+        return bool(self.flags & IFF_LOOPBACK)
+
+
+def _ipv4_addresses(sock: socket.socket) -> list[tuple[str, str]]:
+    """(interface name, address) of every IPv4 address (SIOCGIFCONF)."""
+    n = 64
+    while True:
+        buf = bytearray(_IFREQ_SIZE * n)
+        cbuf = (ctypes.c_char * len(buf)).from_buffer(buf)
+        ifc = struct.pack("iP", len(buf), ctypes.addressof(cbuf))
+        length = struct.unpack("iP", fcntl.ioctl(sock.fileno(), SIOCGIFCONF, ifc))[0]
+        data = bytes(buf[:length])
+        del cbuf
+        if length < len(buf) - _IFREQ_SIZE or n >= 65536:
+            break
+        n *= 4
+    out = []
+    for off in range(0, len(data) - _IFREQ_SIZE + 1, _IFREQ_SIZE):
+        name = data[off:off + 16].split(b"\0", 1)[0].decode(errors="replace")
+        family = struct.unpack_from("=H", data, off + 16)[0]
+        if family == socket.AF_INET:
+            out.append((name.partition(":")[0], socket.inet_ntoa(data[off + 20:off + 24])))
+    return out
+
+
+def _flags(sock: socket.socket, name: str) -> int:
+    req = struct.pack("16sh", name.encode(), 0) + bytes(_IFREQ_SIZE - 18)
+    return struct.unpack_from("h", fcntl.ioctl(sock.fileno(), SIOCGIFFLAGS, req), 16)[0] & 0xFFFF
+
+
+def in_initial_netns() -> bool:
+    """Whether this process runs in the host's initial network namespace (the
+    kernel gives it the fixed inode number PROC_NET_INIT_INO) or in the one
+    of process 1 (a container's). True when that cannot be told."""
+    try:
+        mine = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return True
+    if mine == PROC_NET_INIT_INO:
+        return True
+    try:
+        return mine == os.stat("/proc/1/ns/net").st_ino
+    except OSError:  # process 1 may be unreadable even for root
+        return False
+
+
+def multicast_interface(ip: str) -> Interface:
+    """The interface owning ``ip`` (any 127/8 address belongs to the
+    loopback interface), checked for multicast mode: it must be up and have
+    the MULTICAST flag, and a non-loopback interface is only accepted inside
+    a network namespace other than the initial one. Raises
+    :class:`MulticastUnavailable` with a readable message; sends nothing."""
+    a = _ipv4(ip, "multicast interface")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        addrs = _ipv4_addresses(s)
+        names = [n for n, addr in addrs if addr == ip]
+        if not names and a in LOOPBACK:  # 127/8 is the loopback interface's (even when down)
+            names = [n for _, n in socket.if_nameindex() if _flags(s, n) & IFF_LOOPBACK]
+        if not names:
+            raise MulticastUnavailable(f"no interface has the address {ip} (--mc-interface)")
+        name = names[0]
+        iface = Interface(name, socket.if_nametoindex(name), _flags(s, name))
+    if not iface.flags & IFF_UP:
+        raise MulticastUnavailable(f"the interface {name} ({ip}) is down")
+    if not iface.flags & IFF_MULTICAST:
+        raise MulticastUnavailable(
+            f"multicast is not enabled on the interface {name} ({ip}); run inside a network "
+            "namespace with multicast on lo (ip link set lo up multicast on)")
+    if not iface.loopback and in_initial_netns():
+        raise MulticastUnavailable(
+            f"refusing multicast on the non-loopback interface {name} ({ip}) in the initial network "
+            "namespace; lbmr-sim keeps multicast on loopback or inside a network namespace")
+    return iface
+
+
+def _mreqn(group: str, ip: str, index: int) -> bytes:
+    """struct ip_mreqn."""
+    return socket.inet_aton(group) + socket.inet_aton(ip) + struct.pack("@i", index)
+
+
+def open_multicast_socket(group: str, port: int, iface: Interface, iface_ip: str, source_ip: str,
+                          ttl: int) -> socket.socket:
+    """A UDP socket for one context in multicast mode: bound to (group,
+    port) with SO_REUSEADDR and SO_REUSEPORT (every context of every
+    process in the network namespace shares the port; the kernel gives each
+    a copy of every datagram to the group), joined to the group on ``iface``, sending
+    to it through ``iface`` from ``source_ip`` with loopback on and TTL
+    ``ttl``."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind((group, port))
+        s.setsockopt(socket.IPPROTO_IP, IP_MULTICAST_ALL, 0)
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, _mreqn(group, iface_ip, iface.index))
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, _mreqn("0.0.0.0", source_ip, iface.index))
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
+    except BaseException:
+        s.close()
+        raise
+    return s
 
 
 # -------------------------------------------------------------- trio shell
@@ -723,6 +960,7 @@ class SimResult:
     send_errors: int = 0
     recv_errors: int = 0
     sent: list[SentDatagram] | None = None
+    multicast: Addr | None = None
 
     @property
     def resolved(self) -> int:
@@ -748,6 +986,7 @@ class SimResult:
             "receivers": [r.as_dict() for r in self.receivers],
             "summary": self.summary(),
             "daemons": [f"{ip}:{port}" for ip, port in self.daemons],
+            "multicast": None if self.multicast is None else f"{self.multicast[0]}:{self.multicast[1]}",
             "contexts": [{"context": c.index, "client": f"{a[0]}:{a[1]}", "src_id": c.src_id.hex(),
                           "sources": [f"{s.topic} {transport_text(s.transport)}" for s in c.sources],
                           "receivers": [r.topic for r in c.receivers], "stats": dict(sorted(c.stats.items()))}
@@ -771,22 +1010,33 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
     """Play ``config`` on loopback until every receiver has resolved (unless
     ``keep_running``) or ``config.duration`` seconds have passed.
 
-    Reports the contexts' bound (ip, port)s through ``task_status.started``
-    once the sockets are open. Returns a :class:`SimResult`.
+    Reports the contexts' (ip, port)s through ``task_status.started`` once
+    the sockets are open (in multicast mode: each context's source address
+    and the group's port). Returns a :class:`SimResult`. In multicast mode
+    the interface is checked first (:func:`multicast_interface`): raises
+    :class:`MulticastUnavailable` before any socket is opened.
     """
     check_config(config)
     rng = random.Random(config.seed)
     addrs = bind_addresses(config)
+    iface = None if config.multicast is None else multicast_interface(config.mc_interface)
     socks: list[trio.socket.SocketType] = []
     pcap: PcapWriter | None = None
     sent: list[SentDatagram] | None = [] if config.record_sent else None
     errors = Counter()
     try:
-        for ip in addrs:
-            s = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            socks.append(s)
-            await s.bind((ip, 0))
-        clients: list[Addr] = [s.getsockname()[:2] for s in socks]
+        if iface is not None:
+            group, port = config.multicast
+            for ip in addrs:
+                socks.append(trio.socket.from_stdlib_socket(open_multicast_socket(
+                    group, port, iface, config.mc_interface, ip, config.mc_ttl)))
+            clients: list[Addr] = [(ip, port) for ip in addrs]
+        else:
+            for ip in addrs:
+                s = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                socks.append(s)
+                await s.bind((ip, 0))
+            clients = [s.getsockname()[:2] for s in socks]
         if config.pcap:
             pcap = PcapWriter(config.pcap)
         start = trio.current_time()
@@ -851,8 +1101,8 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
             s.close()
         if pcap is not None:
             pcap.close()
-    return SimResult(_results(ctxs, clients), ctxs, clients, list(config.daemons), elapsed,
-                     errors["send"], errors["recv"], sent)
+    return SimResult(_results(ctxs, clients), ctxs, clients, daemon_list(config), elapsed,
+                     errors["send"], errors["recv"], sent, config.multicast)
 
 
 # ------------------------------------------------------------------- report
@@ -903,6 +1153,19 @@ def parse_hostport(text: str) -> Addr:
     return ip, p
 
 
+def parse_group(text: str) -> Addr:
+    """``GROUP[:PORT]`` -> (group, port); the group must be in 224.0.0.0/4,
+    the port defaults to 12965 (UM's resolver_multicast_port)."""
+    group, sep, port = text.partition(":")
+    if sep and not port.isdigit():
+        raise ValueError(f"expected GROUP[:PORT], got {text!r}")
+    p = int(port) if sep else MC_PORT
+    if not 1 <= p <= 65535:
+        raise ValueError(f"port out of range in {text!r}")
+    _group(group)
+    return group, p
+
+
 def parse_timing(items: Iterable[str]) -> Timing:
     """``FIELD=SECONDS`` overrides of :class:`Timing`."""
     kw: dict[str, float] = {}
@@ -925,6 +1188,15 @@ def _daemons_cb(ctx, param, values):
         raise click.BadParameter(str(e)) from None
 
 
+def _group_cb(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return parse_group(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 def _timing_cb(ctx, param, values):
     try:
         return parse_timing(values)
@@ -934,8 +1206,19 @@ def _timing_cb(ctx, param, values):
 
 def config_from_params(params: dict) -> SimConfig:
     """Build a SimConfig from the command's parsed parameters."""
+    multicast = params["multicast"]
+    daemons = list(params["daemons"])
+    if multicast is not None and daemons:
+        raise ValueError("--daemon and --multicast are mutually exclusive")
+    if multicast is None:
+        for opt in ("mc_interface", "mc_ttl"):
+            if params[opt] is not None:
+                raise ValueError(f"--{opt.replace('_', '-')} needs --multicast")
     cfg = SimConfig(
-        daemons=list(params["daemons"]) or [("127.0.0.1", LBMRD_PORT)],
+        daemons=daemons or ([] if multicast is not None else [DEFAULT_DAEMON]),
+        multicast=multicast,
+        mc_interface=MC_INTERFACE if params["mc_interface"] is None else params["mc_interface"],
+        mc_ttl=0 if params["mc_ttl"] is None else params["mc_ttl"],
         contexts=params["contexts"], topics=params["topics"],
         sources_per_topic=params["sources_per_topic"],
         receivers_per_context=params["receivers_per_context"],
@@ -945,12 +1228,24 @@ def config_from_params(params: dict) -> SimConfig:
         seed=params["seed"], topic_prefix=params["topic_prefix"], max_datagram=params["max_datagram"],
         timing=params["timing"])
     check_config(cfg)
+    cfg.source_ip = source_ip_of(cfg)
     return cfg
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--daemon", "daemons", multiple=True, metavar="IP:PORT", callback=_daemons_cb,
               help="An lbmrd to use (repeatable; loopback only). Default 127.0.0.1:15380.")
+@click.option("--multicast", metavar="GROUP[:PORT]", is_flag=False, flag_value=f"{MC_GROUP}:{MC_PORT}",
+              callback=_group_cb,
+              help=f"Multicast topic resolution on GROUP:PORT instead of lbmrds (alone: "
+                   f"{MC_GROUP}:{MC_PORT}; port default {MC_PORT}). Needs an interface with "
+                   "multicast on, e.g. lo inside a network namespace.")
+@click.option("--mc-interface", metavar="IP",
+              help=f"With --multicast: address of the interface for the membership and for "
+                   f"sending (IP_MULTICAST_IF). Default {MC_INTERFACE}.")
+@click.option("--mc-ttl", type=click.IntRange(0, 1),
+              help="With --multicast: multicast TTL, 0 (never leaves the host) or 1 (the link). "
+                   "Default 0.")
 @click.option("--contexts", type=click.IntRange(1, MAX_CONTEXTS), default=4, show_default=True,
               help="Number of simulated UM contexts.")
 @click.option("--topics", type=click.IntRange(min=0), default=4, show_default=True,
@@ -961,13 +1256,15 @@ def config_from_params(params: dict) -> SimConfig:
               help="Receivers per context (topics other contexts source first).")
 @click.option("--transport", type=click.Choice(TRANSPORTS, case_sensitive=False), default="tcp",
               show_default=True, help="Transport the sources advertise.")
-@click.option("--source-ip", default="0.0.0.0", show_default=True, metavar="IP|bind",
+@click.option("--source-ip", metavar="IP|bind",
               help="Address advertised in TIRs; 0.0.0.0 lets lbmrd fill in the sender's "
-                   "address, 'bind' advertises each context's own address.")
+                   "address, 'bind' advertises each context's own address. Default 0.0.0.0 "
+                   "with lbmrds, bind with --multicast.")
 @click.option("--source-port-base", type=click.IntRange(1, 65535), metavar="PORT",
               help="First advertised source port (default tcp 14371, lbtru 14380, lbtrm 14390).")
-@click.option("--bind", default="127.0.0.1", show_default=True, metavar="IP",
-              help="Loopback address every context binds to.")
+@click.option("--bind", metavar="IP",
+              help="Loopback address every context binds to (with --multicast: sends from). "
+                   "Default 127.0.0.1.")
 @click.option("--bind-base", metavar="IP",
               help="Bind context i to IP + i (e.g. 127.0.1.1 gives 127.0.1.1, 127.0.1.2, ...).")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=10.0,
@@ -984,8 +1281,9 @@ def config_from_params(params: dict) -> SimConfig:
 @click.option("--timing", "timing", multiple=True, metavar="FIELD=SECONDS", callback=_timing_cb,
               help="Override one timing parameter (repeatable), e.g. keepalive_interval=0.25.")
 def main(as_json: bool, **params) -> None:
-    """Simulate Ultra Messaging contexts' unicast topic resolution on loopback
-    against one or more lbmrds, and report how fast each receiver resolved.
+    """Simulate Ultra Messaging contexts' topic resolution on loopback,
+    against one or more lbmrds (unicast) or on a multicast group, and report
+    how fast each receiver resolved.
 
     Exit status: 0 if every receiver resolved, 1 otherwise, 2 usage error.
 
@@ -994,6 +1292,7 @@ def main(as_json: bool, **params) -> None:
       lbmr-sim --daemon 127.0.0.1:15380 --contexts 8 --topics 100 --receivers-per-context 10
       lbmr-sim --daemon 127.0.0.1:15380 --daemon 127.0.0.1:15381 --bind-base 127.0.1.1
       lbmr-sim --transport lbtrm --pcap sim.pcap --json
+      ip netns exec NS lbmr-sim --multicast 224.9.10.11:12965 --bind-base 127.0.1.1
     """
     try:
         cfg = config_from_params(params)
