@@ -1,0 +1,431 @@
+"""Sans-IO stream multiplexing with per-stream flow control over one peer link.
+
+A :class:`StreamTable` (one per connected :class:`router.peerlink.PeerConnection`, same
+role) keeps the streams of a link: the relayed TCP transport sessions and LBT-RU sessions.
+It never sees bytes on the wire, only frame objects:
+
+* incoming stream frames go to :meth:`StreamTable.receive`, which returns stream events
+  (:class:`DataReceived`, :class:`CreditAvailable`, :class:`StreamClosed`, ...);
+* every outgoing frame -- caused by a call (``open``, ``send``, ``consumed``, ``close`` ...)
+  or automatically by an incoming frame (the answering STREAM_CLOSE, a refusal, a credit
+  grant) -- is appended to one outbox, drained in order by :meth:`StreamTable.frames_to_send`;
+  hand those frames to the writer (``OutQueue.put`` / ``PeerConnection.send``).
+
+Flow control (per stream and per direction, like HTTP/2 but without a connection-wide
+window): the receiver announces an initial credit in STREAM_OPEN / STREAM_ACCEPT; a sender
+never sends more STREAM_DATA bytes than its credit; the receiver grants more with
+STREAM_CREDIT once the application has *consumed* (:meth:`StreamTable.consumed`) at least
+half a window. A stream whose consumer stalls therefore stops only itself: the others keep
+their own credit. DATAGRAMs use no credit (LBT-RU has its own rate control; the writer queue
+drops them when full).
+
+Peer mistakes are events, never exceptions; calling a method the wrong way (sending on a
+stream that is not open, consuming more than was received) raises :class:`LocalStreamError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from .peerlink import (
+    HEADER_SIZE,
+    MAX_PAYLOAD,
+    CloseCode,
+    Datagram,
+    Frame,
+    LocalProtocolError,
+    RefuseCode,
+    StreamAccept,
+    StreamClose,
+    StreamCredit,
+    StreamData,
+    StreamKind,
+    StreamOpen,
+    StreamRefuse,
+)
+
+__all__ = [
+    "INITIAL_WINDOW", "MAX_FRAME_DATA", "STREAM_DATA_OVERHEAD", "STREAM_FRAMES", "StreamState",
+    "LocalStreamError", "StreamClosedError", "StreamEvent", "StreamOpened", "StreamAccepted",
+    "StreamRefused", "DataReceived", "DatagramReceived", "CreditAvailable", "StreamClosed",
+    "DataRefused", "StreamError", "Stream", "StreamTable",
+]
+
+INITIAL_WINDOW = 256 * 1024  # credit each receiver grants a new stream
+MAX_FRAME_DATA = 64 * 1024  # data bytes per STREAM_DATA frame
+STREAM_DATA_OVERHEAD = HEADER_SIZE + 4  # header + stream id
+MAX_STREAM_ID = 0xFFFFFFFF
+STREAM_FRAMES = (StreamOpen, StreamAccept, StreamRefuse, StreamData, StreamCredit, StreamClose,
+                 Datagram)
+
+
+class StreamState(Enum):
+    OPENING = "OPENING"  # we sent STREAM_OPEN, no answer yet
+    PENDING = "PENDING"  # the peer sent STREAM_OPEN, we have not accepted/refused yet
+    OPEN = "OPEN"
+    CLOSING = "CLOSING"  # we sent STREAM_CLOSE, waiting for the peer's
+
+
+class LocalStreamError(LocalProtocolError):
+    """A :class:`StreamTable` method was called in a way the protocol does not allow."""
+
+
+class StreamClosedError(LocalStreamError):
+    """The stream is closed (or closing, or never existed): nothing can be sent on it."""
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOpened(StreamEvent):
+    """The peer opened a stream: answer with :meth:`StreamTable.accept` or ``refuse``."""
+
+    advert_id: int
+    kind: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAccepted(StreamEvent):
+    """Our STREAM_OPEN was accepted; ``credit`` bytes may be sent now."""
+
+    credit: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRefused(StreamEvent):
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DataReceived(StreamEvent):
+    """Stream bytes, in order. Call :meth:`StreamTable.consumed` once they are passed on."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DatagramReceived(StreamEvent):
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CreditAvailable(StreamEvent):
+    """The peer granted more credit; ``credit`` is the total now available for sending."""
+
+    credit: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamClosed(StreamEvent):
+    """The peer closed the stream (we answered with our STREAM_CLOSE; the id is free)."""
+
+    code: int
+
+
+@dataclass(frozen=True, slots=True)
+class DataRefused(StreamEvent):
+    """STREAM_DATA/DATAGRAM for a stream that is unknown, closed or not open: discarded."""
+
+    nbytes: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError(StreamEvent):
+    """The peer broke the stream rules (credit exceeded, bad id, ...); the stream was
+    refused or closed as a result. The link itself stays up."""
+
+    reason: str
+
+
+# --------------------------------------------------------------------------- table
+
+
+@dataclass
+class Stream:
+    id: int
+    advert_id: int
+    kind: int
+    local: bool  # opened by us
+    state: StreamState
+    send_credit: int = 0  # bytes we may still send
+    recv_window: int = 0  # bytes the peer may still send
+    unconsumed: int = 0  # received, not yet reported consumed
+    ungranted: int = 0  # consumed, not yet returned to the peer as credit
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    datagrams_sent: int = 0
+    datagrams_received: int = 0
+
+
+class StreamTable:
+    """The streams of one peer link (see the module doc).
+
+    Stream ids: the initiator of the TCP connection uses odd ids (1, 3, 5, ...), the acceptor
+    even ids (2, 4, ...); each side's ids strictly increase and are never reused on the
+    connection. ``kinds``: the stream kinds this side accepts (others are refused
+    automatically)."""
+
+    def __init__(self, role: str, *, initial_window: int = INITIAL_WINDOW,
+                 max_frame: int = MAX_FRAME_DATA, max_streams: int = 4096,
+                 max_datagram: int = MAX_PAYLOAD - 4,
+                 kinds: tuple[int, ...] = (StreamKind.TCP, StreamKind.LBTRU)) -> None:
+        if role not in ("initiator", "acceptor"):
+            raise ValueError(f"role must be 'initiator' or 'acceptor', not {role!r}")
+        if not 0 < initial_window <= 0xFFFFFFFF or max_frame <= 0:
+            raise ValueError("initial_window must be 1..2**32-1 and max_frame positive")
+        self.role = role
+        self.initial_window = initial_window
+        self.max_frame = max_frame
+        self.max_streams = max_streams
+        self.max_datagram = max_datagram
+        self.kinds = frozenset(int(k) for k in kinds)
+        self.streams: dict[int, Stream] = {}
+        self._next_id = 1 if role == "initiator" else 2
+        self._peer_parity = 0 if role == "initiator" else 1
+        self._last_peer_id = 0
+        self._outbox: list[Frame] = []
+        self.refused_frames = 0  # DataRefused events
+        self.refused_bytes = 0
+        self.ignored_frames = 0  # credit/accept/close for unknown streams, ignored
+
+    # ---------------------------------------------------------------- outgoing
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    def __contains__(self, stream_id: int) -> bool:
+        return stream_id in self.streams
+
+    def get(self, stream_id: int) -> Stream | None:
+        return self.streams.get(stream_id)
+
+    def frames_to_send(self) -> list[Frame]:
+        """All frames produced since the last call, in order."""
+        out, self._outbox = self._outbox, []
+        return out
+
+    def open(self, advert_id: int, kind: int = StreamKind.TCP) -> int:
+        """Open a stream for an advertisement; returns its id (STREAM_OPEN in the outbox).
+        Data may be sent once :class:`StreamAccepted` arrives."""
+        sid = self._next_id
+        if sid > MAX_STREAM_ID:
+            raise LocalStreamError("stream ids exhausted on this connection: reconnect")
+        self._next_id += 2
+        self.streams[sid] = Stream(sid, advert_id, int(kind), True, StreamState.OPENING,
+                                   recv_window=self.initial_window)
+        self._outbox.append(StreamOpen(sid, advert_id, kind, self.initial_window))
+        return sid
+
+    def _pending(self, stream_id: int) -> Stream:
+        st = self.streams.get(stream_id)
+        if st is None or st.state is not StreamState.PENDING:
+            raise LocalStreamError(f"stream {stream_id} is not waiting to be accepted")
+        return st
+
+    def accept(self, stream_id: int) -> None:
+        st = self._pending(stream_id)
+        st.state = StreamState.OPEN
+        st.recv_window = self.initial_window
+        self._outbox.append(StreamAccept(stream_id, self.initial_window))
+
+    def refuse(self, stream_id: int, code: int = RefuseCode.REFUSED, reason: str = "") -> None:
+        self._pending(stream_id)
+        del self.streams[stream_id]
+        self._outbox.append(StreamRefuse(stream_id, code, reason))
+
+    def _sendable(self, stream_id: int) -> Stream:
+        st = self.streams.get(stream_id)
+        if st is None or st.state is StreamState.CLOSING:
+            raise StreamClosedError(f"stream {stream_id} is closed")
+        if st.state is StreamState.PENDING:
+            raise LocalStreamError(f"stream {stream_id} must be accepted before sending")
+        return st
+
+    def send(self, stream_id: int, data: bytes | bytearray | memoryview,
+             limit: int | None = None) -> memoryview:
+        """Frame as much of ``data`` as the stream's credit allows (at most ``limit`` wire
+        bytes, frame overhead included, e.g. ``OutQueue.data_space()``) into STREAM_DATA
+        frames of at most ``max_frame`` bytes. Returns the unsent tail (empty when all was
+        framed): send it after the next :class:`CreditAvailable`. Before the stream is
+        accepted the credit is 0, so everything comes back."""
+        st = self._sendable(stream_id)
+        mv = memoryview(data).cast("B")
+        off, n = 0, len(mv)
+        credit = st.send_credit
+        while off < n and credit > 0:
+            chunk = min(self.max_frame, credit, n - off)
+            if limit is not None:
+                chunk = min(chunk, limit - STREAM_DATA_OVERHEAD)
+                if chunk <= 0:
+                    break
+                limit -= STREAM_DATA_OVERHEAD + chunk
+            self._outbox.append(StreamData(stream_id, bytes(mv[off:off + chunk])))
+            off += chunk
+            credit -= chunk
+        st.send_credit = credit
+        st.bytes_sent += off
+        return mv[off:]
+
+    def send_datagram(self, stream_id: int, data: bytes) -> None:
+        """One DATAGRAM on an open stream (no credit involved)."""
+        st = self._sendable(stream_id)
+        if st.state is not StreamState.OPEN:
+            raise LocalStreamError(f"stream {stream_id} is not open yet")
+        if len(data) > self.max_datagram:
+            raise LocalStreamError(f"datagram of {len(data)} bytes (at most {self.max_datagram})")
+        st.datagrams_sent += 1
+        self._outbox.append(Datagram(stream_id, bytes(data)))
+
+    def consumed(self, stream_id: int, nbytes: int) -> None:
+        """The application passed on ``nbytes`` received bytes; grants the peer more credit
+        (STREAM_CREDIT) once at least half a window has been consumed. Ignored for streams
+        that are gone."""
+        st = self.streams.get(stream_id)
+        if st is None or st.state is not StreamState.OPEN:
+            return
+        if not 0 <= nbytes <= st.unconsumed:
+            raise LocalStreamError(
+                f"stream {stream_id}: consumed {nbytes} bytes but only {st.unconsumed} are unconsumed")
+        st.unconsumed -= nbytes
+        st.ungranted += nbytes
+        if st.ungranted >= max(1, self.initial_window // 2):
+            self._outbox.append(StreamCredit(stream_id, st.ungranted))
+            st.recv_window += st.ungranted
+            st.ungranted = 0
+
+    def close(self, stream_id: int, code: int = CloseCode.NORMAL) -> bool:
+        """Close a stream (both directions); the id is freed when the peer's STREAM_CLOSE
+        arrives, data arriving meanwhile is discarded. False if it was already closed/closing."""
+        st = self.streams.get(stream_id)
+        if st is None or st.state is StreamState.CLOSING:
+            return False
+        st.state = StreamState.CLOSING
+        self._outbox.append(StreamClose(stream_id, code))
+        return True
+
+    # ---------------------------------------------------------------- incoming
+
+    def receive(self, frame: Frame) -> list[StreamEvent]:
+        """Handle one incoming stream frame (any of :data:`STREAM_FRAMES`)."""
+        handler = self._handlers.get(type(frame))
+        if handler is None:
+            raise TypeError(f"not a stream frame: {frame!r}")
+        return handler(self, frame)
+
+    def _on_open(self, f: StreamOpen) -> list[StreamEvent]:
+        sid = f.stream_id
+        problem = None
+        if sid == 0 or sid % 2 != self._peer_parity:
+            problem = (RefuseCode.BAD_STREAM_ID, f"stream id {sid} does not belong to the peer "
+                       f"({'even' if self._peer_parity == 0 else 'odd'} ids, not 0)")
+        elif sid <= self._last_peer_id:
+            problem = (RefuseCode.BAD_STREAM_ID,
+                       f"stream id {sid} reused (ids must increase; last was {self._last_peer_id})")
+        else:
+            self._last_peer_id = sid
+            if len(self.streams) >= self.max_streams:
+                problem = (RefuseCode.TOO_MANY_STREAMS,
+                           f"{len(self.streams)} stream(s) already open (limit {self.max_streams})")
+            elif int(f.kind) not in self.kinds:
+                problem = (RefuseCode.UNSUPPORTED_KIND, f"stream kind {int(f.kind)} not supported")
+        if problem is not None:
+            if sid not in self.streams:  # never disturb an existing stream
+                self._outbox.append(StreamRefuse(sid, *problem))
+            return [StreamError(sid, problem[1])]
+        self.streams[sid] = Stream(sid, f.advert_id, f.kind, False, StreamState.PENDING,
+                                   send_credit=f.initial_credit)
+        return [StreamOpened(sid, f.advert_id, f.kind)]
+
+    def _on_accept(self, f: StreamAccept) -> list[StreamEvent]:
+        st = self.streams.get(f.stream_id)
+        if st is not None and st.local and st.state is StreamState.OPENING:
+            st.state = StreamState.OPEN
+            st.send_credit = f.initial_credit
+            return [StreamAccepted(st.id, st.send_credit)]
+        if st is not None and st.state is StreamState.CLOSING:
+            return []  # we cancelled it meanwhile; its STREAM_CLOSE will follow
+        self.ignored_frames += 1
+        return [StreamError(f.stream_id, "STREAM_ACCEPT for a stream we did not open")]
+
+    def _on_refuse(self, f: StreamRefuse) -> list[StreamEvent]:
+        st = self.streams.get(f.stream_id)
+        if st is None or not st.local or st.state not in (StreamState.OPENING, StreamState.CLOSING):
+            self.ignored_frames += 1
+            return []
+        del self.streams[f.stream_id]
+        if st.state is StreamState.CLOSING:
+            return []
+        return [StreamRefused(f.stream_id, f.code, f.reason)]
+
+    def _refused(self, sid: int, n: int, reason: str) -> list[StreamEvent]:
+        self.refused_frames += 1
+        self.refused_bytes += n
+        return [DataRefused(sid, n, reason)]
+
+    def _receivable(self, sid: int, n: int) -> Stream | list[StreamEvent]:
+        st = self.streams.get(sid)
+        if st is None:
+            return self._refused(sid, n, "unknown or closed stream")
+        if st.state is StreamState.CLOSING:
+            return self._refused(sid, n, "stream closed locally")
+        if st.state is not StreamState.OPEN:
+            return self._refused(sid, n, f"stream not open ({st.state.value})")
+        return st
+
+    def _on_data(self, f: StreamData) -> list[StreamEvent]:
+        n = len(f.data)
+        st = self._receivable(f.stream_id, n)
+        if isinstance(st, list):
+            return st
+        if n > st.recv_window:
+            reason = f"peer sent {n} bytes with {st.recv_window} bytes of credit left"
+            self.close(st.id, CloseCode.FLOW_CONTROL)
+            self.refused_frames += 1
+            self.refused_bytes += n
+            return [StreamError(st.id, reason)]
+        st.recv_window -= n
+        st.unconsumed += n
+        st.bytes_received += n
+        return [DataReceived(st.id, f.data)]
+
+    def _on_datagram(self, f: Datagram) -> list[StreamEvent]:
+        st = self._receivable(f.stream_id, len(f.data))
+        if isinstance(st, list):
+            return st
+        st.datagrams_received += 1
+        return [DatagramReceived(st.id, f.data)]
+
+    def _on_credit(self, f: StreamCredit) -> list[StreamEvent]:
+        st = self.streams.get(f.stream_id)
+        if st is None or st.state is not StreamState.OPEN:
+            self.ignored_frames += 1  # crossed our close, or a confused peer: harmless
+            return []
+        if f.increment == 0:
+            return []
+        st.send_credit += f.increment
+        return [CreditAvailable(st.id, st.send_credit)]
+
+    def _on_close(self, f: StreamClose) -> list[StreamEvent]:
+        st = self.streams.pop(f.stream_id, None)
+        if st is None:
+            self.ignored_frames += 1
+            return []
+        if st.state is StreamState.CLOSING:
+            return []  # the answer to our close (or a crossing close): the id is free
+        self._outbox.append(StreamClose(f.stream_id, CloseCode.NORMAL))
+        return [StreamClosed(f.stream_id, f.code)]
+
+    _handlers = {
+        StreamOpen: _on_open, StreamAccept: _on_accept, StreamRefuse: _on_refuse,
+        StreamData: _on_data, Datagram: _on_datagram, StreamCredit: _on_credit,
+        StreamClose: _on_close,
+    }
