@@ -168,7 +168,7 @@ class Reassembler:
                  timeout: float = REASSEMBLY_TIMEOUT) -> None:
         self.max_buffers = max_buffers
         self.timeout = timeout
-        # key -> [first ts, bytearray data, merged [start, end) spans, total length or -1]
+        # key -> [first ts, bytearray data, bytearray coverage mask, covered bytes, total or -1]
         self._pending: OrderedDict[Any, list] = OrderedDict()
 
     def __len__(self) -> int:
@@ -183,6 +183,7 @@ class Reassembler:
 
         ``offset`` is the fragment offset in bytes (the header field times 8), ``more``
         the MF flag, ``key`` identifies the datagram (e.g. src, dst, id, protocol).
+        Work per fragment is proportional to its length (a byte mask tracks coverage).
         """
         pending = self._pending
         while pending:
@@ -199,29 +200,22 @@ class Reassembler:
         if entry is None:
             while pending and len(pending) >= self.max_buffers:
                 pending.popitem(last=False)
-            entry = pending[key] = [ts, bytearray(), [], -1]
+            entry = pending[key] = [ts, bytearray(), bytearray(), 0, -1]
         buf = entry[1]
+        mask = entry[2]
         if len(buf) < end:
-            buf.extend(bytes(end - len(buf)))
+            grow = end - len(buf)
+            buf.extend(bytes(grow))
+            mask.extend(bytes(grow))
         buf[offset:end] = data
+        entry[3] += mask.count(0, offset, end)  # bytes covered for the first time
+        mask[offset:end] = b"\x01" * (end - offset)
         if not more:
-            entry[3] = end
-        spans = entry[2]
-        spans.append((offset, end))
-        spans.sort()
-        merged = [spans[0]]
-        for s, e in spans[1:]:
-            ls, le = merged[-1]
-            if s <= le:
-                if e > le:
-                    merged[-1] = (ls, e)
-            else:
-                merged.append((s, e))
-        entry[2] = merged
-        total = entry[3]
-        if total >= 0 and merged[0][0] == 0 and merged[0][1] >= total:
+            entry[4] = end
+        total = entry[4]
+        if total >= 0 and len(buf) == total and entry[3] == total:
             del pending[key]
-            return bytes(buf[:total])
+            return bytes(buf)
         return None
 
 

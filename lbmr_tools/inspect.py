@@ -164,7 +164,29 @@ class Stats:
 
 
 def _ts_text(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    try:
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    except (OverflowError, ValueError, OSError):  # a corrupt or exotic timestamp
+        return f"{ts:.6f}s"
+
+
+def _printable(text: str) -> str:
+    """Names keep undecodable bytes as surrogates; show them as \\xNN."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+_SURROGATE = re.compile(r"\\udc([89a-f][0-9a-f])")
+
+
+def _json_line(obj: dict) -> str:
+    """One JSON line; undecodable name bytes (lone surrogates, which strict
+    JSON readers reject) are written as the text \\xNN."""
+    line = json.dumps(obj, separators=(",", ":"))
+    if "\\udc" in line:
+        line = _SURROGATE.sub(r"\\\\x\1", line)
+    return line
 
 
 def run(datagrams: Iterable[UdpDatagram], ports: frozenset[int], *, as_json: bool,
@@ -194,9 +216,9 @@ def run(datagrams: Iterable[UdpDatagram], ports: frozenset[int], *, as_json: boo
                 obj.update(error=err, data=d.payload.hex())
             else:
                 obj.update(packet_dict(pkt))
-            out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+            out.write(_json_line(obj) + "\n")
         else:
-            what = describe(pkt) if pkt is not None else f"ERROR {err}"
+            what = _printable(describe(pkt)) if pkt is not None else f"ERROR {err}"
             out.write(f"{d.frame:>7} {_ts_text(d.ts)} {d.src}:{d.sport} -> {d.dst}:{d.dport} {what}\n")
         if limit is not None and shown >= limit:
             break
@@ -256,7 +278,7 @@ def main(captures, iface, as_json, ports, topic, types, stats, count):
                 if remaining <= 0:
                     break
         if st is not None:
-            out.write((json.dumps(st.as_dict()) if as_json else st.render()) + "\n")
+            out.write((_json_line(st.as_dict()) if as_json else _printable(st.render())) + "\n")
         out.flush()
     except BrokenPipeError:  # e.g. `| head`
         sys.stderr.close()

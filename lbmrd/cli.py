@@ -77,6 +77,16 @@ def _hostport(s: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(_port(port)) if port != "0" else 0
 
 
+def _positive_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {s!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number: {s!r}")
+    return v
+
+
 def _cidr(s: str) -> str:
     try:
         ipaddress.IPv4Network(s, strict=False)
@@ -113,8 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept clients only from these networks (repeatable; default: everyone)")
     x.add_argument("--max-clients", type=_positive_int, metavar="N",
                    help="at most N clients; when full, new clients are refused and counted")
-    x.add_argument("--rate-limit", type=float, metavar="N", help="per-client limit, datagrams per second")
-    x.add_argument("--burst", type=float, metavar="N", help="per-client burst, datagrams (default 2 x rate)")
+    x.add_argument("--rate-limit", type=_positive_float, metavar="N", help="per-client limit, datagrams per second")
+    x.add_argument("--burst", type=_positive_float, metavar="N",
+                   help="per-client burst, datagrams, at least 1 (default 2 x rate, at least 1)")
     x.add_argument("--echo", action="store_true", help="also send each datagram back to its sender")
     x.add_argument("--log-format", choices=["text", "json"], default="text", help="log line format")
     x.add_argument("--stats-interval", type=float, default=60.0, metavar="SECONDS",
@@ -126,26 +137,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def effective_settings(args, cfg) -> Settings:
     """CLI values override the file's <daemon> values, which override defaults."""
-    d = cfg.daemon if cfg is not None else None
+    from .config import DEFAULTS, DaemonSettings
 
-    def pick(cli, attr, default):
-        if cli is not None:
-            return cli
-        v = getattr(d, attr, None) if d is not None else None
-        return default if v is None else v
-
-    iface = pick(args.interface, "interface", "0.0.0.0")
+    cli = DaemonSettings(interface=args.interface, port=args.port, activity_ms=args.activity,
+                         ttl_s=None if args.ttl is None else float(args.ttl), rcv_buf=args.rcv_buf,
+                         snd_buf=args.snd_buf)
+    eff = DEFAULTS.overlay(cfg.daemon if cfg is not None else DaemonSettings()).overlay(cli)
     return Settings(
-        bind_ip=resolve_interface(iface),
-        port=pick(args.port, "port", 15380),
-        activity_ms=pick(args.activity, "activity_ms", 60000),
-        ttl_s=float(pick(args.ttl, "ttl_s", 60)),
-        rcv_buf=pick(args.rcv_buf, "rcv_buf", 1048576),
-        snd_buf=pick(args.snd_buf, "snd_buf", 1048576),
+        bind_ip=resolve_interface(eff.interface), port=eff.port, activity_ms=eff.activity_ms,
+        ttl_s=float(eff.ttl_s), rcv_buf=eff.rcv_buf, snd_buf=eff.snd_buf,
         config_path=args.config, metrics=args.metrics, allow=args.allow, max_clients=args.max_clients,
         rate=args.rate_limit, burst=args.burst, echo=args.echo, stats_interval=args.stats_interval,
         events=args.events, handle_signals=True,
     )
+
+
+def _leaves(exc: BaseException):
+    """The non-group exceptions inside (possibly nested) exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        for e in exc.exceptions:
+            yield from _leaves(e)
+    else:
+        yield exc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if args.lic_file:
         log.warning("-f/--lic-file is ignored (no licence is needed)")
+    if args.burst is not None and args.burst < 1:
+        log.error("--burst must be at least 1 datagram")
+        return EXIT_USAGE
     try:
         settings = effective_settings(args, cfg)
     except InterfaceError as e:
@@ -191,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg is not None:
         for line, msg in cfg.warnings:
             log.warning("%s:%s: %s", args.config, line, msg)
-    if settings.activity_ms > settings.ttl_s * 1000:
+    if (args.activity is not None or args.ttl is not None) and settings.activity_ms > settings.ttl_s * 1000:
         log.warning("activity interval %d ms is longer than the ttl (%g s): clients may live up to %g s",
                     settings.activity_ms, settings.ttl_s, settings.ttl_s + settings.activity_ms / 1000)
     if settings.bind_ip == "0.0.0.0":
@@ -203,14 +219,16 @@ def main(argv: list[str] | None = None) -> int:
     daemon = Daemon(settings, cfg, reload=reload)
     try:
         trio.run(daemon.run)
-    except KeyboardInterrupt:
-        log.info("stopping (interrupt)")
-        return 0
-    except OSError as e:
-        log.error("socket error: %s", e)
-        return EXIT_SOCKET
-    except Exception:  # noqa: BLE001
-        log.exception("fatal error")
+    except BaseException as exc:  # noqa: BLE001 - trio wraps task errors in groups
+        leaves = list(_leaves(exc))
+        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
+            log.info("stopping (interrupt)")
+            return 0
+        oserr = next((e for e in leaves if isinstance(e, OSError)), None)
+        if oserr is not None:
+            log.error("socket error: %s", oserr)
+            return EXIT_SOCKET
+        log.error("fatal error", exc_info=exc)
         return EXIT_FATAL
     return 0
 

@@ -47,20 +47,27 @@ class Group:
     keeping those arrays up to date costs O(1) per join or removal.
     """
 
-    __slots__ = ("domain", "members", "version", "dirty")
+    __slots__ = ("domain", "members", "version", "dirty", "sender_cache")
 
     def __init__(self, domain: str | None) -> None:
         self.domain = domain
         self.members: list[Client] = []
         self.version = 0
         self.dirty: list[int] = []
+        self.sender_cache = None  # the sender's per-group arrays; they die with the group
+
+    def _mark(self, *positions: int) -> None:
+        if len(self.dirty) > 4096:  # nobody is syncing: forget, the sender rebuilds
+            self.dirty = [-1]
+        else:
+            self.dirty += positions
 
     def add(self, c: Client) -> None:
         c.group = self
         c.pos = len(self.members)
         self.members.append(c)
         self.version += 1
-        self.dirty.append(c.pos)
+        self._mark(c.pos)
 
     def move_to_end(self, c: Client) -> None:
         """Swap ``c`` with the last member, so "everyone but c" is one range."""
@@ -73,19 +80,17 @@ class Group:
             members[j] = c
             last.pos = i
             c.pos = j
-            self.dirty += (i, j)
+            self._mark(i, j)
 
     def remove(self, c: Client) -> None:
         last = self.members.pop()
         if last is not c:  # move the last member into the hole: O(1)
             self.members[c.pos] = last
             last.pos = c.pos
-            self.dirty.append(c.pos)
+            self._mark(c.pos)
         c.group = None
         c.pos = -1
         self.version += 1
-        if len(self.dirty) > 4096:  # nobody is syncing: forget, the sender rebuilds
-            self.dirty = [-1]
 
 
 class ClientTable:

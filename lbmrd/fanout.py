@@ -69,6 +69,7 @@ def _bytes_data_offset() -> int | None:
 
 _BYTES_OFF = _bytes_data_offset() if sys.implementation.name == "cpython" else None
 _MSG_SIZE = ctypes.sizeof(_Mmsghdr)
+_PTR = ctypes.sizeof(ctypes.c_void_p)
 
 
 class _GroupArrays:
@@ -97,7 +98,7 @@ class _GroupArrays:
         name_off = _Mmsghdr.msg_hdr.offset + _Msghdr.msg_name.offset
         for i in range(cap):
             o = i * _MSG_SIZE + name_off
-            raw[o:o + 8] = (names + 16 * i).to_bytes(8, sys.byteorder)
+            raw[o:o + _PTR] = (names + 16 * i).to_bytes(_PTR, sys.byteorder)
         ctypes.memmove(self.msgs, bytes(raw), len(raw))
         self.base = ctypes.addressof(self.msgs)
         group.dirty.clear()
@@ -125,10 +126,6 @@ class Fanout:
         self.sock = sock
         self.fd = sock.fileno()
         self.use_sendmmsg = use_sendmmsg and HAVE_SENDMMSG
-        self._arrays: dict[int, _GroupArrays] = {}
-
-    def forget(self) -> None:
-        self._arrays.clear()
 
     def send_range(self, payload: bytes, group: Group, start: int, stop: int) -> tuple[int, int, str | None]:
         """Send ``payload`` to members ``start..stop-1`` of ``group``.
@@ -139,11 +136,9 @@ class Fanout:
         """
         if not self.use_sendmmsg:
             return self._send_range_plain(payload, group, start, stop)
-        arr = self._arrays.get(id(group))
+        arr = group.sender_cache
         if arr is None or (group.dirty and not arr.sync(group)):
-            arr = self._arrays[id(group)] = _GroupArrays(group)
-            if len(self._arrays) > 4096:
-                self._arrays = {id(group): arr}
+            arr = group.sender_cache = _GroupArrays(group)
         if _BYTES_OFF is not None and type(payload) is bytes:
             arr.iov.iov_base = id(payload) + _BYTES_OFF  # payload stays referenced for the call
         else:
@@ -168,6 +163,8 @@ class Fanout:
         return sent, i, None
 
     def _send_range_plain(self, payload: bytes, group: Group, start: int, stop: int):
+        group.dirty.clear()  # no arrays to keep in step on this path
+        group.sender_cache = None
         sendto = self.sock.sendto
         members = group.members
         sent = 0

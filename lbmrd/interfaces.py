@@ -8,31 +8,48 @@ double quotes), or a DNS host name optionally with ``/mask``.
 
 from __future__ import annotations
 
-import fcntl
+import ctypes
 import ipaddress
 import socket
-import struct
-
-SIOCGIFADDR = 0x8915
 
 
 class InterfaceError(ValueError):
     pass
 
 
+class _Sockaddr(ctypes.Structure):
+    _fields_ = [("sa_family", ctypes.c_ushort), ("sa_data", ctypes.c_ubyte * 14)]
+
+
+class _Ifaddrs(ctypes.Structure):
+    pass
+
+
+_Ifaddrs._fields_ = [
+    ("ifa_next", ctypes.POINTER(_Ifaddrs)), ("ifa_name", ctypes.c_char_p), ("ifa_flags", ctypes.c_uint),
+    ("ifa_addr", ctypes.POINTER(_Sockaddr)), ("ifa_netmask", ctypes.POINTER(_Sockaddr)),
+    ("ifa_ifu", ctypes.c_void_p), ("ifa_data", ctypes.c_void_p),
+]
+
+
 def local_addresses() -> list[tuple[str, str]]:
-    """(device, IPv4 address) for every interface that has one, in index order."""
+    """(device, IPv4 address) for every IPv4 address of this host, secondary
+    addresses included, in the order getifaddrs(3) lists them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    head = ctypes.POINTER(_Ifaddrs)()
+    if libc.getifaddrs(ctypes.byref(head)) != 0:
+        raise OSError(ctypes.get_errno(), "getifaddrs failed")
     out = []
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        for _, name in socket.if_nameindex():
-            try:
-                r = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-            except OSError:
-                continue
-            out.append((name, socket.inet_ntoa(r[20:24])))
+        p = head
+        while p:
+            ifa = p.contents
+            if ifa.ifa_addr and ifa.ifa_addr.contents.sa_family == socket.AF_INET:
+                raw = bytes(ifa.ifa_addr.contents.sa_data[2:6])
+                out.append((ifa.ifa_name.decode(errors="replace"), socket.inet_ntoa(raw)))
+            p = ifa.ifa_next
     finally:
-        s.close()
+        libc.freeifaddrs(head)
     return out
 
 

@@ -83,8 +83,12 @@ class RelayCore:
     def __init__(self, config=None, *, ttl: float = 60.0, allow: list[str] | tuple = (),
                  max_clients: int | None = None, rate: float | None = None, burst: float | None = None,
                  echo: bool = False, events: int = 1000) -> None:
+        if rate is not None and not rate > 0:
+            raise ValueError(f"rate must be positive, got {rate!r}")
+        if burst is not None and not burst >= 1:
+            raise ValueError(f"burst must be at least 1 datagram, got {burst!r}")
         self.rate = rate
-        self.burst = float(burst if burst is not None else (rate * 2 if rate else 0.0))
+        self.burst = float(burst if burst is not None else (max(1.0, rate * 2) if rate else 0.0))
         self.table = ClientTable(ttl, max_clients, self.burst)
         self.counters = Counters()
         self.events: deque[tuple[float, str, str]] = deque(maxlen=events)
@@ -237,10 +241,14 @@ class RelayCore:
             self.event(now, "client_expired", f"{cl.addr[0]}:{cl.addr[1]}")
         return dead
 
-    def snapshot(self, now: float) -> dict:
-        """Client table, counters and the recent-events ring as plain data."""
+    def snapshot(self, now: float, max_clients: int = 1000) -> dict:
+        """Client table (the first ``max_clients``: a dump must not stall the
+        relay), counters and the recent-events ring as plain data."""
+        from itertools import islice
+
         return {
-            "clients": [c.as_dict(now) for c in self.table],
+            "clients_total": len(self.table),
+            "clients": [c.as_dict(now) for c in islice(self.table, max_clients)],
             "counters": self.counters.as_dict(),
             "events": [{"age_s": round(now - t, 3), "event": k, "detail": d} for t, k, d in self.events],
         }

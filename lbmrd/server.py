@@ -158,8 +158,10 @@ class Daemon:
             if err == "EAGAIN":
                 with trio.move_on_after(WRITE_WAIT):
                     await trio.lowlevel.wait_writable(self.sock)
-                if group.version != version or not self._writable():
-                    # buffer still full, or the group changed while we waited
+                if group.version != version:
+                    c.drops["group_changed_while_blocked"] += stop - start
+                    return
+                if not self._writable():
                     c.drops["send_buffer_full"] += stop - start
                     return
             else:
@@ -198,13 +200,13 @@ class Daemon:
             log.info("%s", self.stats_line())
 
     async def _signal_loop(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        with trio.open_signal_receiver(signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM) as sigs:
+        with trio.open_signal_receiver(signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT) as sigs:
             task_status.started()  # handlers are in place before the daemon reports readiness
             async for sig in sigs:
                 if sig == signal.SIGHUP:
                     self.reload()
-                elif sig == signal.SIGTERM:
-                    log.info("stopping (SIGTERM)")
+                elif sig in (signal.SIGTERM, signal.SIGINT):
+                    log.info("stopping (%s)", signal.Signals(sig).name)
                     self._nursery.cancel_scope.cancel()
                 else:
                     log.info("dump %s", json.dumps(self.core.snapshot(trio.current_time())))
@@ -220,8 +222,6 @@ class Daemon:
             log.error("reload failed, keeping the running configuration: %s", e)
             return False
         moved = self.core.set_config(cfg)
-        if self.fanout is not None:
-            self.fanout.forget()
         self.core.event(trio.current_time(), "reload", f"{len(cfg.domains)} domains, {moved} clients moved")
         log.info("configuration reloaded: %d domains, %d transforms; %d clients re-classified",
                  len(cfg.domains), len(cfg.transforms), moved)

@@ -119,3 +119,21 @@ def test_console_script_runs(tmp_path):
     assert len(_json_lines(out)) == 3
     bad = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "capture file or --live" in bad.stderr
+
+
+def test_undecodable_names_and_exotic_timestamps(tmp_path):
+    cap = tmp_path / "odd.pcap"
+    with PcapWriter(cap) as w:
+        w.write_udp(1700000000.0, "127.0.1.1", 14402, "127.0.0.1", 15380, b"\x00\x01\x00\x00md\xff\x00")
+    r = CliRunner().invoke(main, [str(cap)])
+    assert r.exit_code == 0, r.output
+    assert "TQR 'md\\xff'" in r.output
+    r = CliRunner().invoke(main, ["--json", str(cap)])
+    obj = json.loads(r.output)
+    assert obj["tqrs"] == ["md\\xff"]  # strict JSON: no lone surrogates
+    r = subprocess.run([str(Path(sys.executable).with_name("lbmr-inspect")), str(cap)], capture_output=True,
+                       timeout=60, env={"PYTHONIOENCODING": "utf-8", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0 and b"md\\xff" in r.stdout, r.stderr
+    from lbmr_tools.inspect import _ts_text
+
+    assert _ts_text(1e20) == "100000000000000000000.000000s"  # beyond time_t: raw seconds, no crash

@@ -126,3 +126,37 @@ def test_systemd_unit_uses_valid_options():
     for argv in execs:
         assert argv[0].endswith("/lbmrd")
         build_parser().parse_args(argv[1:])  # exits 2 on an unknown option
+
+
+def test_sigint_stops_cleanly_and_busy_metrics_port_exits_3(tmp_path):
+    port = free_port()
+    p = subprocess.Popen(LBMRD + ["-i", "127.0.0.1", "-p", str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        c.settimeout(0.2)
+        deadline = time.monotonic() + 20
+        while True:  # wait until it answers
+            c.sendto(b"\x02\x00\x00\x00", ("127.0.0.1", port))
+            try:
+                c.recvfrom(16)
+                break
+            except TimeoutError:
+                assert time.monotonic() < deadline
+        c.close()
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=10) == 0
+        assert "stopping (SIGINT)" in p.stdout.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        r = subprocess.run(LBMRD + ["-i", "127.0.0.1", "-p", str(free_port()), "--metrics",
+                                    f"127.0.0.1:{busy.getsockname()[1]}"], capture_output=True, text=True,
+                           timeout=30)
+    finally:
+        busy.close()
+    assert r.returncode == 3 and "socket error" in r.stdout

@@ -139,3 +139,31 @@ def test_client_table_remove_keeps_dense_groups():
     assert all(c.pos == i for i, c in enumerate(g.members)) and g.version != v
     with pytest.raises(KeyError):
         t.remove(cs[1])
+
+
+def test_rate_and_burst_are_validated():
+    with pytest.raises(ValueError):
+        RelayCore(rate=0)
+    with pytest.raises(ValueError):
+        RelayCore(rate=5, burst=0.5)
+    core = RelayCore(rate=0.4)  # a slow rate still lets one datagram through (burst >= 1)
+    assert isinstance(core.handle(TQR, A, 0.0), Relay)
+    assert core.handle(TQR, A, 1.0) == Drop("rate_limited")
+    assert isinstance(core.handle(TQR, A, 3.0), Relay)
+
+
+def test_dirty_marks_stay_bounded_without_a_syncing_sender():
+    t = ClientTable(ttl=10)
+    cs = [t.register((f"10.0.0.{i}", 1), 0.0, None) for i in range(3)]
+    g = t.groups[None]
+    for i in range(100_000):
+        g.move_to_end(cs[i % 3])
+    assert len(g.dirty) <= 4098
+
+
+def test_snapshot_caps_the_client_list():
+    core = RelayCore()
+    for i in range(1500):
+        core.handle(b"\x02\x00\x00\x00", (f"10.1.{i >> 8}.{i & 255}", 14402), 0.0)
+    snap = core.snapshot(1.0)
+    assert snap["clients_total"] == 1500 and len(snap["clients"]) == 1000
