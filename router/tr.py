@@ -1,0 +1,980 @@
+"""Sans-IO topic resolution (TR) of one endpoint portal of the TRD router.
+
+A :class:`PortalTR` plays UM topic resolution inside one Topic Resolution
+Domain (TRD) on behalf of the router: it learns which topics receivers of its
+TRD want (their TQRs / wildcard TQRs), finds sources of the topics the *peer's*
+receivers want (it queries its TRD like a UM receiver), and advertises proxy
+sources for sources behind the peer (TIRs with the router's relay address,
+like a UM source, answering TQRs at once). It owns no socket, no clock and no
+task: every method takes ``now`` (seconds on any monotonic clock), inputs are
+method calls, outputs are datagrams and events, in the style of
+:mod:`router.peerlink`. One portal's calls must be made serially.
+
+Driving it (the I/O shell)::
+
+    tr = PortalTR("east", 1, src_id=ctx_id, mode="lbmrd", daemons=[(ip, 15380)], now=t0)
+    loop:
+        on a datagram:     tr.on_datagram(data, (ip, port), now)
+        from the peer:     tr.add_remote_interest(topic, now) / tr.cancel_remote_interest(...)
+                           tr.add_proxy(ProxySource(...), now) / tr.remove_proxy(advert_id, now)
+        after any call and at tr.next_deadline():
+                           for data, dest in tr.tick(now): sock.sendto(data, dest)
+                           for ev in tr.events(): ...   # LocalInterest, SourceSeen, ...
+
+Outgoing datagrams, the one rule: everything the portal produces -- scheduled
+advertisements, queries, keepalives, and the immediate answers to TQRs that
+:meth:`~PortalTR.on_datagram` makes -- is appended, in order, to one outgoing
+buffer. :meth:`~PortalTR.tick` runs what is due at ``now``, then returns the
+whole buffer and empties it; :meth:`~PortalTR.data_to_send` returns and empties
+it without running timers. Items are :class:`Outgoing` ``(data, dest)`` named
+tuples. Events accumulate the same way and :meth:`~PortalTR.events` drains them.
+
+Wire behaviour (UM's, with :class:`lbmr_tools.sim.Timing` defaults):
+
+* every TR datagram is a version-1 LBMR packet (NORMAL: TQRs then TIRs;
+  WC_TQR: wildcard queries) of at most ``max_datagram`` (1400) bytes, with a
+  packet-options trailer: SourceIdOption(``src_id``), SourceTypeOption(1 =
+  TNWGD, i.e. a router), VersionOption (UM 6.14) and LocalDomainOption
+  (``domain_id``; UM contexts learn their TRD's domain id from DRO traffic).
+  Records due at the same time are batched into as few datagrams as fit;
+* ``mode="lbmrd"``: TR traffic goes to one current daemon, which changes
+  round robin every ``timing.change_interval`` (0.2 s) counted from creation
+  (daemon k mod n during the k-th interval, like :class:`lbmr_tools.sim.Context`);
+  a daemon that has been sent nothing for ``timing.keepalive_interval``
+  (0.5 s) gets a 4-byte keepalive (``02 00 00 00`` / ``03 00 00 00``
+  alternately, no trailer, as UM sends them). The portal is always "alive":
+  the first keepalives go out at creation so every lbmrd knows the portal
+  before it has anything to say (it must hear the receivers' TQRs).
+  Datagrams from an address that is not a configured daemon are ignored
+  (UM's ``resolver_unicast_ignore_unknown_source``; ``ignore_unknown_source``);
+* ``mode="multicast"``: everything goes to the (group, port); no keepalives;
+  datagrams are accepted from anyone;
+* proxy advertisements follow UM's source timing (10 ms doubling to 500 ms
+  for 5 s, then every 1 s for 60 s, then quiescent -- answering TQRs only);
+  the proxy TIR carries OtidOption(origin OTID) and DomainIdOption(origin
+  domain), ttl 60, and the origin's topic index;
+* queries for remote interest follow UM's receiver timing (20 ms doubling to
+  200 ms for 5 s, then every 1 s for 60 s) until a source is seen.
+
+Rules this module chose (the issue leaves them open):
+
+* **What is ignored (loop prevention, single hop).** A datagram carrying our
+  own ``src_id`` (our multicast loopback, an lbmrd echo) is dropped whole.
+  From a datagram whose SourceTypeOption says TNWGD (another router) nothing
+  is used: its TIRs are proxies, its TQRs are another router's proxy
+  receivers -- this router bridges one hop only. A TIR with a DomainIdOption
+  naming *another* domain is a proxy made elsewhere and is ignored; a
+  DomainIdOption with *our* domain id is accepted (a UM source that learnt its
+  TRD's id from us may stamp it). A TIR whose OTID is the OTID of one of our
+  own proxies is ignored too (an echo that lost its trailer). Each case is
+  counted in :meth:`~PortalTR.stats`.
+* **Interest lifetime.** Local interest (a topic, or a PCRE/regex pattern)
+  starts with the first TQR / WC-TQR (event :class:`LocalInterest`) and is
+  refreshed by every later one. It ends (:class:`LocalInterestGone`) once
+  ``interest_timeout`` seconds have passed with neither a TQR for it nor a
+  proxy advertised here for it (a proxy whose topic is the topic, or matches
+  the pattern). UM receivers stop querying once resolved, so while we
+  advertise a proxy the interest is held; the countdown starts again when the
+  last such proxy is removed. Limitation: a receiver that exits while resolved
+  keeps the interest until the proxy goes (DRO's topic use queries would
+  notice; not done here). :meth:`~PortalTR.local_interests` lists the live
+  interests (for INTEREST REFRESH frames).
+* **Remote interest** (:meth:`~PortalTR.add_remote_interest`) is a set, not a
+  count: adding it again is a refresh; it lasts until cancelled (the caller
+  owns its lifetime). While it lasts the portal queries (UM burst while no
+  source is known; afterwards one query every ``requery_interval``), and
+  reports every matching source with :class:`SourceSeen`. Sources of the
+  TRD's TIRs are remembered whether or not they are wanted, so a new interest
+  in a topic whose source is known is answered at once (SourceSeen right away,
+  plus one verifying query); their records are dropped silently after
+  ``source_timeout`` without a TIR (at most ``max_sources`` unwanted ones).
+* **SourceSeen means "(re)send the advertisement"**: it is emitted when a
+  wanted source is first seen (``first=True``; also again after it was gone
+  or after the interest was cancelled), when interest in a known source is
+  added again (``first=False``), and when a known source's transport or topic
+  index changes (``first=False``); never for plain refreshes.
+  :class:`SourceGone` is emitted when a reported source sent no TIR for
+  ``source_timeout`` while we kept re-querying; if that leaves an exact topic
+  without sources, the UM query burst starts again.
+* **OTID synthesis.** A TIR without OtidOption gets a deterministic OTID
+  built from its transport identity and topic index in the layout of UM's
+  ``lbmotid.c`` (TCP, LBT-RU, LBT-RM; context id and transport index zero);
+  other transports get their type code, a BLAKE2b digest of the transport
+  body and the topic index at offset 11. :func:`otid_topic_index` reads the
+  topic index back, which is how a proxy gets the origin's topic index when
+  the peer link did not carry it.
+* **Final advertisements.** :meth:`~PortalTR.remove_proxy` stops the normal
+  advertisements and the TQR answers at once, then sends ``final_adverts``
+  (default 3; 0 = none) final TIRs at the initial advertisement gaps (0, 10,
+  30 ms): the same TIR plus CostOption(hop 1, cost -1), the "infinite cost =
+  withdrawn" marker (the public TRsniffer reading; UM's own encoding of a
+  final advertisement is not public). Receivers that do not read it just see
+  one more TIR of a source that is about to disappear.
+
+Pattern types are the LBMR/LBRP values: 0 exact topic, 1 PCRE, 2 POSIX regex
+(:class:`router.peerlink.PatternType`). Patterns are matched with Python's
+:mod:`re` (``search``), close enough to PCRE and POSIX ERE for topic names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import math
+import re
+import socket
+import struct
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+from lbmr_proto import (
+    TIR,
+    TQR,
+    CostOption,
+    DomainIdOption,
+    LBMRDecodeError,
+    LBMREncodeError,
+    LbtruSessionTransport,
+    LbtruTransport,
+    LocalDomainOption,
+    OtidOption,
+    SourceIdOption,
+    SourceTypeOption,
+    TcpSessionTransport,
+    TcpTransport,
+    VersionOption,
+    WcTQR,
+    decode,
+)
+from lbmr_proto.constants import HDR_OPTIONS_FLAG, PacketType, SourceType, Transport
+from lbmr_proto.popts import encode_packet_options
+from lbmr_tools.sim import (
+    EPS,
+    RCV_ALIVE,
+    SRC_ALIVE,
+    TIR_TTL,
+    UM_VERSION,
+    VERSION_FLAGS,
+    Schedule,
+    Timing,
+    make_otid,
+)
+
+__all__ = [
+    "Addr", "Outgoing", "ProxySource", "LocalInterest", "LocalInterestGone", "SourceSeen",
+    "SourceGone", "PortalTR", "Timing", "PATTERN_TOPIC", "PATTERN_PCRE", "PATTERN_REGEX",
+    "synthesize_otid", "otid_topic_index", "relay_transport",
+]
+
+Addr = tuple[str, int]
+
+PATTERN_TOPIC = 0  # an exact topic name (LBRP INTEREST pattern type 0)
+PATTERN_PCRE = 1  # LBMR wildcard pattern types
+PATTERN_REGEX = 2
+DEFAULT_MAX_DATAGRAM = 1400
+MAX_TQRS = 255  # the header's first count is one byte
+MAX_TIRS = 0xFFFF
+_HDR = struct.Struct("!BBH")
+_V1 = 0x10  # header version 1 in the high nibble
+OTID_SIZE = 32
+# topic-index offset inside a UM OTID, by transport code (lbmotid.c layout)
+_OTID_TOPIC_INDEX_AT = {
+    Transport.TCP: 7, Transport.LBTRU: 11, Transport.LBTRM: 17,
+    Transport.LBTIPC: 11, Transport.LBTSMX: 11, Transport.LBTRDMA: 11,
+}
+
+
+# --------------------------------------------------------------------------- values
+
+
+class Outgoing(NamedTuple):
+    """One datagram to send: ``data`` to ``dest`` (ip, port)."""
+
+    data: bytes
+    dest: Addr
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySource:
+    """A source behind the peer, to advertise in this portal's TRD.
+
+    ``transport_body`` is the lbmr_proto transport body the TRD's receivers
+    should join: the router's relay address and port, same transport type as
+    the origin (see :func:`relay_transport`). ``otid`` is the origin's 32-byte
+    OTID, ``origin_domain`` its TRD's domain id. ``topic_index`` is the TIR's
+    topic index; None takes it from the OTID (:func:`otid_topic_index`, 0 if
+    the OTID does not say)."""
+
+    advert_id: int
+    topic: str
+    transport_body: object
+    origin_domain: int
+    otid: bytes
+    topic_index: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LocalInterest:
+    """Receivers in this TRD want ``topic`` (``pattern``: a wildcard pattern of
+    ``pattern_type`` 1 PCRE or 2 regex; exact topics have pattern_type 0)."""
+
+    topic: str
+    pattern: bool = False
+    pattern_type: int = PATTERN_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class LocalInterestGone:
+    """The local interest in ``topic`` (same key fields as LocalInterest) ended."""
+
+    topic: str
+    pattern: bool = False
+    pattern_type: int = PATTERN_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSeen:
+    """A source of a topic the peer wants exists in this TRD: send (or resend) an
+    ADVERTISEMENT. ``first``: not reported before (or reported, then gone or no
+    longer wanted). ``transport_body`` is the TIR's transport (join it to get the
+    data); ``topic_index`` the TIR's topic index."""
+
+    topic: str
+    otid: bytes
+    transport_body: object
+    first: bool
+    topic_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SourceGone:
+    """A reported source sent no TIR for ``source_timeout`` seconds: withdraw it."""
+
+    topic: str
+    otid: bytes
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def synthesize_otid(transport, topic_index: int) -> bytes:
+    """A deterministic 32-byte OTID for a TIR that carries none (see the module doc)."""
+    code = transport.TYPE
+    if code in (Transport.TCP, Transport.LBTRU, Transport.LBTRM) and hasattr(transport, "ip"):
+        session = getattr(transport, "session_id", 0)
+        return make_otid(transport, topic_index & 0xFFFFFFFF, bytes(4), 0, session)
+    digest = hashlib.blake2b(bytes((code,)) + transport.encode(), digest_size=26).digest()
+    return (bytes((code & 0xFF,)) + digest[:10] + struct.pack("!I", topic_index & 0xFFFFFFFF)
+            + digest[10:26] + b"\x00")
+
+
+def otid_topic_index(otid: bytes) -> int | None:
+    """The topic index inside a UM-layout OTID, None for an unknown transport code."""
+    if len(otid) != OTID_SIZE:
+        return None
+    at = _OTID_TOPIC_INDEX_AT.get(otid[0])
+    return None if at is None else struct.unpack_from("!I", otid, at)[0]
+
+
+def relay_transport(code: int, ip: str, port: int, session_id: int | None = None):
+    """The transport body of a proxy source relayed at ``ip``:``port``, for the
+    LBMR transport ``code`` of the origin (as carried by an LBRP ADVERTISEMENT):
+    TCP or LBT-RU, with a session id if one is given. ValueError otherwise."""
+    if code == Transport.TCP:
+        return TcpTransport(ip, port) if session_id is None else TcpSessionTransport(ip, session_id, port)
+    if code == Transport.LBTRU:
+        return LbtruTransport(ip, port) if session_id is None else LbtruSessionTransport(ip, session_id, port)
+    raise ValueError(f"transport code 0x{code:02x} cannot be relayed (TCP and LBT-RU only)")
+
+
+def _check_ip(ip: str, what: str) -> str:
+    try:
+        socket.inet_aton(ip)
+    except (OSError, TypeError):
+        raise ValueError(f"{what}: {ip!r} is not an IPv4 address") from None
+    return ip
+
+
+# --------------------------------------------------------------------------- timers
+
+
+class _Timer:
+    """Something with a due time in the portal's timer heap. ``heap_at`` is the
+    time of its one valid heap entry (inf: none); entries at other times are stale."""
+
+    __slots__ = ("heap_at", "alive")
+
+    def __init__(self) -> None:
+        self.heap_at = math.inf
+        self.alive = True
+
+    def due(self) -> float:  # pragma: no cover - every subclass overrides
+        raise NotImplementedError
+
+
+class _Proxy(_Timer):
+    __slots__ = ("spec", "record", "final_record", "sched", "removed", "finals_left")
+
+    def __init__(self, spec: ProxySource, record: bytes, final_record: bytes, sched: Schedule) -> None:
+        super().__init__()
+        self.spec = spec
+        self.record = record
+        self.final_record = final_record
+        self.sched = sched
+        self.removed = False
+        self.finals_left = 0
+
+    def due(self) -> float:
+        return self.sched.next
+
+
+class _Query(_Timer):
+    """Remote interest: the queries made for it."""
+
+    __slots__ = ("key", "record", "sched", "next_requery")
+
+    def __init__(self, key: tuple[int, str], record: bytes) -> None:
+        super().__init__()
+        self.key = key
+        self.record = record
+        self.sched: Schedule | None = None  # the UM query burst, while running
+        self.next_requery = math.inf
+
+    def due(self) -> float:
+        return self.sched.next if self.sched is not None else self.next_requery
+
+
+class _Src(_Timer):
+    """A source seen in the TRD (one TIR identity: topic + OTID)."""
+
+    __slots__ = ("topic", "otid", "body", "index", "last_seen", "announced", "timeout")
+
+    def __init__(self, topic: str, otid: bytes, body, index: int, now: float, timeout: float) -> None:
+        super().__init__()
+        self.topic = topic
+        self.otid = otid
+        self.body = body
+        self.index = index
+        self.last_seen = now
+        self.announced = False  # reported to the caller (SourceSeen) and not withdrawn since
+        self.timeout = timeout
+
+    def due(self) -> float:
+        return self.last_seen + self.timeout
+
+
+class _Interest(_Timer):
+    """Local interest (TQRs seen in the TRD)."""
+
+    __slots__ = ("key", "refreshed", "timeout")
+
+    def __init__(self, key: tuple[int, str], now: float, timeout: float) -> None:
+        super().__init__()
+        self.key = key
+        self.refreshed = now
+        self.timeout = timeout
+
+    def due(self) -> float:
+        return self.refreshed + self.timeout
+
+
+# --------------------------------------------------------------------------- the portal
+
+
+class PortalTR:
+    """Topic resolution of one endpoint portal (see the module doc for the rules).
+
+    ``name``: for logs; ``domain_id``: this TRD's domain id (1..2**32-1);
+    ``src_id``: the portal's 8-byte context instance (SourceIdOption of every TR
+    datagram; datagrams carrying it are our own and are ignored). ``mode`` is
+    ``"lbmrd"`` (``daemons``: list of (ip, port)) or ``"multicast"``
+    (``multicast``: (group, port)). ``timing``: UM cadence
+    (:class:`lbmr_tools.sim.Timing`). ``interest_timeout``: local interest
+    lifetime without TQRs (and without a proxy); ``requery_interval``: query
+    period for remote interest once a source is known (or the UM burst ended);
+    ``source_timeout``: a source silent this long is gone (must exceed
+    ``requery_interval``; the default tolerates two lost answers).
+    ``final_adverts``: final TIRs sent by :meth:`remove_proxy`.
+    """
+
+    def __init__(self, name: str, domain_id: int, *, src_id: bytes, mode: str,
+                 daemons: Sequence[Addr] = (), multicast: Addr | None = None,
+                 timing: Timing | None = None, interest_timeout: float = 300.0,
+                 source_timeout: float = 16.0, requery_interval: float = 5.0,
+                 final_adverts: int = 3, max_datagram: int = DEFAULT_MAX_DATAGRAM,
+                 ignore_unknown_source: bool = True, max_sources: int = 100_000,
+                 now: float) -> None:
+        if not isinstance(src_id, bytes | bytearray) or len(src_id) != 8:
+            raise ValueError("src_id must be 8 bytes")
+        if not isinstance(domain_id, int) or not 0 < domain_id <= 0xFFFFFFFF:
+            raise ValueError(f"domain_id must be 1..4294967295, not {domain_id!r}")
+        if mode == "lbmrd":
+            if multicast is not None or not daemons:
+                raise ValueError('mode "lbmrd" needs daemons and no multicast group')
+            self.daemons: list[Addr] = [(_check_ip(str(ip), "daemon"), int(port)) for ip, port in daemons]
+            self.multicast: Addr | None = None
+        elif mode == "multicast":
+            if multicast is None or daemons:
+                raise ValueError('mode "multicast" needs multicast=(group, port) and no daemons')
+            self.daemons = []
+            self.multicast = (_check_ip(str(multicast[0]), "multicast group"), int(multicast[1]))
+        else:
+            raise ValueError(f'mode must be "lbmrd" or "multicast", not {mode!r}')
+        for what, v in (("interest_timeout", interest_timeout), ("source_timeout", source_timeout),
+                        ("requery_interval", requery_interval)):
+            if not isinstance(v, int | float) or not 0 < v < math.inf:
+                raise ValueError(f"{what} must be a positive number of seconds, not {v!r}")
+        if source_timeout <= requery_interval:
+            raise ValueError("source_timeout must exceed requery_interval (sources answer re-queries)")
+        if final_adverts < 0:
+            raise ValueError("final_adverts must be >= 0")
+        self.name = name
+        self.domain_id = domain_id
+        self.src_id = bytes(src_id)
+        self.mode = mode
+        self.timing = timing if timing is not None else Timing()
+        self.interest_timeout = float(interest_timeout)
+        self.source_timeout = float(source_timeout)
+        self.requery_interval = float(requery_interval)
+        self.final_adverts = final_adverts
+        self.max_datagram = max_datagram
+        self.ignore_unknown_source = ignore_unknown_source
+        self.max_sources = max_sources
+        self.start = now
+        self.trailer = encode_packet_options([
+            SourceIdOption(0x8000, self.src_id), SourceTypeOption(0x80, SourceType.TNWGD),
+            VersionOption(VERSION_FLAGS, UM_VERSION), LocalDomainOption(0x8000, domain_id)])
+        if max_datagram < 4 + len(self.trailer) + 512:
+            raise ValueError(f"max_datagram {max_datagram} cannot hold the largest record")
+        self._daemon_set = set(self.daemons)
+        iv = self.timing.keepalive_interval
+        self._last_tx = [now - iv] * len(self.daemons)  # first keepalives at creation
+        self._ka_type = [0] * len(self.daemons)
+        self._out: list[Outgoing] = []
+        self._events: list = []
+        self._st: Counter[str] = Counter()
+        self._heap: list[tuple[float, int, _Timer]] = []
+        self._seq = itertools.count()
+        self._regexes: dict[tuple[int, str], re.Pattern | None] = {}
+        # proxies (advertised here), by advert id; those sending final adverts
+        self._proxies: dict[int, _Proxy] = {}
+        self._finals: dict[int, _Proxy] = {}
+        self._proxy_topics: dict[str, dict[int, _Proxy]] = {}
+        self._proxy_otids: Counter[bytes] = Counter()
+        # remote interest (queries) and local interest (TQRs), keyed (pattern type, topic)
+        self._rint: dict[tuple[int, str], _Query] = {}
+        self._rint_patterns: set[tuple[int, str]] = set()
+        self._lint: dict[tuple[int, str], _Interest] = {}
+        self._lint_patterns: set[tuple[int, str]] = set()
+        # sources seen in the TRD
+        self._sources: dict[tuple[str, bytes], _Src] = {}
+        self._src_by_topic: dict[str, dict[bytes, _Src]] = {}
+
+    def __repr__(self) -> str:
+        where = self.multicast if self.multicast is not None else self.daemons
+        return f"<PortalTR {self.name!r} domain {self.domain_id} {self.mode} {where}>"
+
+    # ------------------------------------------------------------------ outputs
+
+    def data_to_send(self) -> list[Outgoing]:
+        """Everything queued for sending, in order; empties the buffer."""
+        out, self._out = self._out, []
+        return out
+
+    def events(self) -> list:
+        """Events since the last call, in order; empties the list."""
+        ev, self._events = self._events, []
+        return ev
+
+    def tick(self, now: float) -> list[Outgoing]:
+        """Run everything due at ``now`` (advertisements, queries, expiries,
+        keepalives), then return the whole outgoing buffer (:meth:`data_to_send`)."""
+        tqrs: list[bytes] = []
+        wcs: list[bytes] = []
+        tirs: list[bytes] = []
+        heap = self._heap
+        limit = now + EPS
+        while heap and heap[0][0] <= limit:
+            t, _, tm = heapq.heappop(heap)
+            if not tm.alive or t != tm.heap_at:
+                continue  # stale entry
+            tm.heap_at = math.inf
+            if tm.due() <= limit:
+                self._fire(tm, now, tqrs, wcs, tirs)
+            if tm.alive:
+                self._arm(tm)
+        self._send_tr(tqrs, wcs, tirs, now, "tr")
+        if self.multicast is None:
+            iv = self.timing.keepalive_interval
+            for k, dest in enumerate(self.daemons):
+                if self._last_tx[k] + iv <= limit:
+                    ka = RCV_ALIVE if self._ka_type[k] == 0 else SRC_ALIVE
+                    self._ka_type[k] ^= 1
+                    self._last_tx[k] = now
+                    self._out.append(Outgoing(ka, dest))
+                    st = self._st
+                    st["keepalives_sent"] += 1
+                    st["datagrams_sent"] += 1
+                    st["bytes_sent"] += len(ka)
+        return self.data_to_send()
+
+    def next_deadline(self) -> float:
+        """When :meth:`tick` next has something to do (``inf``: never by itself)."""
+        heap = self._heap
+        while heap and (not heap[0][2].alive or heap[0][0] != heap[0][2].heap_at):
+            heapq.heappop(heap)
+        d = heap[0][0] if heap else math.inf
+        if self.multicast is None:
+            iv = self.timing.keepalive_interval
+            d = min(d, min(self._last_tx) + iv)
+        return d
+
+    def current_daemon(self, now: float) -> int:
+        """Index of the daemon that gets TR traffic at ``now`` (lbmrd mode)."""
+        n = len(self.daemons)
+        if n == 0:
+            raise ValueError("a multicast portal has no daemons")
+        if n == 1:
+            return 0
+        return int(math.floor((now - self.start) / self.timing.change_interval + EPS)) % n
+
+    def destination(self, now: float) -> Addr:
+        """Where TR datagrams sent at ``now`` go: the group or the current daemon."""
+        if self.multicast is not None:
+            return self.multicast
+        return self.daemons[self.current_daemon(now)]
+
+    # ------------------------------------------------------------------ inputs
+
+    def on_datagram(self, data: bytes, src: Addr, now: float) -> None:
+        """One datagram received on the portal's TR socket from ``src``. TQR
+        answers go to the outgoing buffer; events to :meth:`events`."""
+        st = self._st
+        st["datagrams_received"] += 1
+        if (self.multicast is None and self.ignore_unknown_source
+                and (src[0], src[1]) not in self._daemon_set):
+            st["ignored_unknown_source"] += 1
+            return
+        try:
+            pkt = decode(data)
+        except LBMRDecodeError:
+            st["undecodable"] += 1
+            return
+        src_type = 0
+        for o in pkt.options or ():
+            if isinstance(o, SourceIdOption):
+                if o.src_id == self.src_id:
+                    st["ignored_own"] += 1
+                    return
+            elif isinstance(o, SourceTypeOption):
+                src_type = o.src_type
+        if pkt.is_keepalive:
+            st["keepalives_received"] += 1
+            return
+        if pkt.type not in (PacketType.NORMAL, PacketType.WC_TQR):
+            st["other_packets"] += 1
+            return
+        from_router = src_type == SourceType.TNWGD
+        for tir in pkt.tirs:
+            self._on_tir(tir, src, from_router, now)
+        if from_router:
+            n = len(pkt.tqrs) + len(pkt.wc_tqrs)
+            if n:
+                st["tqrs_ignored_router"] += n
+            return
+        answers: dict[int, bytes] = {}
+        for q in pkt.tqrs:
+            st["tqrs_received"] += 1
+            self._local_interest((PATTERN_TOPIC, q.topic), now)
+            for aid, p in self._proxy_topics.get(q.topic, {}).items():
+                answers[aid] = p.record
+        for w in pkt.wc_tqrs:
+            st["wc_tqrs_received"] += 1
+            if w.pattern_type not in (PATTERN_PCRE, PATTERN_REGEX):
+                st["wc_tqrs_bad_type"] += 1
+                continue
+            key = (w.pattern_type, w.pattern)
+            self._local_interest(key, now)
+            rx = self._regex(key)
+            if rx is not None:
+                for topic, ps in self._proxy_topics.items():
+                    if rx.search(topic):
+                        for aid, p in ps.items():
+                            answers[aid] = p.record
+        if answers:
+            st["tirs_answered"] += len(answers)
+            self._send_tr([], [], list(answers.values()), now, "answer")
+
+    def add_remote_interest(self, topic: str, now: float, *, pattern_type: int = PATTERN_TOPIC) -> None:
+        """The peer's receivers want ``topic`` (or pattern): query this TRD and
+        report its sources. Known sources are reported at once (SourceSeen).
+        Adding an existing interest is a refresh (known sources re-reported with
+        first=False). ValueError if the topic cannot be an LBMR name."""
+        if pattern_type not in (PATTERN_TOPIC, PATTERN_PCRE, PATTERN_REGEX):
+            raise ValueError(f"unknown pattern type {pattern_type}")
+        key = (pattern_type, topic)
+        q = self._rint.get(key)
+        known = self._matching_sources(key)
+        if q is None:
+            try:
+                record = (TQR(topic) if pattern_type == PATTERN_TOPIC else WcTQR(topic, pattern_type)).encode()
+            except LBMREncodeError as e:
+                raise ValueError(f"cannot query {topic!r}: {e}") from None
+            q = _Query(key, record)
+            self._rint[key] = q
+            if pattern_type != PATTERN_TOPIC:
+                self._rint_patterns.add(key)
+                if self._regex(key) is None:
+                    self._st["bad_patterns"] += 1
+            if known and pattern_type == PATTERN_TOPIC:
+                q.next_requery = now  # one query at once to verify, then the requery period
+            else:
+                q.sched = Schedule(now, self.timing.query_phase())
+            self._arm(q)
+            self._st["remote_interest_added"] += 1
+        else:
+            self._st["remote_interest_refreshed"] += 1
+        for s in known:
+            first = not s.announced
+            s.announced = True
+            self._events.append(SourceSeen(s.topic, s.otid, s.body, first, s.index))
+
+    def cancel_remote_interest(self, topic: str, now: float, *, pattern_type: int = PATTERN_TOPIC) -> bool:
+        """The peer no longer wants ``topic`` (or pattern): stop querying. Sources
+        no longer wanted are not reported any more (no SourceGone: the caller
+        withdraws what it advertised). Returns False if there was no such interest."""
+        key = (pattern_type, topic)
+        q = self._rint.pop(key, None)
+        if q is None:
+            return False
+        q.alive = False
+        self._rint_patterns.discard(key)
+        for s in self._matching_sources(key):
+            if not self._wanted(s.topic):
+                s.announced = False
+        self._st["remote_interest_cancelled"] += 1
+        return True
+
+    def add_proxy(self, proxy: ProxySource, now: float) -> None:
+        """Advertise ``proxy`` in this TRD from ``now`` (UM advertisement timing)
+        and answer TQRs for its topic. The same advert id again with the same
+        values changes nothing; with other values it replaces the proxy (its
+        advertisements start over). ValueError for an unusable proxy."""
+        if not isinstance(proxy.otid, bytes | bytearray) or len(proxy.otid) != OTID_SIZE:
+            raise ValueError("proxy OTID must be 32 bytes")
+        if proxy.origin_domain == self.domain_id:
+            raise ValueError(f"proxy {proxy.topic!r} comes from this portal's own domain "
+                             f"{self.domain_id} (a routing loop)")
+        if not 0 < proxy.origin_domain <= 0xFFFFFFFF:
+            raise ValueError(f"bad origin domain {proxy.origin_domain}")
+        old = self._proxies.get(proxy.advert_id)
+        if old is not None and old.spec == proxy:
+            self._st["proxies_unchanged"] += 1
+            return
+        fin = self._finals.pop(proxy.advert_id, None)
+        if fin is not None:
+            fin.alive = False
+        index = proxy.topic_index
+        if index is None:
+            index = otid_topic_index(proxy.otid) or 0
+        opts = [OtidOption(0x8000, bytes(proxy.otid)), DomainIdOption(0x8000, proxy.origin_domain)]
+        try:
+            record = TIR(proxy.topic, proxy.transport_body, TIR_TTL, index, opts).encode()
+            final = TIR(proxy.topic, proxy.transport_body, TIR_TTL, index,
+                        opts + [CostOption(0x80, 1, -1)]).encode()
+        except (LBMREncodeError, AttributeError, struct.error) as e:
+            raise ValueError(f"cannot advertise proxy {proxy!r}: {e}") from None
+        if old is not None:
+            self._unregister_proxy(old)
+            old.alive = False
+        p = _Proxy(proxy, record, final, Schedule(now, self.timing.ad_phase()))
+        self._proxies[proxy.advert_id] = p
+        self._proxy_topics.setdefault(proxy.topic, {})[proxy.advert_id] = p
+        self._proxy_otids[bytes(proxy.otid)] += 1
+        self._arm(p)
+        self._st["proxies_added"] += 1
+
+    def remove_proxy(self, advert_id: int, now: float) -> bool:
+        """Stop advertising proxy ``advert_id`` and answering for it; send the final
+        advertisements (module doc). Returns False if there was no such proxy."""
+        p = self._proxies.pop(advert_id, None)
+        if p is None:
+            return False
+        self._unregister_proxy(p)
+        self._st["proxies_removed"] += 1
+        # local interest held by this proxy starts counting down now
+        topic = p.spec.topic
+        for key in [(PATTERN_TOPIC, topic), *self._lint_patterns]:
+            li = self._lint.get(key)
+            if li is not None and self._covers(key, topic) and not self._pinned(key):
+                li.refreshed = max(li.refreshed, now)
+        if self.final_adverts:
+            p.removed = True
+            p.record = p.final_record
+            p.finals_left = self.final_adverts
+            p.sched = Schedule(now, self.timing.ad_phase())
+            self._finals[advert_id] = p
+            self._arm(p)
+        else:
+            p.alive = False
+        return True
+
+    # ------------------------------------------------------------------ views
+
+    def local_interests(self) -> list[LocalInterest]:
+        """The live local interests (e.g. to send INTEREST REFRESH frames)."""
+        return [LocalInterest(t, pt != PATTERN_TOPIC, pt) for pt, t in self._lint]
+
+    def remote_interests(self) -> list[tuple[str, int]]:
+        """The remote interests as (topic or pattern, pattern type)."""
+        return [(t, pt) for pt, t in self._rint]
+
+    def proxies(self) -> list[ProxySource]:
+        return [p.spec for p in self._proxies.values()]
+
+    def known_sources(self, topic: str) -> list[SourceSeen]:
+        """The sources of ``topic`` currently known in this TRD (``first`` = not yet reported)."""
+        return [SourceSeen(s.topic, s.otid, s.body, not s.announced, s.index)
+                for s in self._src_by_topic.get(topic, {}).values()]
+
+    def stats(self) -> dict[str, int]:
+        """Counters (only those that happened) and current sizes."""
+        d = dict(self._st)
+        d.update(proxies=len(self._proxies), remote_interests=len(self._rint),
+                 local_interests=len(self._lint), sources=len(self._sources),
+                 events_pending=len(self._events), datagrams_pending=len(self._out))
+        return d
+
+    # ------------------------------------------------------------------ internals
+
+    def _arm(self, tm: _Timer) -> None:
+        d = tm.due()
+        if d < tm.heap_at and d < math.inf:
+            tm.heap_at = d
+            heapq.heappush(self._heap, (d, next(self._seq), tm))
+
+    def _fire(self, tm: _Timer, now: float, tqrs: list, wcs: list, tirs: list) -> None:
+        st = self._st
+        if isinstance(tm, _Proxy):
+            tirs.append(tm.record)
+            if tm.removed:
+                st["final_adverts_sent"] += 1
+                tm.finals_left -= 1
+                if tm.finals_left <= 0:
+                    tm.alive = False
+                    if self._finals.get(tm.spec.advert_id) is tm:
+                        del self._finals[tm.spec.advert_id]
+                    return
+            else:
+                st["adverts_sent"] += 1
+            tm.sched.advance(now)
+        elif isinstance(tm, _Query):
+            if tm.key[0] == PATTERN_TOPIC:
+                tqrs.append(tm.record)
+                st["queries_sent"] += 1
+            else:
+                wcs.append(tm.record)
+                st["wc_queries_sent"] += 1
+            if tm.sched is not None:
+                tm.sched.advance(now)
+                if tm.sched.next == math.inf:  # the burst ended without a source
+                    tm.sched = None
+                    tm.next_requery = now + self.requery_interval
+            else:
+                tm.next_requery = now + self.requery_interval
+        elif isinstance(tm, _Src):
+            self._drop_source(tm, now)
+        elif isinstance(tm, _Interest):
+            if self._pinned(tm.key):
+                tm.refreshed = now
+                return
+            tm.alive = False
+            del self._lint[tm.key]
+            self._lint_patterns.discard(tm.key)
+            pt, topic = tm.key
+            self._events.append(LocalInterestGone(topic, pt != PATTERN_TOPIC, pt))
+            st["local_interest_expired"] += 1
+
+    def _send_tr(self, tqrs: list[bytes], wcs: list[bytes], tirs: list[bytes], now: float,
+                 kind: str) -> None:
+        if not (tqrs or wcs or tirs):
+            return
+        if self.multicast is not None:
+            dest = self.multicast
+        else:
+            k = self.current_daemon(now)
+            dest = self.daemons[k]
+            self._last_tx[k] = now
+        st = self._st
+        for data in (self._pack(PacketType.NORMAL, tqrs, tirs) + self._pack(PacketType.WC_TQR, wcs, [])):
+            self._out.append(Outgoing(data, dest))
+            st["datagrams_sent"] += 1
+            st["bytes_sent"] += len(data)
+            st[f"{kind}_datagrams_sent"] += 1
+
+    def _pack(self, ptype: int, first: list[bytes], tirs: list[bytes]) -> list[bytes]:
+        """Batch encoded records (TQRs or WC-TQRs, then TIRs) into version-1
+        datagrams of at most ``max_datagram`` bytes, each with the trailer."""
+        out: list[bytes] = []
+        if not first and not tirs:
+            return out
+        b0 = _V1 | HDR_OPTIONS_FLAG | ptype
+        fixed = 4 + len(self.trailer)
+        a: list[bytes] = []
+        b: list[bytes] = []
+        size = fixed
+
+        def flush() -> None:
+            nonlocal a, b, size
+            if a or b:
+                out.append(_HDR.pack(b0, len(a), len(b)) + b"".join(a) + b"".join(b) + self.trailer)
+            a, b, size = [], [], fixed
+
+        for rec in first:
+            if size + len(rec) > self.max_datagram or len(a) >= MAX_TQRS:
+                flush()
+            a.append(rec)
+            size += len(rec)
+        for rec in tirs:
+            if size + len(rec) > self.max_datagram or len(b) >= MAX_TIRS:
+                flush()
+            b.append(rec)
+            size += len(rec)
+        flush()
+        return out
+
+    def _regex(self, key: tuple[int, str]) -> re.Pattern | None:
+        try:
+            return self._regexes[key]
+        except KeyError:
+            pass
+        try:
+            rx = re.compile(key[1])
+        except (re.error, RecursionError, OverflowError):
+            rx = None
+        if len(self._regexes) >= 4096:
+            self._regexes.clear()
+        self._regexes[key] = rx
+        return rx
+
+    def _covers(self, key: tuple[int, str], topic: str) -> bool:
+        """Does interest ``key`` (exact topic or pattern) cover ``topic``?"""
+        if key[0] == PATTERN_TOPIC:
+            return key[1] == topic
+        rx = self._regex(key)
+        return rx is not None and rx.search(topic) is not None
+
+    def _wanted(self, topic: str) -> bool:
+        """Does the peer want sources of ``topic``?"""
+        if (PATTERN_TOPIC, topic) in self._rint:
+            return True
+        return any(self._covers(k, topic) for k in self._rint_patterns)
+
+    def _matching_sources(self, key: tuple[int, str]) -> list[_Src]:
+        if key[0] == PATTERN_TOPIC:
+            return list(self._src_by_topic.get(key[1], {}).values())
+        return [s for t, ss in self._src_by_topic.items() if self._covers(key, t) for s in ss.values()]
+
+    def _pinned(self, key: tuple[int, str]) -> bool:
+        """Is local interest ``key`` held by a proxy we advertise?"""
+        if key[0] == PATTERN_TOPIC:
+            return bool(self._proxy_topics.get(key[1]))
+        return any(self._covers(key, t) for t in self._proxy_topics)
+
+    def _local_interest(self, key: tuple[int, str], now: float) -> None:
+        li = self._lint.get(key)
+        if li is not None:
+            li.refreshed = max(li.refreshed, now)
+            return
+        li = _Interest(key, now, self.interest_timeout)
+        self._lint[key] = li
+        if key[0] != PATTERN_TOPIC:
+            self._lint_patterns.add(key)
+        self._arm(li)
+        self._events.append(LocalInterest(key[1], key[0] != PATTERN_TOPIC, key[0]))
+        self._st["local_interest_added"] += 1
+
+    def _unregister_proxy(self, p: _Proxy) -> None:
+        ps = self._proxy_topics.get(p.spec.topic)
+        if ps is not None:
+            ps.pop(p.spec.advert_id, None)
+            if not ps:
+                del self._proxy_topics[p.spec.topic]
+        otid = bytes(p.spec.otid)
+        self._proxy_otids[otid] -= 1
+        if self._proxy_otids[otid] <= 0:
+            del self._proxy_otids[otid]
+
+    def _on_tir(self, tir: TIR, src: Addr, from_router: bool, now: float) -> None:
+        st = self._st
+        st["tirs_received"] += 1
+        if from_router:
+            st["tirs_ignored_router"] += 1
+            return
+        otid = None
+        for o in tir.options or ():
+            if isinstance(o, OtidOption):
+                otid = o.otid
+            elif isinstance(o, DomainIdOption) and o.domain_id != self.domain_id:
+                st["tirs_ignored_domain"] += 1
+                return
+        body = tir.transport
+        if self.multicast is not None and getattr(body, "ip", None) == "0.0.0.0":
+            body = replace(body, ip=src[0])  # INADDR_ANY: the sender's address (no lbmrd fills it in)
+        if otid is None:
+            otid = synthesize_otid(body, tir.index)
+            st["otids_synthesised"] += 1
+        if otid in self._proxy_otids:
+            st["tirs_ignored_proxy_echo"] += 1
+            return
+        topic = tir.topic
+        s = self._sources.get((topic, otid))
+        wanted = self._wanted(topic)
+        if s is None:
+            if len(self._sources) >= self.max_sources and not wanted:
+                st["sources_not_kept"] += 1
+                return
+            s = _Src(topic, otid, body, tir.index, now, self.source_timeout)
+            self._sources[(topic, otid)] = s
+            self._src_by_topic.setdefault(topic, {})[otid] = s
+            self._arm(s)
+            st["sources_added"] += 1
+            changed = False
+        else:
+            s.last_seen = max(s.last_seen, now)
+            changed = s.body != body or s.index != tir.index
+            if changed:
+                s.body, s.index = body, tir.index
+                st["sources_changed"] += 1
+        if not wanted:
+            return
+        if not s.announced:
+            s.announced = True
+            self._events.append(SourceSeen(topic, otid, body, True, tir.index))
+        elif changed:
+            self._events.append(SourceSeen(topic, otid, body, False, tir.index))
+        q = self._rint.get((PATTERN_TOPIC, topic))
+        if q is not None and q.sched is not None:  # resolved: stop the burst, re-query later
+            q.sched = None
+            q.next_requery = now + self.requery_interval
+            # the heap entry of the burst is now early; tick re-arms it at next_requery
+
+    def _drop_source(self, s: _Src, now: float) -> None:
+        s.alive = False
+        del self._sources[(s.topic, s.otid)]
+        ss = self._src_by_topic[s.topic]
+        del ss[s.otid]
+        if not ss:
+            del self._src_by_topic[s.topic]
+        if not (s.announced and self._wanted(s.topic)):
+            self._st["sources_purged"] += 1
+            return
+        self._events.append(SourceGone(s.topic, s.otid))
+        self._st["sources_gone"] += 1
+        q = self._rint.get((PATTERN_TOPIC, s.topic))
+        if q is not None and s.topic not in self._src_by_topic:
+            q.sched = Schedule(now, self.timing.query_phase())  # look for another source
+            self._arm(q)
