@@ -1,0 +1,1236 @@
+"""Configuration layer of lbmr-router: parse and check the XML configuration file.
+
+Sans-IO apart from reading files: ``load_config`` reads the configuration
+(and checks that the TLS files it names exist and are readable);
+``parse_config`` takes text.  Both return an immutable :class:`RouterConfig`
+and open no sockets.
+
+The grammar is modelled on the DRO's ``<tnw-gateway>`` file (element names,
+order, defaults, milliseconds), with ``<lbmr-router version="1.0">`` as the
+root and ``<topic-resolution>``/``<relay>`` instead of a UM configuration
+file; :data:`DTD_TEXT` (``router/router.dtd``, printed by ``lbmr-router -d``)
+documents every element.  Following the DRO, the peer link is written in
+child-element style (``<initiator><address>..</address><port>..</port>``,
+``<acceptor><listen-port>..</listen-port>``, ``<name>``, ``<domain-id>``),
+settings of our own (topic resolution, relay) as attributes of empty elements.
+
+Pipeline, every failure raising :class:`ConfigError` (``path:line: message``,
+the same class as lbmrd's):
+
+1. XML parse with lxml (no entity expansion, no network, no XInclude, no DTD
+   from the document itself).
+2. Root checks: the root is ``<lbmr-router>`` and carries ``version="1.0"``.
+3. Validation against our own DTD; libxml2 messages are rewritten into
+   configuration terms (with hints for DRO elements we do not support).
+4. Values: numbers and ranges, IPv4 addresses, port ranges, keepalive
+   timing, TLS files; then unique portal names, domain ids and listen ports.
+5. What this version supports: exactly one ``<endpoint>`` and one ``<peer>``.
+
+Things accepted but suspicious are returned in :attr:`RouterConfig.warnings`
+as ``(line, message)`` pairs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import ipaddress
+import os
+import re
+import ssl
+import stat
+import threading
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from lxml import etree
+
+# Shared with lbmrd (see lbmrd/config.py): the error class, the safe parser,
+# IPv4 and CIDR parsing, integer parsing, libxml2 message patterns.
+from lbmrd.config import (
+    _DIGITS_RE,
+    _RE_CONTENT,
+    _RE_EMPTY,
+    _RE_ENUM,
+    _RE_MISSING_ATTR,
+    _RE_NO_ATTR,
+    _RE_NO_ELEM,
+    _RE_PCDATA,
+    _XINCLUDE_NS,
+    ConfigError,
+    _at,
+    _octets,
+    _parse_int,
+    _parse_network,
+    _parser,
+    _raise,
+    _text,
+)
+
+__all__ = [
+    "DTD_TEXT",
+    "DEFAULT_STATS_INTERVAL_MS",
+    "DEFAULT_MULTICAST_GROUP",
+    "DEFAULT_MULTICAST_PORT",
+    "DEFAULT_LBMRD_PORT",
+    "DEFAULT_TR_PORTS",
+    "DEFAULT_RELAY_PORTS",
+    "DEFAULT_SOURCE_DELETION_DELAY_MS",
+    "DEFAULT_RECONNECT_INTERVAL_MS",
+    "DEFAULT_KEEPALIVE_INTERVAL_MS",
+    "DEFAULT_KEEPALIVE_TIMEOUT_MS",
+    "DEFAULT_MAX_QUEUE",
+    "MIN_MAX_QUEUE",
+    "ConfigError",
+    "PortRange",
+    "LogConfig",
+    "MulticastResolver",
+    "LbmrdAddress",
+    "InitialRequest",
+    "UseQuery",
+    "InterestPacing",
+    "RemoteInterest",
+    "TopicResolution",
+    "RelayConfig",
+    "EndpointConfig",
+    "InitiatorConfig",
+    "AcceptorConfig",
+    "KeepaliveConfig",
+    "TlsConfig",
+    "PeerConfig",
+    "RouterConfig",
+    "load_config",
+    "parse_config",
+    "validate",
+]
+
+#: The DTD printed by ``lbmr-router -d`` (package data ``router/router.dtd``).
+DTD_TEXT: str = resources.files(__package__ or "router").joinpath("router.dtd").read_text(encoding="utf-8")
+_DTD = etree.DTD(io.StringIO(DTD_TEXT))
+_DTD_LOCK = threading.Lock()  # DTD.error_log belongs to the DTD object, not to one call
+
+_INT_MAX = 2**31 - 1  # timers and buffer sizes, as C ints in UM
+_DOMAIN_ID_MAX = 2**32 - 1  # u32 on the peer link, 0 invalid
+_NAME_MAX = 255  # characters in router and portal names
+_PEM_MAX = 1 << 20  # bytes read from a TLS file
+
+DEFAULT_STATS_INTERVAL_MS = 60000
+DEFAULT_MULTICAST_GROUP = "224.9.10.11"  # UM resolver_multicast_address
+DEFAULT_MULTICAST_PORT = 12965  # UM resolver_multicast_port
+DEFAULT_LBMRD_PORT = 15380  # lbmrd -p default
+DEFAULT_SOURCE_DELETION_DELAY_MS = 1000
+DEFAULT_RECONNECT_INTERVAL_MS = 5000
+DEFAULT_KEEPALIVE_INTERVAL_MS = 5000
+DEFAULT_KEEPALIVE_TIMEOUT_MS = 15000
+DEFAULT_MAX_QUEUE = 8 << 20  # router/peerlink.py OutQueue(max_data_bytes)
+MIN_MAX_QUEUE = 64 << 10  # below this the largest datagram (64 KiB) never fits
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True, slots=True)
+class PortRange:
+    """An inclusive range of ports, ``low <= high``."""
+
+    low: int
+    high: int
+
+    def __len__(self) -> int:
+        return self.high - self.low + 1
+
+    def __contains__(self, port: object) -> bool:
+        return isinstance(port, int) and self.low <= port <= self.high
+
+    def __iter__(self):
+        return iter(range(self.low, self.high + 1))
+
+    def __str__(self) -> str:
+        return f"{self.low}-{self.high}"
+
+
+#: UM resolver_unicast_port_low/high: local ports of the unicast TR socket.
+DEFAULT_TR_PORTS = PortRange(14402, 14406)
+#: UM transport_tcp_port_low/high: ports of the relay (proxy source) listeners.
+DEFAULT_RELAY_PORTS = PortRange(14371, 14390)
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """``<log>``: ``type`` is console, file or syslog; ``file`` only for type file.
+
+    ``frequency`` (disable, daily, hourly) and ``size_mb`` (0 = no limit) roll
+    the file, as in the DRO.
+    """
+
+    type: str = "console"
+    file: str | None = None
+    frequency: str = "disable"
+    size_mb: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MulticastResolver:
+    """``<multicast>``: multicast topic resolution group and UDP port."""
+
+    group: str = DEFAULT_MULTICAST_GROUP
+    port: int = DEFAULT_MULTICAST_PORT
+    line: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class LbmrdAddress:
+    """``<lbmrd>``: one unicast topic resolution daemon."""
+
+    address: str
+    port: int = DEFAULT_LBMRD_PORT
+    line: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class InitialRequest:
+    """``<initial-request>``: TR request burst at start (note: duration in seconds)."""
+
+    periodic_interval_ms: int = 1000
+    duration_s: int = 10
+
+
+@dataclass(frozen=True, slots=True)
+class UseQuery:
+    """``<topic-use-query>`` / ``<pattern-use-query>``."""
+
+    timeout_ms: int = 3000
+    max: int = 5
+    periodic_interval_ms: int = 300000
+
+
+@dataclass(frozen=True, slots=True)
+class InterestPacing:
+    """``<remote-topic-interest>`` / ``<remote-pattern-interest>``."""
+
+    min_interval_ms: int = 1000
+    max_interval_ms: int = 60000
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteInterest:
+    """``<remote-topic>`` / ``<remote-pattern>`` (``max`` is max-topics / max-patterns)."""
+
+    check_interval_ms: int = 90000
+    max: int = 100
+    timeout_ms: int = 300000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicResolution:
+    """``<topic-resolution>`` of an endpoint: multicast xor one or more lbmrds.
+
+    ``interface`` is the interface of the portal's TR socket (``<interface>``
+    for unicast, ``<multicast interface=..>`` for multicast; None = default).
+    ``port_range`` is the local UDP port range for unicast TR (None for
+    multicast).
+    """
+
+    multicast: MulticastResolver | None = None
+    lbmrds: tuple[LbmrdAddress, ...] = ()
+    interface: str | None = None
+    port_range: PortRange | None = None
+    initial_request: InitialRequest = InitialRequest()
+    topic_use_query: UseQuery = UseQuery()
+    pattern_use_query: UseQuery = UseQuery()
+    remote_topic_interest: InterestPacing = InterestPacing()
+    remote_pattern_interest: InterestPacing = InterestPacing()
+    line: int = field(default=0, compare=False)
+
+    @property
+    def kind(self) -> str:
+        """``"multicast"`` or ``"unicast"``."""
+        return "multicast" if self.multicast is not None else "unicast"
+
+
+@dataclass(frozen=True, slots=True)
+class RelayConfig:
+    """``<relay>``: interface (None = any) and ports of the proxy source listeners."""
+
+    interface: str | None = None
+    ports: PortRange = DEFAULT_RELAY_PORTS
+    line: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointConfig:
+    """An ``<endpoint>`` portal: attaches the router to one TRD."""
+
+    name: str
+    domain_id: int
+    topic_resolution: TopicResolution
+    relay: RelayConfig = RelayConfig()
+    source_deletion_delay_ms: int = DEFAULT_SOURCE_DELETION_DELAY_MS
+    remote_topic: RemoteInterest = RemoteInterest()
+    remote_pattern: RemoteInterest = RemoteInterest()
+    line: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class InitiatorConfig:
+    """``<initiator>``: connect to ``address:port``, retry every reconnect interval."""
+
+    address: str
+    port: int
+    reconnect_interval_ms: int = DEFAULT_RECONNECT_INTERVAL_MS
+    line: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptorConfig:
+    """``<acceptor>``: listen on ``listen_port`` (on the peer's interface)."""
+
+    listen_port: int
+    line: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class KeepaliveConfig:
+    """``<gateway-keepalive>``: ``interval_ms``/``timeout_ms`` 0 = off."""
+
+    idle: bool = True
+    interval_ms: int = DEFAULT_KEEPALIVE_INTERVAL_MS
+    timeout_ms: int = DEFAULT_KEEPALIVE_TIMEOUT_MS
+    line: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """``<tls>``: absolute paths of PEM files (checked to exist and be readable).
+
+    ``trusted_certificates=None`` means the system CA store.
+    """
+
+    certificate: str
+    certificate_key: str
+    certificate_key_password: str | None = field(default=None, repr=False)
+    trusted_certificates: str | None = None
+    cipher_suites: str | None = None
+    line: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PeerConfig:
+    """A ``<peer>`` portal: one TCP link to another router.
+
+    Exactly one of ``initiator`` / ``acceptor`` is set.  ``tcp_keepalive`` and
+    ``nodelay`` are the ``<keepalive/>`` and ``<nodelay/>`` socket options;
+    ``keepalive`` is the application keepalive (``<gateway-keepalive>``).
+    Buffers of 0 leave the OS default.
+    """
+
+    name: str
+    initiator: InitiatorConfig | None = None
+    acceptor: AcceptorConfig | None = None
+    interface: str | None = None
+    receive_buffer: int = 0
+    send_buffer: int = 0
+    tcp_keepalive: bool = False
+    nodelay: bool = False
+    tls: TlsConfig | None = None
+    keepalive: KeepaliveConfig = KeepaliveConfig()
+    max_queue: int = DEFAULT_MAX_QUEUE
+    line: int = field(default=0, compare=False)
+
+    @property
+    def role(self) -> str:
+        """``"initiator"`` or ``"acceptor"``."""
+        return "initiator" if self.initiator is not None else "acceptor"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """A checked configuration file.
+
+    ``name`` is ``<daemon><name>``; ``metrics`` is ``(address, port)`` or None.
+    This version has exactly one endpoint and one peer: :attr:`endpoint` and
+    :attr:`peer`.
+    """
+
+    path: str
+    name: str
+    endpoints: tuple[EndpointConfig, ...]
+    peers: tuple[PeerConfig, ...]
+    log: LogConfig = LogConfig()
+    metrics: tuple[str, int] | None = None
+    stats_interval_ms: int = DEFAULT_STATS_INTERVAL_MS
+    warnings: tuple[tuple[int, str], ...] = field(default=(), compare=False)
+
+    @property
+    def endpoint(self) -> EndpointConfig:
+        return self.endpoints[0]
+
+    @property
+    def peer(self) -> PeerConfig:
+        return self.peers[0]
+
+    @property
+    def domain_ids(self) -> tuple[int, ...]:
+        """Domain ids of the endpoint portals (what the peer link announces)."""
+        return tuple(e.domain_id for e in self.endpoints)
+
+
+# --------------------------------------------------------------------------- DTD messages
+
+_DECL = {e.name: e for e in _DTD.iterelements()}
+_KNOWN = frozenset(_DECL)
+_ATTRS = {name: sorted(a.name for a in e.iterattributes()) for name, e in _DECL.items()}
+
+
+def _content_names(decl) -> set[str]:
+    """Element names in a DTD content model."""
+    if decl is None:
+        return set()
+    if decl.type == "element":
+        return {decl.name}
+    return _content_names(decl.left) | _content_names(decl.right)
+
+
+_CHILDREN = {name: _content_names(e.content) for name, e in _DECL.items()}
+_ENUMS = {(name, a.name): a.values() for name, e in _DECL.items()
+          for a in e.iterattributes() if a.type == "enumeration"}
+
+_TIMING = ("<initial-request/>, <topic-use-query/>, <pattern-use-query/>, "
+           "<remote-topic-interest/>, <remote-pattern-interest/>")
+_CONTENT = {
+    "lbmr-router": "<daemon> followed by <portals>",
+    "daemon": "<name>, then optionally <log>, <metrics>, <stats-interval>, in this order",
+    "portals": "one or more <endpoint> and <peer> elements",
+    "endpoint": ("<name>, <domain-id>, optionally <source-deletion-delay>, then "
+                 "<topic-resolution>, then optionally <relay/>, <remote-topic/>, "
+                 "<remote-pattern/>, in this order"),
+    "topic-resolution": ("either <multicast/>, or an optional <interface>, one or more "
+                         "<lbmrd/> and an optional <port-range/>; then optionally "
+                         f"{_TIMING}, in this order"),
+    "peer": "<name>, <single-tcp>, then optionally <max-queue>, <gateway-keepalive/>, in this order",
+    "single-tcp": ("optionally <interface>, <receive-buffer>, <send-buffer>, <keepalive/>, "
+                   "<nodelay/>, <tls>, in this order, then exactly one <initiator> or <acceptor>"),
+    "initiator": "<address> followed by <port>",
+    "acceptor": "<listen-port>",
+    "tls": ("<certificate>, <certificate-key>, then optionally <certificate-key-password>, "
+            "<trusted-certificates>, <cipher-suites>, in this order"),
+}
+_REQUIRED = {
+    "lbmr-router": ("daemon", "portals"),
+    "daemon": ("name",),
+    "endpoint": ("name", "domain-id", "topic-resolution"),
+    "peer": ("name", "single-tcp"),
+    "initiator": ("address", "port"),
+    "acceptor": ("listen-port",),
+    "tls": ("certificate", "certificate-key"),
+}
+_ATTR_HINT = {
+    ("lbmrd", "address"): ' (the IPv4 address of the lbmrd, e.g. address="10.1.1.50")',
+}
+_DRO_STYLE = "as in the DRO"
+_INITIATOR_CHILDREN = f"write <address> and <port> as child elements of <initiator>, {_DRO_STYLE}"
+_ACCEPTOR_CHILD = f"write <listen-port> as a child element of <acceptor>, {_DRO_STYLE}"
+_ATTR_AS_CHILD = {
+    ("initiator", "address"): _INITIATOR_CHILDREN,
+    ("initiator", "port"): _INITIATOR_CHILDREN,
+    ("acceptor", "port"): _ACCEPTOR_CHILD,
+    ("acceptor", "listen-port"): _ACCEPTOR_CHILD,
+    ("endpoint", "name"): f"write <name> as a child element, {_DRO_STYLE}",
+    ("endpoint", "domain-id"): f"write <domain-id> as a child element, {_DRO_STYLE}",
+    ("peer", "name"): f"write <name> as a child element, {_DRO_STYLE}",
+}
+
+_UM_CONFIG = ("lbmr-router does not read UM configuration files: describe the TRD with "
+              "<topic-resolution> (<multicast/> or <lbmrd/>) and <relay/>")
+_UNSUPPORTED = "a DRO setting that lbmr-router does not support (yet): remove it"
+_NO_FUNCTION = "a DRO element without function (deprecated or removed): remove it"
+_DRO_HINTS = {
+    "lbm-config": _UM_CONFIG,
+    "lbm-attributes": _UM_CONFIG,
+    "xml-config": _UM_CONFIG,
+    "web-monitor": "lbmr-router serves metrics over HTTP instead: <metrics>127.0.0.1:9390</metrics>",
+    "monitor": "use <metrics> and <stats-interval> in <daemon>",
+    "daemon-monitor": "use <metrics> and <stats-interval> in <daemon>",
+    "publishing-interval": "use <metrics> and <stats-interval> in <daemon>",
+    "compression": "compression of the peer link is not supported (yet): remove it on both routers",
+    "udp": "the UDP peer link is not supported: lbmr-router's peer link is TCP only",
+    "acl": "access control lists are not supported (yet)",
+    "tcp": "the DRO's dual-TCP <tcp> peer was removed in UM 6.10: use <single-tcp>",
+    "companion": "the DRO's dual-TCP <tcp> peer was removed in UM 6.10: use <single-tcp>",
+    **{name: _UNSUPPORTED for name in (
+        "cost", "hotlink-index", "smart-batch", "batching", "sourcemap", "max-datagram",
+        "sqn-window", "route-info", "route-recalculation", "topicmap", "patternmap", "uid",
+        "gid", "pidfile", "lbm-license-file", "context-query", "source-context-name",
+        "receiver-context-name", "domain-route", "rate-limit", "propagation-delay")},
+    **{name: _NO_FUNCTION for name in (
+        "topic-purge", "topic-interest-generate", "topic-domain-activity", "pattern-purge",
+        "pattern-interest-generate", "pattern-domain-activity", "topic-use-check",
+        "pattern-use-check", "late-join")},
+}
+
+
+def _elements(el: etree._Element) -> list[etree._Element]:
+    return [c for c in el if isinstance(c.tag, str)]
+
+
+def _unknown_child(el: etree._Element) -> bool:
+    return any(c.tag not in _KNOWN for c in _elements(el))
+
+
+def _did_you_mean(word: str, choices, fmt: str = "<{}>") -> str:
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.75)
+    return f"did you mean {fmt.format(close[0])}?" if close else ""
+
+
+def _found(el: etree._Element) -> str:
+    items = []
+    if (el.text or "").strip():
+        items.append("text")
+    for c in el:
+        if isinstance(c.tag, str):
+            items.append(f"<{c.tag}>")
+        if (c.tail or "").strip():
+            items.append("text")
+    return ", ".join(items) or "nothing"
+
+
+_REPEATABLE = {("portals", "endpoint"), ("portals", "peer"), ("topic-resolution", "lbmrd")}
+
+
+def _content_message(el: etree._Element) -> str:
+    """Why ``el``'s children do not follow the DTD, in configuration terms."""
+    name = el.tag
+    kids = _elements(el)
+    where: dict[str, list[int]] = {}
+    for kid in kids:
+        where.setdefault(kid.tag, []).append(kid.sourceline or 0)
+    if name == "single-tcp":
+        if "initiator" in where and "acceptor" in where:
+            return (f"<single-tcp> has both <initiator> (line {where['initiator'][0]}) and "
+                    f"<acceptor> (line {where['acceptor'][0]}): a peer portal either connects "
+                    "to its peer (<initiator>) or listens for it (<acceptor>), keep one")
+        if "initiator" not in where and "acceptor" not in where:
+            return ("<single-tcp> has neither <initiator> nor <acceptor>: give "
+                    "<initiator><address>..</address><port>..</port></initiator> to connect "
+                    "to the peer, or <acceptor><listen-port>..</listen-port></acceptor> to "
+                    "listen for it")
+    if name == "topic-resolution":
+        if "multicast" in where and "lbmrd" in where:
+            return (f"<topic-resolution> has both <multicast> (line {where['multicast'][0]}) "
+                    f"and <lbmrd> (line {where['lbmrd'][0]}): a TRD uses either multicast or "
+                    "unicast (lbmrd) topic resolution")
+        if "multicast" not in where and "lbmrd" not in where:
+            return ("<topic-resolution> needs <multicast group=\"..\" port=\"..\"/> or at "
+                    'least one <lbmrd address=".." port=".."/>')
+    want = _CONTENT.get(name, "other content")
+    for need in _REQUIRED.get(name, ()):
+        if need not in where:
+            return f"<{name}> has no <{need}>: it must contain {want}; found {_found(el)}"
+    for tag, lines in where.items():
+        if len(lines) > 1 and (name, tag) not in _REPEATABLE:
+            return (f"<{name}> has <{tag}> {len(lines)} times (lines "
+                    f"{', '.join(map(str, lines))}): it must contain {want}")
+    return f"<{name}> must contain {want}; found {_found(el)}"
+
+
+def _example(name: str) -> str:
+    attrs = " ".join(f'{a}=".."' for a in _ATTRS.get(name, ()))
+    return f"<{name} {attrs}/>" if attrs else f"<{name}/>"
+
+
+def _translate(msg: str, line: int, tree: etree._ElementTree) -> str | None:
+    """Configuration wording for one libxml2 DTD message; None = covered by another."""
+    msg = msg.strip()
+    if m := _RE_CONTENT.match(msg):
+        name = m.group(1)
+        els = _at(tree, name, line)
+        if not els:
+            return f"<{name}> must contain {_CONTENT.get(name, 'other content')}"
+        return None if _unknown_child(els[0]) else _content_message(els[0])
+    if m := _RE_PCDATA.match(msg):
+        name = m.group(1)
+        if any(_unknown_child(e) for e in _at(tree, name, line)):
+            return None
+        return f"<{name}> must contain only text, not elements"
+    if m := _RE_EMPTY.match(msg):
+        name = m.group(1)
+        if any(_unknown_child(e) for e in _at(tree, name, line)):
+            return None
+        return f"<{name}> must be empty: write {_example(name)}"
+    if m := _RE_NO_ELEM.match(msg):
+        name = m.group(1)
+        els = _at(tree, name, line)
+        parent = els[0].getparent() if els else None
+        local = etree.QName(els[0]).localname if els else name
+        text = f"unknown element <{name}>"
+        if parent is not None and isinstance(parent.tag, str):
+            p = parent.tag
+            text += f" in <{p}>"
+            hint = _DRO_HINTS.get(local)
+            if hint:
+                return f"{text}: {hint}"
+            guess = _did_you_mean(local, _CHILDREN.get(p) or _KNOWN)
+            if guess:
+                return f"{text}: {guess}"
+            if p in _CONTENT:
+                return f"{text}, which may contain {_CONTENT[p]}"
+            if p in _DECL and _DECL[p].type == "empty":
+                return f"{text}, which must be empty"
+            if p in _DECL:
+                return f"{text}, which takes only text"
+        return text
+    if m := _RE_NO_ATTR.match(msg):
+        attr, name = m.group(1), m.group(2)
+        if name not in _KNOWN and not attr.startswith("xmlns"):
+            return None  # the unknown element is reported
+        if attr == "xmlns" or attr.startswith("xmlns:"):
+            return f"XML namespace declaration {attr} on <{name}>: lbmr-router files use no namespaces"
+        text = f'unknown attribute "{attr}" on <{name}>'
+        if (name, attr) in _ATTR_AS_CHILD:
+            return f"{text}: {_ATTR_AS_CHILD[name, attr]}"
+        allowed = _ATTRS.get(name)
+        guess = _did_you_mean(attr, allowed or (), '"{}"')
+        where = f"allowed: {', '.join(allowed)}" if allowed else "it takes no attributes"
+        return f"{text} ({where}){': ' + guess if guess else ''}"
+    if m := _RE_MISSING_ATTR.match(msg):
+        name, attr = m.group(1), m.group(2)
+        return f'<{name}> needs the "{attr}" attribute{_ATTR_HINT.get((name, attr), "")}'
+    if m := _RE_ENUM.match(msg):
+        value, attr, name = m.group(1), m.group(2), m.group(3)
+        values = _ENUMS.get((name, attr), [])
+        want = ", ".join(f'"{v}"' for v in values) or "another value"
+        return f'invalid {attr}="{value}" on <{name}>: expected one of {want}'
+    return f"{msg} (DTD validation)"
+
+
+def _dtd_errors(tree: etree._ElementTree) -> list[tuple[int, str]]:
+    with _DTD_LOCK:
+        if _DTD.validate(tree):
+            return []
+        raw = [(e.line, e.message) for e in _DTD.error_log]
+    out = []
+    for line, msg in raw:
+        text = _translate(msg, line, tree)
+        if text is not None:
+            out.append((line, text))
+    if not out:  # never drop the only explanation
+        out = [(line, f"{msg} (DTD validation)") for line, msg in raw]
+    if not out:
+        out = [(0, "the file does not follow the lbmr-router DTD")]
+    # on one line, an unknown element or attribute explains the rest: report it first
+    return sorted(out, key=lambda e: (e[0], not e[1].startswith("unknown ")))
+
+
+# --------------------------------------------------------------------------- values
+
+_IFNAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.:@-]{0,14}")  # Linux IFNAMSIZ - 1
+_NUMERIC_RE = re.compile(r"[0-9./]+")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_PEM_CERT = b"-----BEGIN CERTIFICATE-----"
+_PEM_KEY_RE = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )?PRIVATE KEY-----")
+_PEM_ENCRYPTED = (b"-----BEGIN ENCRYPTED PRIVATE KEY-----", b"Proc-Type: 4,ENCRYPTED")
+
+
+def _number(text: str, what: str, lo: int, hi: int) -> int:
+    """An attribute number; ValueError with a reason (the caller names the attribute)."""
+    text = text.strip()
+    if not text:
+        raise ValueError(f"is empty: expected {what}")
+    if not _DIGITS_RE.fullmatch(text):
+        raise ValueError(f'"{text}" is not a number: expected {what}')
+    value = int(text) if len(text) <= 20 else hi + 1  # no giant int() conversions
+    if not lo <= value <= hi:
+        raise ValueError(f'"{text}" is out of range: expected {what}')
+    return value
+
+
+def _ipv4(text: str, what: str) -> str:
+    """A dotted-quad IPv4 address, normalised."""
+    text = text.strip()
+    if not text:
+        raise ValueError(f"is empty: give {what} such as 10.1.1.50")
+    if "/" in text:
+        raise ValueError(f'"{text}" is a network: give a single address ({what})')
+    values = _octets(text, "address")
+    if len(values) != 4:
+        raise ValueError(f'"{text}" is not a full IPv4 address: give all four octets (a.b.c.d)')
+    return ".".join(str(v) for v in values)
+
+
+def _unicast(text: str, what: str) -> str:
+    """An IPv4 address that packets can be sent to."""
+    addr = _ipv4(text, what)
+    ip = ipaddress.IPv4Address(addr)
+    if ip.is_unspecified:
+        raise ValueError(f'"{addr}" means "any address" and cannot be sent to: give {what}')
+    if ip.is_multicast or addr == "255.255.255.255":
+        raise ValueError(f'"{addr}" is a multicast or broadcast address: give {what}')
+    return addr
+
+
+def _interface(text: str) -> str:
+    """An interface spec: IPv4 address, CIDR network, or device name (resolved at start)."""
+    text = text.strip()
+    if not text:
+        raise ValueError("is empty: give an IPv4 address, a CIDR network such as 10.0.0.0/8, "
+                         "or a device name such as eth0")
+    if text == "*":
+        return "0.0.0.0"
+    if _NUMERIC_RE.fullmatch(text):
+        if "/" in text:
+            net, _ = _parse_network(text)
+            return str(net)
+        return _ipv4(text, "the address of a local interface")
+    if _IFNAME_RE.fullmatch(text.strip('"')):
+        return text.strip('"')
+    raise ValueError(f'"{text}" is not an interface: give an IPv4 address, a CIDR network '
+                     "such as 10.0.0.0/8, or a device name such as eth0")
+
+
+class _Checker:
+    """Collects errors and warnings of the semantic pass."""
+
+    def __init__(self, path: str, base_dir: Path, check_files: bool) -> None:
+        self.path = path
+        self.base_dir = base_dir
+        self.check_files = check_files
+        self.errors: list[tuple[int, str]] = []
+        self.warnings: list[tuple[int, str]] = []
+
+    def error(self, el: etree._Element | int, message: str) -> None:
+        self.errors.append((el if isinstance(el, int) else el.sourceline or 0, message))
+
+    def warn(self, el: etree._Element | int, message: str) -> None:
+        self.warnings.append((el if isinstance(el, int) else el.sourceline or 0, message))
+
+    # ---- element text
+
+    def text_int(self, el: etree._Element | None, default: int, what: str, lo: int, hi: int) -> int:
+        if el is None:
+            return default
+        try:
+            return _parse_int(el.tag, _text(el), what, lo, hi)
+        except ValueError as e:
+            self.error(el, str(e))
+            return default
+
+    def name(self, el: etree._Element, what: str) -> str:
+        text = _text(el)
+        if not text:
+            self.error(el, f"<name> is empty: give {what}")
+        elif _CONTROL_RE.search(text):
+            self.error(el, f"<name> {text!r} contains control characters")
+        elif len(text) > _NAME_MAX:
+            self.error(el, f"<name> is {len(text)} characters long: at most {_NAME_MAX}")
+        return text
+
+    def interface(self, el: etree._Element | None) -> str | None:
+        if el is None:
+            return None
+        try:
+            return _interface(_text(el))
+        except ValueError as e:
+            self.error(el, f"<interface> {e}")
+            return None
+
+    # ---- attributes
+
+    def attr_int(self, el: etree._Element | None, attr: str, default: int, what: str,
+                 lo: int, hi: int) -> int:
+        if el is None or el.get(attr) is None:
+            return default
+        try:
+            return _number(el.get(attr, ""), what, lo, hi)
+        except ValueError as e:
+            self.error(el, f"<{el.tag}> {attr} {e}")
+            return default
+
+    def attr_port(self, el: etree._Element | None, attr: str, default: int, proto: str) -> int:
+        return self.attr_int(el, attr, default, f"a {proto} port 1..65535", 1, 65535)
+
+    def attr_ms(self, el: etree._Element | None, attr: str, default: int, lo: int = 1) -> int:
+        return self.attr_int(el, attr, default, f"milliseconds {lo}..{_INT_MAX}", lo, _INT_MAX)
+
+    def attr_interface(self, el: etree._Element, attr: str) -> str | None:
+        if el.get(attr) is None:
+            return None
+        try:
+            return _interface(el.get(attr, ""))
+        except ValueError as e:
+            self.error(el, f"<{el.tag}> {attr} {e}")
+            return None
+
+    def port_range(self, el: etree._Element, lo_attr: str, hi_attr: str, default: PortRange,
+                   proto: str) -> PortRange:
+        low = self.attr_port(el, lo_attr, default.low, proto)
+        high = self.attr_port(el, hi_attr, default.high, proto)
+        if high < low:
+            given = " ".join(f'{a}="{el.get(a)}"' if el.get(a) is not None
+                             else f"{a}={d} (default)"
+                             for a, d in ((lo_attr, default.low), (hi_attr, default.high)))
+            self.error(el, f"<{el.tag}> {given}: the range is reversed, {hi_attr} must be at "
+                           f"least {lo_attr}")
+            return default
+        return PortRange(low, high)
+
+    # ---- files
+
+    def file_path(self, el: etree._Element) -> str | None:
+        text = _text(el)
+        if not text:
+            self.error(el, f"<{el.tag}> is empty: give a file name")
+            return None
+        p = Path(text).expanduser()
+        if not p.is_absolute():
+            p = self.base_dir / p
+        return os.path.normpath(p)
+
+    def read_pem(self, el: etree._Element, path: str, what: str) -> bytes | None:
+        """The start of the PEM file at ``path``, or None after an error."""
+        try:
+            with open(path, "rb") as f:
+                return f.read(_PEM_MAX)
+        except FileNotFoundError:
+            self.error(el, f'<{el.tag}> file "{path}" does not exist ({what})')
+        except IsADirectoryError:
+            self.error(el, f'<{el.tag}> "{path}" is a directory, not a file ({what})')
+        except PermissionError:
+            self.error(el, f'<{el.tag}> file "{path}" cannot be read: permission denied '
+                           f"(the router must be able to read {what})")
+        except OSError as e:
+            self.error(el, f'<{el.tag}> file "{path}" cannot be read: {e.strerror or e}')
+        return None
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _daemon(c: _Checker, daemon: etree._Element) -> tuple[str, LogConfig, tuple[str, int] | None, int]:
+    name = c.name(daemon.find("name"), "this router's name, unique among your routers")
+    log = LogConfig()
+    log_el = daemon.find("log")
+    if log_el is not None:
+        kind = log_el.get("type", "console")
+        frequency = log_el.get("frequency", "disable")
+        size = c.attr_int(log_el, "size", 0, "a size in MB 0..4000 (0 = no limit)", 0, 4000)
+        text = _text(log_el)
+        file = None
+        if kind == "file":
+            if not text:
+                c.error(log_el, '<log type="file"> needs the file name as its text, e.g. '
+                                '<log type="file">/var/log/lbmr-router.log</log>')
+            else:
+                file = c.file_path(log_el)
+        else:
+            if text:
+                c.warn(log_el, f'<log type="{kind}"> ignores its text "{text}": write '
+                               'type="file" to log to a file')
+            if log_el.get("frequency") is not None or log_el.get("size") is not None:
+                c.warn(log_el, f'frequency and size roll a log file: they do nothing with type="{kind}"')
+        log = LogConfig(kind, file, frequency, size)
+    metrics = None
+    m_el = daemon.find("metrics")
+    if m_el is not None:
+        text = _text(m_el)
+        host, colon, port_text = text.rpartition(":")
+        try:
+            if not colon:
+                raise ValueError(f'"{text}" has no port: write ADDR:PORT, e.g. 127.0.0.1:9390')
+            addr = "0.0.0.0" if host.strip() == "*" else _ipv4(host, "a local IPv4 address")
+            port = _number(port_text, "a TCP port 1..65535", 1, 65535)
+        except ValueError as e:
+            c.error(m_el, f"<metrics> {e}")
+        else:
+            metrics = (addr, port)
+            if not ipaddress.IPv4Address(addr).is_loopback:
+                c.warn(m_el, f"<metrics> listens on {addr}, not on loopback: the endpoint has "
+                             "no authentication, restrict access with a firewall")
+    stats = c.text_int(daemon.find("stats-interval"), DEFAULT_STATS_INTERVAL_MS,
+                       f"milliseconds 0..{_INT_MAX} (0 = no statistics in the log)", 0, _INT_MAX)
+    return name, log, metrics, stats
+
+
+def _use_query(c: _Checker, el: etree._Element | None) -> UseQuery:
+    d = UseQuery()
+    if el is None:
+        return d
+    return UseQuery(c.attr_ms(el, "timeout", d.timeout_ms),
+                    c.attr_int(el, "max", d.max, f"a count 1..{_INT_MAX}", 1, _INT_MAX),
+                    c.attr_ms(el, "periodic-interval", d.periodic_interval_ms))
+
+
+def _pacing(c: _Checker, el: etree._Element | None) -> InterestPacing:
+    d = InterestPacing()
+    if el is None:
+        return d
+    lo = c.attr_ms(el, "min-interval", d.min_interval_ms)
+    hi = c.attr_ms(el, "max-interval", d.max_interval_ms)
+    if hi < lo:
+        c.error(el, f"<{el.tag}> min-interval {lo} is greater than max-interval {hi}")
+        return d
+    return InterestPacing(lo, hi)
+
+
+def _remote(c: _Checker, el: etree._Element | None, max_attr: str) -> RemoteInterest:
+    d = RemoteInterest()
+    if el is None:
+        return d
+    return RemoteInterest(c.attr_ms(el, "check-interval", d.check_interval_ms),
+                          c.attr_int(el, max_attr, d.max, f"a count 1..{_INT_MAX}", 1, _INT_MAX),
+                          c.attr_ms(el, "timeout", d.timeout_ms))
+
+
+def _topic_resolution(c: _Checker, tr: etree._Element) -> TopicResolution:
+    multicast = None
+    lbmrds: list[LbmrdAddress] = []
+    interface = None
+    port_range = None
+    mc = tr.find("multicast")
+    if mc is not None:
+        group = DEFAULT_MULTICAST_GROUP
+        if mc.get("group") is not None:
+            try:
+                group = _ipv4(mc.get("group", ""), "a multicast group such as 224.9.10.11")
+                if not ipaddress.IPv4Address(group).is_multicast:
+                    raise ValueError(f'"{group}" is not a multicast address '
+                                     "(224.0.0.0 to 239.255.255.255)")
+            except ValueError as e:
+                c.error(mc, f"<multicast> group {e}")
+        port = c.attr_port(mc, "port", DEFAULT_MULTICAST_PORT, "UDP")
+        interface = c.attr_interface(mc, "interface")
+        multicast = MulticastResolver(group, port, mc.sourceline or 0)
+    else:
+        interface = c.interface(tr.find("interface"))
+        seen: dict[tuple[str, int], int] = {}
+        for el in tr.iterchildren("lbmrd"):
+            try:
+                addr = _unicast(el.get("address", ""), "the IPv4 address of the lbmrd")
+            except ValueError as e:
+                c.error(el, f"<lbmrd> address {e}")
+                continue
+            port = c.attr_port(el, "port", DEFAULT_LBMRD_PORT, "UDP")
+            line = el.sourceline or 0
+            if (addr, port) in seen:
+                c.warn(el, f"lbmrd {addr}:{port} is listed twice (also at line {seen[addr, port]})")
+                continue
+            seen[addr, port] = line
+            lbmrds.append(LbmrdAddress(addr, port, line))
+        pr = tr.find("port-range")
+        port_range = DEFAULT_TR_PORTS if pr is None else c.port_range(
+            pr, "low", "high", DEFAULT_TR_PORTS, "UDP")
+    ir = tr.find("initial-request")
+    initial = InitialRequest()
+    if ir is not None:
+        initial = InitialRequest(
+            c.attr_ms(ir, "periodic-interval", initial.periodic_interval_ms),
+            c.attr_int(ir, "duration", initial.duration_s,
+                       f"seconds 0..{_INT_MAX} (0 = no burst)", 0, _INT_MAX))
+    return TopicResolution(
+        multicast=multicast, lbmrds=tuple(lbmrds), interface=interface, port_range=port_range,
+        initial_request=initial,
+        topic_use_query=_use_query(c, tr.find("topic-use-query")),
+        pattern_use_query=_use_query(c, tr.find("pattern-use-query")),
+        remote_topic_interest=_pacing(c, tr.find("remote-topic-interest")),
+        remote_pattern_interest=_pacing(c, tr.find("remote-pattern-interest")),
+        line=tr.sourceline or 0,
+    )
+
+
+def _endpoint(c: _Checker, ep: etree._Element) -> EndpointConfig:
+    name = c.name(ep.find("name"), "a name for this endpoint portal")
+    dom_el = ep.find("domain-id")
+    domain_id = 0
+    if _text(dom_el) == "0":
+        c.error(dom_el, "<domain-id> 0 is not a valid domain id: give the id of this TRD, "
+                        f"1..{_DOMAIN_ID_MAX} (UM treats 0 as invalid in route messages)")
+    else:
+        domain_id = c.text_int(dom_el, 0, f"the id of this TRD, 1..{_DOMAIN_ID_MAX}",
+                               1, _DOMAIN_ID_MAX)
+    delay = c.text_int(ep.find("source-deletion-delay"), DEFAULT_SOURCE_DELETION_DELAY_MS,
+                       f"milliseconds 0..{_INT_MAX}", 0, _INT_MAX)
+    tr = _topic_resolution(c, ep.find("topic-resolution"))
+    relay_el = ep.find("relay")
+    relay = RelayConfig(tr.interface, DEFAULT_RELAY_PORTS)
+    if relay_el is not None:
+        iface = c.attr_interface(relay_el, "interface")
+        ports = c.port_range(relay_el, "port-low", "port-high", DEFAULT_RELAY_PORTS, "TCP")
+        relay = RelayConfig(iface if iface is not None else tr.interface, ports,
+                            relay_el.sourceline or 0)
+        if len(ports) < 2:
+            c.warn(relay_el, f"<relay> has a single port ({ports.low}): the portal can relay "
+                             "only one transport session into its TRD at a time; give a "
+                             "range of at least 2 ports")
+    return EndpointConfig(
+        name=name, domain_id=domain_id, topic_resolution=tr, relay=relay,
+        source_deletion_delay_ms=delay,
+        remote_topic=_remote(c, ep.find("remote-topic"), "max-topics"),
+        remote_pattern=_remote(c, ep.find("remote-pattern"), "max-patterns"),
+        line=ep.sourceline or 0,
+    )
+
+
+def _tls(c: _Checker, el: etree._Element) -> TlsConfig | None:
+    cert_el, key_el = el.find("certificate"), el.find("certificate-key")
+    pw_el, ca_el = el.find("certificate-key-password"), el.find("trusted-certificates")
+    ciphers_el = el.find("cipher-suites")
+    cert, key = c.file_path(cert_el), c.file_path(key_el)
+    ca = c.file_path(ca_el) if ca_el is not None else None
+    password = _text(pw_el) if pw_el is not None else None
+    ciphers = _text(ciphers_el) if ciphers_el is not None else None
+    if ciphers is not None:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).set_ciphers(ciphers)
+        except ssl.SSLError:
+            c.error(ciphers_el, f'<cipher-suites> "{ciphers}" selects no cipher suite known to '
+                                "this OpenSSL: give OpenSSL cipher names separated by commas "
+                                "or colons")
+    if ca_el is None:
+        c.warn(el, "<tls> has no <trusted-certificates>: the peer's certificate is checked "
+                   "against the system CA store; give your own CA bundle for mutual "
+                   "authentication between your routers")
+    if c.check_files:
+        if cert is not None:
+            data = c.read_pem(cert_el, cert, "this router's certificate")
+            if data is not None and _PEM_CERT not in data:
+                c.error(cert_el, f'<certificate> file "{cert}" holds no PEM certificate '
+                                 f'("{_PEM_CERT.decode()}")')
+        if key is not None:
+            data = c.read_pem(key_el, key, "the private key of the certificate")
+            if data is not None:
+                if not _PEM_KEY_RE.search(data):
+                    c.error(key_el, f'<certificate-key> file "{key}" holds no PEM private key '
+                                    '("-----BEGIN PRIVATE KEY-----")')
+                elif any(mark in data for mark in _PEM_ENCRYPTED) and not password:
+                    c.error(key_el, f'<certificate-key> file "{key}" is encrypted: give its '
+                                    "password in <certificate-key-password>")
+                elif password and not any(mark in data for mark in _PEM_ENCRYPTED):
+                    c.warn(pw_el, f'<certificate-key-password> is not needed: "{key}" is '
+                                  "not encrypted")
+                try:
+                    mode = os.stat(key).st_mode
+                except OSError:
+                    mode = 0
+                if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
+                    c.warn(key_el, f'private key file "{key}" is accessible to other users '
+                                   f"(mode {stat.S_IMODE(mode):04o}): chmod 600 it")
+        if ca is not None:
+            data = c.read_pem(ca_el, ca, "the CA bundle that the peer's certificate must chain to")
+            if data is not None and _PEM_CERT not in data:
+                c.error(ca_el, f'<trusted-certificates> file "{ca}" holds no PEM certificate '
+                               f'("{_PEM_CERT.decode()}")')
+    if cert is None or key is None:
+        return None
+    return TlsConfig(cert, key, password, ca, ciphers, el.sourceline or 0)
+
+
+def _peer(c: _Checker, peer: etree._Element) -> PeerConfig:
+    name = c.name(peer.find("name"), "a name for this peer portal")
+    st = peer.find("single-tcp")
+    interface = c.interface(st.find("interface"))
+    buf_what = f"bytes 0..{_INT_MAX} (0 = the OS default)"
+    rcv = c.text_int(st.find("receive-buffer"), 0, buf_what, 0, _INT_MAX)
+    snd = c.text_int(st.find("send-buffer"), 0, buf_what, 0, _INT_MAX)
+    tls_el = st.find("tls")
+    tls = _tls(c, tls_el) if tls_el is not None else None
+    initiator = acceptor = None
+    ini = st.find("initiator")
+    acc = st.find("acceptor")
+    if ini is not None:
+        addr_el = ini.find("address")
+        try:
+            address = _unicast(_text(addr_el), "the IPv4 address of the peer router (behind a "
+                                               "NAT: the address the NAT forwards)")
+        except ValueError as e:
+            c.error(addr_el, f"<address> {e}")
+            address = "0.0.0.0"
+        port = c.text_int(ini.find("port"), 0, "a TCP port 1..65535", 1, 65535)
+        reconnect = c.attr_ms(ini, "reconnect-interval", DEFAULT_RECONNECT_INTERVAL_MS)
+        initiator = InitiatorConfig(address, port, reconnect, ini.sourceline or 0)
+    elif acc is not None:
+        port = c.text_int(acc.find("listen-port"), 0, "a TCP port 1..65535", 1, 65535)
+        acceptor = AcceptorConfig(port, acc.sourceline or 0)
+    max_queue = c.text_int(peer.find("max-queue"), DEFAULT_MAX_QUEUE,
+                           f"bytes {MIN_MAX_QUEUE}..{_INT_MAX} (the largest datagram must fit)",
+                           MIN_MAX_QUEUE, _INT_MAX)
+    keepalive = KeepaliveConfig()
+    ka = peer.find("gateway-keepalive")
+    if ka is not None:
+        interval = c.attr_ms(ka, "interval", DEFAULT_KEEPALIVE_INTERVAL_MS, lo=0)
+        timeout = c.attr_ms(ka, "timeout", DEFAULT_KEEPALIVE_TIMEOUT_MS, lo=0)
+        keepalive = KeepaliveConfig(ka.get("idle", "yes") == "yes", interval, timeout,
+                                    ka.sourceline or 0)
+        if interval and timeout and timeout <= interval:
+            c.error(ka, f"<gateway-keepalive> timeout {timeout} ms must be greater than the "
+                        f"interval {interval} ms: the link would be declared dead before a "
+                        "keepalive can be answered (about 3 x the interval is advised)")
+        elif interval and timeout and timeout < 3 * interval:
+            c.warn(ka, f"<gateway-keepalive> timeout {timeout} ms is less than 3 x the interval "
+                       f"{interval} ms: one late keepalive may close the link")
+        elif not timeout:
+            c.warn(ka, "<gateway-keepalive> timeout 0: a dead peer is only noticed when TCP "
+                       "reports an error, which may take very long")
+        if not interval and timeout:
+            c.warn(ka, "<gateway-keepalive> interval 0: this router sends no keepalives, so "
+                       "the peer's keepalive timeout may close an idle link")
+    return PeerConfig(
+        name=name, initiator=initiator, acceptor=acceptor, interface=interface,
+        receive_buffer=rcv, send_buffer=snd,
+        tcp_keepalive=st.find("keepalive") is not None, nodelay=st.find("nodelay") is not None,
+        tls=tls, keepalive=keepalive, max_queue=max_queue, line=peer.sourceline or 0,
+    )
+
+
+def _cross_checks(c: _Checker, endpoints: list[EndpointConfig], peers: list[PeerConfig]) -> None:
+    names: dict[str, int] = {}
+    for portal in [*endpoints, *peers]:
+        if not portal.name:
+            continue
+        if portal.name in names:
+            c.error(portal.line, f'portal name "{portal.name}" is used twice (also at line '
+                                 f"{names[portal.name]}): every portal needs its own name")
+        else:
+            names[portal.name] = portal.line
+    ids: dict[int, EndpointConfig] = {}
+    for ep in endpoints:
+        if not ep.domain_id:
+            continue
+        first = ids.get(ep.domain_id)
+        if first is not None:
+            c.error(ep.line, f'domain-id {ep.domain_id} of endpoint "{ep.name}" is already used '
+                             f'by endpoint "{first.name}" (line {first.line}): a router attaches '
+                             "to a TRD once, and every TRD has its own domain id")
+        else:
+            ids[ep.domain_id] = ep
+    ports: dict[int, PeerConfig] = {}
+    for peer in peers:
+        if peer.acceptor is None or not peer.acceptor.listen_port:
+            continue
+        port = peer.acceptor.listen_port
+        if port in ports:
+            c.error(peer.acceptor.line, f'listen-port {port} of peer "{peer.name}" is already '
+                                        f'used by peer "{ports[port].name}" (line '
+                                        f"{ports[port].line})")
+        ports[port] = peer
+        for ep in endpoints:
+            if port in ep.relay.ports:
+                c.warn(peer.acceptor.line, f"listen-port {port} is inside the relay range "
+                                           f'{ep.relay.ports} of endpoint "{ep.name}": one relay '
+                                           "port fewer is available")
+
+
+def _supported(c: _Checker, root: etree._Element) -> None:
+    portals = root.find("portals")
+    for kind in ("endpoint", "peer"):
+        els = list(portals.iterchildren(kind))
+        if not els:
+            c.error(portals, f"<portals> has no <{kind}>: lbmr-router needs exactly one "
+                             "<endpoint> and one <peer> (two routers joined by one peer link)")
+        for extra in els[1:]:
+            c.error(extra, f"a second <{kind}> (the first is at line {els[0].sourceline}): this "
+                           "version of lbmr-router supports exactly one <endpoint> and one "
+                           "<peer> (two routers joined by one peer link)")
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def load_config(path: str | os.PathLike[str], *, check_files: bool = True) -> RouterConfig:
+    """Read and check the configuration file at ``path``; ``ConfigError`` if invalid.
+
+    Relative file names in it are relative to the file's directory.
+    ``check_files=False`` skips opening the TLS files (e.g. to check a file
+    meant for another host).
+    """
+    p = os.fspath(path)
+    try:
+        data = Path(p).read_bytes()
+    except OSError as e:
+        raise ConfigError(p, 0, f"cannot read the configuration file: {e.strerror or e}") from e
+    return parse_config(data, p, base_dir=Path(p).resolve().parent, check_files=check_files)
+
+
+def validate(path: str | os.PathLike[str], *, check_files: bool = True) -> RouterConfig:
+    """``lbmr-router -v``: the checked config (see its ``warnings``), else ``ConfigError``."""
+    return load_config(path, check_files=check_files)
+
+
+def parse_config(text: bytes | str, path: str | os.PathLike[str] = "<string>", *,
+                 base_dir: str | os.PathLike[str] | None = None,
+                 check_files: bool = True) -> RouterConfig:
+    """Check configuration text; ``path`` is used in messages and ``RouterConfig.path``.
+
+    Relative file names are resolved against ``base_dir`` (default: the
+    directory of ``path``, or the current directory when ``path`` is a
+    pseudo-name such as ``"<string>"``).
+    """
+    path = os.fspath(path)
+    if base_dir is None:
+        base_dir = Path.cwd() if path.startswith("<") else Path(path).resolve().parent
+    data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    parser = _parser()
+    try:
+        root = etree.fromstring(data, parser)
+    except etree.XMLSyntaxError as e:
+        entries = [(x.line, x.column, x.message.strip()) for x in parser.error_log]
+        if not entries:
+            entries = [(e.lineno or 0, (e.position or (0, 0))[1], e.msg)]
+        errors = [(ln, f"XML syntax error: {msg} (column {col})") for ln, col, msg in entries]
+        raise ConfigError(path, errors[0][0], errors[0][1], errors) from None
+
+    _check_root(path, root)
+    errors = _dtd_errors(root.getroottree())
+    if errors:
+        _raise(path, errors)
+
+    c = _Checker(path, Path(base_dir), check_files)
+    name, log, metrics, stats = _daemon(c, root.find("daemon"))
+    portals = root.find("portals")
+    endpoints = [_endpoint(c, ep) for ep in portals.iterchildren("endpoint")]
+    peers = [_peer(c, peer) for peer in portals.iterchildren("peer")]
+    _cross_checks(c, endpoints, peers)
+    if c.errors:
+        _raise(path, c.errors)
+    _supported(c, root)
+    if c.errors:
+        _raise(path, c.errors)
+    return RouterConfig(
+        path=path, name=name, endpoints=tuple(endpoints), peers=tuple(peers), log=log,
+        metrics=metrics, stats_interval_ms=stats,
+        warnings=tuple(sorted(c.warnings, key=lambda w: w[0])),
+    )
+
+
+def _check_root(path: str, root: etree._Element) -> None:
+    line = root.sourceline or 0
+    if etree.QName(root).namespace is not None:
+        raise ConfigError(path, line, f"the root element <{etree.QName(root).localname}> is in "
+                                      f'the XML namespace "{etree.QName(root).namespace}": '
+                                      "lbmr-router files use no namespaces")
+    if root.tag != "lbmr-router":
+        if root.tag == "tnw-gateway":
+            hint = ("this looks like a DRO (tnwgd) file: rename the root to "
+                    '<lbmr-router version="1.0"> and describe each endpoint\'s TRD with '
+                    "<topic-resolution> (see lbmr-router -d)")
+        elif root.tag == "lbmrd":
+            hint = "this is an lbmrd configuration file, not a router configuration"
+        else:
+            hint = 'an lbmr-router configuration file starts with <lbmr-router version="1.0">'
+        raise ConfigError(path, line, f"the root element is <{root.tag}>: {hint}")
+    version = root.get("version")
+    if version is None:
+        raise ConfigError(path, line, 'missing version attribute: write <lbmr-router version="1.0">')
+    if version != "1.0":
+        raise ConfigError(path, line, f'unsupported version "{version}": the only lbmr-router '
+                                      'configuration version is "1.0"')
+    errors: list[tuple[int, str]] = []
+    for node in root.iter():
+        if isinstance(node, etree._Entity):
+            errors.append((node.sourceline or line,
+                           f"entity reference {node.text} is not supported: lbmr-router files "
+                           "may use only the predefined XML entities and character references"))
+        elif isinstance(node.tag, str) and etree.QName(node).namespace == _XINCLUDE_NS:
+            errors.append((node.sourceline or line,
+                           "XInclude is not supported in lbmr-router configuration files"))
+    if errors:
+        _raise(path, errors)

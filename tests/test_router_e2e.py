@@ -1,0 +1,115 @@
+"""Router end to end on loopback: TRD1 (lbmrd on 127.0.1.1) and TRD2 (lbmrd on
+127.0.2.1) joined by two routers over a TCP peer link; a source in TRD1, a
+receiver in TRD2 that resolves the proxy and gets the data through it."""
+
+from __future__ import annotations
+
+import hashlib
+
+import trio
+
+import lbmr_proto as L
+from lbmrd.server import Daemon, Settings
+from router.daemon import EndpointSettings, PeerSettings, Router, RouterSettings
+from router.tr import synthesize_otid
+
+TOPIC = "md.routed.1"
+
+
+async def start_lbmrd(nursery, ip):
+    d = Daemon(Settings(bind_ip=ip, port=0, stats_interval=0))
+    return d, await nursery.start(d.run)
+
+
+async def start_routers(nursery, trd1, trd2, *, reconnect=1.0):
+    rb = Router(RouterSettings("routerB", EndpointSettings("B-TRD2", 2, daemons=[trd2], tr_ip="127.0.2.1",
+                                                            relay_ip="127.0.2.1"),
+                               PeerSettings("B-to-A", "acceptor", listen_ip="127.0.0.1", port=0)))
+    b_addr = await nursery.start(rb.run)
+    ra = Router(RouterSettings("routerA", EndpointSettings("A-TRD1", 1, daemons=[trd1], tr_ip="127.0.1.1",
+                                                            relay_ip="127.0.1.1"),
+                               PeerSettings("A-to-B", "initiator", address="127.0.0.1",
+                                            port=b_addr["peer"][1], reconnect_interval=reconnect)))
+    await nursery.start(ra.run)
+    return ra, rb
+
+
+def pattern(n: int) -> bytes:
+    block = hashlib.sha256(b"lbmr").digest() * 2048  # 64 KiB
+    return (block * (n // len(block) + 1))[:n]
+
+
+async def tcp_source(nursery, ip, total):
+    """A TCP 'source': serves `total` bytes of a known pattern to each connection."""
+    data = pattern(total)
+
+    async def handler(stream):
+        await stream.send_all(data)
+        await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host=ip)
+    nursery.start_soon(trio.serve_listeners, handler, listeners)
+    return listeners[0].socket.getsockname()
+
+
+def tir_packet(ip, port):
+    otid = synthesize_otid(L.TcpTransport(ip, port), 7)
+    return L.encode(L.Packet(0, 1, tirs=[L.TIR(TOPIC, L.TcpTransport(ip, port), 60, 7,
+                                               [L.OtidOption(0x8000, otid)])]))
+
+
+async def resolve(sock, daemon, timeout=10.0):
+    """Act as a UM receiver in a TRD: query TOPIC until a TIR for it arrives."""
+    tqr = L.encode(L.Packet(0, 1, tqrs=[L.TQR(TOPIC)]))
+    with trio.fail_after(timeout):
+        while True:
+            await sock.sendto(tqr, daemon)
+            with trio.move_on_after(0.2):
+                while True:
+                    data, _ = await sock.recvfrom(65535)
+                    try:
+                        pkt = L.decode(data)
+                    except L.LBMRDecodeError:
+                        continue
+                    for t in pkt.tirs:
+                        if t.topic == TOPIC:
+                            return t
+
+
+async def advertise_forever(sock, daemon, ip, port):
+    data = tir_packet(ip, port)
+    while True:
+        await sock.sendto(data, daemon)
+        await trio.sleep(0.5)
+
+
+def udp(ip):
+    s = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+    s._sock.bind((ip, 0))
+    return s
+
+
+async def test_tcp_source_in_trd1_reaches_receiver_in_trd2():
+    total = 20 * 1024 * 1024
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        ra, rb = await start_routers(n, trd1, trd2)
+        src_addr = await tcp_source(n, "127.0.1.5", total)
+        src_ctx = udp("127.0.1.5")
+        n.start_soon(advertise_forever, src_ctx, trd1, *src_addr)
+        rcv_ctx = udp("127.0.2.9")
+        tir = await resolve(rcv_ctx, trd2)
+        # the proxy: router B's relay address in TRD2, same transport, domain id of TRD1
+        assert tir.transport.NAME == "TCP" and tir.transport.ip == "127.0.2.1"
+        assert any(isinstance(o, L.DomainIdOption) and o.domain_id == 1 for o in tir.options)
+        stream = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+        got = bytearray()
+        with trio.fail_after(60):
+            while chunk := await stream.receive_some(1 << 16):
+                got += chunk
+        assert len(got) == total and bytes(got) == pattern(total)
+        st = rb.status()
+        assert st["peer"]["state"] == "CONNECTED" and TOPIC in st["portal"]["local_interest"]
+        assert ra.status()["counters"]["adverts_sent"] >= 1
+        n.cancel_scope.cancel()
