@@ -37,11 +37,11 @@ class _JSONFormatter(_UTCFormatter):
                            "logger": record.name, "msg": record.getMessage()})
 
 
-def setup_logging(logfile: str | None, fmt: str, level: int = logging.INFO) -> None:
+def setup_logging(logfile: str | None, fmt: str, level: int = logging.INFO, name: str = "lbmrd") -> None:
     handler: logging.Handler = logging.FileHandler(logfile) if logfile else logging.StreamHandler(sys.stdout)
     handler.setFormatter(_JSONFormatter() if fmt == "json" else
                          _UTCFormatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))
-    root = logging.getLogger("lbmrd")
+    root = logging.getLogger(name)
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False

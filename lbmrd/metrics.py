@@ -42,7 +42,10 @@ def prometheus_text(daemon) -> str:
     return "\n".join(out) + "\n"
 
 
-async def _handle(stream: trio.SocketStream, daemon) -> None:
+Route = tuple[str, "callable"]  # (content type, function returning the body text)
+
+
+async def _handle(stream: trio.SocketStream, routes: dict[str, Route]) -> None:
     try:
         with trio.move_on_after(REQUEST_TIMEOUT):
             req = b""
@@ -53,15 +56,14 @@ async def _handle(stream: trio.SocketStream, daemon) -> None:
                 req += chunk
             parts = req.split(b"\r\n", 1)[0].split()
             path = parts[1].decode("ascii", "replace") if len(parts) >= 2 else ""
+            route = routes.get(path)
             if parts[:1] != [b"GET"]:
                 status, ctype, body = "405 Method Not Allowed", "text/plain", "GET only\n"
-            elif path == "/metrics":
-                status, ctype, body = "200 OK", "text/plain; version=0.0.4", prometheus_text(daemon)
-            elif path == "/status":
-                status, ctype = "200 OK", "application/json"
-                body = json.dumps(daemon.core.snapshot(trio.current_time()))
+            elif route is None:
+                status, ctype, body = "404 Not Found", "text/plain", "try " + " or ".join(routes) + "\n"
             else:
-                status, ctype, body = "404 Not Found", "text/plain", "try /metrics or /status\n"
+                status, (ctype, fn) = "200 OK", route
+                body = fn()
             data = body.encode()
             head = (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
                     "Connection: close\r\n\r\n").encode()
@@ -72,10 +74,20 @@ async def _handle(stream: trio.SocketStream, daemon) -> None:
         await stream.aclose()
 
 
-async def serve_metrics(daemon, addr: tuple[str, int], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve_http(routes: dict[str, Route], addr: tuple[str, int], *,
+                     task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A minimal HTTP/1.0 GET server for ``routes`` on ``addr`` (bounded requests)."""
     listeners = await trio.open_tcp_listeners(addr[1], host=addr[0])
     bound = listeners[0].socket.getsockname()
-    log.info("metrics on http://%s:%d/metrics and /status", bound[0], bound[1])
+    log.info("metrics on http://%s:%d (%s)", bound[0], bound[1], ", ".join(routes))
     async with trio.open_nursery() as nursery:
         task_status.started(bound)
-        await trio.serve_listeners(lambda s: _handle(s, daemon), listeners, handler_nursery=nursery)
+        await trio.serve_listeners(lambda s: _handle(s, routes), listeners, handler_nursery=nursery)
+
+
+async def serve_metrics(daemon, addr: tuple[str, int], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    routes = {
+        "/metrics": ("text/plain; version=0.0.4", lambda: prometheus_text(daemon)),
+        "/status": ("application/json", lambda: json.dumps(daemon.core.snapshot(trio.current_time()))),
+    }
+    await serve_http(routes, addr, task_status=task_status)

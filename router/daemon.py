@@ -15,8 +15,10 @@ Times are seconds (trio's clock).
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
+import signal
 import socket
 import ssl
 from collections import Counter, deque
@@ -52,8 +54,9 @@ class EndpointSettings:
     mode: str = "lbmrd"  # or "multicast"
     daemons: list[tuple[str, int]] = field(default_factory=list)
     multicast: tuple[str, int] | None = None
-    tr_ip: str = "127.0.0.1"  # the portal's own TR socket
-    tr_port: int = 0
+    tr_ip: str = "127.0.0.1"  # the portal's own TR socket: this address ...
+    tr_port_low: int = 0  # ... and the first free port of this range (0, 0 = any)
+    tr_port_high: int = 0
     relay_ip: str = "127.0.0.1"  # proxy listeners: this address ...
     relay_port_low: int = 0  # ... and ports in this range (0, 0 = any free port)
     relay_port_high: int = 0
@@ -84,6 +87,7 @@ class RouterSettings:
     endpoint: EndpointSettings
     peer: PeerSettings
     metrics: tuple[str, int] | None = None
+    handle_signals: bool = False  # SIGUSR1 dump, SIGTERM/SIGINT stop; the command line turns it on
 
 
 # ------------------------------------------------------------------- relay streams
@@ -209,7 +213,15 @@ class Router:
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0)
         else:
-            await sock.bind((e.tr_ip, e.tr_port))
+            ports = range(e.tr_port_low, e.tr_port_high + 1) if e.tr_port_low else [0]
+            for i, port in enumerate(ports):
+                try:
+                    await sock.bind((e.tr_ip, port))
+                    break
+                except OSError:
+                    if i == len(ports) - 1:
+                        sock.close()
+                        raise
         self.tr_sock = sock
         now = trio.current_time()
         self.tr = PortalTR(e.name, e.domain_id, src_id=self.src_id, mode=e.mode,
@@ -222,7 +234,16 @@ class Router:
                 nursery.start_soon(self._portal_rx)
                 nursery.start_soon(self._portal_loop)
                 peer_addr = await nursery.start(self._peer_loop)
-                task_status.started({"tr": sock.getsockname(), "peer": peer_addr})
+                metrics_addr = None
+                if self.s.metrics is not None:
+                    from lbmrd.metrics import serve_http
+
+                    routes = {"/metrics": ("text/plain; version=0.0.4", self.prometheus_text),
+                              "/status": ("application/json", lambda: json.dumps(self.status()))}
+                    metrics_addr = await nursery.start(serve_http, routes, self.s.metrics)
+                if self.s.handle_signals:
+                    await nursery.start(self._signal_loop)
+                task_status.started({"tr": sock.getsockname(), "peer": peer_addr, "metrics": metrics_addr})
         finally:
             sock.close()
 
@@ -728,6 +749,35 @@ class Router:
             st.incoming_ready = trio.Event()
 
     # --------------------------------------------------------------- status
+
+    async def _signal_loop(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.open_signal_receiver(signal.SIGUSR1, signal.SIGTERM, signal.SIGINT) as sigs:
+            task_status.started()
+            async for sig in sigs:
+                if sig == signal.SIGUSR1:
+                    log.info("dump %s", json.dumps(self.status()))
+                else:
+                    log.info("stopping (%s)", signal.Signals(sig).name)
+                    self._nursery.cancel_scope.cancel()
+
+    def prometheus_text(self) -> str:
+        link = self.link
+        up = 1 if link is not None and link.conn.state is P.State.CONNECTED else 0
+        out = ["# HELP lbmr_router_peer_up 1 while the peer link is connected.",
+               "# TYPE lbmr_router_peer_up gauge", f"lbmr_router_peer_up {up}",
+               "# TYPE lbmr_router_proxies gauge", f"lbmr_router_proxies {len(self._proxy_addr)}",
+               "# TYPE lbmr_router_adverts gauge", f"lbmr_router_adverts {len(self._advert_source)}",
+               "# TYPE lbmr_router_streams gauge", f"lbmr_router_streams {len(link.state) if link else 0}",
+               "# HELP lbmr_router_events_total Router events, by kind.",
+               "# TYPE lbmr_router_events_total counter"]
+        out += [f'lbmr_router_events_total{{kind="{k}"}} {v}' for k, v in sorted(self.counters.items())]
+        if self.tr is not None:
+            out += ["# TYPE lbmr_router_portal_total counter"]
+            out += [f'lbmr_router_portal_total{{what="{k}"}} {v}' for k, v in sorted(self.tr.stats().items())]
+        if link is not None:
+            out += ["# TYPE lbmr_router_peer_dropped_datagrams_total counter",
+                    f"lbmr_router_peer_dropped_datagrams_total {link.outq.dropped_datagrams}"]
+        return "\n".join(out) + "\n"
 
     def status(self) -> dict:
         link = self.link

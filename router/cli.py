@@ -1,0 +1,135 @@
+"""lbmr-router command line. See lbmr-router(8).
+
+Exit status: 0 normal stop or valid file; 1 invalid configuration;
+2 usage error; 3 socket error; 4 fatal runtime error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import ssl
+import sys
+
+import trio
+
+from lbmrd.cli import EXIT_CONFIG, EXIT_FATAL, EXIT_SOCKET, EXIT_USAGE, _leaves, setup_logging
+
+from .daemon import EndpointSettings, PeerSettings, Router, RouterSettings
+
+log = logging.getLogger("lbmr-router")
+
+
+def tls_context(tls, server_side: bool) -> ssl.SSLContext:
+    """Mutual authentication: our certificate, and the peer's must chain to the CA."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server_side else ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(tls.certificate, tls.certificate_key, password=tls.certificate_key_password)
+    if tls.trusted_certificates:
+        ctx.load_verify_locations(tls.trusted_certificates)
+    else:
+        ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH if server_side else ssl.Purpose.SERVER_AUTH)
+    ctx.check_hostname = False  # peers are identified by their certificate chain, not a host name
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    if tls.cipher_suites:
+        ctx.set_ciphers(tls.cipher_suites)
+    return ctx
+
+
+def settings_from_config(cfg, *, handle_signals: bool = True) -> RouterSettings:
+    e = cfg.endpoint
+    tr = e.topic_resolution
+    if tr.kind == "multicast":
+        ep = EndpointSettings(e.name, e.domain_id, mode="multicast",
+                              multicast=(tr.multicast.group, tr.multicast.port),
+                              tr_ip=tr.interface or "127.0.0.1")
+    else:
+        ep = EndpointSettings(e.name, e.domain_id, mode="lbmrd",
+                              daemons=[(d.address, d.port) for d in tr.lbmrds],
+                              tr_ip=tr.interface or "0.0.0.0",
+                              tr_port_low=tr.port_range.low if tr.port_range else 0,
+                              tr_port_high=tr.port_range.high if tr.port_range else 0)
+    ep.relay_ip = e.relay.interface
+    ep.relay_port_low, ep.relay_port_high = e.relay.ports.low, e.relay.ports.high
+    p = cfg.peer
+    ka = p.keepalive
+    peer = PeerSettings(p.name, p.role, max_queue=p.max_queue,
+                        keepalive_interval=ka.interval_ms / 1000.0 if ka.idle else 0.0,
+                        dead_after=ka.timeout_ms / 1000.0)
+    if p.role == "initiator":
+        peer.address, peer.port = p.initiator.address, p.initiator.port
+        peer.reconnect_interval = p.initiator.reconnect_interval_ms / 1000.0
+    else:
+        peer.listen_ip, peer.port = p.interface or "0.0.0.0", p.acceptor.listen_port
+    if p.tls is not None:
+        peer.tls = tls_context(p.tls, server_side=(p.role == "acceptor"))
+    return RouterSettings(cfg.name, ep, peer, metrics=cfg.metrics, handle_signals=handle_signals)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lbmr-router", description="Topic Resolution Domain router for "
+                                "Ultra Messaging (lbmr-kit): one endpoint portal and one TCP peer link.")
+    p.add_argument("config", nargs="?", help="XML configuration file")
+    p.add_argument("-v", "--validate", action="store_true", help="validate the configuration file and exit")
+    p.add_argument("-d", "--dump-dtd", action="store_true", help="print the configuration DTD and exit")
+    p.add_argument("-L", "--logfile", metavar="FILE", help="log to FILE instead of stdout")
+    p.add_argument("--log-format", choices=["text", "json"], default="text", help="log line format (UTC)")
+    p.add_argument("--debug", action="store_true", help="debug logging")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .config import DTD_TEXT, ConfigError, load_config
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return EXIT_USAGE if e.code else 0
+    if args.dump_dtd:
+        sys.stdout.write(DTD_TEXT)
+        return 0
+    if not args.config:
+        parser.print_usage(sys.stderr)
+        print("lbmr-router: a configuration file is required", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(f"lbmr-router: {e.format_all()}", file=sys.stderr)
+        return EXIT_CONFIG
+    for line, msg in cfg.warnings:
+        print(f"lbmr-router: {args.config}:{line}: warning: {msg}", file=sys.stderr)
+    if args.validate:
+        print(f"{args.config}: valid")
+        return 0
+    try:
+        setup_logging(args.logfile, args.log_format, logging.DEBUG if args.debug else logging.INFO,
+                      name="lbmr-router")
+    except OSError as e:
+        print(f"lbmr-router: cannot open log file: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        settings = settings_from_config(cfg)
+    except (ssl.SSLError, OSError) as e:
+        log.error("TLS setup failed: %s", e)
+        return EXIT_CONFIG
+    log.info("lbmr-router %s starting: endpoint %s (domain %d), peer %s (%s)", cfg.name, cfg.endpoint.name,
+             cfg.endpoint.domain_id, cfg.peer.name, cfg.peer.role)
+    try:
+        trio.run(Router(settings).run)
+    except BaseException as exc:  # noqa: BLE001 - trio wraps task errors in groups
+        leaves = list(_leaves(exc))
+        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
+            return 0
+        oserr = next((e for e in leaves if isinstance(e, OSError)), None)
+        if oserr is not None:
+            log.error("socket error: %s", oserr)
+            return EXIT_SOCKET
+        log.error("fatal error", exc_info=exc)
+        return EXIT_FATAL
+    return 0
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""lbmr-router as a user runs it: the shipped NAT-example configs, real processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import lbmr_proto as L
+from router.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = [sys.executable, "-c"]
+ROUTER = PY + ["import sys; from router.cli import main; sys.exit(main(sys.argv[1:]))"]
+LBMRD = PY + ["import sys; from lbmrd.cli import main; sys.exit(main(sys.argv[1:]))"]
+
+
+def free_port(kind=socket.SOCK_STREAM, ip="127.0.0.1") -> int:
+    s = socket.socket(socket.AF_INET, kind)
+    s.bind((ip, 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_validate_and_dump(capsys):
+    for name in ("router-a.xml", "router-b.xml"):
+        assert main(["-v", str(ROOT / "configs" / name)]) == 0
+    assert main(["-d"]) == 0
+    assert "<!ELEMENT lbmr-router" in capsys.readouterr().out
+    assert main([]) == 2
+
+
+def test_validate_reports_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.xml"
+    bad.write_text((ROOT / "configs" / "router-b.xml").read_text().replace("<domain-id>2</domain-id>",
+                                                                          "<domain-id>0</domain-id>"))
+    assert main(["-v", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:" in err and "domain" in err
+
+
+def _wait(cond, timeout=20.0, what=""):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _status(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as r:
+        return json.loads(r.read())
+
+
+def test_shipped_pair_bridges_a_topic(tmp_path):
+    """router-a.xml and router-b.xml (ports moved to free ones) with two lbmrds;
+    a TCP source in TRD1 is seen in TRD2 as a proxy and its bytes arrive."""
+    peer, ma, mb = free_port(), free_port(), free_port()
+    l1, l2 = free_port(socket.SOCK_DGRAM, "127.0.1.1"), free_port(socket.SOCK_DGRAM, "127.0.2.1")
+    cfgs = {}
+    for name, metrics in (("router-a.xml", ma), ("router-b.xml", mb)):
+        text = (ROOT / "configs" / name).read_text()
+        text = text.replace("26123", str(peer)).replace("127.0.1.1\" port=\"15380", f"127.0.1.1\" port=\"{l1}")
+        text = text.replace("127.0.2.1\" port=\"15380", f"127.0.2.1\" port=\"{l2}")
+        text = text.replace("9390", str(metrics)).replace("9391", str(metrics))
+        cfgs[name] = tmp_path / name
+        cfgs[name].write_text(text)
+    procs = []
+    try:
+        procs.append(subprocess.Popen(LBMRD + ["-i", "127.0.1.1", "-p", str(l1), "--stats-interval", "0"],
+                                      stdout=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(LBMRD + ["-i", "127.0.2.1", "-p", str(l2), "--stats-interval", "0"],
+                                      stdout=subprocess.DEVNULL))
+        logb = tmp_path / "b.log"
+        procs.append(subprocess.Popen(ROUTER + ["-L", str(logb), str(cfgs["router-b.xml"])]))
+        procs.append(subprocess.Popen(ROUTER + ["-L", str(tmp_path / "a.log"), str(cfgs["router-a.xml"])]))
+
+        def connected():
+            try:
+                return _status(mb)["peer"]["state"] == "CONNECTED"
+            except OSError:
+                return False
+
+        _wait(connected, what="the peer link")
+        # a TCP source in TRD1 on 127.0.1.5, advertised through lbmrd 1
+        src = socket.socket()
+        src.bind(("127.0.1.5", 0))
+        src.listen()
+        sport = src.getsockname()[1]
+        ctx1 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        ctx1.bind(("127.0.1.5", 0))
+        tir = L.encode(L.Packet(0, 1, tirs=[L.TIR("md.cli", L.TcpTransport("0.0.0.0", sport), 60, 3)]))
+        rcv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        rcv.bind(("127.0.2.9", 0))
+        rcv.settimeout(0.2)
+        tqr = L.encode(L.Packet(0, 1, tqrs=[L.TQR("md.cli")]))
+        proxy = None
+        deadline = time.monotonic() + 20
+        while proxy is None:
+            assert time.monotonic() < deadline, "no proxy TIR in TRD2"
+            ctx1.sendto(tir, ("127.0.1.1", l1))
+            rcv.sendto(tqr, ("127.0.2.1", l2))
+            try:
+                while True:
+                    pkt = L.decode(rcv.recvfrom(65535)[0])
+                    hit = [t for t in pkt.tirs if t.topic == "md.cli"]
+                    if hit:
+                        proxy = hit[0].transport
+                        break
+            except TimeoutError:
+                pass
+        assert proxy.ip == "127.0.2.1" and 14381 <= proxy.port <= 14390  # router B's relay range
+        c = socket.create_connection((proxy.ip, proxy.port), timeout=10)
+        s, _ = src.accept()
+        s.sendall(b"numbered-data-" * 1000)
+        s.close()
+        got = b""
+        while chunk := c.recv(65536):
+            got += chunk
+        assert got == b"numbered-data-" * 1000
+        st = _status(mb)
+        assert st["proxies"] and st["counters"]["peer_connects"] >= 1
+        procs[2].send_signal(signal.SIGUSR1)
+        _wait(lambda: "dump " in logb.read_text(), what="the SIGUSR1 dump")
+        for p in procs[2:]:
+            p.send_signal(signal.SIGTERM)
+        assert [p.wait(timeout=10) for p in procs[2:]] == [0, 0]
+        for s_ in (src, ctx1, rcv, c):
+            s_.close()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
