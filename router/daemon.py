@@ -40,6 +40,7 @@ from .tr import (
 
 log = logging.getLogger("lbmr-router")
 
+_LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 CONNECT_TIMEOUT = 5.0  # seconds to connect to a real source (far side) or to the peer
 PORTAL_QUEUE = 1000  # commands queued from the peer side to the portal
 RU_BACKLOG = 64  # datagrams held per LBT-RU stream until the far side accepts
@@ -401,8 +402,13 @@ class Router:
                 n.start_soon(link.writer)
                 n.start_soon(self._link_timer, link, n.cancel_scope)
                 await self._link_reader(link, n.cancel_scope)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-            log.info("peer %s: link lost: %s", p.name, e)
+        except BaseExceptionGroup as eg:  # trio groups the link tasks' errors
+            _, rest = eg.split(_LINK_ERRORS)
+            if rest is not None:
+                raise rest from None
+            self.event("peer_down", f"{p.name}: link lost: {eg.exceptions[0]}")
+        except _LINK_ERRORS as e:
+            self.event("peer_down", f"{p.name}: link lost: {e}")
         finally:
             self._link_down(link)
             await trio.aclose_forcefully(stream)

@@ -72,7 +72,8 @@ async def resolve(sock, daemon, timeout=10.0):
                     except L.LBMRDecodeError:
                         continue
                     for t in pkt.tirs:
-                        if t.topic == TOPIC:
+                        final = any(isinstance(o, L.CostOption) and o.cost == -1 for o in t.options or ())
+                        if t.topic == TOPIC and not final:  # a final advertisement withdraws
                             return t
 
 
