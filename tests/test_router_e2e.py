@@ -91,7 +91,7 @@ def udp(ip):
 
 
 async def test_tcp_source_in_trd1_reaches_receiver_in_trd2():
-    total = 20 * 1024 * 1024
+    total = 100 * 1024 * 1024  # the issue: 100 MB byte-exact
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
