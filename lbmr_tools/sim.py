@@ -18,6 +18,12 @@ Two layers:
   :func:`trio.current_time`, so it runs unchanged on a virtual clock
   (``autojump_clock`` in tests).
 
+With data (``SimConfig.data_bytes`` / ``data_datagrams``) every source
+also serves numbered data on the transport address it advertises, through
+:mod:`lbmr_tools.dataplane` (TCP, or our simplified LBT-RU-like datagram
+protocol), and with ``verify_data`` every receiver, once resolved, connects
+to (registers with) the address it resolved and verifies what arrives.
+
 ``main`` is the ``lbmr-sim`` command; see lbmr-sim(1).
 """
 
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import errno
 import fcntl
 import ipaddress
 import json
@@ -62,6 +69,16 @@ from lbmr_proto import (
 from lbmr_proto.capture import PcapWriter
 from lbmr_proto.constants import LBMRD_PORT, MAX_NAME_LEN
 from lbmr_proto.popts import encode_packet_options
+from lbmr_tools.dataplane import (
+    RU_MAX_DATAGRAM,
+    RU_MIN_DATAGRAM,
+    RuDataReceiver,
+    RuDataSource,
+    RuReceiveResult,
+    TcpDataReceiver,
+    TcpDataSource,
+    topic_seed,
+)
 
 Addr = tuple[str, int]
 
@@ -88,6 +105,8 @@ DEFAULT_DAEMON: Addr = ("127.0.0.1", LBMRD_PORT)
 MC_GROUP = "224.9.10.11"  # UM resolver_multicast_address
 MC_PORT = 12965  # UM resolver_multicast_port
 MC_INTERFACE = "127.0.0.1"
+DEFAULT_DATA_RATE = 10000.0  # LBT-RU-like datagrams per second per receiver
+MAX_DATA_DATAGRAMS = 10_000_000
 
 
 # ------------------------------------------------------------------ timing
@@ -602,7 +621,20 @@ class SimConfig:
     (tcp 14371, lbtru 14380, lbtrm 14390); source number n (counted over all
     contexts) advertises port ``base + n``. ``keep_running`` runs the full
     ``duration`` even after every receiver has resolved. ``record_sent``
-    keeps every sent datagram in :attr:`SimResult.sent`."""
+    keeps every sent datagram in :attr:`SimResult.sent`.
+
+    Data (see :mod:`lbmr_tools.dataplane`): with ``data_bytes`` TCP sources
+    serve that many bytes to every receiver that connects, with
+    ``data_datagrams`` LBT-RU sources send that many datagrams of
+    ``data_datagram_size`` bytes at ``data_rate`` per second to every
+    receiver that registers. Each source binds its data socket on its
+    context's address and the port it advertises (a kernel-chosen one, then
+    advertised, when that port is taken). The stream of topic T is keyed by
+    ``topic_seed(T, data_seed)``. With ``verify_data`` every receiver, once
+    resolved, fetches and verifies the data of the address it resolved,
+    expecting ``data_bytes`` (TCP) or ``data_datagrams`` (LBT-RU), reading
+    TCP at most ``data_rate_limit`` bytes per second when given; the run
+    then also waits for the data."""
 
     daemons: list[Addr] = field(default_factory=list)
     contexts: int = 4
@@ -625,6 +657,13 @@ class SimConfig:
     multicast: Addr | None = None
     mc_interface: str = MC_INTERFACE
     mc_ttl: int = 0
+    data_bytes: int | None = None
+    data_datagrams: int | None = None
+    data_seed: int = 0
+    data_rate: float = DEFAULT_DATA_RATE
+    data_datagram_size: int = RU_MAX_DATAGRAM
+    data_rate_limit: float | None = None
+    verify_data: bool = False
 
 
 def _ipv4(ip: str, what: str) -> ipaddress.IPv4Address:
@@ -740,6 +779,41 @@ def check_config(cfg: SimConfig) -> None:
         raise ValueError("duration must be a positive number of seconds")
     if cfg.max_datagram > 65507:
         raise ValueError("max datagram larger than a UDP datagram")
+    check_data_config(cfg)
+
+
+def check_data_config(cfg: SimConfig) -> None:
+    """The data options' part of :func:`check_config`."""
+    if cfg.data_bytes is not None and cfg.data_bytes < 1:
+        raise ValueError("data bytes must be >= 1")
+    if cfg.data_datagrams is not None and not 1 <= cfg.data_datagrams <= MAX_DATA_DATAGRAMS:
+        raise ValueError(f"data datagrams must be 1..{MAX_DATA_DATAGRAMS}")
+    if not 0 <= cfg.data_seed < 1 << 64:
+        raise ValueError("data seed must be in 0..2**64-1")
+    if not (cfg.data_rate > 0 and math.isfinite(cfg.data_rate)):
+        raise ValueError("data rate must be a positive number of datagrams per second")
+    if not RU_MIN_DATAGRAM <= cfg.data_datagram_size <= RU_MAX_DATAGRAM:
+        raise ValueError(f"data datagram size must be {RU_MIN_DATAGRAM}..{RU_MAX_DATAGRAM} bytes")
+    if cfg.data_rate_limit is not None and not (cfg.data_rate_limit > 0
+                                                and math.isfinite(cfg.data_rate_limit)):
+        raise ValueError("data rate limit must be a positive number of bytes per second")
+    if cfg.topics * cfg.sources_per_topic:
+        if cfg.data_bytes is not None and cfg.transport != "tcp":
+            raise ValueError(f"--data-bytes is for TCP sources; these sources use {cfg.transport} "
+                             "(--data-datagrams is for lbtru)")
+        if cfg.data_datagrams is not None and cfg.transport != "lbtru":
+            raise ValueError(f"--data-datagrams is for LBT-RU sources; these sources use "
+                             f"{cfg.transport} (--data-bytes is for tcp)")
+    if cfg.verify_data and cfg.data_bytes is None and cfg.data_datagrams is None:
+        raise ValueError("--verify-data needs --data-bytes (TCP) or --data-datagrams (LBT-RU): "
+                         "how much data to expect")
+
+
+def serves_data(cfg: SimConfig) -> bool:
+    """Whether the sources of ``cfg`` serve data."""
+    return bool(cfg.topics * cfg.sources_per_topic) and (
+        (cfg.transport == "tcp" and cfg.data_bytes is not None)
+        or (cfg.transport == "lbtru" and cfg.data_datagrams is not None))
 
 
 def make_transport(kind: str, ip: str, port: int, rng: random.Random):
@@ -761,26 +835,41 @@ def receiver_topics(i: int, topics: list[str], local: set[str], count: int) -> l
     return picked[:count]
 
 
+def source_placement(cfg: SimConfig) -> list[tuple[int, str, int]]:
+    """(context index, topic, source number n) of every source, in order:
+    source k of topic j lives on context ``(j * sources_per_topic + k) mod
+    contexts`` and is source number ``j * sources_per_topic + k``."""
+    out = []
+    for j, topic in enumerate(topic_names(cfg)):
+        for k in range(cfg.sources_per_topic):
+            n = j * cfg.sources_per_topic + k
+            out.append((n % cfg.contexts, topic, n))
+    return out
+
+
+def source_port_base(cfg: SimConfig) -> int:
+    return PORT_BASES[cfg.transport] if cfg.source_port_base is None else cfg.source_port_base
+
+
 def build_contexts(cfg: SimConfig, addrs: Sequence[Addr], start: float,
-                   rng: random.Random) -> list[Context]:
+                   rng: random.Random, ports: Sequence[int] | None = None) -> list[Context]:
     """Place sources and receivers: source k of topic j lives on context
     ``(j * sources_per_topic + k) mod contexts``; each context gets
-    ``receivers_per_context`` receivers (see :func:`receiver_topics`)."""
+    ``receivers_per_context`` receivers (see :func:`receiver_topics`).
+    Source number n advertises ``ports[n]`` (default: the port base + n)."""
     daemons = daemon_list(cfg)
     ctxs = [Context(daemons, multicast=cfg.multicast, timing=cfg.timing, start=start,
                     src_id=rng.randbytes(8), rng=rng, index=i, local_ip=addrs[i][0],
                     max_datagram=cfg.max_datagram, request_port=REQUEST_PORT_BASE + i)
             for i in range(cfg.contexts)]
     topics = topic_names(cfg)
-    base = PORT_BASES[cfg.transport] if cfg.source_port_base is None else cfg.source_port_base
+    base = source_port_base(cfg)
     source_ip = source_ip_of(cfg)
-    n = 0
-    for j, topic in enumerate(topics):
-        for k in range(cfg.sources_per_topic):
-            ctx = ctxs[(j * cfg.sources_per_topic + k) % cfg.contexts]
-            ip = ctx.local_ip if source_ip == "bind" else source_ip
-            ctx.add_source(topic, make_transport(cfg.transport, ip, base + n, rng), now=start)
-            n += 1
+    for ci, topic, n in source_placement(cfg):
+        ctx = ctxs[ci]
+        ip = ctx.local_ip if source_ip == "bind" else source_ip
+        port = base + n if ports is None else ports[n]
+        ctx.add_source(topic, make_transport(cfg.transport, ip, port, rng), now=start)
     for i, ctx in enumerate(ctxs):
         local = {s.topic for s in ctx.sources}
         for topic in receiver_topics(i, topics, local, cfg.receivers_per_context):
@@ -938,16 +1027,22 @@ class ReceiverResult:
     transport: str | None  # "TCP 127.0.1.3:14371"
     sources_seen: int
     local: bool
+    data: dict | None = None  # with verify_data: see data_outcome()
 
     @property
     def resolved(self) -> bool:
         return self.time_ms is not None
 
+    @property
+    def data_ok(self) -> bool:
+        return self.data is not None and self.data["ok"]
+
     def as_dict(self) -> dict:
         return {"context": self.context, "client": self.client, "topic": self.topic,
                 "resolved": self.resolved,
                 "time_ms": None if self.time_ms is None else round(self.time_ms, 3),
-                "transport": self.transport, "sources_seen": self.sources_seen, "local": self.local}
+                "transport": self.transport, "sources_seen": self.sources_seen, "local": self.local,
+                "data": self.data}
 
 
 @dataclass
@@ -961,6 +1056,8 @@ class SimResult:
     recv_errors: int = 0
     sent: list[SentDatagram] | None = None
     multicast: Addr | None = None
+    verify_data: bool = False
+    data_sources: list[dict] = field(default_factory=list)  # see data_source_report()
 
     @property
     def resolved(self) -> int:
@@ -969,6 +1066,14 @@ class SimResult:
     @property
     def all_resolved(self) -> bool:
         return self.resolved == len(self.receivers)
+
+    @property
+    def data_verified(self) -> int:
+        return sum(r.data_ok for r in self.receivers)
+
+    @property
+    def all_data_verified(self) -> bool:
+        return self.data_verified == len(self.receivers)
 
     def times_ms(self) -> list[float]:
         return [r.time_ms for r in self.receivers if r.time_ms is not None]
@@ -979,7 +1084,8 @@ class SimResult:
                 "median_ms": round(statistics.median(t), 3) if t else None,
                 "max_ms": round(max(t), 3) if t else None,
                 "elapsed_s": round(self.elapsed, 3), "send_errors": self.send_errors,
-                "recv_errors": self.recv_errors}
+                "recv_errors": self.recv_errors,
+                "data_verified": self.data_verified if self.verify_data else None}
 
     def as_dict(self) -> dict:
         return {
@@ -991,19 +1097,101 @@ class SimResult:
                           "sources": [f"{s.topic} {transport_text(s.transport)}" for s in c.sources],
                           "receivers": [r.topic for r in c.receivers], "stats": dict(sorted(c.stats.items()))}
                          for c, a in zip(self.contexts, self.clients, strict=True)],
+            "data_sources": self.data_sources,
         }
 
 
-def _results(ctxs: Sequence[Context], clients: Sequence[Addr]) -> list[ReceiverResult]:
+def _results(ctxs: Sequence[Context], clients: Sequence[Addr],
+             data: dict | None = None) -> list[ReceiverResult]:
+    """One ReceiverResult per receiver; ``data`` (with verify_data) maps a
+    Receiver to its data receiver, or to an error text when none could run."""
     out = []
     for c, (ip, port) in zip(ctxs, clients, strict=True):
         for r in c.receivers:
             ttr = r.time_to_resolve
+            d = None
+            if data is not None:
+                d = data_outcome(data.get(r, "unresolved: no data fetched"))
             out.append(ReceiverResult(c.index, f"{ip}:{port}", r.topic,
                                       None if ttr is None else ttr * 1000.0,
                                       None if r.transport is None else transport_text(r.transport),
-                                      len(r.sources), r.local))
+                                      len(r.sources), r.local, d))
     return out
+
+
+def data_outcome(rx) -> dict:
+    """A receiver's data report: kind ("tcp", "lbtru" or None), ok, bytes
+    (verified payload bytes for LBT-RU), datagrams (LBT-RU; None for TCP),
+    error (the first problem or None), bytes_per_s, elapsed_s and the data
+    receiver's full result as ``detail``."""
+    if isinstance(rx, str):
+        return {"kind": None, "ok": False, "bytes": 0, "datagrams": None, "error": rx,
+                "bytes_per_s": 0.0, "elapsed_s": 0.0, "detail": None}
+    res = rx.result
+    error = res.error
+    if not res.done:
+        error = f"the run ended (--duration) before the data did: {error}"
+    ru = isinstance(res, RuReceiveResult)
+    return {"kind": "lbtru" if ru else "tcp", "ok": res.ok, "bytes": res.bytes_received,
+            "datagrams": res.received if ru else None, "error": error,
+            "bytes_per_s": round(res.bytes_per_s, 1), "elapsed_s": round(res.elapsed, 6),
+            "detail": res.as_dict()}
+
+
+def data_source_report(ctx_index: int, topic: str, server) -> dict:
+    """What one data source served (for SimResult.data_sources)."""
+    ip, port = server.address
+    if isinstance(server, TcpDataSource):
+        return {"context": ctx_index, "topic": topic, "kind": "tcp", "address": f"{ip}:{port}",
+                "receivers": len(server.connections), "bytes_sent": server.bytes_sent,
+                "datagrams_sent": None, "status_received": None,
+                "complete": sum(c.complete for c in server.connections)}
+    return {"context": ctx_index, "topic": topic, "kind": "lbtru", "address": f"{ip}:{port}",
+            "receivers": len(server.sessions),
+            "bytes_sent": sum(s.bytes_sent for s in server.sessions.values()),
+            "datagrams_sent": server.datagrams_sent, "status_received": server.status_received,
+            "complete": sum(s.complete for s in server.sessions.values()),
+            "counters": dict(server.counters)}
+
+
+async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic: str):
+    """Start the data source of one simulated source on (ip, port), or on a
+    kernel-chosen port when that one is taken: (server, bound port)."""
+    seed = topic_seed(topic, cfg.data_seed)
+    for p in (port, 0):
+        if cfg.transport == "tcp":
+            server = TcpDataSource(ip, p, total_bytes=cfg.data_bytes, seed=seed)
+        else:
+            server = RuDataSource(ip, p, count=cfg.data_datagrams, seed=seed,
+                                  datagram_size=cfg.data_datagram_size, rate=cfg.data_rate)
+        try:
+            addr = await nursery.start(server.serve)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE or p == 0:
+                raise
+            continue
+        return server, addr[1]
+    raise AssertionError("unreachable")
+
+
+def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str):
+    """The data receiver for a receiver of ``topic`` resolved to
+    ``transport``, or an error text when there is no data to fetch."""
+    seed = topic_seed(topic, cfg.data_seed)
+    name = transport.NAME
+    if name == "TCP":
+        if cfg.data_bytes is None:
+            return "resolved a TCP source but --data-bytes is not given"
+        return TcpDataReceiver(transport.ip, transport.port, cfg.data_bytes, seed,
+                               rate_limit_bps=cfg.data_rate_limit, timeout=cfg.duration,
+                               bind_ip=local_ip)
+    if name == "LBTRU":
+        if cfg.data_datagrams is None:
+            return "resolved an LBT-RU source but --data-datagrams is not given"
+        return RuDataReceiver(transport.ip, transport.port, seed=seed,
+                              expect_count=cfg.data_datagrams, bind_ip=local_ip,
+                              timeout=cfg.duration)
+    return f"no data for {name} transports"
 
 
 async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> SimResult:
@@ -1015,6 +1203,11 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
     and the group's port). Returns a :class:`SimResult`. In multicast mode
     the interface is checked first (:func:`multicast_interface`): raises
     :class:`MulticastUnavailable` before any socket is opened.
+
+    With data the sources' data sockets are open before the first
+    advertisement; with ``verify_data`` each receiver starts fetching the
+    data as soon as it has resolved, and the run ends early only once every
+    receiver has resolved and every data receiver has finished.
     """
     check_config(config)
     rng = random.Random(config.seed)
@@ -1024,6 +1217,9 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
     pcap: PcapWriter | None = None
     sent: list[SentDatagram] | None = [] if config.record_sent else None
     errors = Counter()
+    ctxs: list[Context] = []
+    servers: list[tuple[int, str, object]] = []  # (context, topic, data source)
+    data_rx: dict | None = {} if config.verify_data else None  # Receiver -> data receiver | error
     try:
         if iface is not None:
             group, port = config.multicast
@@ -1042,16 +1238,49 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
         start = trio.current_time()
         wall0 = time.time()
         end = start + config.duration
-        ctxs = build_contexts(config, clients, start, rng)
-        has_receivers = any(c.receivers for c in ctxs)
-        task_status.started(clients)
 
         async with trio.open_nursery() as nursery:
             nursery.cancel_scope.deadline = end
+            ports = None
+            if serves_data(config):
+                base = source_port_base(config)
+                ports = []
+                for ci, topic, n in source_placement(config):
+                    server, port = await _start_data_source(nursery, config, addrs[ci], base + n, topic)
+                    ports.append(port)
+                    servers.append((ci, topic, server))
+            ctxs[:] = build_contexts(config, clients, start, rng, ports)
+            has_receivers = any(c.receivers for c in ctxs)
+            task_status.started(clients)
+            data_pending = 0
+            resolved_seen = [-1] * len(ctxs)
 
             def check_done() -> None:
-                if has_receivers and not config.keep_running and all(c.all_resolved for c in ctxs):
+                if (has_receivers and not config.keep_running and data_pending == 0
+                        and all(c.all_resolved for c in ctxs)):
                     nursery.cancel_scope.cancel()
+
+            async def fetch(rx) -> None:
+                nonlocal data_pending
+                try:
+                    await rx.run()
+                finally:
+                    data_pending -= 1
+                    check_done()
+
+            def start_data(ctx: Context) -> None:
+                """Start the data receivers of ctx's newly resolved receivers."""
+                nonlocal data_pending
+                if data_rx is None or ctx.stats["resolved"] == resolved_seen[ctx.index]:
+                    return
+                resolved_seen[ctx.index] = ctx.stats["resolved"]
+                for r in ctx.receivers:
+                    if r.resolved and r not in data_rx:
+                        rx = _data_receiver(config, r.topic, r.transport, ctx.local_ip)
+                        data_rx[r] = rx
+                        if not isinstance(rx, str):
+                            data_pending += 1
+                            nursery.start_soon(fetch, rx)
 
             async def send(sock, me: Addr, dgs: Iterable[Datagram]) -> None:
                 for d in dgs:
@@ -1088,8 +1317,11 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                     now = trio.current_time()
                     await send(sock, me, ctx.receive(data, now, src[:2]))
                     wake[0].set()
+                    start_data(ctx)
                     check_done()
 
+            for ctx in ctxs:  # receivers resolved from their own context's sources
+                start_data(ctx)
             check_done()
             for ctx, sock, me in zip(ctxs, socks, clients, strict=True):
                 wake = [trio.Event()]
@@ -1101,11 +1333,27 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
             s.close()
         if pcap is not None:
             pcap.close()
-    return SimResult(_results(ctxs, clients), ctxs, clients, daemon_list(config), elapsed,
-                     errors["send"], errors["recv"], sent, config.multicast)
+    return SimResult(_results(ctxs, clients, data_rx), ctxs, clients, daemon_list(config), elapsed,
+                     errors["send"], errors["recv"], sent, config.multicast, config.verify_data,
+                     [data_source_report(ci, topic, server) for ci, topic, server in servers])
 
 
 # ------------------------------------------------------------------- report
+
+
+def data_text(d: dict) -> str:
+    """``data OK: 4194304 bytes, 812.3 MB/s``-style text of a data_outcome()."""
+    if d["datagrams"] is not None:
+        expect = (d["detail"] or {}).get("expect_count")
+        amount = f"{d['datagrams']}/{expect} datagrams ({d['bytes']} bytes)"
+    else:
+        amount = f"{d['bytes']} bytes"
+    rate = f"{d['bytes_per_s'] / 1e6:.1f} MB/s"
+    if d["ok"]:
+        return f"data OK: {amount}, {rate}"
+    if d["kind"] is None:
+        return f"data FAILED: {d['error']}"
+    return f"data FAILED: {d['error'] or 'incomplete'}; {amount}, {rate}"
 
 
 def render_text(result: SimResult) -> str:
@@ -1114,15 +1362,30 @@ def render_text(result: SimResult) -> str:
         head = f"ctx {r.context} ({r.client}) {r.topic}"
         if r.resolved:
             how = " (local source)" if r.local else ""
-            lines.append(f"{head} resolved in {r.time_ms:.3f} ms: {r.transport}{how}")
+            line = f"{head} resolved in {r.time_ms:.3f} ms: {r.transport}{how}"
+            if r.data is not None:
+                line += "; " + data_text(r.data)
+            lines.append(line)
         else:
             lines.append(f"{head} unresolved")
+    if result.data_sources:
+        ds = result.data_sources
+        kinds = "/".join(sorted({d["kind"] for d in ds}))
+        served = sum(d["receivers"] for d in ds)
+        amount = f"{sum(d['bytes_sent'] for d in ds)} bytes"
+        if any(d["datagrams_sent"] is not None for d in ds):
+            amount = (f"{sum(d['datagrams_sent'] or 0 for d in ds)} datagrams ({amount}), "
+                      f"{sum(d['status_received'] or 0 for d in ds)} status datagrams received")
+        lines.append(f"data sources: {len(ds)} ({kinds}) served {served} receivers, {amount}")
     s = result.summary()
     if s["median_ms"] is None:
         times = "no time to resolve"
     else:
         times = f"time to resolve median {s['median_ms']:.3f} ms, max {s['max_ms']:.3f} ms"
-    lines.append(f"summary: {s['resolved']}/{s['total']} receivers resolved; {times}; "
+    verified = ""
+    if result.verify_data:
+        verified = f"; data verified for {s['data_verified']}/{s['total']} receivers"
+    lines.append(f"summary: {s['resolved']}/{s['total']} receivers resolved; {times}{verified}; "
                  f"ran {s['elapsed_s']:.3f} s")
     return "\n".join(lines) + "\n"
 
@@ -1134,8 +1397,10 @@ def render(result: SimResult, as_json: bool = False) -> str:
 
 
 def exit_status(result: SimResult) -> int:
-    """0 when every receiver resolved, else 1."""
-    return 0 if result.all_resolved else 1
+    """0 when every receiver resolved (and, with verify_data, verified its
+    data), else 1."""
+    ok = result.all_resolved and (not result.verify_data or result.all_data_verified)
+    return 0 if ok else 1
 
 
 # ---------------------------------------------------------------------- CLI
@@ -1179,6 +1444,31 @@ def parse_timing(items: Iterable[str]) -> Timing:
         except ValueError:
             raise ValueError(f"not a number of seconds: {val!r}") from None
     return Timing(**kw)
+
+
+SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``N`` or ``N`` followed by K, M or G (powers of 1024) -> a positive
+    number of bytes."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    num, suffix = (t[:-1], t[-1]) if t and t[-1] in "KMG" else (t, "")
+    if not num.isdigit():
+        raise ValueError(f"expected a number of bytes, optionally with K, M or G; got {text!r}")
+    n = int(num) * SIZE_SUFFIXES[suffix]
+    if n < 1:
+        raise ValueError(f"expected at least 1 byte, got {text!r}")
+    return n
+
+
+def _size_cb(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def _daemons_cb(ctx, param, values):
@@ -1226,7 +1516,10 @@ def config_from_params(params: dict) -> SimConfig:
         source_port_base=params["source_port_base"], bind=params["bind"], bind_base=params["bind_base"],
         duration=params["duration"], keep_running=params["keep_running"], pcap=params["pcap"],
         seed=params["seed"], topic_prefix=params["topic_prefix"], max_datagram=params["max_datagram"],
-        timing=params["timing"])
+        timing=params["timing"], data_bytes=params["data_bytes"],
+        data_datagrams=params["data_datagrams"], data_seed=params["data_seed"],
+        data_rate=params["data_rate"], data_datagram_size=params["data_datagram_size"],
+        data_rate_limit=params["data_rate_limit"], verify_data=params["verify_data"])
     check_config(cfg)
     cfg.source_ip = source_ip_of(cfg)
     return cfg
@@ -1280,16 +1573,37 @@ def config_from_params(params: dict) -> SimConfig:
               show_default=True, metavar="BYTES", help="Largest TR datagram when batching records.")
 @click.option("--timing", "timing", multiple=True, metavar="FIELD=SECONDS", callback=_timing_cb,
               help="Override one timing parameter (repeatable), e.g. keepalive_interval=0.25.")
+@click.option("--data-bytes", metavar="N[K|M|G]", callback=_size_cb,
+              help="TCP sources serve N numbered bytes to each receiver that connects, on the "
+                   "address they advertise; with --verify-data, what receivers expect.")
+@click.option("--data-datagrams", type=click.IntRange(1, MAX_DATA_DATAGRAMS), metavar="N",
+              help="LBT-RU sources send N numbered datagrams to each receiver that registers "
+                   "(our simplified LBT-RU-like protocol); with --verify-data, what receivers expect.")
+@click.option("--verify-data", is_flag=True,
+              help="Receivers, once resolved, fetch the data from the address they resolved and "
+                   "verify it; the report gives each one's result and throughput.")
+@click.option("--data-seed", type=click.IntRange(0, (1 << 64) - 1), default=0, show_default=True,
+              metavar="N", help="Key of the data streams (simulators exchanging data must agree).")
+@click.option("--data-rate", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_DATA_RATE,
+              show_default=True, metavar="DGRAMS/S",
+              help="LBT-RU datagrams per second, per receiver.")
+@click.option("--data-datagram-size", type=click.IntRange(RU_MIN_DATAGRAM, RU_MAX_DATAGRAM),
+              default=RU_MAX_DATAGRAM, show_default=True, metavar="BYTES",
+              help="Size of each LBT-RU data datagram (UDP payload).")
+@click.option("--data-rate-limit", metavar="BYTES/S[K|M|G]", callback=_size_cb,
+              help="TCP receivers read at most this many bytes per second (slow receivers).")
 def main(as_json: bool, **params) -> None:
     """Simulate Ultra Messaging contexts' topic resolution on loopback,
     against one or more lbmrds (unicast) or on a multicast group, and report
     how fast each receiver resolved.
 
-    Exit status: 0 if every receiver resolved, 1 otherwise, 2 usage error.
+    Exit status: 0 if every receiver resolved (and, with --verify-data, verified
+    its data), 1 otherwise, 2 usage error.
 
     \b
     Examples:
       lbmr-sim --daemon 127.0.0.1:15380 --contexts 8 --topics 100 --receivers-per-context 10
+      lbmr-sim --daemon 127.0.0.1:15380 --data-bytes 100M --verify-data
       lbmr-sim --daemon 127.0.0.1:15380 --daemon 127.0.0.1:15381 --bind-base 127.0.1.1
       lbmr-sim --transport lbtrm --pcap sim.pcap --json
       ip netns exec NS lbmr-sim --multicast 224.9.10.11:12965 --bind-base 127.0.1.1
