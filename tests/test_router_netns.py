@@ -1,0 +1,86 @@
+"""The router across network namespaces the test creates: TRD1 lives on the
+loopback of namespace A, TRD2 on the loopback of namespace B, so TRD1's hosts
+cannot route to TRD2's at all. The only path between them is a veth pair that
+carries the routers' peer link. A TCP source in TRD1 (lbmr-sim) serves
+numbered data; a receiver in TRD2 (lbmr-sim) resolves the proxy and verifies
+every byte. Namespaces are removed even when the test fails."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from tests import netns
+
+netns_factory = netns.netns_factory  # the fixture
+
+PY = sys.executable
+LBMRD = [PY, "-c", "import sys; from lbmrd.cli import main; sys.exit(main(sys.argv[1:]))"]
+ROUTER = [PY, "-c", "import sys; from router.cli import main; sys.exit(main(sys.argv[1:]))"]
+SIM = [PY, "-m", "lbmr_tools.sim"]
+
+ROUTER_XML = """<?xml version="1.0" encoding="UTF-8" ?>
+<lbmr-router version="1.0">
+  <daemon><name>{name}</name><log type="console"/></daemon>
+  <portals>
+    <endpoint>
+      <name>{name}-trd</name>
+      <domain-id>{domain}</domain-id>
+      <topic-resolution>
+        <interface>{trd_ip}</interface>
+        <lbmrd address="{trd_ip}" port="15380"/>
+      </topic-resolution>
+      <relay interface="{trd_ip}" port-low="14371" port-high="14390"/>
+    </endpoint>
+    <peer>
+      <name>{name}-peer</name>
+      <single-tcp>
+        <interface>{link_ip}</interface>
+        {role}
+      </single-tcp>
+      <gateway-keepalive idle="yes" interval="1000" timeout="3000"/>
+    </peer>
+  </portals>
+</lbmr-router>
+"""
+
+
+def test_router_pair_across_namespaces(netns_factory, tmp_path):
+    a, b = netns_factory(), netns_factory()
+    netns.veth(a, "198.18.0.1/24", b, "198.18.0.2/24")
+    # no route from A to TRD2 (127.0.2.1 is B's loopback) and vice versa
+    assert a.run(["ip", "route", "get", "127.0.2.1"]).stdout.count("dev lo") == 1  # stays in A
+    cfg_a = tmp_path / "a.xml"
+    cfg_a.write_text(ROUTER_XML.format(
+        name="router-a", domain=1, trd_ip="127.0.1.1", link_ip="198.18.0.1",
+        role="<initiator reconnect-interval=\"500\"><address>198.18.0.2</address><port>26123</port></initiator>"))
+    cfg_b = tmp_path / "b.xml"
+    cfg_b.write_text(ROUTER_XML.format(
+        name="router-b", domain=2, trd_ip="127.0.2.1", link_ip="198.18.0.2",
+        role="<acceptor><listen-port>26123</listen-port></acceptor>"))
+    logs = {k: open(tmp_path / f"{k}.log", "w") for k in ("la", "lb", "ra", "rb", "src")}
+    try:
+        a.popen(LBMRD + ["-i", "127.0.1.1", "--stats-interval", "0"], stdout=logs["la"], stderr=logs["la"])
+        b.popen(LBMRD + ["-i", "127.0.2.1", "--stats-interval", "0"], stdout=logs["lb"], stderr=logs["lb"])
+        b.popen(ROUTER + [str(cfg_b)], stdout=logs["rb"], stderr=logs["rb"])
+        a.popen(ROUTER + [str(cfg_a)], stdout=logs["ra"], stderr=logs["ra"])
+        common = ["--topics", "1", "--topic-prefix", "md.ns.", "--data-bytes", "20M", "--json"]
+        a.popen(SIM + ["--daemon", "127.0.1.1:15380", "--bind-base", "127.0.1.10", "--contexts", "1",
+                       "--receivers-per-context", "0", "--duration", "60", "--keep-running"] + common,
+                stdout=logs["src"], stderr=logs["src"])
+        time.sleep(0.5)
+        r = b.run(SIM + ["--daemon", "127.0.2.1:15380", "--bind-base", "127.0.2.10", "--contexts", "1",
+                         "--sources-per-topic", "0", "--receivers-per-context", "1", "--verify-data",
+                         "--duration", "40"] + common, timeout=60)
+        for f in logs.values():
+            f.flush()
+        detail = "\n".join(f"--- {k}\n" + (tmp_path / f"{k}.log").read_text()[-2000:] for k in logs)
+        assert r.returncode == 0, f"receiver sim failed:\n{r.stdout}\n{r.stderr}\n{detail}"
+        report = json.loads(r.stdout)
+        (rcv,) = report["receivers"]
+        assert rcv["resolved"] and rcv["transport"].startswith("TCP 127.0.2.1:"), rcv  # router B's proxy
+        assert rcv["data"]["ok"] and rcv["data"]["bytes"] == 20 * 1024 * 1024, rcv["data"]
+    finally:
+        for f in logs.values():
+            f.close()
