@@ -14,6 +14,7 @@ import sys
 import trio
 
 from lbmrd.cli import EXIT_CONFIG, EXIT_FATAL, EXIT_SOCKET, EXIT_USAGE, _leaves, setup_logging
+from lbmrd.interfaces import InterfaceError, resolve_interface
 
 from .daemon import EndpointSettings, PeerSettings, Router, RouterSettings
 
@@ -36,20 +37,25 @@ def tls_context(tls, server_side: bool) -> ssl.SSLContext:
     return ctx
 
 
+def _iface(spec: str | None, default: str) -> str:
+    """An interface spec of the file (address, CIDR, device) as an address."""
+    return default if not spec else resolve_interface(spec)
+
+
 def settings_from_config(cfg, *, handle_signals: bool = True) -> RouterSettings:
     e = cfg.endpoint
     tr = e.topic_resolution
     if tr.kind == "multicast":
         ep = EndpointSettings(e.name, e.domain_id, mode="multicast",
                               multicast=(tr.multicast.group, tr.multicast.port),
-                              tr_ip=tr.interface or "127.0.0.1")
+                              tr_ip=_iface(tr.interface, "127.0.0.1"))
     else:
         ep = EndpointSettings(e.name, e.domain_id, mode="lbmrd",
                               daemons=[(d.address, d.port) for d in tr.lbmrds],
-                              tr_ip=tr.interface or "0.0.0.0",
+                              tr_ip=_iface(tr.interface, "0.0.0.0"),
                               tr_port_low=tr.port_range.low if tr.port_range else 0,
                               tr_port_high=tr.port_range.high if tr.port_range else 0)
-    ep.relay_ip = e.relay.interface
+    ep.relay_ip = _iface(e.relay.interface, "0.0.0.0")
     ep.relay_port_low, ep.relay_port_high = e.relay.ports.low, e.relay.ports.high
     p = cfg.peer
     ka = p.keepalive
@@ -60,7 +66,7 @@ def settings_from_config(cfg, *, handle_signals: bool = True) -> RouterSettings:
         peer.address, peer.port = p.initiator.address, p.initiator.port
         peer.reconnect_interval = p.initiator.reconnect_interval_ms / 1000.0
     else:
-        peer.listen_ip, peer.port = p.interface or "0.0.0.0", p.acceptor.listen_port
+        peer.listen_ip, peer.port = _iface(p.interface, "0.0.0.0"), p.acceptor.listen_port
     if p.tls is not None:
         peer.tls = tls_context(p.tls, server_side=(p.role == "acceptor"))
     return RouterSettings(cfg.name, ep, peer, metrics=cfg.metrics, handle_signals=handle_signals)
@@ -111,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         settings = settings_from_config(cfg)
+    except InterfaceError as e:
+        log.error("%s", e)
+        return EXIT_CONFIG
     except (ssl.SSLError, OSError) as e:
         log.error("TLS setup failed: %s", e)
         return EXIT_CONFIG

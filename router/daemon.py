@@ -388,7 +388,8 @@ class Router:
                     await stream.do_handshake()
             except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError, OSError) as e:
                 self.counters["tls_failed"] += 1
-                self.event("tls_failed", f"peer {p.name}: {e}")
+                cause = e.__cause__ or e.__context__ or e
+                self.event("tls_failed", f"peer {p.name}: {type(cause).__name__}: {cause}")
                 await trio.aclose_forcefully(stream)
                 return
         conn = P.PeerConnection(role, self.identity, keepalive_interval=p.keepalive_interval,
@@ -699,13 +700,20 @@ class Router:
     # ------------------------------------------------------- byte pumping
 
     async def _pump(self, link: Link, st: _StreamState) -> None:
-        """Both directions of a TCP stream; returns when either side ends."""
-        async with trio.open_nursery() as n:
-            n.start_soon(self._pump_up, link, st, n.cancel_scope)
-            n.start_soon(self._pump_down, link, st, n.cancel_scope)
-        if not link.closed and link.streams.close(st.sid):
-            link.flush_streams()
-        link.state.pop(st.sid, None)
+        """Both directions of a TCP stream; returns when either side ends.
+        The stream is closed towards the peer however it ends (even cancelled)."""
+        try:
+            async with trio.open_nursery() as n:
+                n.start_soon(self._pump_up, link, st, n.cancel_scope)
+                n.start_soon(self._pump_down, link, st, n.cancel_scope)
+        finally:
+            if not link.closed:
+                try:
+                    if link.streams.close(st.sid):
+                        link.flush_streams()
+                except S.LocalStreamError:
+                    pass
+            link.state.pop(st.sid, None)
 
     async def _pump_up(self, link: Link, st: _StreamState, scope) -> None:
         """Socket -> peer link, within the stream's credit and the queue's space."""
