@@ -772,7 +772,18 @@ class Router:
                     log.info("dump %s", json.dumps(self.status()))
                 else:
                     log.info("stopping (%s)", signal.Signals(sig).name)
+                    await self.disconnect("shutting down")
                     self._nursery.cancel_scope.cancel()
+
+    async def disconnect(self, reason: str, timeout: float = 2.0) -> None:
+        """Graceful disconnect of the peer link (request, response, ok), bounded in time."""
+        link = self.link
+        if link is None or link.conn.state is not P.State.CONNECTED:
+            return
+        link.put(P.DisconnectRequest(reason))
+        with trio.move_on_after(timeout):
+            while self.link is link:
+                await trio.sleep(0.02)
 
     def prometheus_text(self) -> str:
         link = self.link

@@ -233,3 +233,20 @@ async def test_tls_mutual_auth_and_wrong_certificate(tmp_path):
 async def _run_in(scope, router):
     with scope:
         await router.run()
+
+
+async def test_graceful_disconnect_then_reconnect():
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        ra, rb = await start_routers(n, trd1, trd2, reconnect=0.2)
+        with trio.fail_after(5):
+            while rb.status()["peer"]["state"] != "CONNECTED":
+                await trio.sleep(0.01)
+        await rb.disconnect("maintenance")
+        downs = [e["detail"] for e in ra.status()["events"] if e["event"] == "peer_down"]
+        assert downs and "Closed" in downs[-1]  # the handshake, not a lost connection
+        with trio.fail_after(5):  # the initiator comes back
+            while rb.status()["peer"]["state"] != "CONNECTED":
+                await trio.sleep(0.01)
+        n.cancel_scope.cancel()
