@@ -1,0 +1,881 @@
+"""Router benchmark: TCP relay throughput through two routers, and topic
+resolution convergence across them.
+
+    python bench/router.py [--mbytes 200] [--runs 3] [--topics 8]
+                           [--profile auto|py-spy|cprofile|none] [--no-inprocess]
+
+Everything runs on loopback (127.0.0.0/8) and stops by itself (a hard limit
+of HARD_LIMIT_S seconds ends a stuck run).
+
+Deployment (as tests/test_router_cli.py runs it): two lbmrds
+(``lbmrd.cli``, TRD1 on 127.0.1.1, TRD2 on 127.0.2.1) and two routers
+(``router.cli`` with configs/router-a.xml and router-b.xml, every port moved
+to a free one and the relay range widened to RELAY_PORTS ports) are separate
+processes, so each router has a CPU of its own (the two cores of the machine
+are shared with the source and the receiver, which are threads of this
+process with blocking sockets).
+
+1. Throughput. A TCP "source" on 127.0.1.5 (TRD1) serves --mbytes MB (10^6
+   bytes) of a known pattern to every connection, sent CHUNK bytes per
+   ``sendall``, and is advertised through lbmrd 1 (a TIR every 0.5 s). The
+   receiver (127.0.2.9, TRD2) resolves the topic through lbmrd 2, which gives
+   router B's proxy, and reads with ``recv_into`` of CHUNK bytes until EOF:
+   receiver -> proxy (router B) -> peer link -> router A -> source. The time
+   runs from ``connect`` to EOF; the byte count and a 16-byte probe at both
+   ends of every read are checked against the pattern (whose period is not a
+   multiple of any read size). "direct" is the same receiver connecting
+   straight to the source, in the same run. Each of --runs rounds measures
+   both (alternating which goes first); the best of each is reported with
+   their ratio, and the CPU use over the best routed transfer (routers, this
+   process, everything else on the machine: a shared machine shows here).
+   Reference ceiling: two minimal one-way relay processes (RELAY_CODE) in the
+   same topology, copying with recv_into/sendall or zero-copy with os.splice:
+   what any user-space relay chain of three TCP connections reaches here.
+   The routed measurement is repeated with both lbmrds and both routers in
+   one trio loop in a thread of this process (``lbmrd.server.Daemon`` and
+   ``router.daemon.Router`` as tests/test_router_e2e.py sets them up): the
+   "in-process" number.
+
+2. Convergence. For each of --topics new topic names and each order:
+   * receiver first: a receiver context starts querying (UM receiver timing:
+     a TQR at once, then gaps of 20 ms doubling to 200 ms), GAP_S later a
+     source context sends its first TIR (UM source timing: at once, then gaps
+     of 10 ms doubling to 500 ms; it also answers TQRs for its topic at once).
+     Convergence = the receiver's first proxy TIR (router B's relay address,
+     not a final advertisement) minus the source's first TIR send.
+   * source first: the source starts GAP_S before the receiver; convergence
+     = first proxy TIR minus the receiver's first TQR (the source was known
+     before the receiver existed, so the later start is the one that counts).
+   Both contexts are UDP sockets of this process driven by one select loop;
+   times are time.perf_counter() around the syscalls.
+
+3. Profile (when the routed/direct ratio is below TARGET_RATIO): py-spy
+   (``--idle --nonblocking``, if installed: ``pip install py-spy``) samples
+   both router processes for PROFILE_S seconds while routed transfers run back
+   to back, and the wall time of each router is split into waiting in epoll,
+   socket syscalls and Python, with the functions where it goes. Without
+   py-spy (or with --profile cprofile) a fresh pair of router processes runs
+   one routed transfer under cProfile instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import pstats
+import queue
+import random
+import select
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import lbmr_proto as L  # noqa: E402
+
+TRD1, TRD2 = "127.0.1.1", "127.0.2.1"  # lbmrd, router TR socket and relay address of each TRD
+SRC_IP, RCV_IP = "127.0.1.5", "127.0.2.9"  # the applications
+CHUNK = 1 << 20  # bytes per sendall / recv_into
+PERIOD = CHUNK + 4099  # pattern period: no read or frame size divides it
+PATTERN = random.Random(7).randbytes(PERIOD) * 2
+PROBE = 16
+TARGET_RATIO = 0.8
+TARGET_CONVERGENCE_MS = 50.0
+GAP_S = 0.2  # between the first and the second application in a convergence measurement
+CONVERGE_TIMEOUT_S = 5.0
+IO_TIMEOUT_S = 30.0
+HARD_LIMIT_S = 170
+PROFILE_S = 3  # seconds (whole) of routed transfers sampled by py-spy
+RELAY_PORTS = 64
+TPUT_TOPIC = "bench.router.tput"
+PY = [sys.executable, "-c"]
+ROUTER_CODE = "import sys; from router.cli import main; sys.exit(main(sys.argv[1:]))"
+# router.cli under cProfile, off until SIGUSR2 (which toggles it); the stats go to argv[1] at exit
+ROUTER_PROFILED = r"""
+import cProfile, signal, sys
+from router.cli import main
+prof, on = cProfile.Profile(), []
+def toggle(*_):
+    if on:
+        prof.disable()
+        on.clear()
+    else:
+        on.append(1)
+        prof.enable()
+signal.signal(signal.SIGUSR2, toggle)
+rc = main(sys.argv[2:])
+prof.dump_stats(sys.argv[1])
+sys.exit(rc)
+"""
+LBMRD_CODE = "import sys; from lbmrd.cli import main; sys.exit(main(sys.argv[1:]))"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# A minimal one-way TCP relay (reference ceiling): accepts on argv[1], connects to argv[2]:argv[3]
+# for each connection and moves bytes upstream -> downstream with recv_into/sendall of CHUNK
+# ("copy") or zero-copy os.splice through a pipe ("splice"). Prints its port.
+RELAY_CODE = r"""
+import fcntl, os, socket, sys
+lip, uip, uport, mode, chunk = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+ls = socket.create_server((lip, 0))
+print(ls.getsockname()[1], flush=True)
+buf = bytearray(chunk)
+mv = memoryview(buf)
+while True:
+    down, _ = ls.accept()
+    with down, socket.create_connection((uip, uport)) as up:
+        if mode == "splice":
+            r, w = os.pipe()
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, chunk)
+            while n := os.splice(up.fileno(), w, chunk):
+                while n:
+                    n -= os.splice(r, down.fileno(), n)
+            os.close(r)
+            os.close(w)
+        else:
+            while n := up.recv_into(mv):
+                down.sendall(mv[:n])
+"""
+
+
+# ------------------------------------------------------------------ ports
+
+
+def free_port(ip: str, kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind((ip, 0))
+        return s.getsockname()[1]
+
+
+def free_range(ip: str, n: int) -> int:
+    """The first port of n consecutive TCP ports bindable on ip."""
+    rng = random.Random()
+    for _ in range(200):
+        low = rng.randrange(20000, 60000 - n)
+        socks = []
+        try:
+            for p in range(low, low + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind((ip, p))
+            return low
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports on {ip}")
+
+
+# ------------------------------------------------------------ LBMR helpers
+
+
+def tir_packet(topic: str, ip: str, port: int, index: int) -> bytes:
+    return L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, L.TcpTransport(ip, port), 60, index)]))
+
+
+def tqr_packet(topic: str) -> bytes:
+    return L.encode(L.Packet(0, 1, tqrs=[L.TQR(topic)]))
+
+
+def decode(data: bytes):
+    try:
+        return L.decode(data)
+    except Exception:  # noqa: BLE001 - lbmrd keepalives and anything else not LBMR
+        return None
+
+
+def is_proxy_tir(t, topic: str) -> bool:
+    final = any(isinstance(o, L.CostOption) and o.cost == -1 for o in t.options or ())
+    return t.topic == topic and not final and getattr(t.transport, "ip", None) == TRD2
+
+
+def udp(ip: str) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((ip, 0))
+    return s
+
+
+def resolve(topic: str, lbmrd2, timeout: float = 15.0) -> tuple[str, int]:
+    """Query ``topic`` in TRD2 until router B's proxy TIR arrives; its (ip, port)."""
+    deadline = time.monotonic() + timeout
+    with udp(RCV_IP) as s:
+        s.settimeout(0.05)
+        tqr = tqr_packet(topic)
+        while time.monotonic() < deadline:
+            s.sendto(tqr, lbmrd2)
+            with contextlib.suppress(TimeoutError):
+                while True:
+                    pkt = decode(s.recv(65535))
+                    for t in pkt.tirs if pkt else ():
+                        if is_proxy_tir(t, topic):
+                            return t.transport.ip, t.transport.port
+    raise TimeoutError(f"no proxy TIR for {topic} in TRD2 within {timeout:g} s")
+
+
+class Advertiser:
+    """A source context advertising one topic in TRD1 every 0.5 s (keeps the proxy alive)."""
+
+    def __init__(self, topic: str, lbmrd1, src_port: int, index: int = 1) -> None:
+        self.sock = udp(SRC_IP)
+        self.pkt = tir_packet(topic, SRC_IP, src_port, index)
+        self.lbmrd1 = lbmrd1
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError):
+                self.sock.sendto(self.pkt, self.lbmrd1)
+            self.stop.wait(0.5)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(2)
+        self.sock.close()
+
+
+# ------------------------------------------------------------- data plane
+
+
+class DataSource:
+    """The TCP source: every connection gets ``total`` bytes of PATTERN, then EOF."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.lsock = socket.create_server((SRC_IP, 0), backlog=16)
+        self.lsock.settimeout(0.2)
+        self.port = self.lsock.getsockname()[1]
+        self.closed = False
+        self.workers: list[threading.Thread] = []
+        self.thread = threading.Thread(target=self._accept_loop, daemon=True)
+        self.thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self.closed:
+            try:
+                c, _ = self.lsock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            t = threading.Thread(target=self._serve, args=(c,), daemon=True)
+            self.workers.append(t)
+            t.start()
+
+    def _serve(self, c: socket.socket) -> None:
+        mv = memoryview(PATTERN)
+        with c:
+            c.settimeout(IO_TIMEOUT_S)
+            pos, total = 0, self.total
+            try:
+                while pos < total:
+                    off = pos % PERIOD
+                    n = min(CHUNK, total - pos)
+                    c.sendall(mv[off:off + n])
+                    pos += n
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.closed = True
+        self.thread.join(2)
+        self.lsock.close()
+        for t in self.workers:
+            t.join(2)
+
+
+def receive(addr, total: int) -> float:
+    """Connect, read to EOF checking the data; the elapsed seconds."""
+    buf = bytearray(CHUNK)
+    mv = memoryview(buf)
+    t0 = time.perf_counter()
+    with socket.create_connection(addr, timeout=IO_TIMEOUT_S) as s:
+        pos = 0
+        while True:
+            n = s.recv_into(mv)
+            if not n:
+                break
+            off = pos % PERIOD
+            if n >= PROBE and (buf[:PROBE] != PATTERN[off:off + PROBE]
+                               or buf[n - PROBE:n] != PATTERN[off + n - PROBE:off + n]):
+                raise RuntimeError(f"data mismatch in the read at byte {pos} from {addr}")
+            pos += n
+    elapsed = time.perf_counter() - t0
+    if pos != total:
+        raise RuntimeError(f"{addr}: got {pos} bytes, expected {total}")
+    return elapsed
+
+
+# ------------------------------------------------------------- deployments
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def _machine_busy() -> float:
+    """CPU-seconds all CPUs spent busy since boot (/proc/stat; idle and iowait excluded)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / CLK_TCK
+
+
+def cpu_snapshot(dep) -> dict[str, float]:
+    """CPU-seconds so far: router processes (if separate), this process, the whole machine."""
+    snap = dep.cpu()
+    snap["self"] = time.process_time()
+    snap["machine"] = _machine_busy()
+    return snap
+
+
+class Processes:
+    """lbmrds and routers as separate processes (router.cli / lbmrd.cli)."""
+
+    name = "processes"
+
+    def __init__(self, tmp: Path, cprofile: bool = False) -> None:
+        self.tmp = tmp
+        self.cprofile = cprofile
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Path] = {}
+        self.profiles: dict[str, Path] = {}
+
+    def _configs(self) -> dict[str, Path]:
+        peer = free_port(TRD2)
+        l1, l2 = free_port(TRD1, socket.SOCK_DGRAM), free_port(TRD2, socket.SOCK_DGRAM)
+        self.lbmrd1, self.lbmrd2 = (TRD1, l1), (TRD2, l2)
+        out = {}
+        for name, ip, lbmrd_port, metrics_old, relay_old in (
+                ("router-a.xml", TRD1, l1, "9390", 'port-low="14371" port-high="14380"'),
+                ("router-b.xml", TRD2, l2, "9391", 'port-low="14381" port-high="14390"')):
+            text = (ROOT / "configs" / name).read_text()
+            metrics = free_port("127.0.0.1")
+            tr = free_port(ip, socket.SOCK_DGRAM)
+            relay = free_range(ip, RELAY_PORTS)
+            for old, new in (("26123", str(peer)),
+                             (f'{ip}" port="15380', f'{ip}" port="{lbmrd_port}'),
+                             (metrics_old, str(metrics)),
+                             ('low="14402" high="14406"', f'low="{tr}" high="{tr}"'),
+                             (relay_old, f'port-low="{relay}" port-high="{relay + RELAY_PORTS - 1}"')):
+                if old not in text:
+                    raise RuntimeError(f"configs/{name}: {old!r} not found (the shipped file changed)")
+                text = text.replace(old, new)
+            path = self.tmp / name
+            path.write_text(text)
+            out[name[7]] = path
+            setattr(self, f"metrics_{name[7]}", metrics)
+        return out
+
+    def _spawn(self, key: str, argv: list[str]) -> None:
+        self.procs[key] = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+    def start(self) -> None:
+        cfg = self._configs()
+        for key, (ip, port) in (("lbmrd1", self.lbmrd1), ("lbmrd2", self.lbmrd2)):
+            self.logs[key] = self.tmp / f"{key}.log"
+            self._spawn(key, PY + [LBMRD_CODE, "-i", ip, "-p", str(port), "--stats-interval", "0",
+                                   "-L", str(self.logs[key])])
+        for r in ("b", "a"):
+            self.logs[r] = self.tmp / f"router-{r}.log"
+            args = ["-L", str(self.logs[r]), str(cfg[r])]
+            if self.cprofile:
+                self.profiles[r] = self.tmp / f"router-{r}.prof"
+                self._spawn(r, PY + [ROUTER_PROFILED, str(self.profiles[r])] + args)
+            else:
+                self._spawn(r, PY + [ROUTER_CODE] + args)
+        deadline = time.monotonic() + 20
+        while True:
+            for k, p in self.procs.items():
+                if p.poll() is not None:
+                    raise RuntimeError(f"{k} exited with {p.returncode}: {self.log_tail(k)}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_b}/status", timeout=1) as r:
+                    if json.loads(r.read())["peer"]["state"] == "CONNECTED":
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the peer link did not come up within 20 s")
+            time.sleep(0.05)
+
+    def log_tail(self, key: str) -> str:
+        with contextlib.suppress(OSError):
+            return self.logs[key].read_text()[-2000:]
+        return ""
+
+    def pid(self, key: str) -> int:
+        return self.procs[key].pid
+
+    def cpu(self) -> dict[str, float]:
+        return {k: _cpu_ticks(self.pid(k)) / CLK_TCK for k in ("a", "b")}
+
+    def stop(self) -> None:
+        for key in ("a", "b", "lbmrd1", "lbmrd2"):
+            p = self.procs.get(key)
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+class InProcess:
+    """Both lbmrds and both routers in one trio loop in a thread of this process."""
+
+    name = "in-process"
+
+    def start(self) -> None:
+        import trio
+
+        self._trio = trio
+        q: queue.Queue = queue.Queue()
+
+        def runner() -> None:
+            try:
+                trio.run(self._main, q)
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                q.put(e)
+
+        self.thread = threading.Thread(target=runner, daemon=True)
+        self.thread.start()
+        got = q.get(timeout=20)
+        if isinstance(got, BaseException):
+            raise RuntimeError(f"in-process routers failed: {got!r}")
+        self.lbmrd1, self.lbmrd2 = got
+
+    async def _main(self, q: queue.Queue) -> None:
+        trio = self._trio
+        from lbmrd.server import Daemon, Settings
+        from router.daemon import EndpointSettings, PeerSettings, Router, RouterSettings
+
+        self.token = trio.lowlevel.current_trio_token()
+        self.done = trio.Event()
+        async with trio.open_nursery() as n:
+            d1 = await n.start(Daemon(Settings(bind_ip=TRD1, port=0, stats_interval=0)).run)
+            d2 = await n.start(Daemon(Settings(bind_ip=TRD2, port=0, stats_interval=0)).run)
+            rb = Router(RouterSettings("routerB", EndpointSettings("B-TRD2", 2, daemons=[d2], tr_ip=TRD2,
+                                                                    relay_ip=TRD2),
+                                       PeerSettings("B-to-A", "acceptor", listen_ip=TRD2, port=0)))
+            b = await n.start(rb.run)
+            ra = Router(RouterSettings("routerA", EndpointSettings("A-TRD1", 1, daemons=[d1], tr_ip=TRD1,
+                                                                    relay_ip=TRD1),
+                                       PeerSettings("A-to-B", "initiator", address=TRD2,
+                                                    port=b["peer"][1], reconnect_interval=0.5)))
+            await n.start(ra.run)
+            with trio.fail_after(20):
+                while not (rb.link is not None and rb.link.up.is_set()):
+                    await trio.sleep(0.01)
+            q.put((d1, d2))
+            await self.done.wait()
+            n.cancel_scope.cancel()
+
+    def cpu(self) -> dict[str, float]:
+        return {}
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._trio.from_thread.run_sync(self.done.set, trio_token=self.token)
+        self.thread.join(10)
+
+
+# ------------------------------------------------------------- measurements
+
+
+def throughput(dep, source: DataSource, runs: int) -> dict:
+    """Best-of-runs direct and routed transfer times on a started deployment."""
+    adv = Advertiser(TPUT_TOPIC, dep.lbmrd1, source.port)
+    try:
+        proxy = resolve(TPUT_TOPIC, dep.lbmrd2)
+        direct = (SRC_IP, source.port)
+        best = {"direct": float("inf"), "routed": float("inf")}
+        cpu_best: dict[str, float] = {}
+        for i in range(runs):
+            for kind in (("direct", "routed") if i % 2 == 0 else ("routed", "direct")):
+                before = cpu_snapshot(dep)
+                dt = receive(direct if kind == "direct" else proxy, source.total)
+                after = cpu_snapshot(dep)
+                if dt < best[kind]:
+                    best[kind] = dt
+                    if kind == "routed":
+                        cpu_best = {k: (after[k] - before[k]) / dt for k in after}
+        return {"best": best, "cpu": cpu_best, "proxy": proxy}
+    finally:
+        adv.close()
+
+
+def reference_relays(source: DataSource, runs: int, mode: str) -> float:
+    """Best transfer time through two minimal relay processes in the routers' topology:
+    receiver -> relay on TRD2 -> relay on TRD1 -> source."""
+    procs = []
+    try:
+        upstream = (SRC_IP, source.port)
+        for ip in (TRD1, TRD2):
+            p = subprocess.Popen(PY + [RELAY_CODE, ip, upstream[0], str(upstream[1]), mode, str(CHUNK)],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+            procs.append(p)
+            upstream = (ip, int(p.stdout.readline()))
+        return min(receive(upstream, source.total) for _ in range(runs))
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+
+
+AD_MIN, AD_MAX, Q_MIN, Q_MAX = 0.010, 0.500, 0.020, 0.200  # UM's initial TR timing
+
+
+def converge_once(dep, topic: str, index: int, order: str, src_port: int) -> float | None:
+    """Seconds from the second application's first TR datagram to the first proxy TIR."""
+    src, rcv = udp(SRC_IP), udp(RCV_IP)
+    try:
+        tir, tqr = tir_packet(topic, SRC_IP, src_port, index), tqr_packet(topic)
+        t0 = time.perf_counter()
+        first, second = ("rcv", "src") if order == "receiver first" else ("src", "rcv")
+        nxt = {first: t0, second: t0 + GAP_S}
+        gap = {"src": AD_MIN, "rcv": Q_MIN}
+        cap = {"src": AD_MAX, "rcv": Q_MAX}
+        sent_at: dict[str, float] = {}
+        deadline = t0 + GAP_S + CONVERGE_TIMEOUT_S
+        while True:
+            now = time.perf_counter()
+            if now > deadline:
+                return None
+            for who in ("src", "rcv"):
+                if now >= nxt[who]:
+                    if who == "src":
+                        src.sendto(tir, dep.lbmrd1)
+                    else:
+                        rcv.sendto(tqr, dep.lbmrd2)
+                    sent_at.setdefault(who, now)
+                    nxt[who] = now + gap[who]
+                    gap[who] = min(gap[who] * 2, cap[who])
+            wait = max(0.0, min(min(nxt.values()), deadline) - time.perf_counter())
+            ready, _, _ = select.select([src, rcv], [], [], wait)
+            for s in ready:
+                data = s.recv(65535)
+                got = time.perf_counter()
+                pkt = decode(data)
+                if pkt is None:
+                    continue
+                if s is rcv:
+                    if second in sent_at and any(is_proxy_tir(t, topic) for t in pkt.tirs):
+                        return got - sent_at[second]
+                elif "src" in sent_at and any(q.topic == topic for q in pkt.tqrs):
+                    src.sendto(tir, dep.lbmrd1)  # UM sources answer queries at once
+    finally:
+        src.close()
+        rcv.close()
+
+
+def convergence(dep, topics: int, src_port: int) -> dict[str, list[float | None]]:
+    out: dict[str, list[float | None]] = {"receiver first": [], "source first": []}
+    tag = random.Random().randrange(1 << 30)
+    index = 100
+    for i in range(topics):
+        for order in out:
+            index += 1
+            topic = f"bench.router.conv.{tag}.{order.split()[0]}.{i}"
+            out[order].append(converge_once(dep, topic, index, order, src_port))
+    return out
+
+
+# ------------------------------------------------------------- profiling
+
+
+def profile_transfers(dep: Processes, source: DataSource, begin, end) -> None:
+    """Routed transfers back to back from before ``begin()`` (which starts the profilers)
+    until after ``end()`` (which returns once they stopped), so that every profiled moment
+    falls inside a transfer."""
+    adv = Advertiser(TPUT_TOPIC, dep.lbmrd1, source.port)
+    stop = threading.Event()
+    moved: list[float] = []
+    errors: list[BaseException] = []
+
+    def transfers(proxy) -> None:
+        try:
+            while not stop.is_set():
+                moved.append(receive(proxy, source.total))
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    try:
+        proxy = resolve(TPUT_TOPIC, dep.lbmrd2)
+        loop = threading.Thread(target=transfers, args=(proxy,), daemon=True)
+        loop.start()
+        time.sleep(0.3)
+        before, t0 = cpu_snapshot(dep), time.perf_counter()
+        begin()
+        end()
+        dt, after = time.perf_counter() - t0, cpu_snapshot(dep)
+        stop.set()
+        loop.join(IO_TIMEOUT_S)
+        if errors:
+            raise errors[0]
+        rate = len(moved) * source.total / 1e6 / sum(moved) if moved else 0.0
+        print(f"    {len(moved)} transfers back to back, {rate:.1f} MB/s while profiled; CPU "
+              + ", ".join(f"router {r.upper()} {100 * (after[r] - before[r]) / dt:.0f}%" for r in ("a", "b"))
+              + " of one core")
+    finally:
+        stop.set()
+        adv.close()
+
+
+def pyspy_profile(dep: Processes, source: DataSource, pyspy: str, tmp: Path) -> dict[str, Path]:
+    """Both routers sampled by py-spy (--idle, --nonblocking, raw collapsed stacks) for
+    PROFILE_S seconds of routed transfers."""
+    spies: dict[str, subprocess.Popen] = {}
+    outs = {r: tmp / f"pyspy-{r}.txt" for r in ("a", "b")}
+
+    def begin() -> None:
+        for r in ("a", "b"):
+            spies[r] = subprocess.Popen([pyspy, "record", "--pid", str(dep.pid(r)), "--rate", "250",
+                                         "--duration", str(PROFILE_S), "--idle", "--nonblocking",
+                                         "--format", "raw", "--output", str(outs[r])],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE)
+
+    def end() -> None:
+        for r, p in spies.items():
+            if p.wait(timeout=PROFILE_S + 20) != 0:
+                raise RuntimeError(f"py-spy on router {r}: {p.stderr.read().decode()[-500:]}")
+
+    try:
+        profile_transfers(dep, source, begin, end)
+    finally:
+        for p in spies.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.stderr.close()
+    return outs
+
+
+def cprofile_profile(dep: Processes, source: DataSource) -> None:
+    """cProfile on in both routers (started with cprofile=True) for PROFILE_S seconds of
+    routed transfers; the stats are written when the routers stop."""
+    def toggle() -> None:
+        for r in ("a", "b"):
+            dep.procs[r].send_signal(signal.SIGUSR2)
+
+    profile_transfers(dep, source, toggle, lambda: (time.sleep(PROFILE_S), toggle()))
+
+
+def _short(frame: str) -> str:
+    """'func (path/file.py:123)' -> 'func (dir/file.py)'."""
+    name, _, where = frame.partition(" (")
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    return f"{name} ({'/'.join(Path(path).parts[-2:])})" if path else name
+
+
+def report_pyspy(path: Path, top: int) -> None:
+    """Wall-time breakdown: waiting in epoll, in socket syscalls (trio's
+    _nonblocking_helper is the Python frame around send/recv), Python."""
+    selfc: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    total = idle = sys_ = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [_short(f) for f in stack.split(";") if " (" in f]
+        if not frames:
+            continue
+        total += n
+        leaf = frames[-1]
+        if leaf.startswith(("EpollIOManager.get_events", "EpollIOManager._epoll_wait")):
+            idle += n
+        elif leaf.startswith("_SocketType._nonblocking_helper"):
+            sys_ += n
+        selfc[leaf] += n
+        for f in set(frames):
+            incl[f] += n
+    if not total:
+        print("      (no samples)")
+        return
+    py = total - idle - sys_
+    print(f"      {total} samples (wall time): waiting in epoll {100 * idle / total:.0f}%, socket "
+          f"send/recv syscalls {100 * sys_ / total:.0f}%, Python (framing, trio) {100 * py / total:.0f}%")
+    print(f"      self time, % of wall time (top {top}):")
+    for f, n in selfc.most_common(top):
+        print(f"        {100 * n / total:5.1f}%  {f}")
+    print("      inclusive time of router/ functions, % of wall time:")
+    shown = [(f, n) for f, n in incl.most_common() if "(router/" in f and not f.startswith("main (")]
+    for f, n in shown[:top]:
+        print(f"        {100 * n / total:5.1f}%  {f}")
+
+
+def report_cprofile(path: Path, top: int) -> None:
+    st = pstats.Stats(str(path))
+    total = st.total_tt
+    rows = []
+    for (file, line, func), (_cc, nc, tt, ct, _callers) in st.stats.items():
+        where = "/".join(Path(file).parts[-2:]) if file != "~" else "builtin"
+        rows.append((tt, ct, nc, f"{func} ({where}:{line})"))
+    print(f"      {total:.2f} s profiled (wall time; waiting in epoll is select.epoll.poll)")
+    print(f"      self time (top {top}):")
+    for tt, _ct, nc, name in sorted(rows, reverse=True)[:top]:
+        print(f"        {100 * tt / total:5.1f}%  {tt:6.2f} s  {nc:8d} calls  {name}")
+    print("      cumulative time of router/ functions:")
+    for _tt, ct, nc, name in sorted(((r[1], r[1], r[2], r[3]) for r in rows if "router/" in r[3]),
+                                    reverse=True)[:top]:
+        print(f"        {100 * ct / total:5.1f}%  {ct:6.2f} s  {nc:8d} calls  {name}")
+
+
+# ------------------------------------------------------------------ main
+
+
+def _ms(v: float | None) -> str:
+    return "timeout" if v is None else f"{1000 * v:.1f}"
+
+
+def print_throughput(label: str, res: dict, mb: float) -> float:
+    d, r = res["best"]["direct"], res["best"]["routed"]
+    ratio = d / r
+    print(f"  {label}:")
+    print(f"    direct loopback TCP      {mb / d:9.1f} MB/s  ({d:.3f} s)")
+    print(f"    through routers B -> A   {mb / r:9.1f} MB/s  ({r:.3f} s)   proxy {res['proxy'][0]}:{res['proxy'][1]}")
+    verdict = "meets" if ratio >= TARGET_RATIO else "BELOW"
+    print(f"    ratio routed/direct      {ratio:9.3f}x  ({verdict} the {TARGET_RATIO}x target)")
+    c = res["cpu"]
+    if c:
+        parts = [f"router {k.upper()} {100 * c[k]:.0f}%" for k in ("a", "b") if k in c]
+        parts.append(f"this process (source + receiver{' + routers' if 'a' not in c else ''}) "
+                     f"{100 * c['self']:.0f}%")
+        others = c["machine"] - sum(v for k, v in c.items() if k != "machine")
+        print(f"    CPU during the best routed run, % of one core: {', '.join(parts)}; "
+              f"other processes {100 * max(0.0, others):.0f}% (machine: {100 * c['machine']:.0f}% of "
+              f"{100 * (os.cpu_count() or 1)}%)")
+        if others > 0.2:
+            print("    WARNING: other processes competed for the CPUs during this run; the numbers are low")
+    return ratio
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mbytes", type=float, default=200, help="MB (10^6 bytes) per transfer")
+    ap.add_argument("--runs", type=int, default=3, help="transfers per path; the best counts")
+    ap.add_argument("--topics", type=int, default=8, help="convergence measurements per order")
+    ap.add_argument("--profile", choices=["auto", "py-spy", "cprofile", "none"], default="auto",
+                    help="profiler used when the ratio is below target (auto: py-spy if installed)")
+    ap.add_argument("--no-inprocess", action="store_true", help="skip the in-process throughput")
+    ap.add_argument("--top", type=int, default=12, help="profile lines per list")
+    args = ap.parse_args(argv)
+    if args.runs < 1 or args.topics < 1 or args.mbytes <= 0:
+        ap.error("--runs and --topics must be at least 1, --mbytes positive")
+    total = int(args.mbytes * 1_000_000)
+    mb = total / 1e6
+
+    def hard_limit(signum, frame):
+        raise TimeoutError(f"benchmark exceeded {HARD_LIMIT_S} s")
+
+    signal.signal(signal.SIGALRM, hard_limit)
+    signal.alarm(HARD_LIMIT_S)
+    started = time.monotonic()
+    print(f"lbmr-router benchmark: {mb:g} MB per transfer, best of {args.runs}, reads/writes of "
+          f"{CHUNK // 1024} KiB, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+    source = DataSource(total)
+    with tempfile.TemporaryDirectory(prefix="bench-router-") as td, contextlib.ExitStack() as stack:
+        tmp = Path(td)
+        stack.callback(source.close)
+        dep = Processes(tmp)
+        stack.callback(dep.stop)
+        dep.start()
+        print("\n1. Throughput, one TCP stream (receiver in TRD2 -> proxy of router B -> peer link -> "
+              "router A -> source in TRD1)")
+        res = throughput(dep, source, args.runs)
+        ratio = print_throughput("routers and lbmrds as separate processes (router.cli, lbmrd.cli)", res, mb)
+        best_direct = res["best"]["direct"]
+        print("  reference: two minimal one-way relay processes in the same topology (no framing, "
+              "no flow control)")
+        for mode, what in (("copy", f"recv_into/sendall of {CHUNK // 1024} KiB"),
+                           ("splice", "os.splice through a pipe, zero-copy")):
+            dt = reference_relays(source, args.runs, mode)
+            print(f"    {mode:6s} ({what}){' ' * max(1, 38 - len(what))}{mb / dt:9.1f} MB/s  "
+                  f"ratio {best_direct / dt:.3f}x of the direct run above")
+        if not args.no_inprocess:
+            inproc = InProcess()
+            try:
+                inproc.start()
+                ires = throughput(inproc, source, args.runs)
+            finally:
+                inproc.stop()
+            print_throughput("routers and lbmrds in one trio loop in this process (as in the e2e test)",
+                             ires, mb)
+
+        print(f"\n2. Topic resolution convergence (separate processes; {args.topics} new topics per order, "
+              f"the two applications start {GAP_S * 1000:.0f} ms apart)")
+        conv = convergence(dep, args.topics, source.port)
+        worst = 0.0
+        for order, vals in conv.items():
+            ok = [v for v in vals if v is not None]
+            since = "source's first TIR" if order == "receiver first" else "receiver's first TQR"
+            if ok:
+                med, mx = statistics.median(ok), max(ok)
+                worst = max(worst, mx if len(ok) == len(vals) else float("inf"))
+                print(f"  {order:14s} (from the {since}): median {1000 * med:6.1f} ms, max {1000 * mx:6.1f} ms"
+                      f"  [{' '.join(_ms(v) for v in vals)}]")
+            else:
+                worst = float("inf")
+                print(f"  {order:14s}: no convergence within {CONVERGE_TIMEOUT_S:g} s")
+        verdict = "meets" if worst < TARGET_CONVERGENCE_MS / 1000 else "MISSES"
+        print(f"  worst case {_ms(worst) if worst != float('inf') else 'timeout'} ms: {verdict} "
+              f"the < {TARGET_CONVERGENCE_MS:g} ms target")
+
+        if ratio < TARGET_RATIO and args.profile != "none":
+            pyspy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+            use = args.profile
+            if use == "auto":
+                use = "py-spy" if pyspy else "cprofile"
+            print(f"\n3. Profile of routed transfers ({use}, {PROFILE_S} s; ratio {ratio:.3f}x < {TARGET_RATIO}x)")
+            if use == "py-spy":
+                if not pyspy:
+                    print("  py-spy not found (pip install py-spy into the virtualenv)")
+                else:
+                    outs = pyspy_profile(dep, source, pyspy, tmp)
+                    for r in ("a", "b"):
+                        role = "far side: source socket -> peer link" if r == "a" else \
+                            "near side: peer link -> proxy socket"
+                        print(f"    router {r.upper()} ({role})")
+                        report_pyspy(outs[r], args.top)
+            else:
+                dep.stop()
+                prof = Processes(tmp, cprofile=True)
+                stack.callback(prof.stop)
+                prof.start()
+                cprofile_profile(prof, source)
+                prof.stop()
+                for r in ("a", "b"):
+                    print(f"    router {r.upper()}")
+                    if prof.profiles[r].exists():
+                        report_cprofile(prof.profiles[r], args.top)
+                    else:
+                        print("      (no profile written)")
+    signal.alarm(0)
+    print(f"\ntotal {time.monotonic() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
