@@ -1,0 +1,250 @@
+"""lbmr-analyze pipeline benchmark: Spark local[2] versus a single-process pyarrow baseline.
+
+    python bench/pipeline.py [--sizes 1000000,10000000] [--split-size 32M]
+                             [--max-minutes 40] [--tmp DIR] [--no-baseline]
+
+For each size it generates a capture of realistic topic-resolution traffic
+(bench/traffic.py; 10M datagrams is about 1.8 GB) in a temporary folder, then
+measures on this machine, in this run:
+
+* the fixed cost: starting the SparkSession, and a whole job on a 1,000-datagram
+  capture (scheduling, Python workers, Parquet, ~25 small queries);
+* the Spark job (``lbmr_analyze.job.run``: byte-range splits decoded on the
+  executors with mapInArrow, Parquet partitioned by hour, every analysis in Spark
+  SQL, report with plots): seconds, records/s and datagrams/s;
+* the baseline: the same decoding code (lbmr_analyze.rows) in this one process,
+  the same Parquet output (pyarrow.dataset, partitioned by hour) and the same
+  analyses written with pyarrow compute + numpy: seconds and records/s;
+
+then prints the time ratio between consecutive sizes (linear scaling would be the
+size ratio; the target is within 1.3x of it) and Spark's speed-up over the
+baseline.  Captures and outputs are deleted afterwards.  The run is bounded:
+sizes that would start after --max-minutes are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.traffic import write_capture  # noqa: E402
+from lbmr_analyze.cli import parse_size  # noqa: E402
+
+# --------------------------------------------------------------------------- baseline
+
+def baseline(path: Path, out: Path, ports=frozenset({12965, 15380})) -> dict:
+    """Decode, write Parquet and run the analyses in one process with pyarrow."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from lbmr_analyze.rows import write_split
+    from lbmr_analyze.splits import plan
+
+    # the executors' code, in this one process: decode the whole file as one range
+    # and stream the Arrow batches into Parquet (hour-partitioned), then read back
+    # only the columns the analyses use (holding every column of 10M datagrams in
+    # memory does not fit in 24 GB next to anything else)
+    t0 = time.perf_counter()
+    (out / "records").mkdir(parents=True, exist_ok=True)
+    for s in plan([str(path)], 1 << 62):
+        write_split(s, ports, b"", str(out / "records"))
+    t_decode = time.perf_counter() - t0
+    cols = ["ts", "src", "sport", "dst", "length", "packet_type", "record_index", "record_kind", "kind_first",
+            "topic", "pattern_type", "transport_id", "transport_ip", "offset"]
+    t = ds.dataset(out / "records", format="parquet", partitioning="hive").to_table(columns=cols)
+    t_write = time.perf_counter() - t0 - t_decode
+    us = pc.cast(t["ts"], pa.int64())
+    sec = pc.divide(us, 1_000_000)
+    t = t.append_column("us", us).append_column("second", sec)
+    kind = t["record_kind"]
+    res: dict = {}
+    # topic inventory / unresolved / conflicts
+    tt = t.filter(pc.is_in(kind, pa.array(["TIR", "TQR"])))
+    is_tir = pc.equal(tt["record_kind"], "TIR")
+    tt = tt.append_column("is_tir", pc.cast(is_tir, pa.int64())) \
+           .append_column("is_tqr", pc.cast(pc.invert(is_tir), pa.int64())) \
+           .append_column("adv_src", pc.if_else(is_tir, tt["src"], pa.scalar(None, pa.string()))) \
+           .append_column("querier", pc.if_else(is_tir, pa.scalar(None, pa.string()),
+                                                pc.binary_join_element_wise(tt["src"], pc.cast(tt["sport"], pa.string()), ":")))
+    inv = tt.group_by("topic").aggregate([
+        ("is_tir", "sum"), ("is_tqr", "sum"), ("transport_id", "count_distinct"), ("transport_id", "distinct"),
+        ("adv_src", "distinct"), ("querier", "count_distinct"), ("us", "min"), ("us", "max")])
+    res["topics"] = inv.num_rows
+    res["unresolved"] = pc.sum(pc.equal(inv["is_tir_sum"], 0)).as_py()
+    tirs = t.filter(pc.equal(kind, "TIR"))
+    res["topic_conflicts"] = pc.sum(pc.greater(
+        tirs.group_by("topic").aggregate([("transport_id", "count_distinct")])["transport_id_count_distinct"], 1)).as_py() or 0
+    xs = tirs.group_by("transport_id").aggregate([("src", "count_distinct"), ("topic", "count_distinct")])
+    res["transport_conflicts"] = pc.sum(pc.greater(xs["src_count_distinct"], 1)).as_py() or 0
+    # time to resolve: sorted TIR keys, searchsorted per first query
+    tq = t.filter(pc.equal(kind, "TQR")).group_by(["src", "sport", "topic"]).aggregate([("us", "min")])
+    topics = pc.unique(pa.chunked_array(tirs["topic"].chunks + tq["topic"].chunks, pa.string()))
+    base = pc.min(us).as_py() or 0
+    ti = pc.index_in(tirs["topic"], topics).to_numpy(zero_copy_only=False).astype(np.int64)
+    tu = pc.subtract(tirs["us"], base).to_numpy(zero_copy_only=False).astype(np.int64)
+    keys = np.sort((ti << 40) | tu)
+    qi = pc.index_in(tq["topic"], topics).to_numpy(zero_copy_only=False).astype(np.int64)
+    qu = pc.subtract(tq["us_min"], base).to_numpy(zero_copy_only=False).astype(np.int64)
+    pos = np.searchsorted(keys, (qi << 40) | qu)
+    ok = pos < len(keys)
+    hit = np.zeros(len(qi), bool)
+    hit[ok] = (keys[pos[ok]] >> 40) == qi[ok]
+    ttr = ((keys[pos[hit]] & ((1 << 40) - 1)) - qu[hit]) / 1e6
+    res["ttr_pairs"] = int(hit.sum())
+    res["ttr_mean_s"] = float(ttr.mean()) if len(ttr) else None
+    # load per second by kind and in total, storms, talkers
+    first = pc.equal(t["record_index"], 0)
+    t = t.append_column("kf", pc.cast(t["kind_first"], pa.int64())) \
+         .append_column("kf_len", pc.if_else(t["kind_first"], t["length"], 0)) \
+         .append_column("first", pc.cast(first, pa.int64())) \
+         .append_column("first_len", pc.if_else(first, t["length"], 0))
+    load = t.group_by(["second", "record_kind"]).aggregate([("kf", "sum"), ("offset", "count"), ("kf_len", "sum")])
+    total = t.group_by("second").aggregate([("first", "sum"), ("offset", "count"), ("first_len", "sum")])
+    res["load_rows"] = load.num_rows + total.num_rows
+    res["storm_seconds"] = pc.sum(pc.greater(total["first_sum"], 1000)).as_py() or 0
+    talk = t.group_by("src").aggregate([("first", "sum"), ("first_len", "sum"), ("offset", "count"),
+                                        ("us", "min"), ("us", "max")])
+    talk = talk.sort_by([("first_sum", "descending"), ("first_len_sum", "descending"), ("src", "ascending")])
+    res["top_talker"] = talk["src"][0].as_py() if talk.num_rows else None
+    # wildcards
+    wc = t.filter(pc.equal(kind, "WC_TQR")).group_by(["topic", "pattern_type"]).aggregate([("us", "min"), ("us", "max")])
+    names = pc.unique(tt["topic"]).to_pylist()
+    matches = 0
+    for p in wc["topic"].to_pylist():
+        try:
+            rx = re.compile(p)
+        except re.error:
+            continue
+        matches += sum(1 for n in names if rx.search(n))
+    res["wildcard_matches"] = matches
+    # keepalives, NAT audit, errors
+    ka = t.filter(pc.equal(kind, "KEEPALIVE"))
+    ka = ka.append_column("minute", pc.multiply(pc.divide(ka["second"], 60), 60))
+    res["keepalive_clients"] = ka.group_by(["src", "sport"]).aggregate([("us", "count")]).num_rows
+    census = ka.group_by(["minute", "src", "sport"]).aggregate([]).group_by("minute").aggregate([("src", "count")])
+    res["census_minutes"] = census.num_rows
+    ip = tirs["transport_ip"]
+    p24 = pc.replace_substring_regex(ip, r"\.[0-9]+$", "")
+    s24 = pc.replace_substring_regex(tirs["src"], r"\.[0-9]+$", "")
+    nat = pc.and_(pc.and_(pc.is_valid(ip), pc.not_equal(ip, "0.0.0.0")),
+                  pc.and_(pc.not_equal(ip, tirs["src"]), pc.not_equal(p24, s24)))
+    res["nat_mismatches"] = tirs.filter(nat).group_by(["src", "transport_ip", "transport_id", "topic"]) \
+        .aggregate([("us", "count")]).num_rows
+    res["capture_errors"] = pc.sum(pc.equal(kind, "CAPTURE_ERROR")).as_py() or 0
+    res["rows"] = t.num_rows
+    t_an = time.perf_counter() - t0 - t_decode - t_write
+    res["times"] = {"decode+parquet": t_decode, "read back": t_write, "analyses": t_an}
+    return res
+
+
+# --------------------------------------------------------------------------- main
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000000,10000000", help="datagram counts, comma-separated")
+    ap.add_argument("--split-size", default="32M", help="byte range per Spark task (default 32M)")
+    ap.add_argument("--max-minutes", type=float, default=40.0, help="skip sizes starting after this")
+    ap.add_argument("--tmp", default=None, help="folder for the captures (default: system temp)")
+    ap.add_argument("--driver-memory", default="6g", help="spark.driver.memory (local mode: the executor too)")
+    ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--baseline-only", action="store_true",
+                    help="skip Spark for the sizes (e.g. to redo a baseline without repeating a long Spark run)")
+    args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)
+    sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    split_size = parse_size(args.split_size)
+    deadline = time.monotonic() + args.max_minutes * 60
+
+    from lbmr_analyze.job import build_session, run
+
+    work = Path(tempfile.mkdtemp(prefix="lbmr-pipeline-", dir=args.tmp))
+    print(f"bench/pipeline.py: local[2], split size {split_size} bytes, {os.cpu_count()} cores, temp {work}")
+    try:
+        t = time.perf_counter()
+        spark = build_session("local[2]", [("spark.ui.enabled", "false"), ("spark.driver.memory", args.driver_memory),
+                                           ("spark.sql.shuffle.partitions", "8")], progress_bar=False)
+        t_start = time.perf_counter() - t
+        tiny = write_capture(work / "tiny.pcap", 1000)
+        t = time.perf_counter()
+        run(spark, [tiny], work / "tiny-out")
+        t_tiny = time.perf_counter() - t
+        t = time.perf_counter()
+        run(spark, [tiny], work / "tiny-out")
+        t_tiny2 = time.perf_counter() - t
+        print(f"fixed cost: SparkSession start {t_start:.1f} s; whole job on 1,000 datagrams "
+              f"{t_tiny:.1f} s (first, cold JIT/workers), {t_tiny2:.1f} s (second)")
+        results = []
+        for n in sizes:
+            if time.monotonic() > deadline:
+                print(f"{n}: skipped (past --max-minutes)")
+                continue
+            cap = work / f"cap-{n}.pcap"
+            t = time.perf_counter()
+            write_capture(cap, n)
+            t_gen = time.perf_counter() - t
+            size = cap.stat().st_size
+            print(f"\n{n:,} datagrams: capture {size / 1e9:.2f} GB generated in {t_gen:.0f} s")
+            if args.baseline_only:
+                t = time.perf_counter()
+                b = baseline(cap, work / f"base-{n}")
+                t_base = time.perf_counter() - t
+                print(f"  baseline {t_base:7.1f} s  {b['rows'] / t_base:>10,.0f} records/s  "
+                      "(" + ", ".join(f"{k} {v:.1f}s" for k, v in b["times"].items()) + ")")
+                print("  results: " + ", ".join(f"{k}={v}" for k, v in b.items() if k != "times"), flush=True)
+                shutil.rmtree(work / f"base-{n}", ignore_errors=True)
+                cap.unlink()
+                continue
+            t = time.perf_counter()
+            res = run(spark, [cap], work / f"out-{n}", split_size=split_size)
+            t_spark = time.perf_counter() - t
+            rows = res.rows
+            print(f"  spark    {t_spark:7.1f} s  {rows / t_spark:>10,.0f} records/s  {n / t_spark:>10,.0f} datagrams/s"
+                  f"  ({rows:,} records, {len(res.splits)} byte ranges)")
+            print("           steps: " + ", ".join(f"{k} {v:.1f}s" for k, v in res.timings.items()))
+            entry = {"n": n, "rows": rows, "spark": t_spark}
+            if not args.no_baseline and time.monotonic() < deadline:
+                t = time.perf_counter()
+                b = baseline(cap, work / f"base-{n}")
+                t_base = time.perf_counter() - t
+                entry["baseline"] = t_base
+                print(f"  baseline {t_base:7.1f} s  {b['rows'] / t_base:>10,.0f} records/s  "
+                      "(" + ", ".join(f"{k} {v:.1f}s" for k, v in b["times"].items()) + ")")
+                s = res.summary
+                same = (b["rows"] == rows and b["topics"] == s["topics"] and b["unresolved"] == s["unresolved_topics"]
+                        and b["topic_conflicts"] == s["topic_conflicts"]
+                        and b["transport_conflicts"] == s["transport_conflicts"]
+                        and b["ttr_pairs"] == len(res.tables["time_to_resolve"])
+                        and b["wildcard_matches"] == len(res.tables["wildcard_matches"])
+                        and b["storm_seconds"] == s["storm_seconds"]
+                        and b["keepalive_clients"] == s["keepalive_clients"])
+                print(f"  spark / baseline time: {t_spark / t_base:.2f} (below 1: Spark faster); "
+                      f"results agree: {same}")
+                del b
+            results.append(entry)
+            shutil.rmtree(work / f"out-{n}", ignore_errors=True)
+            shutil.rmtree(work / f"base-{n}", ignore_errors=True)
+            cap.unlink()
+        for a, b in zip(results, results[1:], strict=False):
+            ratio = b["spark"] / a["spark"]
+            k = b["n"] / a["n"]
+            print(f"\nscaling {a['n']:,} -> {b['n']:,} datagrams ({k:g}x): Spark time x{ratio:.2f} "
+                  f"(linear: x{k:g}; target at most x{1.3 * k:g}: {'met' if ratio <= 1.3 * k else 'NOT met'})")
+            fixed = t_tiny2
+            print(f"  without the fixed per-job cost ({fixed:.1f} s): x{(b['spark'] - fixed) / (a['spark'] - fixed):.2f}")
+        spark.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Command line: ``lbmr-analyze CAPTURE... --out DIR [--master URL]``; see lbmr-analyze(1).
+
+Exit status: 0 done (capture and decode errors are reported in the output, not
+as failure), 1 the Spark job failed, 2 usage error (click), 3 no usable Java or
+PySpark.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import click
+
+from .job import DEFAULT_STORM_THRESHOLD, DEFAULT_TOP
+from .splits import DEFAULT_SPLIT_SIZE
+
+EXIT_FAILED, EXIT_ENVIRONMENT = 1, 3
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``134217728``, ``128M``, ``64k``, ``1G`` (binary units) -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*([kKmMgG]?)(?:i?[bB])?\s*", text)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use e.g. 134217728, 64M, 1G)")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def _size(ctx, param, value):
+    try:
+        n = parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    if n < 64:
+        raise click.BadParameter("must be at least 64 bytes")
+    return n
+
+
+def _conf(ctx, param, values):
+    out = []
+    for v in values:
+        k, sep, val = v.partition("=")
+        if not sep or not k:
+            raise click.BadParameter(f"{v!r}: expected KEY=VALUE")
+        out.append((k, val))
+    return out
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("captures", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="Output folder: records/ (Parquet), report.html, plots, tables (overwritten).")
+@click.option("--master", metavar="URL",
+              help="Spark master, e.g. spark://host:7077 (default local[*], or spark-submit's).")
+@click.option("--port", "ports", type=click.IntRange(1, 65535), multiple=True, metavar="N",
+              help="Also treat UDP port N as LBMR (repeatable). Always: 12965, 15380.")
+@click.option("--split-size", default=str(DEFAULT_SPLIT_SIZE), callback=_size, metavar="SIZE",
+              show_default=True, help="Byte range per task (e.g. 64M); big files are cut into such ranges.")
+@click.option("--storm-threshold", type=click.IntRange(min=0), default=DEFAULT_STORM_THRESHOLD,
+              show_default=True, metavar="N", help="A second with more than N LBMR datagrams is a storm.")
+@click.option("--top", type=click.IntRange(min=1), default=DEFAULT_TOP, show_default=True, metavar="N",
+              help="Rows in the top talkers / top topics tables and plots.")
+@click.option("--conf", "conf", multiple=True, callback=_conf, metavar="KEY=VALUE",
+              help="Extra Spark configuration (repeatable), e.g. spark.driver.memory=4g.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
+def main(captures, out, master, ports, split_size, storm_threshold, top, conf, quiet):
+    """Analyse LBMR (Ultra Messaging topic resolution) traffic in pcap/pcapng
+    CAPTURES (files or folders) with Spark: decode to Parquet, run the analyses,
+    write DIR/report.html.
+
+    \b
+    Examples:
+      lbmr-analyze trace.pcapng --out report/
+      lbmr-analyze /data/captures/ --out /shared/tr --master spark://head:7077
+      spark-submit --master yarn $(which lbmr-analyze) /shared/caps --out /shared/tr
+    """
+    from .javacheck import JavaError, find_java, under_spark_submit
+
+    try:
+        import pyarrow  # noqa: F401
+        import pyspark  # noqa: F401
+    except ImportError as e:
+        click.echo(f"lbmr-analyze: {e.name} is not installed: pip install 'lbmr-kit[spark]'", err=True)
+        sys.exit(EXIT_ENVIRONMENT)
+    if not under_spark_submit():
+        try:
+            find_java()
+        except JavaError as e:
+            click.echo(f"lbmr-analyze: {e}", err=True)
+            sys.exit(EXIT_ENVIRONMENT)
+
+    from pyspark.sql import SparkSession
+
+    from .job import Progress, build_session, run, summary_text
+
+    prog = Progress(2 + 6, enabled=not quiet)
+    prog.step("starting Spark" + (f" ({master})" if master else ""))
+    owned = SparkSession.getActiveSession() is None    # embedded callers keep their session
+    try:
+        spark = build_session(master, conf)
+    except Exception as e:  # noqa: BLE001 - Py4J/JVM start-up failures have many types
+        click.echo(f"lbmr-analyze: could not start Spark: {e}", err=True)
+        sys.exit(EXIT_ENVIRONMENT)
+    try:
+        res = run(spark, captures, out, ports=ports, split_size=split_size,
+                  storm_threshold=storm_threshold, top=top, progress=prog)
+    except FileNotFoundError as e:
+        raise click.UsageError(str(e)) from None
+    except Exception as e:  # noqa: BLE001
+        prog.done()
+        click.echo(f"lbmr-analyze: analysis failed: {e}", err=True)
+        sys.exit(EXIT_FAILED)
+    finally:
+        if owned:
+            spark.stop()
+    click.echo(summary_text(res))
+    for e in res.tables["capture_errors"]:
+        click.echo(f"lbmr-analyze: {e['file']}: byte offset {e['offset']}: {e['error']}", err=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,336 @@
+"""The lbmr-analyze job: captures -> Parquet records -> Spark SQL analyses -> report.
+
+:func:`build_session` makes the SparkSession (``local[*]`` unless a master is
+given or the process runs under spark-submit); :func:`run` does the work on any
+session, so tests and notebooks can pass their own.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from lbmr_proto.constants import LBMR_MC_PORT, LBMRD_PORT
+
+from .splits import DEFAULT_SPLIT_SIZE, Split, context_blocks, context_for, discover, plan
+
+DEFAULT_PORTS = frozenset({LBMR_MC_PORT, LBMRD_PORT})
+DEFAULT_STORM_THRESHOLD = 1000
+DEFAULT_TOP = 20
+RECORDS_DIR = "records"
+
+#: Every table of the report, in report order.
+TABLES = (
+    "summary", "files", "topic_inventory", "unresolved_topics", "time_to_resolve",
+    "topic_conflicts", "transport_conflicts", "load_per_second", "storms", "top_talkers",
+    "top_topics", "wildcard_patterns", "wildcard_matches", "keepalive_senders",
+    "keepalive_census", "nat_audit", "capture_errors", "decode_errors",
+)
+
+
+class Progress:
+    """Per-step progress on stderr: ``lbmr-analyze [3/9] analysing: topics ... 1.2 s``.
+
+    Steps are announced before they start and timed when they end; nothing runs
+    in the background.  While a step runs Spark's own stage progress bar shows on a
+    terminal (``spark.ui.showConsoleProgress``)."""
+
+    def __init__(self, total: int, stream=None, enabled: bool = True) -> None:
+        self.total, self.stream, self.enabled = total, stream, enabled
+        self.n = 0
+        self.timings: dict[str, float] = {}
+        self._t = 0.0
+        self._name = ""
+
+    def _out(self):
+        return self.stream if self.stream is not None else sys.stderr
+
+    def step(self, name: str) -> None:
+        self.done()
+        self.n += 1
+        self._name, self._t = name, time.perf_counter()
+        if self.enabled:
+            bar = "#" * self.n + "." * max(self.total - self.n, 0)
+            print(f"lbmr-analyze [{bar}] {self.n}/{self.total} {name} ...", file=self._out(), flush=True)
+
+    def done(self) -> None:
+        if self._name:
+            dt = time.perf_counter() - self._t
+            self.timings[self._name] = dt
+            if self.enabled:
+                print(f"lbmr-analyze     {self._name}: {dt:.1f} s", file=self._out(), flush=True)
+            self._name = ""
+
+
+@dataclass
+class Result:
+    """What :func:`run` did."""
+
+    out: Path
+    files: list[str]
+    splits: list[Split]
+    decode_partitions: int
+    rows: int
+    summary: dict
+    tables: dict[str, list[dict]] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def report(self) -> Path:
+        return self.out / "report.html"
+
+
+# --------------------------------------------------------------------------- session
+
+_SHIPPED: set[int] = set()
+
+
+def _package_zip() -> bytes:
+    """lbmr_proto and lbmr_analyze as a zip, for executors (sc.addPyFile)."""
+    buf = io.BytesIO()
+    root = Path(__file__).resolve().parents[1]
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for pkg in ("lbmr_proto", "lbmr_analyze"):
+            for p in sorted((root / pkg).rglob("*.py")):
+                z.write(p, p.relative_to(root).as_posix())
+    return buf.getvalue()
+
+
+def ship_code(spark) -> None:
+    """Make lbmr_proto and lbmr_analyze importable on the executors (once per context),
+    so a cluster needs only pyarrow (and Python) installed, not lbmr-kit."""
+    sc = spark.sparkContext
+    if id(sc) in _SHIPPED:
+        return
+    d = tempfile.mkdtemp(prefix="lbmr-analyze-")
+    path = os.path.join(d, "lbmr_analyze_code.zip")
+    with open(path, "wb") as f:
+        f.write(_package_zip())
+    sc.addPyFile(path)
+    _SHIPPED.add(id(sc))
+
+
+def build_session(master: str | None = None, conf: Iterable[tuple[str, str]] = (),
+                  *, progress_bar: bool | None = None):
+    conf = list(conf)
+    """A SparkSession for the job.  ``master`` None means ``local[*]`` unless the
+    process runs under spark-submit (then spark-submit's ``--master`` applies)."""
+    from pyspark.sql import SparkSession
+
+    from .javacheck import under_spark_submit
+
+    submitted = under_spark_submit()
+    if master is None and not submitted:
+        master = "local[*]"
+    b = SparkSession.builder.appName("lbmr-analyze")
+    if master is not None:
+        b = b.master(master)
+    local = (master or "").startswith("local")
+    if local:
+        # executors are this machine's Python workers: use this interpreter
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        if not submitted and not any(k == "spark.driver.extraJavaOptions" for k, _ in conf):
+            log4j = Path(__file__).with_name("log4j2.properties")
+            if log4j.exists():
+                b = b.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
+        b = b.config("spark.sql.shuffle.partitions", str(max(4, 2 * (os.cpu_count() or 1))))
+    if progress_bar is None:
+        progress_bar = sys.stderr.isatty()
+    b = (b.config("spark.sql.session.timeZone", "UTC")
+         .config("spark.ui.showConsoleProgress", "true" if progress_bar else "false")
+         .config("spark.log.level", "ERROR"))
+    for k, v in conf:
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+# --------------------------------------------------------------------------- job
+
+def _is_pcapng(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x0a\x0d\x0d\x0a"
+    except OSError:
+        return False
+
+
+def _split_rows(spark, splits: list[Split]) -> list[tuple]:
+    """Split descriptors with their pcapng context prefixes (pre-pass only for
+    pcapng files cut into several ranges)."""
+    by_file: dict[str, list[Split]] = {}
+    for s in splits:
+        by_file.setdefault(s.path, []).append(s)
+    ng = [s for p, ss in by_file.items() if len(ss) > 1 and _is_pcapng(p) for s in ss]
+    blocks: dict[int, list] = {}
+    if ng:
+        got = (spark.sparkContext.parallelize(ng, len(ng))
+               .map(lambda s: (s.split_id, context_blocks(s))).collect())
+        blocks = dict(got)
+    rows = []
+    for ss in by_file.values():
+        seen: list = []
+        for s in ss:
+            ctx = context_for(seen, 1 << 62) if s.split_id in blocks and s.start > 0 else b""
+            rows.append((s.split_id, s.path, s.start, s.end, s.size, bytearray(ctx)))
+            seen += blocks.get(s.split_id, [])
+    return rows
+
+
+def decode_to_parquet(spark, splits: list[Split], records_path: Path, ports: frozenset[int]
+                      ) -> tuple[int, int]:
+    """Decode every split on the executors, which write the Parquet records
+    themselves (partitioned by hour, see :func:`lbmr_analyze.rows.write_split`),
+    replacing any previous ``records_path``; returns the number of decoding
+    partitions (one per split) and of records written.
+
+    The records never pass through the JVM on their way to Parquet: Arrow batches
+    go straight from the decoder to pyarrow's Parquet writer, and only one status
+    row per split comes back.  ``records_path`` must be on a file system that the
+    driver and every executor see at the same path (as the captures must be)."""
+    from .rows import STATUS_DDL, write_splits
+
+    rows = _split_rows(spark, splits)
+    shutil.rmtree(records_path, ignore_errors=True)
+    records_path.mkdir(parents=True)
+    schema = "split_id int, path string, start bigint, end bigint, size bigint, context binary"
+    rdd = spark.sparkContext.parallelize(rows, len(rows))
+    sdf = spark.createDataFrame(rdd, schema)
+    status = sdf.mapInArrow(partial(write_splits, ports=ports, out_dir=str(records_path)), STATUS_DDL)
+    written = sum(r["records"] for r in status.collect())
+    (records_path / "_SUCCESS").write_bytes(b"")
+    return rdd.getNumPartitions(), written
+
+
+def read_records(spark, records_path: Path):
+    """The Parquet records as a DataFrame (with the ``hour`` partition column)."""
+    from .rows import SPARK_DDL
+    return spark.read.schema(SPARK_DDL + ", hour string").parquet(str(records_path))
+
+
+def _collect(df) -> list[dict]:
+    return df.toArrow().to_pylist()
+
+
+def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
+        ports: Iterable[int] = DEFAULT_PORTS, split_size: int = DEFAULT_SPLIT_SIZE,
+        storm_threshold: int = DEFAULT_STORM_THRESHOLD, top: int = DEFAULT_TOP,
+        progress: Progress | None = None, report: bool = True) -> Result:
+    """Run the whole job on ``spark``; write ``out/records`` (Parquet), the tables
+    (``out/<table>.csv`` and ``.json``) and ``out/report.html`` with its plots."""
+    from . import analyses as A
+    from . import report as R
+
+    prog = progress if progress is not None else Progress(7 if report else 6, enabled=False)
+    out = Path(out).resolve()
+    portset = frozenset(ports) | DEFAULT_PORTS
+    spark.conf.set("spark.sql.session.timeZone", "UTC")     # tables and hour partitions are UTC
+    prog.step("planning byte ranges")
+    files = discover(inputs)
+    if not files:
+        raise FileNotFoundError("no capture files found in the inputs")
+    splits = plan(files, split_size)
+    out.mkdir(parents=True, exist_ok=True)
+    ship_code(spark)
+
+    prog.step(f"decoding {len(files)} file(s) in {len(splits)} byte range(s) to Parquet")
+    records_path = out / RECORDS_DIR
+    parts, nrows = decode_to_parquet(spark, splits, records_path, portset)
+
+    prog.step("analysing: totals, files, topics")
+    r = A.prepare(read_records(spark, records_path))
+    tables: dict[str, list[dict]] = {}
+    summary = A.totals(r)
+    summary.update(files=len(files), byte_ranges=len(splits), parquet_rows=nrows,
+                   storm_threshold=storm_threshold)
+    tables["files"] = _collect(A.files(r))
+    ts = A.topic_summary(r).cache()
+    tables["topic_inventory"] = _collect(A.topic_inventory(ts))
+    tables["unresolved_topics"] = _collect(A.unresolved_topics(ts))
+    tables["topic_conflicts"] = _collect(A.topic_conflicts(ts))
+    tables["top_topics"] = _collect(A.top_topics(ts, top))
+    ts.unpersist()
+    summary["topics"] = len(tables["topic_inventory"])
+
+    prog.step("analysing: time to resolve, transports, NAT")
+    tables["time_to_resolve"] = _collect(A.time_to_resolve(r))
+    tables["transport_conflicts"] = _collect(A.transport_conflicts(r))
+    tables["nat_audit"] = _collect(A.nat_audit(r))
+
+    prog.step("analysing: load, storms, talkers, keepalives")
+    load = A.load_per_second(r)
+    tables["load_per_second"] = _collect(load)
+    tables["storms"] = [{k: v for k, v in row.items() if k != "record_kind"}
+                        for row in tables["load_per_second"]
+                        if row["record_kind"] == "ALL" and row["packets"] > storm_threshold]
+    snd = A.senders(r).cache()
+    tables["top_talkers"] = _collect(A.top_talkers(snd, top))
+    summary["senders"] = snd.count()
+    snd.unpersist()
+    tables["keepalive_senders"] = _collect(A.keepalive_senders(r))
+    tables["keepalive_census"] = _collect(A.keepalive_census(r))
+
+    prog.step("analysing: wildcard patterns, errors")
+    pats = _collect(A.wildcard_patterns(r))
+    matches_df, errors = A.wildcard_matches(r, [(p["pattern"], p["pattern_type"]) for p in pats])
+    tables["wildcard_matches"] = _collect(matches_df)
+    counts: dict[tuple, int] = {}
+    for m in tables["wildcard_matches"]:
+        k = (m["pattern"], m["pattern_type"])
+        counts[k] = counts.get(k, 0) + 1
+    for p in pats:
+        k = (p["pattern"], p["pattern_type"])
+        p["matched_topics"] = counts.get(k, 0)
+        p["error"] = errors.get(k)
+    tables["wildcard_patterns"] = pats
+    tables["capture_errors"] = _collect(A.capture_errors(r))
+    tables["decode_errors"] = _collect(A.decode_errors(r))
+    summary.update(
+        unresolved_topics=len(tables["unresolved_topics"]),
+        topic_conflicts=len(tables["topic_conflicts"]),
+        transport_conflicts=len(tables["transport_conflicts"]),
+        nat_mismatches=len(tables["nat_audit"]),
+        storm_seconds=len(tables["storms"]),
+        wildcard_patterns=len(pats),
+        keepalive_clients=len(tables["keepalive_senders"]),
+    )
+    tables["summary"] = [{"key": k, "value": v if not isinstance(v, dict) else
+                          " ".join(f"{a}={b}" for a, b in sorted(v.items()))}
+                         for k, v in summary.items()]
+    tables = {k: tables[k] for k in TABLES}
+
+    if report:
+        prog.step("writing report")
+        R.write_tables(out, tables)
+        R.write_report(out, tables, summary, top=top)
+    prog.done()
+    return Result(out, files, splits, parts, nrows, summary, tables, dict(prog.timings))
+
+
+def summary_text(res: Result) -> str:
+    """The short summary printed on stdout."""
+    s = res.summary
+    lines = [
+        f"lbmr-analyze: {s['files']} file(s), {s['byte_ranges']} byte range(s): "
+        f"{s['datagrams']} LBMR datagrams, {s['records']} records, {s['bytes']} bytes",
+        f"  time span: {s['first_seen'] or '-'} .. {s['last_seen'] or '-'}",
+        f"  topics: {s['topics']} ({s['unresolved_topics']} unresolved); TIRs {s['tirs']}, TQRs {s['tqrs']}, "
+        f"wildcard TQRs {s['wc_tqrs']}, keepalives {s['keepalives']}",
+        f"  conflicts: {s['topic_conflicts']} topic(s), {s['transport_conflicts']} transport(s); "
+        f"NAT mismatches: {s['nat_mismatches']}; storm seconds (> {s['storm_threshold']} pkt/s): "
+        f"{s['storm_seconds']}",
+        f"  errors: {s['capture_errors']} capture, {s['decode_errors']} decode",
+        f"  records: {res.out / RECORDS_DIR}",
+        f"  report:  {res.report}",
+    ]
+    return "\n".join(lines)

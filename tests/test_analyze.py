@@ -1,0 +1,668 @@
+"""Tests for lbmr-analyze (lbmr_analyze): byte-range splitting, the Spark job on
+captures with known answers and on the real capture, the report, idempotence,
+corrupt captures, split-vs-unsplit equality, the CLI and the Java check.
+
+One real SparkSession (local[2]) serves the whole module.  Every analysis is
+compared with a plain-Python computation written here, independently of the
+package, over the same decoded records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+from collections import defaultdict
+from datetime import UTC, datetime
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pyspark  # noqa: E402,F401  - a test requirement: a missing pyspark fails, never skips
+import pytest
+
+import lbmr_proto as L
+from lbmr_analyze import splits as S  # noqa: E402
+from lbmr_analyze.cli import main as cli_main  # noqa: E402
+from lbmr_analyze.cli import parse_size  # noqa: E402
+from lbmr_analyze.javacheck import find_java, java_version  # noqa: E402
+from lbmr_analyze.job import TABLES, build_session, run  # noqa: E402
+from lbmr_proto.capture import (
+    LINKTYPE_RAW,
+    CaptureError,
+    PcapngWriter,
+    PcapWriter,
+    read_udp,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL_CAPTURE = Path(__file__).resolve().parents[1].parent / "shared" / "captures" / "um614-multicast-tr.pcap"
+PORTS = {12965, 15380}
+T0 = 1_700_000_000.0          # 2023-11-14T22:13:20Z; its minute starts at T0 - 20
+STORM = 50
+
+
+# ============================================================== spark
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = build_session("local[2]", [("spark.sql.shuffle.partitions", "4"), ("spark.ui.enabled", "false"),
+                                   ("spark.driver.memory", "2g")], progress_bar=False)
+    yield s
+    s.stop()
+
+
+# ============================================================== synthetic captures
+
+TRAILER = [L.SourceIdOption(0x8000, bytes(range(8))), L.SourceTypeOption(0x80, 0),
+           L.VersionOption(0x8001, 0x060E0000), L.LocalDomainOption(0x8000, 5)]
+S1, S2 = ("10.1.1.10", 14402), ("10.1.1.11", 14402)
+Q1, Q2 = ("10.2.2.20", 14403), ("10.4.4.4", 14402)
+TA = L.LbtrmTransport("10.1.1.10", "239.1.1.1", 1111, 14400, 14390)
+TC1 = L.TcpTransport("10.1.1.10", 14371)
+TC2 = L.LbtruSessionTransport("10.1.1.11", 77, 14380)
+TX = L.TcpTransport("10.5.5.5", 15000)               # advertised from 10.5.5.5 and 10.5.5.6
+TE = L.TcpTransport("192.168.50.5", 15001)           # NAT mismatch when sent from 10.7.7.7
+TF = L.TcpTransport("0.0.0.0", 15002)                # filled in by receivers: never a mismatch
+TG = L.TcpTransport("10.7.7.99", 15003)              # same /24 as its sender: not a mismatch
+
+
+def _tir(topic, transport, index=0, domain=None):
+    opts = [L.OtidOption(0x8000, bytes(32))] + ([L.DomainIdOption(0, domain)] if domain is not None else [])
+    return L.TIR(topic, transport, 16, index, opts)
+
+
+def _pkt(**kw) -> bytes:
+    return L.encode(L.Packet(**kw, options=TRAILER))
+
+
+def synthetic_datagrams() -> list[tuple]:
+    """(ts, src, sport, dst, dport, payload) with known answers (see the tests)."""
+    d = []
+    dst = ("239.101.3.1", 12965)
+
+    def add(ts, who, payload, to=dst):
+        d.append((T0 + ts, who[0], who[1], to[0], to[1], payload))
+
+    add(0.5, Q1, _pkt(tqrs=[L.TQR("A")]))
+    add(0.6, Q1, _pkt(tqrs=[L.TQR("B")]))
+    add(0.7, Q1, _pkt(type=1, version=1, wc_tqrs=[L.WcTQR("^(A|C)$", 1)]))
+    add(0.8, Q1, _pkt(type=1, version=1, wc_tqrs=[L.WcTQR("([unclosed", 1)]))
+    for k in range(1, 21):                                  # A advertised every second
+        add(float(k), S1, _pkt(tirs=[_tir("A", TA, 1, domain=7)]))
+    add(1.2, S1, _pkt(tirs=[_tir("C", TC1, 2)]))
+    add(1.3, S2, _pkt(tirs=[_tir("C", TC2, 3)]))
+    add(1.5, Q1, _pkt(tqrs=[L.TQR("A"), L.TQR("C")]))
+    add(2.1, ("10.5.5.5", 14402), _pkt(tirs=[_tir("D", TX)]))
+    add(2.2, ("10.5.5.6", 14402), _pkt(tirs=[_tir("D", TX)]))
+    add(2.3, ("10.7.7.7", 14402), _pkt(tirs=[_tir("E", TE), _tir("F", TF), _tir("G", TG)]))
+    add(3.0, Q1, _pkt(tqrs=[L.TQR("B")]))
+    for i in range(60):                                     # a storm second: 61 datagrams at T0+10
+        add(10.005 + i * 0.01, Q2, _pkt(tqrs=[L.TQR("A")]))
+    # keepalives (lbmrd clients) in two minutes: 2 clients, then 3
+    lbmrd = ("10.0.0.1", 15380)
+    add(1.1, ("10.9.9.1", 14402), L.encode(L.Packet(2)), lbmrd)
+    add(1.1, ("10.9.9.2", 14402), L.encode(L.Packet(3)), lbmrd)
+    add(45.0, ("10.9.9.1", 14402), L.encode(L.Packet(2)), lbmrd)
+    add(45.1, ("10.9.9.2", 14402), L.encode(L.Packet(3)), lbmrd)
+    add(45.2, ("10.9.9.3", 14405), L.encode(L.Packet(0)), lbmrd)
+    add(46.0, ("10.9.9.3", 14405), L.encode(L.Packet(0)), lbmrd)
+    add(5.0, ("10.8.8.8", 5555), b"\x07\xff\x00", lbmrd)     # undecodable on the lbmrd port
+    add(5.5, ("10.8.8.8", 5555), b"not lbmr", ("10.0.0.2", 9999))        # other port: ignored
+    add(6.0, ("10.8.8.9", 5556), _pkt(tqrs=[L.TQR("Z")]), ("10.0.0.2", 20000))   # only with --port
+    d.sort(key=lambda x: x[0])
+    return d
+
+
+def write_pcap(path: Path, dgrams, *, nanosecond=False) -> Path:
+    with PcapWriter(path, nanosecond=nanosecond) as w:
+        for i, dg in enumerate(dgrams):
+            w.write_udp(*dg, ip_id=i)
+    return path
+
+
+def write_pcapng(path: Path, dgrams, *, sections=1, tsresol=9) -> Path:
+    """pcapng; every 3rd datagram on a second interface with ``tsresol``; with
+    sections=2 the second half is a second, big-endian section (raw IPv4)."""
+    half = len(dgrams) // 2 if sections == 2 else len(dgrams)
+    with open(path, "wb") as f:
+        with PcapngWriter(f) as w:
+            w.add_interface(1, tsresol=tsresol)
+            for i, dg in enumerate(dgrams[:half]):
+                w.write_udp(*dg, ip_id=i, interface=i % 3 == 0 and 1 or 0)
+        if sections == 2:
+            with PcapngWriter(f, LINKTYPE_RAW, tsresol=tsresol, big_endian=True) as w:
+                for i, dg in enumerate(dgrams[half:]):
+                    w.write_udp(*dg, ip_id=i)
+    return path
+
+
+def traffic(n: int) -> list[tuple]:
+    sys.path.insert(0, str(ROOT))
+    from bench.traffic import datagrams
+    return list(datagrams(n))
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory) -> Path:
+    return write_pcap(tmp_path_factory.mktemp("synth") / "synthetic.pcap", synthetic_datagrams())
+
+
+# ============================================================== independent reference
+
+def iso(us: int) -> str:
+    return datetime.fromtimestamp(us // 1_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{us % 1_000_000:06d}Z"
+
+
+def iso_s(sec: int) -> str:
+    return datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ref_tid(t) -> str:
+    if isinstance(t, L.LbtrmTransport):
+        return f"LBTRM:{t.ip}:{t.src_ucast_port}:{t.mcast_group}:{t.dest_port}:{t.session_id}"
+    if isinstance(t, L.TcpTransport):
+        return f"TCP:{t.ip}:{t.port}"
+    if isinstance(t, L.TcpSessionTransport):
+        return f"TCP:{t.ip}:{t.port}:{t.session_id}"
+    if isinstance(t, L.LbtruTransport):
+        return f"LBTRU:{t.ip}:{t.port}"
+    if isinstance(t, L.LbtruSessionTransport):
+        return f"LBTRU:{t.ip}:{t.port}:{t.session_id}"
+    if isinstance(t, L.LbtrdmaTransport):
+        return f"LBTRDMA:{t.ip}:{t.port}:{t.session_id}"
+    if isinstance(t, (L.LbtipcTransport, L.LbtsmxTransport)):
+        return f"{t.NAME}:{t.host_id}:{t.xport_id}:{t.session_id}"
+    return f"UNKNOWN:{t.type_code}:{t.data.hex()}"
+
+
+def ref_records(path: str, dgrams) -> list[dict]:
+    """Flat records from (ts, src, sport, dst, dport, payload, frame, offset) datagrams."""
+    out = []
+    for ts, src, sport, dst, dport, payload, _frame, off in dgrams:
+        base = dict(file=path, offset=off, us=round(ts * 1e6), src=src, sport=sport, dst=dst, dport=dport,
+                    length=len(payload), q=f"{src}:{sport}")
+        recs = []
+        try:
+            pkt = L.decode(payload)
+        except L.LBMRDecodeError as e:
+            recs.append(dict(kind="DECODE_ERROR", ptype=None,
+                             error=f"LBMR decode error at datagram byte {e.offset}: {e.reason}"))
+        else:
+            recs += [dict(kind="TQR", topic=q.topic) for q in pkt.tqrs]
+            recs += [dict(kind="WC_TQR", topic=w.pattern, pattern_type=w.pattern_type) for w in pkt.wc_tqrs]
+            recs += [dict(kind="TIR", topic=t.topic, tid=ref_tid(t.transport),
+                          tip=getattr(t.transport, "ip", None)) for t in pkt.tirs]
+            assert pkt.tmb is None and not pkt.qqrs and not pkt.qirs and pkt.ext is None
+            if not recs:
+                assert pkt.type in (2, 3) or (pkt.type == 0)
+                recs.append(dict(kind="KEEPALIVE"))
+            for r in recs:
+                r["ptype"] = pkt.type_name
+        seen = set()
+        for i, r in enumerate(recs):
+            r.update(base, index=i, kind_first=r["kind"] not in seen)
+            seen.add(r["kind"])
+            out.append(r)
+    return out
+
+
+def _set(vals) -> str:
+    return " ".join(sorted({v for v in vals if v is not None}))
+
+
+def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> dict[str, list[dict]]:
+    """Every analysis table, computed in plain Python."""
+    T: dict[str, list[dict]] = {}
+    by_topic = defaultdict(list)
+    for r in recs:
+        if r["kind"] in ("TIR", "TQR"):
+            by_topic[r["topic"]].append(r)
+    inv = []
+    for topic in sorted(by_topic):
+        rs = by_topic[topic]
+        tirs = [r for r in rs if r["kind"] == "TIR"]
+        tqrs = [r for r in rs if r["kind"] == "TQR"]
+        inv.append(dict(
+            topic=topic, advertisements=len(tirs), queries=len(tqrs),
+            n_sources=len({r["tid"] for r in tirs}), sources=_set(r["tid"] for r in tirs),
+            advertisers=_set(r["src"] for r in tirs), n_queriers=len({r["q"] for r in tqrs}),
+            first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)),
+            first_advertised=iso(min(r["us"] for r in tirs)) if tirs else None,
+            first_queried=iso(min(r["us"] for r in tqrs)) if tqrs else None))
+    T["topic_inventory"] = inv
+    T["unresolved_topics"] = [
+        dict(topic=i["topic"], queries=i["queries"], n_queriers=i["n_queriers"],
+             queriers=_set(r["q"] for r in by_topic[i["topic"]] if r["kind"] == "TQR"),
+             first_queried=i["first_seen"], last_queried=i["last_seen"])
+        for i in inv if i["advertisements"] == 0]
+    T["top_topics"] = [dict(topic=i["topic"], records=i["advertisements"] + i["queries"],
+                            advertisements=i["advertisements"], queries=i["queries"], n_sources=i["n_sources"])
+                       for i in sorted(inv, key=lambda i: (-(i["advertisements"] + i["queries"]), i["topic"]))][:top]
+    # time to resolve
+    firstq: dict[tuple, int] = {}
+    for r in recs:
+        if r["kind"] == "TQR":
+            k = (r["q"], r["topic"])
+            firstq[k] = min(firstq.get(k, r["us"]), r["us"])
+    ttr = []
+    for (q, topic), us in firstq.items():
+        later = [r["us"] for r in by_topic[topic] if r["kind"] == "TIR" and r["us"] >= us]
+        if later:
+            ttr.append(dict(querier=q, topic=topic, first_query=iso(us), resolved_at=iso(min(later)),
+                            time_to_resolve_s=(min(later) - us) / 1e6))
+    T["time_to_resolve"] = sorted(ttr, key=lambda x: (x["topic"], x["querier"]))
+    tirs = [r for r in recs if r["kind"] == "TIR"]
+    tir_by_topic, tir_by_tid = defaultdict(list), defaultdict(list)
+    for r in tirs:
+        tir_by_topic[r["topic"]].append(r)
+        tir_by_tid[r["tid"]].append(r)
+    tc = []
+    for topic, rs in sorted(tir_by_topic.items()):
+        if len({r["tid"] for r in rs}) > 1:
+            tc.append(dict(topic=topic, n_transports=len({r["tid"] for r in rs}), transports=_set(r["tid"] for r in rs),
+                           advertisers=_set(r["src"] for r in rs), advertisements=len(rs)))
+    T["topic_conflicts"] = tc
+    xc = []
+    for tid, rs in sorted(tir_by_tid.items()):
+        if len({r["src"] for r in rs}) > 1:
+            xc.append(dict(transport_id=tid, n_senders=len({r["src"] for r in rs}), senders=_set(r["src"] for r in rs),
+                           n_topics=len({r["topic"] for r in rs}), advertisements=len(rs)))
+    T["transport_conflicts"] = xc
+    # load
+    load = defaultdict(lambda: [0, 0, 0])
+    for r in recs:
+        sec = r["us"] // 1_000_000
+        for kind, counts in ((r["kind"], r["kind_first"]), ("ALL", r["index"] == 0)):
+            v = load[(sec, kind)]
+            v[1] += 1
+            if counts:
+                v[0] += 1
+                v[2] += r["length"]
+    T["load_per_second"] = [dict(second=s, time=iso_s(s), record_kind=k, packets=v[0], records=v[1], bytes=v[2])
+                            for (s, k), v in sorted(load.items())]
+    T["storms"] = [dict(second=s, time=iso_s(s), packets=v[0], records=v[1], bytes=v[2])
+                   for (s, k), v in sorted(load.items()) if k == "ALL" and v[0] > storm]
+    talk = defaultdict(list)
+    for r in recs:
+        talk[r["src"]].append(r)
+    tt = [dict(sender=s, packets=sum(r["index"] == 0 for r in rs), bytes=sum(r["length"] for r in rs if r["index"] == 0),
+               records=len(rs), tirs=sum(r["kind"] == "TIR" for r in rs), tqrs=sum(r["kind"] == "TQR" for r in rs),
+               first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)))
+          for s, rs in talk.items()]
+    T["top_talkers"] = sorted(tt, key=lambda x: (-x["packets"], -x["bytes"], x["sender"]))[:top]
+    # wildcards
+    wc = defaultdict(list)
+    for r in recs:
+        if r["kind"] == "WC_TQR":
+            wc[(r["topic"], r["pattern_type"])].append(r)
+    topics = sorted(by_topic)
+    pats, matches = [], []
+    for (p, t) in sorted(wc):
+        rs = wc[(p, t)]
+        try:
+            rx, err = re.compile(p), None
+        except re.error as e:
+            rx, err = None, f"invalid pattern: {e}"
+        hits = [x for x in topics if rx is not None and rx.search(x)]
+        matches += [dict(pattern=p, pattern_type=t, topic=x) for x in hits]
+        pats.append(dict(pattern=p, pattern_type=t, queries=len(rs), queriers=_set(r["q"] for r in rs),
+                         first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)),
+                         matched_topics=len(hits), error=err))
+    T["wildcard_patterns"] = pats
+    T["wildcard_matches"] = matches
+    ka = defaultdict(list)
+    for r in recs:
+        if r["kind"] == "KEEPALIVE":
+            ka[r["q"]].append(r)
+    T["keepalive_senders"] = [dict(client=c, packets=len(rs), types=_set(r["ptype"] for r in rs),
+                                   destinations=_set(r["dst"] for r in rs),
+                                   first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)))
+                              for c, rs in sorted(ka.items())]
+    cen = defaultdict(list)
+    for rs in ka.values():
+        for r in rs:
+            cen[r["us"] // 1_000_000 // 60 * 60].append(r)
+    T["keepalive_census"] = [dict(minute=m, time=iso_s(m), clients=len({(r["src"], r["sport"]) for r in rs}),
+                                  packets=len(rs)) for m, rs in sorted(cen.items())]
+    nat = defaultdict(list)
+    for r in tirs:
+        ip = r["tip"]
+        if ip and ip != "0.0.0.0" and ip != r["src"] and ip.rsplit(".", 1)[0] != r["src"].rsplit(".", 1)[0]:
+            nat[(r["src"], ip, r["tid"], r["topic"])].append(r)
+    T["nat_audit"] = [dict(sender=k[0], advertised_ip=k[1], transport_id=k[2], topic=k[3], advertisements=len(rs),
+                           first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)))
+                      for k, rs in sorted(nat.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3], kv[0][2]))]
+    T["capture_errors"] = [dict(file=e.path, offset=e.offset, error=e.reason) for e in capture_errors]
+    T["decode_errors"] = [dict(file=r["file"], offset=r["offset"], time=iso(r["us"]), src=r["src"], sport=r["sport"],
+                               dst=r["dst"], dport=r["dport"], length=r["length"], error=r["error"])
+                          for r in sorted(recs, key=lambda r: (r["file"], r["offset"])) if r["kind"] == "DECODE_ERROR"]
+    files = defaultdict(list)
+    for r in recs:
+        files[r["file"]].append(r)
+    T["files"] = [dict(file=f, datagrams=sum(r["index"] == 0 for r in rs), records=len(rs),
+                       bytes=sum(r["length"] for r in rs if r["index"] == 0),
+                       decode_errors=sum(r["kind"] == "DECODE_ERROR" for r in rs),
+                       capture_errors=sum(e.path == f for e in capture_errors),
+                       first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)))
+                  for f, rs in sorted(files.items())]
+    return T
+
+
+COMPARED = [t for t in TABLES if t != "summary"]
+
+
+def assert_tables_equal(got: dict, want: dict, names=COMPARED) -> None:
+    for name in names:
+        assert got[name] == want[name], f"table {name} differs"
+
+
+# ============================================================== splitting (no Spark)
+
+def _read_all(path: str, split_size: int, ports=PORTS) -> tuple[list, list]:
+    splits = S.plan([path], split_size)
+    with open(path, "rb") as f:
+        ng = f.read(4) == b"\x0a\x0d\x0d\x0a"
+    blocks: list = []
+    dgs, errs = [], []
+    for s in splits:
+        ctx = S.context_for(blocks, 1 << 62) if ng and s.start else b""
+        for x in S.read_split(s, ports, ctx):
+            (errs if isinstance(x, CaptureError) else dgs).append(x)
+        if ng:
+            blocks += S.context_blocks(s)
+    return dgs, errs
+
+
+@pytest.mark.parametrize("fmt", ["pcap", "pcap-ns", "pcapng", "pcapng-2sections"])
+def test_split_reading_sees_every_record_exactly_once(tmp_path, fmt):
+    dg = traffic(600) + synthetic_datagrams()
+    p = tmp_path / f"t.{fmt}"
+    if fmt.startswith("pcapng"):
+        write_pcapng(p, dg, sections=2 if "2" in fmt else 1)
+    else:
+        write_pcap(p, dg, nanosecond=fmt == "pcap-ns")
+    want = [d._replace(frame=0) for d in read_udp(str(p), ports=PORTS)]
+    assert len(want) == len(dg) - 2
+    size = p.stat().st_size
+    for split_size in (64, 97, 1000, 4096, 33333, size, size * 2):
+        got, errs = _read_all(str(p), split_size)
+        assert errs == [], (split_size, errs)
+        assert got == want, split_size
+    assert len(S.plan([str(p)], 1000)) == -(-size // 1000)
+
+
+def test_resync_finds_record_boundaries(tmp_path):
+    p = write_pcap(tmp_path / "r.pcap", traffic(300))
+    offsets = [d.offset for d in read_udp(str(p))]
+    with S._open(str(p)) as mm:
+        f = S._format(mm, str(p))
+        size = len(mm)
+        for nominal in range(25, size, 173):
+            r = S.resync(mm, nominal, size, f)
+            assert r == next((o for o in offsets if o >= nominal), size)
+
+
+def _corrupt_copy(src: Path, dst: Path, smash_index: int) -> tuple[int, int]:
+    """Copy ``src`` with record ``smash_index``'s length fields destroyed and a truncated
+    record appended; returns (smashed offset, tail offset)."""
+    offs = [d.offset for d in read_udp(str(src))]
+    data = bytearray(src.read_bytes())
+    x = offs[smash_index]
+    data[x + 8:x + 16] = struct.pack("<II", 0xFFFFFFF0, 0xFFFFFFF0)
+    tail = len(data)
+    data += struct.pack("<IIII", int(T0) + 99, 0, 100, 100) + b"\x01" * 10
+    dst.write_bytes(bytes(data))
+    return x, tail
+
+
+def test_split_reading_resumes_after_corruption(tmp_path):
+    clean = write_pcap(tmp_path / "c.pcap", traffic(400))
+    bad = tmp_path / "bad.pcap"
+    x, tail = _corrupt_copy(clean, bad, 150)
+    want = [d._replace(frame=0) for d in read_udp(str(clean), ports=PORTS) if d.offset != x]
+    for split_size in (64, 500, 3000, 10**9):
+        got, errs = _read_all(str(bad), split_size)
+        assert [(e.path, e.offset) for e in errs] == [(str(bad), x), (str(bad), tail)], split_size
+        assert "implausible record length" in errs[0].reason and "truncated" in errs[1].reason
+        assert got == want, split_size
+
+
+def test_unreadable_files_report_offset_zero(tmp_path):
+    (tmp_path / "empty.pcap").write_bytes(b"")
+    (tmp_path / "text.pcap").write_bytes(b"this is not a capture file at all\n" * 10)
+    for name, reason in (("empty.pcap", "empty file"), ("text.pcap", "unknown file magic")):
+        got, errs = _read_all(str(tmp_path / name), 64)
+        assert got == [] and len(errs) == 1 and errs[0].offset == 0 and reason in errs[0].reason
+
+
+def test_discover_and_sizes(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    for n in ("a/x.pcap", "a/b/y.pcapng", "a/notes.txt", "z.cap"):
+        (tmp_path / n).write_bytes(b"")
+    got = S.discover([tmp_path, tmp_path / "z.cap"])
+    assert got == [str(tmp_path / "a/b/y.pcapng"), str(tmp_path / "a/x.pcap"), str(tmp_path / "z.cap")]
+    with pytest.raises(FileNotFoundError):
+        S.discover([tmp_path / "missing"])
+    assert parse_size("64M") == 64 << 20 and parse_size("1000") == 1000 and parse_size("2g") == 2 << 30
+    with pytest.raises(ValueError):
+        parse_size("lots")
+
+
+# ============================================================== Java check (no Spark)
+
+def test_java_version_parsing():
+    assert java_version('openjdk version "17.0.15" 2025-04-15\nOpenJDK Runtime') == 17
+    assert java_version('java version "1.8.0_402"') == 8
+    assert java_version('openjdk version "21" 2023-09-19') == 21
+    assert java_version("no version here") is None
+
+
+def _fake_java(tmp_path: Path, version_line: str) -> Path:
+    home = tmp_path / "jdk"
+    (home / "bin").mkdir(parents=True)
+    j = home / "bin" / "java"
+    j.write_text(f"#!/bin/sh\necho '{version_line}' >&2\n")
+    j.chmod(0o755)
+    return home
+
+
+def _cli_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "PYSPARK_GATEWAY_PORT")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def test_cli_without_java_says_how_to_install(tmp_path, synth):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = _cli_env(PATH=str(empty))
+    p = subprocess.run([sys.executable, "-m", "lbmr_analyze", str(synth), "--out", str(tmp_path / "o")],
+                       env=env, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert p.returncode == 3, p.stderr
+    assert "no Java runtime found" in p.stderr and "openjdk-17-jre-headless" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "o").exists()
+    # too old, through JAVA_HOME
+    home = _fake_java(tmp_path, 'java version "1.8.0_402"')
+    p = subprocess.run([sys.executable, "-m", "lbmr_analyze", str(synth), "--out", str(tmp_path / "o")],
+                       env=_cli_env(PATH=str(empty), JAVA_HOME=str(home)), capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120)
+    assert p.returncode == 3 and "is Java 8" in p.stderr and "JAVA_HOME" in p.stderr
+    with pytest.raises(Exception, match="not an executable"):
+        find_java({"JAVA_HOME": str(tmp_path / "nowhere"), "PATH": ""})
+    assert find_java()[1] >= 17          # the machine running the tests has one
+
+
+# ============================================================== the Spark job
+
+
+@pytest.fixture(scope="module")
+def synth_run(spark, synth, tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth_out")
+    return run(spark, [synth], out, ports=[20000], storm_threshold=STORM, top=20)
+
+
+def _ref_for(path: Path, ports=PORTS | {20000}, **kw) -> dict:
+    return reference(ref_records(str(path), read_udp(str(path), ports=ports)), **kw)
+
+
+def test_known_answers(synth_run, synth):
+    t = synth_run.tables
+    inv = {r["topic"]: r for r in t["topic_inventory"]}
+    assert set(inv) == {"A", "B", "C", "D", "E", "F", "G", "Z"}
+    # A: advertised and queried; Q1 resolved after 0.5 s, Q2 (the storm) after 1.0 s
+    ttr = {(r["querier"], r["topic"]): r["time_to_resolve_s"] for r in t["time_to_resolve"]}
+    assert ttr[("10.2.2.20:14403", "A")] == pytest.approx(0.5)
+    assert ttr[("10.4.4.4:14402", "A")] == pytest.approx(0.995)
+    assert ("10.2.2.20:14403", "C") not in ttr            # C was advertised only before the query
+    assert ("10.2.2.20:14403", "B") not in ttr
+    assert [r["topic"] for r in t["unresolved_topics"]] == ["B", "Z"]
+    assert t["unresolved_topics"][0]["queries"] == 2
+    # C: two transports
+    assert [(r["topic"], r["n_transports"]) for r in t["topic_conflicts"]] == [("C", 2)]
+    assert t["topic_conflicts"][0]["transports"] == "LBTRU:10.1.1.11:14380:77 TCP:10.1.1.10:14371"
+    # one transport identity from two source addresses
+    assert [(r["transport_id"], r["senders"]) for r in t["transport_conflicts"]] == \
+        [("TCP:10.5.5.5:15000", "10.5.5.5 10.5.5.6")]
+    # wildcard ^(A|C)$ matches A and C; the broken pattern is reported
+    assert [(m["pattern"], m["topic"]) for m in t["wildcard_matches"]] == [("^(A|C)$", "A"), ("^(A|C)$", "C")]
+    bad = [p for p in t["wildcard_patterns"] if p["error"]]
+    assert [p["pattern"] for p in bad] == ["([unclosed"] and bad[0]["matched_topics"] == 0
+    # keepalive census: 2 clients in the first minute, 3 in the second
+    assert [(r["time"], r["clients"]) for r in t["keepalive_census"]] == \
+        [("2023-11-14T22:13:00Z", 2), ("2023-11-14T22:14:00Z", 3)]
+    assert [r["client"] for r in t["keepalive_senders"]] == ["10.9.9.1:14402", "10.9.9.2:14402", "10.9.9.3:14405"]
+    # NAT: only E (F is 0.0.0.0, G same /24, D's second sender is in 10.5.5.0/24)
+    assert [(r["sender"], r["advertised_ip"], r["topic"]) for r in t["nat_audit"]] == \
+        [("10.7.7.7", "192.168.50.5", "E")]
+    # storm second T0+10: 60 TQR datagrams + one TIR
+    assert [(r["second"], r["packets"]) for r in t["storms"]] == [(int(T0) + 10, 61)]
+    # the undecodable datagram on 15380, not the one on 9999; --port 20000 was honoured
+    assert [(r["src"], r["dport"]) for r in t["decode_errors"]] == [("10.8.8.8", 15380)]
+    assert "Z" in inv and inv["Z"]["queries"] == 1
+    assert t["capture_errors"] == []
+    s = synth_run.summary
+    assert s["datagrams"] == len(synthetic_datagrams()) - 1 and s["tirs"] == 20 + 2 + 2 + 3
+    assert synth_run.rows == s["parquet_rows"] == s["records"]
+    # the Parquet records are partitioned by hour
+    assert sorted(p.name for p in (synth_run.out / "records").glob("hour=*")) == ["hour=2023-11-14T22"]
+
+
+def test_synthetic_matches_plain_python(synth_run, synth):
+    want = _ref_for(synth, storm=STORM)
+    assert_tables_equal(synth_run.tables, want)
+
+
+def test_real_capture_matches_plain_python(spark, tmp_path):
+    res = run(spark, [REAL_CAPTURE], tmp_path / "real", storm_threshold=5, top=5)
+    want = _ref_for(REAL_CAPTURE, ports=PORTS, storm=5, top=5)
+    assert_tables_equal(res.tables, want)
+    s = res.summary
+    assert (s["datagrams"], s["tirs"], s["tqrs"], s["wc_tqrs"]) == (179, 141, 43, 18)
+    assert s["packet_types"] == {"NORMAL": 161, "WC_TQR": 18}
+    assert all(r["sources"].startswith("LBTRM:") for r in res.tables["topic_inventory"])
+    assert res.tables["storms"]            # threshold 5 pkt/s: the start-up burst
+
+
+class _Html(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.imgs, self.tables, self.links = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "img":
+            self.imgs.append(a["src"])
+        elif tag == "table":
+            self.tables.append(a.get("data-table"))
+        elif tag == "a":
+            self.links.append(a.get("href"))
+
+
+def test_report_renders(synth_run):
+    out = synth_run.out
+    p = _Html()
+    p.feed((out / "report.html").read_text(encoding="utf-8"))
+    assert sorted(p.imgs) == sorted(["load.png", "top_topics.png", "top_talkers.png", "time_to_resolve.png"])
+    for img in p.imgs:
+        data = (out / img).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        w, h = struct.unpack(">II", data[16:24])
+        assert w >= 600 and h >= 250 and len(data) > 5000, img
+    for name in TABLES:
+        assert f"{name}.csv" in p.links and f"{name}.json" in p.links
+        rows = json.loads((out / f"{name}.json").read_text())
+        assert rows == json.loads(json.dumps(synth_run.tables[name], default=str))
+        lines = (out / f"{name}.csv").read_text().splitlines()
+        assert len(lines) == len(rows) + 1 or (not rows and len(lines) == 1)
+    assert "topic_inventory" in p.tables and "nat_audit" in p.tables
+
+
+def test_rerun_is_idempotent(spark, synth, synth_run):
+    before = {n: (synth_run.out / f"{n}.csv").read_bytes() for n in TABLES}
+    res = run(spark, [synth], synth_run.out, ports=[20000], storm_threshold=STORM, top=20)
+    assert res.rows == synth_run.rows
+    assert spark.read.parquet(str(res.out / "records")).count() == synth_run.rows
+    assert res.tables == synth_run.tables
+    assert {n: (res.out / f"{n}.csv").read_bytes() for n in TABLES} == before
+
+
+def test_corrupt_capture_reported_and_rest_analysed(spark, synth, tmp_path):
+    d = tmp_path / "caps"
+    d.mkdir()
+    bad = d / "bad.pcap"
+    x, tail = _corrupt_copy(synth, bad, 30)
+    (d / "zz-notacapture.pcap").write_bytes(b"hello\n" * 20)
+    good_ng = write_pcapng(d / "more.pcapng", synthetic_datagrams()[:40])
+    res = run(spark, [d], tmp_path / "out", ports=[20000], storm_threshold=STORM, split_size=4096)
+    errs = [(e["file"], e["offset"]) for e in res.tables["capture_errors"]]
+    assert errs == [(str(bad), x), (str(bad), tail), (str(d / "zz-notacapture.pcap"), 0)]
+    dgs = [dd for dd in read_udp(str(synth), ports=PORTS | {20000}) if dd.offset != x]
+    recs = ref_records(str(bad), dgs) + ref_records(str(good_ng), read_udp(str(good_ng), ports=PORTS | {20000}))
+    cerrs = [CaptureError(e["file"], e["offset"], e["error"]) for e in res.tables["capture_errors"]]
+    want = reference(recs, capture_errors=cerrs)
+    assert_tables_equal(res.tables, want, [n for n in COMPARED if n != "files"])
+    files = {f["file"]: f for f in res.tables["files"]}
+    assert files[str(d / "zz-notacapture.pcap")]["capture_errors"] == 1
+    assert files[str(bad)]["capture_errors"] == 2
+    assert files[str(bad)]["datagrams"] == len(dgs)
+    assert "implausible record length" in res.tables["capture_errors"][0]["error"]
+
+
+def test_big_file_split_into_byte_ranges(spark, tmp_path):
+    dg = traffic(6000)
+    pc = write_pcap(tmp_path / "big.pcap", dg)
+    # microsecond pcapng: float seconds from nanosecond stamps may round to another microsecond
+    ng = write_pcapng(tmp_path / "big.pcapng", dg, sections=2, tsresol=6)
+    whole = run(spark, [pc], tmp_path / "whole", report=False)
+    assert len(whole.splits) == 1 and whole.decode_partitions == 1
+    split = run(spark, [pc], tmp_path / "split", split_size=50_000, report=False)
+    assert len(split.splits) > 10 and split.decode_partitions == len(split.splits)
+    assert split.rows == whole.rows
+    assert_tables_equal(split.tables, whole.tables)
+    ngs = run(spark, [ng], tmp_path / "ng", split_size=50_000, report=False)
+    assert ngs.decode_partitions > 10
+    assert_tables_equal(ngs.tables, whole.tables, [n for n in COMPARED if n not in ("files", "decode_errors")])
+    want = _ref_for(pc, ports=PORTS, storm=1000)
+    assert_tables_equal(whole.tables, want, [n for n in COMPARED if n not in ("files",)])
+
+
+def test_cli_end_to_end(spark, synth, tmp_path):
+    from click.testing import CliRunner
+    r = CliRunner().invoke(cli_main, [str(synth), "--out", str(tmp_path / "o"), "--port", "20000",
+                                      "--storm-threshold", str(STORM), "--split-size", "2K", "--top", "3"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "lbmr-analyze: 1 file(s)" in r.stdout and "report:" in r.stdout
+    assert "[########] 8/8 writing report" in r.stderr
+    assert (tmp_path / "o" / "report.html").exists()
+    top = json.loads((tmp_path / "o" / "top_talkers.json").read_text())
+    assert len(top) == 3
+    assert not spark.sparkContext._jsc.sc().isStopped()      # an embedding caller's session survives
+    bad = CliRunner().invoke(cli_main, [str(synth), "--out", str(tmp_path / "o"), "--split-size", "tiny"])
+    assert bad.exit_code == 2 and "not a size" in bad.output
