@@ -114,3 +114,42 @@ async def test_tcp_source_in_trd1_reaches_receiver_in_trd2():
         assert st["peer"]["state"] == "CONNECTED" and TOPIC in st["portal"]["local_interest"]
         assert ra.status()["counters"]["adverts_sent"] >= 1
         n.cancel_scope.cancel()
+
+
+async def test_lbtru_source_in_trd1_reaches_receiver_in_trd2():
+    """LBT-RU through the routers: numbered datagrams (our LBT-RU-like data
+    protocol, lbmr_tools.dataplane) from a source in TRD1 to a receiver in TRD2
+    that only knows the proxy; the receiver's HELLO/STATUS datagrams go the
+    other way. 100 MB of 1400-byte datagrams, every one verified."""
+    from lbmr_tools.dataplane import RuDataReceiver, RuDataSource
+
+    count = 75_000  # x 1383 payload bytes ~ 100 MB
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        ra, rb = await start_routers(n, trd1, trd2)
+        src = RuDataSource("127.0.1.5", count=count, seed=9, rate=60_000.0, snd_buf=8 << 20)
+        sip, sport = await n.start(src.serve)
+        otid = synthesize_otid(L.LbtruTransport(sip, sport), 7)
+        tir = L.encode(L.Packet(0, 1, tirs=[L.TIR(TOPIC, L.LbtruTransport(sip, sport), 60, 7,
+                                                  [L.OtidOption(0x8000, otid)])]))
+        ctx = udp("127.0.1.6")
+
+        async def adv():
+            while True:
+                await ctx.sendto(tir, trd1)
+                await trio.sleep(0.5)
+
+        n.start_soon(adv)
+        t = await resolve(udp("127.0.2.9"), trd2)
+        assert t.transport.NAME == "LBTRU" and t.transport.ip == "127.0.2.1"
+        res = await RuDataReceiver(t.transport.ip, t.transport.port, seed=9, expect_count=count,
+                                   bind_ip="127.0.2.10", idle_timeout=5.0, timeout=120.0).run()
+        print(f"LBT-RU through routers: {res.received}/{count} datagrams, {res.bytes_received} bytes, "
+              f"{res.missing} missing, {res.data_elapsed:.1f} s")
+        assert res.error is None and res.corrupt == 0, res
+        # UDP may drop under load: nearly everything must arrive, every byte verified
+        assert res.received >= 0.98 * count and res.bytes_received >= 0.98 * 100e6, res
+        assert res.end_count == count
+        assert any(s for s in src.sessions.values())  # the source heard the receiver (reverse path)
+        n.cancel_scope.cancel()
