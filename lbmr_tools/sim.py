@@ -294,6 +294,16 @@ def make_otid(t, topic_index: int, ctx_id: bytes, xport_idx: int, session_id: in
     return raw + bytes(31 - len(raw)) + b"\x01"
 
 
+def round_robin(n: int, elapsed: float, change_interval: float) -> int:
+    """UM-style rotation among ``n`` lbmrds: the index of the current one after
+    ``elapsed`` seconds, changing every ``change_interval`` seconds."""
+    if n == 0:
+        raise ValueError("no daemons (multicast mode)")
+    if n == 1:
+        return 0
+    return int(math.floor(elapsed / change_interval + EPS)) % n
+
+
 class Context:
     """Sans-IO model of one UM context's UDP topic resolution.
 
@@ -430,12 +440,7 @@ class Context:
     def current_daemon(self, now: float) -> int:
         """Index of the daemon that gets normal TR traffic at ``now``
         (unicast mode; ValueError in multicast mode)."""
-        n = len(self.daemons)
-        if n == 0:
-            raise ValueError("a multicast context has no daemons")
-        if n == 1:
-            return 0
-        return int(math.floor((now - self.start) / self.timing.change_interval + EPS)) % n
+        return round_robin(len(self.daemons), now - self.start, self.timing.change_interval)
 
     def destination(self, now: float) -> Addr:
         """Where TR datagrams sent at ``now`` go: the multicast group, or

@@ -152,6 +152,25 @@ def effective_settings(args, cfg) -> Settings:
     )
 
 
+def run_daemon(fn, logger: logging.Logger) -> int:
+    """``trio.run(fn)`` with the daemons' exit codes: 0 for a stop, 3 for a
+    socket error, 4 for anything else (trio wraps task errors in groups)."""
+    try:
+        trio.run(fn)
+    except BaseException as exc:  # noqa: BLE001
+        leaves = list(_leaves(exc))
+        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
+            logger.info("stopping (interrupt)")
+            return 0
+        oserr = next((e for e in leaves if isinstance(e, OSError)), None)
+        if oserr is not None:
+            logger.error("socket error: %s", oserr)
+            return EXIT_SOCKET
+        logger.error("fatal error", exc_info=exc)
+        return EXIT_FATAL
+    return 0
+
+
 def _leaves(exc: BaseException):
     """The non-group exceptions inside (possibly nested) exception groups."""
     if isinstance(exc, BaseExceptionGroup):
@@ -217,20 +236,7 @@ def main(argv: list[str] | None = None) -> int:
              settings.bind_ip, settings.port, settings.ttl_s, settings.activity_ms, args.config or "(none)")
     reload = (lambda: load_config(args.config)) if args.config else None
     daemon = Daemon(settings, cfg, reload=reload)
-    try:
-        trio.run(daemon.run)
-    except BaseException as exc:  # noqa: BLE001 - trio wraps task errors in groups
-        leaves = list(_leaves(exc))
-        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
-            log.info("stopping (interrupt)")
-            return 0
-        oserr = next((e for e in leaves if isinstance(e, OSError)), None)
-        if oserr is not None:
-            log.error("socket error: %s", oserr)
-            return EXIT_SOCKET
-        log.error("fatal error", exc_info=exc)
-        return EXIT_FATAL
-    return 0
+    return run_daemon(daemon.run, log)
 
 
 def entry() -> None:

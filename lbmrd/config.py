@@ -547,21 +547,29 @@ def _translate(msg: str, line: int, tree: etree._ElementTree) -> str | None:
     return f"{msg} (DTD validation)"
 
 
-def _dtd_errors(tree: etree._ElementTree) -> list[tuple[int, str]]:
-    with _DTD_LOCK:
-        if _DTD.validate(tree):
+def dtd_errors(tree: etree._ElementTree, dtd: etree.DTD, lock: threading.Lock, translate,
+               what: str) -> list[tuple[int, str]]:
+    """Validate ``tree`` against ``dtd`` (serialised by ``lock``: the error log
+    belongs to the DTD object) and return (line, message) pairs, libxml2's
+    wording rewritten by ``translate(msg, line, tree)`` where it can."""
+    with lock:
+        if dtd.validate(tree):
             return []
-        raw = [(e.line, e.message) for e in _DTD.error_log]
+        raw = [(e.line, e.message) for e in dtd.error_log]
     out = []
     for line, msg in raw:
-        text = _translate(msg, line, tree)
+        text = translate(msg, line, tree)
         if text is not None:
             out.append((line, text))
     if not out:  # never drop the only explanation
         out = [(line, f"{msg} (DTD validation)") for line, msg in raw]
     if not out:
-        out = [(0, "the file does not follow the lbmrd DTD")]
+        out = [(0, f"the file does not follow the {what} DTD")]
     return sorted(out, key=lambda e: e[0])
+
+
+def _dtd_errors(tree: etree._ElementTree) -> list[tuple[int, str]]:
+    return dtd_errors(tree, _DTD, _DTD_LOCK, _translate, "lbmrd")
 
 
 # --------------------------------------------------------------------------- relaxed mode

@@ -11,9 +11,7 @@ import logging
 import ssl
 import sys
 
-import trio
-
-from lbmrd.cli import EXIT_CONFIG, EXIT_FATAL, EXIT_SOCKET, EXIT_USAGE, _leaves, setup_logging
+from lbmrd.cli import EXIT_CONFIG, EXIT_USAGE, run_daemon, setup_logging
 from lbmrd.interfaces import InterfaceError, resolve_interface
 
 from .daemon import EndpointSettings, PeerSettings, Router, RouterSettings
@@ -125,19 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     log.info("lbmr-router %s starting: endpoint %s (domain %d), peer %s (%s)", cfg.name, cfg.endpoint.name,
              cfg.endpoint.domain_id, cfg.peer.name, cfg.peer.role)
-    try:
-        trio.run(Router(settings).run)
-    except BaseException as exc:  # noqa: BLE001 - trio wraps task errors in groups
-        leaves = list(_leaves(exc))
-        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
-            return 0
-        oserr = next((e for e in leaves if isinstance(e, OSError)), None)
-        if oserr is not None:
-            log.error("socket error: %s", oserr)
-            return EXIT_SOCKET
-        log.error("fatal error", exc_info=exc)
-        return EXIT_FATAL
-    return 0
+    return run_daemon(Router(settings).run, log)
 
 
 def entry() -> None:

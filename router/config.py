@@ -66,6 +66,7 @@ from lbmrd.config import (
     _parser,
     _raise,
     _text,
+    dtd_errors,
 )
 
 __all__ = [
@@ -605,19 +606,7 @@ def _translate(msg: str, line: int, tree: etree._ElementTree) -> str | None:
 
 
 def _dtd_errors(tree: etree._ElementTree) -> list[tuple[int, str]]:
-    with _DTD_LOCK:
-        if _DTD.validate(tree):
-            return []
-        raw = [(e.line, e.message) for e in _DTD.error_log]
-    out = []
-    for line, msg in raw:
-        text = _translate(msg, line, tree)
-        if text is not None:
-            out.append((line, text))
-    if not out:  # never drop the only explanation
-        out = [(line, f"{msg} (DTD validation)") for line, msg in raw]
-    if not out:
-        out = [(0, "the file does not follow the lbmr-router DTD")]
+    out = dtd_errors(tree, _DTD, _DTD_LOCK, _translate, "lbmr-router")
     # on one line, an unknown element or attribute explains the rest: report it first
     return sorted(out, key=lambda e: (e[0], not e[1].startswith("unknown ")))
 

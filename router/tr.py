@@ -161,6 +161,7 @@ from lbmr_tools.sim import (
     Schedule,
     Timing,
     make_otid,
+    round_robin,
 )
 
 __all__ = [
@@ -534,12 +535,7 @@ class PortalTR:
 
     def current_daemon(self, now: float) -> int:
         """Index of the daemon that gets TR traffic at ``now`` (lbmrd mode)."""
-        n = len(self.daemons)
-        if n == 0:
-            raise ValueError("a multicast portal has no daemons")
-        if n == 1:
-            return 0
-        return int(math.floor((now - self.start) / self.timing.change_interval + EPS)) % n
+        return round_robin(len(self.daemons), now - self.start, self.timing.change_interval)
 
     def destination(self, now: float) -> Addr:
         """Where TR datagrams sent at ``now`` go: the group or the current daemon."""
