@@ -63,6 +63,7 @@ class EndpointSettings:
     mode: str = "lbmrd"  # or "multicast"
     daemons: list[tuple[str, int]] = field(default_factory=list)
     multicast: tuple[str, int] | None = None
+    multicast_ttl: int = 16  # UM's resolver_multicast_ttl default
     tr_ip: str = "127.0.0.1"  # the portal's own TR socket: this address ...
     tr_port_low: int = 0  # ... and the first free port of this range (0, 0 = any)
     tr_port_high: int = 0
@@ -233,7 +234,7 @@ class Router:
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreq)
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(e.tr_ip))
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0)
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, e.multicast_ttl)
         else:
             ports = range(e.tr_port_low, e.tr_port_high + 1) if e.tr_port_low else [0]
             for i, port in enumerate(ports):

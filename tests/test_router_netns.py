@@ -46,6 +46,11 @@ ROUTER_XML = """<?xml version="1.0" encoding="UTF-8" ?>
 """
 
 
+MC_TR = """<topic-resolution>
+        <multicast group="224.9.10.11" port="12965" interface="127.0.1.1"/>
+      </topic-resolution>"""
+
+
 def test_router_pair_across_namespaces(netns_factory, tmp_path):
     a, b = netns_factory(), netns_factory()
     netns.veth(a, "198.18.0.1/24", b, "198.18.0.2/24")
@@ -81,6 +86,47 @@ def test_router_pair_across_namespaces(netns_factory, tmp_path):
         (rcv,) = report["receivers"]
         assert rcv["resolved"] and rcv["transport"].startswith("TCP 127.0.2.1:"), rcv  # router B's proxy
         assert rcv["data"]["ok"] and rcv["data"]["bytes"] == 20 * 1024 * 1024, rcv["data"]
+    finally:
+        for f in logs.values():
+            f.close()
+
+
+def test_multicast_trd_bridged_to_an_lbmrd_trd(netns_factory, tmp_path):
+    """TRD1 uses multicast topic resolution (224.9.10.11:12965 on namespace A's
+    loopback); TRD2 an lbmrd in namespace B. The source in TRD1 is an lbmr-sim
+    context in multicast mode; the receiver in TRD2 verifies the data."""
+    a, b = netns_factory(), netns_factory()
+    netns.veth(a, "198.18.0.1/24", b, "198.18.0.2/24")
+    text_a = ROUTER_XML.format(
+        name="router-a", domain=1, trd_ip="127.0.1.1", link_ip="198.18.0.1",
+        role="<initiator reconnect-interval=\"500\"><address>198.18.0.2</address><port>26123</port></initiator>")
+    start = text_a.index("<topic-resolution>")
+    end = text_a.index("</topic-resolution>") + len("</topic-resolution>")
+    cfg_a = tmp_path / "a.xml"
+    cfg_a.write_text(text_a[:start] + MC_TR + text_a[end:])
+    cfg_b = tmp_path / "b.xml"
+    cfg_b.write_text(ROUTER_XML.format(
+        name="router-b", domain=2, trd_ip="127.0.2.1", link_ip="198.18.0.2",
+        role="<acceptor><listen-port>26123</listen-port></acceptor>"))
+    logs = {k: open(tmp_path / f"{k}.log", "w") for k in ("lb", "ra", "rb", "src")}
+    try:
+        b.popen(LBMRD + ["-i", "127.0.2.1", "--stats-interval", "0"], stdout=logs["lb"], stderr=logs["lb"])
+        b.popen(ROUTER + [str(cfg_b)], stdout=logs["rb"], stderr=logs["rb"])
+        a.popen(ROUTER + [str(cfg_a)], stdout=logs["ra"], stderr=logs["ra"])
+        common = ["--topics", "1", "--topic-prefix", "md.mc.", "--data-bytes", "5M", "--json"]
+        a.popen(SIM + ["--multicast", "224.9.10.11:12965", "--mc-interface", "127.0.1.1", "--bind-base",
+                       "127.0.1.10", "--contexts", "1", "--receivers-per-context", "0", "--duration", "60",
+                       "--keep-running"] + common, stdout=logs["src"], stderr=logs["src"])
+        time.sleep(0.5)
+        r = b.run(SIM + ["--daemon", "127.0.2.1:15380", "--bind-base", "127.0.2.10", "--contexts", "1",
+                         "--sources-per-topic", "0", "--receivers-per-context", "1", "--verify-data",
+                         "--duration", "40"] + common, timeout=60)
+        for f in logs.values():
+            f.flush()
+        detail = "\n".join(f"--- {k}\n" + (tmp_path / f"{k}.log").read_text()[-2000:] for k in logs)
+        assert r.returncode == 0, f"receiver sim failed:\n{r.stdout}\n{r.stderr}\n{detail}"
+        (rcv,) = json.loads(r.stdout)["receivers"]
+        assert rcv["transport"].startswith("TCP 127.0.2.1:") and rcv["data"]["ok"], rcv
     finally:
         for f in logs.values():
             f.close()
