@@ -743,7 +743,9 @@ class Router:
             scope.cancel()
             return
         pending = b""
-        while not st.closed and not link.closed:
+        while True:
+            if st.closed or link.closed:
+                return  # the peer ended the stream: _pump_down delivers what is left, then ends it
             if not pending:
                 try:
                     pending = await st.sock.receive_some(READ_SIZE)
@@ -755,7 +757,7 @@ class Router:
             try:
                 rest = link.streams.send(st.sid, pending, limit=link.outq.data_space())
             except S.LocalStreamError:
-                break
+                return  # closed meanwhile: _pump_down finishes the stream
             link.flush_streams()
             if len(rest) == len(pending):
                 await st.credit.wait()

@@ -122,7 +122,8 @@ def test_shipped_pair_bridges_a_topic(tmp_path):
         got = b""
         while chunk := c.recv(65536):
             got += chunk
-        assert got == b"numbered-data-" * 1000
+        logs = "\n".join((tmp_path / f).read_text()[-3000:] for f in ("a.log", "b.log"))
+        assert got == b"numbered-data-" * 1000, logs
         st = _status(mb)
         assert st["proxies"] and st["counters"]["peer_connects"] >= 1
         procs[2].send_signal(signal.SIGUSR1)

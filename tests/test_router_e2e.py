@@ -153,3 +153,24 @@ async def test_lbtru_source_in_trd1_reaches_receiver_in_trd2():
         assert res.end_count == count
         assert any(s for s in src.sessions.values())  # the source heard the receiver (reverse path)
         n.cancel_scope.cancel()
+
+
+async def test_short_streams_are_delivered_before_the_close():
+    """A source that sends a few bytes and closes at once: data and STREAM_CLOSE
+    reach the near router together; the bytes must still reach the receiver."""
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        await start_routers(n, trd1, trd2)
+        src = await tcp_source(n, "127.0.1.5", 100)
+        n.start_soon(advertise_forever, udp("127.0.1.5"), trd1, *src)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        for _ in range(30):
+            stream = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+            got = b""
+            with trio.fail_after(10):
+                while chunk := await stream.receive_some(1 << 16):
+                    got += chunk
+            await stream.aclose()
+            assert got == pattern(100)
+        n.cancel_scope.cancel()
