@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import secrets
 import struct
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -249,7 +250,7 @@ def _enum(cls, value: int, what: str):
 # --------------------------------------------------------------------------- frames
 
 
-class Frame:
+class Frame(ABC):
     """Base of the frame dataclasses. ``TYPE`` is the type code; ``payload()`` builds the
     payload bytes; ``_parse`` reads one from a payload."""
 
@@ -257,12 +258,14 @@ class Frame:
     TYPE: ClassVar[FrameType]
     _EXTENSIBLE: ClassVar[bool] = False  # trailing payload bytes allowed (handshake frames)
 
-    def payload(self) -> bytes:  # pragma: no cover - every subclass overrides
-        raise NotImplementedError
+    @abstractmethod
+    def payload(self) -> bytes:
+        """The frame's payload bytes (everything after the 12-byte header)."""
 
     @classmethod
-    def _parse(cls, r: _Reader) -> Frame:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def _parse(cls, r: _Reader) -> Frame:
+        """Read one frame of this type from its payload."""
 
     def wire_size(self) -> int:
         """Size of the encoded frame, header included."""

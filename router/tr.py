@@ -125,6 +125,7 @@ import math
 import re
 import socket
 import struct
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -302,7 +303,7 @@ def _check_ip(ip: str, what: str) -> str:
 # --------------------------------------------------------------------------- timers
 
 
-class _Timer:
+class _Timer(ABC):
     """Something with a due time in the portal's timer heap. ``heap_at`` is the
     time of its one valid heap entry (inf: none); entries at other times are stale."""
 
@@ -312,8 +313,9 @@ class _Timer:
         self.heap_at = math.inf
         self.alive = True
 
-    def due(self) -> float:  # pragma: no cover - every subclass overrides
-        raise NotImplementedError
+    @abstractmethod
+    def due(self) -> float:
+        """When this timer next needs attention (seconds; inf: never)."""
 
 
 class _Proxy(_Timer):
