@@ -97,7 +97,6 @@ class RelayCore:
         self._allow_masks = [(int(n.network_address), int(n.netmask)) for n in self.allow]
         self.config = None
         self._domain_of = lambda ip4: None
-        self._rules: dict[tuple, tuple] = {}
         self.set_config(config)
 
     # ------------------------------------------------------------- config
@@ -106,21 +105,12 @@ class RelayCore:
         """Install a (re)loaded config; the client table is kept and its
         clients re-classified into the new domains. Returns how many moved."""
         self.config = config
-        self._rules = {}
         if config is None or not config.domains:
             self._domain_of = lambda ip4: None
         else:
             self._domain_of = config.domain_of
         moved = self.table.regroup(self._domain_of)
         return moved
-
-    def _rules_for(self, src: str | None, dst: str | None) -> tuple:
-        key = (src, dst)
-        r = self._rules.get(key)
-        if r is None:
-            r = () if self.config is None or src is None or dst is None else tuple(self.config.rules_for(src, dst))
-            self._rules[key] = r
-        return r
 
     # ---------------------------------------------------------------- core
 
@@ -204,28 +194,24 @@ class RelayCore:
         """One payload per destination group, rewritten by the rules of
         (source domain of each TIR, group's domain); unchanged ones shared."""
         domain_of = self._domain_of
+        config = self.config
         srcdoms = [domain_of(base[t.addr:t.addr + 4]) if t.addr >= 0 else sender.domain for t in tirs]
         parts = []
         for g in self.table.groups.values():
             buf = None
             for t, sd in zip(tirs, srcdoms, strict=True):
-                rules = self._rules_for(sd, g.domain)
-                if not rules:
+                if not config.rules_for(sd, g.domain):
                     continue
                 pairs = ((t.addr, t.port),) + t.opt_pairs if t.addr >= 0 else t.opt_pairs
                 for a, p in pairs:
                     ip = base[a:a + 4]
                     port = int.from_bytes(base[p:p + 2], "big")
-                    for r in rules:
-                        out = r.apply(ip, port)
-                        if out is not None:
-                            nip, nport = out
-                            if nip != ip or nport != port:
-                                if buf is None:
-                                    buf = bytearray(base)
-                                buf[a:a + 4] = nip
-                                buf[p:p + 2] = nport.to_bytes(2, "big")
-                            break
+                    out = config.rewrite(sd, g.domain, ip, port)  # first matching rule
+                    if out is not None and out != (ip, port):
+                        if buf is None:
+                            buf = bytearray(base)
+                        buf[a:a + 4] = out[0]
+                        buf[p:p + 2] = out[1].to_bytes(2, "big")
             if buf is None:
                 parts.append((base, g))
             else:
