@@ -4,7 +4,8 @@ Pure and sans-IO: :func:`decode` bytes into a :class:`Packet` of typed
 records and :func:`encode` them back (``encode(decode(b)) == b``). All
 integers on the wire are big-endian. :mod:`lbmr_proto.fast` scans datagrams
 without building objects (for daemons); :mod:`lbmr_proto.capture` reads and
-writes pcap/pcapng files.
+writes pcap/pcapng files; :mod:`lbmr_proto.um` is UM's topic-resolution model
+(timing, destinations, OTIDs, the datagram packer) shared by lbmr-sim and the router.
 """
 
 from .constants import ExtType, PacketType, SourceType, Transport, WildcardType

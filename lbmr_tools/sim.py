@@ -58,17 +58,28 @@ from lbmr_proto import (
     LBMRDecodeError,
     LbtrmTransport,
     LbtruTransport,
-    LocalDomainOption,
     OtidOption,
     SourceIdOption,
-    SourceTypeOption,
     TcpTransport,
-    VersionOption,
     decode,
 )
 from lbmr_proto.capture import PcapWriter
 from lbmr_proto.constants import LBMRD_PORT, MAX_NAME_LEN
-from lbmr_proto.popts import encode_packet_options
+from lbmr_proto.um import (  # RCV_ALIVE, SRC_ALIVE, UM_VERSION, VERSION_FLAGS: re-exported
+    DEFAULT_MAX_DATAGRAM,
+    RCV_ALIVE,  # noqa: F401
+    SRC_ALIVE,  # noqa: F401
+    TIMING_FIELDS,
+    TIR_TTL,
+    UM_VERSION,  # noqa: F401
+    VERSION_FLAGS,  # noqa: F401
+    Schedule,
+    Targets,
+    Timing,
+    make_otid,
+    pack_records,
+    um_trailer,
+)
 from lbmr_tools.dataplane import (
     RU_MAX_DATAGRAM,
     RU_MIN_DATAGRAM,
@@ -82,17 +93,7 @@ from lbmr_tools.dataplane import (
 
 Addr = tuple[str, int]
 
-EPS = 1e-9  # seconds; "due" tolerance for float schedules
 MIN_STEP = 1e-6  # seconds; the shortest wait between two ticks of one context
-HDR = struct.Struct("!BBH")
-HDR_V1_NORMAL_OPTS = 0x18  # version 1, packet-options flag, type NORMAL
-RCV_ALIVE = b"\x02\x00\x00\x00"
-SRC_ALIVE = b"\x03\x00\x00\x00"
-UM_VERSION = 0x060E0000  # 6.14, as in the packet-options trailer of a UM 6.14 capture
-VERSION_FLAGS = 0x8001  # ignore | UME capable, as UM 6.14 sends it
-TIR_TTL = 60  # the TIR ttl value UM 6.14 sends in steady state
-MAX_TQRS = 255  # the header's TQR count is one byte
-DEFAULT_MAX_DATAGRAM = 1400
 MAX_CONTEXTS = 1000
 REQUEST_PORT_BASE = 14391  # UM request_tcp_port_low: the extended-functionality option's port
 LBTRM_GROUP = "224.10.10.10"  # UM transport_lbtrm_multicast_address_low (advertised only)
@@ -107,105 +108,6 @@ MC_PORT = 12965  # UM resolver_multicast_port
 MC_INTERFACE = "127.0.0.1"
 DEFAULT_DATA_RATE = 10000.0  # LBT-RU-like datagrams per second per receiver
 MAX_DATA_DATAGRAMS = 10_000_000
-
-
-# ------------------------------------------------------------------ timing
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Topic-resolution cadence, in seconds (UM configuration option in brackets).
-
-    Advertisements: the first at source creation, then gaps of
-    ``ad_initial_min`` doubling up to ``ad_initial_max`` while the gap starts
-    within ``ad_initial_duration`` of creation (initial phase), then gaps of
-    ``ad_sustain_interval`` (sustaining phase); nothing is advertised from
-    ``ad_initial_duration + ad_sustain_duration`` on (quiescent phase: the
-    source still answers queries). Queries run the same way with the
-    ``query_*`` values and stop as soon as the receiver has resolved.
-    A keepalive goes to a daemon when nothing was sent to it for
-    ``keepalive_interval``. With several daemons the one receiving normal TR
-    traffic changes every ``change_interval``.
-    """
-
-    ad_initial_min: float = 0.010  # resolver_advertisement_minimum_initial_interval
-    ad_initial_max: float = 0.500  # resolver_advertisement_maximum_initial_interval
-    ad_initial_duration: float = 5.0  # resolver_advertisement_minimum_initial_duration
-    ad_sustain_interval: float = 1.0  # resolver_advertisement_sustain_interval
-    ad_sustain_duration: float = 60.0  # resolver_advertisement_minimum_sustain_duration
-    query_initial_min: float = 0.020  # resolver_query_minimum_initial_interval
-    query_initial_max: float = 0.200  # resolver_query_maximum_initial_interval
-    query_initial_duration: float = 5.0  # resolver_query_minimum_initial_duration
-    query_sustain_interval: float = 1.0  # resolver_query_sustain_interval
-    query_sustain_duration: float = 60.0  # resolver_query_minimum_sustain_duration
-    keepalive_interval: float = 0.5  # resolver_unicast_keepalive_interval
-    change_interval: float = 0.2  # resolver_unicast_change_interval (not randomised here)
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"timing {f.name} must be a finite number, not {v!r}")
-            if f.name.endswith("_duration"):
-                if v < 0:
-                    raise ValueError(f"timing {f.name} must be >= 0, not {v}")
-            elif v <= 0:
-                raise ValueError(f"timing {f.name} must be > 0, not {v}")
-        if self.ad_initial_max < self.ad_initial_min:
-            raise ValueError("timing ad_initial_max is smaller than ad_initial_min")
-        if self.query_initial_max < self.query_initial_min:
-            raise ValueError("timing query_initial_max is smaller than query_initial_min")
-
-    def ad_phase(self) -> tuple[float, float, float, float, float]:
-        return (self.ad_initial_min, self.ad_initial_max, self.ad_initial_duration,
-                self.ad_sustain_interval, self.ad_sustain_duration)
-
-    def query_phase(self) -> tuple[float, float, float, float, float]:
-        return (self.query_initial_min, self.query_initial_max, self.query_initial_duration,
-                self.query_sustain_interval, self.query_sustain_duration)
-
-
-TIMING_FIELDS = tuple(f.name for f in dataclasses.fields(Timing))
-
-
-class Schedule:
-    """The send times of one advertisement or query stream.
-
-    ``phase`` is (initial min, initial max, initial duration, sustain
-    interval, sustain duration). ``next`` is the next send time (``inf``
-    when the stream has ended). Whether a gap belongs to the initial or the
-    sustaining phase is decided by when the gap *starts*.
-    """
-
-    __slots__ = ("start", "next", "gap", "sent", "phase")
-
-    def __init__(self, start: float, phase: tuple[float, float, float, float, float]) -> None:
-        self.phase = phase
-        self.start = start
-        self.next = start
-        self.gap = phase[0]
-        self.sent = 0
-
-    def due(self, now: float) -> bool:
-        return self.next <= now + EPS
-
-    def advance(self, now: float) -> None:
-        """Record a send of the due item at ``now``; schedule the next one."""
-        _, imax, idur, sustain, sdur = self.phase
-        self.sent += 1
-        base = self.next
-        if base - self.start < idur - EPS:
-            gap = self.gap
-            self.gap = min(self.gap * 2, imax)
-        else:
-            gap = sustain
-        nxt = base + gap
-        if nxt <= now + EPS:  # we were late by more than a gap: re-anchor, never burst
-            nxt = now + gap
-        self.next = math.inf if nxt - self.start >= idur + sdur - EPS else nxt
-
-    def stop(self) -> None:
-        self.next = math.inf
 
 
 # ------------------------------------------------------------- sans-IO core
@@ -277,33 +179,6 @@ def transport_text(t) -> str:
     return name
 
 
-def make_otid(t, topic_index: int, ctx_id: bytes, xport_idx: int, session_id: int) -> bytes:
-    """A 32-byte originating transport id laid out as UM's (lbmotid.c): byte 0
-    transport type, per-transport address/port/session/topic-index/context
-    fields, byte 31 = 1 (OTID version: transport index present)."""
-    ip = socket.inet_aton(t.ip)
-    if t.NAME == "LBTRM":
-        body = (ip + struct.pack("!H", t.src_ucast_port) + socket.inet_aton(t.mcast_group)
-                + struct.pack("!HII", t.dest_port, t.session_id, topic_index) + ctx_id
-                + struct.pack("!I", xport_idx))
-    elif t.NAME == "LBTRU":
-        body = ip + struct.pack("!HII", t.port, session_id, topic_index) + ctx_id + struct.pack("!I", xport_idx)
-    else:
-        body = ip + struct.pack("!HI", t.port, topic_index) + ctx_id + struct.pack("!II", xport_idx, session_id)
-    raw = bytes((t.TYPE,)) + body
-    return raw + bytes(31 - len(raw)) + b"\x01"
-
-
-def round_robin(n: int, elapsed: float, change_interval: float) -> int:
-    """UM-style rotation among ``n`` lbmrds: the index of the current one after
-    ``elapsed`` seconds, changing every ``change_interval`` seconds."""
-    if n == 0:
-        raise ValueError("no daemons (multicast mode)")
-    if n == 1:
-        return 0
-    return int(math.floor(elapsed / change_interval + EPS)) % n
-
-
 class Context:
     """Sans-IO model of one UM context's UDP topic resolution.
 
@@ -364,9 +239,7 @@ class Context:
         self.max_datagram = max_datagram
         self.request_port = request_port
         self.ignore_unknown_source = ignore_unknown_source
-        self.options = [SourceIdOption(0x8000, self.src_id), SourceTypeOption(0x80, 0),
-                        VersionOption(VERSION_FLAGS, UM_VERSION), LocalDomainOption(0x8000, 0)]
-        self.trailer = encode_packet_options(self.options)
+        self.trailer = um_trailer(self.src_id)
         if max_datagram < 4 + len(self.trailer) + MAX_NAME_LEN + 80:
             raise ValueError(f"max_datagram {max_datagram} cannot hold the largest record")
         self.sources: list[Source] = []
@@ -374,8 +247,7 @@ class Context:
         self._sources_by_topic: dict[str, list[Source]] = {}
         self._receivers_by_topic: dict[str, list[Receiver]] = {}
         self._daemon_set = set(self.daemons)
-        self._last_tx: list[float] = [-math.inf] * len(self.daemons)
-        self._ka_next_type = [0] * len(self.daemons)
+        self._targets = Targets(self.daemons, self.multicast, self.timing, start)
         self._alive_since: float | None = start if force_alive else None
         self.stats: Counter[str] = Counter()
 
@@ -440,14 +312,12 @@ class Context:
     def current_daemon(self, now: float) -> int:
         """Index of the daemon that gets normal TR traffic at ``now``
         (unicast mode; ValueError in multicast mode)."""
-        return round_robin(len(self.daemons), now - self.start, self.timing.change_interval)
+        return self._targets.current_daemon(now)
 
     def destination(self, now: float) -> Addr:
         """Where TR datagrams sent at ``now`` go: the multicast group, or
         the current daemon."""
-        if self.multicast is not None:
-            return self.multicast
-        return self.daemons[self.current_daemon(now)]
+        return self._targets.destination(now)
 
     def next_deadline(self) -> float:
         """The earliest time at which :meth:`tick` has something to send
@@ -459,52 +329,17 @@ class Context:
             if not r.resolved:
                 d = min(d, r.schedule.next)
         if self._alive_since is not None:
-            iv = self.timing.keepalive_interval
-            for last in self._last_tx:
-                d = min(d, max(last, self._alive_since) + iv)
+            d = min(d, self._targets.keepalive_deadline(self._alive_since))
         return d
 
     # ------------------------------------------------------------ output
 
-    def _pack(self, tqrs: list[bytes], tirs: list[bytes]) -> list[bytes]:
-        """Batch encoded TQR and TIR records into NORMAL datagrams (TQRs
-        precede TIRs in a packet) of at most ``max_datagram`` bytes."""
-        out: list[bytes] = []
-        fixed = 4 + len(self.trailer)
-        q: list[bytes] = []
-        i: list[bytes] = []
-        size = fixed
-
-        def flush() -> None:
-            nonlocal q, i, size
-            if q or i:
-                out.append(HDR.pack(HDR_V1_NORMAL_OPTS, len(q), len(i)) + b"".join(q) + b"".join(i)
-                           + self.trailer)
-            q, i, size = [], [], fixed
-
-        for rec in tqrs:
-            if size + len(rec) > self.max_datagram or len(q) >= MAX_TQRS:
-                flush()
-            q.append(rec)
-            size += len(rec)
-        for rec in tirs:
-            if size + len(rec) > self.max_datagram or len(i) >= 0xFFFF:
-                flush()
-            i.append(rec)
-            size += len(rec)
-        flush()
-        return out
-
     def _send_tr(self, tqrs: list[bytes], tirs: list[bytes], now: float, kind: str) -> list[Datagram]:
         if not tqrs and not tirs:
             return []
-        if self.multicast is not None:
-            dest = self.multicast
-        else:
-            k = self.current_daemon(now)
-            dest = self.daemons[k]
-            self._last_tx[k] = now
-        out = [Datagram(d, dest, kind) for d in self._pack(tqrs, tirs)]
+        dest = self._targets.send_tr(now)
+        out = [Datagram(d, dest, kind)
+               for d in pack_records(tqrs, tirs, trailer=self.trailer, max_datagram=self.max_datagram)]
         st = self.stats
         st["tqrs_sent"] += len(tqrs)
         st["tirs_sent"] += len(tirs)
@@ -533,16 +368,11 @@ class Context:
             self.stats["queries"] += len(tqrs)
         out = self._send_tr(tqrs, tirs, now, "tr")
         if self._alive_since is not None:
-            iv = self.timing.keepalive_interval
-            for k, dest in enumerate(self.daemons):
-                if max(self._last_tx[k], self._alive_since) + iv <= now + EPS:
-                    ka = RCV_ALIVE if self._ka_next_type[k] == 0 else SRC_ALIVE
-                    self._ka_next_type[k] ^= 1
-                    self._last_tx[k] = now
-                    out.append(Datagram(ka, dest, "keepalive"))
-                    self.stats["keepalives_sent"] += 1
-                    self.stats["datagrams_sent"] += 1
-                    self.stats["bytes_sent"] += 4
+            for ka, dest in self._targets.keepalives(now, self._alive_since):
+                out.append(Datagram(ka, dest, "keepalive"))
+                self.stats["keepalives_sent"] += 1
+                self.stats["datagrams_sent"] += 1
+                self.stats["bytes_sent"] += 4
         return out
 
     # ------------------------------------------------------------- input

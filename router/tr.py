@@ -29,7 +29,7 @@ whole buffer and empties it; :meth:`~PortalTR.data_to_send` returns and empties
 it without running timers. Items are :class:`Outgoing` ``(data, dest)`` named
 tuples. Events accumulate the same way and :meth:`~PortalTR.events` drains them.
 
-Wire behaviour (UM's, with :class:`lbmr_tools.sim.Timing` defaults):
+Wire behaviour (UM's, with :class:`lbmr_proto.um.Timing` defaults):
 
 * every TR datagram is a version-1 LBMR packet (NORMAL: TQRs then TIRs;
   WC_TQR: wildcard queries) of at most ``max_datagram`` (1400) bytes, with a
@@ -39,7 +39,7 @@ Wire behaviour (UM's, with :class:`lbmr_tools.sim.Timing` defaults):
   Records due at the same time are batched into as few datagrams as fit;
 * ``mode="lbmrd"``: TR traffic goes to one current daemon, which changes
   round robin every ``timing.change_interval`` (0.2 s) counted from creation
-  (daemon k mod n during the k-th interval, like :class:`lbmr_tools.sim.Context`);
+  (daemon k mod n during the k-th interval, like :class:`lbmr_proto.um.Targets`);
   a daemon that has been sent nothing for ``timing.keepalive_interval``
   (0.5 s) gets a 4-byte keepalive (``02 00 00 00`` / ``03 00 00 00``
   alternately, no trailer, as UM sends them). The portal is always "alive":
@@ -97,10 +97,11 @@ Rules this module chose (the issue leaves them open):
   ``source_timeout`` while we kept re-querying; if that leaves an exact topic
   without sources, the UM query burst starts again.
 * **OTID synthesis.** A TIR without OtidOption gets a deterministic OTID
-  built from its transport identity and topic index in the layout of UM's
-  ``lbmotid.c`` (TCP, LBT-RU, LBT-RM; context id and transport index zero);
-  other transports get their type code, a BLAKE2b digest of the transport
-  body and the topic index at offset 11. :func:`otid_topic_index` reads the
+  (:func:`lbmr_proto.um.synthesize_otid`): built from its transport identity
+  and topic index in the layout of UM's ``lbmotid.c`` (TCP, LBT-RU, LBT-RM;
+  context id and transport index zero); other transports get their type code,
+  a BLAKE2b digest of the transport body and the topic index at offset 11.
+  :func:`otid_topic_index` reads the
   topic index back, which is how a proxy gets the origin's topic index when
   the peer link did not carry it.
 * **Final advertisements.** :meth:`~PortalTR.remove_proxy` stops the normal
@@ -118,7 +119,6 @@ Pattern types are the LBMR/LBRP values: 0 exact topic, 1 PCRE, 2 POSIX regex
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import itertools
 import math
@@ -140,29 +140,27 @@ from lbmr_proto import (
     LBMREncodeError,
     LbtruSessionTransport,
     LbtruTransport,
-    LocalDomainOption,
     OtidOption,
     SourceIdOption,
     SourceTypeOption,
     TcpSessionTransport,
     TcpTransport,
-    VersionOption,
     WcTQR,
     decode,
 )
-from lbmr_proto.constants import HDR_OPTIONS_FLAG, PacketType, SourceType, Transport
-from lbmr_proto.popts import encode_packet_options
-from lbmr_tools.sim import (
+from lbmr_proto.constants import PacketType, SourceType, Transport
+from lbmr_proto.um import (
+    DEFAULT_MAX_DATAGRAM,
     EPS,
-    RCV_ALIVE,
-    SRC_ALIVE,
+    OTID_SIZE,
     TIR_TTL,
-    UM_VERSION,
-    VERSION_FLAGS,
     Schedule,
+    Targets,
     Timing,
-    make_otid,
-    round_robin,
+    otid_topic_index,
+    pack_records,
+    synthesize_otid,
+    um_trailer,
 )
 
 __all__ = [
@@ -176,17 +174,6 @@ Addr = tuple[str, int]
 PATTERN_TOPIC = 0  # an exact topic name (LBRP INTEREST pattern type 0)
 PATTERN_PCRE = 1  # LBMR wildcard pattern types
 PATTERN_REGEX = 2
-DEFAULT_MAX_DATAGRAM = 1400
-MAX_TQRS = 255  # the header's first count is one byte
-MAX_TIRS = 0xFFFF
-_HDR = struct.Struct("!BBH")
-_V1 = 0x10  # header version 1 in the high nibble
-OTID_SIZE = 32
-# topic-index offset inside a UM OTID, by transport code (lbmotid.c layout)
-_OTID_TOPIC_INDEX_AT = {
-    Transport.TCP: 7, Transport.LBTRU: 11, Transport.LBTRM: 17,
-    Transport.LBTIPC: 11, Transport.LBTSMX: 11, Transport.LBTRDMA: 11,
-}
 
 
 # --------------------------------------------------------------------------- values
@@ -260,25 +247,6 @@ class SourceGone:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def synthesize_otid(transport, topic_index: int) -> bytes:
-    """A deterministic 32-byte OTID for a TIR that carries none (see the module doc)."""
-    code = transport.TYPE
-    if code in (Transport.TCP, Transport.LBTRU, Transport.LBTRM) and hasattr(transport, "ip"):
-        session = getattr(transport, "session_id", 0)
-        return make_otid(transport, topic_index & 0xFFFFFFFF, bytes(4), 0, session)
-    digest = hashlib.blake2b(bytes((code,)) + transport.encode(), digest_size=26).digest()
-    return (bytes((code & 0xFF,)) + digest[:10] + struct.pack("!I", topic_index & 0xFFFFFFFF)
-            + digest[10:26] + b"\x00")
-
-
-def otid_topic_index(otid: bytes) -> int | None:
-    """The topic index inside a UM-layout OTID, None for an unknown transport code."""
-    if len(otid) != OTID_SIZE:
-        return None
-    at = _OTID_TOPIC_INDEX_AT.get(otid[0])
-    return None if at is None else struct.unpack_from("!I", otid, at)[0]
 
 
 def relay_transport(code: int, ip: str, port: int, session_id: int | None = None):
@@ -395,7 +363,7 @@ class PortalTR:
     datagram; datagrams carrying it are our own and are ignored). ``mode`` is
     ``"lbmrd"`` (``daemons``: list of (ip, port)) or ``"multicast"``
     (``multicast``: (group, port)). ``timing``: UM cadence
-    (:class:`lbmr_tools.sim.Timing`). ``interest_timeout``: local interest
+    (:class:`lbmr_proto.um.Timing`). ``interest_timeout``: local interest
     lifetime without TQRs (and without a proxy); ``requery_interval``: query
     period for remote interest once a source is known (or the UM burst ended);
     ``source_timeout``: a source silent this long is gone (must exceed
@@ -447,15 +415,13 @@ class PortalTR:
         self.ignore_unknown_source = ignore_unknown_source
         self.max_sources = max_sources
         self.start = now
-        self.trailer = encode_packet_options([
-            SourceIdOption(0x8000, self.src_id), SourceTypeOption(0x80, SourceType.TNWGD),
-            VersionOption(VERSION_FLAGS, UM_VERSION), LocalDomainOption(0x8000, domain_id)])
+        self.trailer = um_trailer(self.src_id, SourceType.TNWGD, domain_id)
         if max_datagram < 4 + len(self.trailer) + 512:
             raise ValueError(f"max_datagram {max_datagram} cannot hold the largest record")
         self._daemon_set = set(self.daemons)
-        iv = self.timing.keepalive_interval
-        self._last_tx = [now - iv] * len(self.daemons)  # first keepalives at creation
-        self._ka_type = [0] * len(self.daemons)
+        # first keepalives at creation
+        self._targets = Targets(self.daemons, self.multicast, self.timing, now,
+                                last_tx=now - self.timing.keepalive_interval)
         self._out: list[Outgoing] = []
         self._events: list = []
         self._st: Counter[str] = Counter()
@@ -510,18 +476,12 @@ class PortalTR:
             if tm.alive:
                 self._arm(tm)
         self._send_tr(tqrs, wcs, tirs, now, "tr")
-        if self.multicast is None:
-            iv = self.timing.keepalive_interval
-            for k, dest in enumerate(self.daemons):
-                if self._last_tx[k] + iv <= limit:
-                    ka = RCV_ALIVE if self._ka_type[k] == 0 else SRC_ALIVE
-                    self._ka_type[k] ^= 1
-                    self._last_tx[k] = now
-                    self._out.append(Outgoing(ka, dest))
-                    st = self._st
-                    st["keepalives_sent"] += 1
-                    st["datagrams_sent"] += 1
-                    st["bytes_sent"] += len(ka)
+        st = self._st
+        for ka, dest in self._targets.keepalives(now):
+            self._out.append(Outgoing(ka, dest))
+            st["keepalives_sent"] += 1
+            st["datagrams_sent"] += 1
+            st["bytes_sent"] += len(ka)
         return self.data_to_send()
 
     def next_deadline(self) -> float:
@@ -530,20 +490,15 @@ class PortalTR:
         while heap and (not heap[0][2].alive or heap[0][0] != heap[0][2].heap_at):
             heapq.heappop(heap)
         d = heap[0][0] if heap else math.inf
-        if self.multicast is None:
-            iv = self.timing.keepalive_interval
-            d = min(d, min(self._last_tx) + iv)
-        return d
+        return min(d, self._targets.keepalive_deadline())
 
     def current_daemon(self, now: float) -> int:
         """Index of the daemon that gets TR traffic at ``now`` (lbmrd mode)."""
-        return round_robin(len(self.daemons), now - self.start, self.timing.change_interval)
+        return self._targets.current_daemon(now)
 
     def destination(self, now: float) -> Addr:
         """Where TR datagrams sent at ``now`` go: the group or the current daemon."""
-        if self.multicast is not None:
-            return self.multicast
-        return self.daemons[self.current_daemon(now)]
+        return self._targets.destination(now)
 
     # ------------------------------------------------------------------ inputs
 
@@ -800,49 +755,15 @@ class PortalTR:
                  kind: str) -> None:
         if not (tqrs or wcs or tirs):
             return
-        if self.multicast is not None:
-            dest = self.multicast
-        else:
-            k = self.current_daemon(now)
-            dest = self.daemons[k]
-            self._last_tx[k] = now
+        dest = self._targets.send_tr(now)
         st = self._st
-        for data in (self._pack(PacketType.NORMAL, tqrs, tirs) + self._pack(PacketType.WC_TQR, wcs, [])):
+        pack = dict(trailer=self.trailer, max_datagram=self.max_datagram)
+        for data in (pack_records(tqrs, tirs, **pack)
+                     + pack_records(wcs, [], ptype=PacketType.WC_TQR, **pack)):
             self._out.append(Outgoing(data, dest))
             st["datagrams_sent"] += 1
             st["bytes_sent"] += len(data)
             st[f"{kind}_datagrams_sent"] += 1
-
-    def _pack(self, ptype: int, first: list[bytes], tirs: list[bytes]) -> list[bytes]:
-        """Batch encoded records (TQRs or WC-TQRs, then TIRs) into version-1
-        datagrams of at most ``max_datagram`` bytes, each with the trailer."""
-        out: list[bytes] = []
-        if not first and not tirs:
-            return out
-        b0 = _V1 | HDR_OPTIONS_FLAG | ptype
-        fixed = 4 + len(self.trailer)
-        a: list[bytes] = []
-        b: list[bytes] = []
-        size = fixed
-
-        def flush() -> None:
-            nonlocal a, b, size
-            if a or b:
-                out.append(_HDR.pack(b0, len(a), len(b)) + b"".join(a) + b"".join(b) + self.trailer)
-            a, b, size = [], [], fixed
-
-        for rec in first:
-            if size + len(rec) > self.max_datagram or len(a) >= MAX_TQRS:
-                flush()
-            a.append(rec)
-            size += len(rec)
-        for rec in tirs:
-            if size + len(rec) > self.max_datagram or len(b) >= MAX_TIRS:
-                flush()
-            b.append(rec)
-            size += len(rec)
-        flush()
-        return out
 
     def _regex(self, key: tuple[int, str]) -> re.Pattern | None:
         try:
