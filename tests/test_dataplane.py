@@ -1,4 +1,4 @@
-"""lbmr_tools.dataplane: the numbered data pattern, the TCP and LBT-RU-like
+"""lbmr_tools.sim.dataplane: the numbered data pattern, the TCP and LBT-RU-like
 data endpoints on loopback (through test proxies that corrupt, cut, drop,
 duplicate and reorder), and lbmr-sim serving and verifying data against a
 real lbmrd.
@@ -18,9 +18,10 @@ import click
 import pytest
 import trio
 
-from lbmr_tools import dataplane as dp
 from lbmr_tools import sim
-from lbmr_tools.dataplane import (
+from lbmr_tools.sim import SimConfig, parse_args, render, run_sim
+from lbmr_tools.sim import dataplane as dp
+from lbmr_tools.sim.dataplane import (
     Pattern,
     RuDataReceiver,
     RuDataSource,
@@ -29,7 +30,6 @@ from lbmr_tools.dataplane import (
     pattern,
     topic_seed,
 )
-from lbmr_tools.sim import SimConfig, parse_args, render, run_sim
 from lbmrd.server import Daemon, Settings
 
 LO = "127.0.0.1"

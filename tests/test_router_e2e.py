@@ -118,10 +118,10 @@ async def test_tcp_source_in_trd1_reaches_receiver_in_trd2():
 
 async def test_lbtru_source_in_trd1_reaches_receiver_in_trd2():
     """LBT-RU through the routers: numbered datagrams (our LBT-RU-like data
-    protocol, lbmr_tools.dataplane) from a source in TRD1 to a receiver in TRD2
+    protocol, lbmr_tools.sim.dataplane) from a source in TRD1 to a receiver in TRD2
     that only knows the proxy; the receiver's HELLO/STATUS datagrams go the
     other way. 100 MB of 1400-byte datagrams, every one verified."""
-    from lbmr_tools.dataplane import RuDataReceiver, RuDataSource
+    from lbmr_tools.sim.dataplane import RuDataReceiver, RuDataSource
 
     count = 75_000  # x 1383 payload bytes ~ 100 MB
     async with trio.open_nursery() as n:

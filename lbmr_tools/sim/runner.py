@@ -1,0 +1,223 @@
+"""The trio shell of lbmr-sim: :func:`run_sim`."""
+
+from __future__ import annotations
+
+import errno
+import random
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterable
+
+import trio
+
+from lbmr_proto.capture import PcapWriter
+
+from .config import (
+    SimConfig,
+    bind_addresses,
+    build_contexts,
+    check_config,
+    daemon_list,
+    serves_data,
+    source_placement,
+    source_port_base,
+)
+from .context import Context, Datagram
+from .dataplane import (
+    RuDataReceiver,
+    RuDataSource,
+    TcpDataReceiver,
+    TcpDataSource,
+    topic_seed,
+)
+from .netif import multicast_interface, open_multicast_socket
+from .report import SentDatagram, SimResult, data_source_report, receiver_results
+
+Addr = tuple[str, int]
+
+MIN_STEP = 1e-6  # seconds; the shortest wait between two ticks of one context
+
+
+async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic: str):
+    """Start the data source of one simulated source on (ip, port), or on a
+    kernel-chosen port when that one is taken: (server, bound port)."""
+    seed = topic_seed(topic, cfg.data_seed)
+    for p in (port, 0):
+        if cfg.transport == "tcp":
+            server = TcpDataSource(ip, p, total_bytes=cfg.data_bytes, seed=seed)
+        else:
+            server = RuDataSource(ip, p, count=cfg.data_datagrams, seed=seed,
+                                  datagram_size=cfg.data_datagram_size, rate=cfg.data_rate)
+        try:
+            addr = await nursery.start(server.serve)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE or p == 0:
+                raise
+            continue
+        return server, addr[1]
+    raise AssertionError("unreachable")
+
+
+def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str):
+    """The data receiver for a receiver of ``topic`` resolved to
+    ``transport``, or an error text when there is no data to fetch."""
+    seed = topic_seed(topic, cfg.data_seed)
+    name = transport.NAME
+    if name == "TCP":
+        if cfg.data_bytes is None:
+            return "resolved a TCP source but --data-bytes is not given"
+        return TcpDataReceiver(transport.ip, transport.port, cfg.data_bytes, seed,
+                               rate_limit_bps=cfg.data_rate_limit, timeout=cfg.duration,
+                               bind_ip=local_ip)
+    if name == "LBTRU":
+        if cfg.data_datagrams is None:
+            return "resolved an LBT-RU source but --data-datagrams is not given"
+        return RuDataReceiver(transport.ip, transport.port, seed=seed,
+                              expect_count=cfg.data_datagrams, bind_ip=local_ip,
+                              timeout=cfg.duration)
+    return f"no data for {name} transports"
+
+
+async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> SimResult:
+    """Play ``config`` on loopback until every receiver has resolved (unless
+    ``keep_running``) or ``config.duration`` seconds have passed.
+
+    Reports the contexts' (ip, port)s through ``task_status.started`` once
+    the sockets are open (in multicast mode: each context's source address
+    and the group's port). Returns a :class:`SimResult`. In multicast mode
+    the interface is checked first (:func:`multicast_interface`): raises
+    :class:`MulticastUnavailable` before any socket is opened.
+
+    With data the sources' data sockets are open before the first
+    advertisement; with ``verify_data`` each receiver starts fetching the
+    data as soon as it has resolved, and the run ends early only once every
+    receiver has resolved and every data receiver has finished.
+    """
+    check_config(config)
+    rng = random.Random(config.seed)
+    addrs = bind_addresses(config)
+    iface = None if config.multicast is None else multicast_interface(config.mc_interface)
+    socks: list[trio.socket.SocketType] = []
+    pcap: PcapWriter | None = None
+    sent: list[SentDatagram] | None = [] if config.record_sent else None
+    errors = Counter()
+    ctxs: list[Context] = []
+    servers: list[tuple[int, str, object]] = []  # (context, topic, data source)
+    data_rx: dict | None = {} if config.verify_data else None  # Receiver -> data receiver | error
+    try:
+        if iface is not None:
+            group, port = config.multicast
+            for ip in addrs:
+                socks.append(trio.socket.from_stdlib_socket(open_multicast_socket(
+                    group, port, iface, config.mc_interface, ip, config.mc_ttl)))
+            clients: list[Addr] = [(ip, port) for ip in addrs]
+        else:
+            for ip in addrs:
+                s = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                socks.append(s)
+                await s.bind((ip, 0))
+            clients = [s.getsockname()[:2] for s in socks]
+        if config.pcap:
+            pcap = PcapWriter(config.pcap)
+        start = trio.current_time()
+        wall0 = time.time()
+        end = start + config.duration
+
+        async with trio.open_nursery() as nursery:
+            nursery.cancel_scope.deadline = end
+            ports = None
+            if serves_data(config):
+                base = source_port_base(config)
+                ports = []
+                for ci, topic, n in source_placement(config):
+                    server, port = await _start_data_source(nursery, config, addrs[ci], base + n, topic)
+                    ports.append(port)
+                    servers.append((ci, topic, server))
+            ctxs[:] = build_contexts(config, clients, start, rng, ports)
+            has_receivers = any(c.receivers for c in ctxs)
+            task_status.started(clients)
+            data_pending = 0
+            resolved_seen = [-1] * len(ctxs)
+
+            def check_done() -> None:
+                if (has_receivers and not config.keep_running and data_pending == 0
+                        and all(c.all_resolved for c in ctxs)):
+                    nursery.cancel_scope.cancel()
+
+            async def fetch(rx) -> None:
+                nonlocal data_pending
+                try:
+                    await rx.run()
+                finally:
+                    data_pending -= 1
+                    check_done()
+
+            def start_data(ctx: Context) -> None:
+                """Start the data receivers of ctx's newly resolved receivers."""
+                nonlocal data_pending
+                if data_rx is None or ctx.stats["resolved"] == resolved_seen[ctx.index]:
+                    return
+                resolved_seen[ctx.index] = ctx.stats["resolved"]
+                for r in ctx.receivers:
+                    if r.resolved and r not in data_rx:
+                        rx = _data_receiver(config, r.topic, r.transport, ctx.local_ip)
+                        data_rx[r] = rx
+                        if not isinstance(rx, str):
+                            data_pending += 1
+                            nursery.start_soon(fetch, rx)
+
+            async def send(sock, me: Addr, dgs: Iterable[Datagram]) -> None:
+                for d in dgs:
+                    try:
+                        await sock.sendto(d, d.dest)
+                    except OSError:
+                        errors["send"] += 1
+                        continue
+                    # stamped when recorded, so the pcap's timestamps never go backwards
+                    ts = wall0 + (trio.current_time() - start)
+                    rec = SentDatagram(ts, me[0], me[1], d.dest[0], d.dest[1], bytes(d))
+                    if pcap is not None:
+                        pcap.write_udp(*rec)
+                    if sent is not None:
+                        sent.append(rec)
+
+            async def ticker(ctx: Context, sock, me: Addr, wake: list[trio.Event]) -> None:
+                while trio.current_time() < end:
+                    now = trio.current_time()
+                    await send(sock, me, ctx.tick(now))
+                    # never wait for a time already passed: the loop always makes progress,
+                    # also on a virtual clock that only moves when every task sleeps
+                    with trio.move_on_at(min(max(ctx.next_deadline(), now + MIN_STEP), end)):
+                        await wake[0].wait()
+                    wake[0] = trio.Event()
+
+            async def listener(ctx: Context, sock, me: Addr, wake: list[trio.Event]) -> None:
+                while trio.current_time() < end:
+                    try:
+                        data, src = await sock.recvfrom(65535)
+                    except OSError:  # e.g. an ICMP error reported on the socket
+                        errors["recv"] += 1
+                        continue
+                    now = trio.current_time()
+                    await send(sock, me, ctx.receive(data, now, src[:2]))
+                    wake[0].set()
+                    start_data(ctx)
+                    check_done()
+
+            for ctx in ctxs:  # receivers resolved from their own context's sources
+                start_data(ctx)
+            check_done()
+            for ctx, sock, me in zip(ctxs, socks, clients, strict=True):
+                wake = [trio.Event()]
+                nursery.start_soon(ticker, ctx, sock, me, wake)
+                nursery.start_soon(listener, ctx, sock, me, wake)
+        elapsed = trio.current_time() - start
+    finally:
+        for s in socks:
+            s.close()
+        if pcap is not None:
+            pcap.close()
+    return SimResult(receiver_results(ctxs, clients, data_rx), ctxs, clients, daemon_list(config), elapsed,
+                     errors["send"], errors["recv"], sent, config.multicast, config.verify_data,
+                     [data_source_report(ci, topic, server) for ci, topic, server in servers])
