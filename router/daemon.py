@@ -8,7 +8,7 @@ every ``reconnect_interval``), proxy listeners on the near side (one per
 advertised proxy source) and one task per relayed stream. The protocol
 logic is sans-IO: :class:`router.tr.PortalTR` (topic resolution),
 :class:`router.peerlink.PeerConnection` (the link) and
-:class:`router.streams.StreamTable` (streams and credit).
+:class:`router.peerlink.streams.StreamTable` (streams and credit).
 
 Times are seconds (trio's clock).
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import trio
 
 from . import peerlink as P
-from . import streams as S
+from .peerlink import streams as S
 from .tr import (
     LocalInterest,
     LocalInterestGone,

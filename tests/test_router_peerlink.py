@@ -1,5 +1,5 @@
 """The router's peer link, sans-IO: framing, handshake, keepalive, disconnect, garbage,
-writer queue, and per-stream flow control (router/peerlink.py, router/streams.py).
+writer queue, and per-stream flow control (router/peerlink/).
 
 Time is explicit (``now`` arguments); the two trio tests at the end drive the same objects
 over a memory stream with trio's autojump clock and over a loopback TCP connection.
@@ -65,7 +65,7 @@ from router.peerlink import (
     encode,
     encode_raw,
 )
-from router.streams import (
+from router.peerlink.streams import (
     INITIAL_WINDOW,
     MAX_FRAME_DATA,
     STREAM_FRAMES,

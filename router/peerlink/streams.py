@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from .peerlink import (
+from .frames import (
     HEADER_SIZE,
     MAX_PAYLOAD,
     CloseCode,

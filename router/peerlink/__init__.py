@@ -1,0 +1,121 @@
+"""Sans-IO core of the router's peer link (the TCP link between two routers), as a
+package: :mod:`.frames`, :mod:`.codec`, :mod:`.connection`, :mod:`.outqueue` and
+:mod:`.streams`; every public name of the first four is importable from here.
+
+Protocol logic only, in the style of h11/wsproto: objects take bytes and the
+current time and return events and bytes. Nothing here touches a socket, a
+clock, trio or TLS; the I/O shell feeds received bytes to
+:meth:`PeerConnection.receive_data`, writes what the connection hands back,
+and calls :meth:`PeerConnection.tick` at :meth:`PeerConnection.next_deadline`.
+The wire format and the state machine are specified in ``router/PEERLINK.md``;
+this module implements exactly that document.
+
+Layers, bottom up:
+
+* frames: one frozen dataclass per frame type (:class:`Interest`,
+  :class:`StreamData`, ...), :func:`encode` and :func:`decode`, the registry
+  :data:`FRAME_TYPES` (type code -> class) and :class:`FrameReader`, which cuts
+  a byte stream into frames and refuses garbage at the first wrong byte;
+* :class:`PeerConnection`: handshake, keepalive/RTT, dead-peer detection,
+  graceful disconnect and the rules of which frame may be sent when;
+* :class:`OutQueue`: the bounded per-peer writer queue (control frames never
+  dropped, data frames bounded in bytes).
+
+Per-stream flow control lives in :mod:`router.peerlink.streams`.
+
+Outgoing bytes, the one rule: every frame the connection produces -- on
+:meth:`~PeerConnection.start`, :meth:`~PeerConnection.send`,
+:meth:`~PeerConnection.tick` or automatically while receiving (CONNECT_RESPONSE,
+CONNECT_OK, KEEPALIVE_ACK, DISCONNECT_OK) -- is appended, in order, to one
+outgoing buffer. ``start``, ``send`` and ``tick`` return the whole buffer (and
+empty it); after ``receive_data`` call :meth:`~PeerConnection.data_to_send`
+(or just the next ``send``/``tick``, which will include those bytes).
+"""
+
+from .codec import (
+    FrameReader,
+    RawFrame,
+    decode,
+    decode_payload,
+    encode,
+    encode_raw,
+)
+from .connection import (
+    AcceptFn,
+    Closed,
+    Connected,
+    ConnectionLost,
+    DisconnectRequested,
+    Event,
+    LinkStats,
+    PeerConnection,
+    PeerInfo,
+    ProtocolError,
+    Rejected,
+    RouterIdentity,
+    RttStats,
+    Terminated,
+    Timeout,
+)
+from .frames import (
+    ADVERT_WITHDRAW,
+    DEFAULT_CAPABILITIES,
+    FLAG_IGNORABLE,
+    FRAME_TYPES,
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    MAX_PAYLOAD,
+    PROTOCOL_VERSION,
+    U64,
+    WIRE_VERSION,
+    Advertisement,
+    Capability,
+    CloseCode,
+    ConnectCode,
+    ConnectOk,
+    ConnectRequest,
+    ConnectResponse,
+    Datagram,
+    DisconnectOk,
+    DisconnectRequest,
+    DisconnectResponse,
+    Frame,
+    FrameDecodeError,
+    FrameEncodeError,
+    FrameType,
+    Interest,
+    InterestAction,
+    Keepalive,
+    KeepaliveAck,
+    LocalProtocolError,
+    OutQueueOverflow,
+    PatternType,
+    PayloadReader,
+    RefuseCode,
+    State,
+    StreamAccept,
+    StreamClose,
+    StreamCredit,
+    StreamData,
+    StreamKind,
+    StreamOpen,
+    StreamRefuse,
+)
+from .outqueue import (
+    OutQueue,
+)
+
+__all__ = [
+    "MAGIC", "WIRE_VERSION", "PROTOCOL_VERSION", "HEADER_SIZE", "MAX_PAYLOAD", "FLAG_IGNORABLE",
+    "FrameType", "ConnectCode", "InterestAction", "PatternType", "StreamKind", "RefuseCode",
+    "CloseCode", "Capability", "State",
+    "LocalProtocolError", "FrameEncodeError", "FrameDecodeError", "OutQueueOverflow",
+    "Frame", "ConnectRequest", "ConnectResponse", "ConnectOk", "Keepalive", "KeepaliveAck",
+    "DisconnectRequest", "DisconnectResponse", "DisconnectOk", "Interest", "Advertisement",
+    "StreamOpen", "StreamAccept", "StreamRefuse", "StreamData", "StreamCredit", "StreamClose",
+    "Datagram", "FRAME_TYPES", "encode", "encode_raw", "decode", "decode_payload", "RawFrame",
+    "FrameReader", "Event", "Connected", "DisconnectRequested", "Terminated", "Rejected",
+    "Closed", "ConnectionLost", "Timeout", "ProtocolError", "RouterIdentity", "PeerInfo",
+    "RttStats", "LinkStats", "PeerConnection", "OutQueue",
+]

@@ -1,0 +1,591 @@
+"""The peer-link connection state machine, sans-IO: :class:`PeerConnection`
+(handshake, keepalive/RTT, dead-peer detection, graceful disconnect, which frame
+may be sent when) and the events it returns."""
+
+from __future__ import annotations
+
+import math
+import secrets
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .codec import (
+    FrameReader,
+    RawFrame,
+    decode_payload,
+    encode,
+)
+from .frames import (
+    DEFAULT_CAPABILITIES,
+    FLAG_IGNORABLE,
+    FRAME_TYPES,
+    MAX_PAYLOAD,
+    PROTOCOL_VERSION,
+    U64,
+    Advertisement,
+    Capability,
+    ConnectCode,
+    ConnectOk,
+    ConnectRequest,
+    ConnectResponse,
+    Datagram,
+    DisconnectOk,
+    DisconnectRequest,
+    DisconnectResponse,
+    Frame,
+    FrameDecodeError,
+    Interest,
+    Keepalive,
+    KeepaliveAck,
+    LocalProtocolError,
+    PayloadReader,
+    State,
+    StreamAccept,
+    StreamClose,
+    StreamCredit,
+    StreamData,
+    StreamOpen,
+    StreamRefuse,
+)
+
+# --------------------------------------------------------------------------- link events
+
+
+class Event:
+    """Base of the events :class:`PeerConnection` returns that are not frames."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RouterIdentity:
+    """Who this router is, as told to peers in the handshake."""
+
+    name: str
+    domains: tuple[int, ...] = ()
+    capabilities: int = DEFAULT_CAPABILITIES
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "domains", tuple(self.domains))
+
+
+@dataclass(frozen=True, slots=True)
+class PeerInfo:
+    """The peer's side of the handshake (what ``accept`` callbacks and :class:`Connected` see)."""
+
+    name: str
+    domains: tuple[int, ...]
+    nonce: int
+    capabilities: int
+    version: tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Connected(Event):
+    """The handshake completed; application frames may flow. ``capabilities`` is the
+    negotiated set (bits both sides announced)."""
+
+    peer: PeerInfo
+    capabilities: int
+
+
+@dataclass(frozen=True, slots=True)
+class DisconnectRequested(Event):
+    """The peer asked to disconnect. Send what is still to be sent, then
+    ``send(DisconnectResponse())``; after that only STREAM_CREDIT/CLOSE/REFUSE may be sent."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Terminated(Event):
+    """Base of the events after which the state is CLOSED: write :meth:`data_to_send`
+    (non-empty only after Rejected-by-us and Closed), then close the socket."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected(Terminated):
+    """The handshake was refused -- by the peer (``by_peer``) or by us."""
+
+    code: int = ConnectCode.REFUSED
+    by_peer: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Closed(Terminated):
+    """The graceful disconnect handshake completed. ``initiated_by``: local, peer or both."""
+
+    initiated_by: str = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLost(Terminated):
+    """The peer closed the TCP connection (``receive_data(b"")``) before a graceful close."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timeout(Terminated):
+    """``phase``: "handshake", "keepalive" (nothing received for dead_after) or "disconnect"."""
+
+    phase: str = "keepalive"
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolError(Terminated):
+    """The peer broke the protocol (garbage, a malformed or unexpected frame)."""
+
+
+@dataclass
+class RttStats:
+    """Round-trip times (seconds) measured from KEEPALIVE/KEEPALIVE_ACK pairs."""
+
+    count: int = 0
+    last: float | None = None
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    last_at: float | None = None  # `now` when the last sample was taken
+
+    def add(self, rtt: float, now: float) -> None:
+        self.count += 1
+        self.last, self.last_at = rtt, now
+        self.min = rtt if self.min is None else min(self.min, rtt)
+        self.max = rtt if self.max is None else max(self.max, rtt)
+        self.mean = rtt if self.mean is None else self.mean + (rtt - self.mean) / self.count
+
+
+@dataclass
+class LinkStats:
+    frames_sent: int = 0
+    bytes_sent: int = 0
+    frames_received: int = 0
+    bytes_received: int = 0
+    keepalives_sent: int = 0
+    keepalives_answered: int = 0
+    unmatched_acks: int = 0  # KEEPALIVE_ACKs that echo nothing we sent (ignored)
+    ignored_frames: int = 0  # unknown frame types flagged ignorable
+    by_type_received: dict[str, int] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- connection
+
+# frames the application passes to send(); the rest are produced by the connection itself
+_APP_FRAMES = (Interest, Advertisement, StreamOpen, StreamAccept, StreamRefuse, StreamData,
+               StreamCredit, StreamClose, Datagram)
+# what a side that is "done sending" (it sent DISCONNECT_REQUEST or DISCONNECT_RESPONSE) may
+# still send: frames that serve the data it is still receiving
+_RECEIVE_SIDE = (StreamCredit, StreamClose, StreamRefuse)
+# frames that may only be used when both sides announced the capability
+_NEEDS_CAPABILITY = {cls: Capability.STREAMS for cls in (
+    StreamOpen, StreamAccept, StreamRefuse, StreamData, StreamCredit, StreamClose)}
+_NEEDS_CAPABILITY[Datagram] = Capability.DATAGRAMS
+
+AcceptFn = Callable[[PeerInfo], tuple[bool, str]]
+
+
+class PeerConnection:
+    """One peer-link TCP connection, either side. See the module doc for the byte rule.
+
+    ``accept(peer_info) -> (ok, reason)`` is consulted (after the built-in checks: protocol
+    major version, overlapping or invalid domain ids, same router name) by the acceptor
+    before it answers CONNECT_REQUEST, and by the initiator on the CONNECT_RESPONSE.
+    Times are seconds on any monotonic clock; ``keepalive_interval=0`` disables keepalives
+    and ``dead_after=0`` disables dead-peer detection.
+    """
+
+    def __init__(self, role: str, identity: RouterIdentity, *, accept: AcceptFn | None = None,
+                 keepalive_interval: float = 5.0, dead_after: float = 15.0,
+                 handshake_timeout: float = 5.0, disconnect_timeout: float = 5.0,
+                 max_payload: int = MAX_PAYLOAD, nonce: int | None = None) -> None:
+        if role not in ("initiator", "acceptor"):
+            raise ValueError(f"role must be 'initiator' or 'acceptor', not {role!r}")
+        self.role = role
+        self.identity = identity
+        self.accept_fn = accept
+        self.keepalive_interval = keepalive_interval
+        self.dead_after = dead_after
+        self.handshake_timeout = handshake_timeout
+        self.disconnect_timeout = disconnect_timeout
+        self.max_payload = max_payload
+        self.nonce = secrets.randbits(64) if nonce is None else nonce
+        self.state = State.IDLE
+        self.peer: PeerInfo | None = None
+        self.capabilities = 0  # negotiated, once connected
+        self.rtt = RttStats()
+        self.stats = LinkStats()
+        self.close_reason: str | None = None
+        self._reader = FrameReader(max_payload)
+        self._out = bytearray()
+        self._last_sent = 0.0
+        self._last_recv = 0.0
+        self._hs_deadline = math.inf
+        self._ka_seq = 0
+        self._ka_outstanding: dict[int, tuple[float, int]] = {}
+        # graceful disconnect: two independent request/response/ok exchanges
+        self._req_sent = False  # we sent DISCONNECT_REQUEST
+        self._req_done = False  # ... got DISCONNECT_RESPONSE, sent DISCONNECT_OK
+        self._req_deadline = math.inf
+        self._req_reason = ""
+        self._peer_req = False  # the peer sent DISCONNECT_REQUEST
+        self._resp_sent = False  # ... we sent DISCONNECT_RESPONSE
+        self._peer_done = False  # ... got DISCONNECT_OK
+        self._resp_deadline = math.inf
+        self._peer_reason = ""
+
+    # ---------------------------------------------------------------- public API
+
+    def __repr__(self) -> str:
+        peer = self.peer.name if self.peer else "?"
+        return f"<PeerConnection {self.role} {self.identity.name}->{peer} {self.state.value}>"
+
+    def start(self, now: float) -> bytes:
+        """Begin the handshake: the initiator's CONNECT_REQUEST (the acceptor gets b"" and its
+        handshake timer starts). ``receive_data`` in IDLE starts implicitly."""
+        if self.state is not State.IDLE:
+            raise LocalProtocolError(f"start() in state {self.state.value}")
+        self.state = State.CONNECTING
+        self._hs_deadline = now + self.handshake_timeout
+        self._last_recv = now
+        if self.role == "initiator":
+            self._emit(ConnectRequest(self.identity.name, self.identity.domains, self.nonce,
+                                      self.identity.capabilities), now)
+        return self.data_to_send()
+
+    def data_to_send(self) -> bytes:
+        """Everything produced so far and not yet handed out (then empty)."""
+        out = bytes(self._out)
+        self._out.clear()
+        return out
+
+    def send(self, frame: Frame, now: float) -> bytes:
+        """Encode an application frame (or DisconnectRequest / DisconnectResponse) and return
+        all pending outgoing bytes. :class:`LocalProtocolError` if not allowed now."""
+        self._check_send(frame)
+        self._emit(frame, now)
+        if isinstance(frame, DisconnectRequest):
+            self._req_sent, self._req_reason = True, frame.reason
+            self._req_deadline = now + self.disconnect_timeout
+            self.state = State.DISCONNECTING
+        elif isinstance(frame, DisconnectResponse):
+            self._resp_sent = True
+            self._resp_deadline = now + self.disconnect_timeout
+        return self.data_to_send()
+
+    def can_send(self, frame: Frame) -> bool:
+        try:
+            self._check_send(frame)
+        except LocalProtocolError:
+            return False
+        return True
+
+    def receive_data(self, data: bytes, now: float) -> list[Frame | Event]:
+        """Feed received bytes (``b""`` = the peer closed its side). Returns application
+        frames and link events in order; never raises for anything the peer sends."""
+        if self.state is State.CLOSED:
+            return []
+        if self.state is State.IDLE:
+            self.start(now)
+        events: list[Frame | Event] = []
+        if not data:
+            partial = " in the middle of a frame" if self._reader.buffered else ""
+            self._terminate(events, ConnectionLost(
+                f"peer closed the connection{partial} (state {self.state.value})"))
+            return events
+        self.stats.bytes_received += len(data)
+        self._reader.feed(data)
+        try:
+            while self.state is not State.CLOSED:
+                head = self._reader.header()
+                if head is not None:
+                    self._check_receive_type(head[0], head[1])
+                raw = self._reader.next_frame()
+                if raw is None:
+                    break
+                self._handle(raw, now, events)
+        except FrameDecodeError as e:
+            self._terminate(events, ProtocolError(str(e)))
+        return events
+
+    def tick(self, now: float) -> tuple[bytes, list[Event]]:
+        """Run the timers: send a KEEPALIVE when nothing was sent for keepalive_interval;
+        end with :class:`Timeout` when nothing was received for dead_after or the handshake
+        or disconnect did not complete in time. Returns (pending bytes, events)."""
+        events: list[Event] = []
+        st = self.state
+        if st is State.CONNECTING:
+            if now >= self._hs_deadline:
+                self._terminate(events, Timeout(
+                    f"handshake did not complete within {self.handshake_timeout:g} s", "handshake"))
+        elif st in (State.CONNECTED, State.DISCONNECTING):
+            if self.dead_after > 0 and now >= self._last_recv + self.dead_after:
+                self._terminate(events, Timeout(
+                    f"nothing received from the peer for {now - self._last_recv:g} s "
+                    f"(dead after {self.dead_after:g} s)", "keepalive"))
+            elif now >= min(self._req_deadline, self._resp_deadline):
+                waited = "DISCONNECT_RESPONSE" if now >= self._req_deadline else "DISCONNECT_OK"
+                self._terminate(events, Timeout(
+                    f"no {waited} within {self.disconnect_timeout:g} s", "disconnect"))
+            elif self.keepalive_interval > 0 and now >= self._last_sent + self.keepalive_interval:
+                self._send_keepalive(now)
+        return self.data_to_send(), events
+
+    def next_deadline(self) -> float:
+        """When :meth:`tick` has something to do next (``math.inf``: never)."""
+        st = self.state
+        if st is State.CONNECTING:
+            return self._hs_deadline
+        if st in (State.CONNECTED, State.DISCONNECTING):
+            d = min(self._req_deadline, self._resp_deadline)
+            if self.dead_after > 0:
+                d = min(d, self._last_recv + self.dead_after)
+            if self.keepalive_interval > 0:
+                d = min(d, self._last_sent + self.keepalive_interval)
+            return d
+        return math.inf
+
+    # ---------------------------------------------------------------- sending
+
+    def _emit(self, frame: Frame, now: float) -> None:
+        b = encode(frame, max_payload=self.max_payload)
+        self._out += b
+        self._last_sent = now
+        self.stats.frames_sent += 1
+        self.stats.bytes_sent += len(b)
+
+    def _send_keepalive(self, now: float) -> None:
+        self._ka_seq += 1
+        ts = int(now * 1_000_000_000) & U64
+        self._emit(Keepalive(self._ka_seq, ts), now)
+        self.stats.keepalives_sent += 1
+        horizon = now - max(self.dead_after, 3 * self.keepalive_interval)
+        for seq in [s for s, (t, _) in self._ka_outstanding.items() if t < horizon]:
+            del self._ka_outstanding[seq]
+        self._ka_outstanding[self._ka_seq] = (now, ts)
+
+    def _done_sending(self) -> bool:
+        return self._req_sent or self._resp_sent
+
+    def _check_send(self, frame: Frame) -> None:
+        name = type(frame).__name__
+        st = self.state
+        if isinstance(frame, _APP_FRAMES):
+            cap = _NEEDS_CAPABILITY.get(type(frame))
+            if cap is not None and st in (State.CONNECTED, State.DISCONNECTING) \
+                    and not self.capabilities & cap:
+                raise LocalProtocolError(f"cannot send {name}: capability {cap.name} was not "
+                                         "negotiated with this peer")
+            if st is State.CONNECTED:
+                return
+            if st is State.DISCONNECTING:
+                if not self._done_sending() or isinstance(frame, _RECEIVE_SIDE):
+                    return
+                raise LocalProtocolError(
+                    f"cannot send {name} after DISCONNECT_{'REQUEST' if self._req_sent else 'RESPONSE'}"
+                    " (only STREAM_CREDIT, STREAM_CLOSE and STREAM_REFUSE)")
+            raise LocalProtocolError(f"cannot send {name} in state {st.value}")
+        if isinstance(frame, DisconnectRequest):
+            if st is State.CONNECTED:
+                return
+            raise LocalProtocolError(f"cannot send DisconnectRequest in state {st.value}"
+                                     + (" (the peer asked first: answer with DisconnectResponse)"
+                                        if self._peer_req else ""))
+        if isinstance(frame, DisconnectResponse):
+            if st is State.DISCONNECTING and self._peer_req and not self._resp_sent:
+                return
+            raise LocalProtocolError("DisconnectResponse only answers the peer's DisconnectRequest,"
+                                     " once")
+        raise LocalProtocolError(f"{name} is produced by the connection itself, not send()")
+
+    # ---------------------------------------------------------------- receiving
+
+    def _expected(self) -> tuple[type[Frame], ...] | None:
+        """Frame classes allowed from the peer now; None = the post-handshake rules."""
+        if self.state is State.CONNECTING:
+            if self.role == "acceptor":
+                return (ConnectOk,) if self.peer is not None else (ConnectRequest,)
+            return (ConnectResponse,)
+        return None
+
+    def _check_receive_type(self, ftype: int, flags: int) -> None:
+        """Header-time check, so a wrong frame is refused before its payload is buffered."""
+        expected = self._expected()
+        cls = FRAME_TYPES.get(ftype)
+        if expected is not None:
+            if cls not in expected:
+                what = cls.TYPE.name if cls else f"unknown frame type 0x{ftype:02x}"
+                want = " or ".join(c.TYPE.name for c in expected)
+                raise FrameDecodeError(f"expected {want} during the handshake, got {what}")
+        elif cls is None and not flags & FLAG_IGNORABLE:
+            raise FrameDecodeError(f"unknown frame type 0x{ftype:02x} without the ignorable flag")
+
+    def _handle(self, raw: RawFrame, now: float, events: list) -> None:
+        self._last_recv = now
+        st = self.stats
+        st.frames_received += 1
+        cls = FRAME_TYPES.get(raw.type)
+        if cls is None:  # ignorable unknown type (checked at header time)
+            st.ignored_frames += 1
+            return
+        st.by_type_received[cls.TYPE.name] = st.by_type_received.get(cls.TYPE.name, 0) + 1
+        if self.state is State.CONNECTING and len(raw.payload) >= 4:
+            # another major version: refuse before parsing a layout we may not know (only the
+            # leading fields of the handshake frames are the same in every version)
+            major, minor = struct.unpack_from(">HH", raw.payload)
+            if major != PROTOCOL_VERSION[0]:
+                if cls is ConnectRequest:
+                    self._refuse(events, ConnectCode.VERSION_MISMATCH,
+                                 _version_reason(major, minor), now)
+                else:  # its code and reason sit in the frozen leading fields too
+                    r = PayloadReader(raw.payload, "CONNECT_RESPONSE")
+                    r.pos = 4
+                    try:
+                        code, said = r.u16(), r.string()
+                    except FrameDecodeError:
+                        code, said = ConnectCode.ACCEPTED, ""
+                    reason = _version_reason(major, minor) + (f"; the peer says: {said}" if said else "")
+                    self._terminate(events, Rejected(reason, ConnectCode.VERSION_MISMATCH,
+                                                     by_peer=code != ConnectCode.ACCEPTED))
+                return
+        frame = decode_payload(raw.type, raw.payload)
+        if self.state is State.CONNECTING:
+            self._handle_handshake(frame, now, events)
+        else:
+            self._handle_connected(frame, now, events)
+
+    def _handle_handshake(self, frame: Frame, now: float, events: list) -> None:
+        if isinstance(frame, ConnectRequest):
+            peer = PeerInfo(frame.name, frame.domains, frame.nonce, frame.capabilities, frame.version)
+            self.peer = peer
+            code, reason = self._judge(peer)
+            if code != ConnectCode.ACCEPTED:
+                self._refuse(events, code, reason, now)
+                return
+            self._emit(self._response(ConnectCode.ACCEPTED, ""), now)
+        elif isinstance(frame, ConnectResponse):
+            peer = PeerInfo(frame.name, frame.domains, frame.nonce, frame.capabilities, frame.version)
+            self.peer = peer
+            if not frame.accepted:
+                self._terminate(events, Rejected(
+                    f"peer {frame.name!r} refused the connection: {frame.reason or 'no reason given'}",
+                    frame.code, by_peer=True))
+                return
+            code, reason = self._judge(peer)
+            if code != ConnectCode.ACCEPTED:
+                self._terminate(events, Rejected(reason, code, by_peer=False))
+                return
+            self._emit(ConnectOk(), now)
+            self._connected(events)
+        elif isinstance(frame, ConnectOk):
+            self._connected(events)
+
+    def _connected(self, events: list) -> None:
+        assert self.peer is not None
+        self.state = State.CONNECTED
+        self._hs_deadline = math.inf
+        self.capabilities = self.identity.capabilities & self.peer.capabilities
+        events.append(Connected(self.peer, self.capabilities))
+
+    def _response(self, code: int, reason: str) -> ConnectResponse:
+        me = self.identity
+        return ConnectResponse(me.name, me.domains, self.nonce, code, reason, me.capabilities)
+
+    def _refuse(self, events: list, code: int, reason: str, now: float) -> None:
+        """Acceptor: answer with a refusing CONNECT_RESPONSE and close."""
+        self._emit(self._response(code, reason), now)
+        self._terminate(events, Rejected(reason, code, by_peer=False), keep_output=True)
+
+    def _judge(self, peer: PeerInfo) -> tuple[int, str]:
+        """The built-in acceptance checks, then the user's ``accept``."""
+        if peer.version[0] != PROTOCOL_VERSION[0]:
+            return ConnectCode.VERSION_MISMATCH, _version_reason(*peer.version)
+        if not peer.name:
+            return ConnectCode.BAD_REQUEST, "the peer sent an empty router name"
+        if 0 in peer.domains:
+            return ConnectCode.BAD_REQUEST, f"router {peer.name!r} announces domain id 0 (invalid)"
+        if len(set(peer.domains)) != len(peer.domains):
+            return ConnectCode.BAD_REQUEST, f"router {peer.name!r} announces a domain id twice"
+        shared = sorted(set(peer.domains) & set(self.identity.domains))
+        if shared:
+            return ConnectCode.DOMAIN_CONFLICT, (
+                f"domain id{'s' if len(shared) > 1 else ''} {', '.join(map(str, shared))} "
+                f"served by both {self.identity.name!r} and {peer.name!r}: each TRD must be "
+                "behind one side of a peer link")
+        if peer.name == self.identity.name:
+            return ConnectCode.DUPLICATE_NAME, (
+                f"both routers are named {peer.name!r} (or the router connected to itself)")
+        if self.accept_fn is not None:
+            try:
+                ok, reason = self.accept_fn(peer)
+            except Exception as e:  # a broken callback must not break the receive path
+                return ConnectCode.REFUSED, f"acceptance check failed: {e!r}"
+            if not ok:
+                return ConnectCode.REFUSED, reason or "refused by local policy"
+        return ConnectCode.ACCEPTED, ""
+
+    def _handle_connected(self, frame: Frame, now: float, events: list) -> None:
+        name = frame.TYPE.name
+        if isinstance(frame, KeepaliveAck):
+            sent = self._ka_outstanding.pop(frame.seq, None)
+            if sent is None or sent[1] != frame.timestamp_ns:
+                self.stats.unmatched_acks += 1
+            else:
+                self.rtt.add(now - sent[0], now)
+                self.stats.keepalives_answered += 1
+            return
+        if isinstance(frame, Keepalive):
+            self._emit(KeepaliveAck(frame.seq, frame.timestamp_ns), now)
+            return
+        peer_done = self._peer_req or self._req_done  # it sent REQUEST or RESPONSE
+        if isinstance(frame, DisconnectRequest):
+            if self._peer_req:
+                raise FrameDecodeError("second DISCONNECT_REQUEST")
+            if self._req_done:
+                raise FrameDecodeError("DISCONNECT_REQUEST after DISCONNECT_RESPONSE")
+            self._peer_req, self._peer_reason = True, frame.reason
+            self.state = State.DISCONNECTING
+            events.append(DisconnectRequested(frame.reason))
+        elif isinstance(frame, DisconnectResponse):
+            if not self._req_sent or self._req_done:
+                raise FrameDecodeError("DISCONNECT_RESPONSE without a pending DISCONNECT_REQUEST")
+            self._req_done, self._req_deadline = True, math.inf
+            self._emit(DisconnectOk(), now)
+            self._maybe_closed(events)
+        elif isinstance(frame, DisconnectOk):
+            if not self._resp_sent or self._peer_done:
+                raise FrameDecodeError("DISCONNECT_OK without a pending DISCONNECT_RESPONSE")
+            self._peer_done, self._resp_deadline = True, math.inf
+            self._maybe_closed(events)
+        elif isinstance(frame, ConnectRequest | ConnectResponse | ConnectOk):
+            raise FrameDecodeError(f"{name} after the handshake")
+        else:
+            cap = _NEEDS_CAPABILITY.get(type(frame))
+            if cap is not None and not self.capabilities & cap:
+                raise FrameDecodeError(f"{name} but capability {cap.name} was not negotiated")
+            if peer_done and not isinstance(frame, _RECEIVE_SIDE):
+                raise FrameDecodeError(f"{name} after the peer's DISCONNECT_"
+                                       f"{'REQUEST' if self._peer_req else 'RESPONSE'}")
+            events.append(frame)
+
+    def _maybe_closed(self, events: list) -> None:
+        if (self._req_done or not self._req_sent) and (self._peer_done or not self._peer_req):
+            by = "both" if self._req_sent and self._peer_req else "local" if self._req_sent else "peer"
+            reason = self._req_reason if self._req_sent else self._peer_reason
+            self._terminate(events, Closed(reason, by), keep_output=True)
+
+    def _terminate(self, events: list, ev: Terminated, keep_output: bool = False) -> None:
+        self.state = State.CLOSED
+        self.close_reason = ev.reason
+        self._hs_deadline = self._req_deadline = self._resp_deadline = math.inf
+        if not keep_output:
+            self._out.clear()
+        events.append(ev)
+
+
+def _version_reason(major: int, minor: int) -> str:
+    me = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
+    rel = "higher" if major > PROTOCOL_VERSION[0] else "lower"
+    return (f"the peer speaks protocol {major}.{minor}, this router speaks {me}: "
+            f"a {rel} major version is not supported")

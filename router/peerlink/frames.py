@@ -1,0 +1,549 @@
+"""Peer-link frames: constants, enums, errors, and one frozen dataclass per frame
+type with its payload codec (``router/PEERLINK.md``)."""
+
+from __future__ import annotations
+
+import struct
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum, IntEnum, IntFlag
+from typing import ClassVar
+
+# --------------------------------------------------------------------------- constants
+
+MAGIC = b"LBRP"
+WIRE_VERSION = 1  # the frame-header version byte; changes only if the header changes
+PROTOCOL_VERSION = (1, 0)  # (major, minor) carried in the handshake
+HEADER = struct.Struct(">4sBBBBI")  # magic, version, type, flags, reserved, payload length
+HEADER_SIZE = HEADER.size  # 12
+MAX_PAYLOAD = 1 << 20  # 1 MiB
+FLAG_IGNORABLE = 0x01  # header flag: a receiver that does not know the type may skip the frame
+ADVERT_WITHDRAW = 0x01  # ADVERTISEMENT flags bit
+U64 = (1 << 64) - 1
+
+
+class FrameType(IntEnum):
+    CONNECT_REQUEST = 0x01
+    CONNECT_RESPONSE = 0x02
+    CONNECT_OK = 0x03
+    KEEPALIVE = 0x04
+    KEEPALIVE_ACK = 0x05
+    DISCONNECT_REQUEST = 0x06
+    DISCONNECT_RESPONSE = 0x07
+    DISCONNECT_OK = 0x08
+    INTEREST = 0x10
+    ADVERTISEMENT = 0x11
+    STREAM_OPEN = 0x20
+    STREAM_ACCEPT = 0x21
+    STREAM_REFUSE = 0x22
+    STREAM_DATA = 0x23
+    STREAM_CREDIT = 0x24
+    STREAM_CLOSE = 0x25
+    DATAGRAM = 0x26
+
+
+class ConnectCode(IntEnum):
+    """CONNECT_RESPONSE code; any value other than ACCEPTED is a refusal."""
+
+    ACCEPTED = 0
+    REFUSED = 1  # local policy (the accept() callback) said no
+    VERSION_MISMATCH = 2  # different protocol major version
+    DOMAIN_CONFLICT = 3  # both routers serve the same domain id
+    DUPLICATE_NAME = 4  # both routers have the same name (or a router connected to itself)
+    BAD_REQUEST = 5  # a malformed identity (empty name, domain id 0, duplicated domain ids)
+
+
+class InterestAction(IntEnum):
+    ADD = 1
+    REFRESH = 2
+    CANCEL = 3
+
+
+class PatternType(IntEnum):
+    """INTEREST topic kind; 1 and 2 are the LBMR wildcard pattern types."""
+
+    TOPIC = 0  # an exact topic name
+    PCRE = 1
+    REGEX = 2
+
+
+class StreamKind(IntEnum):
+    """STREAM_OPEN kind; the values are the LBMR TIR transport codes."""
+
+    TCP = 0x00
+    LBTRU = 0x01
+
+
+class RefuseCode(IntEnum):
+    REFUSED = 1
+    UNKNOWN_ADVERT = 2
+    UNSUPPORTED_KIND = 3
+    TOO_MANY_STREAMS = 4
+    BAD_STREAM_ID = 5
+
+
+class CloseCode(IntEnum):
+    NORMAL = 0
+    CANCELLED = 1
+    FLOW_CONTROL = 2
+    INTERNAL = 3
+
+
+class Capability(IntFlag):
+    """Capability bits of the handshake; a feature is used only if both sides set its bit."""
+
+    STREAMS = 0x01  # STREAM_* frames (TCP transport relay)
+    DATAGRAMS = 0x02  # DATAGRAM frames (LBT-RU relay)
+
+
+DEFAULT_CAPABILITIES = int(Capability.STREAMS | Capability.DATAGRAMS)
+
+
+class State(Enum):
+    IDLE = "IDLE"
+    CONNECTING = "CONNECTING"
+    CONNECTED = "CONNECTED"
+    DISCONNECTING = "DISCONNECTING"
+    CLOSED = "CLOSED"
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class LocalProtocolError(Exception):
+    """The caller asked for something the protocol does not allow now (a bug in the caller)."""
+
+
+class FrameEncodeError(LocalProtocolError, ValueError):
+    """A frame cannot be encoded: a value out of range, a string too long, a payload too big."""
+
+
+class FrameDecodeError(ValueError):
+    """Received bytes are not a valid frame. Inside :class:`PeerConnection` this becomes a
+    :class:`ProtocolError` event; only :func:`decode` and :class:`FrameReader` raise it."""
+
+
+class OutQueueOverflow(Exception):
+    """More control frames are queued for a peer than :class:`OutQueue` allows: the peer is
+    hopelessly behind and the link should be closed."""
+
+
+# --------------------------------------------------------------------------- payload codec
+
+_U8, _U16, _U32, _U64 = (struct.Struct(f) for f in (">B", ">H", ">I", ">Q"))
+
+
+class PayloadReader:
+    __slots__ = ("buf", "pos", "what")
+
+    def __init__(self, buf: bytes, what: str) -> None:
+        self.buf, self.pos, self.what = buf, 0, what
+
+    def _take(self, n: int) -> int:
+        p = self.pos
+        if p + n > len(self.buf):
+            raise FrameDecodeError(
+                f"{self.what} payload truncated: needs {p + n - len(self.buf)} more byte(s) at offset {p}")
+        self.pos = p + n
+        return p
+
+    def u8(self) -> int:
+        return self.buf[self._take(1)]
+
+    def u16(self) -> int:
+        return _U16.unpack_from(self.buf, self._take(2))[0]
+
+    def u32(self) -> int:
+        return _U32.unpack_from(self.buf, self._take(4))[0]
+
+    def u64(self) -> int:
+        return _U64.unpack_from(self.buf, self._take(8))[0]
+
+    def raw(self, n: int) -> bytes:
+        p = self._take(n)
+        return bytes(self.buf[p:p + n])
+
+    def string(self) -> str:
+        return self.raw(self.u16()).decode("utf-8", "surrogateescape")
+
+    def rest(self) -> bytes:
+        p, self.pos = self.pos, len(self.buf)
+        return bytes(self.buf[p:])
+
+    def end(self) -> None:
+        if self.pos != len(self.buf):
+            raise FrameDecodeError(
+                f"{self.what} payload has {len(self.buf) - self.pos} unexpected trailing byte(s)")
+
+
+def _str(s: str, what: str) -> bytes:
+    try:
+        b = s.encode("utf-8", "surrogateescape")
+    except (UnicodeEncodeError, AttributeError) as e:
+        raise FrameEncodeError(f"{what}: cannot encode {s!r} as UTF-8: {e}") from None
+    if len(b) > 0xFFFF:
+        raise FrameEncodeError(f"{what} is {len(b)} bytes long (at most 65535)")
+    return _U16.pack(len(b)) + b
+
+
+def _pack(fmt: str, *values, what: str) -> bytes:
+    try:
+        return struct.pack(fmt, *values)
+    except struct.error as e:
+        raise FrameEncodeError(f"{what}: value out of range in {values!r}: {e}") from None
+
+
+def _enum(cls, value: int, what: str):
+    try:
+        return cls(value)
+    except ValueError:
+        raise FrameDecodeError(f"{what}: unknown {cls.__name__} value {value}") from None
+
+
+# --------------------------------------------------------------------------- frames
+
+
+class Frame(ABC):
+    """Base of the frame dataclasses. ``TYPE`` is the type code; ``payload()`` builds the
+    payload bytes; ``_parse`` reads one from a payload."""
+
+    __slots__ = ()
+    TYPE: ClassVar[FrameType]
+    _EXTENSIBLE: ClassVar[bool] = False  # trailing payload bytes allowed (handshake frames)
+
+    @abstractmethod
+    def payload(self) -> bytes:
+        """The frame's payload bytes (everything after the 12-byte header)."""
+
+    @classmethod
+    @abstractmethod
+    def _parse(cls, r: PayloadReader) -> Frame:
+        """Read one frame of this type from its payload."""
+
+    def wire_size(self) -> int:
+        """Size of the encoded frame, header included."""
+        return HEADER_SIZE + len(self.payload())
+
+
+FRAME_TYPES: dict[int, type[Frame]] = {}
+
+
+def _frame(cls):
+    FRAME_TYPES[int(cls.TYPE)] = cls
+    return cls
+
+
+def _domains(domains: Iterable[int], what: str) -> bytes:
+    ds = tuple(domains)
+    if len(ds) > 0xFFFF:
+        raise FrameEncodeError(f"{what}: {len(ds)} domain ids (at most 65535)")
+    return _pack(f">H{len(ds)}I", len(ds), *ds, what=what)
+
+
+def _read_domains(r: PayloadReader) -> tuple[int, ...]:
+    n = r.u16()
+    return tuple(r.u32() for _ in range(n))
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class ConnectRequest(Frame):
+    """Initiator's hello. ``version`` is (major, minor)."""
+
+    TYPE: ClassVar[FrameType] = FrameType.CONNECT_REQUEST
+    _EXTENSIBLE: ClassVar[bool] = True
+    name: str
+    domains: tuple[int, ...]
+    nonce: int
+    capabilities: int = DEFAULT_CAPABILITIES
+    version: tuple[int, int] = PROTOCOL_VERSION
+
+    def payload(self) -> bytes:
+        w = "CONNECT_REQUEST"
+        return (_pack(">HHQI", *self.version, self.nonce, self.capabilities, what=w)
+                + _str(self.name, "router name") + _domains(self.domains, w))
+
+    @classmethod
+    def _parse(cls, r: PayloadReader) -> ConnectRequest:
+        major, minor, nonce, caps = r.u16(), r.u16(), r.u64(), r.u32()
+        return cls(r.string(), _read_domains(r), nonce, caps, (major, minor))
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class ConnectResponse(Frame):
+    """Acceptor's answer: its own hello plus ``code`` (0 = accepted) and ``reason``."""
+
+    TYPE: ClassVar[FrameType] = FrameType.CONNECT_RESPONSE
+    _EXTENSIBLE: ClassVar[bool] = True
+    name: str
+    domains: tuple[int, ...]
+    nonce: int
+    code: int = ConnectCode.ACCEPTED
+    reason: str = ""
+    capabilities: int = DEFAULT_CAPABILITIES
+    version: tuple[int, int] = PROTOCOL_VERSION
+
+    @property
+    def accepted(self) -> bool:
+        return self.code == ConnectCode.ACCEPTED
+
+    def payload(self) -> bytes:
+        w = "CONNECT_RESPONSE"
+        return (_pack(">HHH", *self.version, self.code, what=w) + _str(self.reason, "reason")
+                + _pack(">QI", self.nonce, self.capabilities, what=w)
+                + _str(self.name, "router name") + _domains(self.domains, w))
+
+    @classmethod
+    def _parse(cls, r: PayloadReader) -> ConnectResponse:
+        major, minor, code = r.u16(), r.u16(), r.u16()
+        reason = r.string()
+        nonce, caps = r.u64(), r.u32()
+        return cls(r.string(), _read_domains(r), nonce, code, reason, caps, (major, minor))
+
+
+@dataclass(frozen=True, slots=True)
+class _Empty(Frame):
+    def payload(self) -> bytes:
+        return b""
+
+    @classmethod
+    def _parse(cls, r: PayloadReader):
+        return cls()
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class ConnectOk(_Empty):
+    TYPE: ClassVar[FrameType] = FrameType.CONNECT_OK
+
+
+@dataclass(frozen=True, slots=True)
+class _SeqStamp(Frame):
+    seq: int
+    timestamp_ns: int
+
+    def payload(self) -> bytes:
+        return _pack(">QQ", self.seq, self.timestamp_ns, what=self.TYPE.name)
+
+    @classmethod
+    def _parse(cls, r: PayloadReader):
+        return cls(r.u64(), r.u64())
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class Keepalive(_SeqStamp):
+    """``timestamp_ns``: the sender's clock in ns (any epoch; only the sender interprets it)."""
+
+    TYPE: ClassVar[FrameType] = FrameType.KEEPALIVE
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class KeepaliveAck(_SeqStamp):
+    """Echoes a KEEPALIVE's ``seq`` and ``timestamp_ns`` unchanged."""
+
+    TYPE: ClassVar[FrameType] = FrameType.KEEPALIVE_ACK
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class DisconnectRequest(Frame):
+    TYPE: ClassVar[FrameType] = FrameType.DISCONNECT_REQUEST
+    reason: str = ""
+
+    def payload(self) -> bytes:
+        return _str(self.reason, "reason")
+
+    @classmethod
+    def _parse(cls, r: PayloadReader):
+        return cls(r.string())
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class DisconnectResponse(_Empty):
+    TYPE: ClassVar[FrameType] = FrameType.DISCONNECT_RESPONSE
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class DisconnectOk(_Empty):
+    TYPE: ClassVar[FrameType] = FrameType.DISCONNECT_OK
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class Interest(Frame):
+    """Receivers in ``domain_id`` want ``topic`` (an exact name, or a PCRE/regex pattern)."""
+
+    TYPE: ClassVar[FrameType] = FrameType.INTEREST
+    action: InterestAction
+    topic: str
+    domain_id: int
+    pattern_type: PatternType = PatternType.TOPIC
+
+    def payload(self) -> bytes:
+        return (_pack(">BBI", self.action, self.pattern_type, self.domain_id, what="INTEREST")
+                + _str(self.topic, "topic"))
+
+    @classmethod
+    def _parse(cls, r: PayloadReader):
+        action = _enum(InterestAction, r.u8(), "INTEREST")
+        ptype = _enum(PatternType, r.u8(), "INTEREST")
+        domain = r.u32()
+        return cls(action, r.string(), domain, ptype)
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class Advertisement(Frame):
+    """A source of ``topic`` exists in ``origin_domain`` (``withdraw``: it is gone).
+
+    ``transport`` is the LBMR TIR transport code; ``advert_id`` names the advertisement on this
+    link (STREAM_OPEN refers to it); ``hop_count`` counts routers already crossed."""
+
+    TYPE: ClassVar[FrameType] = FrameType.ADVERTISEMENT
+    topic: str
+    origin_domain: int
+    otid: bytes
+    transport: int
+    advert_id: int
+    withdraw: bool = False
+    hop_count: int = 0
+
+    def payload(self) -> bytes:
+        if not isinstance(self.otid, bytes | bytearray) or len(self.otid) != 32:
+            raise FrameEncodeError(f"ADVERTISEMENT: OTID must be 32 bytes, not {self.otid!r}")
+        flags = ADVERT_WITHDRAW if self.withdraw else 0
+        return (_pack(">IIBBH", self.origin_domain, self.advert_id, self.transport, flags,
+                      self.hop_count, what="ADVERTISEMENT")
+                + bytes(self.otid) + _str(self.topic, "topic"))
+
+    @classmethod
+    def _parse(cls, r: PayloadReader):
+        domain, advert_id, transport, flags, hops = r.u32(), r.u32(), r.u8(), r.u8(), r.u16()
+        otid = r.raw(32)
+        return cls(r.string(), domain, otid, transport, advert_id, bool(flags & ADVERT_WITHDRAW),
+                   hops)
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class StreamOpen(Frame):
+    """Open stream ``stream_id`` for ``advert_id``; ``initial_credit`` is how many data bytes
+    the opener lets the peer send on it before the first STREAM_CREDIT."""
+
+    TYPE: ClassVar[FrameType] = FrameType.STREAM_OPEN
+    stream_id: int
+    advert_id: int
+    kind: int = StreamKind.TCP
+    initial_credit: int = 0
+
+    def payload(self) -> bytes:
+        return _pack(">IIIB", self.stream_id, self.advert_id, self.initial_credit, self.kind,
+                     what="STREAM_OPEN")
+
+    @classmethod
+    def _parse(cls, r: PayloadReader):
+        sid, advert, credit, kind = r.u32(), r.u32(), r.u32(), r.u8()
+        try:
+            kind = StreamKind(kind)
+        except ValueError:
+            pass  # unknown kinds decode fine; the stream table refuses them
+        return cls(sid, advert, kind, credit)
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class StreamAccept(Frame):
+    TYPE: ClassVar[FrameType] = FrameType.STREAM_ACCEPT
+    stream_id: int
+    initial_credit: int = 0
+
+    def payload(self) -> bytes:
+        return _pack(">II", self.stream_id, self.initial_credit, what="STREAM_ACCEPT")
+
+    @classmethod
+    def _parse(cls, r: PayloadReader):
+        return cls(r.u32(), r.u32())
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class StreamRefuse(Frame):
+    TYPE: ClassVar[FrameType] = FrameType.STREAM_REFUSE
+    stream_id: int
+    code: int = RefuseCode.REFUSED
+    reason: str = ""
+
+    def payload(self) -> bytes:
+        return _pack(">IH", self.stream_id, self.code, what="STREAM_REFUSE") + _str(self.reason, "reason")
+
+    @classmethod
+    def _parse(cls, r: PayloadReader):
+        return cls(r.u32(), r.u16(), r.string())
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamBytes(Frame):
+    stream_id: int
+    data: bytes
+
+    def payload(self) -> bytes:
+        return _pack(">I", self.stream_id, what=self.TYPE.name) + bytes(self.data)
+
+    def wire_size(self) -> int:
+        return HEADER_SIZE + 4 + len(self.data)
+
+    @classmethod
+    def _parse(cls, r: PayloadReader):
+        return cls(r.u32(), r.rest())
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class StreamData(_StreamBytes):
+    """Bytes of a stream (counted against the receiver's credit)."""
+
+    TYPE: ClassVar[FrameType] = FrameType.STREAM_DATA
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class StreamCredit(Frame):
+    TYPE: ClassVar[FrameType] = FrameType.STREAM_CREDIT
+    stream_id: int
+    increment: int
+
+    def payload(self) -> bytes:
+        return _pack(">II", self.stream_id, self.increment, what="STREAM_CREDIT")
+
+    @classmethod
+    def _parse(cls, r: PayloadReader):
+        return cls(r.u32(), r.u32())
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class StreamClose(Frame):
+    TYPE: ClassVar[FrameType] = FrameType.STREAM_CLOSE
+    stream_id: int
+    code: int = CloseCode.NORMAL
+
+    def payload(self) -> bytes:
+        return _pack(">IH", self.stream_id, self.code, what="STREAM_CLOSE")
+
+    @classmethod
+    def _parse(cls, r: PayloadReader):
+        return cls(r.u32(), r.u16())
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class Datagram(_StreamBytes):
+    """One LBT-RU datagram relayed on ``stream_id`` (either direction, no credit)."""
+
+    TYPE: ClassVar[FrameType] = FrameType.DATAGRAM
