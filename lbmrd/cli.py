@@ -87,6 +87,26 @@ def _positive_float(s: str) -> float:
     return v
 
 
+def _non_negative_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {s!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive number: {s!r}")
+    return v
+
+
+def _peer(s: str) -> tuple[str, int | None]:
+    """ADDR[:PORT] or CIDR[:PORT] of another daemon (no port = every port)."""
+    host, sep, port = s.partition(":")
+    try:
+        ipaddress.IPv4Network(host, strict=False)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return host, (_port(port) if sep else None)
+
+
 def _cidr(s: str) -> str:
     try:
         ipaddress.IPv4Network(s, strict=False)
@@ -123,12 +143,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept clients only from these networks (repeatable; default: everyone)")
     x.add_argument("--max-clients", type=_positive_int, metavar="N",
                    help="at most N clients; when full, new clients are refused and counted")
-    x.add_argument("--rate-limit", type=_positive_float, metavar="N", help="per-client limit, datagrams per second")
+    x.add_argument("--rate-limit", type=_positive_float, metavar="N",
+                   help="per-client (ip:port) limit, datagrams per second")
     x.add_argument("--burst", type=_positive_float, metavar="N",
                    help="per-client burst, datagrams, at least 1 (default 2 x rate, at least 1)")
+    x.add_argument("--ip-rate-limit", type=_positive_float, metavar="N",
+                   help="per source address limit (all its ports together), datagrams per second")
+    x.add_argument("--ip-burst", type=_positive_float, metavar="N",
+                   help="per source address burst, datagrams, at least 1 (default 2 x rate)")
+    x.add_argument("--peer-daemon", type=_peer, action="append", default=[], metavar="ADDR[:PORT]",
+                   help="another lbmrd (address or CIDR, optional port): never registered, never "
+                        "relayed (repeatable)")
     x.add_argument("--echo", action="store_true", help="also send each datagram back to its sender")
     x.add_argument("--log-format", choices=["text", "json"], default="text", help="log line format")
-    x.add_argument("--stats-interval", type=float, default=60.0, metavar="SECONDS",
+    x.add_argument("--stats-interval", type=_non_negative_float, default=60.0, metavar="SECONDS",
                    help="period of the one-line stats log, 0 = off (default 60)")
     x.add_argument("--events", type=_positive_int, default=1000, metavar="N", help="size of the recent-events ring")
     x.add_argument("--debug", action="store_true", help="debug logging")
@@ -147,8 +175,9 @@ def effective_settings(args, cfg) -> Settings:
         bind_ip=resolve_interface(eff.interface), port=eff.port, activity_ms=eff.activity_ms,
         ttl_s=float(eff.ttl_s), rcv_buf=eff.rcv_buf, snd_buf=eff.snd_buf,
         config_path=args.config, metrics=args.metrics, allow=args.allow, max_clients=args.max_clients,
-        rate=args.rate_limit, burst=args.burst, echo=args.echo, stats_interval=args.stats_interval,
-        events=args.events, handle_signals=True,
+        rate=args.rate_limit, burst=args.burst, ip_rate=args.ip_rate_limit, ip_burst=args.ip_burst,
+        peer_daemons=args.peer_daemon, echo=args.echo, stats_interval=args.stats_interval,
+        events=args.events, handle_signals=True, log_file=args.logfile or eff.log,
     )
 
 
@@ -215,9 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if args.lic_file:
         log.warning("-f/--lic-file is ignored (no licence is needed)")
-    if args.burst is not None and args.burst < 1:
-        log.error("--burst must be at least 1 datagram")
-        return EXIT_USAGE
+    for opt, value in (("--burst", args.burst), ("--ip-burst", args.ip_burst)):
+        if value is not None and value < 1:
+            log.error("%s must be at least 1 datagram", opt)
+            return EXIT_USAGE
     try:
         settings = effective_settings(args, cfg)
     except InterfaceError as e:
@@ -232,9 +262,18 @@ def main(argv: list[str] | None = None) -> int:
     if settings.bind_ip == "0.0.0.0":
         log.warning("bound to all interfaces: replies leave from the address the route picks; give -i "
                     "the address clients use in resolver_unicast_daemon")
+    if args.metrics is not None and args.metrics[0] in ("0.0.0.0", ""):
+        log.warning("--metrics %s:%d serves the client table (every client's address) on all "
+                    "interfaces: give a loopback or management address unless that is intended",
+                    *args.metrics)
     log.info("lbmr-kit lbmrd starting: interface %s port %d ttl %g s activity %d ms config %s",
              settings.bind_ip, settings.port, settings.ttl_s, settings.activity_ms, args.config or "(none)")
-    reload = (lambda: load_config(args.config)) if args.config else None
+    def reload():
+        """Run in a worker thread on SIGHUP: the new file and the settings it gives."""
+        new = load_config(args.config)
+        return new, effective_settings(args, new)
+
+    reload = reload if args.config else None
     daemon = Daemon(settings, cfg, reload=reload)
     return run_daemon(daemon.run, log)
 

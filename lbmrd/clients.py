@@ -143,11 +143,11 @@ class ClientTable:
 
     def expire(self, now: float) -> list[Client]:
         """Remove and return every client silent for more than ``ttl`` seconds."""
-        limit = now - self.ttl
-        dead = [c for c in self._by_addr.values() if c.last_seen < limit]
-        for c in dead:
-            self.remove(c)
-        return dead
+        return ExpirySweep(self, now).step(len(self._by_addr))
+
+    def sweep(self, now: float) -> ExpirySweep:
+        """An activity check to run in slices (see :class:`ExpirySweep`)."""
+        return ExpirySweep(self, now)
 
     def regroup(self, domain_of) -> int:
         """Re-classify every client with ``domain_of(ip4) -> domain`` (after a
@@ -165,3 +165,42 @@ class ClientTable:
                 self._group(d).add(c)
                 moved += 1
         return moved
+
+
+class ExpirySweep:
+    """An activity check done in slices, so that a sweep of a large table
+    never holds the daemon's loop for long.
+
+    The deadline (``now - ttl``, seconds) and the list of clients to check
+    are fixed when the sweep starts; each :meth:`step` checks at most
+    ``budget`` of them and removes those still registered and still silent
+    since before the deadline (a client heard from between two steps stays).
+    """
+
+    __slots__ = ("table", "limit", "_todo", "_pos")
+
+    def __init__(self, table: ClientTable, now: float) -> None:
+        self.table = table
+        self.limit = now - table.ttl
+        self._todo = list(table)
+        self._pos = 0
+
+    @property
+    def done(self) -> bool:
+        return self._pos >= len(self._todo)
+
+    def step(self, budget: int) -> list[Client]:
+        """Check the next ``budget`` clients; return the ones removed."""
+        end = min(self._pos + budget, len(self._todo))
+        limit = self.limit
+        table = self.table
+        dead = []
+        for c in self._todo[self._pos:end]:
+            if c.last_seen < limit and c.group is not None and table.get(c.addr) is c:
+                table.remove(c)
+                dead.append(c)
+        self._pos = end
+        if end >= len(self._todo):
+            self._todo = []
+            self._pos = 0
+        return dead

@@ -4,14 +4,20 @@ Loopback by default; requests are bounded in size and time."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 
 import trio
 
 log = logging.getLogger("lbmrd")
 MAX_REQUEST = 8192
 REQUEST_TIMEOUT = 5.0
+MAX_CONNECTIONS = 64  # requests served at once
+ACCEPT_RETRY = 0.1  # seconds between accept attempts when out of descriptors
+ACCEPT_LOG_EVERY = 10.0  # seconds between log lines about failing accepts
+_ACCEPT_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 def prometheus_text(daemon) -> str:
@@ -74,6 +80,45 @@ async def _handle(stream: trio.SocketStream, routes: dict[str, Route]) -> None:
         await stream.aclose()
 
 
+async def _accept_loop(listener: trio.SocketListener, routes: dict[str, Route],
+                       nursery: trio.Nursery) -> None:
+    """Accept connections; out of descriptors (EMFILE, ENFILE) or kernel
+    memory, wait and retry with one log line per :data:`ACCEPT_LOG_EVERY`
+    seconds instead of a traceback per attempt. At most
+    :data:`MAX_CONNECTIONS` requests are served at once; more are closed."""
+    limit = trio.CapacityLimiter(MAX_CONNECTIONS)
+    last_log = -ACCEPT_LOG_EVERY
+    failures = 0
+
+    async def serve(stream: trio.SocketStream) -> None:
+        try:
+            await _handle(stream, routes)
+        finally:
+            limit.release_on_behalf_of(stream)
+
+    while True:
+        try:
+            stream = await listener.accept()
+        except OSError as e:
+            if e.errno not in _ACCEPT_RESOURCE_ERRORS:
+                raise
+            failures += 1
+            now = trio.current_time()
+            if now - last_log >= ACCEPT_LOG_EVERY:
+                log.warning("HTTP endpoint cannot accept connections: %s (%d failures); retrying",
+                            os.strerror(e.errno), failures)
+                last_log = now
+                failures = 0
+            await trio.sleep(ACCEPT_RETRY)
+            continue
+        try:
+            limit.acquire_on_behalf_of_nowait(stream)
+        except trio.WouldBlock:
+            await stream.aclose()  # too many at once: the client may retry
+            continue
+        nursery.start_soon(serve, stream)
+
+
 async def serve_http(routes: dict[str, Route], addr: tuple[str, int], *,
                      task_status=trio.TASK_STATUS_IGNORED) -> None:
     """A minimal HTTP/1.0 GET server for ``routes`` on ``addr`` (bounded requests)."""
@@ -81,8 +126,9 @@ async def serve_http(routes: dict[str, Route], addr: tuple[str, int], *,
     bound = listeners[0].socket.getsockname()
     log.info("metrics on http://%s:%d (%s)", bound[0], bound[1], ", ".join(routes))
     async with trio.open_nursery() as nursery:
+        for listener in listeners:
+            nursery.start_soon(_accept_loop, listener, routes, nursery)
         task_status.started(bound)
-        await trio.serve_listeners(lambda s: _handle(s, routes), listeners, handler_nursery=nursery)
 
 
 async def serve_metrics(daemon, addr: tuple[str, int], *, task_status=trio.TASK_STATUS_IGNORED) -> None:

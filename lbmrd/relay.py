@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter, deque
+from collections.abc import Iterable
 from socket import inet_aton
 from typing import NamedTuple
 
@@ -18,9 +19,21 @@ from lbmr_proto import LBMRDecodeError
 from lbmr_proto.fast import scan
 from lbmr_proto.packet import TYPE_NAMES
 
-from .clients import Client, ClientTable, Group
+from .clients import Client, ClientTable, ExpirySweep, Group
 
 ZERO_IP = b"\0\0\0\0"
+#: What lbmrd sends back to a keepalive: a NORMAL header with no records, in
+#: either version. UM contexts never send it, so it marks another daemon.
+REPLY_SHAPES = frozenset({b"\x00\x00\x00\x00", b"\x10\x00\x00\x00"})
+#: How many recently relayed payloads are remembered for loop detection.
+LOOP_MEMORY = 65536
+#: Seconds a relayed payload is remembered (a loop returns within milliseconds).
+LOOP_WINDOW = 2.0
+#: Copies of an address-free datagram (a query) from other sources relayed
+#: within the window before the next is taken for a loop.
+LOOP_REPEATS = 8
+#: How many addresses seen behaving as another daemon are remembered.
+SUSPECTS_MAX = 4096
 
 
 class Drop(NamedTuple):
@@ -68,36 +81,79 @@ class Counters:
                 "clients_added": self.clients_added, "clients_expired": self.clients_expired}
 
 
+def _burst(rate: float | None, burst: float | None) -> float:
+    """A bucket's size: ``burst``, else twice the rate (at least 1 datagram)."""
+    return float(burst if burst is not None else (max(1.0, rate * 2) if rate else 0.0))
+
+
 class RelayCore:
     """Client table + relay + 0.0.0.0 fill-in + NAT, without I/O.
 
     ``config`` is an :class:`lbmrd.config.Config` (or None: no domains).
     ``ttl`` seconds of silence expire a client. ``allow`` is a list of CIDR
     strings (empty = everyone). ``max_clients`` bounds the table (new
-    clients refused when full). ``rate``/``burst``: per-client token bucket
-    in datagrams per second / datagrams (None = unlimited). ``echo`` also
-    sends a datagram back to its sender (multicast-like; off by default).
-    ``events`` is the size of the recent-events ring.
+    clients refused when full). ``rate``/``burst``: per-client (ip:port)
+    token bucket in datagrams per second / datagrams (None = unlimited);
+    ``ip_rate``/``ip_burst``: the same per source IP address, shared by all
+    its ports. ``echo`` also sends a datagram back to its sender
+    (multicast-like; off by default). ``events`` is the size of the
+    recent-events ring.
+
+    Spoofing defences (see lbmrd(8), SPOOFED SOURCES): ``peer_daemons`` is
+    a list of ``(CIDR, port or None)`` of other daemons whose datagrams are
+    never relayed and which are never registered; :meth:`set_own_addresses`
+    names our own; a reply-shaped datagram (an empty NORMAL header) never
+    registers its sender and marks it as a suspected daemon for ``ttl``
+    seconds; a datagram identical to one relayed in the last
+    :data:`LOOP_WINDOW` seconds that comes back from anyone but its
+    original sender is dropped as a loop.
     """
 
     def __init__(self, config=None, *, ttl: float = 60.0, allow: list[str] | tuple = (),
                  max_clients: int | None = None, rate: float | None = None, burst: float | None = None,
+                 ip_rate: float | None = None, ip_burst: float | None = None,
+                 peer_daemons: Iterable[tuple[str, int | None]] = (),
                  echo: bool = False, events: int = 1000) -> None:
-        if rate is not None and not rate > 0:
-            raise ValueError(f"rate must be positive, got {rate!r}")
-        if burst is not None and not burst >= 1:
-            raise ValueError(f"burst must be at least 1 datagram, got {burst!r}")
+        for name, r, b in (("rate", rate, burst), ("ip_rate", ip_rate, ip_burst)):
+            if r is not None and not r > 0:
+                raise ValueError(f"{name} must be positive, got {r!r}")
+            if b is not None and not b >= 1:
+                raise ValueError(f"burst must be at least 1 datagram, got {b!r}")
         self.rate = rate
-        self.burst = float(burst if burst is not None else (max(1.0, rate * 2) if rate else 0.0))
+        self.burst = _burst(rate, burst)
+        self.ip_rate = ip_rate
+        self.ip_burst = _burst(ip_rate, ip_burst)
+        self._ip_buckets: dict[bytes, list[float]] = {}  # ip4 -> [tokens, time]
         self.table = ClientTable(ttl, max_clients, self.burst)
         self.counters = Counters()
         self.events: deque[tuple[float, str, str]] = deque(maxlen=events)
         self.echo = echo
         self.allow = [ipaddress.IPv4Network(a, strict=False) for a in allow]
         self._allow_masks = [(int(n.network_address), int(n.netmask)) for n in self.allow]
+        self._peer_masks = []
+        for net, port in peer_daemons:
+            n = ipaddress.IPv4Network(net, strict=False)
+            self._peer_masks.append((int(n.network_address), int(n.netmask), port))
+        self._own_ips: frozenset[bytes] = frozenset()
+        self._own_port = -1
+        self._own_loopback = False
+        self._suspects: dict[tuple[str, int], float] = {}  # addr -> until (seconds)
+        self._recent: dict[int, list] = {}  # hash(payload) -> [sender, time (s), copies from others]
         self.config = None
         self._domain_of = lambda ip4: None
         self.set_config(config)
+
+    def set_own_addresses(self, ips: Iterable[str], port: int, *, any_address: bool = False) -> None:
+        """Our listening addresses: datagrams "from" them are spoofed and
+        dropped, so the daemon never becomes its own client. ``any_address``
+        (bound to 0.0.0.0) also counts every 127.0.0.0/8 address as ours."""
+        self._own_ips = frozenset(inet_aton(ip) for ip in ips)
+        self._own_port = port
+        self._own_loopback = any_address
+
+    @property
+    def suspected_daemons(self) -> list[tuple[str, int]]:
+        return list(self._suspects)
 
     # ------------------------------------------------------------- config
 
@@ -121,22 +177,77 @@ class RelayCore:
     def event(self, now: float, kind: str, detail: str) -> None:
         self.events.append((now, kind, detail))
 
+    def _refusal(self, ip4: bytes, src: tuple[str, int], now: float) -> str | None:
+        """Why a datagram from an unregistered ``src`` must not register it (or None)."""
+        if self._allow_masks and not self._allowed(ip4):
+            return "denied"
+        port = src[1]
+        if port == self._own_port and (ip4 in self._own_ips or self._own_loopback and ip4[0] == 127):
+            return "own_address"
+        if self._peer_masks:
+            v = int.from_bytes(ip4, "big")
+            for n, m, p in self._peer_masks:
+                if v & m == n and (p is None or p == port):
+                    return "peer_daemon"
+        if self._suspects:
+            until = self._suspects.get(src)
+            if until is not None:
+                if now < until:
+                    return "suspected_daemon"
+                del self._suspects[src]
+        return None
+
+    def _suspect(self, src: tuple[str, int], now: float) -> None:
+        sus = self._suspects
+        if src not in sus:
+            if len(sus) >= SUSPECTS_MAX:
+                del sus[next(iter(sus))]  # forget the oldest
+            self.event(now, "suspected_daemon", f"{src[0]}:{src[1]} sent a keepalive reply")
+        sus[src] = now + self.table.ttl
+
+    def _ip_limited(self, ip4: bytes, now: float) -> bool:
+        """Per source IP token bucket (all ports together); True = over the limit."""
+        buckets = self._ip_buckets
+        b = buckets.get(ip4)
+        if b is None:
+            if len(buckets) >= 65536:
+                del buckets[next(iter(buckets))]  # bounded: forget the oldest address
+            b = buckets[ip4] = [self.ip_burst, now]
+        tokens = min(self.ip_burst, b[0] + (now - b[1]) * self.ip_rate)
+        b[1] = now
+        if tokens < 1.0:
+            b[0] = tokens
+            return True
+        b[0] = tokens - 1.0
+        return False
+
     def handle(self, data: bytes, src: tuple[str, int], now: float) -> Drop | Reply | Relay | Quiet:
         """Process one datagram from ``src`` received at ``now`` (seconds)."""
         c = self.counters
         client = self.table.get(src)
-        ip4 = None
         if client is None:
             ip4 = inet_aton(src[0])
-            if self._allow_masks and not self._allowed(ip4):
-                c.drops["denied"] += 1
-                return Drop("denied")
+            why = self._refusal(ip4, src, now)
+            if why is not None:
+                c.drops[why] += 1
+                return Drop(why)
+        else:
+            ip4 = client.ip4
+        if len(data) == 4 and data in REPLY_SHAPES:
+            # what a daemon answers to a keepalive: never a client, never relayed
+            c.drops["reply_shaped"] += 1
+            if client is None:
+                self._suspect(src, now)
+            return Drop("reply_shaped")
         try:
             res = scan(data)
         except LBMRDecodeError as e:
             c.drops["malformed"] += 1
             self.event(now, "malformed", f"{src[0]}:{src[1]} {e}")
             return Drop("malformed")
+        if self.ip_rate is not None and self._ip_limited(ip4, now):
+            c.drops["ip_rate_limited"] += 1
+            return Drop("ip_rate_limited")
         if client is None:
             client = self.table.register(src, now, self._domain_of(ip4))
             if client is None:
@@ -161,13 +272,58 @@ class RelayCore:
         if ptype == 2 or ptype == 3:
             return Reply(bytes((data[0] & 0xF0, 0, 0, 0)))
         if ptype == 0 and not res.tqrs and not res.tirs_count:
-            return QUIET  # a resolver keepalive: nothing to relay
+            return QUIET  # records-free NORMAL packet with options: nothing to relay
+        if self._looped(data, src, now, res.tirs_count):
+            return Drop("loop")
         base = data
         if res.tirs:
             base = self._fill_in(data, res.tirs, client.ip4)
             if len(self.table.groups) > 1 or self.config is not None and self.config.transforms:
-                return Relay(self._nat(base, res.tirs, client), client)
+                parts = self._nat(base, res.tirs, client)
+                for p, _ in parts:
+                    self._remember(p, src, now)
+                return Relay(parts, client)
+        self._remember(base, src, now)
         return Relay([(base, g) for g in self.table.groups.values()], client)
+
+    def _looped(self, data: bytes, src: tuple[str, int], now: float, tirs: int) -> bool:
+        """Whether ``data`` is a copy of a datagram we relayed in the last
+        :data:`LOOP_WINDOW` seconds, coming back from someone else.
+
+        A relayed datagram with TIRs names its source (0.0.0.0 is filled in
+        before it is remembered), so a copy of it from anyone but its sender
+        is a relay's echo: dropped at once. Records without addresses
+        (queries) can be byte-identical from two contexts, so those copies
+        are dropped only after :data:`LOOP_REPEATS` of them in the window: a
+        loop dies within that many rounds, real queries pass.
+        """
+        seen = self._recent.get(hash(data))
+        if seen is None or seen[0] == src or now - seen[1] >= LOOP_WINDOW:
+            return False
+        if tirs or seen[2] >= LOOP_REPEATS:
+            self.counters.drops["loop"] += 1
+            if seen[2] <= LOOP_REPEATS:
+                seen[2] = LOOP_REPEATS + 1  # one event per looping datagram
+                self.event(now, "loop", f"{src[0]}:{src[1]} sent back a datagram first "
+                                        f"relayed for {seen[0][0]}:{seen[0][1]}")
+            return True
+        seen[2] += 1
+        return False
+
+    def _remember(self, payload: bytes, src: tuple[str, int], now: float) -> None:
+        """Note a payload relayed for ``src`` (bounded: the oldest is
+        forgotten). A live entry of another sender is kept, so a copy that
+        goes round again is still counted against the first sender."""
+        recent = self._recent
+        k = hash(payload)
+        seen = recent.get(k)
+        if seen is not None and now - seen[1] < LOOP_WINDOW:
+            if seen[0] == src:
+                seen[1] = now  # the sender again: UM re-advertises the same bytes
+            return
+        if seen is None and len(recent) >= LOOP_MEMORY:
+            del recent[next(iter(recent))]
+        recent[k] = [src, now, 0]
 
     def _fill_in(self, data: bytes, tirs, ip4: bytes) -> bytes:
         buf = None
@@ -221,10 +377,20 @@ class RelayCore:
 
     def expire(self, now: float) -> list[Client]:
         """The activity check: drop clients silent for ``ttl`` seconds."""
-        dead = self.table.expire(now)
+        sweep = self.table.sweep(now)
+        return self.expire_step(sweep, len(self.table) + 1, now)
+
+    def expire_step(self, sweep: ExpirySweep, budget: int, now: float) -> list[Client]:
+        """One slice of an activity check (:meth:`ClientTable.sweep`): at most
+        ``budget`` clients checked; the removed ones are counted and returned."""
+        dead = sweep.step(budget)
         self.counters.clients_expired += len(dead)
         for cl in dead:
             self.event(now, "client_expired", f"{cl.addr[0]}:{cl.addr[1]}")
+        if self._ip_buckets and sweep.done:  # forget addresses whose bucket is full again
+            rate, full = self.ip_rate, self.ip_burst
+            self._ip_buckets = {ip: b for ip, b in self._ip_buckets.items()
+                                if b[0] + (now - b[1]) * rate < full}
         return dead
 
     def snapshot(self, now: float, max_clients: int = 1000) -> dict:

@@ -12,16 +12,23 @@ import json
 import logging
 import signal
 import socket
+from collections import deque
 from dataclasses import dataclass, field
 
 import trio
 
 from .fanout import BatchReceiver, Fanout, os_error_name
+from .interfaces import local_addresses
 from .relay import Drop, Relay, RelayCore, Reply
 
 log = logging.getLogger("lbmrd")
 
 WRITE_WAIT = 0.05  # seconds a relay may wait for a full send buffer before dropping
+FANOUT_CHUNK = 4096  # destinations per sendmmsg run before the loop serves other work
+SWEEP_SLICE = 2000  # clients checked per slice of an activity check
+SWEEP_FORCE = 1.0  # seconds a due activity check may wait for a quiet socket
+BACKLOG = 1024  # relays received during a large fan-out, waiting for their turn
+EXPIRED_LOG_LINES = 100  # per activity check; the rest is one summary line
 
 
 @dataclass
@@ -40,34 +47,66 @@ class Settings:
     max_clients: int | None = None
     rate: float | None = None
     burst: float | None = None
+    ip_rate: float | None = None
+    ip_burst: float | None = None
+    peer_daemons: list[tuple[str, int | None]] = field(default_factory=list)
     echo: bool = False
     stats_interval: float = 60.0
     events: int = 1000
     handle_signals: bool = False  # SIGHUP/SIGUSR1/SIGTERM; the command line turns it on
+    log_file: str | None = None
+
+
+#: Settings a reload can apply to a running daemon; the others need a restart.
+RELOADABLE = ("ttl_s", "activity_ms")
+RESTART_ONLY = ("bind_ip", "port", "rcv_buf", "snd_buf", "log_file")
 
 
 class Daemon:
     """One lbmrd instance: ``await daemon.run(task_status=...)`` inside a
-    nursery; reports the bound (ip, port) through ``task_status.started``."""
+    nursery; reports the bound (ip, port) through ``task_status.started``.
+
+    ``reload`` is a callable run in a worker thread on SIGHUP (or
+    :meth:`reload`): it returns the new config, or ``(config, settings)``
+    where ``settings`` are the effective :class:`Settings` the new file
+    gives (then changed ``<ttl>``/``<activity>`` are applied and other
+    changed settings are reported as needing a restart). It raises on error.
+
+    The receive loop is the only task that changes the client table:
+    activity checks and config swaps are handed to it, so a fan-out that
+    pauses between chunks never sees its groups change under it.
+    """
 
     def __init__(self, settings: Settings, config=None, *, reload=None) -> None:
-        self.s = settings
+        self.settings = settings
         self.core = RelayCore(config, ttl=settings.ttl_s, allow=settings.allow,
                               max_clients=settings.max_clients, rate=settings.rate,
-                              burst=settings.burst, echo=settings.echo, events=settings.events)
-        self.reload_config = reload  # callable -> Config (raises on error), for SIGHUP
+                              burst=settings.burst, ip_rate=settings.ip_rate,
+                              ip_burst=settings.ip_burst, peer_daemons=settings.peer_daemons,
+                              echo=settings.echo, events=settings.events)
+        self.reload_config = reload
         self.sock: socket.socket | None = None
         self.fanout: Fanout | None = None
         self.metrics_addr: tuple[str, int] | None = None
+        self._nursery: trio.Nursery | None = None
+        self._idle_scope: trio.CancelScope | None = None
+        self._fanning = 0  # > 0 while a fan-out may pause between chunks
+        self._backlog: deque[Relay] = deque()
+        self._sweep = None  # the activity check in progress (ExpirySweep)
+        self._sweep_due: float | None = None  # when the next check became due
+        self._sweep_dead = 0
+        self._pending_config: list = []  # reloaded configs waiting for the receive loop
+        self._rx: BatchReceiver | None = None
 
     # -------------------------------------------------------------- socket
 
     def open_socket(self) -> socket.socket:
+        st = self.settings
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.s.rcv_buf)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.s.snd_buf)
-            s.bind((self.s.bind_ip, self.s.port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, st.rcv_buf)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, st.snd_buf)
+            s.bind((st.bind_ip, st.port))
         except OSError:
             s.close()
             raise
@@ -75,26 +114,38 @@ class Daemon:
         got_r = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         got_s = s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
         log.info("socket buffers: receive %d requested, %d granted; send %d requested, %d granted",
-                 self.s.rcv_buf, got_r, self.s.snd_buf, got_s)
+                 st.rcv_buf, got_r, st.snd_buf, got_s)
         return s
+
+    def _set_own_addresses(self, bound: tuple[str, int]) -> None:
+        ip, port = bound
+        if ip == "0.0.0.0":
+            try:
+                ips = [a for _, a in local_addresses()]
+            except OSError:
+                ips = []
+            self.core.set_own_addresses(ips, port, any_address=True)
+        else:
+            self.core.set_own_addresses([ip], port)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self.sock = sock = self.open_socket()
         self.fanout = Fanout(sock)
         bound = sock.getsockname()
+        self._set_own_addresses(bound)
         log.info("Using interface [%s], listening on UDP %s:%d", bound[0], bound[0], bound[1])
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._activity_loop)
-                if self.s.stats_interval > 0:
+                if self.settings.stats_interval > 0:
                     nursery.start_soon(self._stats_loop)
-                if self.s.handle_signals:
+                if self.settings.handle_signals:
                     await nursery.start(self._signal_loop)
-                if self.s.metrics is not None:
+                if self.settings.metrics is not None:
                     from .metrics import serve_metrics
 
-                    self.metrics_addr = await nursery.start(serve_metrics, self, self.s.metrics)
+                    self.metrics_addr = await nursery.start(serve_metrics, self, self.settings.metrics)
                 task_status.started(bound)
                 await self._recv_loop()
         finally:
@@ -102,38 +153,71 @@ class Daemon:
 
     # ---------------------------------------------------------------- loops
 
+    def _wake(self) -> None:
+        """Wake the receive loop if it is waiting for the socket."""
+        if self._idle_scope is not None:
+            self._idle_scope.cancel()
+
     async def _recv_loop(self) -> None:
         sock = self.sock
-        rx = BatchReceiver(sock)
-        handle = self.core.handle
+        self._rx = rx = BatchReceiver(sock)
         counters = self.core.counters
         clock = trio.current_time
         while True:
+            if self._pending_config:
+                self._apply_config(self._pending_config.pop(0))
+                continue
             try:
                 batch = rx.receive()
             except OSError as e:  # e.g. ICMP port unreachable reported on the socket
                 counters.drops["recv_error:" + os_error_name(e)] += 1
                 continue
-            if not batch:
-                await trio.lowlevel.wait_readable(sock)
+            if batch:
+                await self._handle_batch(batch)
+                while self._backlog:
+                    await self._relay(self._backlog.popleft())
+                due = self._sweep_due
+                if self._sweep is not None or (due is not None and clock() - due >= SWEEP_FORCE):
+                    self._sweep_step()  # under a flood the check still runs, a slice per batch
+                # let the timers and the metrics endpoint run under a flood
+                await trio.lowlevel.checkpoint()
                 continue
-            now = clock()
-            for data, addr in batch:
-                d = handle(data, addr, now)
-                t = type(d)
-                if t is Relay:
+            # the socket is drained: every queued keepalive has been counted
+            if self._sweep is not None or self._sweep_due is not None:
+                self._sweep_step()
+                await trio.lowlevel.checkpoint()
+                continue
+            with trio.CancelScope() as self._idle_scope:
+                await trio.lowlevel.wait_readable(sock)
+            self._idle_scope = None
+
+    async def _handle_batch(self, batch, *, defer: bool = False) -> None:
+        """Handle received datagrams; relays wait in the backlog when ``defer``
+        (we are between the chunks of a large fan-out)."""
+        handle = self.core.handle
+        counters = self.core.counters
+        sock = self.sock
+        now = trio.current_time()
+        for data, addr in batch:
+            d = handle(data, addr, now)
+            t = type(d)
+            if t is Relay:
+                if defer:
+                    if len(self._backlog) >= BACKLOG:
+                        counters.drops["relay_backlog_full"] += 1
+                    else:
+                        self._backlog.append(d)
+                else:
                     await self._relay(d)
-                elif t is Reply:
-                    try:
-                        sock.sendto(d.payload, addr)
-                        counters.tx += 1
-                        counters.tx_bytes += len(d.payload)
-                    except OSError as e:
-                        counters.send_errors[os_error_name(e)] += 1
-                elif t is Drop and d.reason == "malformed":
-                    log.debug("dropped malformed datagram from %s:%d", *addr)
-            # let the timers and the metrics endpoint run under a flood
-            await trio.lowlevel.checkpoint()
+            elif t is Reply:
+                try:
+                    sock.sendto(d.payload, addr)
+                    counters.tx += 1
+                    counters.tx_bytes += len(d.payload)
+                except OSError as e:
+                    counters.send_errors[os_error_name(e)] += 1
+            elif t is Drop and d.reason == "malformed":
+                log.debug("dropped malformed datagram from %s:%d", *addr)
 
     async def _relay(self, d: Relay) -> None:
         c = self.core.counters
@@ -144,11 +228,43 @@ class Daemon:
             if skip is not None and skip.group is group:
                 group.move_to_end(skip)  # everyone but the sender is one range: one syscall
                 stop -= 1
-            sent, start, err = fan.send_range(payload, group, 0, stop)
+            if stop <= FANOUT_CHUNK:
+                sent, start, err = fan.send_range(payload, group, 0, stop)
+                c.tx += sent
+                c.tx_bytes += sent * len(payload)
+                if err is not None:
+                    await self._send_rest(payload, group, start, stop, err)
+                continue
+            self._fanning += 1
+            try:
+                await self._large_fanout(payload, group, stop)
+            finally:
+                self._fanning -= 1
+
+    async def _large_fanout(self, payload: bytes, group, stop: int) -> None:
+        """A fan-out to many clients in chunks; between chunks other tasks run
+        and waiting datagrams are handled (keepalives answered at once, relays
+        kept for later), so one big fan-out never stops the daemon for long.
+        Only appends can change the group meanwhile (new clients), which
+        leaves the range being sent untouched."""
+        c = self.core.counters
+        start = 0
+        while start < stop:
+            end = min(start + FANOUT_CHUNK, stop)
+            sent, nxt, err = self.fanout.send_range(payload, group, start, end)
             c.tx += sent
             c.tx_bytes += sent * len(payload)
             if err is not None:
-                await self._send_rest(payload, group, start, stop, err)
+                await self._send_rest(payload, group, nxt, end, err)
+            start = end
+            await trio.lowlevel.checkpoint()
+            try:
+                batch = self._rx.receive()
+            except OSError as e:
+                c.drops["recv_error:" + os_error_name(e)] += 1
+                batch = []
+            if batch:
+                await self._handle_batch(batch, defer=True)
 
     async def _send_rest(self, payload: bytes, group, start: int, stop: int, err: str) -> None:
         """Slow path of a fan-out: per-destination errors and a full buffer."""
@@ -182,11 +298,32 @@ class Daemon:
         return bool(p.poll(0))
 
     async def _activity_loop(self) -> None:
+        """Every ``activity_ms``: mark an activity check due; the receive loop
+        runs it in slices once the socket is drained (so keepalives already
+        queued count first), or after :data:`SWEEP_FORCE` seconds under a flood."""
         while True:
-            await trio.sleep(self.s.activity_ms / 1000.0)
-            dead = self.core.expire(trio.current_time())
-            for cl in dead:
-                log.info("client %s:%d expired after %.0f s of silence", cl.addr[0], cl.addr[1], self.s.ttl_s)
+            await trio.sleep(self.settings.activity_ms / 1000.0)
+            if self._sweep is None and self._sweep_due is None:
+                self._sweep_due = trio.current_time()
+                self._wake()
+
+    def _sweep_step(self) -> None:
+        now = trio.current_time()
+        if self._sweep is None:
+            self._sweep = self.core.table.sweep(now)
+            self._sweep_due = None
+            self._sweep_dead = 0
+        dead = self.core.expire_step(self._sweep, SWEEP_SLICE, now)
+        for cl in dead:
+            self._sweep_dead += 1
+            if self._sweep_dead <= EXPIRED_LOG_LINES:
+                log.info("client %s:%d expired after %.0f s of silence", cl.addr[0], cl.addr[1],
+                         self.core.table.ttl)
+        if self._sweep.done:
+            if self._sweep_dead > EXPIRED_LOG_LINES:
+                log.info("%d more clients expired in this activity check",
+                         self._sweep_dead - EXPIRED_LOG_LINES)
+            self._sweep = None
 
     def stats_line(self) -> str:
         c = self.core.counters
@@ -196,7 +333,7 @@ class Daemon:
 
     async def _stats_loop(self) -> None:
         while True:
-            await trio.sleep(self.s.stats_interval)
+            await trio.sleep(self.settings.stats_interval)
             log.info("%s", self.stats_line())
 
     async def _signal_loop(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -204,25 +341,52 @@ class Daemon:
             task_status.started()  # handlers are in place before the daemon reports readiness
             async for sig in sigs:
                 if sig == signal.SIGHUP:
-                    self.reload()
+                    await self.reload()
                 elif sig in (signal.SIGTERM, signal.SIGINT):
-                    log.info("stopping (%s)", signal.Signals(sig).name)
+                    log.info("stopping (%s); final %s", signal.Signals(sig).name, self.stats_line())
                     self._nursery.cancel_scope.cancel()
                 else:
                     log.info("dump %s", json.dumps(self.core.snapshot(trio.current_time())))
 
-    def reload(self) -> bool:
-        """Reload the config file (SIGHUP); keeps the old one on error."""
+    async def reload(self) -> bool:
+        """Reload the config file (SIGHUP); keeps the old one on error.
+
+        The file is read and checked in a worker thread, so the relay goes on
+        meanwhile; the new config is swapped in by the receive loop."""
         if self.reload_config is None:
             log.warning("SIGHUP: no configuration file to reload")
             return False
         try:
-            cfg = self.reload_config()
+            got = await trio.to_thread.run_sync(self.reload_config)
         except Exception as e:  # noqa: BLE001 - any failure keeps the running config
             log.error("reload failed, keeping the running configuration: %s", e)
             return False
+        if self._fanning:
+            self._pending_config.append(got)
+        else:
+            self._apply_config(got)
+        return True
+
+    def _apply_config(self, got) -> None:
+        cfg, new = got if isinstance(got, tuple) else (got, None)
         moved = self.core.set_config(cfg)
         self.core.event(trio.current_time(), "reload", f"{len(cfg.domains)} domains, {moved} clients moved")
+        if new is not None:
+            self._apply_settings(new)
         log.info("configuration reloaded: %d domains, %d transforms; %d clients re-classified",
                  len(cfg.domains), len(cfg.transforms), moved)
-        return True
+
+    def _apply_settings(self, new: Settings) -> None:
+        cur = self.settings
+        for name in RELOADABLE:
+            old, value = getattr(cur, name), getattr(new, name)
+            if old != value:
+                setattr(cur, name, value)
+                if name == "ttl_s":
+                    self.core.table.ttl = value
+                log.info("reload: %s changed from %s to %s (applied)", name, old, value)
+        for name in RESTART_ONLY:
+            old, value = getattr(cur, name), getattr(new, name)
+            if old != value:
+                log.warning("reload: %s changed from %s to %s: takes effect only after a restart",
+                            name, old, value)

@@ -30,7 +30,9 @@ def test_keepalives_register_and_get_a_normal_reply():
         assert d == Reply(b"\x00\x00\x00\x00")
     d = core.handle(bytes((0x12, 0, 0, 0)), B, 0.0)  # version 1 receiver alive
     assert d == Reply(b"\x10\x00\x00\x00")
-    assert isinstance(core.handle(b"\x00\x00\x00\x00", C, 0.0), Quiet)
+    # a NORMAL packet with no records but packet options registers, and is not relayed
+    opts_only = L.encode(L.Packet(0, 1, options=[L.SourceTypeOption(0x80, L.SourceType.APPLICATION)]))
+    assert isinstance(core.handle(opts_only, C, 0.0), Quiet)
     assert len(core.table) == 3 and core.counters.clients_added == 3
     assert core.counters.rx == {"RCV_ALIVE": 2, "SRC_ALIVE": 1, "NORMAL": 1}
 
@@ -167,3 +169,145 @@ def test_snapshot_caps_the_client_list():
         core.handle(b"\x02\x00\x00\x00", (f"10.1.{i >> 8}.{i & 255}", 14402), 0.0)
     snap = core.snapshot(1.0)
     assert snap["clients_total"] == 1500 and len(snap["clients"]) == 1000
+
+
+# ----------------------------------------------------------- spoofed sources
+
+D1, D2, D3 = ("127.0.0.1", 15380), ("127.0.0.2", 15380), ("127.0.0.3", 15380)
+
+
+def test_own_address_never_registers():
+    core = RelayCore()
+    core.set_own_addresses(["127.0.0.1"], 15380)
+    assert core.handle(b"\x02\x00\x00\x00", D1, 0.0) == Drop("own_address")
+    assert core.handle(TQR, D1, 0.0) == Drop("own_address")
+    assert isinstance(core.handle(b"\x02\x00\x00\x00", ("127.0.0.1", 14402), 0.0), Reply)  # other port
+    assert len(core.table) == 1 and core.counters.drops["own_address"] == 2
+    # bound to 0.0.0.0: every loopback address with our port is ours too
+    core = RelayCore()
+    core.set_own_addresses(["10.0.0.9"], 15380, any_address=True)
+    for addr in (("10.0.0.9", 15380), ("127.0.0.7", 15380)):
+        assert core.handle(b"\x02\x00\x00\x00", addr, 0.0) == Drop("own_address")
+    assert len(core.table) == 0
+
+
+def test_reply_shaped_datagram_never_registers_and_marks_a_daemon():
+    core = RelayCore(ttl=60)
+    assert core.handle(b"\x10\x00\x00\x00", D2, 0.0) == Drop("reply_shaped")
+    assert len(core.table) == 0 and core.suspected_daemons == [D2]
+    # the suspected daemon's relays are not taken while the mark lasts (ttl seconds)
+    assert core.handle(TQR, D2, 1.0) == Drop("suspected_daemon")
+    assert core.handle(b"\x02\x00\x00\x00", D2, 59.0) == Drop("suspected_daemon")
+    assert isinstance(core.handle(b"\x02\x00\x00\x00", D2, 61.0), Reply)
+    # a registered client is never marked (a spoofed reply cannot evict it)
+    core.handle(b"\x02\x00\x00\x00", A, 0.0)
+    assert core.handle(b"\x00\x00\x00\x00", A, 1.0) == Drop("reply_shaped")
+    assert core.table.get(A) is not None and A not in core.suspected_daemons
+    assert [e[1] for e in core.events].count("suspected_daemon") == 1
+
+
+def test_suspects_are_bounded():
+    core = RelayCore()
+    for i in range(10_000):
+        core.handle(b"\x00\x00\x00\x00", (f"10.{i >> 16}.{(i >> 8) & 255}.{i & 255}", 15380), 0.0)
+    assert len(core.suspected_daemons) <= 4096
+
+
+def test_peer_daemon_deny_list():
+    core = RelayCore(peer_daemons=[("127.0.0.2/32", 15380), ("10.5.0.0/16", None)])
+    assert core.handle(TQR, D2, 0.0) == Drop("peer_daemon")
+    assert core.handle(b"\x02\x00\x00\x00", ("10.5.3.3", 1234), 0.0) == Drop("peer_daemon")
+    assert isinstance(core.handle(b"\x02\x00\x00\x00", ("127.0.0.2", 14402), 0.0), Reply)
+    assert len(core.table) == 1
+
+
+def test_a_relayed_datagram_coming_back_is_a_loop():
+    core = RelayCore()
+    core.handle(b"\x02\x00\x00\x00", B, 0.0)
+    data = tir_packet()
+    d = core.handle(data, A, 0.0)
+    (payload, _), = dests(d)  # filled in with A's address
+    assert core.handle(payload, B, 0.1) == Drop("loop")
+    assert core.handle(data, B, 0.1) is not None  # the raw bytes are new: relayed
+    # the original sender re-sending the same bytes is UM's normal advertising
+    assert isinstance(core.handle(data, A, 0.2), Relay)
+    # after the window the same bytes from someone else are relayed
+    assert isinstance(core.handle(payload, B, 5.0), Relay)
+    assert core.counters.drops["loop"] == 1
+
+
+def _ring(spoof_kind: bytes) -> tuple[dict, int, int]:
+    """Three daemons made clients of each other by spoofed datagrams, then one
+    TIR from a client of the first: deliveries run until quiet (bounded)."""
+    cores = {}
+    for addr in (D1, D2, D3):
+        c = RelayCore()
+        c.set_own_addresses([addr[0]], addr[1])
+        cores[addr] = c
+    X = ("127.0.1.1", 14402)
+    queue = [(spoof_kind, D2, D1), (spoof_kind, D3, D2), (spoof_kind, D1, D3),  # (data, "from", to)
+             (b"\x02\x00\x00\x00", X, D1)]
+    to_x = deliveries = 0
+    t = 0.0
+    while queue and deliveries < 10_000:
+        data, src, dst = queue.pop(0)
+        deliveries += 1
+        if dst not in cores:
+            to_x += dst == X and data != b"\x00\x00\x00\x00"
+            continue
+        t += 0.0001
+        d = cores[dst].handle(data, src, t)
+        if isinstance(d, Reply):
+            queue.append((d.payload, dst, src))
+        elif isinstance(d, Relay):
+            for p, g in d.parts:
+                queue += [(p, dst, m.addr) for m in g.members if m is not d.sender]
+        if src == X and data[0] == 2:
+            queue.append((tir_packet("127.0.1.1"), X, D1))  # X advertises once registered
+    return cores, deliveries, to_x
+
+
+@pytest.mark.parametrize("spoof", [b"\x02\x00\x00\x00", tir_packet("10.66.6.6", topic="spoof")])
+def test_spoofed_ring_of_three_daemons_does_not_loop(spoof):
+    cores, deliveries, to_x = _ring(spoof)
+    assert deliveries < 100  # finite: the queue emptied
+    assert to_x == 0  # the sender never gets its own TIR back
+    for addr, core in cores.items():
+        assert core.table.get(addr) is None  # nobody is its own client
+
+
+def test_ip_rate_limit_covers_every_port_of_an_address():
+    core = RelayCore(rate=100.0, ip_rate=10.0, ip_burst=3)
+    got = [core.handle(b"\x02\x00\x00\x00", ("10.0.0.1", 20000 + i), 0.0) for i in range(6)]
+    assert [type(g).__name__ for g in got] == ["Reply"] * 3 + ["Drop"] * 3
+    assert core.counters.drops["ip_rate_limited"] == 3
+    assert len(core.table) == 3  # refused datagrams register nobody
+    assert isinstance(core.handle(b"\x02\x00\x00\x00", ("10.0.0.2", 1), 0.0), Reply)  # other address
+    assert isinstance(core.handle(b"\x02\x00\x00\x00", ("10.0.0.1", 20000), 0.1), Reply)
+
+
+def test_ip_buckets_are_forgotten_when_full_again():
+    core = RelayCore(ip_rate=10.0)
+    for i in range(100):
+        core.handle(b"\x02\x00\x00\x00", (f"10.0.1.{i}", 1), 0.0)
+    assert len(core._ip_buckets) == 100
+    core.expire(0.05)  # a finished sweep drops buckets that have refilled
+    assert len(core._ip_buckets) == 100
+    core.expire(1.0)
+    assert len(core._ip_buckets) == 0
+
+
+def test_expiry_sweep_in_slices():
+    core = RelayCore(ttl=10)
+    for i in range(1000):
+        core.handle(b"\x02\x00\x00\x00", (f"10.0.{i >> 8}.{i & 255}", 1), 0.0)
+    sweep = core.table.sweep(20.0)
+    dead = core.expire_step(sweep, 300, 20.0)
+    assert len(dead) == 300 and not sweep.done and len(core.table) == 700
+    # a client heard from between two slices survives the sweep
+    survivor = next(iter(core.table)).addr
+    core.handle(b"\x02\x00\x00\x00", survivor, 20.5)
+    while not sweep.done:
+        core.expire_step(sweep, 300, 21.0)
+    assert [c.addr for c in core.table] == [survivor]
+    assert core.counters.clients_expired == 999

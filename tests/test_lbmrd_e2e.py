@@ -195,10 +195,10 @@ async def test_reload_keeps_clients_and_reclassifies(tmp_path):
         await recv(a)
         assert [c.domain for c in d.core.table] == ["Net-NJC"]
         path.write_text(NAT_XML.replace("127.0.2.0/24", "127.0.3.0/24"))
-        assert d.reload()
+        assert await d.reload()
         assert [c.domain for c in d.core.table] == [None] and len(d.core.table) == 1
         path.write_text("<lbmrd version='1.0'><oops/></lbmrd>")
-        assert not d.reload()  # a bad file keeps the running config
+        assert not await d.reload()  # a bad file keeps the running config
         assert d.core.config.domains[1].networks[0].exploded == "127.0.3.0/24"
         n.cancel_scope.cancel()
 
@@ -292,4 +292,64 @@ async def test_fan_out_follows_joins_and_expiries(autojump_clock):
                 assert (await recv(s))[0] == TQR
         for s in socks[:20]:
             assert await nothing(s, 0.05)  # expired clients get nothing
+        n.cancel_scope.cancel()
+
+
+# ------------------------------------------------------- spoofed sources (raw sockets)
+
+
+def spoof(payload: bytes, src: tuple[str, int], dst: tuple[str, int]) -> None:
+    """Send one UDP datagram on loopback with a forged source (root: raw socket)."""
+    import struct
+
+    udp = struct.pack("!HHHH", src[1], dst[1], 8 + len(payload), 0) + payload  # checksum 0: none
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
+                     socket.inet_aton(src[0]), socket.inet_aton(dst[0]))
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as s:
+        s.sendto(ip + udp, (dst[0], 0))
+
+
+async def test_spoofed_own_address_does_not_register():
+    async with trio.open_nursery() as n:
+        d, daemon = await start(n)
+        spoof(b"\x02\x00\x00\x00", daemon, daemon)
+        spoof(TQR, daemon, daemon)
+        spoof(b"\x00\x00\x00\x00", ("127.0.0.1", 14999), daemon)  # reply-shaped
+        c = client()
+        await c.sendto(b"\x02\x00\x00\x00", daemon)
+        await recv(c)
+        assert [cl.addr for cl in d.core.table] == [c.getsockname()]
+        assert d.core.counters.drops["own_address"] == 2 and d.core.counters.drops["reply_shaped"] == 1
+        n.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("kind", ["keepalive", "tir"])
+async def test_three_daemons_spoofed_into_a_ring_do_not_loop(kind):
+    """The attack: spoofed datagrams to A "from" B, to B "from" C, to C "from" A
+    would make three lbmrds clients of each other; one TIR from a client would
+    then circulate for ever."""
+    async with trio.open_nursery() as n:
+        daemons = []
+        for ip in ("127.0.0.1", "127.0.0.2", "127.0.0.3"):
+            d = Daemon(Settings(bind_ip=ip, port=0, stats_interval=0))
+            daemons.append((d, await n.start(d.run)))
+        (a, da), (b, db), (c, dc) = daemons
+        bait = b"\x02\x00\x00\x00" if kind == "keepalive" else tir("10.6.6.6", 1, "bait")
+        for frm, to in ((db, da), (dc, db), (da, dc)):
+            spoof(bait, frm, to)
+        await trio.sleep(0.2)
+        x = client("127.0.1.1")
+        await x.sendto(b"\x02\x00\x00\x00", da)
+        await recv(x)
+        await x.sendto(tir("127.0.1.1", 14371, "md.ring"), da)
+        back = 0
+        with trio.move_on_after(1.0):
+            while True:
+                data, _ = await x.recvfrom(65535)
+                back += data != b"\x00\x00\x00\x00"
+        assert back == 0  # the sender never gets its own TIR back
+        total = sum(d.core.counters.tx for d, _ in daemons)
+        assert total < 20, total  # a ring would have sent thousands by now
+        for d, addr in daemons:
+            assert d.core.table.get(addr) is None
         n.cancel_scope.cancel()
