@@ -1,0 +1,288 @@
+"""The router's bridge, sans-IO: one endpoint portal joined to one peer link.
+
+A :class:`Bridge` owns the portal's topic resolution (:class:`router.tr.PortalTR`)
+and the tables that tie it to the peer: the advertisement ids it gives the
+sources of its TRD that the peer wants (far side), and the proxies it runs for
+the sources the peer advertises (near side). It translates portal TR events
+into peer-link frames and peer frames into portal calls. Like the portal it
+owns no socket, no clock and no task; every input takes ``now``.
+
+Inputs (method calls, made serially):
+
+* from the TRD: :meth:`Bridge.on_datagram`, and :meth:`Bridge.tick` at
+  :meth:`Bridge.next_deadline` (returns the TR datagrams to send);
+* from the peer link: :meth:`Bridge.link_up` (the handshake completed),
+  :meth:`Bridge.peer_frame` (an INTEREST or ADVERTISEMENT frame),
+  :meth:`Bridge.link_down`;
+* from the I/O shell: :meth:`Bridge.proxy_listening` (a proxy's listener is
+  bound at its relay address).
+
+Outputs accumulate in order and :meth:`Bridge.outputs` drains them:
+:class:`SendFrame` (a frame for the peer; produced only while the link is up),
+:class:`StartProxy` (bind a listener at the relay address for an advertised
+source, then report it with ``proxy_listening``), :class:`StopProxy` (close
+that listener and its streams) and :class:`Notice` (something for the event
+log).
+
+Rules (unchanged from the router's first version):
+
+* **Interest.** Local interest (the portal's :class:`LocalInterest` /
+  :class:`LocalInterestGone`) goes to the peer as INTEREST ADD / CANCEL; all
+  live local interests are sent again when the link comes up. INTEREST frames
+  from the peer add or cancel remote interest in the portal (a topic the
+  portal cannot query is counted as ``bad_interest`` and ignored).
+* **Far side: advertisements.** A source the peer wants (:class:`SourceSeen`)
+  gets an advert id, stable for its (topic, OTID) while the link lasts, and an
+  ADVERTISEMENT; :class:`SourceGone` sends the withdrawal. Only TCP and LBT-RU
+  sources are advertised (``unrelayable_transport`` otherwise).
+* **Near side: proxies.** An ADVERTISEMENT from the peer starts a proxy
+  (:class:`StartProxy`) unless it is already proxied (a re-send), names our
+  own domain (``adverts_own_domain``: loop prevention, one hop only) or a
+  transport the relay cannot carry. Once its listener is bound the portal
+  advertises it at the relay address; a withdrawal stops it
+  (:class:`StopProxy`) and the portal sends its final advertisements.
+* **Link down.** Every proxy is stopped, the advert ids are forgotten, the
+  remote interests are cancelled and the portal's proxies removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+from . import peerlink as P
+from .tr import (
+    LocalInterest,
+    LocalInterestGone,
+    Outgoing,
+    PortalTR,
+    ProxySource,
+    SourceGone,
+    SourceSeen,
+    relay_transport,
+)
+
+__all__ = ["Bridge", "SendFrame", "StartProxy", "StopProxy", "Notice", "RELAYED_TRANSPORTS"]
+
+log = logging.getLogger("lbmr-router")
+
+Addr = tuple[str, int]
+RELAYED_TRANSPORTS = (P.StreamKind.TCP, P.StreamKind.LBTRU)  # TIR transport codes the relay carries
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+@dataclass(frozen=True, slots=True)
+class SendFrame:
+    """Send ``frame`` to the peer."""
+
+    frame: P.Frame
+
+
+@dataclass(frozen=True, slots=True)
+class StartProxy:
+    """Bind a listener at the relay address for ``advert`` (a source behind the
+    peer), then call :meth:`Bridge.proxy_listening` with its address."""
+
+    advert: P.Advertisement
+
+
+@dataclass(frozen=True, slots=True)
+class StopProxy:
+    """Close the listener of proxy ``advert_id`` and its streams."""
+
+    advert_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """An event for the router's event log: ``kind`` (e.g. ``source_gone``), ``detail``."""
+
+    kind: str
+    detail: str
+
+
+# --------------------------------------------------------------------------- the bridge
+
+
+class Bridge:
+    """One portal and one peer link (see the module doc). ``counters`` is where
+    the bridge counts what it does (the router's counters)."""
+
+    def __init__(self, portal: PortalTR, counters: Counter[str] | None = None) -> None:
+        self.portal = portal
+        self.domain_id = portal.domain_id
+        self.counters: Counter[str] = counters if counters is not None else Counter()
+        self.is_link_up = False
+        self._out: list[SendFrame | StartProxy | StopProxy | Notice] = []
+        # far side: advertisements we sent -> the real source
+        self._next_advert = 1
+        self._adverts: dict[tuple[str, bytes], int] = {}  # (topic, otid) -> advert id
+        self._advert_source: dict[int, object] = {}  # advert id -> transport body
+        # near side: the peer's advertisements we proxy -> their listeners' addresses
+        self._proxies: dict[int, P.Advertisement] = {}
+        self._proxy_addr: dict[int, Addr] = {}
+
+    # ------------------------------------------------------------------ outputs
+
+    def outputs(self) -> list[SendFrame | StartProxy | StopProxy | Notice]:
+        """Everything produced since the last call, in order; empties the list."""
+        out, self._out = self._out, []
+        return out
+
+    # ------------------------------------------------------------------ the TRD
+
+    def on_datagram(self, data: bytes, src: Addr, now: float) -> None:
+        """A datagram on the portal's TR socket."""
+        self.portal.on_datagram(data, src, now)
+        self._portal_events()
+
+    def tick(self, now: float) -> list[Outgoing]:
+        """Run the portal's timers; the TR datagrams to send."""
+        out = self.portal.tick(now)
+        self._portal_events()
+        return out
+
+    def next_deadline(self) -> float:
+        return self.portal.next_deadline()
+
+    # ------------------------------------------------------------------ the peer
+
+    def link_up(self, now: float) -> None:
+        """The peer link is connected: tell the peer every live local interest."""
+        self.is_link_up = True
+        for li in self.portal.local_interests():
+            self._send_interest(li, P.InterestAction.ADD)
+
+    def link_down(self, now: float) -> None:
+        """The peer link is gone: stop every proxy, forget the advert ids, cancel
+        the remote interests."""
+        self.is_link_up = False
+        for aid in list(self._proxies):
+            self._drop_proxy(aid, now)
+        self._adverts.clear()
+        self._advert_source.clear()
+        tr = self.portal
+        for topic, ptype in tr.remote_interests():
+            tr.cancel_remote_interest(topic, now, pattern_type=ptype)
+        for p in tr.proxies():
+            tr.remove_proxy(p.advert_id, now)
+        self._portal_events()
+
+    def peer_frame(self, frame: P.Interest | P.Advertisement, now: float) -> None:
+        """An INTEREST or ADVERTISEMENT frame from the peer."""
+        if isinstance(frame, P.Interest):
+            self._on_interest(frame, now)
+        elif isinstance(frame, P.Advertisement):
+            self._on_advertisement(frame, now)
+        else:
+            raise TypeError(f"not a bridge frame: {frame!r}")
+        self._portal_events()
+
+    def proxy_listening(self, advert_id: int, address: Addr, now: float) -> bool:
+        """The listener of proxy ``advert_id`` is bound at ``address``: advertise
+        it in the TRD. False if the proxy was stopped meanwhile (nothing done)."""
+        f = self._proxies.get(advert_id)
+        if f is None:
+            return False
+        self._proxy_addr[advert_id] = address
+        body = relay_transport(f.transport, address[0], address[1])
+        self.portal.add_proxy(ProxySource(f.advert_id, f.topic, body, f.origin_domain, f.otid), now)
+        self._portal_events()
+        return True
+
+    # ------------------------------------------------------------------ views
+
+    def advert_source(self, advert_id: int):
+        """The transport body of the source behind our advertisement ``advert_id``
+        (where a stream the peer opens for it connects), or None."""
+        return self._advert_source.get(advert_id)
+
+    def advert_sources(self) -> dict[int, object]:
+        return dict(self._advert_source)
+
+    def proxies(self) -> dict[int, P.Advertisement]:
+        """The peer's advertisements proxied here, by advert id."""
+        return dict(self._proxies)
+
+    def proxy_addresses(self) -> dict[int, Addr]:
+        """The proxies whose listener is bound, by advert id: their relay address."""
+        return dict(self._proxy_addr)
+
+    # ------------------------------------------------------------------ internals
+
+    def _send(self, frame: P.Frame) -> bool:
+        if not self.is_link_up:
+            return False
+        self._out.append(SendFrame(frame))
+        return True
+
+    def _send_interest(self, li: LocalInterest | LocalInterestGone, action: P.InterestAction) -> None:
+        self._send(P.Interest(action, li.topic, self.domain_id, P.PatternType(li.pattern_type)))
+
+    def _advertise(self, aid: int, topic: str, otid: bytes, transport: int, *, withdraw: bool) -> None:
+        if not self.is_link_up:
+            return
+        if transport not in RELAYED_TRANSPORTS:
+            self.counters["unrelayable_transport"] += 1
+            return
+        self._send(P.Advertisement(topic, self.domain_id, bytes(otid), transport, aid, withdraw))
+        self.counters["adverts_withdrawn" if withdraw else "adverts_sent"] += 1
+
+    def _portal_events(self) -> None:
+        for ev in self.portal.events():
+            if isinstance(ev, LocalInterest):
+                self.counters["local_interest"] += 1
+                self._send_interest(ev, P.InterestAction.ADD)
+            elif isinstance(ev, LocalInterestGone):
+                self._send_interest(ev, P.InterestAction.CANCEL)
+            elif isinstance(ev, SourceSeen):
+                key = (ev.topic, bytes(ev.otid))
+                aid = self._adverts.get(key)
+                if aid is None:
+                    aid = self._adverts[key] = self._next_advert
+                    self._next_advert += 1
+                self._advert_source[aid] = ev.transport_body
+                self._advertise(aid, ev.topic, ev.otid, ev.transport_body.TYPE, withdraw=False)
+            elif isinstance(ev, SourceGone):
+                aid = self._adverts.pop((ev.topic, bytes(ev.otid)), None)
+                if aid is not None:
+                    body = self._advert_source.pop(aid, None)
+                    self._advertise(aid, ev.topic, ev.otid, body.TYPE if body is not None else 0,
+                                    withdraw=True)
+                    self._out.append(Notice("source_gone", f"{ev.topic} advert {aid}"))
+
+    def _on_interest(self, f: P.Interest, now: float) -> None:
+        tr = self.portal
+        try:
+            if f.action == P.InterestAction.CANCEL:
+                tr.cancel_remote_interest(f.topic, now, pattern_type=int(f.pattern_type))
+            else:
+                tr.add_remote_interest(f.topic, now, pattern_type=int(f.pattern_type))
+        except ValueError as e:
+            self.counters["bad_interest"] += 1
+            log.warning("interest %r from the peer ignored: %s", f.topic, e)
+
+    def _on_advertisement(self, f: P.Advertisement, now: float) -> None:
+        if f.withdraw:
+            self.counters["withdrawals_received"] += 1
+            self._drop_proxy(f.advert_id, now)
+            return
+        if f.advert_id in self._proxies:
+            return  # already proxied (a re-send)
+        if f.origin_domain == self.domain_id:
+            self.counters["adverts_own_domain"] += 1
+            return
+        if f.transport not in RELAYED_TRANSPORTS:
+            self.counters["unrelayable_transport"] += 1
+            return
+        self._proxies[f.advert_id] = f
+        self._out.append(StartProxy(f))
+
+    def _drop_proxy(self, aid: int, now: float) -> None:
+        if self._proxies.pop(aid, None) is not None:
+            self._proxy_addr.pop(aid, None)
+            self._out.append(StopProxy(aid))
+            self.portal.remove_proxy(aid, now)

@@ -1,0 +1,307 @@
+"""The router's data relay on trio: proxy listeners on the near side, connections
+to the real sources on the far side, and the bytes and datagrams between them
+and the peer link (per-stream credit from :mod:`router.peerlink.streams`).
+
+Near side: a proxy (:meth:`Relay.serve_proxy`) listens at the relay address
+for one of the peer's advertisements; every TCP connection, and every LBT-RU
+receiver address, opens a stream on the current link. Far side: a stream the
+peer opens (:meth:`Relay.stream_event`) connects to the real source of our
+advertisement; a source that cannot be reached refuses the stream.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+from collections.abc import Callable
+
+import trio
+
+from . import peerlink as P
+from .link import CONNECT_TIMEOUT, READ_SIZE, Link, StreamState
+from .peerlink import streams as S
+
+RU_BACKLOG = 64  # datagrams held per LBT-RU stream until the far side accepts
+
+
+class Relay:
+    """The data relay of one endpoint. ``endpoint``: its settings (``relay_ip``,
+    ``relay_port_low``/``high``); ``counters`` and ``event(kind, detail)``: the
+    router's counters and event log; ``current_link()``: the connected link or
+    None; ``advert_source(advert_id)``: the transport body of the source behind
+    one of our advertisements, or None."""
+
+    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None],
+                 current_link: Callable[[], Link | None],
+                 advert_source: Callable[[int], object | None]) -> None:
+        self.endpoint = endpoint
+        self.counters = counters
+        self.event = event
+        self.current_link = current_link
+        self.advert_source = advert_source
+
+    def relay_ports(self):
+        e = self.endpoint
+        if e.relay_port_low == 0:
+            return [0]
+        return range(e.relay_port_low, e.relay_port_high + 1)
+
+    async def serve_proxy(self, f: P.Advertisement, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """A proxy source: a listener at the relay address for the peer's
+        advertisement ``f``. Reports its (ip, port) through ``task_status``
+        once bound (None when no relay port is free; it then returns), then
+        relays every receiver that connects (TCP) or registers (LBT-RU)."""
+        e = self.endpoint
+        tcp = f.transport == 0x00
+        sock = None
+        for port in self.relay_ports():
+            s = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM if tcp else trio.socket.SOCK_DGRAM)
+            try:
+                if tcp:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                await s.bind((e.relay_ip, port))
+                sock = s
+                break
+            except OSError:
+                s.close()
+        if sock is None:
+            self.counters["relay_ports_exhausted"] += 1
+            self.event("relay_ports_exhausted", f"no free relay port for {f.topic}")
+            task_status.started(None)
+            return
+        with sock:
+            if tcp:
+                sock.listen(64)
+            task_status.started(sock.getsockname())
+            if tcp:
+                listener = trio.SocketListener(sock)
+                async with trio.open_nursery() as n:
+                    while True:
+                        conn = await listener.accept()
+                        n.start_soon(self._near_tcp, f.advert_id, conn)
+            else:
+                await self._near_ru(f.advert_id, sock)
+
+    async def _near_tcp(self, aid: int, conn) -> None:
+        link = self.current_link()
+        if link is None:
+            await conn.aclose()
+            return
+        sid = link.streams.open(aid, P.StreamKind.TCP)
+        st = link.state[sid] = StreamState(sid, P.StreamKind.TCP)
+        st.sock = conn
+        link.flush_streams()
+        self.counters["streams_opened"] += 1
+        try:
+            await self._pump(link, st)
+        finally:
+            await trio.aclose_forcefully(conn)
+
+    async def _near_ru(self, aid: int, sock) -> None:
+        """Datagrams from receivers of this proxy: one stream per receiver address."""
+        by_addr: dict[tuple[str, int], StreamState] = {}
+        async with trio.open_nursery() as n:
+            while True:
+                data, addr = await sock.recvfrom(65535)
+                link = self.current_link()
+                if link is None:
+                    continue
+                st = by_addr.get(addr)
+                if st is None or st.closed:
+                    sid = link.streams.open(aid, P.StreamKind.LBTRU)
+                    st = link.state[sid] = StreamState(sid, P.StreamKind.LBTRU)
+                    st.ru_addr = addr
+                    st.sock = sock
+                    by_addr[addr] = st
+                    link.flush_streams()
+                    n.start_soon(self._ru_downstream, link, st)
+                if st.accepted.is_set():
+                    self._send_datagram(link, st, data)
+                elif len(st.incoming) < RU_BACKLOG:
+                    st.incoming.append(data)  # held until accepted (then sent in order)
+
+    def _send_datagram(self, link: Link, st: StreamState, data: bytes) -> None:
+        try:
+            link.streams.send_datagram(st.sid, data)
+        except S.LocalStreamError:
+            self.counters["ru_send_closed"] += 1
+            return
+        link.flush_streams()
+
+    async def _ru_downstream(self, link: Link, st: StreamState) -> None:
+        """Near LBT-RU: when accepted flush the backlog; then datagrams from the
+        far source go to the receiver from the proxy socket."""
+        await st.accepted.wait()
+        if st.refused is not None or st.closed:
+            return
+        held = list(st.incoming)
+        st.incoming.clear()
+        for d in held:
+            self._send_datagram(link, st, d)
+        while not st.closed:
+            await st.incoming_ready.wait()
+            st.incoming_ready = trio.Event()
+            while st.incoming:
+                try:
+                    await st.sock.sendto(st.incoming.popleft(), st.ru_addr)
+                except OSError:
+                    self.counters["ru_send_error"] += 1
+
+    # ------------------------------------------------- far side: sources
+
+    def stream_event(self, link: Link, ev) -> None:
+        st = link.state.get(ev.stream_id)
+        if isinstance(ev, S.StreamOpened):
+            body = self.advert_source(ev.advert_id)
+            if body is None:
+                link.streams.refuse(ev.stream_id, P.RefuseCode.REFUSED, "unknown or withdrawn advertisement")
+                self.counters["streams_refused"] += 1
+                return
+            st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
+            link.nursery.start_soon(self._far, link, st, body)
+        elif st is None:
+            return
+        elif isinstance(ev, S.StreamAccepted):
+            st.accepted.set()
+            st.credit.set()
+        elif isinstance(ev, S.StreamRefused):
+            st.refused = ev.reason or "refused"
+            st.closed = True
+            st.accepted.set()
+            st.wake()
+        elif isinstance(ev, S.DataReceived | S.DatagramReceived):
+            st.incoming.append(ev.data)
+            st.incoming_ready.set()
+        elif isinstance(ev, S.CreditAvailable):
+            st.credit.set()
+        elif isinstance(ev, S.StreamClosed):
+            st.closed = True
+            st.wake()
+
+    async def _far(self, link: Link, st: StreamState, body) -> None:
+        try:
+            if st.kind == P.StreamKind.TCP:
+                try:
+                    with trio.fail_after(CONNECT_TIMEOUT):
+                        conn = await trio.open_tcp_stream(body.ip, body.port)
+                except (OSError, trio.TooSlowError) as e:
+                    self._refuse(link, st, f"cannot connect to the source {body.ip}:{body.port}: {e}")
+                    return
+                st.sock = conn
+                link.streams.accept(st.sid)
+                link.flush_streams()
+                st.accepted.set()
+                self.counters["streams_accepted"] += 1
+                try:
+                    await self._pump(link, st)
+                finally:
+                    await trio.aclose_forcefully(conn)
+            else:
+                s = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+                try:
+                    await s.bind((self.endpoint.relay_ip, 0))
+                    await s.connect((body.ip, body.port))
+                except OSError as e:
+                    s.close()
+                    self._refuse(link, st, f"cannot reach the source {body.ip}:{body.port}: {e}")
+                    return
+                with s:
+                    st.sock = s
+                    link.streams.accept(st.sid)
+                    link.flush_streams()
+                    st.accepted.set()
+                    self.counters["streams_accepted"] += 1
+                    async with trio.open_nursery() as n:
+                        n.start_soon(self._far_ru_up, link, st, n.cancel_scope)
+                        while not st.closed:
+                            await st.incoming_ready.wait()
+                            st.incoming_ready = trio.Event()
+                            while st.incoming:
+                                try:
+                                    await s.send(st.incoming.popleft())
+                                except OSError:
+                                    self.counters["ru_send_error"] += 1
+                        n.cancel_scope.cancel()
+        finally:
+            link.state.pop(st.sid, None)
+
+    def _refuse(self, link: Link, st: StreamState, reason: str) -> None:
+        self.counters["streams_refused"] += 1
+        self.event("stream_refused", reason)
+        try:
+            link.streams.refuse(st.sid, P.RefuseCode.REFUSED, reason)
+        except S.LocalStreamError:
+            pass
+        link.flush_streams()
+
+    async def _far_ru_up(self, link: Link, st: StreamState, scope) -> None:
+        while True:
+            data = await st.sock.recv(65535)
+            self._send_datagram(link, st, data)
+
+    # ------------------------------------------------------- byte pumping
+
+    async def _pump(self, link: Link, st: StreamState) -> None:
+        """Both directions of a TCP stream; returns when either side ends.
+        The stream is closed towards the peer however it ends (even cancelled)."""
+        try:
+            async with trio.open_nursery() as n:
+                n.start_soon(self._pump_up, link, st, n.cancel_scope)
+                n.start_soon(self._pump_down, link, st, n.cancel_scope)
+        finally:
+            if not link.closed:
+                try:
+                    if link.streams.close(st.sid):
+                        link.flush_streams()
+                except S.LocalStreamError:
+                    pass
+            link.state.pop(st.sid, None)
+
+    async def _pump_up(self, link: Link, st: StreamState, scope) -> None:
+        """Socket -> peer link, within the stream's credit and the queue's space."""
+        await st.accepted.wait()
+        if st.refused is not None:
+            scope.cancel()
+            return
+        pending = b""
+        while True:
+            if st.closed or link.closed:
+                return  # the peer ended the stream: _pump_down delivers what is left, then ends it
+            if not pending:
+                try:
+                    pending = await st.sock.receive_some(READ_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pending = b""
+                if not pending:
+                    break  # EOF from the local side
+            st.credit = trio.Event()  # before trying: a grant arriving after it wakes us
+            try:
+                rest = link.streams.send(st.sid, pending, limit=link.outq.data_space())
+            except S.LocalStreamError:
+                return  # closed meanwhile: _pump_down finishes the stream
+            link.flush_streams()
+            if len(rest) == len(pending):
+                await st.credit.wait()
+            pending = bytes(rest)
+        scope.cancel()
+
+    async def _pump_down(self, link: Link, st: StreamState, scope) -> None:
+        """Peer link -> socket; consumed bytes are returned to the peer as credit."""
+        while True:
+            while st.incoming:
+                data = st.incoming.popleft()
+                try:
+                    await st.sock.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    scope.cancel()
+                    return
+                try:
+                    link.streams.consumed(st.sid, len(data))
+                except S.LocalStreamError:
+                    pass
+                link.flush_streams()
+            if st.closed or link.closed:
+                scope.cancel()
+                return
+            await st.incoming_ready.wait()
+            st.incoming_ready = trio.Event()

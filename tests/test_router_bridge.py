@@ -1,0 +1,227 @@
+"""The router's bridge (router/bridge.py), sans-IO: interest in, advertisements
+out, proxies in, withdrawal, link loss and loop prevention, with no socket and
+no clock (times are explicit)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lbmr_proto import (
+    TIR,
+    TQR,
+    CostOption,
+    DomainIdOption,
+    OtidOption,
+    Packet,
+    SourceIdOption,
+    SourceTypeOption,
+    TcpTransport,
+    decode,
+    encode,
+)
+from router import peerlink as P
+from router.bridge import Bridge, Notice, SendFrame, StartProxy, StopProxy
+from router.tr import PortalTR
+
+GROUP = ("239.192.1.1", 12965)
+APP = ("10.1.0.5", 12965)
+RELAY = ("10.1.0.1", 24000)
+TOPIC = "md.quotes"
+OTID = bytes([0]) + bytes(range(1, 31)) + b"\x01"
+
+
+def bridge(domain: int = 1, name: str = "A") -> Bridge:
+    tr = PortalTR(name, domain, src_id=name.encode() * 8, mode="multicast", multicast=GROUP,
+                  source_timeout=3.0, requery_interval=1.0, now=0.0)
+    return Bridge(tr)
+
+
+def dgram(*, tqrs=(), tirs=(), src_id=b"APPCTX01", src_type=0) -> bytes:
+    opts = [SourceIdOption(0x8000, src_id), SourceTypeOption(0x80, src_type)]
+    return encode(Packet(type=0, version=1, tqrs=[TQR(t) for t in tqrs], tirs=list(tirs), options=opts))
+
+
+def source_tir(topic=TOPIC, port=14371, otid=OTID) -> TIR:
+    return TIR(topic, TcpTransport("10.1.0.5", port), 60, 7, [OtidOption(0x8000, otid)])
+
+
+def frames(b: Bridge) -> list:
+    return [o.frame for o in b.outputs() if isinstance(o, SendFrame)]
+
+
+def sent_tirs(b: Bridge, now: float) -> list[TIR]:
+    return [t for o in b.tick(now) for t in decode(o.data).tirs]
+
+
+def sent_tqrs(b: Bridge, now: float) -> list[str]:
+    return [q.topic for o in b.tick(now) for q in decode(o.data).tqrs]
+
+
+def advert(aid=11, topic=TOPIC, domain=2, transport=P.StreamKind.TCP, withdraw=False):
+    return P.Advertisement(topic, domain, OTID, transport, aid, withdraw)
+
+
+def test_local_interest_goes_to_the_peer_once_the_link_is_up():
+    b = bridge()
+    b.on_datagram(dgram(tqrs=[TOPIC]), APP, 0.1)
+    assert frames(b) == []  # no link yet
+    b.link_up(0.2)
+    assert frames(b) == [P.Interest(P.InterestAction.ADD, TOPIC, 1, P.PatternType.TOPIC)]
+    b.on_datagram(dgram(tqrs=["md.other"]), APP, 0.3)
+    assert frames(b) == [P.Interest(P.InterestAction.ADD, "md.other", 1, P.PatternType.TOPIC)]
+    b.on_datagram(dgram(tqrs=[TOPIC]), APP, 0.4)  # a refresh: nothing new for the peer
+    assert frames(b) == [] and b.counters["local_interest"] == 2
+
+
+def test_peer_interest_queries_the_trd_and_advertises_what_it_finds():
+    b = bridge()
+    b.link_up(0.0)
+    b.peer_frame(P.Interest(P.InterestAction.ADD, TOPIC, 2), 0.0)
+    assert frames(b) == [] and TOPIC in sent_tqrs(b, 0.0)  # the portal queries at once
+    b.on_datagram(dgram(tirs=[source_tir()]), APP, 0.05)
+    (adv,) = frames(b)
+    assert adv == P.Advertisement(TOPIC, 1, OTID, P.StreamKind.TCP, 1, False)
+    assert b.advert_source(1) == TcpTransport("10.1.0.5", 14371)
+    assert b.counters["adverts_sent"] == 1
+    # the same source again is no news; a second interest re-advertises under the same id
+    b.on_datagram(dgram(tirs=[source_tir()]), APP, 0.5)
+    assert frames(b) == []
+    b.peer_frame(P.Interest(P.InterestAction.REFRESH, TOPIC, 2), 0.6)
+    assert frames(b) == [adv]
+    # the source goes silent: withdrawn, and its advert id is forgotten
+    for t in (1.0, 2.0, 3.0, 4.0, 5.0):
+        b.tick(t)
+    out = b.outputs()
+    assert [o.frame for o in out if isinstance(o, SendFrame)] == [
+        P.Advertisement(TOPIC, 1, OTID, P.StreamKind.TCP, 1, True)]
+    assert Notice("source_gone", f"{TOPIC} advert 1") in out
+    assert b.advert_source(1) is None and b.counters["adverts_withdrawn"] == 1
+
+
+def test_peer_interest_that_cannot_be_queried_is_counted_and_ignored():
+    b = bridge()
+    b.peer_frame(P.Interest(P.InterestAction.ADD, "x" * 300, 2), 0.0)
+    assert b.counters["bad_interest"] == 1 and b.portal.remote_interests() == []
+    b.peer_frame(P.Interest(P.InterestAction.ADD, TOPIC, 2), 0.0)
+    b.peer_frame(P.Interest(P.InterestAction.CANCEL, TOPIC, 2), 0.1)
+    assert b.portal.remote_interests() == []
+
+
+def test_an_advertisement_becomes_a_proxy_at_the_relay_address():
+    b = bridge()
+    b.link_up(0.0)
+    b.peer_frame(advert(), 0.0)
+    assert b.outputs() == [StartProxy(advert())]
+    assert sent_tirs(b, 0.0) == []  # nothing advertised before the listener is bound
+    assert b.proxy_listening(11, RELAY, 0.01)
+    (tir,) = sent_tirs(b, 0.01)
+    assert (tir.topic, tir.transport) == (TOPIC, TcpTransport(*RELAY))
+    assert OtidOption(0x8000, OTID) in tir.options and DomainIdOption(0x8000, 2) in tir.options
+    assert b.proxy_addresses() == {11: RELAY}
+    # a TQR for the topic is answered at once; a re-sent advertisement changes nothing
+    b.on_datagram(dgram(tqrs=[TOPIC]), APP, 0.015)  # the next advertisement is due at 0.02
+    assert [t.topic for t in sent_tirs(b, 0.015)] == [TOPIC]
+    b.peer_frame(advert(), 0.03)
+    assert b.outputs() == [SendFrame(P.Interest(P.InterestAction.ADD, TOPIC, 1))]  # from the TQR
+    assert b.proxies() == {11: advert()}
+
+
+def test_withdrawal_stops_the_proxy_and_sends_final_advertisements():
+    b = bridge()
+    b.peer_frame(advert(), 0.0)
+    b.proxy_listening(11, RELAY, 0.0)
+    b.tick(0.0)
+    b.outputs()
+    b.peer_frame(advert(withdraw=True), 1.0)
+    assert b.outputs() == [StopProxy(11)]
+    assert b.proxies() == {} and b.proxy_addresses() == {} and b.counters["withdrawals_received"] == 1
+    finals = [t for now in (1.0, 1.01, 1.03, 2.0) for t in sent_tirs(b, now)]
+    assert len(finals) == 3 and all(CostOption(0x80, 1, -1) in t.options for t in finals)
+    b.on_datagram(dgram(tqrs=[TOPIC]), APP, 3.0)  # no longer answered
+    assert sent_tirs(b, 3.0) == []
+    # a listener bound after the withdrawal is not advertised
+    b.peer_frame(advert(aid=12), 4.0)
+    b.peer_frame(advert(aid=12, withdraw=True), 4.0)
+    assert not b.proxy_listening(12, RELAY, 4.1) and b.portal.proxies() == []
+
+
+def test_loop_prevention():
+    b = bridge(domain=1)
+    b.link_up(0.0)
+    # an advertisement of our own domain's source is not proxied back into it
+    b.peer_frame(advert(domain=1), 0.0)
+    assert b.outputs() == [] and b.counters["adverts_own_domain"] == 1
+    # a transport the relay cannot carry is not proxied either
+    b.peer_frame(advert(aid=12, transport=0x02), 0.0)
+    assert b.outputs() == [] and b.counters["unrelayable_transport"] == 1
+    # the peer wants the topic; the only TIR for it comes from another router (TNWGD),
+    # or carries another domain's id: nothing is advertised to the peer
+    b.peer_frame(P.Interest(P.InterestAction.ADD, TOPIC, 2), 0.0)
+    b.on_datagram(dgram(tirs=[source_tir()], src_id=b"ROUTER02", src_type=1), APP, 0.1)
+    elsewhere = TIR(TOPIC, TcpTransport("10.1.0.6", 1), 60, 1, [DomainIdOption(0x8000, 9)])
+    b.on_datagram(dgram(tirs=[elsewhere]), APP, 0.2)
+    assert frames(b) == []
+    # our own proxy's TIR, echoed back into the TRD, is not a source either: it names
+    # the origin's domain, and without that option its OTID is one of our proxies'
+    b.peer_frame(advert(aid=13), 0.3)
+    b.proxy_listening(13, RELAY, 0.3)
+    (own,) = sent_tirs(b, 0.3)
+    b.outputs()
+    b.on_datagram(dgram(tirs=[own], src_id=b"OTHERAPP"), APP, 0.4)
+    own.options = [o for o in own.options if not isinstance(o, DomainIdOption)]
+    b.on_datagram(dgram(tirs=[own], src_id=b"OTHERAPP"), APP, 0.4)
+    assert frames(b) == []
+    assert b.portal.stats()["tirs_ignored_domain"] == 2
+    assert b.portal.stats()["tirs_ignored_proxy_echo"] == 1
+
+
+def test_link_down_stops_every_proxy_and_forgets_the_peer():
+    b = bridge()
+    b.link_up(0.0)
+    b.peer_frame(P.Interest(P.InterestAction.ADD, TOPIC, 2), 0.0)
+    b.on_datagram(dgram(tirs=[source_tir()]), APP, 0.0)
+    b.peer_frame(advert(aid=11, topic="md.far"), 0.0)
+    b.peer_frame(advert(aid=12, topic="md.far2"), 0.0)
+    b.proxy_listening(11, RELAY, 0.0)
+    b.outputs()
+    b.link_down(1.0)
+    assert sorted(o.advert_id for o in b.outputs() if isinstance(o, StopProxy)) == [11, 12]
+    assert b.proxies() == {} and b.advert_sources() == {} and b.portal.proxies() == []
+    assert b.portal.remote_interests() == []
+    b.on_datagram(dgram(tqrs=["md.new"]), APP, 1.1)
+    assert frames(b) == []  # the link is down: nothing for the peer
+
+
+def test_two_bridges_back_to_back():
+    """A receiver in TRD 1 and a source in TRD 2: the interest crosses, the source is
+    advertised back, and TRD 1 ends up with a proxy TIR at router A's relay address."""
+    a, b = bridge(1, "A"), bridge(2, "B")
+    a.link_up(0.0)
+    b.link_up(0.0)
+    proxies = []
+
+    def carry(src: Bridge, dst: Bridge, now: float) -> None:
+        for o in src.outputs():
+            if isinstance(o, SendFrame):
+                dst.peer_frame(o.frame, now)
+            elif isinstance(o, StartProxy):
+                proxies.append((src, o.advert.advert_id))
+
+    a.on_datagram(dgram(tqrs=[TOPIC]), APP, 0.0)
+    carry(a, b, 0.0)
+    assert b.portal.remote_interests() == [(TOPIC, 0)]
+    b.on_datagram(dgram(tirs=[source_tir()]), ("10.2.0.5", 12965), 0.1)
+    carry(b, a, 0.1)
+    carry(a, b, 0.1)
+    assert proxies == [(a, 1)]
+    a.proxy_listening(1, RELAY, 0.2)
+    (tir,) = sent_tirs(a, 0.2)
+    assert tir.transport == TcpTransport(*RELAY) and DomainIdOption(0x8000, 2) in tir.options
+    assert math.isfinite(a.next_deadline())
+
+
+def test_bridge_rejects_other_frames():
+    with pytest.raises(TypeError):
+        bridge().peer_frame(P.Keepalive(1, 2), 0.0)
