@@ -1,217 +1,248 @@
-"""The analyses, as Spark DataFrame queries over the Parquet records.
+"""The analyses: a few Spark aggregations over the (cached) records, finished on
+the driver in plain Python over their small results.
 
-Nothing here collects raw rows: every function returns a DataFrame of results
-(one row per topic, per second, per sender, ...), and the job collects only those.
-Definitions (see lbmr-analyze(1) for the full text):
+Spark does the passes over the records (one row per TIR, TQR, keepalive, ...):
+per-file counts, *topic facts* (one row per distinct topic, record kind, sender,
+context id, transport and OTID), *flows* (one row per sender, destination,
+context id and packet type), load per second and record kind, keepalive clients
+per minute, time to resolve, and the error rows; storm seconds and stale queries
+take one more pass each when there are any.  Every table of the report is then
+derived from those results by :func:`derive` (:mod:`lbmr_analyze.findings` turns
+them into findings).  Definitions (see lbmr-analyze(1) for the full text):
 
-* *sender* of a datagram: its source IP address; *querier* and keepalive
-  *client*: ``src:sport`` (a UM context's resolver socket).
+* *context*: the ``ip:port`` of the socket a UM context sends topic resolution
+  from, with the context's ``src_id`` (packet-trailer source-id option, 8 bytes as
+  hex) where present.  A datagram from UDP port 15380 (lbmrd's) is taken as relayed
+  by lbmrd: its context is named ``[src_id] via lbmrd ip:port``.
 * *transport identity*: the ``transport_id`` text of a TIR (see
   :func:`lbmr_analyze.rows.transport_identity`).
 * *time to resolve* for (querier, topic): from the querier's first TQR for the
   topic to the first TIR for that topic (from anyone) at or after it.
-* *NAT audit*: a TIR whose advertised transport IP is not ``0.0.0.0`` (filled in
-  by the receiver or lbmrd), differs from the datagram's source IP and is not in
-  the same /24 as it.
+* *stale query*: a TQR for a topic sent after the last TIR for that topic.
+* *reachable address* (NAT audit rule of thumb): an advertised IPv4 address is
+  reachable when its /24 holds a host seen in the capture (a direct sender or a
+  unicast destination of LBMR), or when it lies in the same private block (10/8,
+  172.16/12, 192.168/16) as such a host; 0.0.0.0 (filled in by receivers or
+  lbmrd) and multicast addresses are never flagged.
 * Timestamps are UTC, ISO 8601 with microseconds; ``second`` and ``minute`` are
-  epoch seconds.
+  epoch seconds; durations are seconds.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
-from collections.abc import Iterator
+from collections import defaultdict
+from datetime import UTC, datetime
 
-import pyarrow as pa
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
+
+from lbmr_proto.constants import LBMRD_PORT
 
 PACKET_TYPES = ("NORMAL", "WC_TQR", "RCV_ALIVE", "SRC_ALIVE", "TOPIC_MGMT", "QUEUE_RES", "EXT")
 ISO = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'"
 ISO_S = "yyyy-MM-dd'T'HH:mm:ss'Z'"
+#: A keepalive client silent for longer than this before the end of the capture
+#: (or first heard this long after its start) is reported as vanished (joined); seconds.
+CLIENT_SILENCE_S = 15
+#: Columns the analyses read (the cache holds only these).
+COLUMNS = ("file", "offset", "ts", "src", "sport", "dst", "dport", "length", "packet_type",
+           "record_index", "record_kind", "kind_first", "topic", "pattern_type", "transport_id",
+           "transport_ip", "context_id", "otid", "error")
+
+
+def iso_us(us: int | None) -> str | None:
+    """Epoch microseconds -> ``YYYY-MM-DDTHH:MM:SS.ffffffZ``."""
+    if us is None:
+        return None
+    return datetime.fromtimestamp(us // 1_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{us % 1_000_000:06d}Z"
+
+
+def iso_s(sec: int) -> str:
+    """Epoch seconds -> ``YYYY-MM-DDTHH:MM:SSZ``."""
+    return datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _iso(c) -> F.Column:
     return F.date_format(c, ISO)
 
 
-def _set(c) -> F.Column:
-    """Sorted, space-separated distinct non-null values."""
-    return F.array_join(F.array_sort(F.collect_set(c)), " ")
-
-
 def _kind(k: str) -> F.Column:
     return F.col("record_kind") == k
 
 
-def _querier() -> F.Column:
-    return F.concat_ws(":", "src", F.col("sport").cast("string"))
+def _n(cond) -> F.Column:
+    return F.sum(F.when(cond, 1).otherwise(0))
 
 
 def prepare(records: DataFrame) -> DataFrame:
-    """Add ``us`` (epoch microseconds) and ``second`` (epoch second) columns."""
+    """The columns the analyses use plus ``us`` (epoch microseconds) and ``second``."""
     us = F.unix_micros("ts")
-    return records.withColumn("us", us).withColumn("second", F.floor(us / 1_000_000))
+    return records.select(*COLUMNS).withColumn("us", us).withColumn("second", F.floor(us / 1_000_000))
 
 
-def files(r: DataFrame) -> DataFrame:
+def context_label(src: str | None, sport: int | None, src_id: str | None) -> str:
+    """``ip:port [src_id]``, or ``[src_id] via lbmrd ip:port`` for datagrams from lbmrd's port."""
+    addr = f"{src}:{sport}"
+    if sport == LBMRD_PORT:
+        return f"[{src_id}] via lbmrd {addr}" if src_id else f"via lbmrd {addr}"
+    return f"{addr} [{src_id}]" if src_id else addr
+
+
+def _join(vals) -> str:
+    return " ".join(sorted({v for v in vals if v is not None}))
+
+
+# --------------------------------------------------------------------------- Spark passes
+
+def files(r: DataFrame) -> list[dict]:
+    """Per file: datagrams, records, bytes, error counts, first/last time, and the
+    per-kind record counts used for the summary (``k_<KIND>``, ``pt_<TYPE>``)."""
     dg = (F.col("record_index") == 0) & (F.col("record_kind") != "CAPTURE_ERROR")
-    return (r.groupBy("file").agg(
-        F.sum(F.when(dg, 1).otherwise(0)).alias("datagrams"),
-        F.sum(F.when(F.col("record_kind") != "CAPTURE_ERROR", 1).otherwise(0)).alias("records"),
+    kinds = ("TIR", "TQR", "WC_TQR", "KEEPALIVE")
+    rows = r.groupBy("file").agg(
+        _n(dg).alias("datagrams"),
+        _n(F.col("record_kind") != "CAPTURE_ERROR").alias("records"),
         F.coalesce(F.sum(F.when(dg, F.col("length"))), F.lit(0)).alias("bytes"),
-        F.sum(F.when(_kind("DECODE_ERROR"), 1).otherwise(0)).alias("decode_errors"),
-        F.sum(F.when(_kind("CAPTURE_ERROR"), 1).otherwise(0)).alias("capture_errors"),
-        _iso(F.min("ts")).alias("first_seen"),
-        _iso(F.max("ts")).alias("last_seen"),
-    ).orderBy("file"))
+        _n(_kind("DECODE_ERROR")).alias("decode_errors"),
+        _n(_kind("CAPTURE_ERROR")).alias("capture_errors"),
+        F.min("us").alias("first_us"), F.max("us").alias("last_us"),
+        *[_n(_kind(k)).alias("k_" + k) for k in kinds],
+        *[_n(dg & (F.col("packet_type") == t)).alias("pt_" + t) for t in PACKET_TYPES],
+    ).toArrow().to_pylist()
+    return sorted(rows, key=lambda x: x["file"])
 
 
-def topic_summary(r: DataFrame) -> DataFrame:
-    """One aggregation per topic over TIRs and TQRs, shared by the inventory, the
-    unresolved topics, the topic conflicts and the top topics (cache it: it is small)."""
-    # first collapse the repetition (a cheap hash aggregate on flat keys), then
-    # build the per-topic sets from the few distinct combinations
-    t = (r.where(F.col("record_kind").isin("TIR", "TQR"))
-         .groupBy("topic", "record_kind", "transport_id", "src", "sport")
-         .agg(F.count(F.lit(1)).alias("n"), F.min("ts").alias("first"), F.max("ts").alias("last")))
-    tir, tqr = _kind("TIR"), _kind("TQR")
-    return (t.groupBy("topic").agg(
-        F.sum(F.when(tir, F.col("n")).otherwise(0)).alias("advertisements"),
-        F.sum(F.when(tqr, F.col("n")).otherwise(0)).alias("queries"),
-        F.array_sort(F.collect_set("transport_id")).alias("_sources"),
-        _set(F.when(tir, F.col("src"))).alias("advertisers"),
-        F.array_sort(F.collect_set(F.when(tqr, _querier()))).alias("_queriers"),
-        F.min("first").alias("_first"),
-        F.max("last").alias("_last"),
-        F.min(F.when(tir, F.col("first"))).alias("_first_tir"),
-        F.min(F.when(tqr, F.col("first"))).alias("_first_tqr"),
-    ).select("topic", "advertisements", "queries",
-             F.size("_sources").alias("n_sources"), F.array_join("_sources", " ").alias("sources"),
-             "advertisers", F.size("_queriers").alias("n_queriers"),
-             F.array_join("_queriers", " ").alias("queriers"),
-             _iso("_first").alias("first_seen"), _iso("_last").alias("last_seen"),
-             _iso("_first_tir").alias("first_advertised"), _iso("_first_tqr").alias("first_queried")))
+def topic_facts(r: DataFrame) -> list[dict]:
+    """One row per distinct (topic, kind, pattern type, sender, context id, transport
+    identity, transport IP, OTID) over TIR, TQR and WC_TQR records: count, first and
+    last time (epoch microseconds)."""
+    return (r.where(F.col("record_kind").isin("TIR", "TQR", "WC_TQR"))
+            .groupBy("topic", "record_kind", "pattern_type", "src", "sport", "context_id",
+                     "transport_id", "transport_ip", "otid")
+            .agg(F.count(F.lit(1)).alias("n"), F.min("us").alias("first_us"), F.max("us").alias("last_us"))
+            .toArrow().to_pylist())
 
 
-def topic_inventory(ts: DataFrame) -> DataFrame:
-    """Every topic seen in a TIR or TQR: advertisements, queries, its sources
-    (transport identities), advertisers, queriers, first/last seen."""
-    return (ts.select("topic", "advertisements", "queries", "n_sources", "sources", "advertisers",
-                      "n_queriers", "first_seen", "last_seen", "first_advertised", "first_queried")
-            .orderBy("topic"))
+def flows(r: DataFrame) -> list[dict]:
+    """One row per (sender, destination, context id, packet type): datagrams, bytes,
+    records, TIRs, TQRs, keepalives and times (epoch microseconds)."""
+    t = r.where(F.col("ts").isNotNull() & (F.col("record_kind") != "DECODE_ERROR"))
+    first = F.col("record_index") == 0
+    ka = _kind("KEEPALIVE")
+    return t.groupBy("src", "sport", "dst", "dport", "context_id", "packet_type").agg(
+        _n(first).alias("packets"),
+        F.coalesce(F.sum(F.when(first, F.col("length"))), F.lit(0)).alias("bytes"),
+        F.count(F.lit(1)).alias("records"),
+        _n(_kind("TIR")).alias("tirs"),
+        _n(_kind("TQR")).alias("tqrs"),
+        _n(ka).alias("keepalives"),
+        F.min("us").alias("first_us"), F.max("us").alias("last_us"),
+        F.min(F.when(ka, F.col("us"))).alias("ka_first_us"),
+        F.max(F.when(ka, F.col("us"))).alias("ka_last_us"),
+    ).toArrow().to_pylist()
 
 
-def unresolved_topics(ts: DataFrame) -> DataFrame:
-    """Topics queried (TQR) but never advertised (TIR) anywhere in the input."""
-    return (ts.where(F.col("advertisements") == 0)
-            .select("topic", "queries", "n_queriers", "queriers",
-                    F.col("first_seen").alias("first_queried"), F.col("last_seen").alias("last_queried"))
-            .orderBy("topic"))
+def load_per_second(r: DataFrame) -> list[dict]:
+    """Per second and record kind: datagrams holding that kind, records, bytes of
+    those datagrams; kind ``ALL`` for every datagram (one pass)."""
+    t = r.where(F.col("ts").isNotNull())
+    first = F.col("record_index") == 0
+    rows = t.groupBy("second", "record_kind").agg(
+        _n(F.col("kind_first")).alias("packets"),
+        F.count(F.lit(1)).alias("records"),
+        F.coalesce(F.sum(F.when(F.col("kind_first"), F.col("length"))), F.lit(0)).alias("bytes"),
+        _n(first).alias("dg"),
+        F.coalesce(F.sum(F.when(first, F.col("length"))), F.lit(0)).alias("dg_bytes"),
+    ).toArrow().to_pylist()
+    out, total = [], {}
+    for x in rows:
+        out.append(dict(second=x["second"], time=iso_s(x["second"]), record_kind=x["record_kind"],
+                        packets=x["packets"], records=x["records"], bytes=x["bytes"]))
+        a = total.setdefault(x["second"], [0, 0, 0])
+        a[0] += x["dg"]
+        a[1] += x["records"]
+        a[2] += x["dg_bytes"]
+    out += [dict(second=s, time=iso_s(s), record_kind="ALL", packets=a[0], records=a[1], bytes=a[2])
+            for s, a in total.items()]
+    out.sort(key=lambda x: (x["second"], x["record_kind"]))
+    return out
 
 
-def topic_conflicts(ts: DataFrame) -> DataFrame:
-    """Topics advertised by more than one transport identity."""
-    return (ts.where(F.col("n_sources") > 1)
-            .select("topic", F.col("n_sources").alias("n_transports"), F.col("sources").alias("transports"),
-                    "advertisers", "advertisements")
-            .orderBy("topic"))
+def storm_contexts(r: DataFrame, seconds: list[int]) -> list[dict]:
+    """For the given seconds: datagrams per (second, sender ip:port, context id)."""
+    if not seconds:
+        return []
+    spark = r.sparkSession
+    secs = spark.createDataFrame([(s,) for s in seconds], "second bigint")
+    t = r.where(F.col("record_index") == 0).join(F.broadcast(secs), "second")
+    return (t.groupBy("second", "src", "sport", "context_id")
+            .agg(F.count(F.lit(1)).alias("packets")).toArrow().to_pylist())
 
 
-def time_to_resolve(r: DataFrame) -> DataFrame:
-    """Per (querier, topic): first TQR -> first TIR for the topic at or after it.
+def stale_queries(r: DataFrame, last_tir: dict[str, int]) -> list[dict]:
+    """TQRs sent after their topic's last TIR: per (topic, sender, context id) the
+    count and first/last time (epoch microseconds).  ``last_tir``: topic -> epoch us."""
+    if not last_tir:
+        return []
+    spark = r.sparkSession
+    lt = spark.createDataFrame(list(last_tir.items()), "topic string, last_tir_us bigint")
+    t = r.where(_kind("TQR")).join(F.broadcast(lt), "topic").where(F.col("us") > F.col("last_tir_us"))
+    return (t.groupBy("topic", "src", "sport", "context_id")
+            .agg(F.count(F.lit(1)).alias("n"), F.min("us").alias("first_us"), F.max("us").alias("last_us"),
+                 F.first("last_tir_us").alias("last_tir_us"))
+            .toArrow().to_pylist())
+
+
+def time_to_resolve(r: DataFrame) -> list[dict]:
+    """Per (querier, topic): first TQR -> first TIR for the topic at or after it,
+    as (src, sport, context id, topic, first query us, resolved us).
 
     One window over the topic's events sorted newest first, so the running minimum
     of TIR times is the first TIR at or after each query (TIRs sort before a TQR
     of the same microsecond)."""
-    q = (r.where(_kind("TQR")).groupBy("src", "sport", "topic").agg(F.min("us").alias("us")))
-    a = r.where(_kind("TIR")).select("topic", "us")     # (a distinct or semi-join costs more than it saves)
+    q = (r.where(_kind("TQR")).groupBy("src", "sport", "topic")
+         .agg(F.min("us").alias("us"), F.first("context_id", ignorenulls=True).alias("context_id")))
+    a = r.where(_kind("TIR")).select("topic", "us")
     ev = (q.withColumn("is_tir", F.lit(0))
           .unionByName(a.withColumn("src", F.lit(None).cast("string"))
                        .withColumn("sport", F.lit(None).cast("int"))
+                       .withColumn("context_id", F.lit(None).cast("string"))
                        .withColumn("is_tir", F.lit(1))))
     w = (Window.partitionBy("topic").orderBy(F.desc("us"), F.desc("is_tir"))
          .rowsBetween(Window.unboundedPreceding, Window.currentRow))
     ev = ev.withColumn("next_tir", F.min(F.when(F.col("is_tir") == 1, F.col("us"))).over(w))
     res = ev.where((F.col("is_tir") == 0) & F.col("next_tir").isNotNull())
-    return (res.select(
-        _querier().alias("querier"), "topic",
-        _iso(F.timestamp_micros("us")).alias("first_query"),
-        _iso(F.timestamp_micros("next_tir")).alias("resolved_at"),
-        ((F.col("next_tir") - F.col("us")) / 1e6).alias("time_to_resolve_s"),
-    ).orderBy("topic", "querier"))
+    return res.select("src", "sport", "context_id", "topic", "us", "next_tir").toArrow().to_pylist()
 
 
-def transport_conflicts(r: DataFrame) -> DataFrame:
-    """Transport identities advertised from more than one source IP address."""
-    g = (r.where(_kind("TIR")).groupBy("transport_id", "src", "topic").agg(F.count(F.lit(1)).alias("n"))
-         .groupBy("transport_id").agg(
-             F.size(F.collect_set("src")).alias("n_senders"),
-             _set("src").alias("senders"),
-             F.size(F.collect_set("topic")).alias("n_topics"),
-             F.sum("n").alias("advertisements"),
-         ))
-    return (g.where(F.col("n_senders") > 1)
-            .select("transport_id", "n_senders", "senders", "n_topics", "advertisements")
-            .orderBy("transport_id"))
+def keepalive_census(r: DataFrame) -> list[dict]:
+    """Distinct keepalive clients (``src:sport``) per minute."""
+    k = r.where(_kind("KEEPALIVE")).withColumn("minute", F.floor(F.col("second") / 60) * 60)
+    rows = k.groupBy("minute").agg(
+        F.countDistinct("src", "sport").alias("clients"),
+        F.count(F.lit(1)).alias("packets"),
+    ).toArrow().to_pylist()
+    return sorted((dict(minute=x["minute"], time=iso_s(x["minute"]), clients=x["clients"],
+                        packets=x["packets"]) for x in rows), key=lambda x: x["minute"])
 
 
-def load_per_second(r: DataFrame) -> DataFrame:
-    """Per second and record kind: datagrams holding that kind, records, bytes of
-    those datagrams; kind ``ALL`` for every datagram."""
-    t = r.where(F.col("ts").isNotNull())
-    by_kind = t.groupBy("second", "record_kind").agg(
-        F.sum(F.when(F.col("kind_first"), 1).otherwise(0)).alias("packets"),
-        F.count(F.lit(1)).alias("records"),
-        F.coalesce(F.sum(F.when(F.col("kind_first"), F.col("length"))), F.lit(0)).alias("bytes"),
-    )
-    first = F.col("record_index") == 0
-    total = t.groupBy("second").agg(
-        F.sum(F.when(first, 1).otherwise(0)).alias("packets"),
-        F.count(F.lit(1)).alias("records"),
-        F.coalesce(F.sum(F.when(first, F.col("length"))), F.lit(0)).alias("bytes"),
-    ).withColumn("record_kind", F.lit("ALL"))
-    out = by_kind.unionByName(total)
-    return (out.select("second", F.date_format(F.timestamp_seconds("second"), ISO_S).alias("time"),
-                       "record_kind", "packets", "records", "bytes")
-            .orderBy("second", "record_kind"))
+def error_rows(r: DataFrame) -> tuple[list[dict], list[dict]]:
+    """(capture errors, decode errors), each sorted by file and offset."""
+    rows = (r.where(F.col("record_kind").isin("CAPTURE_ERROR", "DECODE_ERROR"))
+            .select("record_kind", "file", "offset", "us", "src", "sport", "dst", "dport", "length", "error")
+            .toArrow().to_pylist())
+    rows.sort(key=lambda x: (x["file"], x["offset"]))
+    cap = [dict(file=x["file"], offset=x["offset"], error=x["error"])
+           for x in rows if x["record_kind"] == "CAPTURE_ERROR"]
+    dec = [dict(file=x["file"], offset=x["offset"], time=iso_us(x["us"]), src=x["src"], sport=x["sport"],
+                dst=x["dst"], dport=x["dport"], length=x["length"], error=x["error"])
+           for x in rows if x["record_kind"] == "DECODE_ERROR"]
+    return cap, dec
 
 
-def senders(r: DataFrame) -> DataFrame:
-    """Per source IP: datagrams, bytes, records, TIRs, TQRs, first/last seen
-    (cache it: one row per sender)."""
-    t = r.where(F.col("ts").isNotNull())
-    first = F.col("record_index") == 0
-    return t.groupBy("src").agg(
-        F.sum(F.when(first, 1).otherwise(0)).alias("packets"),
-        F.coalesce(F.sum(F.when(first, F.col("length"))), F.lit(0)).alias("bytes"),
-        F.count(F.lit(1)).alias("records"),
-        F.sum(F.when(_kind("TIR"), 1).otherwise(0)).alias("tirs"),
-        F.sum(F.when(_kind("TQR"), 1).otherwise(0)).alias("tqrs"),
-        _iso(F.min("ts")).alias("first_seen"),
-        _iso(F.max("ts")).alias("last_seen"),
-    ).withColumnRenamed("src", "sender")
-
-
-def top_talkers(snd: DataFrame, top: int) -> DataFrame:
-    return snd.orderBy(F.desc("packets"), F.desc("bytes"), "sender").limit(top)
-
-
-def top_topics(inventory: DataFrame, top: int) -> DataFrame:
-    return (inventory.select("topic", (F.col("advertisements") + F.col("queries")).alias("records"),
-                             "advertisements", "queries", "n_sources")
-            .orderBy(F.desc("records"), "topic").limit(top))
-
-
-def wildcard_patterns(r: DataFrame) -> DataFrame:
-    """Wildcard query patterns (before matching)."""
-    return (r.where(_kind("WC_TQR")).groupBy(F.col("topic").alias("pattern"), "pattern_type").agg(
-        F.count(F.lit(1)).alias("queries"),
-        _set(_querier()).alias("queriers"),
-        _iso(F.min("ts")).alias("first_seen"),
-        _iso(F.max("ts")).alias("last_seen"),
-    ).orderBy("pattern", "pattern_type"))
-
+# --------------------------------------------------------------------------- driver side
 
 def compile_pattern(pattern: str, pattern_type: int) -> re.Pattern | str:
     """A wildcard pattern as a Python regex, or the compile error text.
@@ -221,109 +252,297 @@ def compile_pattern(pattern: str, pattern_type: int) -> re.Pattern | str:
     both (no possessive quantifiers or POSIX classes such as ``[[:alpha:]]``)."""
     try:
         return re.compile(pattern)
-    except re.error as e:
-        return f"invalid pattern: {e}"
-    except (TypeError, ValueError, RecursionError) as e:
+    except (re.error, TypeError, ValueError, RecursionError) as e:
         return f"invalid pattern: {e}"
 
 
-def _matcher(compiled: list[tuple[str, int, re.Pattern]]):
-    def match(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for b in batches:
-            topics = b.column(0).to_pylist()
-            pats, types, tops = [], [], []
-            for p, t, rx in compiled:
-                s = rx.search
-                for topic in topics:
-                    if topic is not None and s(topic):
-                        pats.append(p)
-                        types.append(t)
-                        tops.append(topic)
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(pats, pa.string()), pa.array(types, pa.int32()), pa.array(tops, pa.string())],
-                names=["pattern", "pattern_type", "topic"])
-    return match
+_PRIVATE = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                             "127.0.0.0/8", "169.254.0.0/16")]
 
 
-def wildcard_matches(r: DataFrame, patterns: list[tuple[str, int]]) -> tuple[DataFrame, dict]:
-    """(pattern, pattern_type, topic) for every topic seen in a TIR or TQR that a
-    valid pattern matches, and {(pattern, type): error} for invalid ones."""
-    compiled, errors = [], {}
-    for p, t in patterns:
-        rx = compile_pattern(p, t)
-        if isinstance(rx, str):
-            errors[(p, t)] = rx
+def _block(ip: ipaddress.IPv4Address):
+    for n in _PRIVATE:
+        if ip in n:
+            return n
+    return None
+
+
+def _ip(text: str | None):
+    try:
+        return ipaddress.IPv4Address(text)
+    except (ipaddress.AddressValueError, ValueError, TypeError):
+        return None
+
+
+def derive(facts: list[dict], flow_rows: list[dict], *, top: int) -> dict[str, list[dict]]:
+    """The topic, conflict, NAT, talker, client and wildcard tables from the topic
+    facts and flows (see the module docs for the definitions)."""
+    T: dict[str, list[dict]] = {}
+    label = context_label
+    tirs = [f for f in facts if f["record_kind"] == "TIR"]
+    tqrs = [f for f in facts if f["record_kind"] == "TQR"]
+    wcs = [f for f in facts if f["record_kind"] == "WC_TQR"]
+
+    # ---- topics
+    by_topic: dict[str, dict] = {}
+    for f in tirs + tqrs:
+        t = by_topic.setdefault(f["topic"], dict(adv=0, q=0, tids=set(), advs=set(), qs=set(),
+                                                 first=None, last=None, ftir=None, ltir=None, ftqr=None))
+        if f["record_kind"] == "TIR":
+            t["adv"] += f["n"]
+            t["tids"].add(f["transport_id"])
+            t["advs"].add(label(f["src"], f["sport"], f["context_id"]))
+            t["ftir"] = f["first_us"] if t["ftir"] is None else min(t["ftir"], f["first_us"])
+            t["ltir"] = f["last_us"] if t["ltir"] is None else max(t["ltir"], f["last_us"])
         else:
-            compiled.append((p, t, rx))
-    topics = r.where(F.col("record_kind").isin("TIR", "TQR")).select("topic").distinct()
-    m = topics.mapInArrow(_matcher(compiled), "pattern string, pattern_type int, topic string")
-    return m.orderBy("pattern", "pattern_type", "topic"), errors
+            t["q"] += f["n"]
+            t["qs"].add((f["src"], f["sport"]))
+            t["ftqr"] = f["first_us"] if t["ftqr"] is None else min(t["ftqr"], f["first_us"])
+        t["first"] = f["first_us"] if t["first"] is None else min(t["first"], f["first_us"])
+        t["last"] = f["last_us"] if t["last"] is None else max(t["last"], f["last_us"])
+    inv = [dict(topic=k, advertisements=t["adv"], queries=t["q"], n_sources=len(t["tids"]),
+                sources=_join(t["tids"]), advertisers=_join(t["advs"]), n_queriers=len(t["qs"]),
+                first_seen=iso_us(t["first"]), last_seen=iso_us(t["last"]),
+                first_advertised=iso_us(t["ftir"]), last_advertised=iso_us(t["ltir"]),
+                first_queried=iso_us(t["ftqr"]))
+           for k, t in by_topic.items()]
+    inv.sort(key=lambda x: (-(x["advertisements"] + x["queries"]), x["topic"]))
+    T["topic_inventory"] = inv
+    T["top_topics"] = [dict(topic=i["topic"], records=i["advertisements"] + i["queries"],
+                            advertisements=i["advertisements"], queries=i["queries"], n_sources=i["n_sources"])
+                       for i in inv[:top]]
+
+    # ---- unresolved: per (topic, querier)
+    unres: dict[tuple, list] = {}
+    for f in tqrs:
+        if by_topic[f["topic"]]["adv"]:
+            continue
+        k = (f["topic"], f["src"], f["sport"])
+        u = unres.setdefault(k, [0, f["first_us"], f["last_us"], set()])
+        u[0] += f["n"]
+        u[1], u[2] = min(u[1], f["first_us"]), max(u[2], f["last_us"])
+        u[3].add(f["context_id"])
+    T["unresolved_topics"] = sorted(
+        (dict(topic=t, querier=f"{s}:{p}", src_id=_join(u[3]) or None, queries=u[0],
+              first_query=iso_us(u[1]), last_query=iso_us(u[2]), via_lbmrd=p == LBMRD_PORT)
+         for (t, s, p), u in unres.items()),
+        key=lambda x: (-x["queries"], x["topic"], x["querier"]))
+
+    # ---- conflicts
+    by_tid: dict[str, dict] = defaultdict(lambda: dict(ctx=set(), topics=set(), n=0, first=None, last=None))
+    by_otid: dict[str, dict] = defaultdict(lambda: dict(ctx=set(), topics=set(), tids=set(), n=0))
+    by_ctx_topic: dict[tuple, dict] = defaultdict(lambda: dict(tids=set(), n=0, first=None, last=None))
+    for f in tirs:
+        c = label(f["src"], f["sport"], f["context_id"])
+        x = by_tid[f["transport_id"]]
+        x["ctx"].add(c)
+        x["topics"].add(f["topic"])
+        x["n"] += f["n"]
+        x["first"] = f["first_us"] if x["first"] is None else min(x["first"], f["first_us"])
+        x["last"] = f["last_us"] if x["last"] is None else max(x["last"], f["last_us"])
+        if f["otid"] is not None:
+            o = by_otid[f["otid"]]
+            o["ctx"].add(c)
+            o["topics"].add(f["topic"])
+            o["tids"].add(f["transport_id"])
+            o["n"] += f["n"]
+        y = by_ctx_topic[(f["src"], f["sport"], f["context_id"], f["topic"])]
+        y["tids"].add(f["transport_id"])
+        y["n"] += f["n"]
+        y["first"] = f["first_us"] if y["first"] is None else min(y["first"], f["first_us"])
+        y["last"] = f["last_us"] if y["last"] is None else max(y["last"], f["last_us"])
+    T["transport_conflicts"] = sorted(
+        (dict(transport_id=k, n_contexts=len(x["ctx"]), contexts=" | ".join(sorted(x["ctx"])),
+              n_topics=len(x["topics"]), topics=_join(x["topics"]), advertisements=x["n"],
+              first_seen=iso_us(x["first"]), last_seen=iso_us(x["last"]))
+         for k, x in by_tid.items() if len(x["ctx"]) > 1),
+        key=lambda x: (-x["n_contexts"], x["transport_id"]))
+    T["otid_collisions"] = sorted(
+        (dict(otid=k, n_topics=len(o["topics"]), topics=_join(o["topics"]), n_contexts=len(o["ctx"]),
+              contexts=" | ".join(sorted(o["ctx"])), transports=_join(o["tids"]), advertisements=o["n"])
+         for k, o in by_otid.items() if len(o["topics"]) > 1 or len(o["ctx"]) > 1),
+        key=lambda x: (-(x["n_topics"] + x["n_contexts"]), x["otid"]))
+    T["multi_transport_topics"] = sorted(
+        (dict(context=label(s, p, cid), src_id=cid, topic=t, n_transports=len(y["tids"]),
+              transports=_join(y["tids"]), advertisements=y["n"],
+              first_seen=iso_us(y["first"]), last_seen=iso_us(y["last"]))
+         for (s, p, cid, t), y in by_ctx_topic.items() if len(y["tids"]) > 1),
+        key=lambda x: (-x["n_transports"], x["context"], x["topic"]))
+
+    # ---- NAT audit
+    seen24, blocks = set(), set()
+    for fl in flow_rows:
+        for a, direct in ((fl["src"], fl["sport"] != LBMRD_PORT), (fl["dst"], True)):
+            ip = _ip(a)
+            if ip is None or ip.is_multicast or not direct or ip.is_unspecified:
+                continue
+            seen24.add(int(ip) >> 8)
+            b = _block(ip)
+            if b is not None:
+                blocks.add(b)
+    nat: dict[tuple, dict] = {}
+    for f in tirs:
+        ip = _ip(f["transport_ip"])
+        if ip is None or ip.is_unspecified or ip.is_multicast:
+            continue
+        if int(ip) >> 8 in seen24 or (_block(ip) is not None and _block(ip) in blocks):
+            continue
+        k = (f["transport_ip"], f["transport_id"], f["topic"], label(f["src"], f["sport"], f["context_id"]))
+        x = nat.setdefault(k, dict(n=0, first=f["first_us"], last=f["last_us"], relayed=f["sport"] == LBMRD_PORT))
+        x["n"] += f["n"]
+        x["first"], x["last"] = min(x["first"], f["first_us"]), max(x["last"], f["last_us"])
+    T["nat_audit"] = [dict(advertised_ip=k[0], transport_id=k[1], topic=k[2], advertiser=k[3],
+                           via_lbmrd=x["relayed"], advertisements=x["n"],
+                           first_seen=iso_us(x["first"]), last_seen=iso_us(x["last"]),
+                           reason="no host of this /24 or private block was seen in the capture")
+                      for k, x in sorted(nat.items())]
+
+    # ---- contexts: top talkers, keepalive clients, census changes
+    ctx: dict[tuple, dict] = {}
+    for fl in flow_rows:
+        k = (fl["src"], fl["sport"], fl["context_id"])
+        c = ctx.setdefault(k, dict(packets=0, bytes=0, records=0, tirs=0, tqrs=0, keepalives=0,
+                                   first=fl["first_us"], last=fl["last_us"], ka_first=None, ka_last=None,
+                                   types=set(), dsts=set(), to_lbmrd=False))
+        for n in ("packets", "bytes", "records", "tirs", "tqrs", "keepalives"):
+            c[n] += fl[n]
+        c["first"], c["last"] = min(c["first"], fl["first_us"]), max(c["last"], fl["last_us"])
+        if fl["keepalives"]:
+            c["types"].add(fl["packet_type"])
+            c["dsts"].add(fl["dst"])
+            c["ka_first"] = fl["ka_first_us"] if c["ka_first"] is None else min(c["ka_first"], fl["ka_first_us"])
+            c["ka_last"] = fl["ka_last_us"] if c["ka_last"] is None else max(c["ka_last"], fl["ka_last_us"])
+        if fl["dport"] == LBMRD_PORT:
+            c["to_lbmrd"] = True
+    talkers = [dict(context=f"{s}:{p}", src_id=cid, via_lbmrd=p == LBMRD_PORT, packets=c["packets"],
+                    bytes=c["bytes"], records=c["records"], tirs=c["tirs"], tqrs=c["tqrs"],
+                    keepalives=c["keepalives"], first_seen=iso_us(c["first"]), last_seen=iso_us(c["last"]))
+               for (s, p, cid), c in ctx.items()]
+    talkers.sort(key=lambda x: (-x["packets"], -x["bytes"], x["context"], x["src_id"] or ""))
+    T["contexts"] = talkers
+    T["top_talkers"] = talkers[:top]
+    ka: dict[tuple, dict] = {}
+    for (s, p, _cid), c in ctx.items():
+        if c["keepalives"]:
+            x = ka.setdefault((s, p), dict(n=0, types=set(), dsts=set(), first=c["ka_first"], last=c["ka_last"]))
+            x["n"] += c["keepalives"]
+            x["types"] |= c["types"]
+            x["dsts"] |= c["dsts"]
+            x["first"], x["last"] = min(x["first"], c["ka_first"]), max(x["last"], c["ka_last"])
+    T["keepalive_senders"] = [dict(client=f"{s}:{p}", packets=x["n"], types=_join(x["types"]),
+                                   destinations=_join(x["dsts"]), first_seen=iso_us(x["first"]),
+                                   last_seen=iso_us(x["last"]))
+                              for (s, p), x in sorted(ka.items(), key=lambda kv: f"{kv[0][0]}:{kv[0][1]}")]
+    T["client_changes"] = client_changes(ctx, flow_rows)
+
+    # ---- wildcards
+    pats: dict[tuple, dict] = {}
+    for f in wcs:
+        k = (f["topic"], f["pattern_type"])
+        x = pats.setdefault(k, dict(n=0, qs=set(), first=f["first_us"], last=f["last_us"]))
+        x["n"] += f["n"]
+        x["qs"].add(f"{f['src']}:{f['sport']}")
+        x["first"], x["last"] = min(x["first"], f["first_us"]), max(x["last"], f["last_us"])
+    topics = sorted(by_topic)
+    prow, matches = [], []
+    for (p, t) in sorted(pats):
+        x = pats[(p, t)]
+        rx = compile_pattern(p, t)
+        err = rx if isinstance(rx, str) else None
+        hits = [] if err else [tp for tp in topics if rx.search(tp)]
+        matches += [dict(pattern=p, pattern_type=t, topic=tp) for tp in hits]
+        prow.append(dict(pattern=p, pattern_type=t, queries=x["n"], queriers=_join(x["qs"]),
+                         first_seen=iso_us(x["first"]), last_seen=iso_us(x["last"]),
+                         matched_topics=len(hits), error=err))
+    T["wildcard_patterns"] = prow
+    T["wildcard_matches"] = matches
+    return T
 
 
-def keepalive_senders(r: DataFrame) -> DataFrame:
-    return (r.where(_kind("KEEPALIVE")).groupBy("src", "sport").agg(
-        F.count(F.lit(1)).alias("packets"),
-        _set("packet_type").alias("types"),
-        _set("dst").alias("destinations"),
-        _iso(F.min("ts")).alias("first_seen"),
-        _iso(F.max("ts")).alias("last_seen"),
-    ).select(_querier().alias("client"), "packets", "types", "destinations", "first_seen", "last_seen")
-        .orderBy("client"))
+def client_changes(ctx: dict[tuple, dict], flow_rows: list[dict]) -> list[dict]:
+    """lbmrd clients (contexts that sent keepalives or LBMR to UDP port 15380) that
+    joined (first heard more than :data:`CLIENT_SILENCE_S` after the capture's first
+    datagram) or vanished (silent for more than that before its last datagram)."""
+    times = [fl["first_us"] for fl in flow_rows] + [fl["last_us"] for fl in flow_rows]
+    if not times:
+        return []
+    start, end = min(times), max(times)
+    lim = CLIENT_SILENCE_S * 1_000_000
+    out = []
+    for (s, p, cid), c in ctx.items():
+        if not (c["keepalives"] or c["to_lbmrd"]) or p == LBMRD_PORT:
+            continue
+        name = f"{s}:{p}"
+        if c["first"] - start > lim:
+            out.append(dict(client=name, src_id=cid, event="joined", time=iso_us(c["first"]),
+                            silent_s=None, datagrams=c["packets"]))
+        if end - c["last"] > lim:
+            out.append(dict(client=name, src_id=cid, event="vanished", time=iso_us(c["last"]),
+                            silent_s=round((end - c["last"]) / 1e6, 3), datagrams=c["packets"]))
+    out.sort(key=lambda x: (x["time"], x["client"], x["event"]))
+    return out
 
 
-def keepalive_census(r: DataFrame) -> DataFrame:
-    """Distinct keepalive clients (``src:sport``) per minute."""
-    k = r.where(_kind("KEEPALIVE")).withColumn("minute", F.floor(F.col("second") / 60) * 60)
-    return (k.groupBy("minute").agg(
-        F.countDistinct("src", "sport").alias("clients"),
-        F.count(F.lit(1)).alias("packets"),
-    ).select("minute", F.date_format(F.timestamp_seconds("minute"), ISO_S).alias("time"),
-             "clients", "packets").orderBy("minute"))
+def storms_table(load: list[dict], threshold: int, per_ctx: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(storm seconds with their top contexts, per-context rows of storm seconds)."""
+    by_sec: dict[int, list] = defaultdict(list)
+    for x in per_ctx:
+        by_sec[x["second"]].append(x)
+    storms, rows = [], []
+    for x in load:
+        if x["record_kind"] != "ALL" or x["packets"] <= threshold:
+            continue
+        cs = sorted(by_sec.get(x["second"], []), key=lambda c: (-c["packets"], c["src"], c["sport"]))
+        for c in cs:
+            rows.append(dict(second=x["second"], time=x["time"], context=f"{c['src']}:{c['sport']}",
+                             src_id=c["context_id"], packets=c["packets"],
+                             share=round(c["packets"] / x["packets"], 4)))
+        storms.append(dict(second=x["second"], time=x["time"], packets=x["packets"], records=x["records"],
+                           bytes=x["bytes"],
+                           top_contexts="; ".join(f"{context_label(c['src'], c['sport'], c['context_id'])} "
+                                                  f"{c['packets']}/s" for c in cs[:3])))
+    return storms, rows
 
 
-def nat_audit(r: DataFrame) -> DataFrame:
-    """TIRs advertising an IP outside the sender's /24 (see the module docs)."""
-    ip = F.col("transport_ip")
-    t = r.where(_kind("TIR") & ip.isNotNull() & (ip != "0.0.0.0") & (ip != F.col("src"))
-                & (F.substring_index(ip, ".", 3) != F.substring_index("src", ".", 3)))
-    return (t.groupBy(F.col("src").alias("sender"), F.col("transport_ip").alias("advertised_ip"),
-                      "transport_id", "topic").agg(
-        F.count(F.lit(1)).alias("advertisements"),
-        _iso(F.min("ts")).alias("first_seen"),
-        _iso(F.max("ts")).alias("last_seen"),
-    ).orderBy("sender", "advertised_ip", "topic", "transport_id"))
+def ttr_table(rows: list[dict]) -> list[dict]:
+    out = [dict(querier=f"{x['src']}:{x['sport']}", src_id=x["context_id"], topic=x["topic"],
+                first_query=iso_us(x["us"]), resolved_at=iso_us(x["next_tir"]),
+                time_to_resolve_s=(x["next_tir"] - x["us"]) / 1e6) for x in rows]
+    out.sort(key=lambda x: (-x["time_to_resolve_s"], x["topic"], x["querier"]))
+    return out
 
 
-def capture_errors(r: DataFrame) -> DataFrame:
-    return (r.where(_kind("CAPTURE_ERROR")).select("file", "offset", "error")
-            .orderBy("file", "offset"))
+def stale_table(rows: list[dict]) -> list[dict]:
+    out = [dict(topic=x["topic"], querier=f"{x['src']}:{x['sport']}", src_id=x["context_id"],
+                last_advertised=iso_us(x["last_tir_us"]), queries_after=x["n"],
+                first_query_after=iso_us(x["first_us"]), last_query=iso_us(x["last_us"]),
+                silent_s=round((x["last_us"] - x["last_tir_us"]) / 1e6, 6))
+           for x in rows]
+    out.sort(key=lambda x: (-x["queries_after"], x["topic"], x["querier"], x["src_id"] or ""))
+    return out
 
 
-def decode_errors(r: DataFrame) -> DataFrame:
-    return (r.where(_kind("DECODE_ERROR"))
-            .select("file", "offset", _iso("ts").alias("time"), "src", "sport", "dst", "dport",
-                    "length", "error")
-            .orderBy("file", "offset"))
+def totals(file_rows: list[dict]) -> dict:
+    """The summary counts from the per-file rows."""
+    firsts = [f["first_us"] for f in file_rows if f["first_us"] is not None]
+    lasts = [f["last_us"] for f in file_rows if f["last_us"] is not None]
+    s = dict(
+        datagrams=sum(f["datagrams"] for f in file_rows),
+        records=sum(f["records"] for f in file_rows),
+        bytes=sum(f["bytes"] for f in file_rows),
+        first_seen=iso_us(min(firsts)) if firsts else None,
+        last_seen=iso_us(max(lasts)) if lasts else None,
+        tirs=sum(f["k_TIR"] for f in file_rows), tqrs=sum(f["k_TQR"] for f in file_rows),
+        wc_tqrs=sum(f["k_WC_TQR"] for f in file_rows), keepalives=sum(f["k_KEEPALIVE"] for f in file_rows),
+        decode_errors=sum(f["decode_errors"] for f in file_rows),
+        capture_errors=sum(f["capture_errors"] for f in file_rows),
+    )
+    pt = {t: sum(f["pt_" + t] for f in file_rows) for t in PACKET_TYPES}
+    s["packet_types"] = {k: v for k, v in pt.items() if v}
+    return s
 
 
-def totals(r: DataFrame) -> dict:
-    """A handful of counts for the summary (one small aggregate)."""
-    first = (F.col("record_index") == 0) & F.col("ts").isNotNull()
-    row = r.agg(
-        F.sum(F.when(first, 1).otherwise(0)).alias("datagrams"),
-        F.sum(F.when(F.col("ts").isNotNull(), 1).otherwise(0)).alias("records"),
-        F.coalesce(F.sum(F.when(first, F.col("length"))), F.lit(0)).alias("bytes"),
-        _iso(F.min("ts")).alias("first_seen"),
-        _iso(F.max("ts")).alias("last_seen"),
-        F.sum(F.when(_kind("TIR"), 1).otherwise(0)).alias("tirs"),
-        F.sum(F.when(_kind("TQR"), 1).otherwise(0)).alias("tqrs"),
-        F.sum(F.when(_kind("WC_TQR"), 1).otherwise(0)).alias("wc_tqrs"),
-        F.sum(F.when(_kind("KEEPALIVE"), 1).otherwise(0)).alias("keepalives"),
-        F.sum(F.when(_kind("DECODE_ERROR"), 1).otherwise(0)).alias("decode_errors"),
-        F.sum(F.when(_kind("CAPTURE_ERROR"), 1).otherwise(0)).alias("capture_errors"),
-        *[F.sum(F.when(first & (F.col("packet_type") == t), 1).otherwise(0)).alias("pt_" + t)
-          for t in PACKET_TYPES],
-    ).collect()[0].asDict()
-    row["packet_types"] = {t: row.pop("pt_" + t) or 0 for t in PACKET_TYPES}
-    row["packet_types"] = {k: v for k, v in row["packet_types"].items() if v}
-    return {k: (0 if v is None and k not in ("first_seen", "last_seen") else v) for k, v in row.items()}
+def files_table(file_rows: list[dict]) -> list[dict]:
+    return [dict(file=f["file"], datagrams=f["datagrams"], records=f["records"], bytes=f["bytes"],
+                 decode_errors=f["decode_errors"], capture_errors=f["capture_errors"],
+                 first_seen=iso_us(f["first_us"]), last_seen=iso_us(f["last_us"])) for f in file_rows]

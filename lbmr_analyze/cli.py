@@ -94,7 +94,7 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
 
     from .job import Progress, build_session, run, summary_text
 
-    prog = Progress(2 + 6, enabled=not quiet)
+    prog = Progress(1 + 5, enabled=not quiet)
     prog.step("starting Spark" + (f" ({master})" if master else ""))
     owned = SparkSession.getActiveSession() is None    # embedded callers keep their session
     try:

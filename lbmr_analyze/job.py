@@ -30,10 +30,11 @@ RECORDS_DIR = "records"
 
 #: Every table of the report, in report order.
 TABLES = (
-    "summary", "files", "topic_inventory", "unresolved_topics", "time_to_resolve",
-    "topic_conflicts", "transport_conflicts", "load_per_second", "storms", "top_talkers",
-    "top_topics", "wildcard_patterns", "wildcard_matches", "keepalive_senders",
-    "keepalive_census", "nat_audit", "capture_errors", "decode_errors",
+    "findings", "summary", "files", "unresolved_topics", "stale_queries", "transport_conflicts",
+    "otid_collisions", "multi_transport_topics", "storms", "storm_contexts", "nat_audit",
+    "client_changes", "time_to_resolve", "topic_inventory", "top_topics", "top_talkers", "contexts",
+    "keepalive_senders", "keepalive_census", "load_per_second", "wildcard_patterns",
+    "wildcard_matches", "capture_errors", "decode_errors",
 )
 
 
@@ -218,8 +219,69 @@ def read_records(spark, records_path: Path):
     return spark.read.schema(SPARK_DDL + ", hour string").parquet(str(records_path))
 
 
-def _collect(df) -> list[dict]:
-    return df.toArrow().to_pylist()
+def analyse(spark, records, *, storm_threshold: int = DEFAULT_STORM_THRESHOLD, top: int = DEFAULT_TOP,
+            progress: Progress | None = None) -> tuple[dict, dict[str, list[dict]]]:
+    """All tables from the records DataFrame: (summary, tables).
+
+    The records' needed columns are cached once (memory, spilling to disk) and
+    every pass reads that cache: per-file counts, topic facts, flows, load per
+    second, keepalive census, time to resolve and errors, plus one pass for storm
+    seconds and one for stale queries when there are any; the rest is derived on
+    the driver from those small results."""
+    from pyspark import StorageLevel
+
+    from . import analyses as A
+    from . import findings as FND
+
+    prog = progress if progress is not None else Progress(3, enabled=False)
+    r = A.prepare(records).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        prog.step("analysing: files, topics, contexts")
+        file_rows = A.files(r)
+        summary = A.totals(file_rows)
+        tables: dict[str, list[dict]] = {"files": A.files_table(file_rows)}
+        facts = A.topic_facts(r)
+        flow_rows = A.flows(r)
+        tables.update(A.derive(facts, flow_rows, top=top))
+        prog.step("analysing: time to resolve, stale queries, load, storms")
+        tables["time_to_resolve"] = A.ttr_table(A.time_to_resolve(r))
+        last_tir: dict[str, int] = {}
+        last_tqr: dict[str, int] = {}
+        for f in facts:
+            d = last_tir if f["record_kind"] == "TIR" else last_tqr if f["record_kind"] == "TQR" else None
+            if d is not None:
+                d[f["topic"]] = max(d.get(f["topic"], f["last_us"]), f["last_us"])
+        cand = {t: us for t, us in last_tir.items() if last_tqr.get(t, -1) > us}
+        tables["stale_queries"] = A.stale_table(A.stale_queries(r, cand))
+        load = A.load_per_second(r)
+        tables["load_per_second"] = load
+        storm_secs = [x["second"] for x in load if x["record_kind"] == "ALL" and x["packets"] > storm_threshold]
+        tables["storms"], tables["storm_contexts"] = A.storms_table(
+            load, storm_threshold, A.storm_contexts(r, storm_secs))
+        tables["keepalive_census"] = A.keepalive_census(r)
+        tables["capture_errors"], tables["decode_errors"] = A.error_rows(r)
+    finally:
+        r.unpersist()
+    summary.update(
+        storm_threshold=storm_threshold,
+        topics=len(tables["topic_inventory"]),
+        contexts=len(tables["contexts"]),
+        unresolved_topics=len({x["topic"] for x in tables["unresolved_topics"]}),
+        stale_queriers=len(tables["stale_queries"]),
+        transport_conflicts=len(tables["transport_conflicts"]),
+        otid_collisions=len(tables["otid_collisions"]),
+        multi_transport_topics=len(tables["multi_transport_topics"]),
+        nat_mismatches=len(tables["nat_audit"]),
+        storm_seconds=len(tables["storms"]),
+        wildcard_patterns=len(tables["wildcard_patterns"]),
+        keepalive_clients=len(tables["keepalive_senders"]),
+        clients_vanished=sum(1 for x in tables["client_changes"] if x["event"] == "vanished"),
+    )
+    tables["findings"] = FND.build(tables, summary)
+    summary["findings"] = {s: sum(1 for f in tables["findings"] if f["severity"] == s and
+                                  not f["finding"].startswith("..."))
+                           for s in FND.SEVERITIES}
+    return summary, tables
 
 
 def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
@@ -228,10 +290,9 @@ def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
         progress: Progress | None = None, report: bool = True) -> Result:
     """Run the whole job on ``spark``; write ``out/records`` (Parquet), the tables
     (``out/<table>.csv`` and ``.json``) and ``out/report.html`` with its plots."""
-    from . import analyses as A
     from . import report as R
 
-    prog = progress if progress is not None else Progress(7 if report else 6, enabled=False)
+    prog = progress if progress is not None else Progress(6 if report else 5, enabled=False)
     out = Path(out).resolve()
     portset = frozenset(ports) | DEFAULT_PORTS
     spark.conf.set("spark.sql.session.timeZone", "UTC")     # tables and hour partitions are UTC
@@ -247,63 +308,9 @@ def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
     records_path = out / RECORDS_DIR
     parts, nrows = decode_to_parquet(spark, splits, records_path, portset)
 
-    prog.step("analysing: totals, files, topics")
-    r = A.prepare(read_records(spark, records_path))
-    tables: dict[str, list[dict]] = {}
-    summary = A.totals(r)
-    summary.update(files=len(files), byte_ranges=len(splits), parquet_rows=nrows,
-                   storm_threshold=storm_threshold)
-    tables["files"] = _collect(A.files(r))
-    ts = A.topic_summary(r).cache()
-    tables["topic_inventory"] = _collect(A.topic_inventory(ts))
-    tables["unresolved_topics"] = _collect(A.unresolved_topics(ts))
-    tables["topic_conflicts"] = _collect(A.topic_conflicts(ts))
-    tables["top_topics"] = _collect(A.top_topics(ts, top))
-    ts.unpersist()
-    summary["topics"] = len(tables["topic_inventory"])
-
-    prog.step("analysing: time to resolve, transports, NAT")
-    tables["time_to_resolve"] = _collect(A.time_to_resolve(r))
-    tables["transport_conflicts"] = _collect(A.transport_conflicts(r))
-    tables["nat_audit"] = _collect(A.nat_audit(r))
-
-    prog.step("analysing: load, storms, talkers, keepalives")
-    load = A.load_per_second(r)
-    tables["load_per_second"] = _collect(load)
-    tables["storms"] = [{k: v for k, v in row.items() if k != "record_kind"}
-                        for row in tables["load_per_second"]
-                        if row["record_kind"] == "ALL" and row["packets"] > storm_threshold]
-    snd = A.senders(r).cache()
-    tables["top_talkers"] = _collect(A.top_talkers(snd, top))
-    summary["senders"] = snd.count()
-    snd.unpersist()
-    tables["keepalive_senders"] = _collect(A.keepalive_senders(r))
-    tables["keepalive_census"] = _collect(A.keepalive_census(r))
-
-    prog.step("analysing: wildcard patterns, errors")
-    pats = _collect(A.wildcard_patterns(r))
-    matches_df, errors = A.wildcard_matches(r, [(p["pattern"], p["pattern_type"]) for p in pats])
-    tables["wildcard_matches"] = _collect(matches_df)
-    counts: dict[tuple, int] = {}
-    for m in tables["wildcard_matches"]:
-        k = (m["pattern"], m["pattern_type"])
-        counts[k] = counts.get(k, 0) + 1
-    for p in pats:
-        k = (p["pattern"], p["pattern_type"])
-        p["matched_topics"] = counts.get(k, 0)
-        p["error"] = errors.get(k)
-    tables["wildcard_patterns"] = pats
-    tables["capture_errors"] = _collect(A.capture_errors(r))
-    tables["decode_errors"] = _collect(A.decode_errors(r))
-    summary.update(
-        unresolved_topics=len(tables["unresolved_topics"]),
-        topic_conflicts=len(tables["topic_conflicts"]),
-        transport_conflicts=len(tables["transport_conflicts"]),
-        nat_mismatches=len(tables["nat_audit"]),
-        storm_seconds=len(tables["storms"]),
-        wildcard_patterns=len(pats),
-        keepalive_clients=len(tables["keepalive_senders"]),
-    )
+    summary, tables = analyse(spark, read_records(spark, records_path), storm_threshold=storm_threshold,
+                              top=top, progress=prog)
+    summary.update(files=len(files), byte_ranges=len(splits), parquet_rows=nrows)
     tables["summary"] = [{"key": k, "value": v if not isinstance(v, dict) else
                           " ".join(f"{a}={b}" for a, b in sorted(v.items()))}
                          for k, v in summary.items()]
@@ -324,10 +331,13 @@ def summary_text(res: Result) -> str:
         f"lbmr-analyze: {s['files']} file(s), {s['byte_ranges']} byte range(s): "
         f"{s['datagrams']} LBMR datagrams, {s['records']} records, {s['bytes']} bytes",
         f"  time span: {s['first_seen'] or '-'} .. {s['last_seen'] or '-'}",
-        f"  topics: {s['topics']} ({s['unresolved_topics']} unresolved); TIRs {s['tirs']}, TQRs {s['tqrs']}, "
-        f"wildcard TQRs {s['wc_tqrs']}, keepalives {s['keepalives']}",
-        f"  conflicts: {s['topic_conflicts']} topic(s), {s['transport_conflicts']} transport(s); "
-        f"NAT mismatches: {s['nat_mismatches']}; storm seconds (> {s['storm_threshold']} pkt/s): "
+        "  findings: " + ", ".join(f"{n} {k}" for k, n in s["findings"].items()),
+        f"  topics: {s['topics']} ({s['unresolved_topics']} never advertised, {s['stale_queriers']} "
+        f"querier(s) asking after the last advertisement); contexts {s['contexts']}; TIRs {s['tirs']}, "
+        f"TQRs {s['tqrs']}, wildcard TQRs {s['wc_tqrs']}, keepalives {s['keepalives']}",
+        f"  conflicts: {s['transport_conflicts']} transport, {s['otid_collisions']} OTID, "
+        f"{s['multi_transport_topics']} topic(s) on several transports in one context; "
+        f"NAT: {s['nat_mismatches']} unreachable; storm seconds (> {s['storm_threshold']} pkt/s): "
         f"{s['storm_seconds']}",
         f"  errors: {s['capture_errors']} capture, {s['decode_errors']} decode",
         f"  records: {res.out / RECORDS_DIR}",

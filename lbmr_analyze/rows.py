@@ -30,7 +30,7 @@ from lbmr_proto import LBMRDecodeError, decode
 from lbmr_proto.capture import CaptureError
 from lbmr_proto.jsonview import plain
 from lbmr_proto.popts import LocalDomainOption, SourceIdOption, SourceTypeOption
-from lbmr_proto.topts import DomainIdOption
+from lbmr_proto.topts import DomainIdOption, OtidOption
 
 from .splits import Split, segments
 
@@ -74,9 +74,15 @@ _REC_FIELDS = [
     pa.field("options", pa.string()),
     pa.field("context_id", pa.string()),
     pa.field("source_type", pa.int32()),
+    pa.field("otid", pa.string()),
     pa.field("error", pa.string()),
 ]
-SCHEMA = pa.schema(_DG_FIELDS + _REC_FIELDS)
+#: Version of the record schema, stored in every Parquet file's key/value metadata
+#: under ``lbmr_analyze.schema_version`` (2: ``otid`` column added).
+SCHEMA_VERSION = 2
+SCHEMA_METADATA = {b"lbmr_analyze.schema_version": str(SCHEMA_VERSION).encode(),
+                   b"lbmr_analyze.writer": b"lbmr-analyze"}
+SCHEMA = pa.schema(_DG_FIELDS + _REC_FIELDS, metadata=SCHEMA_METADATA)
 _NREC = len(_REC_FIELDS)
 
 _SPARK_TYPES = {pa.string(): "string", pa.int64(): "bigint", pa.int32(): "int", pa.bool_(): "boolean",
@@ -145,9 +151,9 @@ _NO_TRANSPORT = (None,) * 9
 
 def _rec(ptype, version, idx, kind, first, topic=None, pattern_type=None, tp=_NO_TRANSPORT,
          ttl=None, index=None, domain=None, local_domain=None, options=None, popts=(None, None),
-         error=None) -> tuple:
+         error=None, otid=None) -> tuple:
     return (ptype, version, idx, kind, first, topic, pattern_type, *tp, ttl, index, domain,
-            local_domain, options, *popts, error)
+            local_domain, options, *popts, otid, error)
 
 
 def records_of(payload: bytes) -> tuple[tuple, ...]:
@@ -179,14 +185,17 @@ def records_of(payload: bytes) -> tuple[tuple, ...]:
                         local_domain=local, popts=pj))
     n0 = len(out)
     for t in pkt.tirs:
-        dom = None
+        dom = otid = None
         if t.options:
             for o in t.options:
-                if type(o) is DomainIdOption:
+                to = type(o)
+                if to is DomainIdOption:
                     dom = o.domain_id
+                elif to is OtidOption:
+                    otid = o.otid.hex()
         out.append(_rec(pt, ver, len(out), "TIR", len(out) == n0, _text(t.topic), None,
                         transport_identity(t.transport), t.ttl, t.index, dom, local,
-                        _json(t.options), pj))
+                        _json(t.options), pj, otid=otid))
     if pkt.tmb is not None:
         n0 = len(out)
         for m in pkt.tmb.tmrs:

@@ -9,6 +9,7 @@ package, over the same decoded records.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -71,7 +72,8 @@ TG = L.TcpTransport("10.7.7.99", 15003)              # same /24 as its sender: n
 
 
 def _tir(topic, transport, index=0, domain=None):
-    opts = [L.OtidOption(0x8000, bytes(32))] + ([L.DomainIdOption(0, domain)] if domain is not None else [])
+    otid = hashlib.sha256(f"{topic} {transport}".encode()).digest()
+    opts = [L.OtidOption(0x8000, otid)] + ([L.DomainIdOption(0, domain)] if domain is not None else [])
     return L.TIR(topic, transport, 16, index, opts)
 
 
@@ -186,6 +188,7 @@ def ref_records(path: str, dgrams) -> list[dict]:
         base = dict(file=path, offset=off, us=round(ts * 1e6), src=src, sport=sport, dst=dst, dport=dport,
                     length=len(payload), q=f"{src}:{sport}")
         recs = []
+        base["cid"] = None
         try:
             pkt = L.decode(payload)
         except L.LBMRDecodeError as e:
@@ -195,7 +198,10 @@ def ref_records(path: str, dgrams) -> list[dict]:
             recs += [dict(kind="TQR", topic=q.topic) for q in pkt.tqrs]
             recs += [dict(kind="WC_TQR", topic=w.pattern, pattern_type=w.pattern_type) for w in pkt.wc_tqrs]
             recs += [dict(kind="TIR", topic=t.topic, tid=ref_tid(t.transport),
-                          tip=getattr(t.transport, "ip", None)) for t in pkt.tirs]
+                          tip=getattr(t.transport, "ip", None),
+                          otid=next((o.otid.hex() for o in t.options or () if isinstance(o, L.OtidOption)), None))
+                     for t in pkt.tirs]
+            base["cid"] = next((o.src_id.hex() for o in pkt.options or () if isinstance(o, L.SourceIdOption)), None)
             assert pkt.tmb is None and not pkt.qqrs and not pkt.qirs and pkt.ext is None
             if not recs:
                 assert pkt.type in (2, 3) or (pkt.type == 0)
@@ -214,9 +220,32 @@ def _set(vals) -> str:
     return " ".join(sorted({v for v in vals if v is not None}))
 
 
+def ctx_label(src, sport, cid) -> str:
+    """Context naming of lbmr-analyze(1): lbmrd's port 15380 means relayed."""
+    if sport == 15380:
+        return (f"[{cid}] via lbmrd {src}:{sport}" if cid else f"via lbmrd {src}:{sport}")
+    return f"{src}:{sport} [{cid}]" if cid else f"{src}:{sport}"
+
+
+def _reachable(ip: str, hosts: set[str]) -> bool:
+    """The NAT rule of thumb: a host seen in the same /24, or in the same private block."""
+    import ipaddress
+    blocks = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                               "127.0.0.0/8", "169.254.0.0/16")]
+    a = ipaddress.ip_address(ip)
+    for h in hosts:
+        b = ipaddress.ip_address(h)
+        if ipaddress.ip_network(f"{h}/24", strict=False) == ipaddress.ip_network(f"{ip}/24", strict=False):
+            return True
+        if any(a in n and b in n for n in blocks):
+            return True
+    return False
+
+
 def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> dict[str, list[dict]]:
     """Every analysis table, computed in plain Python."""
     T: dict[str, list[dict]] = {}
+    lab = lambda r: ctx_label(r["src"], r["sport"], r["cid"])  # noqa: E731
     by_topic = defaultdict(list)
     for r in recs:
         if r["kind"] in ("TIR", "TQR"):
@@ -229,49 +258,81 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
         inv.append(dict(
             topic=topic, advertisements=len(tirs), queries=len(tqrs),
             n_sources=len({r["tid"] for r in tirs}), sources=_set(r["tid"] for r in tirs),
-            advertisers=_set(r["src"] for r in tirs), n_queriers=len({r["q"] for r in tqrs}),
+            advertisers=_set(lab(r) for r in tirs), n_queriers=len({r["q"] for r in tqrs}),
             first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)),
             first_advertised=iso(min(r["us"] for r in tirs)) if tirs else None,
+            last_advertised=iso(max(r["us"] for r in tirs)) if tirs else None,
             first_queried=iso(min(r["us"] for r in tqrs)) if tqrs else None))
+    inv.sort(key=lambda i: (-(i["advertisements"] + i["queries"]), i["topic"]))
     T["topic_inventory"] = inv
-    T["unresolved_topics"] = [
-        dict(topic=i["topic"], queries=i["queries"], n_queriers=i["n_queriers"],
-             queriers=_set(r["q"] for r in by_topic[i["topic"]] if r["kind"] == "TQR"),
-             first_queried=i["first_seen"], last_queried=i["last_seen"])
-        for i in inv if i["advertisements"] == 0]
     T["top_topics"] = [dict(topic=i["topic"], records=i["advertisements"] + i["queries"],
                             advertisements=i["advertisements"], queries=i["queries"], n_sources=i["n_sources"])
-                       for i in sorted(inv, key=lambda i: (-(i["advertisements"] + i["queries"]), i["topic"]))][:top]
+                       for i in inv][:top]
+    adv = {i["topic"] for i in inv if i["advertisements"]}
+    un = defaultdict(list)
+    for r in recs:
+        if r["kind"] == "TQR" and r["topic"] not in adv:
+            un[(r["topic"], r["src"], r["sport"])].append(r)
+    T["unresolved_topics"] = sorted(
+        (dict(topic=t, querier=f"{s}:{p}", src_id=_set(r["cid"] for r in rs) or None, queries=len(rs),
+              first_query=iso(min(r["us"] for r in rs)), last_query=iso(max(r["us"] for r in rs)),
+              via_lbmrd=p == 15380) for (t, s, p), rs in un.items()),
+        key=lambda x: (-x["queries"], x["topic"], x["querier"]))
+    last_tir = {}
+    for r in recs:
+        if r["kind"] == "TIR":
+            last_tir[r["topic"]] = max(last_tir.get(r["topic"], r["us"]), r["us"])
+    st = defaultdict(list)
+    for r in recs:
+        if r["kind"] == "TQR" and r["topic"] in last_tir and r["us"] > last_tir[r["topic"]]:
+            st[(r["topic"], r["src"], r["sport"], r["cid"])].append(r)
+    T["stale_queries"] = sorted(
+        (dict(topic=t, querier=f"{s}:{p}", src_id=c, last_advertised=iso(last_tir[t]), queries_after=len(rs),
+              first_query_after=iso(min(r["us"] for r in rs)), last_query=iso(max(r["us"] for r in rs)),
+              silent_s=round((max(r["us"] for r in rs) - last_tir[t]) / 1e6, 6))
+         for (t, s, p, c), rs in st.items()),
+        key=lambda x: (-x["queries_after"], x["topic"], x["querier"], x["src_id"] or ""))
     # time to resolve
     firstq: dict[tuple, int] = {}
+    cidq: dict[tuple, str] = {}
     for r in recs:
         if r["kind"] == "TQR":
             k = (r["q"], r["topic"])
             firstq[k] = min(firstq.get(k, r["us"]), r["us"])
+            if r["cid"]:
+                cidq.setdefault(k, r["cid"])
     ttr = []
     for (q, topic), us in firstq.items():
         later = [r["us"] for r in by_topic[topic] if r["kind"] == "TIR" and r["us"] >= us]
         if later:
-            ttr.append(dict(querier=q, topic=topic, first_query=iso(us), resolved_at=iso(min(later)),
-                            time_to_resolve_s=(min(later) - us) / 1e6))
-    T["time_to_resolve"] = sorted(ttr, key=lambda x: (x["topic"], x["querier"]))
+            ttr.append(dict(querier=q, src_id=cidq.get((q, topic)), topic=topic, first_query=iso(us),
+                            resolved_at=iso(min(later)), time_to_resolve_s=(min(later) - us) / 1e6))
+    T["time_to_resolve"] = sorted(ttr, key=lambda x: (-x["time_to_resolve_s"], x["topic"], x["querier"]))
     tirs = [r for r in recs if r["kind"] == "TIR"]
-    tir_by_topic, tir_by_tid = defaultdict(list), defaultdict(list)
+    by_tid, by_otid, by_ct = defaultdict(list), defaultdict(list), defaultdict(list)
     for r in tirs:
-        tir_by_topic[r["topic"]].append(r)
-        tir_by_tid[r["tid"]].append(r)
-    tc = []
-    for topic, rs in sorted(tir_by_topic.items()):
-        if len({r["tid"] for r in rs}) > 1:
-            tc.append(dict(topic=topic, n_transports=len({r["tid"] for r in rs}), transports=_set(r["tid"] for r in rs),
-                           advertisers=_set(r["src"] for r in rs), advertisements=len(rs)))
-    T["topic_conflicts"] = tc
-    xc = []
-    for tid, rs in sorted(tir_by_tid.items()):
-        if len({r["src"] for r in rs}) > 1:
-            xc.append(dict(transport_id=tid, n_senders=len({r["src"] for r in rs}), senders=_set(r["src"] for r in rs),
-                           n_topics=len({r["topic"] for r in rs}), advertisements=len(rs)))
-    T["transport_conflicts"] = xc
+        by_tid[r["tid"]].append(r)
+        if r["otid"]:
+            by_otid[r["otid"]].append(r)
+        by_ct[(r["src"], r["sport"], r["cid"], r["topic"])].append(r)
+    T["transport_conflicts"] = sorted(
+        (dict(transport_id=tid, n_contexts=len({lab(r) for r in rs}), contexts=" | ".join(sorted({lab(r) for r in rs})),
+              n_topics=len({r["topic"] for r in rs}), topics=_set(r["topic"] for r in rs), advertisements=len(rs),
+              first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)))
+         for tid, rs in by_tid.items() if len({lab(r) for r in rs}) > 1),
+        key=lambda x: (-x["n_contexts"], x["transport_id"]))
+    T["otid_collisions"] = sorted(
+        (dict(otid=o, n_topics=len({r["topic"] for r in rs}), topics=_set(r["topic"] for r in rs),
+              n_contexts=len({lab(r) for r in rs}), contexts=" | ".join(sorted({lab(r) for r in rs})),
+              transports=_set(r["tid"] for r in rs), advertisements=len(rs))
+         for o, rs in by_otid.items() if len({r["topic"] for r in rs}) > 1 or len({lab(r) for r in rs}) > 1),
+        key=lambda x: (-(x["n_topics"] + x["n_contexts"]), x["otid"]))
+    T["multi_transport_topics"] = sorted(
+        (dict(context=ctx_label(s, p, c), src_id=c, topic=t, n_transports=len({r["tid"] for r in rs}),
+              transports=_set(r["tid"] for r in rs), advertisements=len(rs),
+              first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)))
+         for (s, p, c, t), rs in by_ct.items() if len({r["tid"] for r in rs}) > 1),
+        key=lambda x: (-x["n_transports"], x["context"], x["topic"]))
     # load
     load = defaultdict(lambda: [0, 0, 0])
     for r in recs:
@@ -284,16 +345,50 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
                 v[2] += r["length"]
     T["load_per_second"] = [dict(second=s, time=iso_s(s), record_kind=k, packets=v[0], records=v[1], bytes=v[2])
                             for (s, k), v in sorted(load.items())]
-    T["storms"] = [dict(second=s, time=iso_s(s), packets=v[0], records=v[1], bytes=v[2])
-                   for (s, k), v in sorted(load.items()) if k == "ALL" and v[0] > storm]
+    storms, sc = [], []
+    for (s, k), v in sorted(load.items()):
+        if k != "ALL" or v[0] <= storm:
+            continue
+        per = defaultdict(int)
+        for r in recs:
+            if r["index"] == 0 and r["us"] // 1_000_000 == s:
+                per[(r["src"], r["sport"], r["cid"])] += 1
+        cs = sorted(per.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1]))
+        sc += [dict(second=s, time=iso_s(s), context=f"{a}:{p}", src_id=c, packets=n, share=round(n / v[0], 4))
+               for (a, p, c), n in cs]
+        storms.append(dict(second=s, time=iso_s(s), packets=v[0], records=v[1], bytes=v[2],
+                           top_contexts="; ".join(f"{ctx_label(a, p, c)} {n}/s" for (a, p, c), n in cs[:3])))
+    T["storms"], T["storm_contexts"] = storms, sc
     talk = defaultdict(list)
     for r in recs:
-        talk[r["src"]].append(r)
-    tt = [dict(sender=s, packets=sum(r["index"] == 0 for r in rs), bytes=sum(r["length"] for r in rs if r["index"] == 0),
+        if r["kind"] != "DECODE_ERROR":
+            talk[(r["src"], r["sport"], r["cid"])].append(r)
+    tt = [dict(context=f"{s}:{p}", src_id=c, via_lbmrd=p == 15380, packets=sum(r["index"] == 0 for r in rs),
+               bytes=sum(r["length"] for r in rs if r["index"] == 0),
                records=len(rs), tirs=sum(r["kind"] == "TIR" for r in rs), tqrs=sum(r["kind"] == "TQR" for r in rs),
+               keepalives=sum(r["kind"] == "KEEPALIVE" for r in rs),
                first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)))
-          for s, rs in talk.items()]
-    T["top_talkers"] = sorted(tt, key=lambda x: (-x["packets"], -x["bytes"], x["sender"]))[:top]
+          for (s, p, c), rs in talk.items()]
+    tt.sort(key=lambda x: (-x["packets"], -x["bytes"], x["context"], x["src_id"] or ""))
+    T["contexts"] = tt
+    T["top_talkers"] = tt[:top]
+    # lbmrd clients that joined / vanished (15 s rule)
+    good = [r for r in recs if r["kind"] != "DECODE_ERROR"]
+    changes = []
+    if good:
+        start, end = min(r["us"] for r in good), max(r["us"] for r in good)
+        for (s, p, c), rs in talk.items():
+            if p == 15380 or not any(r["kind"] == "KEEPALIVE" or r["dport"] == 15380 for r in rs):
+                continue
+            f, la = min(r["us"] for r in rs), max(r["us"] for r in rs)
+            n = sum(r["index"] == 0 for r in rs)
+            if f - start > 15_000_000:
+                changes.append(dict(client=f"{s}:{p}", src_id=c, event="joined", time=iso(f), silent_s=None,
+                                    datagrams=n))
+            if end - la > 15_000_000:
+                changes.append(dict(client=f"{s}:{p}", src_id=c, event="vanished", time=iso(la),
+                                    silent_s=round((end - la) / 1e6, 3), datagrams=n))
+    T["client_changes"] = sorted(changes, key=lambda x: (x["time"], x["client"], x["event"]))
     # wildcards
     wc = defaultdict(list)
     for r in recs:
@@ -328,14 +423,22 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
             cen[r["us"] // 1_000_000 // 60 * 60].append(r)
     T["keepalive_census"] = [dict(minute=m, time=iso_s(m), clients=len({(r["src"], r["sport"]) for r in rs}),
                                   packets=len(rs)) for m, rs in sorted(cen.items())]
+    hosts = set()
+    for r in good:
+        if r["sport"] != 15380:
+            hosts.add(r["src"])
+        if not r["dst"].startswith(tuple(f"{n}." for n in range(224, 240))):
+            hosts.add(r["dst"])
     nat = defaultdict(list)
     for r in tirs:
         ip = r["tip"]
-        if ip and ip != "0.0.0.0" and ip != r["src"] and ip.rsplit(".", 1)[0] != r["src"].rsplit(".", 1)[0]:
-            nat[(r["src"], ip, r["tid"], r["topic"])].append(r)
-    T["nat_audit"] = [dict(sender=k[0], advertised_ip=k[1], transport_id=k[2], topic=k[3], advertisements=len(rs),
-                           first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)))
-                      for k, rs in sorted(nat.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3], kv[0][2]))]
+        if ip and ip != "0.0.0.0" and not _reachable(ip, hosts):
+            nat[(ip, r["tid"], r["topic"], lab(r))].append(r)
+    T["nat_audit"] = [dict(advertised_ip=k[0], transport_id=k[1], topic=k[2], advertiser=k[3],
+                           via_lbmrd=rs[0]["sport"] == 15380, advertisements=len(rs),
+                           first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)),
+                           reason="no host of this /24 or private block was seen in the capture")
+                      for k, rs in sorted(nat.items())]
     T["capture_errors"] = [dict(file=e.path, offset=e.offset, error=e.reason) for e in capture_errors]
     T["decode_errors"] = [dict(file=r["file"], offset=r["offset"], time=iso(r["us"]), src=r["src"], sport=r["sport"],
                                dst=r["dst"], dport=r["dport"], length=r["length"], error=r["error"])
@@ -352,7 +455,7 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
     return T
 
 
-COMPARED = [t for t in TABLES if t != "summary"]
+COMPARED = [t for t in TABLES if t not in ("summary", "findings")]
 
 
 def assert_tables_equal(got: dict, want: dict, names=COMPARED) -> None:
@@ -521,14 +624,18 @@ def test_known_answers(synth_run, synth):
     assert ttr[("10.4.4.4:14402", "A")] == pytest.approx(0.995)
     assert ("10.2.2.20:14403", "C") not in ttr            # C was advertised only before the query
     assert ("10.2.2.20:14403", "B") not in ttr
-    assert [r["topic"] for r in t["unresolved_topics"]] == ["B", "Z"]
-    assert t["unresolved_topics"][0]["queries"] == 2
-    # C: two transports
-    assert [(r["topic"], r["n_transports"]) for r in t["topic_conflicts"]] == [("C", 2)]
-    assert t["topic_conflicts"][0]["transports"] == "LBTRU:10.1.1.11:14380:77 TCP:10.1.1.10:14371"
-    # one transport identity from two source addresses
-    assert [(r["transport_id"], r["senders"]) for r in t["transport_conflicts"]] == \
-        [("TCP:10.5.5.5:15000", "10.5.5.5 10.5.5.6")]
+    # B never advertised (two queries from Q1), Z only with --port 20000
+    assert [(r["topic"], r["querier"], r["queries"]) for r in t["unresolved_topics"]] == \
+        [("B", "10.2.2.20:14403", 2), ("Z", "10.8.8.9:5556", 1)]
+    assert t["unresolved_topics"][0]["src_id"] == "0001020304050607"
+    # Q1 asked for C after C's last advertisement
+    assert [(r["topic"], r["querier"], r["queries_after"]) for r in t["stale_queries"]] == \
+        [("C", "10.2.2.20:14403", 1)]
+    # C has two publishers (normal UM): no conflict; TCP:10.5.5.5:15000 claimed by two contexts is one
+    assert t["multi_transport_topics"] == []
+    assert [(r["topics"], r["n_contexts"]) for r in t["otid_collisions"]] == [("D", 2)]   # D's one OTID twice
+    assert [(r["transport_id"], r["contexts"]) for r in t["transport_conflicts"]] == \
+        [("TCP:10.5.5.5:15000", "10.5.5.5:14402 [0001020304050607] | 10.5.5.6:14402 [0001020304050607]")]
     # wildcard ^(A|C)$ matches A and C; the broken pattern is reported
     assert [(m["pattern"], m["topic"]) for m in t["wildcard_matches"]] == [("^(A|C)$", "A"), ("^(A|C)$", "C")]
     bad = [p for p in t["wildcard_patterns"] if p["error"]]
@@ -537,11 +644,30 @@ def test_known_answers(synth_run, synth):
     assert [(r["time"], r["clients"]) for r in t["keepalive_census"]] == \
         [("2023-11-14T22:13:00Z", 2), ("2023-11-14T22:14:00Z", 3)]
     assert [r["client"] for r in t["keepalive_senders"]] == ["10.9.9.1:14402", "10.9.9.2:14402", "10.9.9.3:14405"]
-    # NAT: only E (F is 0.0.0.0, G same /24, D's second sender is in 10.5.5.0/24)
-    assert [(r["sender"], r["advertised_ip"], r["topic"]) for r in t["nat_audit"]] == \
-        [("10.7.7.7", "192.168.50.5", "E")]
-    # storm second T0+10: 60 TQR datagrams + one TIR
+    # NAT: only E (F is 0.0.0.0, G's /24 has hosts, 192.168/16 has none)
+    assert [(r["advertiser"], r["advertised_ip"], r["topic"]) for r in t["nat_audit"]] == \
+        [("10.7.7.7:14402 [0001020304050607]", "192.168.50.5", "E")]
+    # storm second T0+10: 60 TQR datagrams from Q2 + one TIR from S1
     assert [(r["second"], r["packets"]) for r in t["storms"]] == [(int(T0) + 10, 61)]
+    assert [(r["context"], r["packets"]) for r in t["storm_contexts"]] == \
+        [("10.4.4.4:14402", 60), ("10.1.1.10:14402", 1)]
+    assert t["storms"][0]["top_contexts"].startswith("10.4.4.4:14402 [0001020304050607] 60/s")
+    # top talkers are contexts (ip:port), Q2 first
+    assert t["top_talkers"][0]["context"] == "10.4.4.4:14402" and t["top_talkers"][0]["packets"] == 60
+    # keepalive client 10.9.9.3 joined at T0+45.2
+    assert [(r["client"], r["event"]) for r in t["client_changes"]] == [("10.9.9.3:14405", "joined")]
+    # findings: most severe first, each naming its table
+    f = t["findings"]
+    assert [x["severity"] for x in f] == sorted((x["severity"] for x in f),
+                                                key=["critical", "high", "medium", "low"].index)
+    assert f[0]["kind"] == "transport conflict" and "10.5.5.6:14402" in f[0]["finding"]
+    kinds: dict = {}
+    for x in f:
+        kinds.setdefault(x["kind"], x)                     # the first (most severe, biggest) of each kind
+    assert {"never advertised", "querying after last advertisement", "storm", "unreachable address",
+            "lbmrd client joined", "undecodable datagrams", "invalid wildcard pattern"} <= set(kinds)
+    assert "10.4.4.4:14402" in kinds["storm"]["finding"] and kinds["storm"]["table"] == "storms"
+    assert "'B'" in kinds["never advertised"]["finding"] and "10.2.2.20:14403" in kinds["never advertised"]["finding"]
     # the undecodable datagram on 15380, not the one on 9999; --port 20000 was honoured
     assert [(r["src"], r["dport"]) for r in t["decode_errors"]] == [("10.8.8.8", 15380)]
     assert "Z" in inv and inv["Z"]["queries"] == 1
@@ -567,15 +693,42 @@ def test_real_capture_matches_plain_python(spark, tmp_path):
     assert s["packet_types"] == {"NORMAL": 161, "WC_TQR": 18}
     assert all(r["sources"].startswith("LBTRM:") for r in res.tables["topic_inventory"])
     assert res.tables["storms"]            # threshold 5 pkt/s: the start-up burst
+    t = res.tables
+    # 10.29.4.101:54247 queries both topics after their last advertisement; :35101 multi.0
+    assert sorted((r["querier"], r["topic"], r["queries_after"]) for r in t["stale_queries"]) == [
+        ("10.29.4.101:35101", "29west.example.multi.0", 6),
+        ("10.29.4.101:54247", "29west.example.multi.0", 1),
+        ("10.29.4.101:54247", "29west.example.multi.1", 1)]
+    assert {r["src_id"] for r in t["stale_queries"] if r["querier"] == "10.29.4.101:54247"} == {"27a4abdfc5eeaba5"}
+    # 10.29.4.121 is two contexts; two publishers of multi.0 are not a conflict
+    ctx = {r["context"]: r["src_id"] for r in t["contexts"]}
+    assert ctx["10.29.4.121:37168"] == "12c4ba70db622fd2" and ctx["10.29.4.121:42180"] == "c64aaecb2b0204c8"
+    assert len(ctx) == 4
+    assert t["transport_conflicts"] == t["otid_collisions"] == t["multi_transport_topics"] == t["nat_audit"] == []
+    stale = [f for f in t["findings"] if f["kind"] == "querying after last advertisement"]
+    assert any("10.29.4.101:54247" in f["finding"] and "multi.1" in f["finding"] for f in stale)
+    storm = [f for f in t["findings"] if f["kind"] == "storm"]
+    assert storm and "10.29.4.121:37168" in storm[0]["finding"]
 
 
 class _Html(HTMLParser):
     def __init__(self):
         super().__init__()
-        self.imgs, self.tables, self.links = [], [], []
+        self.imgs, self.tables, self.links, self.headings, self.scripts = [], [], [], [], []
+        self._script = False
+
+    def handle_data(self, data):
+        if self._script:
+            self.scripts.append(data)
+
+    def handle_endtag(self, tag):
+        self._script = False
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
+        self._script = tag == "script"
+        if tag in ("h2", "h3") and a.get("id"):
+            self.headings.append(a["id"])
         if tag == "img":
             self.imgs.append(a["src"])
         elif tag == "table":
@@ -588,12 +741,18 @@ def test_report_renders(synth_run):
     out = synth_run.out
     p = _Html()
     p.feed((out / "report.html").read_text(encoding="utf-8"))
-    assert sorted(p.imgs) == sorted(["load.png", "top_topics.png", "top_talkers.png", "time_to_resolve.png"])
+    assert sorted(p.imgs) == sorted(["load.png", "census.png", "top_topics.png", "top_talkers.png",
+                                     "time_to_resolve.png"])
+    assert p.headings[0] == "findings" and p.headings.index("findings") < p.headings.index("files")
+    assert p.scripts and "addEventListener" in p.scripts[0] and "http" not in p.scripts[0]
+    for f in synth_run.tables["findings"]:
+        assert f["table"] in p.headings, f
     for img in p.imgs:
         data = (out / img).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
         w, h = struct.unpack(">II", data[16:24])
-        assert w >= 600 and h >= 250 and len(data) > 5000, img
+        assert w >= 600 and h >= 100 and len(data) > 5000, img
+    assert "load_per_second" not in p.tables               # a long series: a plot, not a table
     for name in TABLES:
         assert f"{name}.csv" in p.links and f"{name}.json" in p.links
         rows = json.loads((out / f"{name}.json").read_text())
@@ -659,10 +818,10 @@ def test_cli_end_to_end(spark, synth, tmp_path):
                            catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert "lbmr-analyze: 1 file(s)" in r.stdout and "report:" in r.stdout
-    assert "[########] 8/8 writing report" in r.stderr
+    assert "6/6 writing report" in r.stderr
     assert (tmp_path / "o" / "report.html").exists()
     top = json.loads((tmp_path / "o" / "top_talkers.json").read_text())
-    assert len(top) == 3
+    assert len(top) == 3 and top[0]["context"] == "10.4.4.4:14402"
     assert not spark.sparkContext._jsc.sc().isStopped()      # an embedding caller's session survives
     bad = CliRunner().invoke(cli_main, [str(synth), "--out", str(tmp_path / "o"), "--split-size", "tiny"])
     assert bad.exit_code == 2 and "not a size" in bad.output

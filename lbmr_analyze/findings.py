@@ -1,0 +1,148 @@
+"""Findings: the report's first section, built from the result tables.
+
+Each finding is a dict: ``severity`` (``critical``, ``high``, ``medium``, ``low``),
+``kind``, ``finding`` (one sentence naming topics, contexts and times),
+``topics``, ``contexts``, ``first_seen``, ``last_seen`` and ``table`` (the table
+with the details).  They are sorted most severe first, then by kind, then by size.
+At most :data:`PER_KIND` findings of one kind are listed; one more finding says how
+many others the table holds.
+"""
+
+from __future__ import annotations
+
+SEVERITIES = ("critical", "high", "medium", "low")
+#: Findings listed per kind before "and N more".
+PER_KIND = 10
+
+
+def _f(severity, kind, text, table, *, topics="", contexts="", first=None, last=None, size=0) -> dict:
+    return dict(severity=severity, kind=kind, finding=text, topics=topics, contexts=contexts,
+                first_seen=first, last_seen=last, table=table, _size=size)
+
+
+def _few(items: list[str], n: int = 3) -> str:
+    items = list(items)
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
+    """Every finding, most severe first."""
+    out: list[dict] = []
+    T = tables
+    for x in T["transport_conflicts"]:
+        out.append(_f("critical", "transport conflict",
+                      f"Transport {x['transport_id']} is advertised by {x['n_contexts']} different contexts "
+                      f"({x['contexts']}) for topic(s) {_few(x['topics'].split())}: receivers may join the "
+                      f"wrong source.", "transport_conflicts", topics=x["topics"], contexts=x["contexts"],
+                      first=x["first_seen"], last=x["last_seen"], size=x["advertisements"]))
+    for x in T["otid_collisions"]:
+        out.append(_f("critical", "OTID collision",
+                      f"OTID {x['otid'][:16]}... is used for {x['n_topics']} topic(s) ({_few(x['topics'].split())}) "
+                      f"by {x['n_contexts']} context(s) ({x['contexts']}).", "otid_collisions",
+                      topics=x["topics"], contexts=x["contexts"], size=x["advertisements"]))
+    # unresolved: one finding per topic
+    by_topic: dict[str, list[dict]] = {}
+    for x in T["unresolved_topics"]:
+        by_topic.setdefault(x["topic"], []).append(x)
+    for topic, rows in by_topic.items():
+        qs = [f"{r['querier']}" + (f" [{r['src_id']}]" if r["src_id"] else "") + f" ({r['queries']} queries, "
+              f"{r['first_query']} .. {r['last_query']})" for r in rows]
+        out.append(_f("high", "never advertised",
+                      f"Topic '{topic}' was queried {sum(r['queries'] for r in rows)} time(s) and never "
+                      f"advertised in the capture; queriers: {_few(qs)}.", "unresolved_topics",
+                      topics=topic, contexts=" ".join(r["querier"] for r in rows),
+                      first=min(r["first_query"] for r in rows), last=max(r["last_query"] for r in rows),
+                      size=sum(r["queries"] for r in rows)))
+    for x in T["stale_queries"]:
+        who = x["querier"] + (f" [{x['src_id']}]" if x["src_id"] else "")
+        out.append(_f("high", "querying after last advertisement",
+                      f"{who} still queried topic '{x['topic']}' {x['queries_after']} time(s) after its last "
+                      f"advertisement at {x['last_advertised']} (until {x['last_query']}): the source went "
+                      f"silent or this receiver does not hear it.", "stale_queries", topics=x["topic"],
+                      contexts=x["querier"], first=x["first_query_after"], last=x["last_query"],
+                      size=x["queries_after"]))
+    # storms: contiguous storm seconds form an episode
+    eps: list[list[dict]] = []
+    for x in T["storms"]:
+        if eps and x["second"] == eps[-1][-1]["second"] + 1:
+            eps[-1].append(x)
+        else:
+            eps.append([x])
+    per_sec: dict[int, list[dict]] = {}
+    for c in T["storm_contexts"]:
+        per_sec.setdefault(c["second"], []).append(c)
+    for ep in eps:
+        tot: dict[tuple, int] = {}
+        for x in ep:
+            for c in per_sec.get(x["second"], []):
+                k = (c["context"], c["src_id"])
+                tot[k] = tot.get(k, 0) + c["packets"]
+        top = sorted(tot.items(), key=lambda kv: -kv[1])
+        secs = len(ep)
+        peak = max(x["packets"] for x in ep)
+        who = [f"{c}" + (f" [{s}]" if s else "") + f" {n / secs:.0f}/s" for (c, s), n in top]
+        out.append(_f("high", "storm",
+                      f"Storm of {secs} s from {ep[0]['time']} (peak {peak} datagrams/s, threshold "
+                      f"{summary.get('storm_threshold')}); sent mostly by {_few(who)}.", "storms",
+                      contexts=" ".join(c for (c, _s), _n in top[:5]), first=ep[0]["time"],
+                      last=ep[-1]["time"], size=sum(x["packets"] for x in ep)))
+    for x in T["nat_audit"]:
+        via = " (relayed by lbmrd)" if x["via_lbmrd"] else ""
+        out.append(_f("high", "unreachable address",
+                      f"{x['advertiser']}{via} advertises topic '{x['topic']}' on {x['advertised_ip']} "
+                      f"({x['transport_id']}), an address no host of the capture's networks shares: a NAT "
+                      f"or interface setting is likely wrong.", "nat_audit", topics=x["topic"],
+                      contexts=x["advertiser"], first=x["first_seen"], last=x["last_seen"],
+                      size=x["advertisements"]))
+    for x in T["multi_transport_topics"]:
+        out.append(_f("medium", "one context, several transports",
+                      f"Context {x['context']} advertises topic '{x['topic']}' on {x['n_transports']} "
+                      f"transports ({x['transports']}).", "multi_transport_topics", topics=x["topic"],
+                      contexts=x["context"], first=x["first_seen"], last=x["last_seen"],
+                      size=x["advertisements"]))
+    for x in T["client_changes"]:
+        who = x["client"] + (f" [{x['src_id']}]" if x["src_id"] else "")
+        if x["event"] == "vanished":
+            out.append(_f("medium", "lbmrd client vanished",
+                          f"lbmrd client {who} went silent at {x['time']} ({x['silent_s']} s before the end "
+                          f"of the capture).", "client_changes", contexts=x["client"], first=x["time"],
+                          last=x["time"], size=x["datagrams"]))
+        else:
+            out.append(_f("low", "lbmrd client joined", f"lbmrd client {who} was first heard at {x['time']}.",
+                          "client_changes", contexts=x["client"], first=x["time"], last=x["time"],
+                          size=x["datagrams"]))
+    if T["capture_errors"]:
+        files = sorted({e["file"] for e in T["capture_errors"]})
+        out.append(_f("medium", "capture errors",
+                      f"{len(T['capture_errors'])} capture error(s) in {_few(files)}; the rest of each file "
+                      f"was analysed.", "capture_errors", size=len(T["capture_errors"])))
+    if T["decode_errors"]:
+        srcs = sorted({f"{e['src']}:{e['sport']}" for e in T["decode_errors"]})
+        out.append(_f("low", "undecodable datagrams",
+                      f"{len(T['decode_errors'])} datagram(s) on LBMR ports are not valid LBMR, from {_few(srcs)}.",
+                      "decode_errors", contexts=" ".join(srcs), size=len(T["decode_errors"])))
+    bad = [p for p in T["wildcard_patterns"] if p["error"]]
+    for p in bad:
+        out.append(_f("low", "invalid wildcard pattern",
+                      f"Wildcard pattern {p['pattern']!r} (type {p['pattern_type']}) from {p['queriers']} "
+                      f"does not compile: {p['error']}.", "wildcard_patterns", contexts=p["queriers"],
+                      first=p["first_seen"], last=p["last_seen"], size=p["queries"]))
+    kinds: list[str] = []
+    for f in out:
+        if f["kind"] not in kinds:
+            kinds.append(f["kind"])
+    out.sort(key=lambda f: (SEVERITIES.index(f["severity"]), kinds.index(f["kind"]), -f["_size"],
+                            f["first_seen"] or "", f["finding"]))
+    res, count = [], {}
+    for f in out:
+        k = f["kind"]
+        count[k] = count.get(k, 0) + 1
+        if count[k] <= PER_KIND:
+            res.append(f)
+        elif count[k] == PER_KIND + 1:
+            more = sum(1 for g in out if g["kind"] == k) - PER_KIND
+            res.append(_f(f["severity"], k, f"... and {more} more '{k}' finding(s): see the table.",
+                          f["table"]))
+    for f in res:
+        del f["_size"]
+    return res
