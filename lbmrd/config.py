@@ -31,10 +31,10 @@ import io
 import ipaddress
 import os
 import re
+import stat
 import threading
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 
 from lxml import etree
 
@@ -55,6 +55,9 @@ __all__ = [
     "load_config",
     "parse_config",
     "validate",
+    "read_config_file",
+    "check_declarations",
+    "MAX_CONFIG_BYTES",
 ]
 
 #: The DTD printed by ``lbmrd -d`` (package data ``lbmrd/lbmrd.dtd``).
@@ -69,6 +72,10 @@ DEFAULT_TTL_S = 60.0
 DEFAULT_SOCKET_BUFFER = 1048576
 
 _INT_MAX = 2**31 - 1  # socket options and timers are C ints in UM
+#: Largest configuration file read, bytes (a file with 50,000 networks is about 2 MB).
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+#: DTD validation errors reported per file; the rest are counted.
+MAX_ERRORS = 100
 _XINCLUDE_NS = "http://www.w3.org/2001/XInclude"
 _PLACEHOLDER = "_lbmrd_relaxed_placeholder_"
 
@@ -245,15 +252,22 @@ class Config:
     transforms: tuple[Transform, ...] = ()
     warnings: list[tuple[int, str]] = field(default_factory=list, compare=False)
     strict_valid: bool = True
-    _nets: tuple[tuple[int, int, str], ...] = field(init=False, repr=False, compare=False)
+    _nets: tuple[tuple[int, dict[int, tuple[int, str]]], ...] = field(init=False, repr=False, compare=False)
     _rules: dict[tuple[str, str], tuple[NatRule, ...]] = field(init=False, repr=False, compare=False)
     _cache: dict[bytes, str | None] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        nets = tuple(
-            (int(n.network_address), int(n.netmask), d.name)
-            for d in self.domains for n in d.networks
-        )
+        # per prefix length in use: network -> (document position, domain name);
+        # a lookup is one dict probe per length, whatever the number of networks
+        by_len: dict[int, dict[int, tuple[int, str]]] = {}
+        pos = 0
+        for d in self.domains:
+            for n in d.networks:
+                table = by_len.setdefault(n.prefixlen, {})
+                table.setdefault(int(n.network_address), (pos, d.name))
+                pos += 1
+        nets = tuple(((0xFFFFFFFF << (32 - plen)) & 0xFFFFFFFF, table)
+                     for plen, table in sorted(by_len.items(), reverse=True))
         rules: dict[tuple[str, str], list[NatRule]] = {}
         for t in self.transforms:
             rules.setdefault((t.source, t.destination), []).extend(t.rules)
@@ -288,10 +302,12 @@ class Config:
         return name
 
     def _lookup(self, n: int) -> str | None:
-        for net, mask, name in self._nets:
-            if n & mask == net:
-                return name
-        return None
+        best = None
+        for mask, table in self._nets:
+            hit = table.get(n & mask)
+            if hit is not None and (best is None or hit[0] < best[0]):
+                best = hit
+        return None if best is None else best[1]
 
     def rules_for(self, src_domain: str | None, dst_domain: str | None) -> tuple[NatRule, ...]:
         """All rules of every transform ``src_domain -> dst_domain``, in document order."""
@@ -361,12 +377,24 @@ def _parse_rule_port(text: str) -> int | None:
     return int(text)
 
 
+_QUAD_RE = re.compile(r"(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})\."
+                      r"(0|[1-9][0-9]{0,2})(?:/([0-9]|[12][0-9]|3[0-2]))?")
+
+
 def _parse_network(text: str) -> tuple[ipaddress.IPv4Network, bool]:
     """An IPv4 host or CIDR network; short forms (``192.168.1/24``) are padded.
 
     Returns the network and whether host bits had to be cleared.
     """
     text = text.strip()
+    m = _QUAD_RE.fullmatch(text)
+    if m:  # the common a.b.c.d[/n]: no error to explain
+        a, b, c, d, plen = m.groups()
+        if int(a) <= 255 and int(b) <= 255 and int(c) <= 255 and int(d) <= 255:
+            value = (int(a) << 24) | (int(b) << 16) | (int(c) << 8) | int(d)
+            prefix = 32 if plen is None else int(plen)
+            net = ipaddress.IPv4Network((value, prefix), strict=False)
+            return net, int(net.network_address) != value
     if not text:
         raise ValueError("is empty: give an IPv4 host or network such as 10.1.0.0/16")
     addr, slash, prefix_text = text.partition("/")
@@ -447,14 +475,39 @@ def _local(el: etree._Element) -> str:
     return etree.QName(el).localname
 
 
+class TreeIndex:
+    """Look-ups a message translator makes many times, built once per tree:
+    the elements starting on each line and the domains (name -> first line).
+    Keeps the cost of N validation errors linear in the file's size."""
+
+    def __init__(self, tree: etree._ElementTree) -> None:
+        self.tree = tree
+        self.by_line: dict[int, list[etree._Element]] = {}
+        self.domains: dict[str, int] = {}
+        for el in tree.iter(etree.Element):
+            self.by_line.setdefault(el.sourceline, []).append(el)
+            if el.tag == "domain":
+                name = el.get("name")
+                if name and name != _PLACEHOLDER:
+                    self.domains.setdefault(name, el.sourceline or 0)
+
+
+_SHAPES: dict[int, tuple[etree.DTD, DtdShape]] = {}  # per DTD object (two exist)
+_INDEX = threading.local()  # the last tree indexed by this thread (reloads run in a worker)
+
+
+def tree_index(tree: etree._ElementTree) -> TreeIndex:
+    """The :class:`TreeIndex` of ``tree`` (one cached per thread)."""
+    idx = getattr(_INDEX, "value", None)
+    if idx is None or idx.tree is not tree:
+        idx = _INDEX.value = TreeIndex(tree)
+    return idx
+
+
 def _at(tree: etree._ElementTree, name: str, line: int) -> list[etree._Element]:
     """Elements named ``name`` (local name or prefix:name) starting on ``line``."""
-    out = []
-    for el in tree.iter(etree.Element):
-        if el.sourceline == line and (_local(el) == name or el.prefix and
-                                      f"{el.prefix}:{_local(el)}" == name):
-            out.append(el)
-    return out
+    return [el for el in tree_index(tree).by_line.get(line, ())
+            if _local(el) == name or el.prefix and f"{el.prefix}:{_local(el)}" == name]
 
 
 def _unknown_child(el: etree._Element) -> bool:
@@ -463,9 +516,10 @@ def _unknown_child(el: etree._Element) -> bool:
     )
 
 
-def _domain_names(tree: etree._ElementTree) -> str:
-    names = [d.get("name") for d in tree.getroot().iter("domain") if d.get("name") != _PLACEHOLDER]
-    return ", ".join(n for n in names if n) or "none"
+def _domain_names(tree: etree._ElementTree, most: int = 20) -> str:
+    names = list(tree_index(tree).domains)
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more or "none"
 
 
 def _got(text: str) -> str:
@@ -534,8 +588,8 @@ def _translate(msg: str, line: int, tree: etree._ElementTree) -> str | None:
         return f'invalid value "{value}" for attribute "{attr}" of <{name}>'
     if m := _RE_ID_DUP.match(msg):
         value = m.group(1)
-        firsts = [d.sourceline for d in tree.getroot().iter("domain") if d.get("name") == value]
-        first = f" (first defined at line {firsts[0]})" if firsts and firsts[0] != line else ""
+        first_line = tree_index(tree).domains.get(value)
+        first = f" (first defined at line {first_line})" if first_line and first_line != line else ""
         return f'duplicate domain name "{value}"{first}: every <domain> needs a unique name'
     if m := _RE_IDREF.match(msg):
         attr, value = m.group(1), m.group(2)
@@ -547,15 +601,112 @@ def _translate(msg: str, line: int, tree: etree._ElementTree) -> str | None:
     return f"{msg} (DTD validation)"
 
 
+def _may_be_empty(node) -> bool:
+    """Whether a DTD content-model node accepts no child elements at all."""
+    if node is None or node.occur in ("opt", "mult") or node.type == "pcdata":
+        return True
+    if node.type == "element":
+        return False
+    if node.type == "seq":
+        return _may_be_empty(node.left) and _may_be_empty(node.right)
+    return _may_be_empty(node.left) or _may_be_empty(node.right)  # "or"
+
+
+def _model_names(node) -> set[str]:
+    if node is None:
+        return set()
+    if node.type == "element":
+        return {node.name}
+    return _model_names(node.left) | _model_names(node.right)
+
+
+class DtdShape:
+    """What a DTD says in a form a linear pre-check can use: per element its
+    allowed children, attributes, required attributes, and whether it must
+    have a child element."""
+
+    def __init__(self, dtd: etree.DTD) -> None:
+        decls = {e.name: e for e in dtd.iterelements()}
+        self.children = {n: _model_names(e.content) for n, e in decls.items()}
+        self.attrs = {n: {a.name for a in e.iterattributes()} for n, e in decls.items()}
+        self.required = {n: [a.name for a in e.iterattributes() if a.default == "required"]
+                         for n, e in decls.items()}
+        self.needs_child = {n for n, e in decls.items()
+                            if e.type == "element" and not _may_be_empty(e.content)}
+
+
+def mass_errors(tree: etree._ElementTree, shape: DtdShape, limit: int = MAX_ERRORS
+                ) -> list[tuple[int, str]] | None:
+    """Count, in one pass, the faults that each cost libxml2 a separate
+    validation message (unknown or misplaced elements and attributes, missing
+    required attributes, elements missing all their children). More than
+    ``limit``: the first ``limit`` of them, worded for people, and a count
+    of the rest -- the file is not worth a full DTD validation, whose
+    per-message cost would make a crafted file take minutes. Otherwise None.
+    """
+    found: list[tuple[int, str]] = []
+    count = 0
+    children, attrs, required, needs = shape.children, shape.attrs, shape.required, shape.needs_child
+    root = tree.getroot()
+    if root.tag not in children:
+        return None  # the root check reports this
+    for el in tree.iter(etree.Element):
+        tag = el.tag
+        allowed = children.get(tag)
+        if allowed is None:
+            continue  # reported by its parent
+        msgs = []
+        has_child = False
+        for c in el:
+            ctag = c.tag
+            if not isinstance(ctag, str):
+                continue
+            has_child = True
+            if ctag not in children:
+                msgs.append((c.sourceline or 0, f"unknown element <{ctag}> in <{tag}>"))
+            elif ctag not in allowed:
+                msgs.append((c.sourceline or 0, f"<{tag}> may not contain <{ctag}>"))
+        if el.attrib or required[tag]:
+            line = el.sourceline or 0
+            known = attrs[tag]
+            msgs += [(line, f'unknown attribute "{a}" on <{tag}>') for a in el.attrib if a not in known]
+            msgs += [(line, f'<{tag}> needs the "{a}" attribute') for a in required[tag]
+                     if a not in el.attrib]
+        if not has_child and tag in needs:
+            msgs.append((el.sourceline or 0, f"<{tag}> is empty: it must contain an element"))
+        if msgs:
+            count += len(msgs)
+            if len(found) < limit:
+                found += msgs
+    if count <= limit:
+        return None
+    found = sorted(found, key=lambda e: e[0])[:limit]
+    found.append((found[-1][0], f"... and {count - limit} more errors of this kind (the first "
+                                f"{limit} are shown; the file was not validated further)"))
+    return found
+
+
 def dtd_errors(tree: etree._ElementTree, dtd: etree.DTD, lock: threading.Lock, translate,
                what: str) -> list[tuple[int, str]]:
     """Validate ``tree`` against ``dtd`` (serialised by ``lock``: the error log
     belongs to the DTD object) and return (line, message) pairs, libxml2's
-    wording rewritten by ``translate(msg, line, tree)`` where it can."""
+    wording rewritten by ``translate(msg, line, tree)`` where it can.
+
+    A tree with more faults than :data:`MAX_ERRORS` is reported by
+    :func:`mass_errors` without running libxml2's validator."""
+    shape = _SHAPES.get(id(dtd))
+    if shape is None or shape[0] is not dtd:
+        shape = _SHAPES[id(dtd)] = (dtd, DtdShape(dtd))
+    mass = mass_errors(tree, shape[1])
+    if mass is not None:
+        return mass
     with lock:
         if dtd.validate(tree):
             return []
         raw = [(e.line, e.message) for e in dtd.error_log]
+    raw.sort(key=lambda e: e[0])
+    more = len(raw) - MAX_ERRORS
+    raw = raw[:MAX_ERRORS]
     out = []
     for line, msg in raw:
         text = translate(msg, line, tree)
@@ -565,7 +716,11 @@ def dtd_errors(tree: etree._ElementTree, dtd: etree.DTD, lock: threading.Lock, t
         out = [(line, f"{msg} (DTD validation)") for line, msg in raw]
     if not out:
         out = [(0, f"the file does not follow the {what} DTD")]
-    return sorted(out, key=lambda e: e[0])
+    out.sort(key=lambda e: e[0])
+    if more > 0:
+        out.append((out[-1][0], f"... and {more} more DTD validation errors (the first "
+                                f"{MAX_ERRORS} are shown)"))
+    return out
 
 
 def _dtd_errors(tree: etree._ElementTree) -> list[tuple[int, str]]:
@@ -626,17 +781,94 @@ def _parser() -> etree.XMLParser:
 
 
 def _text(el: etree._Element) -> str:
+    if not len(el):
+        return (el.text or "").strip()
     return "".join(el.itertext()).strip()
+
+
+def read_config_file(path: str | os.PathLike[str], limit: int = MAX_CONFIG_BYTES) -> bytes:
+    """The bytes of a configuration file: a regular file of at most ``limit``
+    bytes. A FIFO, device or directory is refused without waiting on it (it
+    is opened non-blocking and checked before anything is read)."""
+    p = os.fspath(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise ConfigError(p, 0, f"cannot read the configuration file: {e.strerror or e}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
+                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            raise ConfigError(p, 0, f"the configuration file is {kind}: give a regular file")
+        if st.st_size > limit:
+            raise ConfigError(p, 0, f"the configuration file is {st.st_size} bytes, more than the "
+                                    f"limit of {limit} bytes")
+        chunks = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise ConfigError(p, 0, f"the configuration file is more than {limit} bytes (the limit)")
+        return b"".join(chunks)
+    except OSError as e:
+        raise ConfigError(p, 0, f"cannot read the configuration file: {e.strerror or e}") from e
+    finally:
+        os.close(fd)
+
+
+_BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe\x00\x00", "utf-32-le"),
+         (b"\x00\x00\xfe\xff", "utf-32-be"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+_ASCII_ENCODINGS = frozenset({"utf-8", "utf8", "us-ascii", "ascii", "iso-8859-1", "latin1",
+                              "latin-1", "iso-8859-15", "windows-1252", "cp1252"})
+_ENCODING_DECL = re.compile(rb"""^<\?xml[^>]*?\sencoding\s*=\s*["']([A-Za-z0-9._-]+)["']""")
+_DECLARATION = re.compile(r"<!(DOCTYPE|ENTITY|ELEMENT|ATTLIST|NOTATION)\b")
+
+
+def check_declarations(data: bytes, path: str, what: str = "lbmrd") -> None:
+    """Refuse markup declarations before the XML parser sees the file.
+
+    A DOCTYPE (internal subset, external DTD) or an entity declaration can
+    make a parser open local files or wait on a FIFO; our DTD is applied by
+    us, never taken from the file. The text is searched in the encoding the
+    parser would use: UTF-8, UTF-16/32 with a byte-order mark, or an
+    ASCII-compatible encoding named in the XML declaration; any other
+    encoding is refused.
+    """
+    text = None
+    for bom, codec in _BOMS:
+        if data.startswith(bom):
+            try:
+                text = data[len(bom):].decode(codec)
+            except UnicodeDecodeError as e:
+                raise ConfigError(path, 0, f"the file is not valid {codec.upper()}: {e.reason}") from None
+            break
+    if text is None:
+        if b"\x00" in data[:4]:
+            raise ConfigError(path, 1, "the file looks like UTF-16 or UTF-32 without a byte-order "
+                                       "mark: write it in UTF-8")
+        m = _ENCODING_DECL.match(data)
+        if m and m.group(1).decode("ascii").lower() not in _ASCII_ENCODINGS:
+            raise ConfigError(path, 1, f'unsupported encoding "{m.group(1).decode("ascii")}": '
+                                       "write the file in UTF-8")
+        text = data.decode("latin-1")  # the markup is ASCII in every accepted encoding
+    m = _DECLARATION.search(text)
+    if m:
+        line = text.count("\n", 0, m.start()) + 1
+        raise ConfigError(path, line, f"<!{m.group(1)} declarations are not allowed in {what} "
+                                      "configuration files (the DTD is built in; a DOCTYPE or "
+                                      "entity could make the parser read other files): remove it")
 
 
 def load_config(path: str | os.PathLike[str], *, relaxed: bool = True) -> Config:
     """Read and check the configuration file at ``path``; ``ConfigError`` if invalid."""
     p = os.fspath(path)
-    try:
-        data = Path(p).read_bytes()
-    except OSError as e:
-        raise ConfigError(p, 0, f"cannot read the configuration file: {e.strerror or e}") from e
-    return parse_config(data, p, relaxed=relaxed)
+    return parse_config(read_config_file(p), p, relaxed=relaxed)
 
 
 def validate(path: str | os.PathLike[str], strict: bool = False) -> Config:
@@ -653,6 +885,10 @@ def parse_config(text: bytes | str, path: str | os.PathLike[str] = "<string>", *
     """Check configuration text; ``path`` is only used in messages and ``Config.path``."""
     path = os.fspath(path)
     data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(path, 0, f"the configuration is {len(data)} bytes, more than the limit "
+                                   f"of {MAX_CONFIG_BYTES} bytes")
+    check_declarations(data, path)
     parser = _parser()
     try:
         root = etree.fromstring(data, parser)
@@ -793,12 +1029,81 @@ def _daemon_settings(daemon: etree._Element | None, warnings: list[tuple[int, st
     )
 
 
+def network_conflicts(nets: list[tuple[ipaddress.IPv4Network, str]]) -> list[tuple[int, int]]:
+    """For each network (document order) that repeats or overlaps an earlier
+    one, ``(its index, the index of the first such earlier network)``.
+
+    A conflict is the same network listed again (in any domain) or an
+    overlap with a network of another domain; a network inside another of
+    the same domain is fine. CIDR networks overlap only by containment and a
+    network has at most 32 strict supernets, so each network looks up its
+    supernets by prefix and learns of its subnets from a summary kept per
+    network: O(n x 33) instead of comparing every pair.
+    """
+    # per distinct network: the indices listed with it, in document order
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (net, _) in enumerate(nets):
+        groups.setdefault((int(net.network_address), net.prefixlen), []).append(i)
+    domain = [name for _, name in nets]
+
+    def summary(indices) -> tuple[int, int]:
+        """(first index, first index whose domain differs from the first's), -1 = none."""
+        first = indices[0]
+        other = next((k for k in indices if domain[k] != domain[first]), -1)
+        return first, other
+
+    def merge(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+        if a[0] == -1:
+            return b
+        if b[0] == -1:
+            return a
+        first = min(a[0], b[0])
+        cands = [k for k in (*a, *b) if k != -1 and domain[k] != domain[first]]
+        return first, min(cands) if cands else -1
+
+    def earliest_other(sm: tuple[int, int], i: int) -> int:
+        """The first index of summary ``sm`` before ``i`` in another domain than i's, or -1."""
+        first, other = sm
+        if first == -1 or first >= i:
+            return -1
+        if domain[first] != domain[i]:
+            return first
+        return other if other != -1 and other < i else -1
+
+    summaries = {key: summary(idx) for key, idx in groups.items()}
+    lengths = sorted({plen for _, plen in groups})  # only the prefix lengths in use
+    masks = {p: (0xFFFFFFFF << (32 - p)) & 0xFFFFFFFF for p in lengths}
+    supernets: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    below: dict[tuple[int, int], tuple[int, int]] = {}  # summary of the strict subnets
+    for key, sm in summaries.items():
+        addr, plen = key
+        sups = [sup for p in lengths if p < plen if (sup := (addr & masks[p], p)) in summaries]
+        if sups:
+            supernets[key] = sups
+            for sup in sups:
+                below[sup] = merge(below.get(sup, (-1, -1)), sm)
+    out = []
+    for key, idx in groups.items():
+        sub = below.get(key, (-1, -1))
+        sups = [summaries[sup] for sup in supernets.get(key, ())]
+        if len(idx) == 1 and sub[0] == -1 and not sups:
+            continue
+        for n, i in enumerate(idx):
+            cands = [idx[0]] if n else []  # the same network listed before
+            cands += [k for k in (earliest_other(sub, i), *(earliest_other(sm, i) for sm in sups))
+                      if k != -1]
+            if cands:
+                out.append((i, min(cands)))
+    out.sort()
+    return out
+
+
 def _nat(tree: etree._ElementTree, warnings: list[tuple[int, str]],
          path: str) -> tuple[tuple[Domain, ...], tuple[Transform, ...]]:
     root = tree.getroot()
     errors: list[tuple[int, str]] = []
     domains: list[Domain] = []
-    seen_nets: list[tuple[ipaddress.IPv4Network, str, int]] = []
+    entries: list[tuple[ipaddress.IPv4Network, str, int]] = []  # document order
     domains_el = root.find("domains")
     for d in (domains_el.iterchildren("domain") if domains_el is not None else ()):
         name, dline = d.get("name", ""), d.sourceline or 0
@@ -813,24 +1118,28 @@ def _nat(tree: etree._ElementTree, warnings: list[tuple[int, str]],
                 continue
             if host_bits:
                 warnings.append((line, f'<network> "{text}" has host bits set: using {net}'))
-            for other, oname, oline in seen_nets:
-                if oname == name and other == net:
-                    warnings.append((line, f"network {net} is listed twice in domain "
-                                           f'"{name}" (also at line {oline})'))
-                    break
-                if oname != name and other.overlaps(net):
-                    warnings.append((line, f'network {net} of domain "{name}" overlaps {other} '
-                                           f'of domain "{oname}" (line {oline}): addresses in '
-                                           f'both belong to "{oname}", the first domain in '
-                                           "document order"))
-                    break
-            seen_nets.append((net, name, line))
+            entries.append((net, name, line))
             nets.append(net)
         domains.append(Domain(name, tuple(nets), dline))
+    for i, j in network_conflicts([(n, name) for n, name, _ in entries]):
+        net, name, line = entries[i]
+        other, oname, oline = entries[j]
+        if oname == name:
+            warnings.append((line, f"network {net} is listed twice in domain "
+                                   f'"{name}" (also at line {oline})'))
+        else:
+            warnings.append((line, f'network {net} of domain "{name}" overlaps {other} '
+                                   f'of domain "{oname}" (line {oline}): addresses in '
+                                   f'both belong to "{oname}", the first domain in '
+                                   "document order"))
 
     names = {d.name for d in domains}
+    known = ", ".join(d.name for d in domains[:20]) + (
+        f" and {len(domains) - 20} more" if len(domains) > 20 else "") or "none"
     transforms: list[Transform] = []
-    by_pair: dict[tuple[str, str], list[NatRule]] = {}
+    # the first rule per (pair, match address, match port or None=*): a later rule
+    # with the same address and port, or any port after a "*", never applies
+    first_rule: dict[tuple[str, str, bytes, int | None], NatRule] = {}
     trans_el = root.find("transformations")
     for t in (trans_el.iterchildren("transform") if trans_el is not None else ()):
         tline = t.sourceline or 0
@@ -838,7 +1147,7 @@ def _nat(tree: etree._ElementTree, warnings: list[tuple[int, str]],
         for attr, value in (("source", src), ("destination", dst)):
             if value not in names:  # the DTD checks IDREFs too; keep the message ours
                 errors.append((tline, f'<transform> {attr}="{value}" does not name a domain '
-                                      f"(domains: {', '.join(d.name for d in domains) or 'none'})"))
+                                      f"(domains: {known})"))
         rules: list[NatRule] = []
         for r in t.iterchildren("rule"):
             parsed: list[object] = []
@@ -861,15 +1170,16 @@ def _nat(tree: etree._ElementTree, warnings: list[tuple[int, str]],
             if bad:
                 continue
             rule = NatRule(*parsed, r.sourceline or 0)  # type: ignore[arg-type]
-            pair = by_pair.setdefault((src, dst), [])
-            for earlier in pair:
-                if earlier.match_ip == rule.match_ip and (
-                        earlier.match_port is None or earlier.match_port == rule.match_port):
-                    warnings.append((rule.line, f"rule {rule} never applies: the earlier rule "
-                                                f"{earlier} (line {earlier.line}) for "
-                                                f'"{src}" -> "{dst}" matches first'))
-                    break
-            pair.append(rule)
+            any_key = (src, dst, rule.match_ip, None)
+            candidates = [r for r in (first_rule.get(any_key),
+                                      first_rule.get((src, dst, rule.match_ip, rule.match_port)))
+                          if r is not None]
+            if candidates:
+                earlier = min(candidates, key=lambda r: r.line)
+                warnings.append((rule.line, f"rule {rule} never applies: the earlier rule "
+                                            f"{earlier} (line {earlier.line}) for "
+                                            f'"{src}" -> "{dst}" matches first'))
+            first_rule.setdefault((src, dst, rule.match_ip, rule.match_port), rule)
             rules.append(rule)
         transforms.append(Transform(src, dst, tuple(rules), tline))
     if errors:

@@ -66,7 +66,9 @@ from lbmrd.config import (
     _parser,
     _raise,
     _text,
+    check_declarations,
     dtd_errors,
+    read_config_file,
 )
 
 __all__ = [
@@ -1132,10 +1134,7 @@ def load_config(path: str | os.PathLike[str], *, check_files: bool = True) -> Ro
     meant for another host).
     """
     p = os.fspath(path)
-    try:
-        data = Path(p).read_bytes()
-    except OSError as e:
-        raise ConfigError(p, 0, f"cannot read the configuration file: {e.strerror or e}") from e
+    data = read_config_file(p)
     return parse_config(data, p, base_dir=Path(p).resolve().parent, check_files=check_files)
 
 
@@ -1157,6 +1156,7 @@ def parse_config(text: bytes | str, path: str | os.PathLike[str] = "<string>", *
     if base_dir is None:
         base_dir = Path.cwd() if path.startswith("<") else Path(path).resolve().parent
     data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    check_declarations(data, path, "lbmr-router")
     parser = _parser()
     try:
         root = etree.fromstring(data, parser)

@@ -767,7 +767,7 @@ def test_entities_are_not_expanded(tmp_path):
     text = doc(daemon=DAEMON.replace("router-x", "&x;")).replace(
         "<lbmr-router version", '<!DOCTYPE lbmr-router [<!ENTITY x SYSTEM "file:///etc/passwd">]>\n'
                                 "<lbmr-router version")
-    expect_error(tmp_path, "xxe.xml", text, "&x;", "entity reference &x;")
+    expect_error(tmp_path, "xxe.xml", text, "<!DOCTYPE", "<!DOCTYPE declarations are not allowed")
 
 
 def test_xinclude_is_refused(tmp_path):
