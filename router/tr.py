@@ -112,6 +112,11 @@ Rules this module chose (the issue leaves them open):
   final advertisement is not public). Receivers that do not read it just see
   one more TIR of a source that is about to disappear.
 
+Why one module of about 900 lines: :class:`PortalTR` is one state machine
+whose timers, tables and rules (above) depend on each other; the rules are
+stated here, next to the code that applies them. UM's timing, destinations,
+OTIDs and datagram packing are in :mod:`lbmr_proto.um`.
+
 Pattern types are the LBMR/LBRP values: 0 exact topic, 1 PCRE, 2 POSIX regex
 (:class:`router.peerlink.PatternType`). Patterns are matched with Python's
 :mod:`re` (``search``), close enough to PCRE and POSIX ERE for topic names.

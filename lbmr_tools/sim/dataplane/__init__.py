@@ -1,0 +1,120 @@
+"""Simple TCP and LBT-RU-like data endpoints that send verifiable numbered data
+(:mod:`.pattern`, :mod:`.tcp`, :mod:`.ru`; everything is importable from here).
+
+They stand in for Ultra Messaging data transports in end-to-end tests (of
+``lbmr-sim`` and of the TRD router, which relays TCP streams and LBT-RU
+datagrams between domains): a receiver checks every byte it gets, so a relay
+that loses, duplicates, reorders, truncates or corrupts data is caught, with
+the exact position. Everything runs on trio, in the caller's tasks (no
+threads), and every endpoint is bounded in time and volume.
+
+The data pattern
+----------------
+A stream is keyed by a 64-bit ``seed``. Its byte at offset ``o`` is
+
+* byte ``o mod 4096`` of the big-endian u64 ``o - o mod 4096`` when
+  ``o mod 4096 < 8`` (every 4096-byte block starts with its own offset), else
+* ``P[o mod 1048573]``, where ``P`` is the first 1048573 bytes of
+  SHAKE128(``b"lbmr-dataplane/1"`` + big-endian u64 ``seed``).
+
+Any position can be verified on its own; the period of ``P`` (odd, so it
+drifts against the blocks) plus the offset stamps make every shift, loss or
+repetition visible. Generation is a slice of a precomputed buffer plus one
+8-byte stamp per 4 KiB (:class:`Pattern`, several GB/s).
+:func:`topic_seed` derives per-topic seeds (used by ``lbmr-sim``).
+
+TCP
+---
+:class:`TcpDataSource` listens; every connection gets the stream from
+offset 0, ``total_bytes`` bytes, then the source closes it (0: until the
+peer goes away). :class:`TcpDataReceiver` connects, verifies everything
+incrementally and reports bytes, the first mismatching offset, throughput
+and whether the stream ended exactly at ``expect_bytes``; it can throttle
+its reads to play a slow receiver.
+
+The LBT-RU-like datagram protocol
+---------------------------------
+Real LBT-RU framing is proprietary; this is a simplified protocol of our
+own, over UDP, unicast, one source socket serving any number of receivers.
+All integers are big-endian; every datagram starts with an ASCII tag.
+
+=============  ===================================================  =========
+datagram       layout                                                 size
+=============  ===================================================  =========
+``RU-HELLO``   tag, u64 seed                                          16
+``RU-DATA``    tag, u64 sequence, u16 payload length, payload         17 + n
+``RU-END``     tag, u64 count                                         14
+``RU-STATUS``  tag, u64 highest sequence (2**64-1: none), u64         26
+               received count, u8 flags (0x01: END seen)
+=============  ===================================================  =========
+
+1. The receiver sends ``RU-HELLO`` with the seed it expects to the source's
+   advertised (ip, port), again every ``hello_interval`` until the first
+   datagram from that address arrives (at most ``hello_attempts`` times).
+2. The source accepts a HELLO whose seed is its own, once per receiver
+   address, and sends ``RU-DATA`` sequences 0..count-1 from the same socket
+   to the address the HELLO came from, paced at ``rate`` datagrams per
+   second. The payload of sequence ``q`` (``n`` bytes) is the pattern at
+   offsets ``q * 65536 .. q * 65536 + n`` (it starts with the stamp
+   ``q * 65536``).
+3. Then it sends ``RU-END`` with the count, every ``end_interval`` until a
+   STATUS with the END flag arrives, at most ``end_repeats`` times.
+4. The receiver sends ``RU-STATUS`` every ``status_interval`` once data
+   flows, and one with the END flag for every END it gets; it stays
+   ``linger`` seconds after the first END, then reports.
+
+There are no retransmissions: loss is counted, not repaired. Traffic flows
+both ways (HELLO and STATUS towards the source, which counts the STATUS
+datagrams), so a relay that forwards one direction only is noticed.
+"""
+
+from .pattern import (
+    PATTERN_LEN,
+    STAMP_INTERVAL,
+    U64,
+    U64_MAX,
+    Pattern,
+    check_seed,
+    first_difference,
+    pattern,
+    rate_of,
+    topic_seed,
+)
+from .ru import (
+    DATA_HDR,
+    END,
+    FLAG_END_SEEN,
+    HELLO,
+    NO_SEQ,
+    RU_MAX_DATAGRAM,
+    RU_MIN_DATAGRAM,
+    RU_SEQ_SPACING,
+    STATUS,
+    TAG_DATA,
+    TAG_END,
+    TAG_HELLO,
+    TAG_STATUS,
+    RuDataReceiver,
+    RuDataSource,
+    RuReceiveResult,
+    RuSession,
+    encode_data,
+    encode_end,
+    encode_hello,
+    encode_status,
+    parse_datagram,
+)
+from .tcp import (
+    TcpConnStats,
+    TcpDataReceiver,
+    TcpDataSource,
+    TcpReceiveResult,
+)
+
+__all__ = [
+    "PATTERN_LEN", "STAMP_INTERVAL", "RU_SEQ_SPACING", "RU_MAX_DATAGRAM", "RU_MIN_DATAGRAM",
+    "Pattern", "pattern", "topic_seed",
+    "TcpDataSource", "TcpConnStats", "TcpDataReceiver", "TcpReceiveResult",
+    "RuDataSource", "RuSession", "RuDataReceiver", "RuReceiveResult",
+    "encode_hello", "encode_data", "encode_end", "encode_status", "parse_datagram",
+]
