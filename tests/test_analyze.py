@@ -825,3 +825,55 @@ def test_cli_end_to_end(spark, synth, tmp_path):
     assert not spark.sparkContext._jsc.sc().isStopped()      # an embedding caller's session survives
     bad = CliRunner().invoke(cli_main, [str(synth), "--out", str(tmp_path / "o"), "--split-size", "tiny"])
     assert bad.exit_code == 2 and "not a size" in bad.output
+
+
+# ============================================================== an lbmrd client's capture
+
+def lbmrd_client_datagrams() -> list[tuple]:
+    """Captured on lbmrd client 10.1.1.5: lbmrd 10.0.0.1:15380 relays other contexts'
+    TIRs (each trailer carries the original context's src_id); client 10.1.1.6 stops
+    sending keepalives at T0+10."""
+    d = []
+    lbmrd, me, other = ("10.0.0.1", 15380), ("10.1.1.5", 14402), ("10.1.1.6", 14402)
+
+    def relayed(ts, src_id: bytes, tirs):
+        pkt = L.Packet(tirs=tirs, options=[L.SourceIdOption(0x8000, src_id)])
+        d.append((T0 + ts, *lbmrd, *me, L.encode(pkt)))
+
+    for k in range(0, 41, 5):
+        d.append((T0 + k, *me, *lbmrd, L.encode(L.Packet(2))))
+        if k <= 10:
+            d.append((T0 + k + 0.5, *other, *lbmrd, L.encode(L.Packet(3))))
+    x1, x2, x3 = b"\x11" * 8, b"\x22" * 8, b"\x33" * 8
+    same = L.OtidOption(0x8000, b"\x44" * 32)
+    for k in range(1, 40, 3):
+        relayed(k, x1, [_tir("P", L.TcpTransport("10.1.1.10", 14371)),      # the capture host's /24
+                        _tir("Q", L.TcpTransport("10.3.3.3", 14371)),       # another 10/8 subnet: routed
+                        _tir("R", L.TcpTransport("172.16.9.9", 14371))])    # nobody of 172.16/12 here
+        relayed(k + 0.1, x2, [_tir("M", L.TcpTransport("10.1.1.11", 14371)),
+                              _tir("M", L.TcpTransport("10.1.1.11", 14372))])
+        relayed(k + 0.2, x3, [L.TIR("N1", L.TcpTransport("10.1.1.12", 14371), 16, 1, [same]),
+                              L.TIR("N2", L.TcpTransport("10.1.1.12", 14371), 16, 2, [same])])
+    d.sort(key=lambda x: x[0])
+    return d
+
+
+def test_lbmrd_client_capture_findings(spark, tmp_path):
+    cap = write_pcap(tmp_path / "client.pcap", lbmrd_client_datagrams())
+    res = run(spark, [cap], tmp_path / "out", storm_threshold=STORM)
+    t = res.tables
+    assert_tables_equal(t, _ref_for(cap, ports=PORTS))
+    via = "via lbmrd 10.0.0.1:15380"
+    # a relayed TIR carries the original source's address: only R's 172.16.9.9 is unreachable
+    assert [(r["advertised_ip"], r["topic"], r["advertiser"], r["via_lbmrd"]) for r in t["nat_audit"]] == \
+        [("172.16.9.9", "R", f"[{'11' * 8}] {via}", True)]
+    assert [(r["context"], r["topic"], r["n_transports"]) for r in t["multi_transport_topics"]] == \
+        [(f"[{'22' * 8}] {via}", "M", 2)]
+    assert [(r["topics"], r["n_contexts"]) for r in t["otid_collisions"]] == [("N1 N2", 1)]
+    assert t["transport_conflicts"] == []        # N1 and N2 share one transport in one context: normal
+    assert [(r["client"], r["event"], r["silent_s"]) for r in t["client_changes"]] == \
+        [("10.1.1.6:14402", "vanished", 29.5)]
+    kinds = [(f["severity"], f["kind"]) for f in t["findings"]]
+    assert kinds == [("critical", "OTID collision"), ("high", "unreachable address"),
+                     ("medium", "one context, several transports"), ("medium", "lbmrd client vanished")]
+    assert "172.16.9.9" in t["findings"][1]["finding"] and "relayed by lbmrd" in t["findings"][1]["finding"]
