@@ -160,3 +160,25 @@ def test_sigint_stops_cleanly_and_busy_metrics_port_exits_3(tmp_path):
     finally:
         busy.close()
     assert r.returncode == 3 and "socket error" in r.stdout
+
+
+def test_stats_interval_must_not_be_negative_and_open_metrics_warns():
+    r = subprocess.run(LBMRD + ["--stats-interval", "-1"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "must be 0 or a positive number" in r.stderr
+    r = subprocess.run(LBMRD + ["--peer-daemon", "10.0.0.300"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    port, mport = free_port(), free_port(socket.SOCK_STREAM)
+    p = subprocess.Popen(LBMRD + ["-i", "127.0.0.1", "-p", str(port), "--metrics", f"0.0.0.0:{mport}",
+                                  "--peer-daemon", "127.0.0.2:15380", "--ip-rate-limit", "100"],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        _wait_http(f"http://127.0.0.1:{mport}/metrics", time.monotonic() + 20)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=10) == 0
+        out = p.stdout.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert "serves the client table (every client's address) on all interfaces" in out
+    assert "final stats clients=0" in out
