@@ -75,6 +75,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -91,6 +92,8 @@ import lbmr_proto as L  # noqa: E402
 LOOPBACK = "127.0.0.1"
 KEEPALIVE = b"\x02\x00\x00\x00"
 REPLY = b"\x00\x00\x00\x00"
+IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # Linux's value; Python 3.11 lacks the name
+TQR_SMALL = L.encode(L.Packet(0, 1, tqrs=[L.TQR("bench.stall")]))
 STALL_S = 0.2  # no probe receipt for this long: the window is reset
 REGISTER_CHUNK = 128  # keepalives in flight during registration
 REGISTER_TRIES = 5
@@ -255,7 +258,8 @@ class CRelay:
 class Lbmrd:
     name = "lbmrd"
 
-    def __init__(self, logdir: str, cmd_prefix: list[str] | None = None) -> None:
+    def __init__(self, logdir: str, cmd_prefix: list[str] | None = None,
+                 extra: list[str] | None = None) -> None:
         port, mport = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
         self.addr = (LOOPBACK, port)
         self.url = f"http://{LOOPBACK}:{mport}/status"
@@ -263,7 +267,7 @@ class Lbmrd:
         cmd = cmd_prefix or [sys.executable, "-c", code]
         self.log = open(os.path.join(logdir, f"lbmrd-{port}.log"), "wb")
         self.p = spawn(cmd + ["-i", LOOPBACK, "-p", str(port), "--metrics", f"{LOOPBACK}:{mport}",
-                              "--stats-interval", "0"],
+                              "--stats-interval", "0", *(extra or [])],
                        stdout=self.log, stderr=subprocess.STDOUT, cwd=str(ROOT))
         deadline = time.monotonic() + START_TIMEOUT
         while True:
@@ -282,7 +286,7 @@ class Lbmrd:
     def counters(self) -> dict:
         st = self.status()
         c = st["counters"]
-        return {"in": sum(c["rx"].values()), "out": c["tx"], "clients": len(st["clients"]),
+        return {"in": sum(c["rx"].values()), "out": c["tx"], "clients": st["clients_total"],
                 "drops": sum(c["drops"].values()), "send_errors": sum(c["send_errors"].values())}
 
     def close(self) -> None:
@@ -540,6 +544,102 @@ def profile_lbmrd(tmp: str, n: int, payload: bytes, seconds: float, window: int)
         print("  (no profile written)")
 
 
+
+# ------------------------------------------------------------------- stalls
+
+
+def send_from(sock: socket.socket, payload: bytes, src_ip: str, dst: tuple[str, int]) -> None:
+    """Send from another 127.x.y.z address of this host (IP_PKTINFO source),
+    so one socket can play many clients (loopback only)."""
+    info = struct.pack("=I4s4s", 0, socket.inet_aton(src_ip), b"\0\0\0\0")
+    sock.sendmsg([payload], [(socket.IPPROTO_IP, IP_PKTINFO, info)], 0, dst)
+
+
+def many_clients(sock: socket.socket, relay: Lbmrd, n: int) -> None:
+    """Register ``n`` clients 127.64.0.1 and up (paced: lbmrd keeps up)."""
+    for start in range(0, n, 2000):
+        for i in range(start, min(n, start + 2000)):
+            send_from(sock, KEEPALIVE, f"127.{64 + (i >> 16)}.{(i >> 8) & 255}.{i & 255}", relay.addr)
+        deadline = time.monotonic() + 30
+        while relay.status()["clients_total"] < min(n, start + 2000):
+            if time.monotonic() > deadline:
+                raise RuntimeError("lbmrd did not register the clients")
+            time.sleep(0.01)
+
+
+def keepalive_rtts(probe: socket.socket, relay_addr: tuple[str, int], until, period: float = 0.002,
+                   limit_s: float = 60.0) -> list[float]:
+    """Keepalive round trips (seconds) every ``period`` until ``until()`` is true."""
+    rtts = []
+    probe.settimeout(5.0)
+    end = time.monotonic() + limit_s
+    while not until() and time.monotonic() < end:
+        t0 = time.perf_counter()
+        probe.sendto(KEEPALIVE, relay_addr)
+        while True:
+            data, src = probe.recvfrom(65535)
+            if data == REPLY and src == relay_addr:
+                break
+        rtts.append(time.perf_counter() - t0)
+        time.sleep(period)
+    return rtts
+
+
+def _pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
+
+
+def stall_bench(tmp: str, n: int) -> dict:
+    """Max keepalive round trip while ``n`` clients expire at once, while one
+    TQR is fanned out to them, and while a 50,000-network file is reloaded;
+    each against the idle round trip measured in the same run."""
+    conf = os.path.join(tmp, "big.xml")
+    with open(conf, "w") as f:
+        f.write('<?xml version="1.0"?>\n<lbmrd version="1.0">\n<domains>\n')
+        for d in range(50):
+            f.write(f'<domain name="d{d}">\n')
+            f.writelines(f"<network>10.{d}.{i >> 8}.{i & 255}/32</network>\n" for i in range(1000))
+            f.write("</domain>\n")
+        f.write('</domains>\n<transformations><transform source="d0" destination="d1"><rule>'
+                '<match address="10.0.0.1" port="*"/><replace address="10.1.0.1" port="*"/></rule>'
+                "</transform></transformations>\n</lbmrd>\n")
+    relay = Lbmrd(tmp, extra=["-t", "8", "-a", "1000", conf])
+    # the n clients: one socket on every loopback address (it sends from
+    # 127.64.0.0 and up); what reaches them is mostly dropped (small buffer)
+    players = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    players.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    players.bind(("0.0.0.0", 0))
+    probe = udp_socket(rcvbuf=4 << 20)
+    probe.setblocking(True)
+    out = {"n": n}
+    try:
+        probe.settimeout(5.0)
+        probe.sendto(KEEPALIVE, relay.addr)
+        probe.recvfrom(16)
+        t_idle = time.monotonic() + 1.0
+        out["idle"] = keepalive_rtts(probe, relay.addr, lambda: time.monotonic() > t_idle)
+        many_clients(players, relay, n)
+        # a TQR from one of the n, fanned out to all of them (and the probe)
+        t_fan = time.monotonic() + 1.0
+        send_from(players, TQR_SMALL, "127.64.0.1", relay.addr)
+        out["fanout"] = keepalive_rtts(probe, relay.addr, lambda: time.monotonic() > t_fan)
+        # all n fall silent; the probe keeps talking while the activity check removes them
+        out["expiry"] = keepalive_rtts(probe, relay.addr,
+                                       lambda: relay.status()["clients_total"] <= 1, period=0.002)
+        # reload the big file
+        log = relay.log.name
+        before = open(log, "rb").read().count(b"configuration reloaded")
+        relay.p.send_signal(signal.SIGHUP)
+        out["reload"] = keepalive_rtts(
+            probe, relay.addr, lambda: open(log, "rb").read().count(b"configuration reloaded") > before)
+    finally:
+        players.close()
+        probe.close()
+        relay.close()
+    return out
+
+
 # ------------------------------------------------------------------- main
 
 
@@ -553,6 +653,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="alternating segments per relay and N (ABBA order against drift)")
     ap.add_argument("--memory-clients", type=int, default=100_000, help="clients for the memory test")
     ap.add_argument("--profile", action="store_true", help="also profile lbmrd (cProfile) at the last N")
+    ap.add_argument("--stall-clients", type=int, default=100_000,
+                    help="clients for the loop-stall figures (0 = skip them)")
     args = ap.parse_args(argv)
     ns = [int(x) for x in args.clients.split(",") if x.strip()]
     if not ns or min(ns) < 1 or max(ns) > 4000:
@@ -585,6 +687,19 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp:
         try:
+            if args.stall_clients:
+                st = stall_bench(tmp, args.stall_clients)
+                idle = _pct(st["idle"], 0.5)
+                print(f"loop stalls, lbmrd with {st['n']:,} clients (keepalive round trips, ms; "
+                      f"idle median {idle * 1e3:.2f} ms in the same run):")
+                for what, label in (("fanout", f"one TQR fanned out to {st['n']:,} clients"),
+                                    ("expiry", f"{st['n']:,} clients expiring at once"),
+                                    ("reload", "SIGHUP reload of a 50,000-network file")):
+                    r = st[what]
+                    print(f"  {label:<44} {len(r):>5} probes  p50 {_pct(r, 0.5) * 1e3:7.2f}  "
+                          f"p99 {_pct(r, 0.99) * 1e3:7.2f}  max {max(r) * 1e3:7.2f}  "
+                          f"max/idle {max(r) / idle:6.0f}x")
+                print("  target: max under 50 ms while clients expire", flush=True)
             exe = compile_c(tmp)
             for n in ns:
                 relays = {}

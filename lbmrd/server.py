@@ -8,6 +8,7 @@ optional metrics endpoint. All protocol decisions are made by
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import signal
@@ -24,7 +25,7 @@ from .relay import Drop, Relay, RelayCore, Reply
 log = logging.getLogger("lbmrd")
 
 WRITE_WAIT = 0.05  # seconds a relay may wait for a full send buffer before dropping
-FANOUT_CHUNK = 4096  # destinations per sendmmsg run before the loop serves other work
+FANOUT_CHUNK = 1024  # destinations per sendmmsg call before the loop serves other work
 SWEEP_SLICE = 2000  # clients checked per slice of an activity check
 SWEEP_FORCE = 1.0  # seconds a due activity check may wait for a quiet socket
 BACKLOG = 1024  # relays received during a large fan-out, waiting for their turn
@@ -60,6 +61,19 @@ class Settings:
 #: Settings a reload can apply to a running daemon; the others need a restart.
 RELOADABLE = ("ttl_s", "activity_ms")
 RESTART_ONLY = ("bind_ip", "port", "rcv_buf", "snd_buf", "log_file")
+
+
+def _without_gc(fn):
+    """``fn()`` with the cyclic garbage collector paused: parsing a big file
+    makes many objects, and a full collection holds the interpreter lock for
+    tens of milliseconds, stalling the relay thread."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return fn()
+    finally:
+        if was:
+            gc.enable()
 
 
 class Daemon:
@@ -357,7 +371,7 @@ class Daemon:
             log.warning("SIGHUP: no configuration file to reload")
             return False
         try:
-            got = await trio.to_thread.run_sync(self.reload_config)
+            got = await trio.to_thread.run_sync(_without_gc, self.reload_config)
         except Exception as e:  # noqa: BLE001 - any failure keeps the running config
             log.error("reload failed, keeping the running configuration: %s", e)
             return False
