@@ -48,9 +48,10 @@ def _conf(ctx, param, values):
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("captures", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False), metavar="DIR",
-              help="Output folder: records/ (Parquet), report.html, plots, tables (overwritten).")
+@click.argument("captures", nargs=-1, required=True)
+@click.option("--out", "out", required=True, metavar="DIR",
+              help="Output folder or URI: records/ (Parquet), report.html, plots, tables; replaced "
+                   "only when the run succeeds.")
 @click.option("--master", metavar="URL",
               help="Spark master, e.g. spark://host:7077 (default local[*], or spark-submit's).")
 @click.option("--port", "ports", type=click.IntRange(1, 65535), multiple=True, metavar="N",
@@ -64,16 +65,20 @@ def _conf(ctx, param, values):
 @click.option("--conf", "conf", multiple=True, callback=_conf, metavar="KEY=VALUE",
               help="Extra Spark configuration (repeatable), e.g. spark.driver.memory=4g.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
-def main(captures, out, master, ports, split_size, storm_threshold, top, conf, quiet):
+@click.option("-v", "--verbose", is_flag=True,
+              help="Show Spark's own start-up output and warnings (by default they go to a log file).")
+def main(captures, out, master, ports, split_size, storm_threshold, top, conf, quiet, verbose):
     """Analyse LBMR (Ultra Messaging topic resolution) traffic in pcap/pcapng
-    CAPTURES (files or folders) with Spark: decode to Parquet, run the analyses,
-    write DIR/report.html.
+    CAPTURES (files or folders, .gz too; local paths or file://, hdfs://, s3a://
+    URIs) with Spark: decode to Parquet, run the analyses, write DIR/report.html,
+    findings first.
 
     \b
     Examples:
       lbmr-analyze trace.pcapng --out report/
       lbmr-analyze /data/captures/ --out /shared/tr --master spark://head:7077
-      spark-submit --master yarn $(which lbmr-analyze) /shared/caps --out /shared/tr
+      spark-submit --master yarn "$(lbmr-analyze-submit)" hdfs:///caps --out hdfs:///tr
+      spark-submit --master yarn -m lbmr_analyze ...   (not supported: use the .py above)
     """
     from .javacheck import JavaError, find_java, under_spark_submit
 
@@ -92,24 +97,41 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
 
     from pyspark.sql import SparkSession
 
-    from .job import Progress, build_session, run, summary_text
+    from .job import (
+        SPARK_LOG,
+        EnvironmentError_,
+        OutputNotVisible,
+        Progress,
+        build_session,
+        run,
+        summary_text,
+    )
 
     prog = Progress(1 + 5, enabled=not quiet)
     prog.step("starting Spark" + (f" ({master})" if master else ""))
     owned = SparkSession.getActiveSession() is None    # embedded callers keep their session
     try:
-        spark = build_session(master, conf)
+        spark = build_session(master, conf, quiet_jvm=not verbose)
     except Exception as e:  # noqa: BLE001 - Py4J/JVM start-up failures have many types
-        click.echo(f"lbmr-analyze: could not start Spark: {e}", err=True)
+        click.echo(f"lbmr-analyze: could not start Spark: {e}" + ("" if verbose else
+                   f" (Spark's output: {SPARK_LOG})"), err=True)
         sys.exit(EXIT_ENVIRONMENT)
     try:
         res = run(spark, captures, out, ports=ports, split_size=split_size,
                   storm_threshold=storm_threshold, top=top, progress=prog)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, FileExistsError) as e:
         raise click.UsageError(str(e)) from None
+    except EnvironmentError_ as e:
+        prog.done()
+        click.echo(f"lbmr-analyze: {e}", err=True)
+        sys.exit(EXIT_ENVIRONMENT)
+    except OutputNotVisible as e:
+        prog.done()
+        click.echo(f"lbmr-analyze: {e}; the previous output, if any, is unchanged", err=True)
+        sys.exit(EXIT_FAILED)
     except Exception as e:  # noqa: BLE001
         prog.done()
-        click.echo(f"lbmr-analyze: analysis failed: {e}", err=True)
+        click.echo(f"lbmr-analyze: analysis failed: {e}; the previous output, if any, is unchanged", err=True)
         sys.exit(EXIT_FAILED)
     finally:
         if owned:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from lbmr_proto.constants import LBMR_MC_PORT, LBMRD_PORT
 
+from . import fsio
 from .splits import DEFAULT_SPLIT_SIZE, Split, context_blocks, context_for, discover, plan
 
 DEFAULT_PORTS = frozenset({LBMR_MC_PORT, LBMRD_PORT})
@@ -76,7 +77,7 @@ class Progress:
 class Result:
     """What :func:`run` did."""
 
-    out: Path
+    out: Path | str
     files: list[str]
     splits: list[Split]
     decode_partitions: int
@@ -86,8 +87,8 @@ class Result:
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
-    def report(self) -> Path:
-        return self.out / "report.html"
+    def report(self) -> Path | str:
+        return self.out / "report.html" if isinstance(self.out, Path) else fsio.join(self.out, "report.html")
 
 
 # --------------------------------------------------------------------------- session
@@ -120,11 +121,20 @@ def ship_code(spark) -> None:
     _SHIPPED.add(id(sc))
 
 
+class EnvironmentError_(RuntimeError):
+    """The cluster cannot run the job (executors' Python, output not shared); the
+    message says what to change."""
+
+
 def build_session(master: str | None = None, conf: Iterable[tuple[str, str]] = (),
-                  *, progress_bar: bool | None = None):
-    conf = list(conf)
+                  *, progress_bar: bool | None = None, quiet_jvm: bool = False):
     """A SparkSession for the job.  ``master`` None means ``local[*]`` unless the
-    process runs under spark-submit (then spark-submit's ``--master`` applies)."""
+    process runs under spark-submit (then spark-submit's ``--master`` applies).
+
+    Spark's own logging is at ERROR (our log4j2 file for the driver JVM); with
+    ``quiet_jvm`` the JVM's stderr (start-up notes, warnings) goes to
+    :data:`SPARK_LOG` instead of the terminal (the file is named in errors)."""
+    conf = list(conf)
     from pyspark.sql import SparkSession
 
     from .javacheck import under_spark_submit
@@ -139,29 +149,91 @@ def build_session(master: str | None = None, conf: Iterable[tuple[str, str]] = (
     if local:
         # executors are this machine's Python workers: use this interpreter
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        if not submitted and not any(k == "spark.driver.extraJavaOptions" for k, _ in conf):
-            log4j = Path(__file__).with_name("log4j2.properties")
-            if log4j.exists():
-                b = b.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
         b = b.config("spark.sql.shuffle.partitions", str(max(4, 2 * (os.cpu_count() or 1))))
+    if not submitted and not any(k == "spark.driver.extraJavaOptions" for k, _ in conf):
+        log4j = Path(__file__).with_name("log4j2.properties")
+        if log4j.exists():
+            b = b.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
     if progress_bar is None:
-        progress_bar = sys.stderr.isatty()
+        progress_bar = sys.stderr.isatty() and not quiet_jvm
     b = (b.config("spark.sql.session.timeZone", "UTC")
          .config("spark.ui.showConsoleProgress", "true" if progress_bar else "false")
          .config("spark.log.level", "ERROR"))
     for k, v in conf:
         b = b.config(k, v)
-    spark = b.getOrCreate()
+    if quiet_jvm and not submitted and SparkSession.getActiveSession() is None:
+        spark = _quietly(b.getOrCreate)
+    else:
+        spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+#: Where the JVM's stderr goes when Spark is started quietly.
+SPARK_LOG = os.path.join(tempfile.gettempdir(), f"lbmr-analyze-spark-{os.getuid()}.log")
+
+
+def _quietly(start):
+    """Call ``start`` with file descriptor 2 pointing at :data:`SPARK_LOG`, so the
+    JVM that it launches (and keeps) writes its stderr there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(SPARK_LOG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.dup2(fd, 2)
+        return start()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
+def _probe(_):
+    """Runs on an executor: its Python version and executable and whether pyarrow
+    and lbmr-analyze's shipped code import."""
+    import sys as _sys
+    out = {"python": "{}.{}".format(*_sys.version_info[:2]), "executable": _sys.executable, "error": None}
+    try:
+        import pyarrow  # noqa: F401
+
+        import lbmr_analyze.rows  # noqa: F401
+    except ImportError as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def check_executors(spark) -> None:
+    """Run a one-task probe on the executors before any work: their Python must
+    start, match the driver's version, and import pyarrow and the shipped code.
+    Raises :class:`EnvironmentError_` saying what to set (``spark.pyspark.python``)."""
+    drv = "{}.{}".format(*sys.version_info[:2])
+    hint = (f"set spark.pyspark.python (or PYSPARK_PYTHON) to a Python {drv} that has pyarrow "
+            f"installed on every executor, e.g. --conf spark.pyspark.python=/opt/venv/bin/python; "
+            f"lbmr-kit itself need not be installed there")
+    sc = spark.sparkContext
+    try:
+        got = sc.parallelize([0], 1).map(_probe).collect()[0]
+    except Exception as e:  # noqa: BLE001 - Py4J wraps the worker's failure
+        text = str(e)
+        line = next((ln.strip() for ln in text.splitlines()
+                     if "Error" in ln or "error" in ln or "No such file" in ln), text.splitlines()[0] if text else "")
+        raise EnvironmentError_(f"the executors' Python could not start or run lbmr-analyze's code "
+                                f"({line[:300]}); {hint}") from None
+    if got["python"] != drv:
+        raise EnvironmentError_(f"the executors run Python {got['python']} ({got['executable']}), the driver "
+                                f"Python {drv}; {hint}")
+    if got["error"]:
+        raise EnvironmentError_(f"the executors' Python {got['executable']} cannot import what "
+                                f"lbmr-analyze needs ({got['error']}); {hint}")
 
 
 # --------------------------------------------------------------------------- job
 
 def _is_pcapng(path: str) -> bool:
+    from .splits import _open
     try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"\x0a\x0d\x0d\x0a"
+        with _open(path, 0, 4) as mm:
+            return mm is not None and mm[:4] == b"\x0a\x0d\x0d\x0a"
     except OSError:
         return False
 
@@ -188,35 +260,53 @@ def _split_rows(spark, splits: list[Split]) -> list[tuple]:
     return rows
 
 
-def decode_to_parquet(spark, splits: list[Split], records_path: Path, ports: frozenset[int]
+def decode_to_parquet(spark, splits: list[Split], records_path: str, ports: frozenset[int]
                       ) -> tuple[int, int]:
     """Decode every split on the executors, which write the Parquet records
-    themselves (partitioned by hour, see :func:`lbmr_analyze.rows.write_split`),
-    replacing any previous ``records_path``; returns the number of decoding
-    partitions (one per split) and of records written.
+    themselves (partitioned by hour, see :func:`lbmr_analyze.rows.write_split`)
+    under ``records_path`` (a local path or URI; replaced); returns the number of
+    decoding partitions (one per split) and of records written.
 
     The records never pass through the JVM on their way to Parquet: Arrow batches
     go straight from the decoder to pyarrow's Parquet writer, and only one status
     row per split comes back.  ``records_path`` must be on a file system that the
-    driver and every executor see at the same path (as the captures must be)."""
+    driver and every executor see at the same path (as the captures must be);
+    :func:`check_visible` verifies it."""
     from .rows import STATUS_DDL, write_splits
 
     rows = _split_rows(spark, splits)
-    shutil.rmtree(records_path, ignore_errors=True)
-    records_path.mkdir(parents=True)
+    fs, base = fsio.filesystem(records_path)
+    fs.create_dir(base, recursive=True)
+    fs.delete_dir_contents(base, missing_dir_ok=True)
     schema = "split_id int, path string, start bigint, end bigint, size bigint, context binary"
     rdd = spark.sparkContext.parallelize(rows, len(rows))
     sdf = spark.createDataFrame(rdd, schema)
     status = sdf.mapInArrow(partial(write_splits, ports=ports, out_dir=str(records_path)), STATUS_DDL)
     written = sum(r["records"] for r in status.collect())
-    (records_path / "_SUCCESS").write_bytes(b"")
+    with fs.open_output_stream(fsio.join(base, "_SUCCESS")):
+        pass
     return rdd.getNumPartitions(), written
 
 
-def read_records(spark, records_path: Path):
-    """The Parquet records as a DataFrame (with the ``hour`` partition column)."""
+class OutputNotVisible(RuntimeError):
+    """The driver does not see what the executors wrote."""
+
+
+def check_visible(written: int, seen: int, records_path: str) -> None:
+    """Raise :class:`OutputNotVisible` unless the driver read back as many records
+    (``seen``) as the executors reported writing (``written``)."""
+    if written != seen:
+        raise OutputNotVisible(
+            f"the executors wrote {written} records under {records_path} but the driver reads {seen} "
+            f"there: --out must be on a file system that the driver and every executor share at the "
+            f"same path (hdfs://..., s3a://..., or a shared mount), not a local folder of each machine")
+
+
+def read_records(spark, records_path: str):
+    """The Parquet records as a DataFrame (with the ``hour`` partition column);
+    ``records_path`` a local path or URI."""
     from .rows import SPARK_DDL
-    return spark.read.schema(SPARK_DDL + ", hour string").parquet(str(records_path))
+    return spark.read.schema(SPARK_DDL + ", hour string").parquet(fsio.spark_uri(str(records_path)))
 
 
 def analyse(spark, records, *, storm_threshold: int = DEFAULT_STORM_THRESHOLD, top: int = DEFAULT_TOP,
@@ -284,16 +374,42 @@ def analyse(spark, records, *, storm_threshold: int = DEFAULT_STORM_THRESHOLD, t
     return summary, tables
 
 
+def analyse_written(spark, records_path: str, written: int, **kw) -> tuple[dict, dict[str, list[dict]]]:
+    """:func:`analyse` the records the executors wrote under ``records_path``,
+    checking that the driver reads back all ``written`` of them
+    (:class:`OutputNotVisible` otherwise: never a silent partial or empty report)."""
+    try:
+        summary, tables = analyse(spark, read_records(spark, records_path), **kw)
+    except Exception as e:
+        if "PATH_NOT_FOUND" in str(e) or "does not exist" in str(e):
+            check_visible(written, 0, records_path)
+        raise
+    check_visible(written, summary["records"] + summary["capture_errors"], records_path)
+    return summary, tables
+
+
 def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
         ports: Iterable[int] = DEFAULT_PORTS, split_size: int = DEFAULT_SPLIT_SIZE,
         storm_threshold: int = DEFAULT_STORM_THRESHOLD, top: int = DEFAULT_TOP,
         progress: Progress | None = None, report: bool = True) -> Result:
     """Run the whole job on ``spark``; write ``out/records`` (Parquet), the tables
-    (``out/<table>.csv`` and ``.json``) and ``out/report.html`` with its plots."""
+    (``out/<table>.csv`` and ``.json``) and ``out/report.html`` with its plots.
+
+    ``inputs`` and ``out`` are local paths or URIs (``file://``, ``hdfs://``,
+    ``s3a://``).  Everything is written into a staging folder beside ``out``
+    (``.<name>.lbmr-analyze-<id>``) that replaces ``out`` only when the run has
+    succeeded (two renames), so a failed run leaves the previous result intact.
+    Raises :class:`OutputNotVisible` when the driver does not read back what the
+    executors wrote, :class:`EnvironmentError_` when the executors cannot run."""
+    import uuid
+
+    import pyarrow.fs as pafs
+
     from . import report as R
 
     prog = progress if progress is not None else Progress(6 if report else 5, enabled=False)
-    out = Path(out).resolve()
+    out_s = fsio.normal(os.fspath(out))
+    fs, final = fsio.filesystem(out_s)
     portset = frozenset(ports) | DEFAULT_PORTS
     spark.conf.set("spark.sql.session.timeZone", "UTC")     # tables and hour partitions are UTC
     prog.step("planning byte ranges")
@@ -301,27 +417,71 @@ def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
     if not files:
         raise FileNotFoundError("no capture files found in the inputs")
     splits = plan(files, split_size)
-    out.mkdir(parents=True, exist_ok=True)
+    if fs.get_file_info(final).type == pafs.FileType.File:
+        raise FileExistsError(f"--out {out_s} is a file, not a folder")
     ship_code(spark)
+    check_executors(spark)
 
-    prog.step(f"decoding {len(files)} file(s) in {len(splits)} byte range(s) to Parquet")
-    records_path = out / RECORDS_DIR
-    parts, nrows = decode_to_parquet(spark, splits, records_path, portset)
-
-    summary, tables = analyse(spark, read_records(spark, records_path), storm_threshold=storm_threshold,
-                              top=top, progress=prog)
-    summary.update(files=len(files), byte_ranges=len(splits), parquet_rows=nrows)
-    tables["summary"] = [{"key": k, "value": v if not isinstance(v, dict) else
-                          " ".join(f"{a}={b}" for a, b in sorted(v.items()))}
-                         for k, v in summary.items()]
-    tables = {k: tables[k] for k in TABLES}
-
-    if report:
-        prog.step("writing report")
-        R.write_tables(out, tables)
-        R.write_report(out, tables, summary, top=top)
+    parent, name = fsio.parent_and_name(final)
+    fs.create_dir(parent, recursive=True)
+    tag = uuid.uuid4().hex[:12]
+    staging = fsio.join(parent, f".{name}.lbmr-analyze-{tag}")
+    staging_s = fsio.join(fsio.parent_and_name(out_s)[0], f".{name}.lbmr-analyze-{tag}")
+    local_tmp = None
+    try:
+        fs.create_dir(staging, recursive=True)
+        prog.step(f"decoding {len(files)} file(s) in {len(splits)} byte range(s) to Parquet")
+        records_s = fsio.join(staging_s, RECORDS_DIR)
+        parts, nrows = decode_to_parquet(spark, splits, records_s, portset)
+        summary, tables = analyse_written(spark, records_s, nrows, storm_threshold=storm_threshold,
+                                          top=top, progress=prog)
+        summary.update(files=len(files), byte_ranges=len(splits), parquet_rows=nrows)
+        tables["summary"] = [{"key": k, "value": v if not isinstance(v, dict) else
+                              " ".join(f"{a}={b}" for a, b in sorted(v.items()))}
+                             for k, v in summary.items()]
+        tables = {k: tables[k] for k in TABLES}
+        if report:
+            prog.step("writing report")
+            if fsio.is_local(out_s):
+                rdir = Path(staging)
+            else:
+                local_tmp = tempfile.mkdtemp(prefix="lbmr-analyze-report-")
+                rdir = Path(local_tmp)
+            R.write_tables(rdir, tables)
+            R.write_report(rdir, tables, summary, top=top)
+            if local_tmp is not None:
+                pafs.copy_files(local_tmp, staging, source_filesystem=pafs.LocalFileSystem(),
+                                destination_filesystem=fs)
+        _swap(fs, staging, final, fsio.join(parent, f".{name}.lbmr-analyze-old-{tag}"))
+    except BaseException:
+        try:
+            fs.delete_dir(staging)
+        except OSError:
+            pass
+        raise
+    finally:
+        if local_tmp is not None:
+            shutil.rmtree(local_tmp, ignore_errors=True)
     prog.done()
-    return Result(out, files, splits, parts, nrows, summary, tables, dict(prog.timings))
+    res_out: Path | str = Path(final) if fsio.is_local(out_s) else out_s
+    return Result(res_out, files, splits, parts, nrows, summary, tables, dict(prog.timings))
+
+
+def _swap(fs, staging: str, final: str, old: str) -> None:
+    """Put ``staging`` in the place of ``final`` (renames; the previous ``final``
+    is deleted once the new one is in place)."""
+    import pyarrow.fs as pafs
+    had = fs.get_file_info(final).type != pafs.FileType.NotFound
+    if had:
+        fs.move(final, old)
+    try:
+        fs.move(staging, final)
+    except BaseException:
+        if had:
+            fs.move(old, final)
+        raise
+    if had:
+        fs.delete_dir(old)
 
 
 def summary_text(res: Result) -> str:
@@ -340,7 +500,7 @@ def summary_text(res: Result) -> str:
         f"NAT: {s['nat_mismatches']} unreachable; storm seconds (> {s['storm_threshold']} pkt/s): "
         f"{s['storm_seconds']}",
         f"  errors: {s['capture_errors']} capture, {s['decode_errors']} decode",
-        f"  records: {res.out / RECORDS_DIR}",
+        f"  records: {fsio.join(str(res.out), RECORDS_DIR)}",
         f"  report:  {res.report}",
     ]
     return "\n".join(lines)

@@ -358,6 +358,9 @@ def write_split(split: Split, ports, context: bytes, out_dir: str,
     Returns (records, capture errors, files)."""
     import pyarrow.parquet as pq
 
+    from . import fsio
+
+    fs, base = fsio.filesystem(out_dir)
     writers: dict[str, tuple] = {}
     rows = errors = 0
     name = f"part-{split.split_id:06d}.parquet"
@@ -371,20 +374,20 @@ def write_split(split: Split, ports, context: bytes, out_dir: str,
                 part = b if len(uniq) == 1 else b.filter(pc.equal(hours, h))
                 w = writers.get(h)
                 if w is None:
-                    d = os.path.join(out_dir, f"hour={h}")
-                    os.makedirs(d, exist_ok=True)
-                    tmp = os.path.join(d, f".{name}.{os.getpid()}.tmp")
-                    w = writers[h] = (pq.ParquetWriter(tmp, SCHEMA, compression="snappy"), tmp,
-                                      os.path.join(d, name))
+                    d = fsio.join(base, f"hour={h}")
+                    fs.create_dir(d, recursive=True)
+                    tmp = fsio.join(d, f".{name}.{os.getpid()}.tmp")
+                    w = writers[h] = (pq.ParquetWriter(tmp, SCHEMA, compression="snappy", filesystem=fs),
+                                      tmp, fsio.join(d, name))
                 w[0].write_batch(part)
     except BaseException:
         for w, tmp, _ in writers.values():
             w.close()
-            os.unlink(tmp)
+            fs.delete_file(tmp)
         raise
     for w, tmp, final in writers.values():
         w.close()
-        os.replace(tmp, final)
+        fs.move(tmp, final)
     return rows, errors, len(writers)
 
 

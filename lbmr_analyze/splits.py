@@ -53,12 +53,14 @@ from typing import NamedTuple
 
 from lbmr_proto.capture import MAX_RECORD_SIZE, CaptureError, UdpDatagram, read_udp
 
+from . import fsio
+
 #: Default size of a nominal byte range (bytes).
 DEFAULT_SPLIT_SIZE = 128 << 20
 #: How many consecutive plausible headers make a resynchronisation point.
 CHAIN = 8
 #: File name suffixes picked up when a folder is given.
-CAPTURE_SUFFIXES = (".pcap", ".pcapng", ".cap", ".ntar")
+CAPTURE_SUFFIXES = (".pcap", ".pcapng", ".cap", ".ntar", ".pcap.gz", ".pcapng.gz", ".cap.gz")
 
 _PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
 _PCAP_MAGICS = {   # magic as stored -> (byte order, ticks per second); see pcap-savefile(5)
@@ -81,25 +83,35 @@ class Split(NamedTuple):
     size: int
 
 
+def _wanted(name: str) -> bool:
+    return name.lower().endswith(CAPTURE_SUFFIXES) and not name.startswith(".")
+
+
 def discover(inputs: Iterable[str | os.PathLike]) -> list[str]:
-    """Expand the inputs into capture file paths: files as given, folders searched
-    recursively for ``*.pcap``, ``*.pcapng``, ``*.cap`` and ``*.ntar`` (sorted).
-    Raises :class:`FileNotFoundError` for an input that does not exist."""
+    """Expand the inputs (local paths or URIs, see :mod:`lbmr_analyze.fsio`) into
+    capture files: files as given, folders searched recursively for ``*.pcap``,
+    ``*.pcapng``, ``*.cap``, ``*.ntar`` and those with ``.gz`` (sorted).  Entries
+    that cannot be opened (a dangling link, no permission) are kept: they are
+    reported as capture errors.  Raises :class:`FileNotFoundError` for an input
+    that does not exist."""
     out: list[str] = []
     seen: set[str] = set()
     for inp in inputs:
-        p = os.path.abspath(os.fspath(inp))
-        if os.path.isdir(p):
-            found = []
-            for root, dirs, files in os.walk(p):
-                dirs.sort()
-                found += [os.path.join(root, f) for f in files
-                          if f.lower().endswith(CAPTURE_SUFFIXES) and not f.startswith(".")]
-            paths = sorted(found)
-        elif os.path.exists(p):
-            paths = [p]
+        inp = os.fspath(inp)
+        if fsio.is_local(inp):
+            p = fsio.local_path(inp)
+            if os.path.isdir(p):
+                found = []
+                for root, dirs, files in os.walk(p):
+                    dirs.sort()
+                    found += [os.path.join(root, f) for f in files if _wanted(f)]
+                paths = sorted(found)
+            elif os.path.lexists(p):
+                paths = [p]
+            else:
+                raise FileNotFoundError(f"no such capture file or folder: {inp}")
         else:
-            raise FileNotFoundError(f"no such capture file or folder: {inp}")
+            paths = _discover_remote(inp)
         for q in paths:
             if q not in seen:
                 seen.add(q)
@@ -107,15 +119,47 @@ def discover(inputs: Iterable[str | os.PathLike]) -> list[str]:
     return out
 
 
+def _discover_remote(uri: str) -> list[str]:
+    from urllib.parse import urlparse
+
+    import pyarrow.fs as pafs
+
+    fs, base = fsio.filesystem(uri)
+    u = urlparse(uri)
+    prefix = f"{u.scheme}://" + ("" if u.scheme.startswith("s3") else u.netloc)
+    info = fs.get_file_info(base)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"no such capture file or folder: {uri}")
+    if info.type == pafs.FileType.Directory:
+        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
+        return sorted(prefix + ("" if i.path.startswith("/") or not prefix.endswith("//") else "") + i.path
+                      for i in infos if i.type == pafs.FileType.File and _wanted(i.base_name))
+    return [uri]
+
+
+def size_of(path: str) -> int:
+    """The file's size in bytes (0 when it cannot be read: the task reports why)."""
+    try:
+        if fsio.is_local(path):
+            return os.stat(fsio.local_path(path)).st_size
+        fs, p = fsio.filesystem(path)
+        return fs.get_file_info(p).size or 0
+    except OSError:
+        return 0
+
+
 def plan(paths: Iterable[str], split_size: int = DEFAULT_SPLIT_SIZE) -> list[Split]:
     """Cut every file into nominal ranges of ``split_size`` bytes (driver side: one
-    ``stat`` per file, no reads).  An empty file still gets one split (which reports
-    it)."""
+    ``stat`` per file, no reads).  An empty or unreadable file still gets one split
+    (which reports it); a gzip file is one split (it cannot be cut)."""
     if split_size < 64:
         raise ValueError("split size must be at least 64 bytes")
     splits: list[Split] = []
     for path in paths:
-        size = os.stat(path).st_size
+        size = size_of(path)
+        if path.lower().endswith(".gz"):
+            splits.append(Split(len(splits), path, 0, size, size))
+            continue
         start = 0
         while True:
             end = min(start + split_size, size)
@@ -269,7 +313,12 @@ def _walk_blocks(mm, a: int, b: int, f: _Format) -> Iterator[tuple[int, int, int
 def context_blocks(split: Split) -> list[tuple[int, bytes]]:
     """Pre-pass for a pcapng split: ``(offset, bytes)`` of the Section Header and
     Interface Description Blocks in the range the split owns (block headers only)."""
-    with _open(split.path) as mm:
+    try:
+        opener = _open(split.path, split.start, split.end)
+        mm = opener.__enter__()
+    except OSError:
+        return []                               # the decoding task reports it
+    with opener:
         if mm is None:
             return []
         try:
@@ -300,25 +349,39 @@ def context_for(blocks: Iterable[tuple[int, bytes]], offset: int) -> bytes:
 # --------------------------------------------------------------------------- reading
 
 class _open:  # noqa: N801 - used as a context manager
-    """Memory-map a file read-only (None for an empty file)."""
+    """Memory-map a capture read-only (None for an empty file); remote and gzip
+    captures through a local copy (:class:`lbmr_analyze.fsio.LocalCopy`).  Raises
+    OSError when the capture cannot be opened."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str, start: int = 0, end: int | None = None) -> None:
+        self.copy = fsio.LocalCopy(path, start, end)
         self.f = None
         self.mm = None
 
     def __enter__(self):
-        self.f = open(self.path, "rb")
+        if self.f is not None:                  # already open (entered by hand first)
+            return self.mm
+        local = self.copy.__enter__()
+        try:
+            self.f = open(local, "rb")
+        except BaseException:
+            self.copy.__exit__(None, None, None)
+            raise
         try:
             self.mm = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:            # empty file
             self.mm = None
         return self.mm
 
+    @property
+    def size(self) -> int:
+        return 0 if self.mm is None else len(self.mm)
+
     def __exit__(self, *exc) -> None:
         if self.mm is not None:
             self.mm.close()
         self.f.close()
+        self.copy.__exit__(*exc)
 
 
 class _RangeStream:
@@ -366,7 +429,16 @@ def segments(split: Split, ports: Iterable[int] | None, context: bytes = b""
     asking for the next item), and :class:`CaptureError` items."""
     portset = None if ports is None else frozenset(ports)
     path = split.path
-    with _open(path) as mm:
+    opener = _open(path, split.start, split.end)
+    try:
+        mm = opener.__enter__()
+    except OSError as e:
+        if split.start == 0:
+            yield CaptureError(path, 0, f"cannot open the capture: {e.strerror or e}")
+        return
+    if path.lower().endswith(".gz"):          # offsets are in the decompressed stream
+        split = split._replace(end=opener.size, size=opener.size)
+    with opener:
         if mm is None:
             if split.start == 0:
                 yield CaptureError(path, 0, "empty file (no capture header)")

@@ -9,6 +9,7 @@ package, over the same decoded records.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -29,7 +30,7 @@ from lbmr_analyze import splits as S  # noqa: E402
 from lbmr_analyze.cli import main as cli_main  # noqa: E402
 from lbmr_analyze.cli import parse_size  # noqa: E402
 from lbmr_analyze.javacheck import find_java, java_version  # noqa: E402
-from lbmr_analyze.job import TABLES, build_session, run  # noqa: E402
+from lbmr_analyze.job import TABLES, Progress, build_session, run  # noqa: E402
 from lbmr_proto.capture import (
     LINKTYPE_RAW,
     CaptureError,
@@ -877,3 +878,64 @@ def test_lbmrd_client_capture_findings(spark, tmp_path):
     assert kinds == [("critical", "OTID collision"), ("high", "unreachable address"),
                      ("medium", "one context, several transports"), ("medium", "lbmrd client vanished")]
     assert "172.16.9.9" in t["findings"][1]["finding"] and "relayed by lbmrd" in t["findings"][1]["finding"]
+
+
+# ============================================================== cluster safety (local mode)
+
+def test_uris_gzip_and_unopenable_captures(spark, synth, synth_run, tmp_path):
+    d = tmp_path / "caps"
+    d.mkdir()
+    with open(synth, "rb") as f, gzip.open(d / "synthetic.pcap.gz", "wb") as g:
+        g.write(f.read())
+    (d / "gone.pcap").symlink_to(tmp_path / "missing.pcap")          # dangling link
+    (d / "broken.pcap.gz").write_bytes(b"\x1f\x8b\x08\x00 not gzip at all")
+    out_uri = (tmp_path / "o u t").as_uri()                          # file:// URI, quoted space
+    res = run(spark, [d.as_uri()], out_uri, ports=[20000], storm_threshold=STORM, top=20)
+    assert res.out == tmp_path / "o u t" and (tmp_path / "o u t" / "report.html").exists()
+    same = [n for n in COMPARED if n not in ("files", "decode_errors", "capture_errors")]
+    assert_tables_equal(res.tables, synth_run.tables, same)
+    errs = {Path(e["file"]).name: e["error"] for e in res.tables["capture_errors"]}
+    assert errs["gone.pcap"] == "cannot open the capture: No such file or directory"
+    assert errs["broken.pcap.gz"].startswith("cannot open the capture: gzip")
+    assert len(errs) == 2
+    assert {Path(f["file"]).name for f in res.tables["files"]} == {"synthetic.pcap.gz", "gone.pcap",
+                                                                  "broken.pcap.gz"}
+
+
+class _FailAt(Progress):
+    """Progress that raises at one step: a run interrupted there (as by Ctrl-C)."""
+
+    def __init__(self, at: str):
+        super().__init__(9, enabled=False)
+        self.at = at
+
+    def step(self, name):
+        if name.startswith(self.at):
+            raise KeyboardInterrupt(name)
+        super().step(name)
+
+
+def test_failed_rerun_keeps_previous_output(spark, synth, tmp_path):
+    out = tmp_path / "out"
+    first = run(spark, [synth], out, ports=[20000], storm_threshold=STORM)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert (out / "records" / "_SUCCESS").exists() and len(before) > 40
+    for step in ("decoding", "writing report"):
+        with pytest.raises(KeyboardInterrupt):
+            run(spark, [synth], out, ports=[20000], storm_threshold=STORM, progress=_FailAt(step))
+        after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        assert after == before, step
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]       # no staging left behind
+    assert first.tables["findings"]
+
+
+def test_records_invisible_to_driver_is_an_error(spark, synth, tmp_path):
+    from lbmr_analyze.job import OutputNotVisible, analyse_written, decode_to_parquet
+    from lbmr_analyze.splits import discover, plan
+    rec = str(tmp_path / "records")
+    _, written = decode_to_parquet(spark, plan(discover([synth])), rec, frozenset(PORTS))
+    assert written > 100
+    for p in (tmp_path / "records").rglob("*.parquet"):      # as if on an executor's own disk
+        p.unlink()
+    with pytest.raises(OutputNotVisible, match=f"executors wrote {written} records .* reads 0 there"):
+        analyse_written(spark, rec, written)
