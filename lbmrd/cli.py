@@ -9,42 +9,15 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
 import logging
 import sys
-import time
 
-import trio
+from lbmr_runtime.netif import InterfaceError, resolve_interface
+from lbmr_runtime.process import EXIT_CONFIG, EXIT_USAGE, run_daemon, setup_logging
 
-from .interfaces import InterfaceError, resolve_interface
 from .server import Daemon, Settings
 
-EXIT_CONFIG, EXIT_USAGE, EXIT_SOCKET, EXIT_FATAL = 1, 2, 3, 4
 log = logging.getLogger("lbmrd")
-
-
-class _UTCFormatter(logging.Formatter):
-    converter = time.gmtime
-
-    def formatTime(self, record, datefmt=None):  # noqa: N802 - logging API
-        t = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        return f"{t}.{int(record.msecs):03d}Z"
-
-
-class _JSONFormatter(_UTCFormatter):
-    def format(self, record):
-        return json.dumps({"ts": self.formatTime(record), "level": record.levelname.lower(),
-                           "logger": record.name, "msg": record.getMessage()})
-
-
-def setup_logging(logfile: str | None, fmt: str, level: int = logging.INFO, name: str = "lbmrd") -> None:
-    handler: logging.Handler = logging.FileHandler(logfile) if logfile else logging.StreamHandler(sys.stdout)
-    handler.setFormatter(_JSONFormatter() if fmt == "json" else
-                         _UTCFormatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))
-    root = logging.getLogger(name)
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
 
 
 class _Parser(argparse.ArgumentParser):
@@ -179,34 +152,6 @@ def effective_settings(args, cfg) -> Settings:
         peer_daemons=args.peer_daemon, echo=args.echo, stats_interval=args.stats_interval,
         events=args.events, handle_signals=True, log_file=args.logfile or eff.log,
     )
-
-
-def run_daemon(fn, logger: logging.Logger) -> int:
-    """``trio.run(fn)`` with the daemons' exit codes: 0 for a stop, 3 for a
-    socket error, 4 for anything else (trio wraps task errors in groups)."""
-    try:
-        trio.run(fn)
-    except BaseException as exc:  # noqa: BLE001
-        leaves = list(_leaves(exc))
-        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
-            logger.info("stopping (interrupt)")
-            return 0
-        oserr = next((e for e in leaves if isinstance(e, OSError)), None)
-        if oserr is not None:
-            logger.error("socket error: %s", oserr)
-            return EXIT_SOCKET
-        logger.error("fatal error", exc_info=exc)
-        return EXIT_FATAL
-    return 0
-
-
-def _leaves(exc: BaseException):
-    """The non-group exceptions inside (possibly nested) exception groups."""
-    if isinstance(exc, BaseExceptionGroup):
-        for e in exc.exceptions:
-            yield from _leaves(e)
-    else:
-        yield exc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ trio shell in :mod:`lbmrd.server` only moves bytes.
 from __future__ import annotations
 
 import ipaddress
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable
 from socket import inet_aton
 from typing import NamedTuple
@@ -18,6 +18,7 @@ from typing import NamedTuple
 from lbmr_proto import LBMRDecodeError
 from lbmr_proto.fast import scan
 from lbmr_proto.packet import TYPE_NAMES
+from lbmr_runtime.events import EventRing
 
 from .clients import Client, ClientTable, ExpirySweep, Group
 
@@ -126,7 +127,7 @@ class RelayCore:
         self._ip_buckets: dict[bytes, list[float]] = {}  # ip4 -> [tokens, time]
         self.table = ClientTable(ttl, max_clients, self.burst)
         self.counters = Counters()
-        self.events: deque[tuple[float, str, str]] = deque(maxlen=events)
+        self.events = EventRing(events)
         self.echo = echo
         self.allow = [ipaddress.IPv4Network(a, strict=False) for a in allow]
         self._allow_masks = [(int(n.network_address), int(n.netmask)) for n in self.allow]
@@ -175,7 +176,7 @@ class RelayCore:
         return any(v & m == n for n, m in self._allow_masks)
 
     def event(self, now: float, kind: str, detail: str) -> None:
-        self.events.append((now, kind, detail))
+        self.events.add(now, kind, detail)
 
     def _refusal(self, ip4: bytes, src: tuple[str, int], now: float) -> str | None:
         """Why a datagram from an unregistered ``src`` must not register it (or None)."""
@@ -402,5 +403,5 @@ class RelayCore:
             "clients_total": len(self.table),
             "clients": [c.as_dict(now) for c in islice(self.table, max_clients)],
             "counters": self.counters.as_dict(),
-            "events": [{"age_s": round(now - t, 3), "event": k, "detail": d} for t, k, d in self.events],
+            "events": self.events.dump(now),
         }

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import trio
 
+from lbmr_runtime.netif import local_addresses
+
 from .fanout import BatchReceiver, Fanout, os_error_name
-from .interfaces import local_addresses
 from .relay import Drop, Relay, RelayCore, Reply
 
 log = logging.getLogger("lbmrd")

@@ -11,8 +11,8 @@ import logging
 import ssl
 import sys
 
-from lbmrd.cli import EXIT_CONFIG, EXIT_USAGE, run_daemon, setup_logging
-from lbmrd.interfaces import InterfaceError, resolve_interface
+from lbmr_runtime.netif import InterfaceError, resolve_interface
+from lbmr_runtime.process import EXIT_CONFIG, EXIT_USAGE, run_daemon, setup_logging
 
 from .daemon import EndpointSettings, PeerSettings, Router, RouterSettings
 

@@ -32,43 +32,26 @@ as ``(line, message)`` pairs.
 
 from __future__ import annotations
 
-import difflib
-import io
 import ipaddress
 import os
 import re
 import ssl
 import stat
-import threading
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from lxml import etree
 
-# Shared with lbmrd (see lbmrd/config.py): the error class, the safe parser,
-# IPv4 and CIDR parsing, integer parsing, libxml2 message patterns.
-from lbmrd.config import (
-    _DIGITS_RE,
-    _RE_CONTENT,
-    _RE_EMPTY,
-    _RE_ENUM,
-    _RE_MISSING_ATTR,
-    _RE_NO_ATTR,
-    _RE_NO_ELEM,
-    _RE_PCDATA,
-    _XINCLUDE_NS,
+from lbmr_runtime.values import DIGITS_RE, octets, parse_int, parse_network
+from lbmr_runtime.xmlconfig import (
     ConfigError,
-    _at,
-    _octets,
-    _parse_int,
-    _parse_network,
-    _parser,
-    _raise,
-    _text,
-    check_declarations,
-    dtd_errors,
+    Grammar,
+    element_text,
+    parse_xml,
+    raise_errors,
     read_config_file,
+    refuse_entities_and_xinclude,
 )
 
 __all__ = [
@@ -110,8 +93,6 @@ __all__ = [
 
 #: The DTD printed by ``lbmr-router -d`` (package data ``router/router.dtd``).
 DTD_TEXT: str = resources.files(__package__ or "router").joinpath("router.dtd").read_text(encoding="utf-8")
-_DTD = etree.DTD(io.StringIO(DTD_TEXT))
-_DTD_LOCK = threading.Lock()  # DTD.error_log belongs to the DTD object, not to one call
 
 _INT_MAX = 2**31 - 1  # timers and buffer sizes, as C ints in UM
 _DOMAIN_ID_MAX = 2**32 - 1  # u32 on the peer link, 0 invalid
@@ -381,24 +362,6 @@ class RouterConfig:
 
 # --------------------------------------------------------------------------- DTD messages
 
-_DECL = {e.name: e for e in _DTD.iterelements()}
-_KNOWN = frozenset(_DECL)
-_ATTRS = {name: sorted(a.name for a in e.iterattributes()) for name, e in _DECL.items()}
-
-
-def _content_names(decl) -> set[str]:
-    """Element names in a DTD content model."""
-    if decl is None:
-        return set()
-    if decl.type == "element":
-        return {decl.name}
-    return _content_names(decl.left) | _content_names(decl.right)
-
-
-_CHILDREN = {name: _content_names(e.content) for name, e in _DECL.items()}
-_ENUMS = {(name, a.name): a.values() for name, e in _DECL.items()
-          for a in e.iterattributes() if a.type == "enumeration"}
-
 _TIMING = ("<initial-request/>, <topic-use-query/>, <pattern-use-query/>, "
            "<remote-topic-interest/>, <remote-pattern-interest/>")
 _CONTENT = {
@@ -477,15 +440,6 @@ def _elements(el: etree._Element) -> list[etree._Element]:
     return [c for c in el if isinstance(c.tag, str)]
 
 
-def _unknown_child(el: etree._Element) -> bool:
-    return any(c.tag not in _KNOWN for c in _elements(el))
-
-
-def _did_you_mean(word: str, choices, fmt: str = "<{}>") -> str:
-    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.75)
-    return f"did you mean {fmt.format(close[0])}?" if close else ""
-
-
 def _found(el: etree._Element) -> str:
     items = []
     if (el.text or "").strip():
@@ -537,78 +491,22 @@ def _content_message(el: etree._Element) -> str:
     return f"<{name}> must contain {want}; found {_found(el)}"
 
 
-def _example(name: str) -> str:
-    attrs = " ".join(f'{a}=".."' for a in _ATTRS.get(name, ()))
-    return f"<{name} {attrs}/>" if attrs else f"<{name}/>"
+class _RouterGrammar(Grammar):
+    """lbmr-router's wording: DRO hints, "did you mean", content explained
+    from the element itself."""
 
-
-def _translate(msg: str, line: int, tree: etree._ElementTree) -> str | None:
-    """Configuration wording for one libxml2 DTD message; None = covered by another."""
-    msg = msg.strip()
-    if m := _RE_CONTENT.match(msg):
-        name = m.group(1)
-        els = _at(tree, name, line)
+    def content_error(self, name: str, got: str, els: list[etree._Element]) -> str:
         if not els:
-            return f"<{name}> must contain {_CONTENT.get(name, 'other content')}"
-        return None if _unknown_child(els[0]) else _content_message(els[0])
-    if m := _RE_PCDATA.match(msg):
-        name = m.group(1)
-        if any(_unknown_child(e) for e in _at(tree, name, line)):
-            return None
-        return f"<{name}> must contain only text, not elements"
-    if m := _RE_EMPTY.match(msg):
-        name = m.group(1)
-        if any(_unknown_child(e) for e in _at(tree, name, line)):
-            return None
-        return f"<{name}> must be empty: write {_example(name)}"
-    if m := _RE_NO_ELEM.match(msg):
-        name = m.group(1)
-        els = _at(tree, name, line)
-        parent = els[0].getparent() if els else None
-        local = etree.QName(els[0]).localname if els else name
-        text = f"unknown element <{name}>"
-        if parent is not None and isinstance(parent.tag, str):
-            p = parent.tag
-            text += f" in <{p}>"
-            hint = _DRO_HINTS.get(local)
-            if hint:
-                return f"{text}: {hint}"
-            guess = _did_you_mean(local, _CHILDREN.get(p) or _KNOWN)
-            if guess:
-                return f"{text}: {guess}"
-            if p in _CONTENT:
-                return f"{text}, which may contain {_CONTENT[p]}"
-            if p in _DECL and _DECL[p].type == "empty":
-                return f"{text}, which must be empty"
-            if p in _DECL:
-                return f"{text}, which takes only text"
-        return text
-    if m := _RE_NO_ATTR.match(msg):
-        attr, name = m.group(1), m.group(2)
-        if name not in _KNOWN and not attr.startswith("xmlns"):
-            return None  # the unknown element is reported
-        if attr == "xmlns" or attr.startswith("xmlns:"):
-            return f"XML namespace declaration {attr} on <{name}>: lbmr-router files use no namespaces"
-        text = f'unknown attribute "{attr}" on <{name}>'
-        if (name, attr) in _ATTR_AS_CHILD:
-            return f"{text}: {_ATTR_AS_CHILD[name, attr]}"
-        allowed = _ATTRS.get(name)
-        guess = _did_you_mean(attr, allowed or (), '"{}"')
-        where = f"allowed: {', '.join(allowed)}" if allowed else "it takes no attributes"
-        return f"{text} ({where}){': ' + guess if guess else ''}"
-    if m := _RE_MISSING_ATTR.match(msg):
-        name, attr = m.group(1), m.group(2)
-        return f'<{name}> needs the "{attr}" attribute{_ATTR_HINT.get((name, attr), "")}'
-    if m := _RE_ENUM.match(msg):
-        value, attr, name = m.group(1), m.group(2), m.group(3)
-        values = _ENUMS.get((name, attr), [])
-        want = ", ".join(f'"{v}"' for v in values) or "another value"
-        return f'invalid {attr}="{value}" on <{name}>: expected one of {want}'
-    return f"{msg} (DTD validation)"
+            return f"<{name}> must contain {self.content.get(name, 'other content')}"
+        return _content_message(els[0])
+
+
+GRAMMAR = _RouterGrammar("lbmr-router", DTD_TEXT, content=_CONTENT, attr_hints=_ATTR_HINT,
+                         element_hints=_DRO_HINTS, attr_as_child=_ATTR_AS_CHILD, suggest=True)
 
 
 def _dtd_errors(tree: etree._ElementTree) -> list[tuple[int, str]]:
-    out = dtd_errors(tree, _DTD, _DTD_LOCK, _translate, "lbmr-router")
+    out = GRAMMAR.errors(tree)
     # on one line, an unknown element or attribute explains the rest: report it first
     return sorted(out, key=lambda e: (e[0], not e[1].startswith("unknown ")))
 
@@ -628,7 +526,7 @@ def _number(text: str, what: str, lo: int, hi: int) -> int:
     text = text.strip()
     if not text:
         raise ValueError(f"is empty: expected {what}")
-    if not _DIGITS_RE.fullmatch(text):
+    if not DIGITS_RE.fullmatch(text):
         raise ValueError(f'"{text}" is not a number: expected {what}')
     value = int(text) if len(text) <= 20 else hi + 1  # no giant int() conversions
     if not lo <= value <= hi:
@@ -643,7 +541,7 @@ def _ipv4(text: str, what: str) -> str:
         raise ValueError(f"is empty: give {what} such as 10.1.1.50")
     if "/" in text:
         raise ValueError(f'"{text}" is a network: give a single address ({what})')
-    values = _octets(text, "address")
+    values = octets(text, "address")
     if len(values) != 4:
         raise ValueError(f'"{text}" is not a full IPv4 address: give all four octets (a.b.c.d)')
     return ".".join(str(v) for v in values)
@@ -670,7 +568,7 @@ def _interface(text: str) -> str:
         return "0.0.0.0"
     if _NUMERIC_RE.fullmatch(text):
         if "/" in text:
-            net, _ = _parse_network(text)
+            net, _ = parse_network(text)
             return str(net)
         return _ipv4(text, "the address of a local interface")
     if _IFNAME_RE.fullmatch(text.strip('"')):
@@ -701,13 +599,13 @@ class _Checker:
         if el is None:
             return default
         try:
-            return _parse_int(el.tag, _text(el), what, lo, hi)
+            return parse_int(el.tag, element_text(el), what, lo, hi)
         except ValueError as e:
             self.error(el, str(e))
             return default
 
     def name(self, el: etree._Element, what: str) -> str:
-        text = _text(el)
+        text = element_text(el)
         if not text:
             self.error(el, f"<name> is empty: give {what}")
         elif _CONTROL_RE.search(text):
@@ -720,7 +618,7 @@ class _Checker:
         if el is None:
             return None
         try:
-            return _interface(_text(el))
+            return _interface(element_text(el))
         except ValueError as e:
             self.error(el, f"<interface> {e}")
             return None
@@ -768,7 +666,7 @@ class _Checker:
     # ---- files
 
     def file_path(self, el: etree._Element) -> str | None:
-        text = _text(el)
+        text = element_text(el)
         if not text:
             self.error(el, f"<{el.tag}> is empty: give a file name")
             return None
@@ -805,7 +703,7 @@ def _daemon(c: _Checker, daemon: etree._Element) -> tuple[str, LogConfig, tuple[
         kind = log_el.get("type", "console")
         frequency = log_el.get("frequency", "disable")
         size = c.attr_int(log_el, "size", 0, "a size in MB 0..4000 (0 = no limit)", 0, 4000)
-        text = _text(log_el)
+        text = element_text(log_el)
         file = None
         if kind == "file":
             if not text:
@@ -823,7 +721,7 @@ def _daemon(c: _Checker, daemon: etree._Element) -> tuple[str, LogConfig, tuple[
     metrics = None
     m_el = daemon.find("metrics")
     if m_el is not None:
-        text = _text(m_el)
+        text = element_text(m_el)
         host, colon, port_text = text.rpartition(":")
         try:
             if not colon:
@@ -932,7 +830,7 @@ def _endpoint(c: _Checker, ep: etree._Element) -> EndpointConfig:
     name = c.name(ep.find("name"), "a name for this endpoint portal")
     dom_el = ep.find("domain-id")
     domain_id = 0
-    if _text(dom_el) == "0":
+    if element_text(dom_el) == "0":
         c.error(dom_el, "<domain-id> 0 is not a valid domain id: give the id of this TRD, "
                         f"1..{_DOMAIN_ID_MAX} (UM treats 0 as invalid in route messages)")
     else:
@@ -967,8 +865,8 @@ def _tls(c: _Checker, el: etree._Element) -> TlsConfig | None:
     ciphers_el = el.find("cipher-suites")
     cert, key = c.file_path(cert_el), c.file_path(key_el)
     ca = c.file_path(ca_el) if ca_el is not None else None
-    password = _text(pw_el) if pw_el is not None else None
-    ciphers = _text(ciphers_el) if ciphers_el is not None else None
+    password = element_text(pw_el) if pw_el is not None else None
+    ciphers = element_text(ciphers_el) if ciphers_el is not None else None
     if ciphers is not None:
         try:
             ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).set_ciphers(ciphers)
@@ -1030,7 +928,7 @@ def _peer(c: _Checker, peer: etree._Element) -> PeerConfig:
     if ini is not None:
         addr_el = ini.find("address")
         try:
-            address = _unicast(_text(addr_el), "the IPv4 address of the peer router (behind a "
+            address = _unicast(element_text(addr_el), "the IPv4 address of the peer router (behind a "
                                                "NAT: the address the NAT forwards)")
         except ValueError as e:
             c.error(addr_el, f"<address> {e}")
@@ -1156,21 +1054,12 @@ def parse_config(text: bytes | str, path: str | os.PathLike[str] = "<string>", *
     if base_dir is None:
         base_dir = Path.cwd() if path.startswith("<") else Path(path).resolve().parent
     data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
-    check_declarations(data, path, "lbmr-router")
-    parser = _parser()
-    try:
-        root = etree.fromstring(data, parser)
-    except etree.XMLSyntaxError as e:
-        entries = [(x.line, x.column, x.message.strip()) for x in parser.error_log]
-        if not entries:
-            entries = [(e.lineno or 0, (e.position or (0, 0))[1], e.msg)]
-        errors = [(ln, f"XML syntax error: {msg} (column {col})") for ln, col, msg in entries]
-        raise ConfigError(path, errors[0][0], errors[0][1], errors) from None
+    root = parse_xml(data, path, "lbmr-router")
 
     _check_root(path, root)
     errors = _dtd_errors(root.getroottree())
     if errors:
-        _raise(path, errors)
+        raise_errors(path, errors)
 
     c = _Checker(path, Path(base_dir), check_files)
     name, log, metrics, stats = _daemon(c, root.find("daemon"))
@@ -1179,10 +1068,10 @@ def parse_config(text: bytes | str, path: str | os.PathLike[str] = "<string>", *
     peers = [_peer(c, peer) for peer in portals.iterchildren("peer")]
     _cross_checks(c, endpoints, peers)
     if c.errors:
-        _raise(path, c.errors)
+        raise_errors(path, c.errors)
     _supported(c, root)
     if c.errors:
-        _raise(path, c.errors)
+        raise_errors(path, c.errors)
     return RouterConfig(
         path=path, name=name, endpoints=tuple(endpoints), peers=tuple(peers), log=log,
         metrics=metrics, stats_interval_ms=stats,
@@ -1212,14 +1101,4 @@ def _check_root(path: str, root: etree._Element) -> None:
     if version != "1.0":
         raise ConfigError(path, line, f'unsupported version "{version}": the only lbmr-router '
                                       'configuration version is "1.0"')
-    errors: list[tuple[int, str]] = []
-    for node in root.iter():
-        if isinstance(node, etree._Entity):
-            errors.append((node.sourceline or line,
-                           f"entity reference {node.text} is not supported: lbmr-router files "
-                           "may use only the predefined XML entities and character references"))
-        elif isinstance(node.tag, str) and etree.QName(node).namespace == _XINCLUDE_NS:
-            errors.append((node.sourceline or line,
-                           "XInclude is not supported in lbmr-router configuration files"))
-    if errors:
-        _raise(path, errors)
+    refuse_entities_and_xinclude(path, root, "lbmr-router")

@@ -27,8 +27,11 @@ import socket
 import ssl
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from functools import partial
 
 import trio
+
+from lbmr_runtime.http import serve_http
 
 from . import peerlink as P
 from .bridge import Bridge, Notice, SendFrame, StartProxy, StopProxy
@@ -148,11 +151,10 @@ class Router:
                 peer_addr = await nursery.start(self._peer_loop)
                 metrics_addr = None
                 if self.settings.metrics is not None:
-                    from lbmrd.metrics import serve_http
-
                     routes = {"/metrics": ("text/plain; version=0.0.4", self.prometheus_text),
                               "/status": ("application/json", lambda: json.dumps(self.status()))}
-                    metrics_addr = await nursery.start(serve_http, routes, self.settings.metrics)
+                    metrics_addr = await nursery.start(
+                        partial(serve_http, logger=log), routes, self.settings.metrics)
                 if self.settings.handle_signals:
                     await nursery.start(self._signal_loop)
                 task_status.started({"tr": sock.getsockname(), "peer": peer_addr, "metrics": metrics_addr})

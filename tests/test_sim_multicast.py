@@ -269,7 +269,7 @@ def test_groups_cross_a_veth_only_with_ttl_1(netns_factory):
 
     # the interface check: fine in a namespace, refused for a non-loopback interface
     # in the initial namespace (simulated here; nothing is sent either way)
-    probe = ("import sys; from lbmr_tools.sim import netif as sim; print(sim.in_initial_netns(), "
+    probe = ("import sys; from lbmr_runtime import netif as sim; print(sim.in_initial_netns(), "
              "sim.multicast_interface(sys.argv[1]).name); sim.in_initial_netns = lambda: True\n"
              "try:\n sim.multicast_interface(sys.argv[1])\nexcept sim.MulticastUnavailable as e:\n print(e)")
     r = a.run([sys.executable, "-c", probe, "198.18.0.1"], cwd=ROOT)

@@ -1,0 +1,72 @@
+"""Running a daemon as a process: exit codes, logging set-up (UTC text or
+JSON lines), and :func:`run_daemon` (``trio.run`` with the exit codes)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+import trio
+
+#: Exit status: 0 normal stop or valid file; these for failures.
+EXIT_CONFIG, EXIT_USAGE, EXIT_SOCKET, EXIT_FATAL = 1, 2, 3, 4
+
+
+class UTCFormatter(logging.Formatter):
+    """``2026-11-23T22:44:52.662Z [INFO] name: message``."""
+
+    converter = time.gmtime
+
+    def formatTime(self, record, datefmt=None):  # noqa: N802 - logging API
+        t = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        return f"{t}.{int(record.msecs):03d}Z"
+
+
+class JSONFormatter(UTCFormatter):
+    """One JSON object per line: ts (UTC), level, logger, msg."""
+
+    def format(self, record):
+        return json.dumps({"ts": self.formatTime(record), "level": record.levelname.lower(),
+                           "logger": record.name, "msg": record.getMessage()})
+
+
+def setup_logging(logfile: str | None, fmt: str, level: int = logging.INFO, name: str = "lbmrd") -> None:
+    """Log the ``name`` logger to ``logfile`` (or stdout) as ``fmt`` ("text" or
+    "json"); it does not propagate to the root logger."""
+    handler: logging.Handler = logging.FileHandler(logfile) if logfile else logging.StreamHandler(sys.stdout)
+    handler.setFormatter(JSONFormatter() if fmt == "json" else
+                         UTCFormatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))
+    root = logging.getLogger(name)
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+def run_daemon(fn, logger: logging.Logger) -> int:
+    """``trio.run(fn)`` with the daemons' exit codes: 0 for a stop, 3 for a
+    socket error, 4 for anything else (trio wraps task errors in groups)."""
+    try:
+        trio.run(fn)
+    except BaseException as exc:  # noqa: BLE001
+        leaves = list(exception_leaves(exc))
+        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
+            logger.info("stopping (interrupt)")
+            return 0
+        oserr = next((e for e in leaves if isinstance(e, OSError)), None)
+        if oserr is not None:
+            logger.error("socket error: %s", oserr)
+            return EXIT_SOCKET
+        logger.error("fatal error", exc_info=exc)
+        return EXIT_FATAL
+    return 0
+
+
+def exception_leaves(exc: BaseException):
+    """The non-group exceptions inside (possibly nested) exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        for e in exc.exceptions:
+            yield from exception_leaves(e)
+    else:
+        yield exc
