@@ -41,6 +41,9 @@ class StreamState:
         self.closed = False
         self.sock = None  # trio SocketStream (TCP) or UDP socket (far LBT-RU)
         self.ru_addr: tuple[str, int] | None = None  # near LBT-RU: the receiver
+        # False when ``sock`` belongs to someone else (near LBT-RU: the proxy's socket,
+        # shared by all its receivers and still read by the proxy after the link ends)
+        self.owns_sock = True
 
     def wake(self) -> None:
         self.incoming_ready.set()
@@ -127,5 +130,5 @@ class Link:
         for st in self.state.values():
             st.closed = True
             st.wake()
-            if st.sock is not None and hasattr(st.sock, "close"):
+            if st.sock is not None and st.owns_sock and hasattr(st.sock, "close"):
                 st.sock.close()

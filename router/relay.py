@@ -112,6 +112,7 @@ class Relay:
                     st = link.state[sid] = StreamState(sid, P.StreamKind.LBTRU)
                     st.ru_addr = addr
                     st.sock = sock
+                    st.owns_sock = False  # the proxy's: closing it would kill the proxy's reader
                     by_addr[addr] = st
                     link.flush_streams()
                     n.start_soon(self._ru_downstream, link, st)

@@ -1,0 +1,87 @@
+"""Issue 11's defects, each reproduced on loopback (in process) and fixed."""
+
+from __future__ import annotations
+
+import trio
+
+import lbmr_proto as L
+from router.tr import synthesize_otid
+
+from .test_router_e2e import TOPIC, resolve, start_lbmrd, start_routers, udp
+
+
+async def ru_source(nursery, ip, *, count=1_000_000, size=200):
+    """An LBT-RU-like source: answers each receiver datagram with ``count``
+    numbered datagrams (paced by the event loop). Returns (ip, port, seen)."""
+    src = udp(ip)
+    seen: list[tuple[bytes, tuple[str, int]]] = []
+
+    async def serve():
+        while True:
+            data, addr = await src.recvfrom(65535)
+            seen.append((data, addr))
+            nursery.start_soon(burst, addr)
+
+    async def burst(addr):
+        for i in range(count):
+            try:
+                await src.sendto(b"%08d" % i + bytes(size), addr)
+            except OSError:
+                return
+            if i % 20 == 0:
+                await trio.sleep(0.001)
+
+    nursery.start_soon(serve)
+    return (*src.getsockname(), seen)
+
+
+async def advertise_ru(nursery, trd, ip, port, *, topic=TOPIC, ctx_ip="127.0.1.6", otid=None, interval=0.5):
+    otid = otid or synthesize_otid(L.LbtruTransport(ip, port), 7)
+    tir = L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, L.LbtruTransport(ip, port), 60, 7,
+                                              [L.OtidOption(0x8000, otid)])]))
+    ctx = udp(ctx_ip)
+    scope = trio.CancelScope()
+
+    async def adv():
+        with scope:
+            while True:
+                await ctx.sendto(tir, trd)
+                await trio.sleep(interval)
+
+    nursery.start_soon(adv)
+    return scope
+
+
+async def test_link_cut_during_lbtru_stream_keeps_both_routers_alive():
+    """Defect (crash): closing the link closed the proxy's shared LBT-RU socket
+    under its reader (trio.ClosedResourceError) and killed the router."""
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        ra, rb = await start_routers(n, trd1, trd2, reconnect=0.2)
+        sip, sport, _ = await ru_source(n, "127.0.1.5")
+        await advertise_ru(n, trd1, sip, sport)
+        t = await resolve(udp("127.0.2.9"), trd2)
+        rcv = udp("127.0.2.10")
+        for _round in range(2):
+            await rcv.sendto(b"hello", (t.transport.ip, t.transport.port))
+            with trio.fail_after(10):
+                for _ in range(20):  # the stream runs
+                    await rcv.recvfrom(65535)
+            await trio.aclose_forcefully(ra.link.stream)  # cut it under the routers
+            with trio.fail_after(10):
+                while rb.status()["peer"]["state"] == "CONNECTED":
+                    await trio.sleep(0.01)
+                while rb.status()["peer"]["state"] != "CONNECTED":  # back (both routers alive)
+                    await trio.sleep(0.01)
+            t = await resolve(udp("127.0.2.9"), trd2)
+        # and a graceful stop (what SIGTERM does) with a stream running
+        await rcv.sendto(b"hello", (t.transport.ip, t.transport.port))
+        with trio.fail_after(10):
+            for _ in range(20):
+                await rcv.recvfrom(65535)
+        await rb.disconnect("shutting down")
+        await ra.disconnect("shutting down")
+        await trio.sleep(0.3)
+        n.cancel_scope.cancel()
+
