@@ -47,7 +47,16 @@ def _conf(ctx, param, values):
     return out
 
 
+def _submit_script(ctx, param, value):
+    if value and not ctx.resilient_parsing:
+        from pathlib import Path
+        click.echo(Path(__file__).with_name("submit.py"))
+        ctx.exit(0)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--submit-script", is_flag=True, expose_value=False, is_eager=True, callback=_submit_script,
+              help="Print the path of the .py file to give spark-submit, and exit.")
 @click.argument("captures", nargs=-1, required=True)
 @click.option("--out", "out", required=True, metavar="DIR",
               help="Output folder or URI: records/ (Parquet), report.html, plots, tables; replaced "
@@ -77,8 +86,7 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
     Examples:
       lbmr-analyze trace.pcapng --out report/
       lbmr-analyze /data/captures/ --out /shared/tr --master spark://head:7077
-      spark-submit --master yarn "$(lbmr-analyze-submit)" hdfs:///caps --out hdfs:///tr
-      spark-submit --master yarn -m lbmr_analyze ...   (not supported: use the .py above)
+      spark-submit --master yarn "$(lbmr-analyze --submit-script)" hdfs:///caps --out hdfs:///tr
     """
     from .javacheck import JavaError, find_java, under_spark_submit
 

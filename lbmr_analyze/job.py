@@ -146,6 +146,11 @@ def build_session(master: str | None = None, conf: Iterable[tuple[str, str]] = (
     if master is not None:
         b = b.master(master)
     local = (master or "").startswith("local")
+    exe = [v for k, v in conf if k == "spark.pyspark.python"]
+    if exe and not submitted and SparkSession.getActiveSession() is None:
+        # PySpark takes the executors' Python from PYSPARK_PYTHON only (spark-submit
+        # turns the conf into it): do the same for --conf spark.pyspark.python=...
+        os.environ["PYSPARK_PYTHON"] = exe[-1]
     if local:
         # executors are this machine's Python workers: use this interpreter
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

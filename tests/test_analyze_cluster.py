@@ -1,0 +1,187 @@
+"""lbmr-analyze on a real Spark standalone cluster: a master and a worker started
+from pyspark's own jars on 127.0.0.1, executors running a Python environment that
+has pyarrow but not lbmr-kit; ``lbmr-analyze --master spark://...`` and
+``spark-submit`` must produce the same tables as ``local[2]``, quietly; executors
+whose Python lacks pyarrow give a clear error naming ``spark.pyspark.python``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import venv
+from pathlib import Path
+
+import pyspark
+import pytest
+
+from lbmr_analyze.job import TABLES, build_session, run
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL_CAPTURE = ROOT.parent / "shared" / "captures" / "um614-multicast-tr.pcap"
+SPARK_HOME = Path(pyspark.__file__).parent
+VENV_BIN = Path(sys.executable).parent
+PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
+SPLIT = 400_000             # bytes: the 1.4 MB real capture in four byte ranges
+FEW = ["--conf", "spark.sql.shuffle.partitions=4", "--conf", "spark.ui.enabled=false",
+       "--conf", "spark.executor.memory=1g"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spark_env(tmp: Path) -> dict:
+    env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1",
+               SPARK_LOG_DIR=str(tmp / "logs"), SPARK_PID_DIR=str(tmp), SPARK_NO_DAEMONIZE="1")
+    # no python3 with lbmr-kit on PATH: executors run only the Python they are told to
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if p and Path(p).resolve() != VENV_BIN.resolve())
+    env.pop("PYSPARK_PYTHON", None)
+    env.pop("PYSPARK_DRIVER_PYTHON", None)
+    return env
+
+
+def _python_env(path: Path, with_deps: bool) -> Path:
+    """A fresh venv; with_deps: it sees this venv's site-packages (pyarrow, ...) through
+    a plain path line, so the editable lbmr-kit install there (a .pth hook) is not
+    active and lbmr_analyze is not importable."""
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(path)
+    if with_deps:
+        import pyarrow
+        site = Path(pyarrow.__file__).parents[1]
+        (path / "lib" / f"python{PY}" / "site-packages" / "deps.pth").write_text(f"{site}\n")
+    return path / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cluster")
+    env = _spark_env(tmp)
+    mport, mui, wui = _free_port(), _free_port(), _free_port()
+    cls = str(SPARK_HOME / "bin" / "spark-class")
+    logs = [open(tmp / "master.log", "wb"), open(tmp / "worker.log", "wb")]
+    master = subprocess.Popen([cls, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                               "--port", str(mport), "--webui-port", str(mui)],
+                              env=env, stdout=logs[0], stderr=subprocess.STDOUT)
+    url = f"spark://127.0.0.1:{mport}"
+    worker = subprocess.Popen([cls, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                               "--webui-port", str(wui), "--cores", "2", "--memory", "2g",
+                               "--work-dir", str(tmp / "work"), url],
+                              env=env, stdout=logs[1], stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{mui}/json/", timeout=2) as r:
+                    state = json.loads(r.read())
+                if state.get("aliveworkers", 0) >= 1:
+                    break
+            except OSError:
+                pass
+            assert master.poll() is None and worker.poll() is None, (tmp / "master.log").read_text()
+            assert time.monotonic() < deadline, "the worker did not register with the master"
+            time.sleep(1)
+        yield dict(url=url, env=env, tmp=tmp)
+    finally:
+        for p in (worker, master):
+            p.terminate()
+        for p in (worker, master):
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for f in logs:
+            f.close()
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    """The real capture and a synthetic one (cut into byte ranges below)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.test_analyze import synthetic_datagrams, write_pcap
+    d = tmp_path_factory.mktemp("caps")
+    (d / "real.pcap").write_bytes(REAL_CAPTURE.read_bytes())
+    write_pcap(d / "synthetic.pcap", synthetic_datagrams())
+    return d
+
+
+@pytest.fixture(scope="module")
+def local_tables(inputs, tmp_path_factory) -> dict:
+    spark = build_session("local[2]", [("spark.ui.enabled", "false")], progress_bar=False)
+    try:
+        res = run(spark, [inputs], tmp_path_factory.mktemp("local") / "out", split_size=SPLIT,
+                  storm_threshold=50, report=False)
+    finally:
+        spark.stop()
+    return json.loads(json.dumps(res.tables, default=str))
+
+
+def _tables(out: Path) -> dict:
+    return {n: json.loads((out / f"{n}.json").read_text()) for n in TABLES}
+
+
+def _noise(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if not ln.startswith("lbmr-analyze")]
+
+
+@pytest.fixture(scope="module")
+def exenv(cluster) -> Path:
+    return _python_env(cluster["tmp"] / "exenv", with_deps=True)
+
+
+def test_executor_python_without_lbmr_kit(cluster, exenv):
+    py = exenv
+    ok = subprocess.run([py, "-c", "import pyarrow"], cwd=cluster["tmp"], capture_output=True)
+    assert ok.returncode == 0, ok.stderr
+    no = subprocess.run([py, "-c", "import lbmr_analyze"], cwd=cluster["tmp"], capture_output=True, text=True)
+    assert no.returncode == 1 and "No module named 'lbmr_analyze'" in no.stderr
+
+
+def test_lbmr_analyze_master_spark_url(cluster, exenv, inputs, local_tables):
+    out = cluster["tmp"] / "out-cli"
+    p = subprocess.run([VENV_BIN / "lbmr-analyze", str(inputs), "--out", str(out), "--master", cluster["url"],
+                        "--split-size", str(SPLIT), "--storm-threshold", "50",
+                        "--conf", f"spark.pyspark.python={exenv}",
+                        *FEW],
+                       env=cluster["env"], cwd=cluster["tmp"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert _noise(p.stderr) == [], p.stderr[-3000:]                  # Spark's start-up noise is quiet
+    assert "findings:" in p.stdout
+    assert _tables(out) == local_tables
+
+
+def test_spark_submit(cluster, exenv, inputs, local_tables):
+    script = subprocess.run([VENV_BIN / "lbmr-analyze", "--submit-script"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert script.endswith(".py") and Path(script).is_file()
+    out = cluster["tmp"] / "out-submit"
+    p = subprocess.run([SPARK_HOME / "bin" / "spark-submit", "--master", cluster["url"],
+                        "--conf", f"spark.pyspark.python={exenv}",
+                        "--conf", f"spark.pyspark.driver.python={sys.executable}",
+                        *FEW, script, str(inputs), "--out", str(out), "--split-size", str(SPLIT),
+                        "--storm-threshold", "50", "-q"],
+                       env=cluster["env"], cwd=cluster["tmp"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "lbmr-analyze: 2 file(s)" in p.stdout
+    assert _tables(out) == local_tables
+
+
+def test_executors_without_pyarrow_get_a_clear_error(cluster, inputs):
+    bare = _python_env(cluster["tmp"] / "bare", with_deps=False)
+    out = cluster["tmp"] / "out-bare"
+    p = subprocess.run([VENV_BIN / "lbmr-analyze", str(inputs), "--out", str(out), "--master", cluster["url"],
+                        "--conf", f"spark.pyspark.python={bare}", *FEW, "-q"],
+                       env=cluster["env"], cwd=cluster["tmp"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 3, p.stderr[-3000:]
+    assert "spark.pyspark.python" in p.stderr and "pyarrow" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert not out.exists()
