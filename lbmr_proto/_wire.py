@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, fields
-from socket import inet_aton, inet_ntoa
 from typing import Any, ClassVar
 
 from .constants import MAX_NAME_LEN
@@ -24,7 +23,9 @@ def ip_text(raw: bytes) -> str:
     if s is None:
         if len(_ip_text_cache) > 65536:
             _ip_text_cache.clear()
-        s = _ip_text_cache[raw] = inet_ntoa(raw)
+        if len(raw) != 4:
+            raise ValueError(f"an IPv4 address is 4 bytes, got {len(raw)}")
+        s = _ip_text_cache[raw] = f"{raw[0]}.{raw[1]}.{raw[2]}.{raw[3]}"
     return s
 
 
@@ -32,12 +33,11 @@ def ip_bytes(text: str) -> bytes:
     """Dotted quad -> 4 network-order bytes; :class:`LBMREncodeError` if invalid."""
     b = _ip_bytes_cache.get(text)
     if b is None:
-        try:
-            if not isinstance(text, str) or text.count(".") != 3:
-                raise OSError
-            b = inet_aton(text)
-        except (OSError, TypeError):
-            raise LBMREncodeError(f"not an IPv4 address: {text!r}") from None
+        parts = text.split(".") if isinstance(text, str) else ()
+        if len(parts) != 4 or not all(p.isascii() and p.isdigit() and len(p) <= 3 and int(p) <= 255
+                                      for p in parts):
+            raise LBMREncodeError(f"not an IPv4 address: {text!r}")
+        b = bytes(int(p) for p in parts)
         if len(_ip_bytes_cache) > 65536:
             _ip_bytes_cache.clear()
         _ip_bytes_cache[text] = b

@@ -7,6 +7,10 @@ Length fields whose meaning the public sources leave open (TNWG header
 the PSER options-header ``opt_type``) are kept as received when decoding;
 ``None`` means "compute the inferred value" when encoding. Length fields with
 a known meaning are derived on encode and checked on decode.
+
+Over 600 lines because it holds one record class per extended type (seven,
+with their sub-records) and the registry from type code to class, like the
+other record modules; each class is short and stands alone.
 """
 
 from __future__ import annotations

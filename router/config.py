@@ -28,6 +28,11 @@ the same class as lbmrd's):
 
 Things accepted but suspicious are returned in :attr:`RouterConfig.warnings`
 as ``(line, message)`` pairs.
+
+The values are in :mod:`router.config_model`, the grammar and its messages in
+:mod:`router.config_grammar`. This module (over 600 lines) is the value
+checker: one function per element of the grammar, kept in one place because
+the cross-checks (names, domain ids, ports, TLS) read across all of them.
 """
 
 from __future__ import annotations
@@ -37,8 +42,6 @@ import os
 import re
 import ssl
 import stat
-from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from lxml import etree
@@ -46,12 +49,44 @@ from lxml import etree
 from lbmr_runtime.values import DIGITS_RE, octets, parse_int, parse_network
 from lbmr_runtime.xmlconfig import (
     ConfigError,
-    Grammar,
     element_text,
     parse_xml,
     raise_errors,
     read_config_file,
     refuse_entities_and_xinclude,
+)
+
+from .config_grammar import DTD_TEXT, dtd_errors
+from .config_model import (
+    DEFAULT_KEEPALIVE_INTERVAL_MS,
+    DEFAULT_KEEPALIVE_TIMEOUT_MS,
+    DEFAULT_LBMRD_PORT,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MULTICAST_GROUP,
+    DEFAULT_MULTICAST_PORT,
+    DEFAULT_RECONNECT_INTERVAL_MS,
+    DEFAULT_RELAY_PORTS,
+    DEFAULT_SOURCE_DELETION_DELAY_MS,
+    DEFAULT_STATS_INTERVAL_MS,
+    DEFAULT_TR_PORTS,
+    MIN_MAX_QUEUE,
+    AcceptorConfig,
+    EndpointConfig,
+    InitialRequest,
+    InitiatorConfig,
+    InterestPacing,
+    KeepaliveConfig,
+    LbmrdAddress,
+    LogConfig,
+    MulticastResolver,
+    PeerConfig,
+    PortRange,
+    RelayConfig,
+    RemoteInterest,
+    RouterConfig,
+    TlsConfig,
+    TopicResolution,
+    UseQuery,
 )
 
 __all__ = [
@@ -91,424 +126,11 @@ __all__ = [
     "validate",
 ]
 
-#: The DTD printed by ``lbmr-router -d`` (package data ``router/router.dtd``).
-DTD_TEXT: str = resources.files(__package__ or "router").joinpath("router.dtd").read_text(encoding="utf-8")
 
 _INT_MAX = 2**31 - 1  # timers and buffer sizes, as C ints in UM
 _DOMAIN_ID_MAX = 2**32 - 1  # u32 on the peer link, 0 invalid
 _NAME_MAX = 255  # characters in router and portal names
 _PEM_MAX = 1 << 20  # bytes read from a TLS file
-
-DEFAULT_STATS_INTERVAL_MS = 60000
-DEFAULT_MULTICAST_GROUP = "224.9.10.11"  # UM resolver_multicast_address
-DEFAULT_MULTICAST_PORT = 12965  # UM resolver_multicast_port
-DEFAULT_LBMRD_PORT = 15380  # lbmrd -p default
-DEFAULT_SOURCE_DELETION_DELAY_MS = 1000
-DEFAULT_RECONNECT_INTERVAL_MS = 5000
-DEFAULT_KEEPALIVE_INTERVAL_MS = 5000
-DEFAULT_KEEPALIVE_TIMEOUT_MS = 15000
-DEFAULT_MAX_QUEUE = 8 << 20  # router/peerlink.py OutQueue(max_data_bytes)
-MIN_MAX_QUEUE = 64 << 10  # below this the largest datagram (64 KiB) never fits
-
-
-# --------------------------------------------------------------------------- model
-
-
-@dataclass(frozen=True, slots=True)
-class PortRange:
-    """An inclusive range of ports, ``low <= high``."""
-
-    low: int
-    high: int
-
-    def __len__(self) -> int:
-        return self.high - self.low + 1
-
-    def __contains__(self, port: object) -> bool:
-        return isinstance(port, int) and self.low <= port <= self.high
-
-    def __iter__(self):
-        return iter(range(self.low, self.high + 1))
-
-    def __str__(self) -> str:
-        return f"{self.low}-{self.high}"
-
-
-#: UM resolver_unicast_port_low/high: local ports of the unicast TR socket.
-DEFAULT_TR_PORTS = PortRange(14402, 14406)
-#: UM transport_tcp_port_low/high: ports of the relay (proxy source) listeners.
-DEFAULT_RELAY_PORTS = PortRange(14371, 14390)
-
-
-@dataclass(frozen=True, slots=True)
-class LogConfig:
-    """``<log>``: ``type`` is console, file or syslog; ``file`` only for type file.
-
-    ``frequency`` (disable, daily, hourly) and ``size_mb`` (0 = no limit) roll
-    the file, as in the DRO.
-    """
-
-    type: str = "console"
-    file: str | None = None
-    frequency: str = "disable"
-    size_mb: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class MulticastResolver:
-    """``<multicast>``: multicast topic resolution group and UDP port."""
-
-    group: str = DEFAULT_MULTICAST_GROUP
-    port: int = DEFAULT_MULTICAST_PORT
-    line: int = field(default=0, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class LbmrdAddress:
-    """``<lbmrd>``: one unicast topic resolution daemon."""
-
-    address: str
-    port: int = DEFAULT_LBMRD_PORT
-    line: int = field(default=0, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class InitialRequest:
-    """``<initial-request>``: TR request burst at start (note: duration in seconds)."""
-
-    periodic_interval_ms: int = 1000
-    duration_s: int = 10
-
-
-@dataclass(frozen=True, slots=True)
-class UseQuery:
-    """``<topic-use-query>`` / ``<pattern-use-query>``."""
-
-    timeout_ms: int = 3000
-    max: int = 5
-    periodic_interval_ms: int = 300000
-
-
-@dataclass(frozen=True, slots=True)
-class InterestPacing:
-    """``<remote-topic-interest>`` / ``<remote-pattern-interest>``."""
-
-    min_interval_ms: int = 1000
-    max_interval_ms: int = 60000
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteInterest:
-    """``<remote-topic>`` / ``<remote-pattern>`` (``max`` is max-topics / max-patterns)."""
-
-    check_interval_ms: int = 90000
-    max: int = 100
-    timeout_ms: int = 300000
-
-
-@dataclass(frozen=True, slots=True)
-class TopicResolution:
-    """``<topic-resolution>`` of an endpoint: multicast xor one or more lbmrds.
-
-    ``interface`` is the interface of the portal's TR socket (``<interface>``
-    for unicast, ``<multicast interface=..>`` for multicast; None = default).
-    ``port_range`` is the local UDP port range for unicast TR (None for
-    multicast).
-    """
-
-    multicast: MulticastResolver | None = None
-    lbmrds: tuple[LbmrdAddress, ...] = ()
-    interface: str | None = None
-    port_range: PortRange | None = None
-    initial_request: InitialRequest = InitialRequest()
-    topic_use_query: UseQuery = UseQuery()
-    pattern_use_query: UseQuery = UseQuery()
-    remote_topic_interest: InterestPacing = InterestPacing()
-    remote_pattern_interest: InterestPacing = InterestPacing()
-    line: int = field(default=0, compare=False)
-
-    @property
-    def kind(self) -> str:
-        """``"multicast"`` or ``"unicast"``."""
-        return "multicast" if self.multicast is not None else "unicast"
-
-
-@dataclass(frozen=True, slots=True)
-class RelayConfig:
-    """``<relay>``: interface (None = any) and ports of the proxy source listeners."""
-
-    interface: str | None = None
-    ports: PortRange = DEFAULT_RELAY_PORTS
-    line: int = field(default=0, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointConfig:
-    """An ``<endpoint>`` portal: attaches the router to one TRD."""
-
-    name: str
-    domain_id: int
-    topic_resolution: TopicResolution
-    relay: RelayConfig = RelayConfig()
-    source_deletion_delay_ms: int = DEFAULT_SOURCE_DELETION_DELAY_MS
-    remote_topic: RemoteInterest = RemoteInterest()
-    remote_pattern: RemoteInterest = RemoteInterest()
-    line: int = field(default=0, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class InitiatorConfig:
-    """``<initiator>``: connect to ``address:port``, retry every reconnect interval."""
-
-    address: str
-    port: int
-    reconnect_interval_ms: int = DEFAULT_RECONNECT_INTERVAL_MS
-    line: int = field(default=0, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class AcceptorConfig:
-    """``<acceptor>``: listen on ``listen_port`` (on the peer's interface)."""
-
-    listen_port: int
-    line: int = field(default=0, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class KeepaliveConfig:
-    """``<gateway-keepalive>``: ``interval_ms``/``timeout_ms`` 0 = off."""
-
-    idle: bool = True
-    interval_ms: int = DEFAULT_KEEPALIVE_INTERVAL_MS
-    timeout_ms: int = DEFAULT_KEEPALIVE_TIMEOUT_MS
-    line: int = field(default=0, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class TlsConfig:
-    """``<tls>``: absolute paths of PEM files (checked to exist and be readable).
-
-    ``trusted_certificates=None`` means the system CA store.
-    """
-
-    certificate: str
-    certificate_key: str
-    certificate_key_password: str | None = field(default=None, repr=False)
-    trusted_certificates: str | None = None
-    cipher_suites: str | None = None
-    line: int = field(default=0, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class PeerConfig:
-    """A ``<peer>`` portal: one TCP link to another router.
-
-    Exactly one of ``initiator`` / ``acceptor`` is set.  ``tcp_keepalive`` and
-    ``nodelay`` are the ``<keepalive/>`` and ``<nodelay/>`` socket options;
-    ``keepalive`` is the application keepalive (``<gateway-keepalive>``).
-    Buffers of 0 leave the OS default.
-    """
-
-    name: str
-    initiator: InitiatorConfig | None = None
-    acceptor: AcceptorConfig | None = None
-    interface: str | None = None
-    receive_buffer: int = 0
-    send_buffer: int = 0
-    tcp_keepalive: bool = False
-    nodelay: bool = False
-    tls: TlsConfig | None = None
-    keepalive: KeepaliveConfig = KeepaliveConfig()
-    max_queue: int = DEFAULT_MAX_QUEUE
-    line: int = field(default=0, compare=False)
-
-    @property
-    def role(self) -> str:
-        """``"initiator"`` or ``"acceptor"``."""
-        return "initiator" if self.initiator is not None else "acceptor"
-
-
-@dataclass(frozen=True, slots=True)
-class RouterConfig:
-    """A checked configuration file.
-
-    ``name`` is ``<daemon><name>``; ``metrics`` is ``(address, port)`` or None.
-    This version has exactly one endpoint and one peer: :attr:`endpoint` and
-    :attr:`peer`.
-    """
-
-    path: str
-    name: str
-    endpoints: tuple[EndpointConfig, ...]
-    peers: tuple[PeerConfig, ...]
-    log: LogConfig = LogConfig()
-    metrics: tuple[str, int] | None = None
-    stats_interval_ms: int = DEFAULT_STATS_INTERVAL_MS
-    warnings: tuple[tuple[int, str], ...] = field(default=(), compare=False)
-
-    @property
-    def endpoint(self) -> EndpointConfig:
-        return self.endpoints[0]
-
-    @property
-    def peer(self) -> PeerConfig:
-        return self.peers[0]
-
-    @property
-    def domain_ids(self) -> tuple[int, ...]:
-        """Domain ids of the endpoint portals (what the peer link announces)."""
-        return tuple(e.domain_id for e in self.endpoints)
-
-
-# --------------------------------------------------------------------------- DTD messages
-
-_TIMING = ("<initial-request/>, <topic-use-query/>, <pattern-use-query/>, "
-           "<remote-topic-interest/>, <remote-pattern-interest/>")
-_CONTENT = {
-    "lbmr-router": "<daemon> followed by <portals>",
-    "daemon": "<name>, then optionally <log>, <metrics>, <stats-interval>, in this order",
-    "portals": "one or more <endpoint> and <peer> elements",
-    "endpoint": ("<name>, <domain-id>, optionally <source-deletion-delay>, then "
-                 "<topic-resolution>, then optionally <relay/>, <remote-topic/>, "
-                 "<remote-pattern/>, in this order"),
-    "topic-resolution": ("either <multicast/>, or an optional <interface>, one or more "
-                         "<lbmrd/> and an optional <port-range/>; then optionally "
-                         f"{_TIMING}, in this order"),
-    "peer": "<name>, <single-tcp>, then optionally <max-queue>, <gateway-keepalive/>, in this order",
-    "single-tcp": ("optionally <interface>, <receive-buffer>, <send-buffer>, <keepalive/>, "
-                   "<nodelay/>, <tls>, in this order, then exactly one <initiator> or <acceptor>"),
-    "initiator": "<address> followed by <port>",
-    "acceptor": "<listen-port>",
-    "tls": ("<certificate>, <certificate-key>, then optionally <certificate-key-password>, "
-            "<trusted-certificates>, <cipher-suites>, in this order"),
-}
-_REQUIRED = {
-    "lbmr-router": ("daemon", "portals"),
-    "daemon": ("name",),
-    "endpoint": ("name", "domain-id", "topic-resolution"),
-    "peer": ("name", "single-tcp"),
-    "initiator": ("address", "port"),
-    "acceptor": ("listen-port",),
-    "tls": ("certificate", "certificate-key"),
-}
-_ATTR_HINT = {
-    ("lbmrd", "address"): ' (the IPv4 address of the lbmrd, e.g. address="10.1.1.50")',
-}
-_DRO_STYLE = "as in the DRO"
-_INITIATOR_CHILDREN = f"write <address> and <port> as child elements of <initiator>, {_DRO_STYLE}"
-_ACCEPTOR_CHILD = f"write <listen-port> as a child element of <acceptor>, {_DRO_STYLE}"
-_ATTR_AS_CHILD = {
-    ("initiator", "address"): _INITIATOR_CHILDREN,
-    ("initiator", "port"): _INITIATOR_CHILDREN,
-    ("acceptor", "port"): _ACCEPTOR_CHILD,
-    ("acceptor", "listen-port"): _ACCEPTOR_CHILD,
-    ("endpoint", "name"): f"write <name> as a child element, {_DRO_STYLE}",
-    ("endpoint", "domain-id"): f"write <domain-id> as a child element, {_DRO_STYLE}",
-    ("peer", "name"): f"write <name> as a child element, {_DRO_STYLE}",
-}
-
-_UM_CONFIG = ("lbmr-router does not read UM configuration files: describe the TRD with "
-              "<topic-resolution> (<multicast/> or <lbmrd/>) and <relay/>")
-_UNSUPPORTED = "a DRO setting that lbmr-router does not support (yet): remove it"
-_NO_FUNCTION = "a DRO element without function (deprecated or removed): remove it"
-_DRO_HINTS = {
-    "lbm-config": _UM_CONFIG,
-    "lbm-attributes": _UM_CONFIG,
-    "xml-config": _UM_CONFIG,
-    "web-monitor": "lbmr-router serves metrics over HTTP instead: <metrics>127.0.0.1:9390</metrics>",
-    "monitor": "use <metrics> and <stats-interval> in <daemon>",
-    "daemon-monitor": "use <metrics> and <stats-interval> in <daemon>",
-    "publishing-interval": "use <metrics> and <stats-interval> in <daemon>",
-    "compression": "compression of the peer link is not supported (yet): remove it on both routers",
-    "udp": "the UDP peer link is not supported: lbmr-router's peer link is TCP only",
-    "acl": "access control lists are not supported (yet)",
-    "tcp": "the DRO's dual-TCP <tcp> peer was removed in UM 6.10: use <single-tcp>",
-    "companion": "the DRO's dual-TCP <tcp> peer was removed in UM 6.10: use <single-tcp>",
-    **{name: _UNSUPPORTED for name in (
-        "cost", "hotlink-index", "smart-batch", "batching", "sourcemap", "max-datagram",
-        "sqn-window", "route-info", "route-recalculation", "topicmap", "patternmap", "uid",
-        "gid", "pidfile", "lbm-license-file", "context-query", "source-context-name",
-        "receiver-context-name", "domain-route", "rate-limit", "propagation-delay")},
-    **{name: _NO_FUNCTION for name in (
-        "topic-purge", "topic-interest-generate", "topic-domain-activity", "pattern-purge",
-        "pattern-interest-generate", "pattern-domain-activity", "topic-use-check",
-        "pattern-use-check", "late-join")},
-}
-
-
-def _elements(el: etree._Element) -> list[etree._Element]:
-    return [c for c in el if isinstance(c.tag, str)]
-
-
-def _found(el: etree._Element) -> str:
-    items = []
-    if (el.text or "").strip():
-        items.append("text")
-    for c in el:
-        if isinstance(c.tag, str):
-            items.append(f"<{c.tag}>")
-        if (c.tail or "").strip():
-            items.append("text")
-    return ", ".join(items) or "nothing"
-
-
-_REPEATABLE = {("portals", "endpoint"), ("portals", "peer"), ("topic-resolution", "lbmrd")}
-
-
-def _content_message(el: etree._Element) -> str:
-    """Why ``el``'s children do not follow the DTD, in configuration terms."""
-    name = el.tag
-    kids = _elements(el)
-    where: dict[str, list[int]] = {}
-    for kid in kids:
-        where.setdefault(kid.tag, []).append(kid.sourceline or 0)
-    if name == "single-tcp":
-        if "initiator" in where and "acceptor" in where:
-            return (f"<single-tcp> has both <initiator> (line {where['initiator'][0]}) and "
-                    f"<acceptor> (line {where['acceptor'][0]}): a peer portal either connects "
-                    "to its peer (<initiator>) or listens for it (<acceptor>), keep one")
-        if "initiator" not in where and "acceptor" not in where:
-            return ("<single-tcp> has neither <initiator> nor <acceptor>: give "
-                    "<initiator><address>..</address><port>..</port></initiator> to connect "
-                    "to the peer, or <acceptor><listen-port>..</listen-port></acceptor> to "
-                    "listen for it")
-    if name == "topic-resolution":
-        if "multicast" in where and "lbmrd" in where:
-            return (f"<topic-resolution> has both <multicast> (line {where['multicast'][0]}) "
-                    f"and <lbmrd> (line {where['lbmrd'][0]}): a TRD uses either multicast or "
-                    "unicast (lbmrd) topic resolution")
-        if "multicast" not in where and "lbmrd" not in where:
-            return ("<topic-resolution> needs <multicast group=\"..\" port=\"..\"/> or at "
-                    'least one <lbmrd address=".." port=".."/>')
-    want = _CONTENT.get(name, "other content")
-    for need in _REQUIRED.get(name, ()):
-        if need not in where:
-            return f"<{name}> has no <{need}>: it must contain {want}; found {_found(el)}"
-    for tag, lines in where.items():
-        if len(lines) > 1 and (name, tag) not in _REPEATABLE:
-            return (f"<{name}> has <{tag}> {len(lines)} times (lines "
-                    f"{', '.join(map(str, lines))}): it must contain {want}")
-    return f"<{name}> must contain {want}; found {_found(el)}"
-
-
-class _RouterGrammar(Grammar):
-    """lbmr-router's wording: DRO hints, "did you mean", content explained
-    from the element itself."""
-
-    def content_error(self, name: str, got: str, els: list[etree._Element]) -> str:
-        if not els:
-            return f"<{name}> must contain {self.content.get(name, 'other content')}"
-        return _content_message(els[0])
-
-
-GRAMMAR = _RouterGrammar("lbmr-router", DTD_TEXT, content=_CONTENT, attr_hints=_ATTR_HINT,
-                         element_hints=_DRO_HINTS, attr_as_child=_ATTR_AS_CHILD, suggest=True)
-
-
-def _dtd_errors(tree: etree._ElementTree) -> list[tuple[int, str]]:
-    out = GRAMMAR.errors(tree)
-    # on one line, an unknown element or attribute explains the rest: report it first
-    return sorted(out, key=lambda e: (e[0], not e[1].startswith("unknown ")))
 
 
 # --------------------------------------------------------------------------- values
@@ -1057,7 +679,7 @@ def parse_config(text: bytes | str, path: str | os.PathLike[str] = "<string>", *
     root = parse_xml(data, path, "lbmr-router")
 
     _check_root(path, root)
-    errors = _dtd_errors(root.getroottree())
+    errors = dtd_errors(root.getroottree())
     if errors:
         raise_errors(path, errors)
 

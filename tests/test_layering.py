@@ -1,0 +1,104 @@
+"""The house reads top-down: lbmr_proto (wire format and UM's resolver model,
+sans-IO) at the bottom; lbmr_runtime (the daemons' and tools' shared runtime)
+next; lbmrd, router, lbmr_tools and lbmr_analyze on top, each depending only
+downward and only on public names. Checked from the source's own imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ["lbmr_proto", "lbmr_runtime", "lbmrd", "router", "lbmr_tools", "lbmr_analyze"]
+#: what each package may import of the project's packages (besides itself)
+ALLOWED = {
+    "lbmr_proto": set(),
+    "lbmr_runtime": {"lbmr_proto"},
+    "lbmrd": {"lbmr_proto", "lbmr_runtime"},
+    "router": {"lbmr_proto", "lbmr_runtime"},
+    "lbmr_tools": {"lbmr_proto", "lbmr_runtime"},
+    "lbmr_analyze": {"lbmr_proto", "lbmr_runtime"},
+}
+#: no I/O, no event loop, no clock in the wire format and the UM model
+SANS_IO_FORBIDDEN = {"trio", "socket", "time", "asyncio", "selectors", "select", "ssl"}
+
+
+def imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(module, names imported from it, line) for every absolute import."""
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.module, [a.name for a in node.names], node.lineno))
+    return out
+
+
+def modules(pkg: str) -> list[Path]:
+    return sorted((ROOT / pkg).rglob("*.py"))
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_packages_depend_only_downward_and_on_public_names(pkg):
+    bad = []
+    for path in modules(pkg):
+        for mod, names, line in imports(path):
+            top = mod.split(".")[0]
+            where = f"{path.relative_to(ROOT)}:{line}"
+            if top in PACKAGES and top != pkg:
+                if top not in ALLOWED[pkg]:
+                    bad.append(f"{where}: {pkg} imports {mod}")
+                private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+                private += [p for p in mod.split(".")[1:] if p.startswith("_")]
+                if private:
+                    bad.append(f"{where}: private name(s) {private} of {mod}")
+    assert not bad, "\n".join(bad)
+
+
+def test_lbmr_proto_is_sans_io():
+    bad = []
+    for path in modules("lbmr_proto"):
+        if path.name == "scapy.py":  # the optional scapy layer binds to scapy, which has I/O
+            continue
+        for mod, _, line in imports(path):
+            if mod.split(".")[0] in SANS_IO_FORBIDDEN:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
+#: address conversions of the socket module: pure functions, no I/O
+PURE_SOCKET_NAMES = {"inet_aton", "inet_ntoa", "inet_pton", "inet_ntop", "AF_INET"}
+
+
+def socket_uses(path: Path) -> set[str]:
+    """The names of the socket module a file uses (``socket.X`` and ``from socket import X``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "socket":
+            used.add(node.attr)
+        elif isinstance(node, ast.ImportFrom) and node.module == "socket":
+            used |= {a.name for a in node.names}
+    return used
+
+
+def test_the_router_core_and_lbmrd_core_are_sans_io():
+    """The protocol logic is plain objects: no trio, sockets (beyond address
+    conversions) or clocks."""
+    core = [ROOT / "router" / "tr.py", ROOT / "router" / "bridge.py", ROOT / "lbmrd" / "relay.py",
+            ROOT / "lbmrd" / "clients.py", ROOT / "lbmrd" / "nat.py",
+            *sorted((ROOT / "router" / "peerlink").glob("*.py"))]
+    bad = []
+    for path in core:
+        for mod, _, line in imports(path):
+            top = mod.split(".")[0]
+            if top == "socket":
+                extra = socket_uses(path) - PURE_SOCKET_NAMES
+                if extra:
+                    bad.append(f"{path.relative_to(ROOT)}:{line}: uses socket.{sorted(extra)}")
+            elif top in SANS_IO_FORBIDDEN | {"lxml"}:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: imports {mod}")
+    assert not bad, "\n".join(bad)
