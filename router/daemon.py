@@ -62,6 +62,8 @@ class EndpointSettings:
     relay_ip: str = "127.0.0.1"  # proxy listeners: this address ...
     relay_port_low: int = 0  # ... and ports in this range (0, 0 = any free port)
     relay_port_high: int = 0
+    ru_idle_timeout: float = 10.0  # an LBT-RU stream ends after this long without a datagram
+    ru_max_streams: int = 1024  # LBT-RU streams per link and side (the rest is for TCP)
     source_timeout: float = 16.0
     requery_interval: float = 5.0
 

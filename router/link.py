@@ -44,6 +44,7 @@ class StreamState:
         # False when ``sock`` belongs to someone else (near LBT-RU: the proxy's socket,
         # shared by all its receivers and still read by the proxy after the link ends)
         self.owns_sock = True
+        self.last_active = 0.0  # LBT-RU: when a datagram last crossed (either way)
 
     def wake(self) -> None:
         self.incoming_ready.set()
@@ -69,6 +70,8 @@ class Link:
         self.closing = False  # finished: the writer flushes what the connection produced, then stops
         self.writer_done = trio.Event()
         self.nursery: trio.Nursery | None = None  # stream tasks of this link die with it
+        self.ru_streams = 0  # LBT-RU streams we opened (near side) ...
+        self.ru_streams_far = 0  # ... and the peer opened (far side)
 
     @property
     def connected(self) -> bool:
@@ -129,6 +132,7 @@ class Link:
         self.closed = True
         for st in self.state.values():
             st.closed = True
+            st.accepted.set()  # nobody waits for an answer that cannot come
             st.wake()
             if st.sock is not None and st.owns_sock and hasattr(st.sock, "close"):
                 st.sock.close()

@@ -22,6 +22,26 @@ from .link import CONNECT_TIMEOUT, READ_SIZE, Link, StreamState
 from .peerlink import streams as S
 
 RU_BACKLOG = 64  # datagrams held per LBT-RU stream until the far side accepts
+# LBT-RU relay sockets: 4 MiB buffers (the loopback walk-through lost hundreds of
+# datagrams per stream with the default ~200 KiB whenever the event loop paused).
+RU_SOCKET_BUFFER = 4 << 20
+# LBT-RU streams (one per receiver address) end after this long with no datagram
+# either way (UM's transport_lbtru_client_activity_timeout: a source forgets a
+# receiver that stayed silent this long), and at most RU_MAX_STREAMS of them run
+# on a link: the rest of the peer's stream table stays free for TCP receivers.
+RU_IDLE_TIMEOUT = 10.0
+RU_MAX_STREAMS = 1024
+
+
+def ru_socket():
+    """A UDP socket for the LBT-RU relay, with big buffers (best effort)."""
+    s = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        try:
+            s.setsockopt(socket.SOL_SOCKET, opt, RU_SOCKET_BUFFER)
+        except OSError:
+            pass
+    return s
 
 
 class Relay:
@@ -39,6 +59,8 @@ class Relay:
         self.event = event
         self.current_link = current_link
         self.advert_source = advert_source
+        self.ru_idle_timeout = getattr(endpoint, "ru_idle_timeout", RU_IDLE_TIMEOUT)
+        self.ru_max_streams = getattr(endpoint, "ru_max_streams", RU_MAX_STREAMS)
 
     def relay_ports(self):
         e = self.endpoint
@@ -55,7 +77,7 @@ class Relay:
         tcp = f.transport == 0x00
         sock = None
         for port in self.relay_ports():
-            s = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM if tcp else trio.socket.SOCK_DGRAM)
+            s = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM) if tcp else ru_socket()
             try:
                 if tcp:
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -98,7 +120,9 @@ class Relay:
             await trio.aclose_forcefully(conn)
 
     async def _near_ru(self, aid: int, sock) -> None:
-        """Datagrams from receivers of this proxy: one stream per receiver address."""
+        """Datagrams from receivers of this proxy: one stream per receiver address
+        (at most ``ru_max_streams`` on the link; each ends after ``ru_idle_timeout``
+        of silence either way)."""
         by_addr: dict[tuple[str, int], StreamState] = {}
         async with trio.open_nursery() as n:
             while True:
@@ -108,14 +132,19 @@ class Relay:
                     continue
                 st = by_addr.get(addr)
                 if st is None or st.closed:
+                    if link.ru_streams >= self.ru_max_streams:
+                        self.counters["ru_streams_full"] += 1
+                        continue
                     sid = link.streams.open(aid, P.StreamKind.LBTRU)
                     st = link.state[sid] = StreamState(sid, P.StreamKind.LBTRU)
                     st.ru_addr = addr
                     st.sock = sock
                     st.owns_sock = False  # the proxy's: closing it would kill the proxy's reader
                     by_addr[addr] = st
+                    link.ru_streams += 1
                     link.flush_streams()
-                    n.start_soon(self._ru_downstream, link, st)
+                    n.start_soon(self._ru_downstream, link, st, by_addr)
+                st.last_active = trio.current_time()
                 if st.accepted.is_set():
                     self._send_datagram(link, st, data)
                 elif len(st.incoming) < RU_BACKLOG:
@@ -129,24 +158,62 @@ class Relay:
             return
         link.flush_streams()
 
-    async def _ru_downstream(self, link: Link, st: StreamState) -> None:
+    async def _ru_downstream(self, link: Link, st: StreamState, by_addr: dict) -> None:
         """Near LBT-RU: when accepted flush the backlog; then datagrams from the
-        far source go to the receiver from the proxy socket."""
-        await st.accepted.wait()
-        if st.refused is not None or st.closed:
-            return
-        held = list(st.incoming)
-        st.incoming.clear()
-        for d in held:
-            self._send_datagram(link, st, d)
-        while not st.closed:
-            await st.incoming_ready.wait()
+        far source go to the receiver from the proxy socket, until the stream
+        ends or stays idle for ``ru_idle_timeout``."""
+        try:
+            await st.accepted.wait()
+            if st.refused is not None or st.closed:
+                return
+            held = list(st.incoming)
+            st.incoming.clear()
+            for d in held:
+                self._send_datagram(link, st, d)
+            await self._ru_deliver(link, st, lambda d: st.sock.sendto(d, st.ru_addr))
+        finally:
+            self._end_ru(link, st)
+            if by_addr.get(st.ru_addr) is st:
+                del by_addr[st.ru_addr]
+
+    async def _ru_deliver(self, link: Link, st: StreamState, send) -> None:
+        """Pass an LBT-RU stream's datagrams from the peer on with ``send(data)``
+        until the stream or the link ends, or no datagram crossed either way
+        for ``ru_idle_timeout``."""
+        while not st.closed and not link.closed:
+            with trio.move_on_at(st.last_active + self.ru_idle_timeout):
+                await st.incoming_ready.wait()
+            if not st.incoming_ready.is_set():
+                if trio.current_time() >= st.last_active + self.ru_idle_timeout:
+                    self.counters["ru_streams_idle"] += 1
+                    return
+                continue  # the other direction was active meanwhile
             st.incoming_ready = trio.Event()
+            if st.incoming:
+                st.last_active = trio.current_time()
             while st.incoming:
                 try:
-                    await st.sock.sendto(st.incoming.popleft(), st.ru_addr)
+                    await send(st.incoming.popleft())
                 except OSError:
                     self.counters["ru_send_error"] += 1
+
+    def _end_ru(self, link: Link, st: StreamState) -> None:
+        """An LBT-RU stream ends (idle, refused, closed by the peer or the link)."""
+        st.closed = True
+        if link.state.get(st.sid) is st and st.ru_addr is not None:
+            link.ru_streams -= 1
+        self._close_stream(link, st)
+
+    @staticmethod
+    def _close_stream(link: Link, st: StreamState) -> None:
+        """Close a stream towards the peer (unless it is already closed) and forget it."""
+        if not link.closed:
+            try:
+                if link.streams.close(st.sid):
+                    link.flush_streams()
+            except S.LocalStreamError:
+                pass
+        link.state.pop(st.sid, None)
 
     # ------------------------------------------------- far side: sources
 
@@ -157,6 +224,11 @@ class Relay:
             if body is None:
                 link.streams.refuse(ev.stream_id, P.RefuseCode.REFUSED, "unknown or withdrawn advertisement")
                 self.counters["streams_refused"] += 1
+                return
+            if ev.kind == P.StreamKind.LBTRU and link.ru_streams_far >= self.ru_max_streams:
+                link.streams.refuse(ev.stream_id, P.RefuseCode.TOO_MANY_STREAMS,
+                                    f"{link.ru_streams_far} LBT-RU streams already open")
+                self.counters["ru_streams_full"] += 1
                 return
             st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
             link.nursery.start_soon(self._far, link, st, body)
@@ -198,7 +270,7 @@ class Relay:
                 finally:
                     await trio.aclose_forcefully(conn)
             else:
-                s = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+                s = ru_socket()
                 try:
                     await s.bind((self.endpoint.relay_ip, 0))
                     await s.connect((body.ip, body.port))
@@ -206,23 +278,22 @@ class Relay:
                     s.close()
                     self._refuse(link, st, f"cannot reach the source {body.ip}:{body.port}: {e}")
                     return
-                with s:
-                    st.sock = s
-                    link.streams.accept(st.sid)
-                    link.flush_streams()
-                    st.accepted.set()
-                    self.counters["streams_accepted"] += 1
-                    async with trio.open_nursery() as n:
-                        n.start_soon(self._far_ru_up, link, st, n.cancel_scope)
-                        while not st.closed:
-                            await st.incoming_ready.wait()
-                            st.incoming_ready = trio.Event()
-                            while st.incoming:
-                                try:
-                                    await s.send(st.incoming.popleft())
-                                except OSError:
-                                    self.counters["ru_send_error"] += 1
-                        n.cancel_scope.cancel()
+                link.ru_streams_far += 1
+                try:
+                    with s:
+                        st.sock = s
+                        link.streams.accept(st.sid)
+                        link.flush_streams()
+                        st.accepted.set()
+                        st.last_active = trio.current_time()
+                        self.counters["streams_accepted"] += 1
+                        async with trio.open_nursery() as n:
+                            n.start_soon(self._far_ru_up, link, st)
+                            await self._ru_deliver(link, st, s.send)
+                            n.cancel_scope.cancel()
+                finally:
+                    link.ru_streams_far -= 1
+                    self._end_ru(link, st)
         finally:
             link.state.pop(st.sid, None)
 
@@ -235,9 +306,15 @@ class Relay:
             pass
         link.flush_streams()
 
-    async def _far_ru_up(self, link: Link, st: StreamState, scope) -> None:
+    async def _far_ru_up(self, link: Link, st: StreamState) -> None:
         while True:
-            data = await st.sock.recv(65535)
+            try:
+                data = await st.sock.recv(65535)
+            except OSError:  # e.g. ICMP port unreachable from a source that went away
+                self.counters["ru_recv_error"] += 1
+                await trio.sleep(0.01)
+                continue
+            st.last_active = trio.current_time()
             self._send_datagram(link, st, data)
 
     # ------------------------------------------------------- byte pumping
@@ -250,13 +327,7 @@ class Relay:
                 n.start_soon(self._pump_up, link, st, n.cancel_scope)
                 n.start_soon(self._pump_down, link, st, n.cancel_scope)
         finally:
-            if not link.closed:
-                try:
-                    if link.streams.close(st.sid):
-                        link.flush_streams()
-                except S.LocalStreamError:
-                    pass
-            link.state.pop(st.sid, None)
+            self._close_stream(link, st)
 
     async def _pump_up(self, link: Link, st: StreamState, scope) -> None:
         """Socket -> peer link, within the stream's credit and the queue's space."""

@@ -85,3 +85,44 @@ async def test_link_cut_during_lbtru_stream_keeps_both_routers_alive():
         await trio.sleep(0.3)
         n.cancel_scope.cancel()
 
+
+def open_fds() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_lbtru_at_10k_datagrams_per_second_arrives_complete_and_sockets_close():
+    """Defect: at 10,000 datagrams/s per receiver, LBT-RU streams arrived
+    incomplete through the routers (complete direct), and the far router's UDP
+    sockets stayed open after the receivers left."""
+    from lbmr_tools.sim.dataplane import RuDataReceiver, RuDataSource
+
+    count, receivers = 5_000, 3
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        ra, rb = await start_routers(n, trd1, trd2, ru_idle_timeout=1.0)
+        src = RuDataSource("127.0.1.5", count=count, seed=5, rate=10_000.0)
+        sip, sport = await n.start(src.serve)
+        await advertise_ru(n, trd1, sip, sport)
+        t = await resolve(udp("127.0.2.9"), trd2)
+        await trio.sleep(0.2)
+        fds = open_fds()
+        results = []
+
+        async def one(i):
+            results.append(await RuDataReceiver(t.transport.ip, t.transport.port, seed=5, expect_count=count,
+                                                bind_ip=f"127.0.2.{20 + i}", idle_timeout=3.0,
+                                                timeout=30.0).run())
+
+        async with trio.open_nursery() as rn:
+            for i in range(receivers):
+                rn.start_soon(one, i)
+        print([(r.received, r.missing, r.data_elapsed) for r in results])
+        assert [(r.received, r.missing, r.error) for r in results] == [(count, 0, None)] * receivers, results
+        assert all(r.corrupt == 0 for r in results), results
+        with trio.fail_after(5):  # the receivers left: their streams and sockets end
+            while ra.status()["streams"] or rb.status()["streams"] or open_fds() > fds:
+                await trio.sleep(0.1)
+        n.cancel_scope.cancel()

@@ -21,13 +21,15 @@ async def start_lbmrd(nursery, ip):
     return d, await nursery.start(d.run)
 
 
-async def start_routers(nursery, trd1, trd2, *, reconnect=1.0):
+async def start_routers(nursery, trd1, trd2, *, reconnect=1.0, **endpoint):
+    """Router B (acceptor, TRD2) and router A (initiator, TRD1); ``endpoint``:
+    more EndpointSettings for both."""
     rb = Router(RouterSettings("routerB", EndpointSettings("B-TRD2", 2, daemons=[trd2], tr_ip="127.0.2.1",
-                                                            relay_ip="127.0.2.1"),
+                                                            relay_ip="127.0.2.1", **endpoint),
                                PeerSettings("B-to-A", "acceptor", listen_ip="127.0.0.1", port=0)))
     b_addr = await nursery.start(rb.run)
     ra = Router(RouterSettings("routerA", EndpointSettings("A-TRD1", 1, daemons=[trd1], tr_ip="127.0.1.1",
-                                                            relay_ip="127.0.1.1"),
+                                                            relay_ip="127.0.1.1", **endpoint),
                                PeerSettings("A-to-B", "initiator", address="127.0.0.1",
                                             port=b_addr["peer"][1], reconnect_interval=reconnect)))
     await nursery.start(ra.run)
