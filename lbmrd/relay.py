@@ -21,6 +21,7 @@ from lbmr_proto.packet import TYPE_NAMES
 from lbmr_runtime.events import EventRing
 
 from .clients import Client, ClientTable, ExpirySweep, Group
+from .nat import NatTable
 
 ZERO_IP = b"\0\0\0\0"
 #: What lbmrd sends back to a keepalive: a NORMAL header with no records, in
@@ -90,7 +91,8 @@ def _burst(rate: float | None, burst: float | None) -> float:
 class RelayCore:
     """Client table + relay + 0.0.0.0 fill-in + NAT, without I/O.
 
-    ``config`` is an :class:`lbmrd.config.Config` (or None: no domains).
+    ``config`` is an :class:`lbmrd.config.Config` (or None: no domains);
+    the relay uses its :class:`~lbmrd.nat.NatTable`.
     ``ttl`` seconds of silence expire a client. ``allow`` is a list of CIDR
     strings (empty = everyone). ``max_clients`` bounds the table (new
     clients refused when full). ``rate``/``burst``: per-client (ip:port)
@@ -141,6 +143,7 @@ class RelayCore:
         self._suspects: dict[tuple[str, int], float] = {}  # addr -> until (seconds)
         self._recent: dict[int, list] = {}  # hash(payload) -> [sender, time (s), copies from others]
         self.config = None
+        self.nat: NatTable | None = None
         self._domain_of = lambda ip4: None
         self.set_config(config)
 
@@ -162,10 +165,11 @@ class RelayCore:
         """Install a (re)loaded config; the client table is kept and its
         clients re-classified into the new domains. Returns how many moved."""
         self.config = config
+        self.nat = None if config is None else config.nat
         if config is None or not config.domains:
             self._domain_of = lambda ip4: None
         else:
-            self._domain_of = config.domain_of
+            self._domain_of = self.nat.domain_of
         moved = self.table.regroup(self._domain_of)
         return moved
 
@@ -279,7 +283,7 @@ class RelayCore:
         base = data
         if res.tirs:
             base = self._fill_in(data, res.tirs, client.ip4)
-            if len(self.table.groups) > 1 or self.config is not None and self.config.transforms:
+            if len(self.table.groups) > 1 or self.nat is not None and self.nat.transforms:
                 parts = self._nat(base, res.tirs, client)
                 for p, _ in parts:
                     self._remember(p, src, now)
@@ -351,19 +355,19 @@ class RelayCore:
         """One payload per destination group, rewritten by the rules of
         (source domain of each TIR, group's domain); unchanged ones shared."""
         domain_of = self._domain_of
-        config = self.config
+        nat = self.nat
         srcdoms = [domain_of(base[t.addr:t.addr + 4]) if t.addr >= 0 else sender.domain for t in tirs]
         parts = []
         for g in self.table.groups.values():
             buf = None
             for t, sd in zip(tirs, srcdoms, strict=True):
-                if not config.rules_for(sd, g.domain):
+                if not nat.rules_for(sd, g.domain):
                     continue
                 pairs = ((t.addr, t.port),) + t.opt_pairs if t.addr >= 0 else t.opt_pairs
                 for a, p in pairs:
                     ip = base[a:a + 4]
                     port = int.from_bytes(base[p:p + 2], "big")
-                    out = config.rewrite(sd, g.domain, ip, port)  # first matching rule
+                    out = nat.rewrite(sd, g.domain, ip, port)  # first matching rule
                     if out is not None and out != (ip, port):
                         if buf is None:
                             buf = bytearray(base)
