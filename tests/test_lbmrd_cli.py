@@ -6,7 +6,6 @@ import json
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -15,16 +14,11 @@ import pytest
 
 from lbmrd.cli import main
 
+from .helpers import LBMRD, free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-LBMRD = [sys.executable, "-c", "import sys; from lbmrd.cli import main; sys.exit(main(sys.argv[1:]))"]
 
 
-def free_port(kind=socket.SOCK_DGRAM) -> int:
-    s = socket.socket(socket.AF_INET, kind)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_dump_dtd(capsys):

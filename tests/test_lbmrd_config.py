@@ -25,6 +25,8 @@ from lbmrd.config import (
     validate,
 )
 
+from .helpers import expect_config_error, line_of
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
@@ -33,32 +35,11 @@ def ip(text: str) -> bytes:
     return socket.inet_aton(text)
 
 
-def line_of(text: str, marker: str) -> int:
-    """1-based line of the only occurrence of ``marker`` in ``text``."""
-    assert text.count(marker) == 1, marker
-    return text[: text.index(marker)].count("\n") + 1
-
-
-def write(tmp_path: Path, name: str, text: str) -> Path:
-    p = tmp_path / name
-    p.write_text(text, encoding="utf-8")
-    return p
-
-
 def expect_error(tmp_path: Path, name: str, text: str, marker: str, *needles: str,
                  strict: bool = False, offset: int = 0) -> ConfigError:
     """The file fails at the line of ``marker`` (+ offset); the message has every needle."""
-    p = write(tmp_path, name, text)
-    with pytest.raises(ConfigError) as info:
-        validate(p, strict=strict)
-    err = info.value
-    line = line_of(text, marker) + offset
-    assert err.path == str(p)
-    assert err.line == line, str(err)
-    assert str(err).startswith(f"{p}:{line}: "), str(err)
-    for needle in needles:
-        assert needle in err.message, (needle, str(err))
-    return err
+    return expect_config_error(lambda p: validate(p, strict=strict), ConfigError, tmp_path, name,
+                               text, marker, *needles, offset=offset)
 
 
 HEAD = '<?xml version="1.0" encoding="UTF-8" ?>\n'

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from hypothesis import strategies as st
 
 from lbmrd.config import MAX_CONFIG_BYTES, ConfigError, load_config, network_conflicts, parse_config
 
-LBMRD = [sys.executable, "-c", "import sys; from lbmrd.cli import main; sys.exit(main(sys.argv[1:]))"]
+from .helpers import LBMRD
 
 
 class FifoWatch:

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import resource
 import socket
 import subprocess
-import sys
 import time
 
 import trio
@@ -19,6 +17,9 @@ import trio
 import lbmr_proto as L
 from lbmrd.config import load_config
 from lbmrd.server import FANOUT_CHUNK, SWEEP_SLICE, Daemon, Settings
+
+from .helpers import LBMRD, free_port
+from .test_lbmrd_config_hostile import networks_file
 
 TQR = L.encode(L.Packet(0, 1, tqrs=[L.TQR("md.X")]))
 KA = b"\x02\x00\x00\x00"
@@ -83,9 +84,6 @@ async def test_a_keepalive_is_answered_in_the_middle_of_a_huge_fan_out():
 
 
 async def test_reload_of_a_big_file_does_not_stop_the_relay(tmp_path):
-    sys.path.insert(0, os.path.dirname(__file__))
-    from test_lbmrd_config_hostile import networks_file
-
     path = tmp_path / "big.xml"
     path.write_text(networks_file(50_000))
     async with trio.open_nursery() as nursery:
@@ -133,21 +131,14 @@ async def test_reload_applies_ttl_and_activity_and_warns_about_the_rest(caplog):
     assert any("port changed from 0 to 15999: takes effect only after a restart" in m for m in msgs)
 
 
-LBMRD = [sys.executable, "-c", "import sys; from lbmrd.cli import main; sys.exit(main(sys.argv[1:]))"]
 
 
-def _free_port(kind=socket.SOCK_DGRAM) -> int:
-    s = socket.socket(socket.AF_INET, kind)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_out_of_descriptors_logs_one_line_not_tracebacks(tmp_path):
     """The metrics endpoint with 48 descriptors and 200 idle connections: accept
     fails with EMFILE; the log stays JSON, says so once, and the daemon lives."""
-    port, mport = _free_port(), _free_port(socket.SOCK_STREAM)
+    port, mport = free_port(), free_port(socket.SOCK_STREAM)
     log = tmp_path / "lbmrd.log"
 
     def limit():

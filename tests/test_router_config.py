@@ -44,36 +44,17 @@ from router.config import (
     validate,
 )
 
+from .helpers import expect_config_error, line_of, write
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
-
-
-def line_of(text: str, marker: str) -> int:
-    """1-based line of the only occurrence of ``marker`` in ``text``."""
-    assert text.count(marker) == 1, marker
-    return text[: text.index(marker)].count("\n") + 1
-
-
-def write(tmp_path: Path, name: str, text: str) -> Path:
-    p = tmp_path / name
-    p.write_text(text, encoding="utf-8")
-    return p
 
 
 def expect_error(tmp_path: Path, name: str, text: str, marker: str, *needles: str,
                  offset: int = 0) -> ConfigError:
     """Loading fails at the line of ``marker`` (+ offset); the message has every needle."""
-    p = write(tmp_path, name, text)
-    with pytest.raises(ConfigError) as info:
-        load_config(p)
-    err = info.value
-    line = line_of(text, marker) + offset
-    assert err.path == str(p)
-    assert err.line == line, str(err)
-    assert str(err).startswith(f"{p}:{line}: "), str(err)
-    for needle in needles:
-        assert needle in err.message, (needle, str(err))
-    return err
+    return expect_config_error(load_config, ConfigError, tmp_path, name, text, marker, *needles,
+                               offset=offset)
 
 
 def expect_ok(tmp_path: Path, name: str, text: str) -> RouterConfig:

@@ -24,20 +24,13 @@ from lbmr_tools import sim
 from lbmr_tools.sim import Context, SimConfig, Timing, parse_args, render, run_sim
 from lbmrd.server import Daemon, Settings
 
+from .helpers import drive
+
 D0 = ("127.0.0.1", 15380)
 D1 = ("127.0.0.1", 15381)
 EXT = ("127.0.0.1", 40000)  # another context's TR socket (not a daemon)
 
 
-def drive(ctx: Context, until: float) -> list[tuple[float, sim.Datagram]]:
-    """Call tick at every deadline up to ``until``; (time, datagram) pairs."""
-    out = []
-    for _ in range(100_000):
-        t = ctx.next_deadline()
-        if t > until:
-            return out
-        out += [(t, d) for d in ctx.tick(t)]
-    raise AssertionError("too many deadlines")
 
 
 def tirs_of(d: bytes) -> list[L.TIR]:

@@ -22,6 +22,8 @@ from lbmr_tools.sim import Context, SimConfig, parse_args
 from tests import netns
 from tests.netns import NetNS, veth
 
+from .helpers import drive
+
 ROOT = Path(__file__).resolve().parents[1]
 GROUP = ("224.9.10.11", 12965)
 OTHER = ("127.0.1.9", 12965)  # another context on the group
@@ -39,14 +41,6 @@ def tqr_datagram(topic: str, src_id: bytes = b"\x99" * 8) -> bytes:
     return L.encode(L.Packet(0, 1, tqrs=[L.TQR(topic)], options=[L.SourceIdOption(0x8000, src_id)]))
 
 
-def drive(ctx: Context, until: float) -> list[tuple[float, sim.Datagram]]:
-    out = []
-    for _ in range(100_000):
-        t = ctx.next_deadline()
-        if t > until:
-            return out
-        out += [(t, d) for d in ctx.tick(t)]
-    raise AssertionError("too many deadlines")
 
 
 def trailer(src_id: bytes) -> bytes:

@@ -1,0 +1,63 @@
+"""Set-up shared by several test modules: commands, free ports, config-file
+helpers, and a driver for sans-IO objects with deadlines."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: lbmrd as a process, from this checkout (no installed script needed)
+LBMRD = [sys.executable, "-c", "import sys; from lbmrd.cli import main; sys.exit(main(sys.argv[1:]))"]
+
+
+def free_port(kind=socket.SOCK_DGRAM, ip: str = "127.0.0.1") -> int:
+    """A port the kernel considers free on ``ip`` now (UDP by default)."""
+    s = socket.socket(socket.AF_INET, kind)
+    s.bind((ip, 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def line_of(text: str, marker: str) -> int:
+    """1-based line of the only occurrence of ``marker`` in ``text``."""
+    assert text.count(marker) == 1, marker
+    return text[: text.index(marker)].count("\n") + 1
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def expect_config_error(load, error_class, tmp_path: Path, name: str, text: str, marker: str,
+                        *needles: str, offset: int = 0):
+    """``load(path)`` fails at the line of ``marker`` (+ offset) with an
+    ``error_class`` whose message has every needle; returns the error."""
+    p = write(tmp_path, name, text)
+    with pytest.raises(error_class) as info:
+        load(p)
+    err = info.value
+    line = line_of(text, marker) + offset
+    assert err.path == str(p)
+    assert err.line == line, str(err)
+    assert str(err).startswith(f"{p}:{line}: "), str(err)
+    for needle in needles:
+        assert needle in err.message, (needle, str(err))
+    return err
+
+
+def drive(ctx, until: float) -> list:
+    """Call ``ctx.tick`` at every deadline up to ``until``; (time, datagram) pairs."""
+    out = []
+    for _ in range(100_000):
+        t = ctx.next_deadline()
+        if t > until:
+            return out
+        out += [(t, d) for d in ctx.tick(t)]
+    raise AssertionError("too many deadlines")
