@@ -939,3 +939,25 @@ def test_records_invisible_to_driver_is_an_error(spark, synth, tmp_path):
         p.unlink()
     with pytest.raises(OutputNotVisible, match=f"executors wrote {written} records .* reads 0 there"):
         analyse_written(spark, rec, written)
+
+
+# ============================================================== schema documentation
+
+def test_schema_documented_and_versioned(synth_run):
+    import pyarrow.parquet as pq
+
+    from lbmr_analyze.rows import SCHEMA_VERSION, SPARK_DDL
+    man = (ROOT / "man" / "lbmr-analyze.1").read_text()
+    table = man.split(".TS\n", 1)[1].split(".TE\n", 1)[0].splitlines()[2:]    # after format and header
+    documented = []
+    for line in table:
+        names, typ, _ = line.split("\t")
+        documented += [(n.strip(), typ) for n in names.split(",")]
+    code = [tuple(c.split(" ")) for c in SPARK_DDL.split(", ")]
+    assert sorted(documented) == sorted(code)
+    assert f"describes version {SCHEMA_VERSION}" in man
+    files = list((synth_run.out / "records").rglob("*.parquet"))
+    assert files
+    for f in files:
+        meta = pq.read_metadata(f).metadata
+        assert meta[b"lbmr_analyze.schema_version"] == str(SCHEMA_VERSION).encode()
