@@ -37,8 +37,11 @@ Rules (unchanged from the router's first version):
   sources are advertised (``unrelayable_transport`` otherwise).
 * **Near side: proxies.** An ADVERTISEMENT from the peer starts a proxy
   (:class:`StartProxy`) unless it is already proxied (a re-send), names our
-  own domain (``adverts_own_domain``: loop prevention, one hop only) or a
-  transport the relay cannot carry. Once its listener is bound the portal
+  own domain (``adverts_own_domain``: loop prevention, one hop only), a
+  transport the relay cannot carry, a topic no receiver of our TRD wants
+  (``adverts_unwanted``, with ``require_interest``: the peer only advertises
+  what we asked for) or ``max_proxies`` already run (``proxies_full``): a
+  peer's advertisements never bind more listeners than that. Once its listener is bound the portal
   advertises it at the relay address; a withdrawal stops it
   (:class:`StopProxy`) and the portal sends its final advertisements.
 * **Link down.** Every proxy is stopped, the advert ids are forgotten, the
@@ -111,8 +114,11 @@ class Bridge:
     """One portal and one peer link (see the module doc). ``counters`` is where
     the bridge counts what it does (the router's counters)."""
 
-    def __init__(self, portal: PortalTR, counters: Counter[str] | None = None) -> None:
+    def __init__(self, portal: PortalTR, counters: Counter[str] | None = None, *,
+                 max_proxies: int = 4096, require_interest: bool = False) -> None:
         self.portal = portal
+        self.max_proxies = max_proxies
+        self.require_interest = require_interest
         self.domain_id = portal.domain_id
         self.counters: Counter[str] = counters if counters is not None else Counter()
         self.is_link_up = False
@@ -277,6 +283,15 @@ class Bridge:
             return
         if f.transport not in RELAYED_TRANSPORTS:
             self.counters["unrelayable_transport"] += 1
+            return
+        if self.require_interest and not self.portal.wants_proxy(f.topic):
+            self.counters["adverts_unwanted"] += 1
+            return
+        if len(self._proxies) >= self.max_proxies:
+            if not self.counters["proxies_full"]:
+                self._out.append(Notice("proxies_full", f"{self.max_proxies} proxies run: "
+                                        f"{f.topic} advert {f.advert_id} not proxied"))
+            self.counters["proxies_full"] += 1
             return
         self._proxies[f.advert_id] = f
         self._out.append(StartProxy(f))

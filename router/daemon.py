@@ -64,6 +64,7 @@ class EndpointSettings:
     relay_port_high: int = 0
     ru_idle_timeout: float = 10.0  # an LBT-RU stream ends after this long without a datagram
     ru_max_streams: int = 1024  # LBT-RU streams per link and side (the rest is for TCP)
+    max_proxies: int = 4096  # the peer's advertisements proxied at once (also bounded by the fd limit)
     source_timeout: float = 16.0
     requery_interval: float = 5.0
 
@@ -92,6 +93,18 @@ class RouterSettings:
     peer: PeerSettings
     metrics: tuple[str, int] | None = None
     handle_signals: bool = False  # SIGUSR1 dump, SIGTERM/SIGINT stop; the command line turns it on
+
+
+def proxy_bound(configured: int) -> int:
+    """At most ``configured`` proxies, and at most a quarter of the descriptors
+    the process may open (each proxy is a listener, each receiver a socket on
+    both routers): a flood of advertisements cannot exhaust them."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    return max(1, min(configured, (soft - 64) // 4))
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +157,8 @@ class Router:
                            daemons=e.daemons if e.mode == "lbmrd" else (),
                            multicast=e.multicast if e.mode == "multicast" else None,
                            source_timeout=e.source_timeout, requery_interval=e.requery_interval, now=now)
-        self.bridge = Bridge(self.tr, self.counters)
+        self.bridge = Bridge(self.tr, self.counters, max_proxies=proxy_bound(e.max_proxies),
+                             require_interest=True)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

@@ -142,6 +142,7 @@ class Relay:
                     st.owns_sock = False  # the proxy's: closing it would kill the proxy's reader
                     by_addr[addr] = st
                     link.ru_streams += 1
+                    self.counters["ru_streams_opened"] += 1
                     link.flush_streams()
                     n.start_soon(self._ru_downstream, link, st, by_addr)
                 st.last_active = trio.current_time()

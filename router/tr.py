@@ -686,6 +686,13 @@ class PortalTR:
         """The live local interests (e.g. to send INTEREST REFRESH frames)."""
         return [LocalInterest(t, pt != PATTERN_TOPIC, pt) for pt, t in self._lint]
 
+    def wants_proxy(self, topic: str) -> bool:
+        """Does local interest (a TQR for ``topic``, or a pattern covering it) want
+        a proxy of ``topic`` here?"""
+        if (PATTERN_TOPIC, topic) in self._lint:
+            return True
+        return any(self._covers(k, topic) for k in self._lint_patterns)
+
     def remote_interests(self) -> list[tuple[str, int]]:
         """The remote interests as (topic or pattern, pattern type)."""
         return [(t, pt) for pt, t in self._rint]

@@ -225,3 +225,25 @@ def test_two_bridges_back_to_back():
 def test_bridge_rejects_other_frames():
     with pytest.raises(TypeError):
         bridge().peer_frame(P.Keepalive(1, 2), 0.0)
+
+
+def test_unwanted_and_excess_advertisements_bind_nothing():
+    """Defect (hostile peer): every ADVERTISEMENT bound a proxy listener at once,
+    so 20,000 of them exhausted the file descriptors. Adverts for topics no
+    receiver here wants start nothing, and at most max_proxies run."""
+    tr = PortalTR("A", 1, src_id=b"A" * 8, mode="multicast", multicast=GROUP, now=0.0)
+    b = Bridge(tr, max_proxies=100, require_interest=True)
+    b.link_up(0.0)
+    for i in range(20_000):
+        b.peer_frame(advert(aid=i + 1, topic=f"md.flood.{i}"), 0.0)
+    assert b.outputs() == [] and b.counters["adverts_unwanted"] == 20_000
+    wanted = [f"md.want.{i}" for i in range(300)]
+    for i in range(0, 300, 100):
+        b.on_datagram(dgram(tqrs=wanted[i:i + 100]), APP, 0.1)
+    b.outputs()
+    for i, topic in enumerate(wanted):
+        b.peer_frame(advert(aid=30_000 + i, topic=topic), 0.2)
+    out = b.outputs()
+    assert sum(isinstance(o, StartProxy) for o in out) == 100 and len(b.proxies()) == 100
+    assert b.counters["proxies_full"] == 200
+    assert [o.kind for o in out if isinstance(o, Notice)] == ["proxies_full"]  # said once

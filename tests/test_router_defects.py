@@ -126,3 +126,42 @@ async def test_lbtru_at_10k_datagrams_per_second_arrives_complete_and_sockets_cl
             while ra.status()["streams"] or rb.status()["streams"] or open_fds() > fds:
                 await trio.sleep(0.1)
         n.cancel_scope.cancel()
+
+
+async def test_lbtru_from_5000_ports_is_bounded_and_tcp_still_gets_its_stream():
+    """Defect (hostile TRD): LBT-RU datagrams from 5,000 receiver ports opened
+    4,096 streams (and far sockets) that never ended, after which a TCP
+    receiver got an empty stream (the peer's stream table was full)."""
+    from .test_router_e2e import advertise_forever, pattern, tcp_source
+
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        ra, rb = await start_routers(n, trd1, trd2, ru_idle_timeout=2.0)
+        sip, sport, _ = await ru_source(n, "127.0.1.5", count=0)
+        await advertise_ru(n, trd1, sip, sport)
+        tcp = await tcp_source(n, "127.0.1.7", 1 << 20)
+        n.start_soon(advertise_forever, udp("127.0.1.7"), trd1, *tcp, "md.tcp.2")
+        ru = await resolve(udp("127.0.2.9"), trd2)
+        tt = await resolve(udp("127.0.2.9"), trd2, topic="md.tcp.2")
+        fds = open_fds()
+        for _ in range(5000):  # each from its own port
+            s = udp("127.0.2.11")
+            await s.sendto(b"x", (ru.transport.ip, ru.transport.port))
+            s.close()
+        with trio.fail_after(20):
+            while rb.counters["ru_streams_full"] + rb.counters["ru_streams_opened"] < 4500:  # UDP may drop a few
+                await trio.sleep(0.05)
+        await trio.sleep(0.3)
+        assert rb.status()["streams"] <= 1024 and ra.status()["streams"] <= 1024
+        assert open_fds() - fds <= 1100  # one far socket per stream, no more
+        stream = await trio.open_tcp_stream(tt.transport.ip, tt.transport.port)
+        got = bytearray()
+        with trio.fail_after(20):
+            while chunk := await stream.receive_some(1 << 16):
+                got += chunk
+        assert bytes(got) == pattern(1 << 20)
+        with trio.fail_after(10):  # idle LBT-RU streams end, and their sockets
+            while ra.status()["streams"] or rb.status()["streams"] or open_fds() > fds + 2:
+                await trio.sleep(0.2)
+        n.cancel_scope.cancel()

@@ -54,15 +54,15 @@ async def tcp_source(nursery, ip, total):
     return listeners[0].socket.getsockname()
 
 
-def tir_packet(ip, port):
+def tir_packet(ip, port, topic=TOPIC):
     otid = synthesize_otid(L.TcpTransport(ip, port), 7)
-    return L.encode(L.Packet(0, 1, tirs=[L.TIR(TOPIC, L.TcpTransport(ip, port), 60, 7,
+    return L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, L.TcpTransport(ip, port), 60, 7,
                                                [L.OtidOption(0x8000, otid)])]))
 
 
-async def resolve(sock, daemon, timeout=10.0):
-    """Act as a UM receiver in a TRD: query TOPIC until a TIR for it arrives."""
-    tqr = L.encode(L.Packet(0, 1, tqrs=[L.TQR(TOPIC)]))
+async def resolve(sock, daemon, timeout=10.0, topic=TOPIC):
+    """Act as a UM receiver in a TRD: query ``topic`` until a TIR for it arrives."""
+    tqr = L.encode(L.Packet(0, 1, tqrs=[L.TQR(topic)]))
     with trio.fail_after(timeout):
         while True:
             await sock.sendto(tqr, daemon)
@@ -75,12 +75,12 @@ async def resolve(sock, daemon, timeout=10.0):
                         continue
                     for t in pkt.tirs:
                         final = any(isinstance(o, L.CostOption) and o.cost == -1 for o in t.options or ())
-                        if t.topic == TOPIC and not final:  # a final advertisement withdraws
+                        if t.topic == topic and not final:  # a final advertisement withdraws
                             return t
 
 
-async def advertise_forever(sock, daemon, ip, port):
-    data = tir_packet(ip, port)
+async def advertise_forever(sock, daemon, ip, port, topic=TOPIC):
+    data = tir_packet(ip, port, topic)
     while True:
         await sock.sendto(data, daemon)
         await trio.sleep(0.5)
