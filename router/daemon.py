@@ -35,7 +35,7 @@ from lbmr_runtime.http import serve_http
 
 from . import peerlink as P
 from .bridge import Bridge, Notice, SendFrame, StartProxy, StopProxy
-from .link import CONNECT_TIMEOUT, READ_SIZE, Link
+from .link import CONNECT_TIMEOUT, RAW_LIMIT, READ_SIZE, Link
 from .peerlink import streams as S
 from .relay import Relay
 from .tr import PortalTR
@@ -44,6 +44,7 @@ log = logging.getLogger("lbmr-router")
 
 _LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 PORTAL_QUEUE = 1000  # datagrams (and wake-ups) queued for the portal task
+MAX_HANDSHAKES = 4  # incoming connections in their handshake at once (the oldest is dropped)
 
 
 @dataclass
@@ -134,6 +135,7 @@ class Router:
         self.counters: Counter[str] = Counter()
         self.events: deque[tuple[float, str, str]] = deque(maxlen=1000)
         self._proxy_scopes: dict[int, trio.CancelScope] = {}  # proxy listeners, by advert id
+        self._handshakes: dict[trio.CancelScope, Link | None] = {}  # incoming links not yet connected
         self.identity = P.RouterIdentity(settings.name, (e.domain_id,))
         self.relay = Relay(e, self.counters, self.event, lambda: self.link, self._advert_source)
         self._to_portal_send, self._to_portal_recv = trio.open_memory_channel(PORTAL_QUEUE)
@@ -302,13 +304,28 @@ class Router:
                 await trio.sleep(p.reconnect_interval)
 
     async def _accepted(self, stream) -> None:
+        """An incoming connection. Refused at once while a link is connected;
+        otherwise it runs its handshake beside any others (an unauthenticated
+        connection never holds the slot: the first to complete the handshake
+        wins, and beyond MAX_HANDSHAKES the oldest attempt is dropped)."""
         if self.link is not None and not self.link.closed:
             self.counters["peer_refused_busy"] += 1
             await stream.aclose()
             return
-        await self._run_link(stream, "acceptor")
+        if len(self._handshakes) >= MAX_HANDSHAKES:
+            self.counters["handshakes_dropped"] += 1
+            next(iter(self._handshakes)).cancel()
+        scope = trio.CancelScope()
+        self._handshakes[scope] = None
+        try:
+            with scope:
+                await self._run_link(stream, "acceptor", scope)
+        finally:
+            self._handshakes.pop(scope, None)
+            if scope.cancelled_caught:
+                await trio.aclose_forcefully(stream)
 
-    async def _run_link(self, stream, role: str) -> None:
+    async def _run_link(self, stream, role: str, handshake: trio.CancelScope | None = None) -> None:
         p = self.settings.peer
         if p.tls is not None:
             stream = trio.SSLStream(stream, p.tls, server_side=(role == "acceptor"))
@@ -322,9 +339,11 @@ class Router:
                 await trio.aclose_forcefully(stream)
                 return
         conn = P.PeerConnection(role, self.identity, keepalive_interval=p.keepalive_interval,
-                                dead_after=p.dead_after)
+                                dead_after=p.dead_after, handshake_timeout=CONNECT_TIMEOUT)
         link = Link(conn, stream, peer_name=p.name, max_queue=p.max_queue)
-        self.link = link
+        link.handshake = handshake
+        if handshake is None:
+            self.link = link  # the initiator's one link
         try:
             async with trio.open_nursery() as n:
                 link.nursery = n
@@ -354,6 +373,20 @@ class Router:
 
     async def _link_reader(self, link: Link, scope: trio.CancelScope) -> None:
         while True:
+            if len(link.raw) > RAW_LIMIT:
+                # what the connection answers (keepalive acks, ...) is not being written:
+                # the peer sends but does not read. Read no more until it is; close the
+                # link if that takes the keepalive timeout.
+                with trio.move_on_after(self.settings.peer.dead_after):
+                    while len(link.raw) > RAW_LIMIT:
+                        await link.raw_taken.wait()
+                if len(link.raw) > RAW_LIMIT:
+                    self.counters["peer_not_reading"] += 1
+                    self.event("peer_down", f"{self.settings.peer.name}: the peer does not read "
+                               f"({len(link.raw)} bytes of answers unsent)")
+                    link.closed = True
+                    scope.cancel()
+                    return
             data = await link.stream.receive_some(READ_SIZE)
             items = link.conn.receive_data(data, trio.current_time())
             link.push_raw(link.conn.data_to_send())
@@ -365,6 +398,13 @@ class Router:
         """Handle connection events and frames; True when the link is finished."""
         for it in items:
             if isinstance(it, P.Connected):
+                if link.handshake is not None:  # an incoming link: the first to get here wins
+                    if self.link is not None and self.link is not link and not self.link.closed:
+                        self.counters["peer_refused_busy"] += 1
+                        return True
+                    self._handshakes.pop(link.handshake, None)
+                    link.handshake = None
+                    self.link = link
                 self.event("peer_up", f"{self.settings.peer.name} <-> {it.peer.name} domains {it.peer.domains}")
                 self.counters["peer_connects"] += 1
                 link.up.set()
@@ -387,8 +427,9 @@ class Router:
 
     def _link_down(self, link: Link) -> None:
         link.down()
-        if self.link is link:
-            self.link = None
+        if self.link is not link:
+            return  # an incoming connection that never became the link
+        self.link = None
         self.bridge.link_down(trio.current_time())
         self._apply()
 

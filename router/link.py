@@ -18,6 +18,7 @@ log = logging.getLogger("lbmr-router")
 
 CONNECT_TIMEOUT = 5.0  # seconds to connect to a real source (far side) or to the peer
 READ_SIZE = 256 << 10  # bytes per read from the link and from relayed TCP streams
+RAW_LIMIT = 1 << 20  # bytes of the connection's own answers (keepalive acks, ...) held unsent
 FLUSH_TIMEOUT = 1.0  # seconds to write a link's last frames (e.g. DISCONNECT_OK) before closing
 # Per-stream flow control: how many bytes a peer may send on one stream before
 # credit comes back (also the most a stream buffers here), and the largest
@@ -63,6 +64,8 @@ class Link:
         self.streams = S.StreamTable(conn.role, initial_window=STREAM_WINDOW, max_frame=STREAM_FRAME)
         self.outq = P.OutQueue(max_data_bytes=max_queue)
         self.raw = bytearray()  # bytes the connection produced (handshake, acks)
+        self.raw_taken = trio.Event()  # set (and replaced) whenever the writer takes ``raw``
+        self.handshake: trio.CancelScope | None = None  # an incoming link until its handshake completes
         self.wake_writer = trio.Event()
         self.state: dict[int, StreamState] = {}
         self.up = trio.Event()
@@ -114,6 +117,8 @@ class Link:
             now = trio.current_time()
             out = bytes(self.raw)
             self.raw.clear()
+            self.raw_taken.set()
+            self.raw_taken = trio.Event()
             if self.conn.state is P.State.CONNECTED or self.conn.state is P.State.DISCONNECTING:
                 parts = [out]
                 for f in self.outq.pop_batch(1 << 20):

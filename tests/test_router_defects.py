@@ -165,3 +165,100 @@ async def test_lbtru_from_5000_ports_is_bounded_and_tcp_still_gets_its_stream():
             while ra.status()["streams"] or rb.status()["streams"] or open_fds() > fds + 2:
                 await trio.sleep(0.2)
         n.cancel_scope.cancel()
+
+
+def acceptor(trd2, **peer):
+    from router.daemon import EndpointSettings, PeerSettings, Router, RouterSettings
+
+    return Router(RouterSettings("routerB", EndpointSettings("B", 2, daemons=[trd2], tr_ip="127.0.2.1",
+                                                              relay_ip="127.0.2.1"),
+                                 PeerSettings("B-to-A", "acceptor", listen_ip="127.0.0.1", port=0, **peer)))
+
+
+async def handshake(addr, name="evil", domain=1, rcvbuf=None):
+    """A peer of our own: connects, completes the handshake; (stream, conn)."""
+    import socket
+
+    from router import peerlink as P
+
+    sock = trio.socket.socket()
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    await sock.connect(addr)
+    stream = trio.SocketStream(sock)
+    conn = P.PeerConnection("initiator", P.RouterIdentity(name, (domain,)))
+    await stream.send_all(conn.start(trio.current_time()))
+    with trio.fail_after(5):
+        while not any(isinstance(e, P.Connected) for e in conn.receive_data(await stream.receive_some(65536),
+                                                                            trio.current_time())):
+            pass
+    await stream.send_all(conn.data_to_send())  # CONNECT_OK
+    return stream, conn
+
+
+async def test_peer_flooding_keepalives_without_reading_is_bounded_and_dropped():
+    """Defect (hostile peer): a peer that floods KEEPALIVEs and never reads
+    made the router buffer every acknowledgement (RSS 38 -> 364 MB) and the
+    link never closed."""
+    from router import peerlink as P
+
+    async with trio.open_nursery() as n:
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        rb = acceptor(trd2, dead_after=2.0, keepalive_interval=0.5)
+        addr = await n.start(rb.run)
+        stream, _ = await handshake(addr["peer"], rcvbuf=4096)
+        burst = b"".join(P.encode(P.Keepalive(i, i)) for i in range(4096))
+        peak = sent = 0
+        with trio.move_on_after(30) as cs:
+            while True:
+                try:
+                    await stream.send_all(burst)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    break
+                sent += len(burst)
+                if rb.link is not None:
+                    peak = max(peak, len(rb.link.raw))
+                if sent > (200 << 20):
+                    break
+                await trio.sleep(0)
+        assert not cs.cancelled_caught and sent < (200 << 20), sent  # the router closed the link
+        assert peak <= (2 << 20), peak
+        assert rb.counters["peer_not_reading"] == 1 and rb.link is None
+        n.cancel_scope.cancel()
+
+
+async def test_idle_connections_never_keep_the_real_peer_out():
+    """Defect (hostile or broken client): an idle TCP connection to the
+    acceptor, re-opened whenever it is dropped, kept the real peer out
+    (refused as busy)."""
+    from router.daemon import EndpointSettings, PeerSettings, Router, RouterSettings
+
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        rb = acceptor(trd2)
+        addr = await n.start(rb.run)
+
+        async def idler():  # an idle connection, opened again as soon as the router drops it
+            while True:
+                c = await trio.open_tcp_stream(*addr["peer"])
+                try:
+                    while await c.receive_some(4096):
+                        pass
+                except trio.BrokenResourceError:
+                    pass
+                await c.aclose()
+
+        for _ in range(3):
+            n.start_soon(idler)
+        await trio.sleep(0.5)
+        ra = Router(RouterSettings("routerA", EndpointSettings("A", 1, daemons=[trd1], tr_ip="127.0.1.1",
+                                                                relay_ip="127.0.1.1"),
+                                   PeerSettings("A-to-B", "initiator", port=addr["peer"][1],
+                                                reconnect_interval=0.2)))
+        await n.start(ra.run)
+        with trio.fail_after(3):
+            while rb.status()["peer"]["state"] != "CONNECTED":
+                await trio.sleep(0.05)
+        assert rb.link.conn.peer.name == "routerA"
+        n.cancel_scope.cancel()
