@@ -127,7 +127,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import re
 import socket
 import struct
 from abc import ABC, abstractmethod
@@ -167,6 +166,8 @@ from lbmr_proto.um import (
     synthesize_otid,
     um_trailer,
 )
+
+from .wildcard import Matcher, PatternError
 
 __all__ = [
     "Addr", "Outgoing", "ProxySource", "LocalInterest", "LocalInterestGone", "SourceSeen",
@@ -432,7 +433,7 @@ class PortalTR:
         self._st: Counter[str] = Counter()
         self._heap: list[tuple[float, int, _Timer]] = []
         self._seq = itertools.count()
-        self._regexes: dict[tuple[int, str], re.Pattern | None] = {}
+        self._regexes: dict[tuple[int, str], Matcher | None] = {}
         # proxies (advertised here), by advert id; those sending final adverts
         self._proxies: dict[int, _Proxy] = {}
         self._finals: dict[int, _Proxy] = {}
@@ -777,14 +778,14 @@ class PortalTR:
             st["bytes_sent"] += len(data)
             st[f"{kind}_datagrams_sent"] += 1
 
-    def _regex(self, key: tuple[int, str]) -> re.Pattern | None:
+    def _regex(self, key: tuple[int, str]) -> Matcher | None:
         try:
             return self._regexes[key]
         except KeyError:
             pass
         try:
-            rx = re.compile(key[1])
-        except (re.error, RecursionError, OverflowError):
+            rx = Matcher(key[1])  # from the wire: never backtracks (router.wildcard)
+        except PatternError:
             rx = None
         if len(self._regexes) >= 4096:
             self._regexes.clear()
@@ -796,7 +797,7 @@ class PortalTR:
         if key[0] == PATTERN_TOPIC:
             return key[1] == topic
         rx = self._regex(key)
-        return rx is not None and rx.search(topic) is not None
+        return rx is not None and rx.search(topic)
 
     def _wanted(self, topic: str) -> bool:
         """Does the peer want sources of ``topic``?"""

@@ -536,6 +536,32 @@ def test_wildcard_interest_both_ways():
     assert q.remote_interests() == [(r"^md\.", 2)]
 
 
+def test_hostile_wildcard_patterns_cannot_freeze_the_portal():
+    """Defect: ``^(a+)+$`` (from a TRD's WC-TQR or the peer's INTEREST) against
+    a topic of a's and a '!' backtracked exponentially in ``re`` and froze the
+    router. Patterns from the wire run on a matcher that cannot backtrack."""
+    import time
+
+    evil, topic = r"^(a+)+$", "a" * 24 + "!"  # re: ~2**24 steps a match
+    t0 = time.perf_counter()
+    p = mc_portal()  # a TRD's wildcard query against our proxies
+    p.add_proxy(proxy(1, topic=topic), 0.0)
+    p.add_proxy(proxy(2, topic="a" * 24), 0.0)
+    p.tick(0.0)
+    p.on_datagram(dgram(wcs=[WcTQR(evil, 1)]), SRC_ADDR, 0.001)
+    (ans,) = p.data_to_send()
+    assert [t.topic for t in decode(ans.data).tirs] == ["a" * 24]
+    q = mc_portal()  # the peer's pattern interest against the TRD's sources
+    q.on_datagram(dgram(tirs=[app_tir(topic, TcpTransport("10.1.0.5", 1), otid_n(7))]), SRC_ADDR, 0.0)
+    q.add_remote_interest(evil, 0.01, pattern_type=1)
+    q.on_datagram(dgram(tirs=[app_tir(topic, TcpTransport("10.1.0.5", 1), otid_n(7))]), SRC_ADDR, 0.02)
+    assert q.events() == []
+    assert time.perf_counter() - t0 < 1.0
+    # constructs that need backtracking are refused: counted, matching nothing
+    q.add_remote_interest(r"(a)\1", 0.03, pattern_type=1)
+    assert q.stats()["bad_patterns"] == 1
+
+
 # ------------------------------------------------------------------ lbmrd / multicast wire behaviour
 
 
