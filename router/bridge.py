@@ -199,6 +199,30 @@ class Bridge:
         self._portal_events()
         return True
 
+    def _advert_key(self, advert_id: int) -> tuple[str, bytes] | None:
+        for key, aid in self._adverts.items():
+            if aid == advert_id:
+                return key
+        return None
+
+    def session_ended(self, advert_id: int, now: float) -> None:
+        """The source behind our advertisement ``advert_id`` ended (or refused) a
+        relayed session: the portal queries its topic at once to hear whether
+        it is still there."""
+        key = self._advert_key(advert_id)
+        if key is not None:
+            self.portal.requery(key[0], now)
+
+    def source_ended(self, advert_id: int, since: float, now: float) -> bool:
+        """No TIR of the source behind ``advert_id`` arrived since its session
+        ended at ``since``: forget it in the portal, which withdraws the
+        advertisement. False if it was heard meanwhile (or is gone already)."""
+        key = self._advert_key(advert_id)
+        if key is None or not self.portal.drop_source(key[0], key[1], now, silent_since=since):
+            return False
+        self._portal_events()
+        return True
+
     # ------------------------------------------------------------------ views
 
     def advert_source(self, advert_id: int):

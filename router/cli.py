@@ -55,6 +55,7 @@ def settings_from_config(cfg, *, handle_signals: bool = True) -> RouterSettings:
                               tr_port_high=tr.port_range.high if tr.port_range else 0)
     ep.relay_ip = _iface(e.relay.interface, "0.0.0.0")
     ep.relay_port_low, ep.relay_port_high = e.relay.ports.low, e.relay.ports.high
+    ep.source_deletion_delay = e.source_deletion_delay_ms / 1000.0
     p = cfg.peer
     ka = p.keepalive
     peer = PeerSettings(p.name, p.role, max_queue=p.max_queue,

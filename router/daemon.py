@@ -66,6 +66,7 @@ class EndpointSettings:
     ru_idle_timeout: float = 10.0  # an LBT-RU stream ends after this long without a datagram
     ru_max_streams: int = 1024  # LBT-RU streams per link and side (the rest is for TCP)
     max_proxies: int = 4096  # the peer's advertisements proxied at once (also bounded by the fd limit)
+    source_deletion_delay: float = 1.0  # a source whose session ended is withdrawn this much later
     source_timeout: float = 16.0
     requery_interval: float = 5.0
 
@@ -136,14 +137,39 @@ class Router:
         self.events: deque[tuple[float, str, str]] = deque(maxlen=1000)
         self._proxy_scopes: dict[int, trio.CancelScope] = {}  # proxy listeners, by advert id
         self._handshakes: dict[trio.CancelScope, Link | None] = {}  # incoming links not yet connected
+        self._dying: set[int] = set()  # adverts whose source ended, withdrawn after the deletion delay
         self.identity = P.RouterIdentity(settings.name, (e.domain_id,))
-        self.relay = Relay(e, self.counters, self.event, lambda: self.link, self._advert_source)
+        self.relay = Relay(e, self.counters, self.event, lambda: self.link, self._advert_source,
+                           self._session_ended)
         self._to_portal_send, self._to_portal_recv = trio.open_memory_channel(PORTAL_QUEUE)
         self._nursery: trio.Nursery | None = None
 
     def event(self, kind: str, detail: str) -> None:
         self.events.append((trio.current_time(), kind, detail))
         log.info("%s %s", kind, detail)
+
+    def _session_ended(self, advert_id: int) -> None:
+        """A source of ours ended a relayed session or refused one (UM's end of
+        session). The portal queries its topic at once; if no TIR of the source
+        arrives within the source-deletion delay, it is withdrawn (the DRO
+        deletes a proxy source that long after the end of session)."""
+        if advert_id in self._dying or self._nursery is None:
+            return
+        self._dying.add(advert_id)
+        self.counters["sessions_ended"] += 1
+        now = trio.current_time()
+        self.bridge.session_ended(advert_id, now)
+        self._apply()
+        self._nursery.start_soon(self._withdraw_if_silent, advert_id, now)
+
+    async def _withdraw_if_silent(self, advert_id: int, since: float) -> None:
+        try:
+            await trio.sleep(self.settings.endpoint.source_deletion_delay)
+            if self.bridge.source_ended(advert_id, since, trio.current_time()):
+                self.counters["sources_ended"] += 1
+                self._apply()
+        finally:
+            self._dying.discard(advert_id)
 
     def _advert_source(self, advert_id: int):
         return self.bridge.advert_source(advert_id) if self.bridge is not None else None

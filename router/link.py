@@ -46,6 +46,8 @@ class StreamState:
         # shared by all its receivers and still read by the proxy after the link ends)
         self.owns_sock = True
         self.last_active = 0.0  # LBT-RU: when a datagram last crossed (either way)
+        self.advert_id = 0  # far side: the advertisement the peer opened the stream for
+        self.source_ended = False  # the local socket ended (far side: the source closed it)
 
     def wake(self) -> None:
         self.incoming_ready.set()

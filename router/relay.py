@@ -53,8 +53,11 @@ class Relay:
 
     def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None],
                  current_link: Callable[[], Link | None],
-                 advert_source: Callable[[int], object | None]) -> None:
+                 advert_source: Callable[[int], object | None],
+                 session_ended: Callable[[int], None] = lambda advert_id: None) -> None:
         self.endpoint = endpoint
+        # a source ended a session (EOF) or refused one: the router checks it is alive
+        self.session_ended = session_ended
         self.counters = counters
         self.event = event
         self.current_link = current_link
@@ -232,6 +235,7 @@ class Relay:
                 self.counters["ru_streams_full"] += 1
                 return
             st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
+            st.advert_id = ev.advert_id
             link.nursery.start_soon(self._far, link, st, body)
         elif st is None:
             return
@@ -260,6 +264,8 @@ class Relay:
                         conn = await trio.open_tcp_stream(body.ip, body.port)
                 except (OSError, trio.TooSlowError) as e:
                     self._refuse(link, st, f"cannot connect to the source {body.ip}:{body.port}: {e}")
+                    if isinstance(e, ConnectionRefusedError):
+                        self.session_ended(st.advert_id)
                     return
                 st.sock = conn
                 link.streams.accept(st.sid)
@@ -270,6 +276,8 @@ class Relay:
                     await self._pump(link, st)
                 finally:
                     await trio.aclose_forcefully(conn)
+                if st.source_ended:
+                    self.session_ended(st.advert_id)
             else:
                 s = ru_socket()
                 try:
@@ -311,8 +319,11 @@ class Relay:
         while True:
             try:
                 data = await st.sock.recv(65535)
-            except OSError:  # e.g. ICMP port unreachable from a source that went away
+            except OSError as e:  # e.g. ICMP port unreachable from a source that went away
                 self.counters["ru_recv_error"] += 1
+                if isinstance(e, ConnectionRefusedError) and not st.source_ended:
+                    st.source_ended = True
+                    self.session_ended(st.advert_id)
                 await trio.sleep(0.01)
                 continue
             st.last_active = trio.current_time()
@@ -346,7 +357,8 @@ class Relay:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     pending = b""
                 if not pending:
-                    break  # EOF from the local side
+                    st.source_ended = True  # EOF from the local side (the far side: the source)
+                    break
             st.credit = trio.Event()  # before trying: a grant arriving after it wakes us
             try:
                 rest = link.streams.send(st.sid, pending, limit=link.outq.data_space())

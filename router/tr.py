@@ -681,6 +681,24 @@ class PortalTR:
             p.alive = False
         return True
 
+    def requery(self, topic: str, now: float) -> None:
+        """Query remote interest ``topic`` now (e.g. to check a source is alive)."""
+        q = self._rint.get((PATTERN_TOPIC, topic))
+        if q is not None and q.sched is None:
+            q.next_requery = now
+            self._arm(q)
+
+    def drop_source(self, topic: str, otid: bytes, now: float, *, silent_since: float = math.inf) -> bool:
+        """Source (``topic``, ``otid``) is gone (its session ended and nothing
+        was heard of it after ``silent_since``): forget it now
+        (:class:`SourceGone` if it was reported), without waiting for
+        ``source_timeout``. False if it is not known or was heard since."""
+        s = self._sources.get((topic, bytes(otid)))
+        if s is None or s.last_seen > silent_since:
+            return False
+        self._drop_source(s, now)
+        return True
+
     # ------------------------------------------------------------------ views
 
     def local_interests(self) -> list[LocalInterest]:

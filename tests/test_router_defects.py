@@ -262,3 +262,48 @@ async def test_idle_connections_never_keep_the_real_peer_out():
                 await trio.sleep(0.05)
         assert rb.link.conn.peer.name == "routerA"
         n.cancel_scope.cancel()
+
+
+async def test_dead_source_is_withdrawn_after_the_source_deletion_delay():
+    """Defect: a source's proxy was withdrawn 16 s (the source timeout) after
+    the source died; the DRO deletes it source-deletion-delay (1 s) after the
+    end of session."""
+    from .test_router_e2e import advertise_forever
+
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        ra, rb = await start_routers(n, trd1, trd2)
+        source = trio.CancelScope()
+
+        async def handler(stream):
+            async with stream:
+                while True:
+                    await stream.send_all(b"x" * 1000)
+                    await trio.sleep(0.01)
+
+        listeners = await trio.open_tcp_listeners(0, host="127.0.1.5")
+        addr = listeners[0].socket.getsockname()
+
+        async def run_source():
+            with source:
+                async with trio.open_nursery() as sn:
+                    sn.start_soon(trio.serve_listeners, handler, listeners)
+                    sn.start_soon(advertise_forever, udp("127.0.1.5"), trd1, *addr)
+
+        n.start_soon(run_source)
+        t = await resolve(udp("127.0.2.9"), trd2)
+        rcv = await trio.open_tcp_stream(t.transport.ip, t.transport.port)
+        with trio.fail_after(5):
+            await rcv.receive_some(1000)  # the session runs
+        source.cancel()  # the source process dies: its sockets close, it advertises no more
+        died = trio.current_time()
+        with trio.fail_after(4):  # source-deletion-delay 1 s (not the 16 s source timeout)
+            while rb.status()["proxies"]:
+                await trio.sleep(0.05)
+        print(f"withdrawn {trio.current_time() - died:.2f} s after the source died")
+        assert ra.counters["sources_ended"] == 1 and rb.counters["withdrawals_received"] == 1
+        with trio.fail_after(5):  # the receiver's session ends too
+            while await rcv.receive_some(65536):
+                pass
+        n.cancel_scope.cancel()
