@@ -266,6 +266,10 @@ def relay_transport(code: int, ip: str, port: int, session_id: int | None = None
     raise ValueError(f"transport code 0x{code:02x} cannot be relayed (TCP and LBT-RU only)")
 
 
+def _echo_key(otid: bytes, body) -> tuple[bytes, str, int]:
+    return bytes(otid), getattr(body, "ip", None), getattr(body, "port", None)
+
+
 def _check_ip(ip: str, what: str) -> str:
     try:
         socket.inet_aton(ip)
@@ -438,7 +442,8 @@ class PortalTR:
         self._proxies: dict[int, _Proxy] = {}
         self._finals: dict[int, _Proxy] = {}
         self._proxy_topics: dict[str, dict[int, _Proxy]] = {}
-        self._proxy_otids: Counter[bytes] = Counter()
+        # our proxies' (OTID, relay ip, relay port): a TIR with all three is our own echo
+        self._proxy_echoes: Counter[tuple[bytes, str, int]] = Counter()
         # remote interest (queries) and local interest (TQRs), keyed (pattern type, topic)
         self._rint: dict[tuple[int, str], _Query] = {}
         self._rint_patterns: set[tuple[int, str]] = set()
@@ -652,7 +657,7 @@ class PortalTR:
         p = _Proxy(proxy, record, final, Schedule(now, self.timing.ad_phase()))
         self._proxies[proxy.advert_id] = p
         self._proxy_topics.setdefault(proxy.topic, {})[proxy.advert_id] = p
-        self._proxy_otids[bytes(proxy.otid)] += 1
+        self._proxy_echoes[_echo_key(proxy.otid, proxy.transport_body)] += 1
         self._arm(p)
         self._st["proxies_added"] += 1
 
@@ -847,16 +852,22 @@ class PortalTR:
         self._events.append(LocalInterest(key[1], key[0] != PATTERN_TOPIC, key[0]))
         self._st["local_interest_added"] += 1
 
+    def _is_echo(self, otid: bytes, *bodies) -> bool:
+        port = getattr(bodies[0], "port", None)
+        return any(k in self._proxy_echoes
+                   for k in [(bytes(otid), getattr(b, "ip", None), port) for b in bodies]
+                   + [(bytes(otid), "0.0.0.0", port)])
+
     def _unregister_proxy(self, p: _Proxy) -> None:
         ps = self._proxy_topics.get(p.spec.topic)
         if ps is not None:
             ps.pop(p.spec.advert_id, None)
             if not ps:
                 del self._proxy_topics[p.spec.topic]
-        otid = bytes(p.spec.otid)
-        self._proxy_otids[otid] -= 1
-        if self._proxy_otids[otid] <= 0:
-            del self._proxy_otids[otid]
+        key = _echo_key(p.spec.otid, p.spec.transport_body)
+        self._proxy_echoes[key] -= 1
+        if self._proxy_echoes[key] <= 0:
+            del self._proxy_echoes[key]
 
     def _on_tir(self, tir: TIR, src: Addr, from_router: bool, now: float) -> None:
         st = self._st
@@ -877,7 +888,10 @@ class PortalTR:
         if otid is None:
             otid = synthesize_otid(body, tir.index)
             st["otids_synthesised"] += 1
-        if otid in self._proxy_otids:
+        if self._proxy_echoes and self._is_echo(otid, tir.transport, body):
+            # our own proxy's TIR (same OTID *and* our relay address): a source of the
+            # TRD that merely has an equal OTID (e.g. synthesised from an identical
+            # private address in both TRDs) is still a source
             st["tirs_ignored_proxy_echo"] += 1
             return
         topic = tir.topic

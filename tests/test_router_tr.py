@@ -562,6 +562,24 @@ def test_hostile_wildcard_patterns_cannot_freeze_the_portal():
     assert q.stats()["bad_patterns"] == 1
 
 
+def test_equal_otid_in_both_trds_is_not_taken_for_our_echo():
+    """Defect: a source of this TRD with the same OTID as one of our proxies
+    (e.g. synthesised from an identical private address in both TRDs) was
+    taken for our own proxy's echo, so its topic was never bridged. An echo
+    has our OTID *and* our relay address."""
+    same = TcpTransport("10.1.0.5", 14371)  # the far TRD's source has this address too
+    otid = synthesize_otid(same, 5)
+    p = mc_portal()
+    p.add_proxy(proxy(1, topic=TOPIC, otid=otid), 0.0)  # the far source, proxied here
+    p.add_remote_interest(TOPIC, 0.0)
+    p.events()
+    p.on_datagram(dgram(tirs=[app_tir(TOPIC, same, None, index=5)]), SRC_ADDR, 0.1)  # ours, no OTID
+    assert [(type(e).__name__, e.topic) for e in p.events()] == [("SourceSeen", TOPIC)]
+    echo = app_tir(TOPIC, TcpTransport(*RELAY2), otid, index=5)  # our proxy's TIR, echoed
+    p.on_datagram(dgram(tirs=[echo]), SRC_ADDR, 0.2)
+    assert p.events() == [] and p.stats()["tirs_ignored_proxy_echo"] == 1
+
+
 # ------------------------------------------------------------------ lbmrd / multicast wire behaviour
 
 
