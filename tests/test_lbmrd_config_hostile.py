@@ -137,19 +137,34 @@ def networks_file(n: int, per_domain: int = 1000, overlap_every: int = 0) -> str
     return "\n".join(out)
 
 
+def _cpu_to_load(path) -> float:
+    """Least CPU seconds of two loads of ``path``."""
+    best = float("inf")
+    for _ in range(2):
+        t = time.process_time()
+        load_config(path)
+        best = min(best, time.process_time() - t)
+    return best
+
+
 def test_fifty_thousand_networks_validate_in_linear_time(tmp_path):
-    """The checks are linear: 50,000 networks (with 500 overlaps and 5,000
-    NAT rules) validate in well under 2 s of CPU time (was: 16,000 in 38 s)."""
-    path = tmp_path / "big.xml"
-    path.write_text(networks_file(50_000, overlap_every=100))
+    """The checks are linear: 50,000 networks (with 500 overlaps and 5,000 NAT
+    rules) cost at most about 4 times what 12,500 cost (a quadratic check
+    would cost 16 times; 16,000 networks took 38 s before). A ratio measured
+    in the same run, so a busy machine slows both sides alike; about a
+    second of CPU on this project's machine (bench: lbmrd -v)."""
+    small, big = tmp_path / "small.xml", tmp_path / "big.xml"
+    small.write_text(networks_file(12_500, overlap_every=100))
+    big.write_text(networks_file(50_000, overlap_every=100))
     t = time.process_time()
-    cfg = load_config(path)
-    cpu = time.process_time() - t
+    cfg = load_config(big)
+    big_cpu = time.process_time() - t
     assert sum(len(d.networks) for d in cfg.domains) == 50_500
     overlaps = [w for _, w in cfg.warnings if "overlaps" in w]
     assert len(overlaps) > 400
     assert cfg.domain_of("10.0.1.7") == "d0"
-    assert cpu < 2.0, f"{cpu:.2f} s of CPU"
+    ratio = big_cpu / _cpu_to_load(small)
+    assert ratio < 8, f"50,000 networks cost {ratio:.1f} times 12,500"
 
 
 def test_many_dtd_errors_are_capped_and_linear(tmp_path):
