@@ -1,14 +1,16 @@
-"""The analyses: a few Spark aggregations over the (cached) records, finished on
-the driver in plain Python over their small results.
+"""The analyses: the decoding tasks' partial aggregates plus a few Spark passes,
+finished on the driver in plain Python over their small results.
 
-Spark does the passes over the records (one row per TIR, TQR, keepalive, ...):
-per-file counts, *topic facts* (one row per distinct topic, record kind, sender,
-context id, transport and OTID), *flows* (one row per sender, destination,
-context id and packet type), load per second and record kind, keepalive clients
-per minute, time to resolve, and the error rows; storm seconds and stale queries
-take one more pass each when there are any.  Every table of the report is then
-derived from those results by :func:`derive` (:mod:`lbmr_analyze.findings` turns
-them into findings).  Definitions (see lbmr-analyze(1) for the full text):
+The decoding tasks aggregate the records while they write them
+(:mod:`lbmr_analyze.partials`): per-file counts, *topic facts* (one row per
+distinct topic, record kind, sender, context id, transport and OTID), *flows*
+(one row per sender, destination, context id and packet type), load per second
+and record kind, keepalive clients per minute and the error rows.  Spark then
+reads the Parquet records only for time to resolve (the TIRs, joined with the
+broadcast first queries), and, when there are any, for stale queries and for
+the contexts of storm seconds.  Every table of the report is derived from those
+results by :func:`derive` (:mod:`lbmr_analyze.findings` turns them into
+findings).  Definitions (see lbmr-analyze(1) for the full text):
 
 * *context*: the ``ip:port`` of the socket a UM context sends topic resolution
   from, with the context's ``src_id`` (packet-trailer source-id option, 8 bytes as
@@ -35,7 +37,7 @@ import re
 from collections import defaultdict
 from datetime import UTC, datetime
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from lbmr_proto.constants import LBMRD_PORT
@@ -46,10 +48,6 @@ ISO_S = "yyyy-MM-dd'T'HH:mm:ss'Z'"
 #: A keepalive client silent for longer than this before the end of the capture
 #: (or first heard this long after its start) is reported as vanished (joined); seconds.
 CLIENT_SILENCE_S = 15
-#: Columns the analyses read (the cache holds only these).
-COLUMNS = ("file", "offset", "ts", "src", "sport", "dst", "dport", "length", "packet_type",
-           "record_index", "record_kind", "kind_first", "topic", "pattern_type", "transport_id",
-           "transport_ip", "context_id", "otid", "error")
 
 
 def iso_us(us: int | None) -> str | None:
@@ -77,9 +75,10 @@ def _n(cond) -> F.Column:
 
 
 def prepare(records: DataFrame) -> DataFrame:
-    """The columns the analyses use plus ``us`` (epoch microseconds) and ``second``."""
+    """The columns the Spark passes use plus ``us`` (epoch microseconds) and ``second``."""
     us = F.unix_micros("ts")
-    return records.select(*COLUMNS).withColumn("us", us).withColumn("second", F.floor(us / 1_000_000))
+    return (records.select("topic", "record_kind", "record_index", "src", "sport", "context_id", "ts")
+            .withColumn("us", us).withColumn("second", F.floor(us / 1_000_000)))
 
 
 def context_label(src: str | None, sport: int | None, src_id: str | None) -> str:
@@ -94,70 +93,32 @@ def _join(vals) -> str:
     return " ".join(sorted({v for v in vals if v is not None}))
 
 
-# --------------------------------------------------------------------------- Spark passes
+# --------------------------------------------------------------------------- from the partial aggregates
 
-def files(r: DataFrame) -> list[dict]:
+def files(P: dict) -> list[dict]:
     """Per file: datagrams, records, bytes, error counts, first/last time, and the
     per-kind record counts used for the summary (``k_<KIND>``, ``pt_<TYPE>``)."""
-    dg = (F.col("record_index") == 0) & (F.col("record_kind") != "CAPTURE_ERROR")
-    kinds = ("TIR", "TQR", "WC_TQR", "KEEPALIVE")
-    rows = r.groupBy("file").agg(
-        _n(dg).alias("datagrams"),
-        _n(F.col("record_kind") != "CAPTURE_ERROR").alias("records"),
-        F.coalesce(F.sum(F.when(dg, F.col("length"))), F.lit(0)).alias("bytes"),
-        _n(_kind("DECODE_ERROR")).alias("decode_errors"),
-        _n(_kind("CAPTURE_ERROR")).alias("capture_errors"),
-        F.min("us").alias("first_us"), F.max("us").alias("last_us"),
-        *[_n(_kind(k)).alias("k_" + k) for k in kinds],
-        *[_n(dg & (F.col("packet_type") == t)).alias("pt_" + t) for t in PACKET_TYPES],
-    ).toArrow().to_pylist()
-    return sorted(rows, key=lambda x: x["file"])
+    return sorted(P["files"].to_pylist(), key=lambda x: x["file"]) if "files" in P else []
 
 
-def topic_facts(r: DataFrame) -> list[dict]:
+def topic_facts(P: dict) -> list[dict]:
     """One row per distinct (topic, kind, pattern type, sender, context id, transport
     identity, transport IP, OTID) over TIR, TQR and WC_TQR records: count, first and
     last time (epoch microseconds)."""
-    return (r.where(F.col("record_kind").isin("TIR", "TQR", "WC_TQR"))
-            .groupBy("topic", "record_kind", "pattern_type", "src", "sport", "context_id",
-                     "transport_id", "transport_ip", "otid")
-            .agg(F.count(F.lit(1)).alias("n"), F.min("us").alias("first_us"), F.max("us").alias("last_us"))
-            .toArrow().to_pylist())
+    return P["facts"].to_pylist() if "facts" in P else []
 
 
-def flows(r: DataFrame) -> list[dict]:
+def flows(P: dict) -> list[dict]:
     """One row per (sender, destination, context id, packet type): datagrams, bytes,
     records, TIRs, TQRs, keepalives and times (epoch microseconds)."""
-    t = r.where(F.col("ts").isNotNull() & (F.col("record_kind") != "DECODE_ERROR"))
-    first = F.col("record_index") == 0
-    ka = _kind("KEEPALIVE")
-    return t.groupBy("src", "sport", "dst", "dport", "context_id", "packet_type").agg(
-        _n(first).alias("packets"),
-        F.coalesce(F.sum(F.when(first, F.col("length"))), F.lit(0)).alias("bytes"),
-        F.count(F.lit(1)).alias("records"),
-        _n(_kind("TIR")).alias("tirs"),
-        _n(_kind("TQR")).alias("tqrs"),
-        _n(ka).alias("keepalives"),
-        F.min("us").alias("first_us"), F.max("us").alias("last_us"),
-        F.min(F.when(ka, F.col("us"))).alias("ka_first_us"),
-        F.max(F.when(ka, F.col("us"))).alias("ka_last_us"),
-    ).toArrow().to_pylist()
+    return P["flows"].to_pylist() if "flows" in P else []
 
 
-def load_per_second(r: DataFrame) -> list[dict]:
+def load_per_second(P: dict) -> list[dict]:
     """Per second and record kind: datagrams holding that kind, records, bytes of
-    those datagrams; kind ``ALL`` for every datagram (one pass)."""
-    t = r.where(F.col("ts").isNotNull())
-    first = F.col("record_index") == 0
-    rows = t.groupBy("second", "record_kind").agg(
-        _n(F.col("kind_first")).alias("packets"),
-        F.count(F.lit(1)).alias("records"),
-        F.coalesce(F.sum(F.when(F.col("kind_first"), F.col("length"))), F.lit(0)).alias("bytes"),
-        _n(first).alias("dg"),
-        F.coalesce(F.sum(F.when(first, F.col("length"))), F.lit(0)).alias("dg_bytes"),
-    ).toArrow().to_pylist()
+    those datagrams; kind ``ALL`` for every datagram."""
     out, total = [], {}
-    for x in rows:
+    for x in (P["load"].to_pylist() if "load" in P else []):
         out.append(dict(second=x["second"], time=iso_s(x["second"]), record_kind=x["record_kind"],
                         packets=x["packets"], records=x["records"], bytes=x["bytes"]))
         a = total.setdefault(x["second"], [0, 0, 0])
@@ -169,6 +130,30 @@ def load_per_second(r: DataFrame) -> list[dict]:
     out.sort(key=lambda x: (x["second"], x["record_kind"]))
     return out
 
+
+def keepalive_census(P: dict) -> list[dict]:
+    """Distinct keepalive clients (``src:sport``) per minute."""
+    per: dict[int, list] = {}
+    for x in (P["census"].to_pylist() if "census" in P else []):
+        a = per.setdefault(x["minute"], [0, 0])
+        a[0] += 1
+        a[1] += x["packets"]
+    return [dict(minute=m, time=iso_s(m), clients=a[0], packets=a[1]) for m, a in sorted(per.items())]
+
+
+def error_rows(P: dict) -> tuple[list[dict], list[dict]]:
+    """(capture errors, decode errors), each sorted by file and offset."""
+    rows = P["errors"].to_pylist() if "errors" in P else []
+    rows.sort(key=lambda x: (x["file"], x["offset"]))
+    cap = [dict(file=x["file"], offset=x["offset"], error=x["error"])
+           for x in rows if x["record_kind"] == "CAPTURE_ERROR"]
+    dec = [dict(file=x["file"], offset=x["offset"], time=iso_us(x["us"]), src=x["src"], sport=x["sport"],
+                dst=x["dst"], dport=x["dport"], length=x["length"], error=x["error"])
+           for x in rows if x["record_kind"] == "DECODE_ERROR"]
+    return cap, dec
+
+
+# --------------------------------------------------------------------------- Spark passes
 
 def storm_contexts(r: DataFrame, seconds: list[int]) -> list[dict]:
     """For the given seconds: datagrams per (second, sender ip:port, context id)."""
@@ -195,51 +180,31 @@ def stale_queries(r: DataFrame, last_tir: dict[str, int]) -> list[dict]:
             .toArrow().to_pylist())
 
 
-def time_to_resolve(r: DataFrame) -> list[dict]:
+def time_to_resolve(r: DataFrame, facts: list[dict]) -> list[dict]:
     """Per (querier, topic): first TQR -> first TIR for the topic at or after it,
     as (src, sport, context id, topic, first query us, resolved us).
 
-    One window over the topic's events sorted newest first, so the running minimum
-    of TIR times is the first TIR at or after each query (TIRs sort before a TQR
-    of the same microsecond)."""
-    q = (r.where(_kind("TQR")).groupBy("src", "sport", "topic")
-         .agg(F.min("us").alias("us"), F.first("context_id", ignorenulls=True).alias("context_id")))
-    a = r.where(_kind("TIR")).select("topic", "us")
-    ev = (q.withColumn("is_tir", F.lit(0))
-          .unionByName(a.withColumn("src", F.lit(None).cast("string"))
-                       .withColumn("sport", F.lit(None).cast("int"))
-                       .withColumn("context_id", F.lit(None).cast("string"))
-                       .withColumn("is_tir", F.lit(1))))
-    w = (Window.partitionBy("topic").orderBy(F.desc("us"), F.desc("is_tir"))
-         .rowsBetween(Window.unboundedPreceding, Window.currentRow))
-    ev = ev.withColumn("next_tir", F.min(F.when(F.col("is_tir") == 1, F.col("us"))).over(w))
-    res = ev.where((F.col("is_tir") == 0) & F.col("next_tir").isNotNull())
-    return res.select("src", "sport", "context_id", "topic", "us", "next_tir").toArrow().to_pylist()
-
-
-def keepalive_census(r: DataFrame) -> list[dict]:
-    """Distinct keepalive clients (``src:sport``) per minute."""
-    k = r.where(_kind("KEEPALIVE")).withColumn("minute", F.floor(F.col("second") / 60) * 60)
-    rows = k.groupBy("minute").agg(
-        F.countDistinct("src", "sport").alias("clients"),
-        F.count(F.lit(1)).alias("packets"),
-    ).toArrow().to_pylist()
-    return sorted((dict(minute=x["minute"], time=iso_s(x["minute"]), clients=x["clients"],
-                        packets=x["packets"]) for x in rows), key=lambda x: x["minute"])
-
-
-def error_rows(r: DataFrame) -> tuple[list[dict], list[dict]]:
-    """(capture errors, decode errors), each sorted by file and offset."""
-    rows = (r.where(F.col("record_kind").isin("CAPTURE_ERROR", "DECODE_ERROR"))
-            .select("record_kind", "file", "offset", "us", "src", "sport", "dst", "dport", "length", "error")
-            .toArrow().to_pylist())
-    rows.sort(key=lambda x: (x["file"], x["offset"]))
-    cap = [dict(file=x["file"], offset=x["offset"], error=x["error"])
-           for x in rows if x["record_kind"] == "CAPTURE_ERROR"]
-    dec = [dict(file=x["file"], offset=x["offset"], time=iso_us(x["us"]), src=x["src"], sport=x["sport"],
-                dst=x["dst"], dport=x["dport"], length=x["length"], error=x["error"])
-           for x in rows if x["record_kind"] == "DECODE_ERROR"]
-    return cap, dec
+    The first queries come from the topic facts (small); they are broadcast and
+    joined map-side with the TIRs of their topics, keeping the earliest TIR at or
+    after each query: one pass over the TIR rows, no shuffle of them."""
+    first: dict[tuple, list] = {}
+    for f in facts:
+        if f["record_kind"] == "TQR":
+            k = (f["src"], f["sport"], f["topic"])
+            x = first.get(k)
+            if x is None or f["first_us"] < x[0]:
+                first[k] = [f["first_us"], f["context_id"] or (x[1] if x else None)]
+            elif x[1] is None and f["context_id"]:
+                x[1] = f["context_id"]
+    if not first:
+        return []
+    spark = r.sparkSession
+    q = spark.createDataFrame([(s, p, t, us, cid) for (s, p, t), (us, cid) in first.items()],
+                              "src string, sport int, topic string, us bigint, context_id string")
+    a = r.where(_kind("TIR")).select("topic", F.col("us").alias("tir_us"))
+    j = a.join(F.broadcast(q), "topic").where(F.col("tir_us") >= F.col("us"))
+    return (j.groupBy("src", "sport", "context_id", "topic", "us")
+            .agg(F.min("tir_us").alias("next_tir")).toArrow().to_pylist())
 
 
 # --------------------------------------------------------------------------- driver side

@@ -266,17 +266,19 @@ def _split_rows(spark, splits: list[Split]) -> list[tuple]:
 
 
 def decode_to_parquet(spark, splits: list[Split], records_path: str, ports: frozenset[int]
-                      ) -> tuple[int, int]:
+                      ) -> tuple[int, int, dict]:
     """Decode every split on the executors, which write the Parquet records
     themselves (partitioned by hour, see :func:`lbmr_analyze.rows.write_split`)
     under ``records_path`` (a local path or URI; replaced); returns the number of
-    decoding partitions (one per split) and of records written.
+    decoding partitions (one per split), of records written, and the merged
+    partial aggregates (:mod:`lbmr_analyze.partials`).
 
     The records never pass through the JVM on their way to Parquet: Arrow batches
     go straight from the decoder to pyarrow's Parquet writer, and only one status
     row per split comes back.  ``records_path`` must be on a file system that the
     driver and every executor see at the same path (as the captures must be);
     :func:`check_visible` verifies it."""
+    from . import partials as P
     from .rows import STATUS_DDL, write_splits
 
     rows = _split_rows(spark, splits)
@@ -287,10 +289,12 @@ def decode_to_parquet(spark, splits: list[Split], records_path: str, ports: froz
     rdd = spark.sparkContext.parallelize(rows, len(rows))
     sdf = spark.createDataFrame(rdd, schema)
     status = sdf.mapInArrow(partial(write_splits, ports=ports, out_dir=str(records_path)), STATUS_DDL)
-    written = sum(r["records"] for r in status.collect())
+    got = status.collect()
+    written = sum(r["records"] for r in got)
+    parts = [P.from_ipc(bytes(r["partials"])) for r in got if r["partials"]]
     with fs.open_output_stream(fsio.join(base, "_SUCCESS")):
         pass
-    return rdd.getNumPartitions(), written
+    return rdd.getNumPartitions(), written, P.merge(parts)
 
 
 class OutputNotVisible(RuntimeError):
@@ -314,49 +318,43 @@ def read_records(spark, records_path: str):
     return spark.read.schema(SPARK_DDL + ", hour string").parquet(fsio.spark_uri(str(records_path)))
 
 
-def analyse(spark, records, *, storm_threshold: int = DEFAULT_STORM_THRESHOLD, top: int = DEFAULT_TOP,
-            progress: Progress | None = None) -> tuple[dict, dict[str, list[dict]]]:
-    """All tables from the records DataFrame: (summary, tables).
+def analyse(spark, records, partials: dict, *, storm_threshold: int = DEFAULT_STORM_THRESHOLD,
+            top: int = DEFAULT_TOP, progress: Progress | None = None) -> tuple[dict, dict[str, list[dict]]]:
+    """All tables from the decoding tasks' merged ``partials``
+    (:mod:`lbmr_analyze.partials`) and the records DataFrame: (summary, tables).
 
-    The records' needed columns are cached once (memory, spilling to disk) and
-    every pass reads that cache: per-file counts, topic facts, flows, load per
-    second, keepalive census, time to resolve and errors, plus one pass for storm
-    seconds and one for stale queries when there are any; the rest is derived on
-    the driver from those small results."""
-    from pyspark import StorageLevel
-
+    Spark reads the records only for time to resolve and, when there are any,
+    stale queries and storm seconds; everything else is derived on the driver
+    from the partial aggregates."""
     from . import analyses as A
     from . import findings as FND
 
     prog = progress if progress is not None else Progress(3, enabled=False)
-    r = A.prepare(records).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        prog.step("analysing: files, topics, contexts")
-        file_rows = A.files(r)
-        summary = A.totals(file_rows)
-        tables: dict[str, list[dict]] = {"files": A.files_table(file_rows)}
-        facts = A.topic_facts(r)
-        flow_rows = A.flows(r)
-        tables.update(A.derive(facts, flow_rows, top=top))
-        prog.step("analysing: time to resolve, stale queries, load, storms")
-        tables["time_to_resolve"] = A.ttr_table(A.time_to_resolve(r))
-        last_tir: dict[str, int] = {}
-        last_tqr: dict[str, int] = {}
-        for f in facts:
-            d = last_tir if f["record_kind"] == "TIR" else last_tqr if f["record_kind"] == "TQR" else None
-            if d is not None:
-                d[f["topic"]] = max(d.get(f["topic"], f["last_us"]), f["last_us"])
-        cand = {t: us for t, us in last_tir.items() if last_tqr.get(t, -1) > us}
-        tables["stale_queries"] = A.stale_table(A.stale_queries(r, cand))
-        load = A.load_per_second(r)
-        tables["load_per_second"] = load
-        storm_secs = [x["second"] for x in load if x["record_kind"] == "ALL" and x["packets"] > storm_threshold]
-        tables["storms"], tables["storm_contexts"] = A.storms_table(
-            load, storm_threshold, A.storm_contexts(r, storm_secs))
-        tables["keepalive_census"] = A.keepalive_census(r)
-        tables["capture_errors"], tables["decode_errors"] = A.error_rows(r)
-    finally:
-        r.unpersist()
+    r = A.prepare(records)
+    prog.step("analysing: files, topics, contexts")
+    file_rows = A.files(partials)
+    summary = A.totals(file_rows)
+    tables: dict[str, list[dict]] = {"files": A.files_table(file_rows)}
+    facts = A.topic_facts(partials)
+    flow_rows = A.flows(partials)
+    tables.update(A.derive(facts, flow_rows, top=top))
+    load = A.load_per_second(partials)
+    tables["load_per_second"] = load
+    tables["keepalive_census"] = A.keepalive_census(partials)
+    tables["capture_errors"], tables["decode_errors"] = A.error_rows(partials)
+    prog.step("analysing: time to resolve, stale queries, storms")
+    tables["time_to_resolve"] = A.ttr_table(A.time_to_resolve(r, facts))
+    last_tir: dict[str, int] = {}
+    last_tqr: dict[str, int] = {}
+    for f in facts:
+        d = last_tir if f["record_kind"] == "TIR" else last_tqr if f["record_kind"] == "TQR" else None
+        if d is not None:
+            d[f["topic"]] = max(d.get(f["topic"], f["last_us"]), f["last_us"])
+    cand = {t: us for t, us in last_tir.items() if last_tqr.get(t, -1) > us}
+    tables["stale_queries"] = A.stale_table(A.stale_queries(r, cand))
+    storm_secs = [x["second"] for x in load if x["record_kind"] == "ALL" and x["packets"] > storm_threshold]
+    tables["storms"], tables["storm_contexts"] = A.storms_table(
+        load, storm_threshold, A.storm_contexts(r, storm_secs))
     summary.update(
         storm_threshold=storm_threshold,
         topics=len(tables["topic_inventory"]),
@@ -379,18 +377,20 @@ def analyse(spark, records, *, storm_threshold: int = DEFAULT_STORM_THRESHOLD, t
     return summary, tables
 
 
-def analyse_written(spark, records_path: str, written: int, **kw) -> tuple[dict, dict[str, list[dict]]]:
+def analyse_written(spark, records_path: str, written: int, partials: dict, **kw
+                    ) -> tuple[dict, dict[str, list[dict]]]:
     """:func:`analyse` the records the executors wrote under ``records_path``,
-    checking that the driver reads back all ``written`` of them
+    after checking that the driver reads back all ``written`` of them
     (:class:`OutputNotVisible` otherwise: never a silent partial or empty report)."""
     try:
-        summary, tables = analyse(spark, read_records(spark, records_path), **kw)
+        records = read_records(spark, records_path)
+        seen = records.count()
     except Exception as e:
         if "PATH_NOT_FOUND" in str(e) or "does not exist" in str(e):
             check_visible(written, 0, records_path)
         raise
-    check_visible(written, summary["records"] + summary["capture_errors"], records_path)
-    return summary, tables
+    check_visible(written, seen, records_path)
+    return analyse(spark, records, partials, **kw)
 
 
 def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
@@ -437,8 +437,8 @@ def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
         fs.create_dir(staging, recursive=True)
         prog.step(f"decoding {len(files)} file(s) in {len(splits)} byte range(s) to Parquet")
         records_s = fsio.join(staging_s, RECORDS_DIR)
-        parts, nrows = decode_to_parquet(spark, splits, records_s, portset)
-        summary, tables = analyse_written(spark, records_s, nrows, storm_threshold=storm_threshold,
+        parts, nrows, partials = decode_to_parquet(spark, splits, records_s, portset)
+        summary, tables = analyse_written(spark, records_s, nrows, partials, storm_threshold=storm_threshold,
                                           top=top, progress=prog)
         summary.update(files=len(files), byte_ranges=len(splits), parquet_rows=nrows)
         tables["summary"] = [{"key": k, "value": v if not isinstance(v, dict) else
@@ -474,9 +474,16 @@ def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
 
 def _swap(fs, staging: str, final: str, old: str) -> None:
     """Put ``staging`` in the place of ``final`` (renames; the previous ``final``
-    is deleted once the new one is in place)."""
+    is deleted once the new one is in place).  On object stores, which cannot
+    rename folders, the previous ``final`` is deleted and ``staging`` copied in."""
     import pyarrow.fs as pafs
     had = fs.get_file_info(final).type != pafs.FileType.NotFound
+    if fs.type_name in ("s3", "gcs", "abfs"):
+        if had:
+            fs.delete_dir(final)
+        pafs.copy_files(staging, final, source_filesystem=fs, destination_filesystem=fs)
+        fs.delete_dir(staging)
+        return
     if had:
         fs.move(final, old)
     try:

@@ -342,19 +342,22 @@ def split_from_row(row: dict) -> tuple[Split, bytes]:
             row["context"] or b"")
 
 
-#: What :func:`write_splits` returns per split (Spark DDL).
-STATUS_DDL = "split_id int, records bigint, capture_errors bigint, files int"
+#: What :func:`write_splits` returns per split (Spark DDL): counts and the
+#: split's partial aggregates as Arrow IPC (:func:`lbmr_analyze.partials.to_ipc`).
+STATUS_DDL = "split_id int, records bigint, capture_errors bigint, files int, partials binary"
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
 def write_split(split: Split, ports, context: bytes, out_dir: str,
-                batch_datagrams: int = BATCH_DATAGRAMS) -> tuple[int, int, int]:
+                batch_datagrams: int = BATCH_DATAGRAMS, partials: list | None = None) -> tuple[int, int, int]:
     """Decode ``split`` and write its records as Parquet under ``out_dir``, one file
     per hour: ``out_dir/hour=YYYY-MM-DDTHH/part-<split_id>.parquet`` (records without
     a time, i.e. capture errors, under ``hour=__HIVE_DEFAULT_PARTITION__``), the
     layout Spark's ``partitionBy("hour")`` writes and reads.  File names depend only
     on the split, so a re-run or a retried task replaces, never duplicates; each
     file is written under a hidden temporary name and renamed when complete.
+    With ``partials`` (a list), the batches' partial aggregates
+    (:mod:`lbmr_analyze.partials`) are appended to it.
     Returns (records, capture errors, files)."""
     import pyarrow.parquet as pq
 
@@ -364,9 +367,15 @@ def write_split(split: Split, ports, context: bytes, out_dir: str,
     writers: dict[str, tuple] = {}
     rows = errors = 0
     name = f"part-{split.split_id:06d}.parquet"
+    if partials is not None:
+        from . import partials as P
     try:
         for b in decode_split(split, ports, context, batch_datagrams):
             rows += b.num_rows
+            if partials is not None:
+                partials.append(P.of_batch(b))
+                if len(partials) >= 16:
+                    partials[:] = [P.merge(partials)]
             hours = pc.strftime(b.column("ts"), format="%Y-%m-%dT%H").fill_null(HIVE_NULL)
             errors += pc.sum(pc.equal(b.column("record_kind"), "CAPTURE_ERROR")).as_py() or 0
             uniq = pc.unique(hours).to_pylist()
@@ -395,12 +404,17 @@ def write_splits(batches: Iterable[pa.RecordBatch], ports: frozenset[int], out_d
                  batch_datagrams: int = BATCH_DATAGRAMS) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function of the ingest: input rows describe splits; each
     split is decoded and written as Parquet on the executor (:func:`write_split`),
-    and one small status row per split (:data:`STATUS_DDL`) goes back to Spark."""
+    and one small status row per split (:data:`STATUS_DDL`), with the split's
+    partial aggregates, goes back to Spark."""
+    from . import partials as P
+    schema = pa.schema([("split_id", pa.int32()), ("records", pa.int64()), ("capture_errors", pa.int64()),
+                        ("files", pa.int32()), ("partials", pa.binary())])
     for b in batches:
         for row in b.to_pylist():
             split, ctx = split_from_row(row)
-            n, errs, files = write_split(split, ports, ctx, out_dir, batch_datagrams)
+            parts: list = []
+            n, errs, files = write_split(split, ports, ctx, out_dir, batch_datagrams, parts)
+            blob = P.to_ipc(P.merge(parts)) if parts else b""
             yield pa.RecordBatch.from_pydict(
-                {"split_id": [split.split_id], "records": [n], "capture_errors": [errs], "files": [files]},
-                schema=pa.schema([("split_id", pa.int32()), ("records", pa.int64()),
-                                  ("capture_errors", pa.int64()), ("files", pa.int32())]))
+                {"split_id": [split.split_id], "records": [n], "capture_errors": [errs], "files": [files],
+                 "partials": [blob]}, schema=schema)

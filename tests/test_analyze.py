@@ -933,12 +933,12 @@ def test_records_invisible_to_driver_is_an_error(spark, synth, tmp_path):
     from lbmr_analyze.job import OutputNotVisible, analyse_written, decode_to_parquet
     from lbmr_analyze.splits import discover, plan
     rec = str(tmp_path / "records")
-    _, written = decode_to_parquet(spark, plan(discover([synth])), rec, frozenset(PORTS))
+    _, written, partials = decode_to_parquet(spark, plan(discover([synth])), rec, frozenset(PORTS))
     assert written > 100
     for p in (tmp_path / "records").rglob("*.parquet"):      # as if on an executor's own disk
         p.unlink()
     with pytest.raises(OutputNotVisible, match=f"executors wrote {written} records .* reads 0 there"):
-        analyse_written(spark, rec, written)
+        analyse_written(spark, rec, written, partials)
 
 
 # ============================================================== schema documentation
