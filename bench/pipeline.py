@@ -10,8 +10,9 @@ measures on this machine, in this run:
 * the fixed cost: starting the SparkSession, and a whole job on a 1,000-datagram
   capture (scheduling, Python workers, Parquet, the analysis passes, report);
 * the Spark job (``lbmr_analyze.job.run``: byte-range splits decoded on the
-  executors with mapInArrow, Parquet partitioned by hour, the records cached once
-  and every table computed from a few passes over the cache, report with plots):
+  executors with mapInArrow, Parquet partitioned by hour, partial aggregates
+  computed by the decoding tasks and merged on the driver, Spark passes only for
+  time to resolve, stale queries and storm seconds, report with plots):
   seconds, records/s and datagrams/s, and the analysis steps alone;
 * the baseline: the same decoding code (lbmr_analyze.rows) in this one process,
   the same Parquet output (pyarrow.dataset, partitioned by hour) and the same
