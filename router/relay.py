@@ -31,6 +31,10 @@ RU_SOCKET_BUFFER = 4 << 20
 # on a link: the rest of the peer's stream table stays free for TCP receivers.
 RU_IDLE_TIMEOUT = 10.0
 RU_MAX_STREAMS = 1024
+# A relay port given up by a proxy is not given to another proxy for this long
+# (a TIR lives 60 s: receivers that resolved the old proxy may still connect),
+# unless every other port of the range is taken.
+PORT_QUARANTINE = 60.0
 
 
 def ru_socket():
@@ -64,12 +68,26 @@ class Relay:
         self.advert_source = advert_source
         self.ru_idle_timeout = getattr(endpoint, "ru_idle_timeout", RU_IDLE_TIMEOUT)
         self.ru_max_streams = getattr(endpoint, "ru_max_streams", RU_MAX_STREAMS)
+        self.port_quarantine = getattr(endpoint, "relay_port_quarantine", PORT_QUARANTINE)
+        self._released: dict[int, float] = {}  # relay port -> when its proxy gave it up
+        self._next_port = 0  # where the round robin over the range goes on
 
-    def relay_ports(self):
+    def relay_ports(self) -> list[int]:
+        """The relay ports to try, in order: round robin over the range from the
+        one after the last taken, ports out of quarantine first, then the
+        quarantined ones, longest released first."""
         e = self.endpoint
         if e.relay_port_low == 0:
             return [0]
-        return range(e.relay_port_low, e.relay_port_high + 1)
+        ports = range(e.relay_port_low, e.relay_port_high + 1)
+        k = self._next_port % len(ports)
+        order = list(ports[k:]) + list(ports[:k])
+        cutoff = trio.current_time() - self.port_quarantine
+        for port, t in list(self._released.items()):
+            if t <= cutoff or port not in ports:
+                del self._released[port]
+        return ([p for p in order if p not in self._released]
+                + sorted(self._released, key=self._released.__getitem__))
 
     async def serve_proxy(self, f: P.Advertisement, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """A proxy source: a listener at the relay address for the peer's
@@ -94,6 +112,19 @@ class Relay:
             self.event("relay_ports_exhausted", f"no free relay port for {f.topic}")
             task_status.started(None)
             return
+        bound = sock.getsockname()[1]
+        if e.relay_port_low:
+            if bound in self._released:
+                self.counters["relay_port_quarantine_cut"] += 1
+                del self._released[bound]
+            self._next_port = bound - e.relay_port_low + 1
+        try:
+            await self._serve_proxy_socket(f, sock, tcp, task_status)
+        finally:
+            if e.relay_port_low:
+                self._released[bound] = trio.current_time()
+
+    async def _serve_proxy_socket(self, f: P.Advertisement, sock, tcp: bool, task_status) -> None:
         with sock:
             if tcp:
                 sock.listen(64)

@@ -307,3 +307,47 @@ async def test_dead_source_is_withdrawn_after_the_source_deletion_delay():
             while await rcv.receive_some(65536):
                 pass
         n.cancel_scope.cancel()
+
+
+async def test_relay_port_of_a_withdrawn_proxy_is_quarantined(autojump_clock):
+    """Defect (wrong data): a withdrawn topic's relay port went to another
+    topic 3 s later, and the first topic's receiver, connecting again, got the
+    other topic's bytes. A port given up is not reused for 60 s (a TIR's
+    life) unless every other port is taken."""
+    from collections import Counter
+
+    from router import peerlink as P
+    from router.daemon import EndpointSettings
+    from router.relay import Relay
+
+    e = EndpointSettings("A", 1, daemons=[("127.0.1.1", 1)], relay_ip="127.0.1.1",
+                         relay_port_low=24101, relay_port_high=24104)
+    relay = Relay(e, Counter(), lambda kind, detail: None, lambda: None, lambda aid: None)
+
+    def advert(aid):
+        return P.Advertisement(f"t{aid}", 2, bytes(32), P.StreamKind.TCP, aid, False)
+
+    async with trio.open_nursery() as n:
+        scopes = {}
+
+        async def start(aid):
+            scope = scopes[aid] = trio.CancelScope()
+
+            async def run(task_status):
+                with scope:
+                    await relay.serve_proxy(advert(aid), task_status=task_status)
+
+            return (await n.start(run))[1]
+
+        first = await start(1)
+        scopes[1].cancel()  # withdrawn
+        await trio.sleep(3)
+        assert await start(2) != first  # not the withdrawn topic's port
+        others = {await start(3), await start(4)}
+        assert first not in others
+        assert await start(5) == first  # every other port taken: the quarantine gives way
+        assert relay.counters["relay_port_quarantine_cut"] == 1
+        scopes[5].cancel()
+        await trio.sleep(61)  # out of quarantine: the round robin may give it again
+        assert await start(6) == first
+        n.cancel_scope.cancel()
