@@ -30,7 +30,9 @@ Rules (unchanged from the router's first version):
   :class:`LocalInterestGone`) goes to the peer as INTEREST ADD / CANCEL; all
   live local interests are sent again when the link comes up. INTEREST frames
   from the peer add or cancel remote interest in the portal (a topic the
-  portal cannot query is counted as ``bad_interest`` and ignored).
+  portal cannot query, or one beyond its ``max_remote_interests``, is counted
+  as ``bad_interest`` and refused, with an ``interest_refused`` notice at the
+  1st, 2nd, 4th, 8th ... refusal).
 * **Far side: advertisements.** A source the peer wants (:class:`SourceSeen`)
   gets an advert id, stable for its (topic, OTID) while the link lasts, and an
   ADVERTISEMENT; :class:`SourceGone` sends the withdrawal. Only TCP and LBT-RU
@@ -293,7 +295,10 @@ class Bridge:
                 tr.add_remote_interest(f.topic, now, pattern_type=int(f.pattern_type))
         except ValueError as e:
             self.counters["bad_interest"] += 1
-            log.warning("interest %r from the peer ignored: %s", f.topic, e)
+            n = self.counters["bad_interest"]
+            if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th ...: logged, never a flood
+                self._out.append(Notice("interest_refused", f"{n} interest(s) from the peer refused so "
+                                        f"far; latest {f.topic[:80]!r}: {e}"))
 
     def _on_advertisement(self, f: P.Advertisement, now: float) -> None:
         if f.withdraw:

@@ -184,7 +184,8 @@ class Router:
         self.tr = PortalTR(e.name, e.domain_id, src_id=self.src_id, mode=e.mode,
                            daemons=e.daemons if e.mode == "lbmrd" else (),
                            multicast=e.multicast if e.mode == "multicast" else None,
-                           source_timeout=e.source_timeout, requery_interval=e.requery_interval, now=now)
+                           source_timeout=e.source_timeout, requery_interval=e.requery_interval,
+                           requery_jitter=0.2, now=now)
         self.bridge = Bridge(self.tr, self.counters, max_proxies=proxy_bound(e.max_proxies),
                              require_interest=True)
         try:

@@ -127,6 +127,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 import socket
 import struct
 from abc import ABC, abstractmethod
@@ -312,10 +313,26 @@ class _Proxy(_Timer):
         return self.sched.next
 
 
+class _Pacer:
+    """At most ``rate`` events a second, in bursts of at most ``burst``."""
+
+    __slots__ = ("gap", "slack", "next")
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.gap = 1.0 / rate
+        self.slack = burst * self.gap
+        self.next = -math.inf
+
+    def free_at(self, now: float) -> float:
+        """When the next event may happen (``<= now``: at once)."""
+        return max(self.next, now - self.slack)
+
+
+
 class _Query(_Timer):
     """Remote interest: the queries made for it."""
 
-    __slots__ = ("key", "record", "sched", "next_requery")
+    __slots__ = ("key", "record", "sched", "next_requery", "slot")
 
     def __init__(self, key: tuple[int, str], record: bytes) -> None:
         super().__init__()
@@ -323,6 +340,7 @@ class _Query(_Timer):
         self.record = record
         self.sched: Schedule | None = None  # the UM query burst, while running
         self.next_requery = math.inf
+        self.slot: float | None = None  # the paced time reserved for its next query
 
     def due(self) -> float:
         return self.sched.next if self.sched is not None else self.next_requery
@@ -379,6 +397,12 @@ class PortalTR:
     ``source_timeout``: a source silent this long is gone (must exceed
     ``requery_interval``; the default tolerates two lost answers).
     ``final_adverts``: final TIRs sent by :meth:`remove_proxy`.
+    ``requery_rate``: periodic re-queries sent per second at most (bursts of
+    50; the DRO rate-limits its use queries, 500 a second by default);
+    ``query_rate``: all queries (the UM bursts too) per second at most (bursts
+    of 500); ``max_remote_interests``: more are refused (ValueError);
+    ``requery_jitter``: each re-query comes ``requery_interval`` times 1 +- this
+    fraction after the last (the router uses 0.2).
     """
 
     def __init__(self, name: str, domain_id: int, *, src_id: bytes, mode: str,
@@ -387,6 +411,8 @@ class PortalTR:
                  source_timeout: float = 16.0, requery_interval: float = 5.0,
                  final_adverts: int = 3, max_datagram: int = DEFAULT_MAX_DATAGRAM,
                  ignore_unknown_source: bool = True, max_sources: int = 100_000,
+                 requery_rate: float = 500.0, requery_jitter: float = 0.0,
+                 query_rate: float = 5000.0, max_remote_interests: int = 20_000,
                  now: float) -> None:
         if not isinstance(src_id, bytes | bytearray) or len(src_id) != 8:
             raise ValueError("src_id must be 8 bytes")
@@ -424,6 +450,16 @@ class PortalTR:
         self.max_datagram = max_datagram
         self.ignore_unknown_source = ignore_unknown_source
         self.max_sources = max_sources
+        # periodic re-queries: at most requery_rate a second (bursts of 50), each
+        # requery_interval +- requery_jitter (a fraction) after the last
+        if not (requery_rate > 0 and query_rate > 0) or not 0 <= requery_jitter < 1:
+            raise ValueError("requery_rate and query_rate must be positive, requery_jitter 0..1")
+        self.requery_rate = float(requery_rate)
+        self.requery_jitter = float(requery_jitter)
+        self._requery_pacer = _Pacer(requery_rate, 50)
+        self._query_pacer = _Pacer(query_rate, 500)
+        self.max_remote_interests = max_remote_interests
+        self._rnd = random.Random(self.src_id)
         self.start = now
         self.trailer = um_trailer(self.src_id, SourceType.TNWGD, domain_id)
         if max_datagram < 4 + len(self.trailer) + 512:
@@ -583,6 +619,10 @@ class PortalTR:
         q = self._rint.get(key)
         known = self._matching_sources(key)
         if q is None:
+            if len(self._rint) >= self.max_remote_interests:
+                self._st["remote_interest_refused"] += 1
+                raise ValueError(f"{len(self._rint)} remote interests already (limit "
+                                 f"{self.max_remote_interests})")
             try:
                 record = (TQR(topic) if pattern_type == PATTERN_TOPIC else WcTQR(topic, pattern_type)).encode()
             except LBMREncodeError as e:
@@ -761,6 +801,24 @@ class PortalTR:
                 st["adverts_sent"] += 1
             tm.sched.advance(now)
         elif isinstance(tm, _Query):
+            # every query within query_rate, periodic re-queries also within requery_rate:
+            # a query over the rate gets the next free slot (reserved) and waits for it
+            if tm.slot is None:
+                pacers = (self._query_pacer,) if tm.sched is not None else (
+                    self._query_pacer, self._requery_pacer)
+                at = max(p.free_at(now) for p in pacers)
+                for p in pacers:
+                    p.next = at + p.gap
+                if at > now + EPS:
+                    tm.slot = at
+                    if tm.sched is None:
+                        tm.next_requery = at
+                        st["requeries_deferred"] += 1
+                    else:
+                        tm.sched.next = at
+                        st["queries_deferred"] += 1
+                    return
+            tm.slot = None
             if tm.key[0] == PATTERN_TOPIC:
                 tqrs.append(tm.record)
                 st["queries_sent"] += 1
@@ -771,9 +829,9 @@ class PortalTR:
                 tm.sched.advance(now)
                 if tm.sched.next == math.inf:  # the burst ended without a source
                     tm.sched = None
-                    tm.next_requery = now + self.requery_interval
+                    tm.next_requery = self._requery_at(now)
             else:
-                tm.next_requery = now + self.requery_interval
+                tm.next_requery = self._requery_at(now)
         elif isinstance(tm, _Src):
             self._drop_source(tm, now)
         elif isinstance(tm, _Interest):
@@ -858,6 +916,13 @@ class PortalTR:
                    for k in [(bytes(otid), getattr(b, "ip", None), port) for b in bodies]
                    + [(bytes(otid), "0.0.0.0", port)])
 
+    def _requery_at(self, now: float) -> float:
+        """When to query a remote interest again: ``requery_interval`` later,
+        spread by ``requery_jitter`` (so that topics found together are not
+        all re-queried in one burst)."""
+        j = self.requery_jitter
+        return now + self.requery_interval * (1.0 + j * (2.0 * self._rnd.random() - 1.0) if j else 1.0)
+
     def _unregister_proxy(self, p: _Proxy) -> None:
         ps = self._proxy_topics.get(p.spec.topic)
         if ps is not None:
@@ -923,7 +988,7 @@ class PortalTR:
         q = self._rint.get((PATTERN_TOPIC, topic))
         if q is not None and q.sched is not None:  # resolved: stop the burst, re-query later
             q.sched = None
-            q.next_requery = now + self.requery_interval
+            q.next_requery = self._requery_at(now)
             # the heap entry of the burst is now early; tick re-arms it at next_requery
 
     def _drop_source(self, s: _Src, now: float) -> None:

@@ -247,3 +247,25 @@ def test_unwanted_and_excess_advertisements_bind_nothing():
     assert sum(isinstance(o, StartProxy) for o in out) == 100 and len(b.proxies()) == 100
     assert b.counters["proxies_full"] == 200
     assert [o.kind for o in out if isinstance(o, Notice)] == ["proxies_full"]  # said once
+
+
+def test_interest_flood_is_bounded_logged_and_queried_at_a_paced_rate():
+    """Defect: 100,000 INTEREST frames from the peer: most were dropped with
+    only a counter to show it, and the portal queried everything at once.
+    Remote interest is bounded (refusals logged at the 1st, 2nd, 4th ...),
+    and queries go out at most query_rate a second."""
+    tr = PortalTR("A", 1, src_id=b"A" * 8, mode="multicast", multicast=GROUP, max_remote_interests=20_000,
+                  now=0.0)
+    b = Bridge(tr)
+    b.link_up(0.0)
+    for i in range(100_000):
+        b.peer_frame(P.Interest(P.InterestAction.ADD, f"md.flood.{i}", 2), 0.0)
+    assert len(tr.remote_interests()) == 20_000 and b.counters["bad_interest"] == 80_000
+    notes = [o for o in b.outputs() if isinstance(o, Notice)]
+    assert [n.kind for n in notes] == ["interest_refused"] * 17  # 1, 2, 4 ... 65536
+    assert "80000" not in notes[-1].detail and "65536 interest(s)" in notes[-1].detail
+    sent, now = 0, 0.0
+    while now < 1.0:
+        sent += sum(len(decode(o.data).tqrs) for o in b.tick(now))
+        now = b.next_deadline()
+    assert 5_000 <= sent <= 5_500 + 500  # query_rate 5,000 a second, a burst of 500

@@ -127,8 +127,8 @@ def test_router_a_nat_inside_initiator():
     assert tr.lbmrds == (LbmrdAddress("127.0.1.1", 15380),)
     assert tr.interface == "127.0.1.1"
     assert tr.port_range == PortRange(14402, 14406) == DEFAULT_TR_PORTS
-    assert ep.relay == RelayConfig("127.0.1.1", PortRange(14371, 14380))
-    assert len(ep.relay.ports) == 10
+    assert ep.relay == RelayConfig("127.0.1.1", PortRange(24000, 24999))
+    assert len(ep.relay.ports) == 1000  # sized for real use (an 11th topic failed with 10)
     pe = cfg.peer
     assert pe.name == "A-to-B"
     assert pe.role == "initiator" and pe.acceptor is None
@@ -149,7 +149,7 @@ def test_router_b_nat_outside_acceptor():
     assert (ep.name, ep.domain_id) == ("B-TRD2", 2)
     assert ep.topic_resolution.lbmrds == (LbmrdAddress("127.0.2.1", 15380),)
     assert ep.topic_resolution.interface == "127.0.2.1"
-    assert ep.relay == RelayConfig("127.0.2.1", PortRange(14381, 14390))
+    assert ep.relay == RelayConfig("127.0.2.1", PortRange(25000, 25999))
     pe = cfg.peer
     assert pe.name == "B-from-A"
     assert pe.role == "acceptor" and pe.initiator is None
@@ -836,5 +836,5 @@ def test_model_is_frozen():
             setattr(obj, attr, None)
     assert isinstance(cfg.endpoint, EndpointConfig) and isinstance(cfg.peer, PeerConfig)
     assert hash(cfg.endpoint) == hash(load_config(CONFIGS / "router-b.xml").endpoint)
-    assert 14385 in cfg.endpoint.relay.ports and 14380 not in cfg.endpoint.relay.ports
+    assert 25500 in cfg.endpoint.relay.ports and 24999 not in cfg.endpoint.relay.ports
     assert list(PortRange(1, 3)) == [1, 2, 3] and str(PortRange(1, 3)) == "1-3"

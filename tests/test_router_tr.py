@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
@@ -651,3 +652,25 @@ def test_constructor_checks():
     with pytest.raises(ValueError):
         mc_portal().add_remote_interest("x" * 300, 0.0)
     assert isinstance(Outgoing(b"", GROUP1), tuple) and Timing().keepalive_interval == 0.5
+
+
+def test_requeries_are_paced_and_spread():
+    """Defect: every remote interest was re-queried in one burst every 5 s, with
+    no rate limit or jitter (the DRO rate-limits its use queries)."""
+    p = mc_portal(requery_rate=500.0, requery_jitter=0.2)
+    topics = [f"md.t{i}" for i in range(2000)]
+    for t in topics:
+        p.add_remote_interest(t, 0.0)
+    for i in range(0, 2000, 100):  # every topic resolved at 0.5
+        tirs = [app_tir(t, TcpTransport("10.1.0.5", 14371), otid_n(j + 1))
+                for j, t in enumerate(topics[i:i + 100], start=i)]
+        p.on_datagram(dgram(tirs=tirs), SRC_ADDR, 0.5)
+    times = []
+    now = 0.5
+    while now < 9.0:
+        now = min(p.next_deadline(), 9.0)
+        times += [now] * sum(len(decode(o.data).tqrs) for o in p.tick(now))
+    assert 2000 <= len(times) <= 2100  # each topic re-queried (from 4.5 s), the first again after 8.5
+    per_second = Counter(int(t * 10) for t in times)  # per 100 ms
+    assert max(per_second.values()) <= 50 + 50  # a burst of 50, then 500 a second
+    assert max(times) - min(times) > 1.5  # spread by the jitter (and the pacing)
