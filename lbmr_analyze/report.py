@@ -64,10 +64,25 @@ def _columns(rows: list[dict]) -> list[str]:
     return list(rows[0]) if rows else []
 
 
+def _parquet(path: Path, rows: list[dict]) -> None:
+    """The table as Parquet (columns typed from the values; a column mixing types,
+    like the summary's values, as text)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        t = pa.Table.from_pylist(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        t = pa.Table.from_pylist([{k: None if v is None else str(v) for k, v in r.items()} for r in rows])
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(t, tmp)
+    os.replace(tmp, path)
+
+
 def write_tables(out: Path, tables: dict[str, list[dict]]) -> None:
-    """``out/<name>.csv`` (header row, empty cell for null) and ``out/<name>.json``
-    (a list of objects) for every table."""
+    """``out/<name>.csv`` (header row, empty cell for null), ``out/<name>.json``
+    (a list of objects) and ``out/<name>.parquet`` for every table."""
     for name, rows in tables.items():
+        _parquet(out / f"{name}.parquet", rows)
         buf = io.StringIO()
         cols = _columns(rows)
         w = csv.writer(buf, lineterminator="\n")
@@ -286,7 +301,8 @@ def _cell(v) -> str:
 
 
 def _links(name: str) -> str:
-    return f'<a href="{name}.csv">CSV</a> &middot; <a href="{name}.json">JSON</a>'
+    return (f'<a href="{name}.csv">CSV</a> &middot; <a href="{name}.json">JSON</a> &middot; '
+            f'<a href="{name}.parquet">Parquet</a>')
 
 
 def _table_html(name: str, rows: list[dict]) -> str:

@@ -758,6 +758,8 @@ def test_report_renders(synth_run):
         assert f"{name}.csv" in p.links and f"{name}.json" in p.links
         rows = json.loads((out / f"{name}.json").read_text())
         assert rows == json.loads(json.dumps(synth_run.tables[name], default=str))
+        import pyarrow.parquet as pq
+        assert pq.read_table(out / f"{name}.parquet").num_rows == len(rows), name
         lines = (out / f"{name}.csv").read_text().splitlines()
         assert len(lines) == len(rows) + 1 or (not rows and len(lines) == 1)
     assert "topic_inventory" in p.tables and "nat_audit" in p.tables
