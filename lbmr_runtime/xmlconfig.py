@@ -157,7 +157,8 @@ def check_declarations(data: bytes, path: str, what: str) -> None:
         text = data.decode("latin-1")  # the markup is ASCII in every accepted encoding
     m = _DECLARATION.search(text)
     if m:
-        line = text.count("\n", 0, m.start()) + 1
+        head = text[:m.start()]
+        line = head.count("\n") + head.count("\r") - head.count("\r\n") + 1  # LF, CRLF or CR
         raise ConfigError(path, line, f"<!{m.group(1)} declarations are not allowed in {what} "
                                       "configuration files (the DTD is built in; a DOCTYPE or "
                                       "entity could make the parser read other files): remove it")

@@ -60,13 +60,14 @@ def _positive_float(s: str) -> float:
     return v
 
 
-def _non_negative_float(s: str) -> float:
+def _stats_interval(s: str) -> float:
     try:
         v = float(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {s!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be 0 or a positive number: {s!r}")
+    if not (v == 0 or 1 <= v < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive number of seconds, at "
+                                         f"least 1: {s!r}")
     return v
 
 
@@ -129,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "relayed (repeatable)")
     x.add_argument("--echo", action="store_true", help="also send each datagram back to its sender")
     x.add_argument("--log-format", choices=["text", "json"], default="text", help="log line format")
-    x.add_argument("--stats-interval", type=_non_negative_float, default=60.0, metavar="SECONDS",
+    x.add_argument("--stats-interval", type=_stats_interval, default=60.0, metavar="SECONDS",
                    help="period of the one-line stats log, 0 = off (default 60)")
     x.add_argument("--events", type=_positive_int, default=1000, metavar="N", help="size of the recent-events ring")
     x.add_argument("--debug", action="store_true", help="debug logging")

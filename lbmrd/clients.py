@@ -152,19 +152,17 @@ class ClientTable:
     def regroup(self, domain_of) -> int:
         """Re-classify every client with ``domain_of(ip4) -> domain`` (after a
         config reload); returns how many moved."""
-        moved = 0
-        for c in list(self._by_addr.values()):
-            d = domain_of(c.ip4)
-            if d != c.domain:
-                g = c.group
-                if g is not None:
-                    g.remove(c)
-                    if not g.members:
-                        del self.groups[g.domain]
-                c.domain = d
-                self._group(d).add(c)
-                moved += 1
-        return moved
+        return RegroupSweep(self, domain_of).step(len(self._by_addr) + 1)
+
+    def move(self, c: Client, domain: str | None) -> None:
+        """Put ``c`` into the group of ``domain``."""
+        g = c.group
+        if g is not None:
+            g.remove(c)
+            if not g.members:
+                del self.groups[g.domain]
+        c.domain = domain
+        self._group(domain).add(c)
 
 
 class ExpirySweep:
@@ -204,3 +202,37 @@ class ExpirySweep:
             self._todo = []
             self._pos = 0
         return dead
+
+
+class RegroupSweep:
+    """Re-classifying the clients after a reload, in slices like
+    :class:`ExpirySweep`: the clients present at the start, ``budget`` at a
+    time (clients that register meanwhile are classified by the new rules
+    already)."""
+
+    __slots__ = ("table", "domain_of", "_todo", "_pos", "moved")
+
+    def __init__(self, table: ClientTable, domain_of) -> None:
+        self.table = table
+        self.domain_of = domain_of
+        self._todo = list(table)
+        self._pos = 0
+        self.moved = 0
+
+    @property
+    def done(self) -> bool:
+        return self._pos >= len(self._todo)
+
+    def step(self, budget: int) -> int:
+        """Re-classify the next ``budget`` clients; returns how many moved in all."""
+        end = min(self._pos + budget, len(self._todo))
+        table, domain_of = self.table, self.domain_of
+        for c in self._todo[self._pos:end]:
+            if c.group is None:
+                continue  # expired meanwhile
+            d = domain_of(c.ip4)
+            if d != c.domain:
+                table.move(c, d)
+                self.moved += 1
+        self._pos = end
+        return self.moved

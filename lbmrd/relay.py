@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from socket import inet_aton
 from typing import NamedTuple
 
@@ -20,7 +20,7 @@ from lbmr_proto.fast import scan
 from lbmr_proto.packet import TYPE_NAMES
 from lbmr_runtime.events import EventRing
 
-from .clients import Client, ClientTable, ExpirySweep, Group
+from .clients import Client, ClientTable, ExpirySweep, Group, RegroupSweep
 from .nat import NatTable
 
 ZERO_IP = b"\0\0\0\0"
@@ -31,9 +31,11 @@ REPLY_SHAPES = frozenset({b"\x00\x00\x00\x00", b"\x10\x00\x00\x00"})
 LOOP_MEMORY = 65536
 #: Seconds a relayed payload is remembered (a loop returns within milliseconds).
 LOOP_WINDOW = 2.0
-#: Copies of an address-free datagram (a query) from other sources relayed
-#: within the window before the next is taken for a loop.
+#: Copies of an address-free datagram (a query) from one other source, each
+#: less than LOOP_GAP seconds after the previous, relayed before the next is
+#: taken for a loop.
 LOOP_REPEATS = 8
+LOOP_GAP = 0.05
 #: How many addresses seen behaving as another daemon are remembered.
 SUSPECTS_MAX = 4096
 
@@ -48,9 +50,10 @@ class Reply(NamedTuple):
 
 class Relay(NamedTuple):
     """Send ``payload`` of each (payload, group) pair to every member of the
-    group except ``sender``."""
+    group except ``sender``. ``parts`` is a list, or (with NAT) an iterator
+    that computes each group's copy when it is reached."""
 
-    parts: list[tuple[bytes, Group]]
+    parts: list[tuple[bytes, Group]] | Iterator[tuple[bytes, Group]]
     sender: Client
 
 
@@ -141,7 +144,8 @@ class RelayCore:
         self._own_port = -1
         self._own_loopback = False
         self._suspects: dict[tuple[str, int], float] = {}  # addr -> until (seconds)
-        self._recent: dict[int, list] = {}  # hash(payload) -> [sender, time (s), copies from others]
+        self._recent: dict[int, list] = {}  # hash(payload) -> see _remember
+        self._relays: dict[tuple[str, int], float] = {}  # addr -> until (s): sent back a TIR
         self.config = None
         self.nat: NatTable | None = None
         self._domain_of = lambda ip4: None
@@ -161,17 +165,21 @@ class RelayCore:
 
     # ------------------------------------------------------------- config
 
-    def set_config(self, config) -> int:
+    def set_config(self, config, *, regroup: bool = True) -> int | RegroupSweep:
         """Install a (re)loaded config; the client table is kept and its
-        clients re-classified into the new domains. Returns how many moved."""
+        clients re-classified into the new domains. Returns how many moved,
+        or with ``regroup=False`` a :class:`RegroupSweep` to run in slices
+        (new clients are classified by the new config at once)."""
         self.config = config
         self.nat = None if config is None else config.nat
         if config is None or not config.domains:
             self._domain_of = lambda ip4: None
         else:
             self._domain_of = self.nat.domain_of
-        moved = self.table.regroup(self._domain_of)
-        return moved
+        sweep = RegroupSweep(self.table, self._domain_of)
+        if not regroup:
+            return sweep
+        return sweep.step(len(self.table) + 1)
 
     # ---------------------------------------------------------------- core
 
@@ -182,7 +190,7 @@ class RelayCore:
     def event(self, now: float, kind: str, detail: str) -> None:
         self.events.add(now, kind, detail)
 
-    def _refusal(self, ip4: bytes, src: tuple[str, int], now: float) -> str | None:
+    def _refusal(self, ip4: bytes, src: tuple[str, int], now: float, data: bytes) -> str | None:
         """Why a datagram from an unregistered ``src`` must not register it (or None)."""
         if self._allow_masks and not self._allowed(ip4):
             return "denied"
@@ -197,9 +205,9 @@ class RelayCore:
         if self._suspects:
             until = self._suspects.get(src)
             if until is not None:
-                if now < until:
+                if now < until and not (len(data) == 4 and (data[0] & 0x0F) in (2, 3)):
                     return "suspected_daemon"
-                del self._suspects[src]
+                del self._suspects[src]  # expired, or a keepalive: daemons never send one
         return None
 
     def _suspect(self, src: tuple[str, int], now: float) -> None:
@@ -232,7 +240,7 @@ class RelayCore:
         client = self.table.get(src)
         if client is None:
             ip4 = inet_aton(src[0])
-            why = self._refusal(ip4, src, now)
+            why = self._refusal(ip4, src, now, data)
             if why is not None:
                 c.drops[why] += 1
                 return Drop(why)
@@ -284,10 +292,9 @@ class RelayCore:
         if res.tirs:
             base = self._fill_in(data, res.tirs, client.ip4)
             if len(self.table.groups) > 1 or self.nat is not None and self.nat.transforms:
-                parts = self._nat(base, res.tirs, client)
-                for p, _ in parts:
-                    self._remember(p, src, now)
-                return Relay(parts, client)
+                # a copy coming back after NAT rewrites in a cycle of daemons is the base again
+                self._remember(base, src, now)
+                return Relay(self._nat(base, res.tirs, client, src, now), client)
         self._remember(base, src, now)
         return Relay([(base, g) for g in self.table.groups.values()], client)
 
@@ -297,28 +304,55 @@ class RelayCore:
 
         A relayed datagram with TIRs names its source (0.0.0.0 is filled in
         before it is remembered), so a copy of it from anyone but its sender
-        is a relay's echo: dropped at once. Records without addresses
-        (queries) can be byte-identical from two contexts, so those copies
-        are dropped only after :data:`LOOP_REPEATS` of them in the window: a
-        loop dies within that many rounds, real queries pass.
+        is a relay's echo: dropped at once, and its sender is marked a relay
+        for :data:`LOOP_WINDOW` seconds. Records without addresses (queries)
+        can be byte-identical from two contexts, so those copies are dropped
+        when they come from a marked relay, or when more than
+        :data:`LOOP_REPEATS` of them arrive from one source each less than
+        :data:`LOOP_GAP` seconds after the previous (a loop goes round in
+        milliseconds; a context repeats a query at most every 20 ms, then
+        40, 80, ...): a loop dies within that many rounds, real queries
+        pass.
         """
         seen = self._recent.get(hash(data))
         if seen is None or seen[0] == src or now - seen[1] >= LOOP_WINDOW:
             return False
-        if tirs or seen[2] >= LOOP_REPEATS:
-            self.counters.drops["loop"] += 1
-            if seen[2] <= LOOP_REPEATS:
-                seen[2] = LOOP_REPEATS + 1  # one event per looping datagram
-                self.event(now, "loop", f"{src[0]}:{src[1]} sent back a datagram first "
-                                        f"relayed for {seen[0][0]}:{seen[0][1]}")
-            return True
-        seen[2] += 1
+        if tirs:
+            self._relays[src] = now + LOOP_WINDOW
+            if len(self._relays) > SUSPECTS_MAX:
+                del self._relays[next(iter(self._relays))]
+            return self._loop_drop(seen, src, now)
+        until = self._relays.get(src)
+        if until is not None and now < until:
+            return self._loop_drop(seen, src, now)
+        others = seen[2]  # per other source: [copies in quick succession, time of the last]
+        mine = others.get(src)
+        if mine is None:
+            if len(others) >= 8:
+                others.clear()
+            mine = others[src] = [0, now]
+        elif now - mine[1] > LOOP_GAP:
+            mine[0] = 0  # far apart: a context re-querying, not a loop
+        mine[0] += 1
+        mine[1] = now
+        if mine[0] > LOOP_REPEATS:
+            return self._loop_drop(seen, src, now)
         return False
+
+    def _loop_drop(self, seen: list, src: tuple[str, int], now: float) -> bool:
+        self.counters.drops["loop"] += 1
+        if not seen[3]:
+            seen[3] = True  # one event per looping datagram
+            self.event(now, "loop", f"{src[0]}:{src[1]} sent back a datagram first "
+                                    f"relayed for {seen[0][0]}:{seen[0][1]}")
+        return True
 
     def _remember(self, payload: bytes, src: tuple[str, int], now: float) -> None:
         """Note a payload relayed for ``src`` (bounded: the oldest is
         forgotten). A live entry of another sender is kept, so a copy that
-        goes round again is still counted against the first sender."""
+        goes round again is still counted against the first sender.
+        Entries: [sender, time (s), {other source: [copies in quick
+        succession, time of the last (s)]}, looping reported]."""
         recent = self._recent
         k = hash(payload)
         seen = recent.get(k)
@@ -328,7 +362,7 @@ class RelayCore:
             return
         if seen is None and len(recent) >= LOOP_MEMORY:
             del recent[next(iter(recent))]
-        recent[k] = [src, now, 0]
+        recent[k] = [src, now, {}, False]
 
     def _fill_in(self, data: bytes, tirs, ip4: bytes) -> bytes:
         buf = None
@@ -351,17 +385,24 @@ class RelayCore:
         self.counters.fillins += n
         return bytes(buf)
 
-    def _nat(self, base: bytes, tirs, sender: Client) -> list[tuple[bytes, Group]]:
-        """One payload per destination group, rewritten by the rules of
-        (source domain of each TIR, group's domain); unchanged ones shared."""
+    def _nat(self, base: bytes, tirs, sender: Client, src: tuple[str, int], now: float):
+        """One payload per destination group (a generator, so that the shell
+        can pause between groups: a datagram of thousands of TIRs times
+        hundreds of domains is seconds of work), rewritten by the rules of
+        (source domain of each TIR, group's domain); unchanged ones shared.
+        The groups are those of the moment the datagram arrived."""
         domain_of = self._domain_of
         nat = self.nat
         srcdoms = [domain_of(base[t.addr:t.addr + 4]) if t.addr >= 0 else sender.domain for t in tirs]
-        parts = []
-        for g in self.table.groups.values():
+        distinct = set(srcdoms)
+        for g in list(self.table.groups.values()):
+            ruled = {sd for sd in distinct if nat.rules_for(sd, g.domain)}
+            if not ruled:
+                yield base, g
+                continue
             buf = None
             for t, sd in zip(tirs, srcdoms, strict=True):
-                if not nat.rules_for(sd, g.domain):
+                if sd not in ruled:
                     continue
                 pairs = ((t.addr, t.port),) + t.opt_pairs if t.addr >= 0 else t.opt_pairs
                 for a, p in pairs:
@@ -374,11 +415,12 @@ class RelayCore:
                         buf[a:a + 4] = out[0]
                         buf[p:p + 2] = out[1].to_bytes(2, "big")
             if buf is None:
-                parts.append((base, g))
+                yield base, g
             else:
                 self.counters.nat_rewrites += 1
-                parts.append((bytes(buf), g))
-        return parts
+                payload = bytes(buf)
+                self._remember(payload, src, now)
+                yield payload, g
 
     def expire(self, now: float) -> list[Client]:
         """The activity check: drop clients silent for ``ttl`` seconds."""

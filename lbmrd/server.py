@@ -111,6 +111,7 @@ class Daemon:
         self._sweep_due: float | None = None  # when the next check became due
         self._sweep_dead = 0
         self._pending_config: list = []  # reloaded configs waiting for the receive loop
+        self._regroup = None  # clients being re-classified after a reload (RegroupSweep)
         self._rx: BatchReceiver | None = None
 
     # -------------------------------------------------------------- socket
@@ -182,6 +183,8 @@ class Daemon:
             if self._pending_config:
                 self._apply_config(self._pending_config.pop(0))
                 continue
+            if self._regroup is not None:
+                self._regroup_step()
             try:
                 batch = rx.receive()
             except OSError as e:  # e.g. ICMP port unreachable reported on the socket
@@ -201,6 +204,9 @@ class Daemon:
             if self._sweep is not None or self._sweep_due is not None:
                 self._sweep_step()
                 await trio.lowlevel.checkpoint()
+                continue
+            if self._regroup is not None:
+                await trio.lowlevel.checkpoint()  # re-classifying: a slice per turn
                 continue
             with trio.CancelScope() as self._idle_scope:
                 await trio.lowlevel.wait_readable(sock)
@@ -238,22 +244,31 @@ class Daemon:
         c = self.core.counters
         fan = self.fanout
         skip = None if self.core.echo else d.sender
-        for payload, group in d.parts:
-            stop = len(group.members)
-            if skip is not None and skip.group is group:
-                group.move_to_end(skip)  # everyone but the sender is one range: one syscall
-                stop -= 1
-            if stop <= FANOUT_CHUNK:
-                sent, start, err = fan.send_range(payload, group, 0, stop)
-                c.tx += sent
-                c.tx_bytes += sent * len(payload)
-                if err is not None:
-                    await self._send_rest(payload, group, start, stop, err)
-                continue
+        lazy = not isinstance(d.parts, list)  # NAT copies, computed group by group
+        if lazy:
             self._fanning += 1
-            try:
-                await self._large_fanout(payload, group, stop)
-            finally:
+        try:
+            for payload, group in d.parts:
+                stop = len(group.members)
+                if skip is not None and skip.group is group:
+                    group.move_to_end(skip)  # everyone but the sender is one range: one syscall
+                    stop -= 1
+                if stop > FANOUT_CHUNK:
+                    self._fanning += 1
+                    try:
+                        await self._large_fanout(payload, group, stop)
+                    finally:
+                        self._fanning -= 1
+                elif stop > 0:
+                    sent, start, err = fan.send_range(payload, group, 0, stop)
+                    c.tx += sent
+                    c.tx_bytes += sent * len(payload)
+                    if err is not None:
+                        await self._send_rest(payload, group, start, stop, err)
+                if lazy:
+                    await self._gap()
+        finally:
+            if lazy:
                 self._fanning -= 1
 
     async def _large_fanout(self, payload: bytes, group, stop: int) -> None:
@@ -272,14 +287,19 @@ class Daemon:
             if err is not None:
                 await self._send_rest(payload, group, nxt, end, err)
             start = end
-            await trio.lowlevel.checkpoint()
-            try:
-                batch = self._rx.receive()
-            except OSError as e:
-                c.drops["recv_error:" + os_error_name(e)] += 1
-                batch = []
-            if batch:
-                await self._handle_batch(batch, defer=True)
+            await self._gap()
+
+    async def _gap(self) -> None:
+        """A pause inside a long relay: other tasks run, and datagrams that
+        arrived meanwhile are handled (relays wait in the backlog)."""
+        await trio.lowlevel.checkpoint()
+        try:
+            batch = self._rx.receive()
+        except OSError as e:
+            self.core.counters.drops["recv_error:" + os_error_name(e)] += 1
+            return
+        if batch:
+            await self._handle_batch(batch, defer=True)
 
     async def _send_rest(self, payload: bytes, group, start: int, stop: int, err: str) -> None:
         """Slow path of a fan-out: per-destination errors and a full buffer."""
@@ -384,12 +404,22 @@ class Daemon:
 
     def _apply_config(self, got) -> None:
         cfg, new = got if isinstance(got, tuple) else (got, None)
-        moved = self.core.set_config(cfg)
-        self.core.event(trio.current_time(), "reload", f"{len(cfg.domains)} domains, {moved} clients moved")
+        self._regroup = self.core.set_config(cfg, regroup=False)
+        self.core.event(trio.current_time(), "reload", f"{len(cfg.domains)} domains")
         if new is not None:
             self._apply_settings(new)
-        log.info("configuration reloaded: %d domains, %d transforms; %d clients re-classified",
-                 len(cfg.domains), len(cfg.transforms), moved)
+        log.info("configuration reloaded: %d domains, %d transforms; re-classifying %d clients",
+                 len(cfg.domains), len(cfg.transforms), len(self.core.table))
+        self._regroup_step()
+        self._wake()
+
+    def _regroup_step(self) -> None:
+        """One slice of re-classifying the clients after a reload."""
+        sweep = self._regroup
+        sweep.step(SWEEP_SLICE)
+        if sweep.done:
+            self._regroup = None
+            log.info("%d clients re-classified into the new domains", sweep.moved)
 
     def _apply_settings(self, new: Settings) -> None:
         cur = self.settings

@@ -158,7 +158,9 @@ def test_sigint_stops_cleanly_and_busy_metrics_port_exits_3(tmp_path):
 
 def test_stats_interval_must_not_be_negative_and_open_metrics_warns():
     r = subprocess.run(LBMRD + ["--stats-interval", "-1"], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 2 and "must be 0 or a positive number" in r.stderr
+    assert r.returncode == 2 and "must be 0 (off) or a positive number of seconds" in r.stderr
+    r = subprocess.run(LBMRD + ["--stats-interval", "1e-9"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
     r = subprocess.run(LBMRD + ["--peer-daemon", "10.0.0.300"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
     port, mport = free_port(), free_port(socket.SOCK_STREAM)

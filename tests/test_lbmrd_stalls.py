@@ -192,3 +192,74 @@ def test_out_of_descriptors_logs_one_line_not_tracebacks(tmp_path):
     emfile = [x for x in lines if "cannot accept connections" in x["msg"]]
     assert 1 <= len(emfile) <= 3, emfile
     assert any(x["msg"].startswith("stopping (SIGTERM); final stats clients=1") for x in lines)
+
+
+def hub_config(domains: int) -> str:
+    """d0 plus ``domains`` other domains on loopback, a transform from d0 to each."""
+    nets = "".join(f'<domain name="d{i}"><network>127.{10 + i}.0.0/16</network></domain>\n'
+                   for i in range(domains + 1))
+    rules = "".join(f'<transform source="d0" destination="d{i}"><rule><match address="127.10.0.1" '
+                    f'port="*"/><replace address="127.{10 + i}.0.1" port="*"/></rule></transform>\n'
+                    for i in range(1, domains + 1))
+    return (f'<?xml version="1.0"?>\n<lbmrd version="1.0">\n<domains>\n{nets}</domains>\n'
+            f"<transformations>\n{rules}</transformations>\n</lbmrd>\n")
+
+
+async def test_a_keepalive_is_answered_while_nat_copies_are_made():
+    """One datagram of many TIRs from a hub domain to 60 others: the copies
+    are made group by group, and the loop answers keepalives in between."""
+    from lbmrd.config import parse_config
+
+    domains = 60
+    cfg = parse_config(hub_config(domains), "hub.xml")
+    tirs = [L.TIR(f"t{i}", L.TcpTransport("127.10.0.1", 14371), 16, i) for i in range(400)]
+    big = L.encode(L.Packet(0, 1, tirs=tirs))
+    async with trio.open_nursery() as nursery:
+        d = Daemon(Settings(bind_ip="127.0.0.1", port=0, stats_interval=0), cfg)
+        daemon = await nursery.start(d.run)
+        for i in range(1, domains + 1):  # one client in each destination domain
+            d.core.handle(KA, (f"127.{10 + i}.0.9", 20000), trio.current_time())
+        sender, c = client("127.10.0.1"), client("127.10.0.2")
+        await c.sendto(KA, daemon)
+        await c.recvfrom(16)
+        await sender.sendto(big, daemon)
+        with trio.fail_after(20):
+            while not d._fanning:
+                await trio.sleep(0)
+        await c.sendto(KA, daemon)
+        with trio.fail_after(20):
+            while (await c.recvfrom(65535))[0] != b"\x00\x00\x00\x00":
+                pass
+        assert d._fanning, "the reply waited for every domain's copy"
+        with trio.fail_after(20):
+            while d._fanning:
+                await trio.sleep(0.01)
+        assert d.core.counters.nat_rewrites == domains
+        nursery.cancel_scope.cancel()
+
+
+async def test_reload_re_classifies_clients_in_slices(tmp_path):
+    from lbmrd.config import parse_config
+
+    n = 4 * SWEEP_SLICE
+    path = tmp_path / "hub.xml"
+    path.write_text(hub_config(2))
+    async with trio.open_nursery() as nursery:
+        d = Daemon(Settings(bind_ip="127.0.0.1", port=0, stats_interval=0),
+                   parse_config(hub_config(1), "hub.xml"), reload=lambda: load_config(path))
+        daemon = await nursery.start(d.run)
+        for i in range(n):  # clients in 127.12/16: no domain yet, d2 after the reload
+            d.core.handle(KA, (f"127.12.{i >> 8}.{i & 255}", 20000), trio.current_time())
+        c = client()
+        await c.sendto(KA, daemon)
+        await c.recvfrom(16)
+        assert await d.reload()
+        assert d._regroup is not None  # more than one slice to go
+        await c.sendto(KA, daemon)
+        await c.recvfrom(16)
+        with trio.fail_after(20):
+            while d._regroup is not None:
+                await trio.sleep(0.01)
+        assert sorted({cl.domain for cl in d.core.table}, key=str) == [None, "d2"]
+        assert sum(cl.domain == "d2" for cl in d.core.table) == n
+        nursery.cancel_scope.cancel()
