@@ -13,6 +13,7 @@ import json
 import logging
 import signal
 import socket
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ log = logging.getLogger("lbmrd")
 
 WRITE_WAIT = 0.05  # seconds a relay may wait for a full send buffer before dropping
 FANOUT_CHUNK = 1024  # destinations per sendmmsg call before the loop serves other work
+GAP_EVERY = 0.002  # seconds of NAT copying between pauses
 SWEEP_SLICE = 2000  # clients checked per slice of an activity check
 SWEEP_FORCE = 1.0  # seconds a due activity check may wait for a quiet socket
 BACKLOG = 1024  # relays received during a large fan-out, waiting for their turn
@@ -247,6 +249,7 @@ class Daemon:
         lazy = not isinstance(d.parts, list)  # NAT copies, computed group by group
         if lazy:
             self._fanning += 1
+            last_gap = time.perf_counter()
         try:
             for payload, group in d.parts:
                 stop = len(group.members)
@@ -265,8 +268,9 @@ class Daemon:
                     c.tx_bytes += sent * len(payload)
                     if err is not None:
                         await self._send_rest(payload, group, start, stop, err)
-                if lazy:
-                    await self._gap()
+                if lazy and time.perf_counter() - last_gap > GAP_EVERY:
+                    await self._gap()  # pause only when the copies take long
+                    last_gap = time.perf_counter()
         finally:
             if lazy:
                 self._fanning -= 1
