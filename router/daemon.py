@@ -44,6 +44,7 @@ log = logging.getLogger("lbmr-router")
 
 _LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 PORTAL_QUEUE = 1000  # datagrams (and wake-ups) queued for the portal task
+TR_SOCKET_BUFFER = 4 << 20  # the portal's TR socket: receive and send buffers
 MAX_HANDSHAKES = 4  # incoming connections in their handshake at once (the oldest is dropped)
 
 
@@ -142,6 +143,7 @@ class Router:
         self.relay = Relay(e, self.counters, self.event, lambda: self.link, self._advert_source,
                            self._session_ended)
         self._to_portal_send, self._to_portal_recv = trio.open_memory_channel(PORTAL_QUEUE)
+        self._wake_pending = False
         self._nursery: trio.Nursery | None = None
 
     def event(self, kind: str, detail: str) -> None:
@@ -211,6 +213,11 @@ class Router:
         first free port of the TR port range (lbmrd)."""
         e = self.settings.endpoint
         sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):  # bursts of TR traffic (best effort)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, TR_SOCKET_BUFFER)
+            except OSError:
+                pass
         if e.mode == "multicast":
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -254,24 +261,27 @@ class Router:
                     scope.cancel()
             elif isinstance(out, Notice):
                 self.event(out.kind, out.detail)
-        if wake:
-            self._to_portal(Wake())
-
-    def _to_portal(self, item: TRDatagram | Wake) -> None:
-        try:
-            self._to_portal_send.send_nowait(item)
-        except trio.WouldBlock:
-            if isinstance(item, TRDatagram):
-                self.counters["portal_queue_full"] += 1
-            # a lost Wake is harmless: a full queue wakes the portal task anyway
+        if wake and not self._wake_pending:
+            # one Wake queued at a time: a burst of peer frames must not fill the
+            # queue and push the TRD's datagrams out
+            try:
+                self._to_portal_send.send_nowait(Wake())
+                self._wake_pending = True
+            except trio.WouldBlock:
+                pass  # a full queue wakes the portal task anyway
 
     # --------------------------------------------------------------- portal
 
     async def _portal_rx(self) -> None:
-        """TR datagrams from the TRD (or lbmrd) into the portal's queue."""
+        """TR datagrams from the TRD (or lbmrd) into the portal's queue; when it
+        is full, they wait in the socket's (4 MiB) buffer instead of being dropped."""
         while True:
             data, src = await self.tr_sock.recvfrom(65535)
-            self._to_portal(TRDatagram(data, src))
+            try:
+                self._to_portal_send.send_nowait(TRDatagram(data, src))
+            except trio.WouldBlock:
+                self.counters["portal_queue_full"] += 1  # not dropped: waits for room
+                await self._to_portal_send.send(TRDatagram(data, src))
 
     async def _portal_loop(self) -> None:
         """The portal: its timers and datagrams, serially."""
@@ -288,7 +298,9 @@ class Router:
             self._apply(wake=False)
             with trio.move_on_at(bridge.next_deadline()):
                 item = await recv.receive()
-                if isinstance(item, TRDatagram):
+                if isinstance(item, Wake):
+                    self._wake_pending = False
+                elif isinstance(item, TRDatagram):
                     bridge.on_datagram(item.data, item.src, trio.current_time())
                     self._apply(wake=False)
 

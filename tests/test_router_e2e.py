@@ -60,6 +60,14 @@ def tir_packet(ip, port, topic=TOPIC):
                                                [L.OtidOption(0x8000, otid)])]))
 
 
+def tirs_in(data: bytes) -> list:
+    """The TIRs of a TR datagram (none if it does not decode)."""
+    try:
+        return L.decode(data).tirs
+    except L.LBMRDecodeError:
+        return []
+
+
 async def resolve(sock, daemon, timeout=10.0, topic=TOPIC):
     """Act as a UM receiver in a TRD: query ``topic`` until a TIR for it arrives."""
     tqr = L.encode(L.Packet(0, 1, tqrs=[L.TQR(topic)]))
@@ -69,11 +77,7 @@ async def resolve(sock, daemon, timeout=10.0, topic=TOPIC):
             with trio.move_on_after(0.2):
                 while True:
                     data, _ = await sock.recvfrom(65535)
-                    try:
-                        pkt = L.decode(data)
-                    except L.LBMRDecodeError:
-                        continue
-                    for t in pkt.tirs:
+                    for t in tirs_in(data):
                         final = any(isinstance(o, L.CostOption) and o.cost == -1 for o in t.options or ())
                         if t.topic == topic and not final:  # a final advertisement withdraws
                             return t
