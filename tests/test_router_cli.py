@@ -128,10 +128,38 @@ def test_shipped_pair_bridges_a_topic(tmp_path):
         assert st["proxies"] and st["counters"]["peer_connects"] >= 1
         procs[2].send_signal(signal.SIGUSR1)
         _wait(lambda: "dump " in logb.read_text(), what="the SIGUSR1 dump")
+        # an LBT-RU stream runs through both routers while they are stopped (SIGTERM
+        # of a router relaying LBT-RU used to exit 4: trio.ClosedResourceError)
+        ru_src = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        ru_src.bind(("127.0.1.5", 0))
+        ru_tir = L.encode(L.Packet(0, 1, tirs=[L.TIR("md.cli.ru", L.LbtruTransport("127.0.1.5",
+                                                                                   ru_src.getsockname()[1]), 60, 4)]))
+        ru_tqr = L.encode(L.Packet(0, 1, tqrs=[L.TQR("md.cli.ru")]))
+        ru_proxy = None
+        deadline = time.monotonic() + 20
+        while ru_proxy is None:
+            assert time.monotonic() < deadline, "no LBT-RU proxy TIR in TRD2"
+            ctx1.sendto(ru_tir, ("127.0.1.1", l1))
+            rcv.sendto(ru_tqr, ("127.0.2.1", l2))
+            try:
+                while ru_proxy is None:
+                    hit = [t for t in L.decode(rcv.recvfrom(65535)[0]).tirs if t.topic == "md.cli.ru"]
+                    ru_proxy = hit[0].transport if hit else None
+            except TimeoutError:
+                pass
+        ru_rcv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        ru_rcv.bind(("127.0.2.10", 0))
+        ru_rcv.settimeout(5)
+        ru_rcv.sendto(b"hello", (ru_proxy.ip, ru_proxy.port))
+        ru_src.settimeout(10)
+        _, ru_addr = ru_src.recvfrom(65535)  # via router A's relay socket
+        for i in range(50):
+            ru_src.sendto(b"ru-%d" % i, ru_addr)
+        assert ru_rcv.recvfrom(65535)[0].startswith(b"ru-")  # the stream runs
         for p in procs[2:]:
             p.send_signal(signal.SIGTERM)
         assert [p.wait(timeout=10) for p in procs[2:]] == [0, 0]
-        for s_ in (src, ctx1, rcv, c):
+        for s_ in (src, ctx1, rcv, c, ru_src, ru_rcv):
             s_.close()
     finally:
         for p in procs:
