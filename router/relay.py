@@ -37,15 +37,36 @@ RU_MAX_STREAMS = 1024
 PORT_QUARANTINE = 60.0
 
 
+RU_BATCH = 64  # datagrams read from a relay socket at one wake-up
+
+
 def ru_socket():
-    """A UDP socket for the LBT-RU relay, with big buffers (best effort)."""
-    s = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+    """A UDP socket for the LBT-RU relay, with big buffers (best effort). Its
+    ``raw`` attribute is the underlying non-blocking socket, for reading what is
+    already queued and sending without a scheduler round trip per datagram."""
+    raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
         try:
-            s.setsockopt(socket.SOL_SOCKET, opt, RU_SOCKET_BUFFER)
+            raw.setsockopt(socket.SOL_SOCKET, opt, RU_SOCKET_BUFFER)
         except OSError:
             pass
+    s = trio.socket.from_stdlib_socket(raw)
+    s.raw = raw
     return s
+
+
+def drain(raw, receive) -> tuple[list, OSError | None]:
+    """What ``receive()`` (a non-blocking read of ``raw``) returns at once, at
+    most RU_BATCH times; and the error that stopped it, if any."""
+    out = []
+    for _ in range(RU_BATCH):
+        try:
+            out.append(receive(65535))
+        except (BlockingIOError, InterruptedError):
+            return out, None
+        except OSError as e:
+            return out, e
+    return out, None
 
 
 class Relay:
@@ -160,38 +181,47 @@ class Relay:
         by_addr: dict[tuple[str, int], StreamState] = {}
         async with trio.open_nursery() as n:
             while True:
-                data, addr = await sock.recvfrom(65535)
+                try:
+                    first = await sock.recvfrom(65535)
+                except OSError:  # an ICMP error from a receiver that went away
+                    self.counters["ru_recv_error"] += 1
+                    await trio.sleep(0.01)
+                    continue
+                more, _ = drain(sock.raw, sock.raw.recvfrom)
                 link = self.current_link()
                 if link is None:
                     continue
-                st = by_addr.get(addr)
-                if st is None or st.closed:
-                    if link.ru_streams >= self.ru_max_streams:
-                        self.counters["ru_streams_full"] += 1
-                        continue
-                    sid = link.streams.open(aid, P.StreamKind.LBTRU)
-                    st = link.state[sid] = StreamState(sid, P.StreamKind.LBTRU)
-                    st.ru_addr = addr
-                    st.sock = sock
-                    st.owns_sock = False  # the proxy's: closing it would kill the proxy's reader
-                    by_addr[addr] = st
-                    link.ru_streams += 1
-                    self.counters["ru_streams_opened"] += 1
-                    link.flush_streams()
-                    n.start_soon(self._ru_downstream, link, st, by_addr)
-                st.last_active = trio.current_time()
-                if st.accepted.is_set():
-                    self._send_datagram(link, st, data)
-                elif len(st.incoming) < RU_BACKLOG:
-                    st.incoming.append(data)  # held until accepted (then sent in order)
+                now = trio.current_time()
+                for data, addr in [first, *more]:
+                    st = by_addr.get(addr)
+                    if st is None or st.closed:
+                        if link.ru_streams >= self.ru_max_streams:
+                            self.counters["ru_streams_full"] += 1
+                            continue
+                        sid = link.streams.open(aid, P.StreamKind.LBTRU)
+                        st = link.state[sid] = StreamState(sid, P.StreamKind.LBTRU)
+                        st.ru_addr = addr
+                        st.sock = sock
+                        st.owns_sock = False  # the proxy's: closing it would kill the proxy's reader
+                        by_addr[addr] = st
+                        link.ru_streams += 1
+                        self.counters["ru_streams_opened"] += 1
+                        n.start_soon(self._ru_downstream, link, st, by_addr)
+                    st.last_active = now
+                    if st.accepted.is_set():
+                        self._send_datagram(link, st, data, flush=False)
+                    elif len(st.incoming) < RU_BACKLOG:
+                        st.incoming.append(data)  # held until accepted (then sent in order)
+                link.flush_streams()
 
-    def _send_datagram(self, link: Link, st: StreamState, data: bytes) -> None:
+    def _send_datagram(self, link: Link, st: StreamState, data: bytes, *, flush: bool = True) -> None:
         try:
             link.streams.send_datagram(st.sid, data)
         except S.LocalStreamError:
             self.counters["ru_send_closed"] += 1
             return
-        link.flush_streams()
+        if flush:
+            link.flush_streams()
 
     async def _ru_downstream(self, link: Link, st: StreamState, by_addr: dict) -> None:
         """Near LBT-RU: when accepted flush the backlog; then datagrams from the
@@ -205,16 +235,19 @@ class Relay:
             st.incoming.clear()
             for d in held:
                 self._send_datagram(link, st, d)
-            await self._ru_deliver(link, st, lambda d: st.sock.sendto(d, st.ru_addr))
+            addr = st.ru_addr
+            await self._ru_deliver(link, st, lambda d: st.sock.raw.sendto(d, addr),
+                                   lambda d: st.sock.sendto(d, addr))
         finally:
             self._end_ru(link, st)
             if by_addr.get(st.ru_addr) is st:
                 del by_addr[st.ru_addr]
 
-    async def _ru_deliver(self, link: Link, st: StreamState, send) -> None:
-        """Pass an LBT-RU stream's datagrams from the peer on with ``send(data)``
-        until the stream or the link ends, or no datagram crossed either way
-        for ``ru_idle_timeout``."""
+    async def _ru_deliver(self, link: Link, st: StreamState, send_now, send) -> None:
+        """Pass an LBT-RU stream's datagrams from the peer on with
+        ``send_now(data)`` (non-blocking; ``await send(data)`` when the socket's
+        buffer is full) until the stream or the link ends, or no datagram
+        crossed either way for ``ru_idle_timeout``."""
         while not st.closed and not link.closed:
             with trio.move_on_at(st.last_active + self.ru_idle_timeout):
                 await st.incoming_ready.wait()
@@ -227,8 +260,14 @@ class Relay:
             if st.incoming:
                 st.last_active = trio.current_time()
             while st.incoming:
+                data = st.incoming.popleft()
                 try:
-                    await send(st.incoming.popleft())
+                    send_now(data)
+                except BlockingIOError:
+                    try:
+                        await send(data)
+                    except OSError:
+                        self.counters["ru_send_error"] += 1
                 except OSError:
                     self.counters["ru_send_error"] += 1
 
@@ -329,7 +368,7 @@ class Relay:
                         self.counters["streams_accepted"] += 1
                         async with trio.open_nursery() as n:
                             n.start_soon(self._far_ru_up, link, st)
-                            await self._ru_deliver(link, st, s.send)
+                            await self._ru_deliver(link, st, s.raw.send, s.send)
                             n.cancel_scope.cancel()
                 finally:
                     link.ru_streams_far -= 1
@@ -347,18 +386,25 @@ class Relay:
         link.flush_streams()
 
     async def _far_ru_up(self, link: Link, st: StreamState) -> None:
+        """Datagrams from the LBT-RU source to the peer, a batch at a time."""
         while True:
             try:
-                data = await st.sock.recv(65535)
-            except OSError as e:  # e.g. ICMP port unreachable from a source that went away
+                batch = [await st.sock.recv(65535)]
+                more, err = drain(st.sock.raw, st.sock.raw.recv)
+                batch += more
+            except OSError as e:
+                batch, err = [], e
+            if batch:
+                st.last_active = trio.current_time()
+                for data in batch:
+                    self._send_datagram(link, st, data, flush=False)
+                link.flush_streams()
+            if err is not None:  # e.g. ICMP port unreachable from a source that went away
                 self.counters["ru_recv_error"] += 1
-                if isinstance(e, ConnectionRefusedError) and not st.source_ended:
+                if isinstance(err, ConnectionRefusedError) and not st.source_ended:
                     st.source_ended = True
                     self.session_ended(st.advert_id)
                 await trio.sleep(0.01)
-                continue
-            st.last_active = trio.current_time()
-            self._send_datagram(link, st, data)
 
     # ------------------------------------------------------- byte pumping
 
