@@ -11,7 +11,7 @@ measures on this machine, in this run:
   capture (scheduling, Python workers, Parquet, the analysis passes, report);
 * the Spark job (``lbmr_analyze.job.run``: byte-range splits decoded on the
   executors with mapInArrow, Parquet partitioned by hour, partial aggregates
-  computed by the decoding tasks and merged on the driver, Spark passes only for
+  computed by the decoding tasks and merged on the driver, one more pass for
   time to resolve, stale queries and storm seconds, report with plots):
   seconds, records/s and datagrams/s, and the analysis steps alone;
 * the baseline: the same decoding code (lbmr_analyze.rows) in this one process,

@@ -1,14 +1,14 @@
-"""The analyses: the decoding tasks' partial aggregates plus a few Spark passes,
+"""The analyses: the decoding tasks' partial aggregates plus one more pass,
 finished on the driver in plain Python over their small results.
 
 The decoding tasks aggregate the records while they write them
 (:mod:`lbmr_analyze.partials`): per-file counts, *topic facts* (one row per
 distinct topic, record kind, sender, context id, transport and OTID), *flows*
 (one row per sender, destination, context id and packet type), load per second
-and record kind, keepalive clients per minute and the error rows.  Spark then
-reads the Parquet records only for time to resolve (the TIRs, joined with the
-broadcast first queries), and, when there are any, for stale queries and for
-the contexts of storm seconds.  Every table of the report is derived from those
+and record kind, keepalive clients per minute and the error rows.  One more
+Spark job (:func:`second_pass`) reads the Parquet records with pyarrow for what
+needs those facts first: time to resolve (the TIRs joined with the first
+queries), stale queries and the contexts of storm seconds.  Every table of the report is derived from those
 results by :func:`derive` (:mod:`lbmr_analyze.findings` turns them into
 findings).  Definitions (see lbmr-analyze(1) for the full text):
 
@@ -37,14 +37,9 @@ import re
 from collections import defaultdict
 from datetime import UTC, datetime
 
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
-
 from lbmr_proto.constants import LBMRD_PORT
 
 PACKET_TYPES = ("NORMAL", "WC_TQR", "RCV_ALIVE", "SRC_ALIVE", "TOPIC_MGMT", "QUEUE_RES", "EXT")
-ISO = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'"
-ISO_S = "yyyy-MM-dd'T'HH:mm:ss'Z'"
 #: A keepalive client silent for longer than this before the end of the capture
 #: (or first heard this long after its start) is reported as vanished (joined); seconds.
 CLIENT_SILENCE_S = 15
@@ -60,25 +55,6 @@ def iso_us(us: int | None) -> str | None:
 def iso_s(sec: int) -> str:
     """Epoch seconds -> ``YYYY-MM-DDTHH:MM:SSZ``."""
     return datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _iso(c) -> F.Column:
-    return F.date_format(c, ISO)
-
-
-def _kind(k: str) -> F.Column:
-    return F.col("record_kind") == k
-
-
-def _n(cond) -> F.Column:
-    return F.sum(F.when(cond, 1).otherwise(0))
-
-
-def prepare(records: DataFrame) -> DataFrame:
-    """The columns the Spark passes use plus ``us`` (epoch microseconds) and ``second``."""
-    us = F.unix_micros("ts")
-    return (records.select("topic", "record_kind", "record_index", "src", "sport", "context_id", "ts")
-            .withColumn("us", us).withColumn("second", F.floor(us / 1_000_000)))
 
 
 def context_label(src: str | None, sport: int | None, src_id: str | None) -> str:
@@ -155,56 +131,72 @@ def error_rows(P: dict) -> tuple[list[dict], list[dict]]:
 
 # --------------------------------------------------------------------------- Spark passes
 
-def storm_contexts(r: DataFrame, seconds: list[int]) -> list[dict]:
-    """For the given seconds: datagrams per (second, sender ip:port, context id)."""
-    if not seconds:
-        return []
-    spark = r.sparkSession
-    secs = spark.createDataFrame([(s,) for s in seconds], "second bigint")
-    t = r.where(F.col("record_index") == 0).join(F.broadcast(secs), "second")
-    return (t.groupBy("second", "src", "sport", "context_id")
-            .agg(F.count(F.lit(1)).alias("packets")).toArrow().to_pylist())
+def second_pass(spark, records_path: str, facts: list[dict], storm_secs: list[int]
+                ) -> tuple[list[dict], list[dict], list[dict]]:
+    """One more pass over the Parquet records, for what needs facts known only after
+    the first: (time to resolve, stale queries, storm contexts) rows.
 
+    The driver sends every task the first query of each (querier, topic), the last
+    TIR time of each topic queried after it, and the storm seconds (a broadcast);
+    the tasks read their Parquet files with pyarrow
+    (:func:`lbmr_analyze.partials.second_pass`) and return small partial tables,
+    merged here."""
+    import functools
 
-def stale_queries(r: DataFrame, last_tir: dict[str, int]) -> list[dict]:
-    """TQRs sent after their topic's last TIR: per (topic, sender, context id) the
-    count and first/last time (epoch microseconds).  ``last_tir``: topic -> epoch us."""
-    if not last_tir:
-        return []
-    spark = r.sparkSession
-    lt = spark.createDataFrame(list(last_tir.items()), "topic string, last_tir_us bigint")
-    t = r.where(_kind("TQR")).join(F.broadcast(lt), "topic").where(F.col("us") > F.col("last_tir_us"))
-    return (t.groupBy("topic", "src", "sport", "context_id")
-            .agg(F.count(F.lit(1)).alias("n"), F.min("us").alias("first_us"), F.max("us").alias("last_us"),
-                 F.first("last_tir_us").alias("last_tir_us"))
-            .toArrow().to_pylist())
+    import pyarrow as pa
+    import pyarrow.fs as pafs
 
+    from . import fsio
+    from . import partials as P
 
-def time_to_resolve(r: DataFrame, facts: list[dict]) -> list[dict]:
-    """Per (querier, topic): first TQR -> first TIR for the topic at or after it,
-    as (src, sport, context id, topic, first query us, resolved us).
-
-    The first queries come from the topic facts (small); they are broadcast and
-    joined map-side with the TIRs of their topics, keeping the earliest TIR at or
-    after each query: one pass over the TIR rows, no shuffle of them."""
     first: dict[tuple, list] = {}
+    last_tir: dict[str, int] = {}
+    last_tqr: dict[str, int] = {}
     for f in facts:
-        if f["record_kind"] == "TQR":
-            k = (f["src"], f["sport"], f["topic"])
-            x = first.get(k)
+        k = f["record_kind"]
+        if k == "TQR":
+            key = (f["src"], f["sport"], f["topic"])
+            x = first.get(key)
             if x is None or f["first_us"] < x[0]:
-                first[k] = [f["first_us"], f["context_id"] or (x[1] if x else None)]
+                first[key] = [f["first_us"], f["context_id"] or (x[1] if x else None)]
             elif x[1] is None and f["context_id"]:
                 x[1] = f["context_id"]
-    if not first:
-        return []
-    spark = r.sparkSession
-    q = spark.createDataFrame([(s, p, t, us, cid) for (s, p, t), (us, cid) in first.items()],
-                              "src string, sport int, topic string, us bigint, context_id string")
-    a = r.where(_kind("TIR")).select("topic", F.col("us").alias("tir_us"))
-    j = a.join(F.broadcast(q), "topic").where(F.col("tir_us") >= F.col("us"))
-    return (j.groupBy("src", "sport", "context_id", "topic", "us")
-            .agg(F.min("tir_us").alias("next_tir")).toArrow().to_pylist())
+            last_tqr[f["topic"]] = max(last_tqr.get(f["topic"], f["last_us"]), f["last_us"])
+        elif k == "TIR":
+            last_tir[f["topic"]] = max(last_tir.get(f["topic"], f["last_us"]), f["last_us"])
+    cand = {t: us for t, us in last_tir.items() if last_tqr.get(t, -1) > us}
+    if not first and not storm_secs:
+        return [], [], []
+    fs, base = fsio.filesystem(records_path)
+    files = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(base, recursive=True))
+                   if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+                   and not i.base_name.startswith("."))
+    if not files:
+        return [], [], []
+    keys = list(first)
+    inputs = {
+        "firstq": pa.table({"src": [k[0] for k in keys], "sport": pa.array([k[1] for k in keys], pa.int32()),
+                            "topic": [k[2] for k in keys],
+                            "us": pa.array([first[k][0] for k in keys], pa.int64())}),
+        "last_tir": pa.table({"topic": list(cand), "last_tir_us": pa.array(list(cand.values()), pa.int64())}),
+        "storm_secs": pa.table({"second": pa.array(storm_secs, pa.int64())}),
+    }
+    sc = spark.sparkContext
+    n = max(1, min(len(files), 2 * sc.defaultParallelism))
+    groups = [files[i::n] for i in range(n)]
+    bc = sc.broadcast(P.to_ipc(inputs))
+    try:
+        got = (sc.parallelize(groups, n)
+               .map(functools.partial(P.run_second, base_uri=records_path, inputs=bc)).collect())
+    finally:
+        bc.unpersist()
+    m = P.merge([P.from_ipc(b) for b in got if b])
+    ttr = [dict(src=x["src"], sport=x["sport"], context_id=first[(x["src"], x["sport"], x["topic"])][1],
+                topic=x["topic"], us=first[(x["src"], x["sport"], x["topic"])][0], next_tir=x["next_tir"])
+           for x in (m["ttr"].to_pylist() if "ttr" in m else []) if x["next_tir"] is not None]
+    stale = [dict(x, last_tir_us=cand[x["topic"]]) for x in (m["stale"].to_pylist() if "stale" in m else [])]
+    storm = m["storm"].to_pylist() if "storm" in m else []
+    return ttr, stale, storm
 
 
 # --------------------------------------------------------------------------- driver side

@@ -318,19 +318,16 @@ def read_records(spark, records_path: str):
     return spark.read.schema(SPARK_DDL + ", hour string").parquet(fsio.spark_uri(str(records_path)))
 
 
-def analyse(spark, records, partials: dict, *, storm_threshold: int = DEFAULT_STORM_THRESHOLD,
+def analyse(spark, records_path: str, partials: dict, *, storm_threshold: int = DEFAULT_STORM_THRESHOLD,
             top: int = DEFAULT_TOP, progress: Progress | None = None) -> tuple[dict, dict[str, list[dict]]]:
     """All tables from the decoding tasks' merged ``partials``
-    (:mod:`lbmr_analyze.partials`) and the records DataFrame: (summary, tables).
-
-    Spark reads the records only for time to resolve and, when there are any,
-    stale queries and storm seconds; everything else is derived on the driver
-    from the partial aggregates."""
+    (:mod:`lbmr_analyze.partials`) and one more pass over the Parquet records
+    under ``records_path`` (time to resolve, stale queries, storm contexts; see
+    :func:`lbmr_analyze.analyses.second_pass`): (summary, tables)."""
     from . import analyses as A
     from . import findings as FND
 
     prog = progress if progress is not None else Progress(3, enabled=False)
-    r = A.prepare(records)
     prog.step("analysing: files, topics, contexts")
     file_rows = A.files(partials)
     summary = A.totals(file_rows)
@@ -343,18 +340,11 @@ def analyse(spark, records, partials: dict, *, storm_threshold: int = DEFAULT_ST
     tables["keepalive_census"] = A.keepalive_census(partials)
     tables["capture_errors"], tables["decode_errors"] = A.error_rows(partials)
     prog.step("analysing: time to resolve, stale queries, storms")
-    tables["time_to_resolve"] = A.ttr_table(A.time_to_resolve(r, facts))
-    last_tir: dict[str, int] = {}
-    last_tqr: dict[str, int] = {}
-    for f in facts:
-        d = last_tir if f["record_kind"] == "TIR" else last_tqr if f["record_kind"] == "TQR" else None
-        if d is not None:
-            d[f["topic"]] = max(d.get(f["topic"], f["last_us"]), f["last_us"])
-    cand = {t: us for t, us in last_tir.items() if last_tqr.get(t, -1) > us}
-    tables["stale_queries"] = A.stale_table(A.stale_queries(r, cand))
     storm_secs = [x["second"] for x in load if x["record_kind"] == "ALL" and x["packets"] > storm_threshold]
-    tables["storms"], tables["storm_contexts"] = A.storms_table(
-        load, storm_threshold, A.storm_contexts(r, storm_secs))
+    ttr, stale, storm = A.second_pass(spark, records_path, facts, storm_secs)
+    tables["time_to_resolve"] = A.ttr_table(ttr)
+    tables["stale_queries"] = A.stale_table(stale)
+    tables["storms"], tables["storm_contexts"] = A.storms_table(load, storm_threshold, storm)
     summary.update(
         storm_threshold=storm_threshold,
         topics=len(tables["topic_inventory"]),
@@ -390,7 +380,7 @@ def analyse_written(spark, records_path: str, written: int, partials: dict, **kw
             check_visible(written, 0, records_path)
         raise
     check_visible(written, seen, records_path)
-    return analyse(spark, records, partials, **kw)
+    return analyse(spark, records_path, partials, **kw)
 
 
 def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,

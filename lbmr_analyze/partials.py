@@ -173,3 +173,72 @@ def from_ipc(data: bytes) -> dict[str, pa.Table]:
         out[name] = pa.ipc.open_stream(data[p:p + size]).read_all()
         p += size
     return out
+
+
+# --------------------------------------------------------------------------- second pass
+
+#: Record columns the second pass reads.
+SECOND_COLUMNS = ["topic", "record_kind", "record_index", "src", "sport", "context_id", "ts"]
+
+
+def second_pass(t: pa.Table, firstq: pa.Table, last_tir: pa.Table, storm_secs: pa.Array) -> dict[str, pa.Table]:
+    """Partial tables of the analyses that need global facts, for one piece of the
+    records ``t`` (:data:`SECOND_COLUMNS`):
+
+    ``ttr``    per (src, sport, topic) of ``firstq`` (src, sport, topic, us): the
+               earliest TIR time at or after the first query (``next_tir``);
+    ``stale``  per (topic, src, sport, context_id): TQRs after the topic's last
+               TIR (``last_tir``: topic, last_tir_us): count, first and last time;
+    ``storm``  per (second, src, sport, context_id) for the seconds in
+               ``storm_secs``: datagrams.
+
+    Times in epoch microseconds, seconds in epoch seconds."""
+    us = pc.cast(t["ts"], _I64)
+    t = t.append_column("us", us)
+    kind = t["record_kind"]
+    out: dict[str, pa.Table] = {}
+    tirs = t.filter(pc.equal(kind, "TIR")).select(["topic", "us"]).rename_columns(["topic", "tir_us"])
+    j = tirs.join(firstq, "topic", join_type="inner", use_threads=False)
+    j = j.filter(pc.greater_equal(j["tir_us"], j["us"]))
+    out["ttr"] = _agg(j, ["src", "sport", "topic"], [("tir_us", "min", "next_tir")])
+    tq = t.filter(pc.equal(kind, "TQR")).select(["topic", "src", "sport", "context_id", "us"])
+    tq = tq.join(last_tir, "topic", join_type="inner", use_threads=False)
+    tq = tq.filter(pc.greater(tq["us"], tq["last_tir_us"]))
+    out["stale"] = _agg(tq, ["topic", "src", "sport", "context_id"],
+                        [("us", "count", "n"), ("us", "min", "first_us"), ("us", "max", "last_us")])
+    sec = pc.divide(us, 1_000_000)
+    st = pa.table({"second": sec, "src": t["src"], "sport": t["sport"], "context_id": t["context_id"],
+                   "us": us}).filter(pc.and_(pc.fill_null(pc.equal(t["record_index"], 0), False),
+                                             pc.fill_null(pc.is_in(sec, storm_secs), False)))
+    out["storm"] = _agg(st, ["second", "src", "sport", "context_id"], [("us", "count", "packets")])
+    return out
+
+
+_MERGE.update({
+    "ttr": (["src", "sport", "topic"], [("next_tir", "min")]),
+    "stale": (["topic", "src", "sport", "context_id"], [("n", "sum"), ("first_us", "min"), ("last_us", "max")]),
+    "storm": (["second", "src", "sport", "context_id"], [("packets", "sum")]),
+})
+
+
+def second_pass_files(paths: list[str], base_uri: str, inputs_ipc: bytes) -> bytes:
+    """Executor side: :func:`second_pass` over Parquet record files (paths within
+    the file system of ``base_uri``), merged, as IPC bytes."""
+    import pyarrow.parquet as pq
+
+    from . import fsio
+    fs, _ = fsio.filesystem(base_uri)
+    inp = from_ipc(inputs_ipc)
+    secs = inp["storm_secs"]["second"].combine_chunks()
+    parts = []
+    for p in paths:
+        t = pq.read_table(p, columns=SECOND_COLUMNS, filesystem=fs)
+        parts.append(second_pass(t, inp["firstq"], inp["last_tir"], secs))
+        if len(parts) >= 16:
+            parts = [merge(parts)]
+    return to_ipc(merge(parts)) if parts else b""
+
+
+def run_second(paths: list[str], base_uri: str, inputs) -> bytes:
+    """The task function: ``inputs`` is a Spark broadcast of the IPC inputs."""
+    return second_pass_files(paths, base_uri, inputs.value)
