@@ -403,3 +403,28 @@ async def test_a_thousand_receivers_in_one_context_resolve_quickly():
         assert ra.counters["adverts_withdrawn"] == 0  # no live source withdrawn
         assert len(rb.status()["proxies"]) == n_topics  # every bound proxy advertised (and answered)
         n.cancel_scope.cancel()
+
+
+async def test_twenty_thousand_advertisements_from_the_peer_bind_nothing_unwanted():
+    """Defect (hostile peer): 20,000 ADVERTISEMENTs bound 20,000 proxy sockets
+    at once and the router exited 3 (out of file descriptors). Unwanted ones
+    now bind nothing, wanted ones at most max_proxies."""
+    from router import peerlink as P
+
+    async with trio.open_nursery() as n:
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        rb = acceptor(trd2)
+        addr = await n.start(rb.run)
+        fds = open_fds()
+        stream, conn = await handshake(addr["peer"])
+        otid = bytes(32)
+        burst = b"".join(conn.send(P.Advertisement(f"md.flood.{i}", 1, otid, P.StreamKind.TCP, i + 1, False),
+                                   trio.current_time()) for i in range(20_000))
+        await stream.send_all(burst)
+        with trio.fail_after(20):
+            while rb.counters["adverts_unwanted"] < 20_000:
+                await trio.sleep(0.05)
+        assert open_fds() - fds <= 5 and not rb.status()["proxies"]
+        assert rb.status()["peer"]["state"] == "CONNECTED"  # and the router lives on
+        await stream.aclose()
+        n.cancel_scope.cancel()
