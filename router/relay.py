@@ -40,16 +40,21 @@ PORT_QUARANTINE = 60.0
 RU_BATCH = 64  # datagrams read from a relay socket at one wake-up
 
 
-def ru_socket():
-    """A UDP socket for the LBT-RU relay, with big buffers (best effort). Its
-    ``raw`` attribute is the underlying non-blocking socket, for reading what is
-    already queued and sending without a scheduler round trip per datagram."""
+def _udp_raw() -> socket.socket:
     raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
         try:
             raw.setsockopt(socket.SOL_SOCKET, opt, RU_SOCKET_BUFFER)
         except OSError:
             pass
+    return raw
+
+
+def ru_socket(raw: socket.socket | None = None):
+    """A UDP socket for the LBT-RU relay, with big buffers (best effort). Its
+    ``raw`` attribute is the underlying non-blocking socket, for reading what is
+    already queued and sending without a scheduler round trip per datagram."""
+    raw = raw if raw is not None else _udp_raw()
     s = trio.socket.from_stdlib_socket(raw)
     s.raw = raw
     return s
@@ -92,6 +97,7 @@ class Relay:
         self.port_quarantine = getattr(endpoint, "relay_port_quarantine", PORT_QUARANTINE)
         self._released: dict[int, float] = {}  # relay port -> when its proxy gave it up
         self._next_port = 0  # where the round robin over the range goes on
+        self._in_use: set[int] = set()  # relay ports our proxies hold
 
     def relay_ports(self) -> list[int]:
         """The relay ports to try, in order: round robin over the range from the
@@ -117,33 +123,45 @@ class Relay:
         relays every receiver that connects (TCP) or registers (LBT-RU)."""
         e = self.endpoint
         tcp = f.transport == 0x00
-        sock = None
-        for port in self.relay_ports():
-            s = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM) if tcp else ru_socket()
-            try:
-                if tcp:
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                await s.bind((e.relay_ip, port))
-                sock = s
-                break
-            except OSError:
-                s.close()
+        sock = self._bind_relay(tcp)
         if sock is None:
             self.counters["relay_ports_exhausted"] += 1
             self.event("relay_ports_exhausted", f"no free relay port for {f.topic}")
             task_status.started(None)
             return
         bound = sock.getsockname()[1]
-        if e.relay_port_low:
-            if bound in self._released:
-                self.counters["relay_port_quarantine_cut"] += 1
-                del self._released[bound]
-            self._next_port = bound - e.relay_port_low + 1
         try:
             await self._serve_proxy_socket(f, sock, tcp, task_status)
         finally:
+            self._in_use.discard(bound)
             if e.relay_port_low:
                 self._released[bound] = trio.current_time()
+
+    def _bind_relay(self, tcp: bool):
+        """A listener (TCP) or socket (LBT-RU) bound at the relay address on the
+        first port of :meth:`relay_ports` that is free, or None. Synchronous:
+        proxies started together never race for the same port (the bind storm
+        of a thousand proxies on one port after the other took 30 s)."""
+        e = self.endpoint
+        for port in self.relay_ports():
+            if port in self._in_use:
+                continue
+            raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM) if tcp else _udp_raw()
+            try:
+                if tcp:
+                    raw.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                raw.bind((e.relay_ip, port))
+            except OSError:
+                raw.close()
+                continue
+            bound = raw.getsockname()[1]
+            self._in_use.add(bound)
+            if e.relay_port_low:
+                if self._released.pop(bound, None) is not None:
+                    self.counters["relay_port_quarantine_cut"] += 1
+                self._next_port = bound - e.relay_port_low + 1
+            return trio.socket.from_stdlib_socket(raw) if tcp else ru_socket(raw)
+        return None
 
     async def _serve_proxy_socket(self, f: P.Advertisement, sock, tcp: bool, task_status) -> None:
         with sock:

@@ -362,7 +362,9 @@ async def test_a_thousand_receivers_in_one_context_resolve_quickly():
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        ra, rb = await start_routers(n, trd1, trd2)
+        # a relay range of 1000 ports, as in the shipped configs (proxies started together
+        # used to try every port one after the other: 30 s of binds)
+        ra, rb = await start_routers(n, trd1, trd2, relay_port_low=22000, relay_port_high=22999)
         src_ctx = udp("127.0.1.5")
         tirs = [L.TIR(t, L.TcpTransport("127.0.1.5", 30000 + i), 60, i,
                       [L.OtidOption(0x8000, synthesize_otid(L.TcpTransport("127.0.1.5", 30000 + i), i))])
