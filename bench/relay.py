@@ -556,15 +556,21 @@ def send_from(sock: socket.socket, payload: bytes, src_ip: str, dst: tuple[str, 
 
 
 def many_clients(sock: socket.socket, relay: Lbmrd, n: int) -> None:
-    """Register ``n`` clients 127.64.0.1 and up (paced: lbmrd keeps up)."""
-    for start in range(0, n, 2000):
-        for i in range(start, min(n, start + 2000)):
-            send_from(sock, KEEPALIVE, f"127.{64 + (i >> 16)}.{(i >> 8) & 255}.{i & 255}", relay.addr)
-        deadline = time.monotonic() + 30
-        while relay.status()["clients_total"] < min(n, start + 2000):
-            if time.monotonic() > deadline:
-                raise RuntimeError("lbmrd did not register the clients")
-            time.sleep(0.01)
+    """Register ``n`` clients 127.64.0.1 and up, 1,000 at a time; a chunk is
+    sent again (a refresh for those already known) until lbmrd has them all,
+    since a busy machine may drop some from the socket buffer."""
+    for start in range(0, n, 1000):
+        end = min(n, start + 1000)
+        for _ in range(REGISTER_TRIES * 4):
+            for i in range(start, end):
+                send_from(sock, KEEPALIVE, f"127.{64 + (i >> 16)}.{(i >> 8) & 255}.{i & 255}", relay.addr)
+            deadline = time.monotonic() + 2.0
+            while relay.status()["clients_total"] < end and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if relay.status()["clients_total"] >= end:
+                break
+        else:
+            raise RuntimeError("lbmrd did not register the clients")
 
 
 def keepalive_rtts(probe: socket.socket, relay_addr: tuple[str, int], until, period: float = 0.002,

@@ -286,8 +286,17 @@ class RelayCore:
             return Reply(bytes((data[0] & 0xF0, 0, 0, 0)))
         if ptype == 0 and not res.tqrs and not res.tirs_count:
             return QUIET  # records-free NORMAL packet with options: nothing to relay
-        if self._looped(data, src, now, res.tirs_count):
-            return Drop("loop")
+        # loop memory, on the hot path: one look-up when the sender repeats itself
+        key = hash(data)
+        seen = self._recent.get(key)
+        if seen is not None and now - seen[1] < LOOP_WINDOW:
+            if seen[0] == src:
+                seen[1] = now  # the sender again: UM re-advertises the same bytes
+            elif self._looped(seen, src, now, res.tirs_count):
+                return Drop("loop")
+            seen = True  # known: nothing to remember for the bytes as received
+        else:
+            seen = None
         base = data
         if res.tirs:
             base = self._fill_in(data, res.tirs, client.ip4)
@@ -295,12 +304,19 @@ class RelayCore:
                 # a copy coming back after NAT rewrites in a cycle of daemons is the base again
                 self._remember(base, src, now)
                 return Relay(self._nat(base, res.tirs, client, src, now), client)
-        self._remember(base, src, now)
+        if base is not data:
+            self._remember(base, src, now)
+        elif seen is None:
+            recent = self._recent
+            if len(recent) >= LOOP_MEMORY:
+                del recent[next(iter(recent))]  # bounded: forget the oldest
+            recent[key] = [src, now, {}, False]
         return Relay([(base, g) for g in self.table.groups.values()], client)
 
-    def _looped(self, data: bytes, src: tuple[str, int], now: float, tirs: int) -> bool:
-        """Whether ``data`` is a copy of a datagram we relayed in the last
-        :data:`LOOP_WINDOW` seconds, coming back from someone else.
+    def _looped(self, seen: list, src: tuple[str, int], now: float, tirs: int) -> bool:
+        """Whether a datagram whose bytes we relayed in the last
+        :data:`LOOP_WINDOW` seconds for another sender (``seen``, see
+        :meth:`_remember`), now from ``src``, is coming back round a loop.
 
         A relayed datagram with TIRs names its source (0.0.0.0 is filled in
         before it is remembered), so a copy of it from anyone but its sender
@@ -314,9 +330,6 @@ class RelayCore:
         40, 80, ...): a loop dies within that many rounds, real queries
         pass.
         """
-        seen = self._recent.get(hash(data))
-        if seen is None or seen[0] == src or now - seen[1] >= LOOP_WINDOW:
-            return False
         if tirs:
             self._relays[src] = now + LOOP_WINDOW
             if len(self._relays) > SUSPECTS_MAX:
