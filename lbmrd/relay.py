@@ -244,14 +244,13 @@ class RelayCore:
             if why is not None:
                 c.drops[why] += 1
                 return Drop(why)
+            if len(data) == 4 and data in REPLY_SHAPES:
+                # what a daemon answers to a keepalive: never a client, never relayed
+                c.drops["reply_shaped"] += 1
+                self._suspect(src, now)
+                return Drop("reply_shaped")
         else:
             ip4 = client.ip4
-        if len(data) == 4 and data in REPLY_SHAPES:
-            # what a daemon answers to a keepalive: never a client, never relayed
-            c.drops["reply_shaped"] += 1
-            if client is None:
-                self._suspect(src, now)
-            return Drop("reply_shaped")
         try:
             res = scan(data)
         except LBMRDecodeError as e:
@@ -285,14 +284,17 @@ class RelayCore:
         if ptype == 2 or ptype == 3:
             return Reply(bytes((data[0] & 0xF0, 0, 0, 0)))
         if ptype == 0 and not res.tqrs and not res.tirs_count:
+            if len(data) == 4:  # reply-shaped, from a known client: not relayed
+                c.drops["reply_shaped"] += 1
+                return Drop("reply_shaped")
             return QUIET  # records-free NORMAL packet with options: nothing to relay
         # loop memory, on the hot path: one look-up when the sender repeats itself
         key = hash(data)
         seen = self._recent.get(key)
         if seen is not None and now - seen[1] < LOOP_WINDOW:
-            if seen[0] == src:
+            if seen[0] is client:
                 seen[1] = now  # the sender again: UM re-advertises the same bytes
-            elif self._looped(seen, src, now, res.tirs_count):
+            elif seen[0].addr != src and self._looped(seen, src, now, res.tirs_count):
                 return Drop("loop")
             seen = True  # known: nothing to remember for the bytes as received
         else:
@@ -302,15 +304,15 @@ class RelayCore:
             base = self._fill_in(data, res.tirs, client.ip4)
             if len(self.table.groups) > 1 or self.nat is not None and self.nat.transforms:
                 # a copy coming back after NAT rewrites in a cycle of daemons is the base again
-                self._remember(base, src, now)
-                return Relay(self._nat(base, res.tirs, client, src, now), client)
+                self._remember(base, client, now)
+                return Relay(self._nat(base, res.tirs, client, now), client)
         if base is not data:
-            self._remember(base, src, now)
+            self._remember(base, client, now)
         elif seen is None:
             recent = self._recent
             if len(recent) >= LOOP_MEMORY:
                 del recent[next(iter(recent))]  # bounded: forget the oldest
-            recent[key] = [src, now, {}, False]
+            recent[key] = [client, now, {}, False]
         return Relay([(base, g) for g in self.table.groups.values()], client)
 
     def _looped(self, seen: list, src: tuple[str, int], now: float, tirs: int) -> bool:
@@ -356,26 +358,27 @@ class RelayCore:
         self.counters.drops["loop"] += 1
         if not seen[3]:
             seen[3] = True  # one event per looping datagram
+            first = seen[0].addr
             self.event(now, "loop", f"{src[0]}:{src[1]} sent back a datagram first "
-                                    f"relayed for {seen[0][0]}:{seen[0][1]}")
+                                    f"relayed for {first[0]}:{first[1]}")
         return True
 
-    def _remember(self, payload: bytes, src: tuple[str, int], now: float) -> None:
-        """Note a payload relayed for ``src`` (bounded: the oldest is
+    def _remember(self, payload: bytes, sender: Client, now: float) -> None:
+        """Note a payload relayed for ``sender`` (bounded: the oldest is
         forgotten). A live entry of another sender is kept, so a copy that
         goes round again is still counted against the first sender.
-        Entries: [sender, time (s), {other source: [copies in quick
+        Entries: [sender (Client), time (s), {other source: [copies in quick
         succession, time of the last (s)]}, looping reported]."""
         recent = self._recent
         k = hash(payload)
         seen = recent.get(k)
         if seen is not None and now - seen[1] < LOOP_WINDOW:
-            if seen[0] == src:
+            if seen[0] is sender:
                 seen[1] = now  # the sender again: UM re-advertises the same bytes
             return
         if seen is None and len(recent) >= LOOP_MEMORY:
             del recent[next(iter(recent))]
-        recent[k] = [src, now, {}, False]
+        recent[k] = [sender, now, {}, False]
 
     def _fill_in(self, data: bytes, tirs, ip4: bytes) -> bytes:
         buf = None
@@ -398,7 +401,7 @@ class RelayCore:
         self.counters.fillins += n
         return bytes(buf)
 
-    def _nat(self, base: bytes, tirs, sender: Client, src: tuple[str, int], now: float):
+    def _nat(self, base: bytes, tirs, sender: Client, now: float):
         """One payload per destination group (a generator, so that the shell
         can pause between groups: a datagram of thousands of TIRs times
         hundreds of domains is seconds of work), rewritten by the rules of
@@ -432,7 +435,7 @@ class RelayCore:
             else:
                 self.counters.nat_rewrites += 1
                 payload = bytes(buf)
-                self._remember(payload, src, now)
+                self._remember(payload, sender, now)
                 yield payload, g
 
     def expire(self, now: float) -> list[Client]:
