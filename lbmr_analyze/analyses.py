@@ -175,10 +175,13 @@ def second_pass(spark, records_path: str, facts: list[dict], storm_secs: list[in
         return [], [], []
     keys = list(first)
     inputs = {
-        "firstq": pa.table({"src": [k[0] for k in keys], "sport": pa.array([k[1] for k in keys], pa.int32()),
-                            "topic": [k[2] for k in keys],
+        # explicit types: an empty list would otherwise be of type null (not joinable)
+        "firstq": pa.table({"src": pa.array([k[0] for k in keys], pa.string()),
+                            "sport": pa.array([k[1] for k in keys], pa.int32()),
+                            "topic": pa.array([k[2] for k in keys], pa.string()),
                             "us": pa.array([first[k][0] for k in keys], pa.int64())}),
-        "last_tir": pa.table({"topic": list(cand), "last_tir_us": pa.array(list(cand.values()), pa.int64())}),
+        "last_tir": pa.table({"topic": pa.array(list(cand), pa.string()),
+                              "last_tir_us": pa.array(list(cand.values()), pa.int64())}),
         "storm_secs": pa.table({"second": pa.array(storm_secs, pa.int64())}),
     }
     sc = spark.sparkContext
@@ -274,7 +277,8 @@ def derive(facts: list[dict], flow_rows: list[dict], *, top: int) -> dict[str, l
     for f in tqrs:
         if by_topic[f["topic"]]["adv"]:
             continue
-        k = (f["topic"], f["src"], f["sport"])
+        # relayed by lbmrd: the sender is lbmrd, so the src_id tells the contexts apart
+        k = (f["topic"], f["src"], f["sport"], f["context_id"] if f["sport"] == LBMRD_PORT else None)
         u = unres.setdefault(k, [0, f["first_us"], f["last_us"], set()])
         u[0] += f["n"]
         u[1], u[2] = min(u[1], f["first_us"]), max(u[2], f["last_us"])
@@ -282,8 +286,8 @@ def derive(facts: list[dict], flow_rows: list[dict], *, top: int) -> dict[str, l
     T["unresolved_topics"] = sorted(
         (dict(topic=t, querier=f"{s}:{p}", src_id=_join(u[3]) or None, queries=u[0],
               first_query=iso_us(u[1]), last_query=iso_us(u[2]), via_lbmrd=p == LBMRD_PORT)
-         for (t, s, p), u in unres.items()),
-        key=lambda x: (-x["queries"], x["topic"], x["querier"]))
+         for (t, s, p, _c), u in unres.items()),
+        key=lambda x: (-x["queries"], x["topic"], x["querier"], x["src_id"] or ""))
 
     # ---- conflicts
     by_tid: dict[str, dict] = defaultdict(lambda: dict(ctx=set(), topics=set(), n=0, first=None, last=None))

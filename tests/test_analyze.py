@@ -273,12 +273,12 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
     un = defaultdict(list)
     for r in recs:
         if r["kind"] == "TQR" and r["topic"] not in adv:
-            un[(r["topic"], r["src"], r["sport"])].append(r)
+            un[(r["topic"], r["src"], r["sport"], r["cid"] if r["sport"] == 15380 else None)].append(r)
     T["unresolved_topics"] = sorted(
         (dict(topic=t, querier=f"{s}:{p}", src_id=_set(r["cid"] for r in rs) or None, queries=len(rs),
               first_query=iso(min(r["us"] for r in rs)), last_query=iso(max(r["us"] for r in rs)),
-              via_lbmrd=p == 15380) for (t, s, p), rs in un.items()),
-        key=lambda x: (-x["queries"], x["topic"], x["querier"]))
+              via_lbmrd=p == 15380) for (t, s, p, _c), rs in un.items()),
+        key=lambda x: (-x["queries"], x["topic"], x["querier"], x["src_id"] or ""))
     last_tir = {}
     for r in recs:
         if r["kind"] == "TIR":
@@ -857,6 +857,9 @@ def lbmrd_client_datagrams() -> list[tuple]:
                               _tir("M", L.TcpTransport("10.1.1.11", 14372))])
         relayed(k + 0.2, x3, [L.TIR("N1", L.TcpTransport("10.1.1.12", 14371), 16, 1, [same]),
                               L.TIR("N2", L.TcpTransport("10.1.1.12", 14371), 16, 2, [same])])
+    for k, src_id in ((2, b"\x55" * 8), (3, b"\x66" * 8), (4, b"\x66" * 8)):     # relayed queries for U
+        d.append((T0 + k + 0.3, *lbmrd, *me,
+                  L.encode(L.Packet(tqrs=[L.TQR("U")], options=[L.SourceIdOption(0x8000, src_id)]))))
     d.sort(key=lambda x: x[0])
     return d
 
@@ -874,12 +877,15 @@ def test_lbmrd_client_capture_findings(spark, tmp_path):
         [(f"[{'22' * 8}] {via}", "M", 2)]
     assert [(r["topics"], r["n_contexts"]) for r in t["otid_collisions"]] == [("N1 N2", 1)]
     assert t["transport_conflicts"] == []        # N1 and N2 share one transport in one context: normal
+    # two contexts query U through lbmrd: told apart by their src_id
+    assert [(r["topic"], r["querier"], r["src_id"], r["queries"], r["via_lbmrd"]) for r in t["unresolved_topics"]] \
+        == [("U", "10.0.0.1:15380", "66" * 8, 2, True), ("U", "10.0.0.1:15380", "55" * 8, 1, True)]
     assert [(r["client"], r["event"], r["silent_s"]) for r in t["client_changes"]] == \
         [("10.1.1.6:14402", "vanished", 29.5)]
     kinds = [(f["severity"], f["kind"]) for f in t["findings"]]
-    assert kinds == [("critical", "OTID collision"), ("high", "unreachable address"),
+    assert kinds == [("critical", "OTID collision"), ("high", "never advertised"), ("high", "unreachable address"),
                      ("medium", "one context, several transports"), ("medium", "lbmrd client vanished")]
-    assert "172.16.9.9" in t["findings"][1]["finding"] and "relayed by lbmrd" in t["findings"][1]["finding"]
+    assert "172.16.9.9" in t["findings"][2]["finding"] and "relayed by lbmrd" in t["findings"][2]["finding"]
 
 
 # ============================================================== cluster safety (local mode)
