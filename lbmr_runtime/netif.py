@@ -192,22 +192,28 @@ def _mreqn(group: str, ip: str, index: int) -> bytes:
     return socket.inet_aton(group) + socket.inet_aton(ip) + struct.pack("@i", index)
 
 
-def open_multicast_socket(group: str, port: int, iface: Interface, iface_ip: str, source_ip: str,
-                          ttl: int) -> socket.socket:
-    """A UDP socket for one context in multicast mode: bound to (group,
-    port) with SO_REUSEADDR and SO_REUSEPORT (every context of every
-    process in the network namespace shares the port; the kernel gives each
-    a copy of every datagram to the group), joined to the group on ``iface``, sending
-    to it through ``iface`` from ``source_ip`` with loopback on and TTL
-    ``ttl``."""
+def open_multicast_socket(group: str, port: int, iface_index: int, iface_ip: str, source_ip: str,
+                          ttl: int, buffer: int | None = None) -> socket.socket:
+    """A UDP socket for multicast topic resolution: bound to (group, port)
+    with SO_REUSEADDR and SO_REUSEPORT (every context of every process on the
+    host shares the port; the kernel gives each a copy of every datagram to
+    the group), joined to the group on the interface ``iface_index`` (0: the
+    one that has ``iface_ip``), sending to it through that interface from
+    ``source_ip`` with loopback on and TTL ``ttl``; ``buffer``: socket buffer
+    sizes in bytes, best effort."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF) if buffer else ():
+            try:
+                s.setsockopt(socket.SOL_SOCKET, opt, buffer)
+            except OSError:
+                pass
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         s.bind((group, port))
         s.setsockopt(socket.IPPROTO_IP, IP_MULTICAST_ALL, 0)
-        s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, _mreqn(group, iface_ip, iface.index))
-        s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, _mreqn("0.0.0.0", source_ip, iface.index))
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, _mreqn(group, iface_ip, iface_index))
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, _mreqn("0.0.0.0", source_ip, iface_index))
         s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
         s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
     except BaseException:

@@ -25,13 +25,15 @@ import secrets
 import signal
 import socket
 import ssl
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 
 import trio
 
-from lbmr_runtime.http import serve_http
+from lbmr_runtime.events import EventRing
+from lbmr_runtime.http import PrometheusText, serve_http
+from lbmr_runtime.netif import open_multicast_socket
 
 from . import peerlink as P
 from .bridge import Bridge, Notice, SendFrame, StartProxy, StopProxy
@@ -135,7 +137,7 @@ class Router:
         self.bridge: Bridge | None = None
         self.link: Link | None = None
         self.counters: Counter[str] = Counter()
-        self.events: deque[tuple[float, str, str]] = deque(maxlen=1000)
+        self.events = EventRing(1000)
         self._proxy_scopes: dict[int, trio.CancelScope] = {}  # proxy listeners, by advert id
         self._handshakes: dict[trio.CancelScope, Link | None] = {}  # incoming links not yet connected
         self._dying: set[int] = set()  # adverts whose source ended, withdrawn after the deletion delay
@@ -147,7 +149,7 @@ class Router:
         self._nursery: trio.Nursery | None = None
 
     def event(self, kind: str, detail: str) -> None:
-        self.events.append((trio.current_time(), kind, detail))
+        self.events.add(trio.current_time(), kind, detail)
         log.info("%s %s", kind, detail)
 
     def _session_ended(self, advert_id: int) -> None:
@@ -212,32 +214,25 @@ class Router:
         """The portal's TR socket: joined to the group (multicast), or bound to the
         first free port of the TR port range (lbmrd)."""
         e = self.settings.endpoint
+        if e.mode == "multicast":
+            group, port = e.multicast
+            return trio.socket.from_stdlib_socket(open_multicast_socket(
+                group, port, 0, e.tr_ip, e.tr_ip, e.multicast_ttl, buffer=TR_SOCKET_BUFFER))
         sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):  # bursts of TR traffic (best effort)
             try:
                 sock.setsockopt(socket.SOL_SOCKET, opt, TR_SOCKET_BUFFER)
             except OSError:
                 pass
-        if e.mode == "multicast":
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            group, port = e.multicast
-            await sock.bind(("", port))
-            mreq = socket.inet_aton(group) + socket.inet_aton(e.tr_ip)
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreq)
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(e.tr_ip))
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, e.multicast_ttl)
-        else:
-            ports = range(e.tr_port_low, e.tr_port_high + 1) if e.tr_port_low else [0]
-            for i, port in enumerate(ports):
-                try:
-                    await sock.bind((e.tr_ip, port))
-                    break
-                except OSError:
-                    if i == len(ports) - 1:
-                        sock.close()
-                        raise
+        ports = range(e.tr_port_low, e.tr_port_high + 1) if e.tr_port_low else [0]
+        for i, port in enumerate(ports):
+            try:
+                await sock.bind((e.tr_ip, port))
+                break
+            except OSError:
+                if i == len(ports) - 1:
+                    sock.close()
+                    raise
         return sock
 
     # ------------------------------------------------------------- the bridge
@@ -498,21 +493,17 @@ class Router:
     def prometheus_text(self) -> str:
         link = self.link
         up = 1 if link is not None and link.conn.state is P.State.CONNECTED else 0
-        out = ["# HELP lbmr_router_peer_up 1 while the peer link is connected.",
-               "# TYPE lbmr_router_peer_up gauge", f"lbmr_router_peer_up {up}",
-               "# TYPE lbmr_router_proxies gauge", f"lbmr_router_proxies {len(self.bridge.proxy_addresses()) if self.bridge else 0}",
-               "# TYPE lbmr_router_adverts gauge", f"lbmr_router_adverts {len(self.bridge.advert_sources()) if self.bridge else 0}",
-               "# TYPE lbmr_router_streams gauge", f"lbmr_router_streams {len(link.state) if link else 0}",
-               "# HELP lbmr_router_events_total Router events, by kind.",
-               "# TYPE lbmr_router_events_total counter"]
-        out += [f'lbmr_router_events_total{{kind="{k}"}} {v}' for k, v in sorted(self.counters.items())]
+        p = PrometheusText()
+        p.metric("lbmr_router_peer_up", "gauge", up, "1 while the peer link is connected.")
+        p.metric("lbmr_router_proxies", "gauge", len(self.bridge.proxy_addresses()) if self.bridge else 0)
+        p.metric("lbmr_router_adverts", "gauge", len(self.bridge.advert_sources()) if self.bridge else 0)
+        p.metric("lbmr_router_streams", "gauge", len(link.state) if link else 0)
+        p.by_label("lbmr_router_events_total", "counter", "kind", self.counters, "Router events, by kind.")
         if self.tr is not None:
-            out += ["# TYPE lbmr_router_portal_total counter"]
-            out += [f'lbmr_router_portal_total{{what="{k}"}} {v}' for k, v in sorted(self.tr.stats().items())]
+            p.by_label("lbmr_router_portal_total", "counter", "what", self.tr.stats())
         if link is not None:
-            out += ["# TYPE lbmr_router_peer_dropped_datagrams_total counter",
-                    f"lbmr_router_peer_dropped_datagrams_total {link.outq.dropped_datagrams}"]
-        return "\n".join(out) + "\n"
+            p.metric("lbmr_router_peer_dropped_datagrams_total", "counter", link.outq.dropped_datagrams)
+        return p.text()
 
     def status(self) -> dict:
         link = self.link
@@ -535,5 +526,5 @@ class Router:
                         for a, b in adverts.items()},
             "streams": len(link.state) if link else 0,
             "counters": dict(self.counters),
-            "events": [{"age_s": round(now - t, 3), "event": k, "detail": d} for t, k, d in self.events],
+            "events": self.events.dump(now),
         }

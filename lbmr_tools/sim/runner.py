@@ -110,7 +110,7 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
             group, port = config.multicast
             for ip in addrs:
                 socks.append(trio.socket.from_stdlib_socket(open_multicast_socket(
-                    group, port, iface, config.mc_interface, ip, config.mc_ttl)))
+                    group, port, iface.index, config.mc_interface, ip, config.mc_ttl)))
             clients: list[Addr] = [(ip, port) for ip in addrs]
         else:
             for ip in addrs:
