@@ -51,6 +51,21 @@ _TITLES = {
 }
 
 
+#: The rule behind a table, shown under its title.
+_NOTES = {
+    "nat_audit": "Rule of thumb: an advertised address is reachable when a host of its /24 was seen in the "
+                 "capture (sending LBMR not relayed by lbmrd, or as a unicast destination), or when it is in the "
+                 "same private block (10/8, 172.16/12, 192.168/16, 127/8, 169.254/16) as such a host. A TIR "
+                 "relayed by lbmrd carries the original source's address; 0.0.0.0 and multicast are never flagged.",
+    "client_changes": "lbmrd clients (keepalives or LBMR to port 15380) first heard more than 15 s after the "
+                      "capture's first datagram (joined) or silent for more than 15 s before its last (vanished).",
+    "stale_queries": "TQRs sent after the last TIR for their topic anywhere in the capture: the source went "
+                     "silent, or this receiver does not hear it.",
+    "transport_conflicts": "Several publishers of one topic on different transports are normal UM; one transport "
+                           "identity claimed by different contexts is not.",
+}
+
+
 def _replace(path: Path, data: bytes | str) -> None:
     """Write atomically (so a re-run never leaves a half-written file)."""
     tmp = path.with_name(path.name + ".tmp")
@@ -311,6 +326,8 @@ def _table_html(name: str, rows: list[dict]) -> str:
     if name in SERIES:
         parts.append(f'<p class="note">{len(rows)} row(s), shown as a plot &middot; {_links(name)}</p>')
         return "\n".join(parts)
+    if name in _NOTES:
+        parts.append(f'<p class="note">{html.escape(_NOTES[name])}</p>')
     shown = f" &middot; first {HTML_ROWS} shown (all in the files)" if len(rows) > HTML_ROWS else ""
     parts.append(f'<p class="note">{len(rows)} row(s) &middot; {_links(name)}{shown}</p>')
     if not rows:

@@ -754,6 +754,7 @@ def test_report_renders(synth_run):
         w, h = struct.unpack(">II", data[16:24])
         assert w >= 600 and h >= 100 and len(data) > 5000, img
     assert "load_per_second" not in p.tables               # a long series: a plot, not a table
+    assert "Rule of thumb: an advertised address is reachable" in (out / "report.html").read_text()
     for name in TABLES:
         assert f"{name}.csv" in p.links and f"{name}.json" in p.links
         rows = json.loads((out / f"{name}.json").read_text())
