@@ -14,7 +14,8 @@ import sys
 from lbmr_runtime.netif import InterfaceError, resolve_interface
 from lbmr_runtime.process import EXIT_CONFIG, EXIT_USAGE, run_daemon, setup_logging
 
-from .daemon import EndpointSettings, PeerSettings, Router, RouterSettings
+from .daemon import EndpointSettings, PeerSettings
+from .multi import MultiRouter, MultiSettings
 
 log = logging.getLogger("lbmr-router")
 
@@ -40,8 +41,7 @@ def _iface(spec: str | None, default: str) -> str:
     return default if not spec else resolve_interface(spec)
 
 
-def settings_from_config(cfg, *, handle_signals: bool = True) -> RouterSettings:
-    e = cfg.endpoint
+def _endpoint_settings(e) -> EndpointSettings:
     tr = e.topic_resolution
     if tr.kind == "multicast":
         ep = EndpointSettings(e.name, e.domain_id, mode="multicast",
@@ -56,7 +56,10 @@ def settings_from_config(cfg, *, handle_signals: bool = True) -> RouterSettings:
     ep.relay_ip = _iface(e.relay.interface, "0.0.0.0")
     ep.relay_port_low, ep.relay_port_high = e.relay.ports.low, e.relay.ports.high
     ep.source_deletion_delay = e.source_deletion_delay_ms / 1000.0
-    p = cfg.peer
+    return ep
+
+
+def _peer_settings(p) -> PeerSettings:
     ka = p.keepalive
     peer = PeerSettings(p.name, p.role, max_queue=p.max_queue,
                         keepalive_interval=ka.interval_ms / 1000.0 if ka.idle else 0.0,
@@ -68,12 +71,19 @@ def settings_from_config(cfg, *, handle_signals: bool = True) -> RouterSettings:
         peer.listen_ip, peer.port = _iface(p.interface, "0.0.0.0"), p.acceptor.listen_port
     if p.tls is not None:
         peer.tls = tls_context(p.tls, server_side=(p.role == "acceptor"))
-    return RouterSettings(cfg.name, ep, peer, metrics=cfg.metrics, handle_signals=handle_signals)
+    return peer
+
+
+def settings_from_config(cfg, *, handle_signals: bool = True) -> MultiSettings:
+    """The running router's settings: every endpoint portal, every peer portal."""
+    return MultiSettings(cfg.name, [_endpoint_settings(e) for e in cfg.endpoints],
+                         [_peer_settings(p) for p in cfg.peers], metrics=cfg.metrics,
+                         handle_signals=handle_signals)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lbmr-router", description="Topic Resolution Domain router for "
-                                "Ultra Messaging (lbmr-kit): one endpoint portal and one TCP peer link.")
+                                "Ultra Messaging (lbmr-kit): endpoint portals joined directly or to TCP peer links.")
     p.add_argument("config", nargs="?", help="XML configuration file")
     p.add_argument("-v", "--validate", action="store_true", help="validate the configuration file and exit")
     p.add_argument("-d", "--dump-dtd", action="store_true", help="print the configuration DTD and exit")
@@ -122,9 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ssl.SSLError, OSError) as e:
         log.error("TLS setup failed: %s", e)
         return EXIT_CONFIG
-    log.info("lbmr-router %s starting: endpoint %s (domain %d), peer %s (%s)", cfg.name, cfg.endpoint.name,
-             cfg.endpoint.domain_id, cfg.peer.name, cfg.peer.role)
-    return run_daemon(Router(settings).run, log)
+    log.info("lbmr-router %s starting: endpoints %s, peers %s", cfg.name,
+             ", ".join(f"{e.name} (domain {e.domain_id})" for e in cfg.endpoints),
+             ", ".join(f"{p.name} ({p.role})" for p in cfg.peers) or "none (direct link)")
+    return run_daemon(MultiRouter(settings).run, log)
 
 
 def entry() -> None:

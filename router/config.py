@@ -24,7 +24,8 @@ the same class as lbmrd's):
    configuration terms (with hints for DRO elements we do not support).
 4. Values: numbers and ranges, IPv4 addresses, port ranges, keepalive
    timing, TLS files; then unique portal names, domain ids and listen ports.
-5. What this version supports: exactly one ``<endpoint>`` and one ``<peer>``.
+5. What this version supports: one ``<endpoint>`` with one or more ``<peer>``s,
+   or two or more ``<endpoint>``s and no peer (direct link).
 
 Things accepted but suspicious are returned in :attr:`RouterConfig.warnings`
 as ``(line, message)`` pairs.
@@ -602,17 +603,30 @@ def _cross_checks(c: _Checker, endpoints: list[EndpointConfig], peers: list[Peer
                                  f"{names[portal.name]}): every portal needs its own name")
         else:
             names[portal.name] = portal.line
+    same_trd = _same_trd_checks(c, endpoints)
     ids: dict[int, EndpointConfig] = {}
     for ep in endpoints:
         if not ep.domain_id:
             continue
         first = ids.get(ep.domain_id)
-        if first is not None:
+        if first is not None and ep.name not in same_trd:
             c.error(ep.line, f'domain-id {ep.domain_id} of endpoint "{ep.name}" is already used '
                              f'by endpoint "{first.name}" (line {first.line}): a router attaches '
                              "to a TRD once, and every TRD has its own domain id")
-        else:
+        elif first is None:
             ids[ep.domain_id] = ep
+    targets: dict[tuple[str, int], PeerConfig] = {}
+    for peer in peers:
+        if peer.initiator is None or not peer.initiator.port:
+            continue
+        key = (peer.initiator.address, peer.initiator.port)
+        first = targets.get(key)
+        if first is not None:
+            c.error(peer.initiator.line, f'peer "{peer.name}" connects to {key[0]}:{key[1]} like peer '
+                                         f'"{first.name}" (line {first.initiator.line}): two peer links '
+                                         "to the same router; one link per pair of routers")
+        else:
+            targets[key] = peer
     ports: dict[int, PeerConfig] = {}
     for peer in peers:
         if peer.acceptor is None or not peer.acceptor.listen_port:
@@ -630,17 +644,71 @@ def _cross_checks(c: _Checker, endpoints: list[EndpointConfig], peers: list[Peer
                                            "port fewer is available")
 
 
-def _supported(c: _Checker, root: etree._Element) -> None:
+def _trd_key(ep: EndpointConfig) -> tuple:
+    """What identifies an endpoint's TRD: its multicast group, port and interface,
+    or its set of lbmrds."""
+    tr = ep.topic_resolution
+    if tr.multicast is not None:
+        return ("multicast", tr.multicast.group, tr.multicast.port, tr.interface or "")
+    return ("lbmrd", frozenset((d.address, d.port) for d in tr.lbmrds))
+
+
+def _same_trd_checks(c: _Checker, endpoints: list[EndpointConfig]) -> set[str]:
+    """Two endpoints on one TRD (the same multicast group:port on the same
+    interface, or lbmrd lists that share a daemon): an error on the second.
+    Returns the names of the endpoints so reported."""
+    flagged: set[str] = set()
+    for i, ep in enumerate(endpoints):
+        k = _trd_key(ep)
+        for first in endpoints[:i]:
+            f = _trd_key(first)
+            if k[0] != f[0]:
+                continue
+            if k[0] == "multicast":
+                if k != f:
+                    continue
+                what = f"multicast {k[1]}:{k[2]}" + (f" on {k[3]}" if k[3] else "")
+            else:
+                shared = sorted(k[1] & f[1])
+                if not shared:
+                    continue
+                what = "lbmrd " + ", ".join(f"{a}:{p}" for a, p in shared)
+            if ep.domain_id != first.domain_id:
+                why = (f"one TRD cannot have two domain ids ({first.domain_id} and {ep.domain_id}); "
+                       "a router attaches to a TRD once")
+            else:
+                why = "a router attaches to a TRD once (one endpoint portal per TRD)"
+            c.error(ep.line, f'endpoint "{ep.name}" uses the TRD of endpoint "{first.name}" '
+                             f"(line {first.line}): both use {what}: {why}")
+            flagged.add(ep.name)
+            break
+    return flagged
+
+
+def _supported(c: _Checker, root: etree._Element, endpoints: list[EndpointConfig],
+               peers: list[PeerConfig]) -> None:
+    """What this version runs: one endpoint with one or more peers, or two or
+    more endpoints (direct link) without peers; each link of an lbmrd endpoint
+    needs a port of its TR port range."""
     portals = root.find("portals")
-    for kind in ("endpoint", "peer"):
-        els = list(portals.iterchildren(kind))
-        if not els:
-            c.error(portals, f"<portals> has no <{kind}>: lbmr-router needs exactly one "
-                             "<endpoint> and one <peer> (two routers joined by one peer link)")
-        for extra in els[1:]:
-            c.error(extra, f"a second <{kind}> (the first is at line {els[0].sourceline}): this "
-                           "version of lbmr-router supports exactly one <endpoint> and one "
-                           "<peer> (two routers joined by one peer link)")
+    if not endpoints:
+        c.error(portals, "<portals> has no <endpoint>: a router needs at least one endpoint portal")
+        return
+    if len(endpoints) == 1 and not peers:
+        c.error(portals, "<portals> has no <peer>: a router with one <endpoint> needs a <peer> "
+                         "(or a second <endpoint>: a router joining two TRDs directly)")
+    if len(endpoints) > 1 and peers:
+        c.error(peers[0].line, f"<peer> on a router with {len(endpoints)} endpoint portals: this "
+                               "version of lbmr-router supports several <endpoint>s (direct link) "
+                               "or one <endpoint> with any number of <peer>s, not both")
+        return
+    links = len(peers) if len(endpoints) == 1 else len(endpoints) - 1
+    for ep in endpoints:
+        pr = ep.topic_resolution.port_range
+        if ep.topic_resolution.multicast is None and pr is not None and pr.low and len(pr) < links:
+            c.error(ep.topic_resolution.line,
+                    f'endpoint "{ep.name}" has {links} links (each with its own TR socket) but its '
+                    f"<port-range> {pr} has {len(pr)} port(s): widen it to at least {links}")
 
 
 # --------------------------------------------------------------------------- parsing
@@ -691,7 +759,7 @@ def parse_config(text: bytes | str, path: str | os.PathLike[str] = "<string>", *
     _cross_checks(c, endpoints, peers)
     if c.errors:
         raise_errors(path, c.errors)
-    _supported(c, root)
+    _supported(c, root, endpoints, peers)
     if c.errors:
         raise_errors(path, c.errors)
     return RouterConfig(

@@ -240,8 +240,8 @@ class RouterConfig:
     """A checked configuration file.
 
     ``name`` is ``<daemon><name>``; ``metrics`` is ``(address, port)`` or None.
-    This version has exactly one endpoint and one peer: :attr:`endpoint` and
-    :attr:`peer`.
+    :attr:`endpoint` and :attr:`peer` are the first of each (the only ones
+    of a router with one endpoint and one peer).
     """
 
     path: str

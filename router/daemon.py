@@ -1,5 +1,6 @@
 """The router's I/O shell on trio: one endpoint portal, one peer link, and
-the data relay between them. One nursery per router.
+the data relay between them (a *portal link*; :mod:`router.multi` runs a
+router with several portals as several of these). One nursery per router.
 
 Tasks: the portal (its TR socket and timers), the peer link (connect or
 accept, handshake, reader, writer, timers; reconnect every
@@ -39,7 +40,7 @@ from . import peerlink as P
 from .bridge import Bridge, Notice, SendFrame, StartProxy, StopProxy
 from .link import CONNECT_TIMEOUT, RAW_LIMIT, READ_SIZE, Link
 from .peerlink import streams as S
-from .relay import Relay
+from .relay import PortPool, Relay
 from .tr import PortalTR
 
 log = logging.getLogger("lbmr-router")
@@ -76,8 +77,9 @@ class EndpointSettings:
 
 @dataclass
 class PeerSettings:
-    """The one peer link: ``role`` "initiator" (connects to address:port) or
-    "acceptor" (listens on listen_ip:port)."""
+    """The peer link: ``role`` "initiator" (connects to address:port) or
+    "acceptor" (listens on listen_ip:port); or, with ``stream``, an in-process
+    link already connected (``role`` picks the side of the handshake)."""
 
     name: str
     role: str
@@ -89,6 +91,9 @@ class PeerSettings:
     dead_after: float = 15.0
     tls: ssl.SSLContext | None = None
     max_queue: int = 8 << 20
+    # an in-process link (direct link between two endpoint portals of one router):
+    # a connected stream; ``role`` only says which end runs the handshake's initiator side
+    stream: object | None = None
 
 
 @dataclass
@@ -112,6 +117,19 @@ def proxy_bound(configured: int) -> int:
     return max(1, min(configured, (soft - 64) // 4))
 
 
+async def serve_signals(status, stop, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """SIGUSR1 logs ``status()`` as one JSON line ("dump ..."); SIGTERM and SIGINT
+    ``await stop()`` (a graceful end of the links, then the router's nursery)."""
+    with trio.open_signal_receiver(signal.SIGUSR1, signal.SIGTERM, signal.SIGINT) as sigs:
+        task_status.started()
+        async for sig in sigs:
+            if sig == signal.SIGUSR1:
+                log.info("dump %s", json.dumps(status()))
+            else:
+                log.info("stopping (%s)", signal.Signals(sig).name)
+                await stop()
+
+
 @dataclass(frozen=True, slots=True)
 class TRDatagram:
     """A datagram received on the portal's TR socket (for the portal task)."""
@@ -129,7 +147,7 @@ class Router:
     """One router: ``await router.run(task_status=...)`` in a nursery; reports
     {"tr": (ip, port), "peer": (ip, port) or None} through ``task_status``."""
 
-    def __init__(self, settings: RouterSettings) -> None:
+    def __init__(self, settings: RouterSettings, *, port_pool: PortPool | None = None) -> None:
         self.settings = settings
         e = settings.endpoint
         self.src_id = secrets.token_bytes(8)
@@ -144,6 +162,8 @@ class Router:
         self.identity = P.RouterIdentity(settings.name, (e.domain_id,))
         self.relay = Relay(e, self.counters, self.event, lambda: self.link, self._advert_source,
                            self._session_ended)
+        if port_pool is not None:  # relay ports shared with the other links of this endpoint
+            self.relay.share_ports(port_pool)
         self._to_portal_send, self._to_portal_recv = trio.open_memory_channel(PORTAL_QUEUE)
         self._wake_pending = False
         self._nursery: trio.Nursery | None = None
@@ -317,6 +337,10 @@ class Router:
 
     async def _peer_loop(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         p = self.settings.peer
+        if p.stream is not None:  # an in-process link: runs once, for the router's life
+            task_status.started(None)
+            await self._run_link(p.stream, p.role)
+            return
         if p.role == "acceptor":
             listeners = await trio.open_tcp_listeners(p.port, host=p.listen_ip)
             bound = listeners[0].socket.getsockname()
@@ -470,15 +494,11 @@ class Router:
     # --------------------------------------------------------------- status
 
     async def _signal_loop(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        with trio.open_signal_receiver(signal.SIGUSR1, signal.SIGTERM, signal.SIGINT) as sigs:
-            task_status.started()
-            async for sig in sigs:
-                if sig == signal.SIGUSR1:
-                    log.info("dump %s", json.dumps(self.status()))
-                else:
-                    log.info("stopping (%s)", signal.Signals(sig).name)
-                    await self.disconnect("shutting down")
-                    self._nursery.cancel_scope.cancel()
+        await serve_signals(self.status, self._stop, task_status=task_status)
+
+    async def _stop(self) -> None:
+        await self.disconnect("shutting down")
+        self._nursery.cancel_scope.cancel()
 
     async def disconnect(self, reason: str, timeout: float = 2.0) -> None:
         """Graceful disconnect of the peer link (request, response, ok), bounded in time."""

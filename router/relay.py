@@ -74,6 +74,16 @@ def drain(raw, receive) -> tuple[list, OSError | None]:
     return out, None
 
 
+class PortPool:
+    """Relay ports in use and in quarantine, shared by every link of one endpoint
+    portal (their proxies bind in the same range: a port one gives up stays in
+    quarantine for all of them)."""
+
+    def __init__(self) -> None:
+        self.released: dict[int, float] = {}  # relay port -> when its proxy gave it up
+        self.in_use: set[int] = set()  # relay ports our proxies hold
+
+
 class Relay:
     """The data relay of one endpoint. ``endpoint``: its settings (``relay_ip``,
     ``relay_port_low``/``high``); ``counters`` and ``event(kind, detail)``: the
@@ -98,6 +108,11 @@ class Relay:
         self._released: dict[int, float] = {}  # relay port -> when its proxy gave it up
         self._next_port = 0  # where the round robin over the range goes on
         self._in_use: set[int] = set()  # relay ports our proxies hold
+
+    def share_ports(self, pool: PortPool) -> None:
+        """Use ``pool``'s in-use and quarantine tables (shared with other relays)."""
+        self._released = pool.released
+        self._in_use = pool.in_use
 
     def relay_ports(self) -> list[int]:
         """The relay ports to try, in order: round robin over the range from the

@@ -29,7 +29,7 @@ def free_port(kind=socket.SOCK_STREAM, ip="127.0.0.1") -> int:
 
 
 def test_validate_and_dump(capsys):
-    for name in ("router-a.xml", "router-b.xml"):
+    for name in ("router-a.xml", "router-b.xml", "router-direct.xml"):
         assert main(["-v", str(ROOT / "configs" / name)]) == 0
     assert main(["-d"]) == 0
     assert "<!ELEMENT lbmr-router" in capsys.readouterr().out
@@ -50,6 +50,16 @@ def _wait(cond, timeout=20.0, what=""):
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def _stop(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
 def _status(port):
@@ -162,10 +172,89 @@ def test_shipped_pair_bridges_a_topic(tmp_path):
         for s_ in (src, ctx1, rcv, c, ru_src, ru_rcv):
             s_.close()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        _stop(procs)
+
+
+def _proxy_for(rcv, tqr, topic, ctx, tir, lbmrd, trd, timeout=20.0):
+    """Advertise ``tir`` in one TRD and query ``topic`` in the other until a TIR for it arrives."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert time.monotonic() < deadline, f"no proxy TIR for {topic}"
+        ctx.sendto(tir, lbmrd)
+        rcv.sendto(tqr, trd)
+        try:
+            while True:
+                hit = [t for t in L.decode(rcv.recvfrom(65535)[0]).tirs if t.topic == topic]
+                if hit:
+                    return hit[0].transport
+        except TimeoutError:
+            pass
+
+
+def test_shipped_direct_link_router(tmp_path):
+    """router-direct.xml (ports moved to free ones) between two lbmrds: a TCP
+    source in each TRD reaches a receiver in the other; /status and /metrics
+    show both portals; SIGUSR1 dumps them; SIGTERM exits 0."""
+    metrics = free_port()
+    l1, l2 = free_port(socket.SOCK_DGRAM, "127.0.1.1"), free_port(socket.SOCK_DGRAM, "127.0.2.1")
+    text = (ROOT / "configs" / "router-direct.xml").read_text().replace("9392", str(metrics))
+    text = text.replace('127.0.1.1" port="15380', f'127.0.1.1" port="{l1}')
+    text = text.replace('127.0.2.1" port="15380', f'127.0.2.1" port="{l2}')
+    cfg = tmp_path / "direct.xml"
+    cfg.write_text(text)
+    log = tmp_path / "r.log"
+    procs = []
+    socks = []
+    try:
+        for ip, port in (("127.0.1.1", l1), ("127.0.2.1", l2)):
+            procs.append(subprocess.Popen(LBMRD + ["-i", ip, "-p", str(port), "--stats-interval", "0"],
+                                          stdout=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(ROUTER + ["-L", str(log), str(cfg)]))
+
+        def up():
+            try:
+                return all(lk["state"] == "CONNECTED" for p in _status(metrics)["portals"] for lk in p["links"])
+            except OSError:
+                return False
+
+        _wait(up, what="the direct link")
+        for n, (side, other, lb_src, lb_dst) in enumerate(((1, 2, l1, l2), (2, 1, l2, l1))):
+            src = socket.socket()
+            src.bind((f"127.0.{side}.5", 0))
+            src.listen()
+            ctx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            ctx.bind((f"127.0.{side}.5", 0))
+            rcv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            rcv.bind((f"127.0.{other}.9", 0))
+            rcv.settimeout(0.2)
+            socks += [src, ctx, rcv]
+            topic = f"md.direct.{side}"
+            tir = L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, L.TcpTransport("0.0.0.0", src.getsockname()[1]),
+                                                      60, 3 + n)]))
+            tqr = L.encode(L.Packet(0, 1, tqrs=[L.TQR(topic)]))
+            proxy = _proxy_for(rcv, tqr, topic, ctx, tir, (f"127.0.{side}.1", lb_src),
+                               (f"127.0.{other}.1", lb_dst))
+            assert proxy.ip == f"127.0.{other}.1" and (24000 if other == 1 else 25000) <= proxy.port
+            c = socket.create_connection((proxy.ip, proxy.port), timeout=10)
+            s, _ = src.accept()
+            s.sendall(topic.encode() * 5000)
+            s.close()
+            got = b""
+            while chunk := c.recv(65536):
+                got += chunk
+            c.close()
+            assert got == topic.encode() * 5000
+        st = _status(metrics)
+        assert [(p["name"], p["domain_id"], p["proxies"]) for p in st["portals"]] == [("TRD1", 1, 1), ("TRD2", 2, 1)]
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=2) as r:
+            text = r.read().decode()
+        assert 'lbmr_router_portal_proxies{portal="TRD2"} 1' in text
+        assert 'lbmr_router_link_up{link="TRD1<->TRD2"} 1' in text
+        procs[2].send_signal(signal.SIGUSR1)
+        _wait(lambda: "dump " in log.read_text() and '"portals"' in log.read_text(), what="the dump")
+        procs[2].send_signal(signal.SIGTERM)
+        assert procs[2].wait(timeout=10) == 0
+    finally:
+        for s_ in socks:
+            s_.close()
+        _stop(procs)

@@ -1,0 +1,191 @@
+"""A router with several portals, on trio: endpoint portals joined to each
+other directly ("direct link": one router between two or more TRDs, no peer
+link) or one endpoint portal joined to several peer routers.
+
+A :class:`MultiRouter` is built from *portal links*: each is one
+:class:`router.daemon.Router` (one endpoint portal's topic resolution, one
+link, the bridge and relay between them), the unit the router has always
+been. For a peer portal the link is its TCP connection. For a pair of
+endpoint portals of the same router the link is an in-process one: a
+connected socket pair carrying the same peer-link protocol, so interest,
+advertisements, flow control and the TCP and LBT-RU relay are those of a
+peer link, tested once. Every pair of endpoint portals gets one such link
+(a full mesh: each TRD's receivers see the sources of every other TRD
+directly, one hop).
+
+Each portal link of an endpoint has its own TR socket and topic resolution
+(an lbmrd client or multicast member of its own, from the endpoint's TR
+port range), and all of them share the endpoint's relay ports (one
+quarantine). Loop prevention is the portal's single-hop rule
+(:mod:`router.tr`): what a router advertises into a TRD (source type TNWGD,
+another domain's id) is never bridged again, by any portal link of any
+router, so a topic is advertised once per TRD for each TRD that has a
+source of it.
+
+Limit of this version: peer portals only on a router with one endpoint
+portal (config.py refuses several endpoints together with peers).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import partial
+
+import trio
+
+from lbmr_runtime.http import PrometheusText, serve_http
+
+from . import peerlink as P
+from .daemon import EndpointSettings, PeerSettings, Router, RouterSettings, serve_signals
+from .relay import PortPool
+
+__all__ = ["MultiRouter", "MultiSettings"]
+
+log = logging.getLogger("lbmr-router")
+
+
+@dataclass
+class MultiSettings:
+    """A router's portals: ``endpoints`` (one or more) and ``peers`` (each
+    joined to ``endpoints[0]``; none when there are several endpoints)."""
+
+    name: str
+    endpoints: list[EndpointSettings]
+    peers: list[PeerSettings] = field(default_factory=list)
+    metrics: tuple[str, int] | None = None
+    handle_signals: bool = False
+
+
+class MultiRouter:
+    """``await MultiRouter(settings).run(task_status=...)`` in a nursery; reports
+    {"links": [each link's Router report], "metrics": (ip, port) or None}."""
+
+    def __init__(self, settings: MultiSettings) -> None:
+        if not settings.endpoints:
+            raise ValueError("a router needs an endpoint portal")
+        if len(settings.endpoints) > 1 and settings.peers:
+            raise ValueError("peer portals need a router with a single endpoint portal")
+        self.settings = settings
+        self.pools = {e.name: PortPool() for e in settings.endpoints}
+        self.links: list[Router] = []
+        self._nursery: trio.Nursery | None = None
+
+    def _unit(self, endpoint: EndpointSettings, peer: PeerSettings, name: str) -> Router:
+        r = Router(RouterSettings(name, endpoint, peer), port_pool=self.pools[endpoint.name])
+        self.links.append(r)
+        return r
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        s = self.settings
+        eps = s.endpoints
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            reports = []
+            for p in s.peers:
+                reports.append(await nursery.start(self._unit(eps[0], p, s.name).run))
+            for i, a in enumerate(eps):
+                for b in eps[i + 1:]:
+                    sa, sb = trio.socket.socketpair()
+                    link = f"{a.name}<->{b.name}"
+                    ua = self._unit(a, PeerSettings(link, "initiator", stream=trio.SocketStream(sa)),
+                                    f"{s.name}/{a.name}")
+                    ub = self._unit(b, PeerSettings(link, "acceptor", stream=trio.SocketStream(sb)),
+                                    f"{s.name}/{b.name}")
+                    reports.append(await nursery.start(ub.run))
+                    reports.append(await nursery.start(ua.run))
+            metrics_addr = None
+            if s.metrics is not None:
+                routes = {"/metrics": ("text/plain; version=0.0.4", self.prometheus_text),
+                          "/status": ("application/json", lambda: json.dumps(self.status()))}
+                metrics_addr = await nursery.start(partial(serve_http, logger=log), routes, s.metrics)
+            if s.handle_signals:
+                await nursery.start(partial(serve_signals, self.status, self._stop))
+            task_status.started({"links": reports, "metrics": metrics_addr})
+
+    # --------------------------------------------------------------- status
+
+    async def _stop(self) -> None:
+        """Graceful end of every link (bounded in time), then of the router."""
+        with trio.move_on_after(3.0):
+            async with trio.open_nursery() as n:
+                for r in self.links:
+                    n.start_soon(r.disconnect, "shutting down")
+        self._nursery.cancel_scope.cancel()
+
+    def portal_summary(self) -> list[dict]:
+        """Per endpoint portal: its links and its interest, proxy and advert counts
+        and drops, summed over its links."""
+        out = []
+        for e in self.settings.endpoints:
+            units = [r for r in self.links if r.settings.endpoint is e]
+            local: set[str] = set()
+            remote: set[str] = set()
+            counters: Counter[str] = Counter()
+            tr_stats: Counter[str] = Counter()
+            proxies = adverts = 0
+            for r in units:
+                counters.update(r.counters)
+                if r.tr is not None:
+                    tr_stats.update(r.tr.stats())
+                    local.update(li.topic for li in r.tr.local_interests())
+                    remote.update(t for t, _ in r.tr.remote_interests())
+                if r.bridge is not None:
+                    proxies += len(r.bridge.proxy_addresses())
+                    adverts += len(r.bridge.advert_sources())
+            out.append({
+                "name": e.name, "domain_id": e.domain_id, "mode": e.mode,
+                "links": [{"name": r.settings.peer.name, "state": _state(r)} for r in units],
+                "local_interest": sorted(local), "remote_interest": sorted(remote),
+                "proxies": proxies, "adverts": adverts,
+                "drops": {k: v for k, v in counters.items() if k in _DROPS and v},
+                "counters": dict(counters), "tr": dict(tr_stats),
+            })
+        return out
+
+    def status(self) -> dict:
+        """The router: its portals (summed over their links) and each link's own
+        status (:meth:`Router.status`). ``peer``/``portal``/``proxies``/``streams``
+        at the top are the first link's, as a single-link router reports them."""
+        first = self.links[0].status() if self.links else {}
+        return {**first, "name": self.settings.name, "portals": self.portal_summary(),
+                "links": [r.status() for r in self.links]}
+
+    def prometheus_text(self) -> str:
+        p = PrometheusText()
+        ups = {r.settings.peer.name: 1 if _state(r) == P.State.CONNECTED.value else 0 for r in self.links}
+        p.by_label("lbmr_router_link_up", "gauge", "link", ups, "1 while the link is connected.")
+        p.metric("lbmr_router_peer_up", "gauge", min(ups.values(), default=0),
+                 "1 while every link is connected.")
+        summary = self.portal_summary()
+        for what in ("proxies", "adverts"):
+            p.by_label(f"lbmr_router_portal_{what}", "gauge", "portal",
+                       {s["name"]: s[what] for s in summary})
+        p.by_label("lbmr_router_portal_local_interest", "gauge", "portal",
+                   {s["name"]: len(s["local_interest"]) for s in summary})
+        p.by_label("lbmr_router_portal_remote_interest", "gauge", "portal",
+                   {s["name"]: len(s["remote_interest"]) for s in summary})
+        total: Counter[str] = Counter()
+        for s in summary:
+            total.update(s["counters"])
+        p.by_label("lbmr_router_events_total", "counter", "kind", total, "Router events, by kind.")
+        p.family("lbmr_router_portal_drops_total", "counter", "Drops and refusals, by portal and kind.")
+        for s in summary:
+            for k, v in sorted(s["drops"].items()):
+                p.sample("lbmr_router_portal_drops_total", v, {"portal": s["name"], "kind": k})
+        p.metric("lbmr_router_streams", "gauge", sum(len(r.link.state) for r in self.links if r.link))
+        return p.text()
+
+
+# counters that are something dropped or refused
+_DROPS = frozenset({"bad_interest", "adverts_unwanted", "adverts_own_domain", "proxies_full",
+                    "unrelayable_transport", "relay_ports_exhausted", "streams_refused",
+                    "ru_streams_full", "peer_refused_busy", "handshakes_dropped", "portal_queue_full",
+                    "tr_send_error", "ru_send_error", "peer_not_reading"})
+
+
+def _state(r: Router) -> str:
+    link = r.link
+    return link.conn.state.value if link is not None else "down"

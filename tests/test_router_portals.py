@@ -1,0 +1,212 @@
+"""Routers with several portals, on loopback: one router joining two TRDs
+directly (no peer link), and one router with two peer links (three routers,
+three TRDs). TRDs are in-process lbmrds on 127.0.1.1, 127.0.2.1, 127.0.3.1."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from functools import partial
+
+import trio
+
+import lbmr_proto as L
+from router.daemon import EndpointSettings, PeerSettings
+from router.multi import MultiRouter, MultiSettings
+from router.tr import synthesize_otid
+from tests.test_router_e2e import (
+    advertise_forever,
+    pattern,
+    resolve,
+    start_lbmrd,
+    tcp_source,
+    tirs_in,
+    udp,
+)
+from tests.test_router_faults import fetch
+
+
+def ep(name, dom, trd, ip):
+    return EndpointSettings(name, dom, daemons=[trd], tr_ip=ip, relay_ip=ip)
+
+
+async def fetch_tcp(tir, total):
+    return await fetch(tir.transport.ip, tir.transport.port)
+
+
+async def start_direct(n):
+    """Two in-process lbmrds (TRD1, TRD2) and a direct-link router between them."""
+    _, trd1 = await start_lbmrd(n, "127.0.1.1")
+    _, trd2 = await start_lbmrd(n, "127.0.2.1")
+    r = MultiRouter(MultiSettings("direct", [ep("TRD1", 1, trd1, "127.0.1.1"),
+                                              ep("TRD2", 2, trd2, "127.0.2.1")]))
+    await n.start(r.run)
+    return r, trd1, trd2
+
+
+async def test_direct_link_tcp_both_ways():
+    """One router, endpoint portals in TRD1 and TRD2, no peer link: a receiver
+    in each TRD resolves the other TRD's source through the router's relay
+    address and gets its bytes exactly."""
+    total = 8 << 20
+    async with trio.open_nursery() as n:
+        r, trd1, trd2 = await start_direct(n)
+        s1 = await tcp_source(n, "127.0.1.5", total)
+        s2 = await tcp_source(n, "127.0.2.5", total // 2)
+        n.start_soon(advertise_forever, udp("127.0.1.5"), trd1, *s1, "t.one")
+        n.start_soon(advertise_forever, udp("127.0.2.5"), trd2, *s2, "t.two")
+        tir2 = await resolve(udp("127.0.2.9"), trd2, topic="t.one")
+        tir1 = await resolve(udp("127.0.1.9"), trd1, topic="t.two")
+        assert tir2.transport.ip == "127.0.2.1" and tir1.transport.ip == "127.0.1.1"
+        assert any(isinstance(o, L.DomainIdOption) and o.domain_id == 1 for o in tir2.options)
+        assert await fetch_tcp(tir2, total) == pattern(total)
+        assert await fetch_tcp(tir1, total // 2) == pattern(total // 2)
+        st = r.status()
+        portals = {p["name"]: p for p in st["portals"]}
+        assert portals["TRD1"]["proxies"] == 1 and portals["TRD2"]["proxies"] == 1
+        assert "t.one" in portals["TRD2"]["local_interest"]
+        assert all(lk["state"] == "CONNECTED" for p in st["portals"] for lk in p["links"])
+        text = r.prometheus_text()
+        assert 'lbmr_router_portal_proxies{portal="TRD1"} 1' in text
+        n.cancel_scope.cancel()
+
+
+async def test_direct_link_lbtru_both_ways():
+    """LBT-RU through a direct-link router, each way: every datagram verified."""
+    from lbmr_tools.sim.dataplane import RuDataReceiver, RuDataSource
+
+    count = 5000
+    async with trio.open_nursery() as n:
+        r, trd1, trd2 = await start_direct(n)
+        for src_ip, trd, other_trd, rcv_ip, relay_ip, topic in (
+                ("127.0.1.5", trd1, trd2, "127.0.2.9", "127.0.2.1", "ru.one"),
+                ("127.0.2.5", trd2, trd1, "127.0.1.9", "127.0.1.1", "ru.two")):
+            src = RuDataSource(src_ip, count=count, seed=3, rate=20_000.0)
+            sip, sport = await n.start(src.serve)
+            otid = synthesize_otid(L.LbtruTransport(sip, sport), 7)
+            pkt = L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, L.LbtruTransport(sip, sport), 60, 7,
+                                                      [L.OtidOption(0x8000, otid)])]))
+            ctx = udp(src_ip)
+
+            async def adv(ctx=ctx, pkt=pkt, trd=trd):
+                while True:
+                    await ctx.sendto(pkt, trd)
+                    await trio.sleep(0.5)
+
+            n.start_soon(adv)
+            t = await resolve(udp(rcv_ip), other_trd, topic=topic)
+            assert t.transport.NAME == "LBTRU" and t.transport.ip == relay_ip
+            res = await RuDataReceiver(t.transport.ip, t.transport.port, seed=3, expect_count=count,
+                                       bind_ip=rcv_ip, idle_timeout=5.0, timeout=60.0).run()
+            assert res.error is None and res.corrupt == 0, res
+            assert res.received == count and res.end_count == count, res
+        n.cancel_scope.cancel()
+
+
+async def _count_proxies(sock, counts, stop):
+    """Collect the (topic, OTID, address) of every router TIR seen by ``sock``."""
+    while not stop.is_set():
+        data, _ = await sock.recvfrom(65535)
+        for t in tirs_in(data):
+            otid = next((o.otid for o in t.options or () if isinstance(o, L.OtidOption)), b"")
+            counts[t.topic].add((otid, t.transport.ip, t.transport.port))
+
+
+async def test_three_routers_two_peer_links_each_topic_once_per_trd():
+    """Three routers, three TRDs, each router with two peer links (a triangle:
+    router 2 accepts both of its links, router 1 initiates both, router 3 one of
+    each): every TRD's receiver gets the other two TRDs' sources, byte-exact, and
+    each topic is advertised into each TRD exactly once (no router carries a
+    proxy on: router 2's proxy of TRD1's source is never advertised into TRD3,
+    which has router 1's own)."""
+    ips = {1: "127.0.1.1", 2: "127.0.2.1", 3: "127.0.3.1"}
+    acc = partial(PeerSettings, role="acceptor", listen_ip="127.0.0.1", port=0)
+    ini = partial(PeerSettings, role="initiator", reconnect_interval=0.2)
+    async with trio.open_nursery() as n:
+        trds = {d: (await start_lbmrd(n, ip))[1] for d, ip in ips.items()}
+        r2 = MultiRouter(MultiSettings("r2", [ep("T2", 2, trds[2], ips[2])], [acc("2-1"), acc("2-3")]))
+        rep2 = await n.start(r2.run)
+        p21, p23 = (lk["peer"] for lk in rep2["links"])
+        r3 = MultiRouter(MultiSettings("r3", [ep("T3", 3, trds[3], ips[3])],
+                                       [acc("3-1"), ini("3-2", address=p23[0], port=p23[1])]))
+        p31 = (await n.start(r3.run))["links"][0]["peer"]
+        r1 = MultiRouter(MultiSettings("r1", [ep("T1", 1, trds[1], ips[1])],
+                                       [ini("1-2", address=p21[0], port=p21[1]),
+                                        ini("1-3", address=p31[0], port=p31[1])]))
+        await n.start(r1.run)
+        sources = {}
+        for d in ips:
+            ip = f"127.0.{d}.5"
+            sources[d] = await tcp_source(n, ip, 1000 * d)
+            n.start_soon(advertise_forever, udp(ip), trds[d], *sources[d], f"topic.{d}")
+        rcvs = {d: udp(f"127.0.{d}.9") for d in ips}
+        for d in ips:
+            for k in ips:
+                if k != d:
+                    tir = await resolve(rcvs[d], trds[d], topic=f"topic.{k}")
+                    assert tir.transport.ip == ips[d]
+                    assert await fetch_tcp(tir, 1000 * k) == pattern(1000 * k)
+        await _each_topic_once_per_trd(ips, trds, sources)
+        for r in (r1, r2, r3):
+            (portal,) = r.status()["portals"]
+            assert [lk["state"] for lk in portal["links"]] == ["CONNECTED", "CONNECTED"]
+            assert portal["proxies"] == 2 and portal["adverts"] == 2
+        n.cancel_scope.cancel()
+
+
+async def _each_topic_once_per_trd(ips, trds, sources, listen=3.0):
+    """A second receiver in each TRD asks for every topic and listens for
+    ``listen`` s: its own TRD's topic has only the real source (a router never
+    advertises it back), every other topic exactly one proxy (one OTID, one
+    address: this TRD's router address)."""
+    counts = {d: defaultdict(set) for d in ips}
+    stop = trio.Event()
+    async with trio.open_nursery() as watch:
+        for d in ips:
+            s = udp(f"127.0.{d}.10")
+            tqr = L.encode(L.Packet(0, 1, tqrs=[L.TQR(f"topic.{k}") for k in ips]))
+            await s.sendto(tqr, trds[d])  # registers with the lbmrd, asks everything
+            watch.start_soon(_count_proxies, s, counts[d], stop)
+            watch.start_soon(_requery, s, tqr, trds[d])
+        await trio.sleep(listen)
+        stop.set()
+        watch.cancel_scope.cancel()
+    for d in ips:
+        for k in ips:
+            seen = counts[d][f"topic.{k}"]
+            if k == d:
+                assert seen == {(synthesize_otid(L.TcpTransport(*sources[k]), 7), *sources[k])}, seen
+            else:
+                assert len(seen) == 1 and next(iter(seen))[1] == ips[d], (d, k, seen)
+
+
+async def test_direct_link_three_trds_each_topic_once_per_trd():
+    """One router with endpoint portals in three TRDs (every pair joined):
+    each TRD's receiver gets the other two TRDs' sources byte-exact, each
+    advertised once per TRD (a proxy the router advertised into TRD2 is never
+    carried on to TRD3, which gets the source from TRD1 directly)."""
+    ips = {1: "127.0.1.1", 2: "127.0.2.1", 3: "127.0.3.1"}
+    async with trio.open_nursery() as n:
+        trds = {d: (await start_lbmrd(n, ip))[1] for d, ip in ips.items()}
+        r = MultiRouter(MultiSettings("mesh", [ep(f"T{d}", d, trds[d], ip) for d, ip in ips.items()]))
+        rep = await n.start(r.run)
+        assert len(rep["links"]) == 6  # 3 pairs, one portal link on each side
+        sources = {}
+        for d in ips:
+            ip = f"127.0.{d}.5"
+            sources[d] = await tcp_source(n, ip, 1000 * d)
+            n.start_soon(advertise_forever, udp(ip), trds[d], *sources[d], f"topic.{d}")
+        for d in ips:
+            for k in ips:
+                if k != d:
+                    tir = await resolve(udp(f"127.0.{d}.9"), trds[d], topic=f"topic.{k}")
+                    assert await fetch_tcp(tir, 1000 * k) == pattern(1000 * k)
+        await _each_topic_once_per_trd(ips, trds, sources)
+        for portal in r.status()["portals"]:
+            assert portal["proxies"] == 2 and portal["adverts"] == 2 and len(portal["links"]) == 2
+        n.cancel_scope.cancel()
+
+
+async def _requery(sock, tqr, trd):
+    while True:
+        await trio.sleep(0.5)
+        await sock.sendto(tqr, trd)
