@@ -175,7 +175,15 @@ class MultiRouter:
         for s in summary:
             for k, v in sorted(s["drops"].items()):
                 p.sample("lbmr_router_portal_drops_total", v, {"portal": s["name"], "kind": k})
+        p.metric("lbmr_router_proxies", "gauge", sum(x["proxies"] for x in summary))
+        p.metric("lbmr_router_adverts", "gauge", sum(x["adverts"] for x in summary))
         p.metric("lbmr_router_streams", "gauge", sum(len(r.link.state) for r in self.links if r.link))
+        p.family("lbmr_router_portal_total", "counter")
+        for x in summary:
+            for k, v in sorted(x["tr"].items()):
+                p.sample("lbmr_router_portal_total", v, {"portal": x["name"], "what": k})
+        p.metric("lbmr_router_peer_dropped_datagrams_total", "counter",
+                 sum(r.link.outq.dropped_datagrams for r in self.links if r.link))
         return p.text()
 
 

@@ -67,6 +67,38 @@ async def test_direct_link_tcp_both_ways():
         assert all(lk["state"] == "CONNECTED" for p in st["portals"] for lk in p["links"])
         text = r.prometheus_text()
         assert 'lbmr_router_portal_proxies{portal="TRD1"} 1' in text
+        assert 'lbmr_router_portal_total{portal="TRD2",what="tqrs_received"}' in text
+        n.cancel_scope.cancel()
+
+
+async def test_direct_link_drops_are_shown_per_portal():
+    """TRD2's relay range has one port: the second topic from TRD1 finds no
+    relay port; /status and /metrics count the drop for TRD2 only."""
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        probe = trio.socket.socket()
+        await probe.bind(("127.0.2.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()
+        e2 = ep("TRD2", 2, trd2, "127.0.2.1")
+        e2.relay_port_low = e2.relay_port_high = port
+        r = MultiRouter(MultiSettings("direct", [ep("TRD1", 1, trd1, "127.0.1.1"), e2]))
+        await n.start(r.run)
+        for topic in ("d.one", "d.two"):
+            src = await tcp_source(n, "127.0.1.5", 10)
+            n.start_soon(advertise_forever, udp("127.0.1.5"), trd1, *src, topic)
+        tir = await resolve(udp("127.0.2.9"), trd2, topic="d.one")
+        assert tir.transport.port == port
+        rcv = udp("127.0.2.9")
+        tqr = L.encode(L.Packet(0, 1, tqrs=[L.TQR("d.two")]))
+        with trio.fail_after(10):
+            while not r.status()["portals"][1]["drops"].get("relay_ports_exhausted"):
+                await rcv.sendto(tqr, trd2)
+                await trio.sleep(0.05)
+        t1, t2 = r.status()["portals"]
+        assert not t1["drops"] and t2["proxies"] == 1
+        assert 'lbmr_router_portal_drops_total{portal="TRD2",kind="relay_ports_exhausted"}' in r.prometheus_text()
         n.cancel_scope.cancel()
 
 
