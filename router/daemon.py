@@ -167,6 +167,8 @@ class Router:
         self._to_portal_send, self._to_portal_recv = trio.open_memory_channel(PORTAL_QUEUE)
         self._wake_pending = False
         self._nursery: trio.Nursery | None = None
+        # the router's policy on a peer's handshake: PeerInfo -> (ok, reason), or None
+        self.accept_peer = None
 
     def event(self, kind: str, detail: str) -> None:
         self.events.add(trio.current_time(), kind, detail)
@@ -396,7 +398,8 @@ class Router:
                 self.event("tls_failed", f"peer {p.name}: {type(cause).__name__}: {cause}")
                 await trio.aclose_forcefully(stream)
                 return
-        conn = P.PeerConnection(role, self.identity, keepalive_interval=p.keepalive_interval,
+        conn = P.PeerConnection(role, self.identity, accept=self.accept_peer,
+                                keepalive_interval=p.keepalive_interval,
                                 dead_after=p.dead_after, handshake_timeout=CONNECT_TIMEOUT)
         link = Link(conn, stream, peer_name=p.name, max_queue=p.max_queue)
         link.handshake = handshake

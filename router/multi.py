@@ -22,6 +22,10 @@ another domain's id) is never bridged again, by any portal link of any
 router, so a topic is advertised once per TRD for each TRD that has a
 source of it.
 
+Both ends of a peer link refuse, at the handshake, a router that another
+link already reaches (same name, or a domain id in common): its TRDs would
+be bridged twice.
+
 Limit of this version: peer portals only on a router with one endpoint
 portal (config.py refuses several endpoints together with peers).
 """
@@ -75,8 +79,27 @@ class MultiRouter:
 
     def _unit(self, endpoint: EndpointSettings, peer: PeerSettings, name: str) -> Router:
         r = Router(RouterSettings(name, endpoint, peer), port_pool=self.pools[endpoint.name])
+        r.accept_peer = partial(self._accept, r)
         self.links.append(r)
         return r
+
+    def _accept(self, unit: Router, peer: P.PeerInfo) -> tuple[bool, str]:
+        """One link per router and per TRD: a peer is refused (both ends check,
+        at the handshake) when another link of the same endpoint portal is
+        connected to a router of the same name or serving one of its domains
+        (its TRDs would be bridged twice, each topic advertised twice)."""
+        for r in self.links:
+            link = r.link
+            if r is unit or r.settings.endpoint is not unit.settings.endpoint or link is None or not link.connected or link.conn.peer is None:
+                continue
+            other = link.conn.peer
+            shared = sorted(set(other.domains) & set(peer.domains))
+            if other.name == peer.name or shared:
+                why = f"domains {shared}" if shared else "that router"
+                unit.counters["peer_refused_duplicate"] += 1
+                return False, (f"router {self.settings.name!r} already reaches {why} through link "
+                               f"{r.settings.peer.name!r} (router {other.name!r})")
+        return True, ""
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         s = self.settings
@@ -188,7 +211,7 @@ class MultiRouter:
 
 
 # counters that are something dropped or refused
-_DROPS = frozenset({"bad_interest", "adverts_unwanted", "adverts_own_domain", "proxies_full",
+_DROPS = frozenset({"peer_refused_duplicate", "bad_interest", "adverts_unwanted", "adverts_own_domain", "proxies_full",
                     "unrelayable_transport", "relay_ports_exhausted", "streams_refused",
                     "ru_streams_full", "peer_refused_busy", "handshakes_dropped", "portal_queue_full",
                     "tr_send_error", "ru_send_error", "peer_not_reading"})

@@ -134,6 +134,33 @@ async def test_direct_link_lbtru_both_ways():
         n.cancel_scope.cancel()
 
 
+async def test_second_link_to_the_same_router_is_refused():
+    """Router 1 has two peer links that both reach router 2 (two of router 2's
+    acceptor ports: the configuration cannot see it): the second handshake is
+    refused, so TRD1 gets router 2's topic once, through one link."""
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        acc = partial(PeerSettings, role="acceptor", listen_ip="127.0.0.1", port=0)
+        r2 = MultiRouter(MultiSettings("r2", [ep("T2", 2, trd2, "127.0.2.1")], [acc("a"), acc("b")]))
+        pa, pb = (lk["peer"] for lk in (await n.start(r2.run))["links"])
+        r1 = MultiRouter(MultiSettings("r1", [ep("T1", 1, trd1, "127.0.1.1")], [
+            PeerSettings("1-a", "initiator", address=pa[0], port=pa[1], reconnect_interval=0.2),
+            PeerSettings("1-b", "initiator", address=pb[0], port=pb[1], reconnect_interval=0.2)]))
+        await n.start(r1.run)
+        src = await tcp_source(n, "127.0.2.5", 10)
+        n.start_soon(advertise_forever, udp("127.0.2.5"), trd2, *src, "topic.2")
+        await resolve(udp("127.0.1.9"), trd1, topic="topic.2")
+        await trio.sleep(1.0)  # several reconnects of the refused link
+        (p1,) = r1.status()["portals"]
+        assert sorted(lk["state"] for lk in p1["links"]) == ["CONNECTED", "down"]
+        assert p1["proxies"] == 1
+        refused = p1["counters"].get("peer_refused_duplicate", 0) + \
+            r2.status()["portals"][0]["counters"].get("peer_refused_duplicate", 0)
+        assert refused >= 2
+        n.cancel_scope.cancel()
+
+
 async def _count_proxies(sock, counts, stop):
     """Collect the (topic, OTID, address) of every router TIR seen by ``sock``."""
     while not stop.is_set():
