@@ -130,3 +130,63 @@ def test_multicast_trd_bridged_to_an_lbmrd_trd(netns_factory, tmp_path):
     finally:
         for f in logs.values():
             f.close()
+
+
+DIRECT_XML = """<?xml version="1.0" encoding="UTF-8" ?>
+<lbmr-router version="1.0">
+  <daemon><name>direct</name><log type="console"/></daemon>
+  <portals>
+    <endpoint>
+      <name>mc-trd</name>
+      <domain-id>1</domain-id>
+      """ + MC_TR + """
+      <relay interface="127.0.1.1" port-low="14371" port-high="14390"/>
+    </endpoint>
+    <endpoint>
+      <name>lbmrd-trd</name>
+      <domain-id>2</domain-id>
+      <topic-resolution>
+        <interface>127.0.2.1</interface>
+        <lbmrd address="127.0.2.1" port="15380"/>
+      </topic-resolution>
+      <relay interface="127.0.2.1" port-low="14371" port-high="14390"/>
+    </endpoint>
+  </portals>
+</lbmr-router>
+"""
+
+
+def test_direct_link_router_between_a_multicast_and_an_lbmrd_trd(netns_factory, tmp_path):
+    """One router process, no peer link: TRD1 multicast (224.9.10.11:12965 on the
+    namespace's loopback at 127.0.1.1), TRD2 an lbmrd on 127.0.2.1. An lbmr-sim
+    source in each TRD, an lbmr-sim receiver in the other verifies the data."""
+    ns = netns_factory()
+    cfg = tmp_path / "direct.xml"
+    cfg.write_text(DIRECT_XML)
+    logs = {k: open(tmp_path / f"{k}.log", "w") for k in ("lb", "r", "src1", "src2")}
+    mc = ["--multicast", "224.9.10.11:12965", "--mc-interface", "127.0.1.1"]
+    ud = ["--daemon", "127.0.2.1:15380"]
+    try:
+        ns.popen(LBMRD + ["-i", "127.0.2.1", "--stats-interval", "0"], stdout=logs["lb"], stderr=logs["lb"])
+        ns.popen(ROUTER + [str(cfg)], stdout=logs["r"], stderr=logs["r"])
+        for src, tr, base, prefix in (("src1", mc, "127.0.1.10", "md.d1."), ("src2", ud, "127.0.2.10", "md.d2.")):
+            ns.popen(SIM + tr + ["--bind-base", base, "--contexts", "1", "--receivers-per-context", "0",
+                                 "--duration", "60", "--keep-running", "--topics", "1", "--topic-prefix",
+                                 prefix, "--data-bytes", "2M", "--json"], stdout=logs[src], stderr=logs[src])
+        time.sleep(0.5)
+        for tr, base, prefix, relay in ((ud, "127.0.2.20", "md.d1.", "127.0.2.1"),
+                                        (mc, "127.0.1.20", "md.d2.", "127.0.1.1")):
+            r = ns.run(SIM + tr + ["--bind-base", base, "--contexts", "1", "--sources-per-topic", "0",
+                                   "--receivers-per-context", "1", "--verify-data", "--duration", "30",
+                                   "--topics", "1", "--topic-prefix", prefix, "--data-bytes", "2M", "--json"],
+                       timeout=45)
+            for f in logs.values():
+                f.flush()
+            detail = "\n".join(f"--- {k}\n" + (tmp_path / f"{k}.log").read_text()[-2000:] for k in logs)
+            assert r.returncode == 0, f"receiver sim failed:\n{r.stdout}\n{r.stderr}\n{detail}"
+            (rcv,) = json.loads(r.stdout)["receivers"]
+            assert rcv["transport"].startswith(f"TCP {relay}:") and rcv["data"]["ok"], rcv
+            assert rcv["data"]["bytes"] == 2 * 1024 * 1024, rcv["data"]
+    finally:
+        for f in logs.values():
+            f.close()
