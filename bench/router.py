@@ -362,8 +362,8 @@ class Processes:
         self.lbmrd1, self.lbmrd2 = (TRD1, l1), (TRD2, l2)
         out = {}
         for name, ip, lbmrd_port, metrics_old, relay_old in (
-                ("router-a.xml", TRD1, l1, "9390", 'port-low="14371" port-high="14380"'),
-                ("router-b.xml", TRD2, l2, "9391", 'port-low="14381" port-high="14390"')):
+                ("router-a.xml", TRD1, l1, "9390", 'port-low="24000" port-high="24999"'),
+                ("router-b.xml", TRD2, l2, "9391", 'port-low="25000" port-high="25999"')):
             text = (ROOT / "configs" / name).read_text()
             metrics = free_port("127.0.0.1")
             tr = free_port(ip, socket.SOCK_DGRAM)
