@@ -52,8 +52,10 @@ Rules (unchanged from the router's first version):
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from . import peerlink as P
@@ -117,7 +119,8 @@ class Bridge:
     the bridge counts what it does (the router's counters)."""
 
     def __init__(self, portal: PortalTR, counters: Counter[str] | None = None, *,
-                 max_proxies: int = 4096, require_interest: bool = False) -> None:
+                 max_proxies: int = 4096, require_interest: bool = False,
+                 advert_ids: Iterator[int] | None = None) -> None:
         self.portal = portal
         self.max_proxies = max_proxies
         self.require_interest = require_interest
@@ -126,7 +129,10 @@ class Bridge:
         self.is_link_up = False
         self._out: list[SendFrame | StartProxy | StopProxy | Notice] = []
         # far side: advertisements we sent -> the real source
-        self._next_advert = 1
+        # advert ids: shared by the bridges of one router that share a link (unique on it)
+        self._advert_ids = advert_ids if advert_ids is not None else itertools.count(1)
+        # remote interest, by (topic, pattern type): the peer's domains that want it
+        self._wanted_by: dict[tuple[str, int], set[int]] = {}
         self._adverts: dict[tuple[str, bytes], int] = {}  # (topic, otid) -> advert id
         self._advert_source: dict[int, object] = {}  # advert id -> transport body
         # near side: the peer's advertisements we proxy -> their listeners' addresses
@@ -175,6 +181,7 @@ class Bridge:
         tr = self.portal
         for topic, ptype in tr.remote_interests():
             tr.cancel_remote_interest(topic, now, pattern_type=ptype)
+        self._wanted_by.clear()
         for p in tr.proxies():
             tr.remove_proxy(p.advert_id, now)
         self._portal_events()
@@ -274,8 +281,7 @@ class Bridge:
                 key = (ev.topic, bytes(ev.otid))
                 aid = self._adverts.get(key)
                 if aid is None:
-                    aid = self._adverts[key] = self._next_advert
-                    self._next_advert += 1
+                    aid = self._adverts[key] = next(self._advert_ids)
                 self._advert_source[aid] = ev.transport_body
                 self._advertise(aid, ev.topic, ev.otid, ev.transport_body.TYPE, withdraw=False)
             elif isinstance(ev, SourceGone):
@@ -289,10 +295,19 @@ class Bridge:
     def _on_interest(self, f: P.Interest, now: float) -> None:
         tr = self.portal
         try:
+            key = (f.topic, int(f.pattern_type))
             if f.action == P.InterestAction.CANCEL:
+                # the interest lasts while any of the peer's domains wants it
+                domains = self._wanted_by.get(key)
+                if domains is not None:
+                    domains.discard(f.domain_id)
+                    if domains:
+                        return
+                    del self._wanted_by[key]
                 tr.cancel_remote_interest(f.topic, now, pattern_type=int(f.pattern_type))
             else:
                 tr.add_remote_interest(f.topic, now, pattern_type=int(f.pattern_type))
+                self._wanted_by.setdefault(key, set()).add(f.domain_id)
         except ValueError as e:
             self.counters["bad_interest"] += 1
             n = self.counters["bad_interest"]

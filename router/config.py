@@ -24,8 +24,8 @@ the same class as lbmrd's):
    configuration terms (with hints for DRO elements we do not support).
 4. Values: numbers and ranges, IPv4 addresses, port ranges, keepalive
    timing, TLS files; then unique portal names, domain ids and listen ports.
-5. What this version supports: one ``<endpoint>`` with one or more ``<peer>``s,
-   or two or more ``<endpoint>``s and no peer (direct link).
+5. What this version supports: one or more ``<endpoint>``s with any number of
+   ``<peer>``s, but at least two portals (a lone endpoint joins nothing).
 
 Things accepted but suspicious are returned in :attr:`RouterConfig.warnings`
 as ``(line, message)`` pairs.
@@ -687,9 +687,8 @@ def _same_trd_checks(c: _Checker, endpoints: list[EndpointConfig]) -> set[str]:
 
 def _supported(c: _Checker, root: etree._Element, endpoints: list[EndpointConfig],
                peers: list[PeerConfig]) -> None:
-    """What this version runs: one endpoint with one or more peers, or two or
-    more endpoints (direct link) without peers; each link of an lbmrd endpoint
-    needs a port of its TR port range."""
+    """What this version runs: at least one endpoint, and a peer or a second
+    endpoint; each link of an lbmrd endpoint needs a port of its TR port range."""
     portals = root.find("portals")
     if not endpoints:
         c.error(portals, "<portals> has no <endpoint>: a router needs at least one endpoint portal")
@@ -697,12 +696,7 @@ def _supported(c: _Checker, root: etree._Element, endpoints: list[EndpointConfig
     if len(endpoints) == 1 and not peers:
         c.error(portals, "<portals> has no <peer>: a router with one <endpoint> needs a <peer> "
                          "(or a second <endpoint>: a router joining two TRDs directly)")
-    if len(endpoints) > 1 and peers:
-        c.error(peers[0].line, f"<peer> on a router with {len(endpoints)} endpoint portals: this "
-                               "version of lbmr-router supports several <endpoint>s (direct link) "
-                               "or one <endpoint> with any number of <peer>s, not both")
-        return
-    links = len(peers) if len(endpoints) == 1 else len(endpoints) - 1
+    links = len(peers) + len(endpoints) - 1  # each endpoint: every peer, every other endpoint
     for ep in endpoints:
         pr = ep.topic_resolution.port_range
         if ep.topic_resolution.multicast is None and pr is not None and pr.low and len(pr) < links:

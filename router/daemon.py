@@ -27,6 +27,7 @@ import signal
 import socket
 import ssl
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -147,7 +148,8 @@ class Router:
     """One router: ``await router.run(task_status=...)`` in a nursery; reports
     {"tr": (ip, port), "peer": (ip, port) or None} through ``task_status``."""
 
-    def __init__(self, settings: RouterSettings, *, port_pool: PortPool | None = None) -> None:
+    def __init__(self, settings: RouterSettings, *, port_pool: PortPool | None = None,
+                 advert_ids: Iterator[int] | None = None, domains: tuple[int, ...] | None = None) -> None:
         self.settings = settings
         e = settings.endpoint
         self.src_id = secrets.token_bytes(8)
@@ -159,7 +161,12 @@ class Router:
         self._proxy_scopes: dict[int, trio.CancelScope] = {}  # proxy listeners, by advert id
         self._handshakes: dict[trio.CancelScope, Link | None] = {}  # incoming links not yet connected
         self._dying: set[int] = set()  # adverts whose source ended, withdrawn after the deletion delay
-        self.identity = P.RouterIdentity(settings.name, (e.domain_id,))
+        self.identity = P.RouterIdentity(settings.name, domains or (e.domain_id,))
+        self._advert_ids = advert_ids
+        # several endpoints on one peer link: the link is run by one Router (the
+        # owner), the others are attached to it and get its frames and link events
+        self.owner: Router | None = None
+        self.attached: list[Router] = []
         self.relay = Relay(e, self.counters, self.event, lambda: self.link, self._advert_source,
                            self._session_ended)
         if port_pool is not None:  # relay ports shared with the other links of this endpoint
@@ -213,7 +220,7 @@ class Router:
                            source_timeout=e.source_timeout, requery_interval=e.requery_interval,
                            requery_jitter=0.2, now=now)
         self.bridge = Bridge(self.tr, self.counters, max_proxies=proxy_bound(e.max_proxies),
-                             require_interest=True)
+                             require_interest=True, advert_ids=self._advert_ids)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -339,6 +346,9 @@ class Router:
 
     async def _peer_loop(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         p = self.settings.peer
+        if self.owner is not None:  # the owner runs the link
+            task_status.started(None)
+            return
         if p.stream is not None:  # an in-process link: runs once, for the router's life
             task_status.started(None)
             await self._run_link(p.stream, p.role)
@@ -472,17 +482,22 @@ class Router:
                 link.wake_writer.set()
                 self.bridge.link_up(trio.current_time())
                 self._apply()
+                for u in self.attached:
+                    u.link = link
+                    u.bridge.link_up(trio.current_time())
+                    u._apply()
             elif isinstance(it, P.Terminated):
                 self.event("peer_down", f"{self.settings.peer.name}: {type(it).__name__} {it}")
                 return True
             elif isinstance(it, P.DisconnectRequested):
                 link.put(P.DisconnectResponse())
             elif isinstance(it, P.Interest | P.Advertisement):
-                self.bridge.peer_frame(it, trio.current_time())
-                self._apply()
+                for u in (self, *self.attached):
+                    u.bridge.peer_frame(it, trio.current_time())
+                    u._apply()
             elif isinstance(it, S.STREAM_FRAMES):
                 for sev in link.streams.receive(it):
-                    self.relay.stream_event(link, sev)
+                    self._relay_for(sev).stream_event(link, sev)
                 link.flush_streams()
         return False
 
@@ -490,9 +505,20 @@ class Router:
         link.down()
         if self.link is not link:
             return  # an incoming connection that never became the link
-        self.link = None
-        self.bridge.link_down(trio.current_time())
-        self._apply()
+        for u in (self, *self.attached):
+            u.link = None
+            u.bridge.link_down(trio.current_time())
+            u._apply()
+
+    def _relay_for(self, ev):
+        """The relay of the endpoint whose advertisement a stream the peer opens
+        is for (several endpoints on one link); ours for every other event (they
+        only touch the link's stream states)."""
+        if isinstance(ev, S.StreamOpened):
+            for u in self.attached:
+                if u.bridge.advert_source(ev.advert_id) is not None:
+                    return u.relay
+        return self.relay
 
     # --------------------------------------------------------------- status
 
@@ -506,7 +532,7 @@ class Router:
     async def disconnect(self, reason: str, timeout: float = 2.0) -> None:
         """Graceful disconnect of the peer link (request, response, ok), bounded in time."""
         link = self.link
-        if link is None or link.conn.state is not P.State.CONNECTED:
+        if self.owner is not None or link is None or link.conn.state is not P.State.CONNECTED:
             return
         link.put(P.DisconnectRequest(reason))
         with trio.move_on_after(timeout):

@@ -1,11 +1,15 @@
 """A router with several portals, on trio: endpoint portals joined to each
 other directly ("direct link": one router between two or more TRDs, no peer
-link) or one endpoint portal joined to several peer routers.
+link) and to any number of peer routers.
 
 A :class:`MultiRouter` is built from *portal links*: each is one
 :class:`router.daemon.Router` (one endpoint portal's topic resolution, one
 link, the bridge and relay between them), the unit the router has always
-been. For a peer portal the link is its TCP connection. For a pair of
+been. For a peer portal the link is its TCP connection, run by the first
+endpoint's portal link; the other endpoints' portal links are attached to
+it (they get its frames and link events; advert ids are numbered for the
+whole router, so they are unique on the link, and a stream the peer opens
+goes to the relay of the endpoint that made its advertisement). For a pair of
 endpoint portals of the same router the link is an in-process one: a
 connected socket pair carrying the same peer-link protocol, so interest,
 advertisements, flow control and the TCP and LBT-RU relay are those of a
@@ -26,12 +30,13 @@ Both ends of a peer link refuse, at the handshake, a router that another
 link already reaches (same name, or a domain id in common): its TRDs would
 be bridged twice.
 
-Limit of this version: peer portals only on a router with one endpoint
-portal (config.py refuses several endpoints together with peers).
+Single hop: a TRD reaches the TRDs of this router's other endpoints and of
+the routers it links to, not beyond (no transit, no topology exchange).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections import Counter
@@ -53,8 +58,8 @@ log = logging.getLogger("lbmr-router")
 
 @dataclass
 class MultiSettings:
-    """A router's portals: ``endpoints`` (one or more) and ``peers`` (each
-    joined to ``endpoints[0]``; none when there are several endpoints)."""
+    """A router's portals: ``endpoints`` (one or more) and ``peers`` (each link
+    serves every endpoint)."""
 
     name: str
     endpoints: list[EndpointSettings]
@@ -70,15 +75,15 @@ class MultiRouter:
     def __init__(self, settings: MultiSettings) -> None:
         if not settings.endpoints:
             raise ValueError("a router needs an endpoint portal")
-        if len(settings.endpoints) > 1 and settings.peers:
-            raise ValueError("peer portals need a router with a single endpoint portal")
         self.settings = settings
         self.pools = {e.name: PortPool() for e in settings.endpoints}
         self.links: list[Router] = []
+        self._advert_ids = itertools.count(1)  # one numbering for the router: unique on every link
         self._nursery: trio.Nursery | None = None
 
-    def _unit(self, endpoint: EndpointSettings, peer: PeerSettings, name: str) -> Router:
-        r = Router(RouterSettings(name, endpoint, peer), port_pool=self.pools[endpoint.name])
+    def _unit(self, endpoint: EndpointSettings, peer: PeerSettings, name: str, **kw) -> Router:
+        r = Router(RouterSettings(name, endpoint, peer), port_pool=self.pools[endpoint.name],
+                   advert_ids=self._advert_ids, **kw)
         r.accept_peer = partial(self._accept, r)
         self.links.append(r)
         return r
@@ -90,7 +95,9 @@ class MultiRouter:
         (its TRDs would be bridged twice, each topic advertised twice)."""
         for r in self.links:
             link = r.link
-            if r is unit or r.settings.endpoint is not unit.settings.endpoint or link is None or not link.connected or link.conn.peer is None:
+            if r is unit or r.settings.endpoint is not unit.settings.endpoint:
+                continue
+            if link is None or not link.connected or link.conn.peer is None:
                 continue
             other = link.conn.peer
             shared = sorted(set(other.domains) & set(peer.domains))
@@ -107,8 +114,18 @@ class MultiRouter:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             reports = []
+            domains = tuple(e.domain_id for e in eps)
             for p in s.peers:
-                reports.append(await nursery.start(self._unit(eps[0], p, s.name).run))
+                # one link per peer, run by the first endpoint's portal link; the
+                # other endpoints' portal links are attached to it
+                owner = self._unit(eps[0], p, s.name, domains=domains)
+                for e in eps[1:]:
+                    u = self._unit(e, PeerSettings(p.name, p.role), s.name)
+                    u.owner = owner
+                    owner.attached.append(u)
+                reports.append(await nursery.start(owner.run))
+                for u in owner.attached:
+                    await nursery.start(u.run)
             for i, a in enumerate(eps):
                 for b in eps[i + 1:]:
                     sa, sb = trio.socket.socketpair()

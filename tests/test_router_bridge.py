@@ -269,3 +269,31 @@ def test_interest_flood_is_bounded_logged_and_queried_at_a_paced_rate():
         sent += sum(len(decode(o.data).tqrs) for o in b.tick(now))
         now = b.next_deadline()
     assert 5_000 <= sent <= 5_500 + 500  # query_rate 5,000 a second, a burst of 500
+
+
+def test_peer_interest_lasts_while_any_of_its_domains_wants_it():
+    """A peer router with two endpoint portals (domains 2 and 3) sends interest
+    in one topic from each: cancelled by one, it stays; by both, it ends."""
+    b = bridge()
+    b.link_up(0.0)
+    for dom in (2, 3):
+        b.peer_frame(P.Interest(P.InterestAction.ADD, TOPIC, dom), 0.1)
+    assert b.portal.remote_interests() == [(TOPIC, 0)]
+    b.peer_frame(P.Interest(P.InterestAction.CANCEL, TOPIC, 2), 0.2)
+    assert b.portal.remote_interests() == [(TOPIC, 0)]
+    b.peer_frame(P.Interest(P.InterestAction.CANCEL, TOPIC, 3), 0.3)
+    assert b.portal.remote_interests() == []
+
+
+def test_bridges_sharing_a_link_number_their_adverts_together():
+    import itertools
+
+    ids = itertools.count(1)
+    b1, b2 = (Bridge(PortalTR(n, d, src_id=n.encode() * 8, mode="multicast", multicast=GROUP, now=0.0),
+                     advert_ids=ids) for n, d in (("A", 1), ("B", 2)))
+    for b in (b1, b2):
+        b.link_up(0.0)
+        b.peer_frame(P.Interest(P.InterestAction.ADD, TOPIC, 5), 0.1)
+        b.on_datagram(dgram(tirs=[source_tir()]), APP, 0.2)
+    aids = [f.advert_id for b in (b1, b2) for f in frames(b) if isinstance(f, P.Advertisement)]
+    assert len(aids) == 2 and len(set(aids)) == 2

@@ -593,10 +593,10 @@ def test_duplicate_domain_id(tmp_path):
     assert len(err.errors) == 1
 
 
-def test_endpoints_and_peers_together_are_not_supported_yet(tmp_path):
+def test_two_endpoints_and_a_peer(tmp_path):
     text = doc(portals=endpoint() + endpoint(TR_MULTICAST, name="ep2", domain="2") + peer())
-    expect_error(tmp_path, "two.xml", text, "<peer>", "<peer> on a router with 2 endpoint portals",
-                 "not both")
+    cfg = expect_ok(tmp_path, "two.xml", text)
+    assert cfg.domain_ids == (1, 2) and len(cfg.peers) == 1
 
 
 def test_missing_peer(tmp_path):

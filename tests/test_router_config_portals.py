@@ -89,6 +89,15 @@ def test_one_endpoint_without_peer(tmp_path):
                  "or a second <endpoint>")
 
 
+def test_tr_port_range_counts_peers_and_other_endpoints(tmp_path):
+    tr = TR_LBMRD.replace('<lbmrd address="10.1.1.50"/>',
+                          '<lbmrd address="10.1.1.50"/>\n        <port-range low="14402" high="14403"/>')
+    text = doc(portals=endpoint(tr) + endpoint(TR_MULTICAST, name="ep2", domain="2") + peer(name="p1")
+               + peer(INITIATOR2, name="p2"))
+    expect_error(tmp_path, "narrow3.xml", text, '<port-range low="14402" high="14403"/>',
+                 'endpoint "ep" has 3 links', "widen it to at least 3", offset=-2)
+
+
 def test_tr_port_range_too_small_for_the_links(tmp_path):
     tr = TR_LBMRD.replace('<lbmrd address="10.1.1.50"/>',
                           '<lbmrd address="10.1.1.50"/>\n        <port-range low="14402" high="14402"/>')
