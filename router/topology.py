@@ -1,0 +1,168 @@
+"""The router topology map, sans-IO (issue 11, item 2: routing; not yet used
+by the running router).
+
+Each router announces a :class:`NodeInfo`: its id, a sequence number, the
+domain ids of its endpoint portals with their ``<cost>``, and its peer
+portals (the id of the router at the other end, with the portal's
+``<cost>``). A :class:`TopologyMap` keeps the newest announcement of every
+router it has heard of, forgets a router not heard of for ``timeout``
+seconds, and computes from its own router the lowest-cost path to every
+domain, following the DRO's conventions (``../shared/spec/dro-behaviour.md``
+section 4):
+
+* a path's cost is the sum of the ``<cost>`` of every portal it uses: at
+  each peer link the portals of both ends, and at the end the destination
+  router's endpoint portal (a domain of our own costs its endpoint's cost);
+* a peer link counts only when both routers announce it (a link seen from
+  one side only is not up yet, or already down);
+* ties are broken by router id: of two paths of equal cost, the one whose
+  sequence of router ids is smaller (compared id by id) wins, so every router
+  computes the same choice;
+* a path of more than ``max_hop_count`` peer links is not used, and an
+  announcement that travelled more hops is ignored.
+
+Times are seconds on any monotonic clock; nothing here reads one.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+__all__ = ["NodeInfo", "Route", "TopologyMap"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What one router announces: ``domains`` maps the domain id of each of its
+    endpoint portals to the portal's cost, ``peers`` the id of each router it
+    has a peer portal to (connected) to that portal's cost. ``seq`` grows with
+    every change; an older or equal ``seq`` is a repeat."""
+
+    router_id: str
+    seq: int
+    domains: dict[int, int] = field(default_factory=dict)
+    peers: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The chosen path from this router to ``domain``: ``path`` is the routers
+    it goes through, this router first and the one with the endpoint last;
+    ``next_hop`` the router to send to (None: the domain is ours)."""
+
+    domain: int
+    path: tuple[str, ...]
+    cost: int
+
+    @property
+    def next_hop(self) -> str | None:
+        return self.path[1] if len(self.path) > 1 else None
+
+    @property
+    def hops(self) -> int:
+        """Peer links on the path."""
+        return len(self.path) - 1
+
+
+class TopologyMap:
+    """The map as seen from router ``me`` (see the module doc)."""
+
+    def __init__(self, me: NodeInfo, *, max_hop_count: int = 100, timeout: float = 4.0) -> None:
+        if max_hop_count < 1:
+            raise ValueError("max_hop_count must be at least 1")
+        self.me = me.router_id
+        self.max_hop_count = max_hop_count
+        self.timeout = timeout
+        self._nodes: dict[str, NodeInfo] = {me.router_id: me}
+        self._heard: dict[str, float] = {}
+        self._routes: dict[int, Route] | None = None
+
+    # ------------------------------------------------------------------ inputs
+
+    def set_own(self, info: NodeInfo) -> None:
+        """Our own announcement changed (a portal came up or went down)."""
+        if info.router_id != self.me:
+            raise ValueError(f"not this router: {info.router_id!r}")
+        self._nodes[self.me] = info
+        self._routes = None
+
+    def update(self, info: NodeInfo, hops: int, now: float) -> bool:
+        """An announcement that crossed ``hops`` peer links; True when the map
+        changed (a new router, or a newer ``seq`` with other contents)."""
+        if info.router_id == self.me or hops > self.max_hop_count:
+            return False
+        old = self._nodes.get(info.router_id)
+        if old is not None and info.seq <= old.seq:
+            if info.seq == old.seq:
+                self._heard[info.router_id] = now
+            return False
+        self._heard[info.router_id] = now
+        self._nodes[info.router_id] = info
+        changed = old is None or (old.domains, old.peers) != (info.domains, info.peers)
+        if changed:
+            self._routes = None
+        return changed
+
+    def expire(self, now: float) -> list[str]:
+        """Forget the routers not heard of for ``timeout``; their ids."""
+        gone = [r for r, t in self._heard.items() if now - t >= self.timeout]
+        for r in gone:
+            del self._heard[r]
+            del self._nodes[r]
+        if gone:
+            self._routes = None
+        return gone
+
+    def next_deadline(self) -> float:
+        """When :meth:`expire` may next forget a router."""
+        return min(self._heard.values(), default=float("inf")) + self.timeout
+
+    # ------------------------------------------------------------------ views
+
+    def nodes(self) -> dict[str, NodeInfo]:
+        return dict(self._nodes)
+
+    def routes(self) -> dict[int, Route]:
+        """The lowest-cost route to every reachable domain, by domain id."""
+        if self._routes is None:
+            self._routes = self._compute()
+        return dict(self._routes)
+
+    def route(self, domain: int) -> Route | None:
+        return self.routes().get(domain)
+
+    # ------------------------------------------------------------------ Dijkstra
+
+    def _link_cost(self, a: str, b: str) -> int | None:
+        na, nb = self._nodes.get(a), self._nodes.get(b)
+        if na is None or nb is None or b not in na.peers or a not in nb.peers:
+            return None  # announced by one side only
+        return na.peers[b] + nb.peers[a]
+
+    def _compute(self) -> dict[int, Route]:
+        # best (cost, path) to every router; the path tuple breaks ties by router id
+        best: dict[str, tuple[int, tuple[str, ...]]] = {}
+        heap: list[tuple[int, tuple[str, ...]]] = [(0, (self.me,))]
+        while heap:
+            cost, path = heapq.heappop(heap)
+            here = path[-1]
+            if here in best:
+                continue
+            best[here] = (cost, path)
+            if len(path) - 1 >= self.max_hop_count:
+                continue
+            for nxt in self._nodes[here].peers:
+                if nxt in best or nxt in path:
+                    continue
+                c = self._link_cost(here, nxt)
+                if c is not None:
+                    heapq.heappush(heap, (cost + c, (*path, nxt)))
+        routes: dict[int, Route] = {}
+        for router, (cost, path) in best.items():
+            for domain, dcost in self._nodes[router].domains.items():
+                cand = Route(domain, path, cost + dcost)
+                cur = routes.get(domain)
+                if cur is None or (cand.cost, cand.path) < (cur.cost, cur.path):
+                    routes[domain] = cand
+        return routes
