@@ -249,15 +249,13 @@ class RelayCore:
                 c.drops["reply_shaped"] += 1
                 self._suspect(src, now)
                 return Drop("reply_shaped")
-        else:
-            ip4 = client.ip4
         try:
             res = scan(data)
         except LBMRDecodeError as e:
             c.drops["malformed"] += 1
             self.event(now, "malformed", f"{src[0]}:{src[1]} {e}")
             return Drop("malformed")
-        if self.ip_rate is not None and self._ip_limited(ip4, now):
+        if self.ip_rate is not None and self._ip_limited(client.ip4 if client else ip4, now):
             c.drops["ip_rate_limited"] += 1
             return Drop("ip_rate_limited")
         if client is None:

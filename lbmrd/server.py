@@ -27,6 +27,7 @@ from .relay import Drop, Relay, RelayCore, Reply
 log = logging.getLogger("lbmrd")
 
 WRITE_WAIT = 0.05  # seconds a relay may wait for a full send buffer before dropping
+WRITE_STEP = 0.002  # seconds between looks at waiting datagrams while the buffer is full
 FANOUT_CHUNK = 1024  # destinations per sendmmsg call before the loop serves other work
 GAP_EVERY = 0.002  # seconds of NAT copying between pauses
 SWEEP_SLICE = 2000  # clients checked per slice of an activity check
@@ -64,6 +65,17 @@ class Settings:
 #: Settings a reload can apply to a running daemon; the others need a restart.
 RELOADABLE = ("ttl_s", "activity_ms")
 RESTART_ONLY = ("bind_ip", "port", "rcv_buf", "snd_buf", "log_file")
+
+
+def _large(d: Relay) -> bool:
+    """Whether a relay will pause between chunks or groups (see Daemon._relay)."""
+    parts = d.parts
+    if type(parts) is not list:
+        return True
+    for _, g in parts:
+        if len(g.members) > FANOUT_CHUNK:
+            return True
+    return False
 
 
 def _without_gc(fn):
@@ -151,6 +163,7 @@ class Daemon:
         self.fanout = Fanout(sock)
         bound = sock.getsockname()
         self._set_own_addresses(bound)
+        gc.freeze()  # the config and start-up objects: never scanned by a full collection
         log.info("Using interface [%s], listening on UDP %s:%d", bound[0], bound[0], bound[1])
         try:
             async with trio.open_nursery() as nursery:
@@ -216,16 +229,20 @@ class Daemon:
 
     async def _handle_batch(self, batch, *, defer: bool = False) -> None:
         """Handle received datagrams; relays wait in the backlog when ``defer``
-        (we are between the chunks of a large fan-out)."""
+        (we are between the chunks of a large fan-out), and so do large relays
+        in any case, so that the rest of the batch (keepalives) is answered
+        before them."""
         handle = self.core.handle
         counters = self.core.counters
+        # relays that pause (NAT copies, groups over a chunk) wait for the rest of the batch
+        may_pause = self.core.nat is not None or len(self.core.table) > FANOUT_CHUNK
         sock = self.sock
         now = trio.current_time()
         for data, addr in batch:
             d = handle(data, addr, now)
             t = type(d)
             if t is Relay:
-                if defer:
+                if defer or may_pause and _large(d):
                     if len(self._backlog) >= BACKLOG:
                         counters.drops["relay_backlog_full"] += 1
                     else:
@@ -306,28 +323,41 @@ class Daemon:
             await self._handle_batch(batch, defer=True)
 
     async def _send_rest(self, payload: bytes, group, start: int, stop: int, err: str) -> None:
-        """Slow path of a fan-out: per-destination errors and a full buffer."""
+        """Slow path of a fan-out: per-destination errors and a full buffer.
+
+        A full send buffer is waited on for at most :data:`WRITE_WAIT`
+        seconds per occurrence, in steps of :data:`WRITE_STEP` between which
+        waiting datagrams are handled (keepalives answered, relays kept for
+        later), so a congested fan-out does not stop the daemon; what still
+        does not fit is counted as ``send_buffer_full``. Only appends can
+        change the group meanwhile (removals wait for relays to end)."""
         c = self.core.counters
-        version = group.version
-        while True:
-            if err == "EAGAIN":
-                with trio.move_on_after(WRITE_WAIT):
-                    await trio.lowlevel.wait_writable(self.sock)
-                if group.version != version:
-                    c.drops["group_changed_while_blocked"] += stop - start
+        self._fanning += 1
+        try:
+            while True:
+                if err == "EAGAIN":
+                    deadline = trio.current_time() + WRITE_WAIT
+                    while not self._writable():
+                        if trio.current_time() >= deadline:
+                            c.drops["send_buffer_full"] += stop - start
+                            return
+                        with trio.move_on_after(WRITE_STEP):
+                            await trio.lowlevel.wait_writable(self.sock)
+                        await self._gap()
+                    if len(group.members) < stop:
+                        c.drops["group_changed_while_blocked"] += stop - start
+                        return
+                else:
+                    c.send_errors[err] += 1
+                if start >= stop:
                     return
-                if not self._writable():
-                    c.drops["send_buffer_full"] += stop - start
+                sent, start, err = self.fanout.send_range(payload, group, start, stop)
+                c.tx += sent
+                c.tx_bytes += sent * len(payload)
+                if err is None:
                     return
-            else:
-                c.send_errors[err] += 1
-            if start >= stop:
-                return
-            sent, start, err = self.fanout.send_range(payload, group, start, stop)
-            c.tx += sent
-            c.tx_bytes += sent * len(payload)
-            if err is None:
-                return
+        finally:
+            self._fanning -= 1
 
     def _writable(self) -> bool:
         import select
@@ -359,6 +389,9 @@ class Daemon:
                 log.info("client %s:%d expired after %.0f s of silence", cl.addr[0], cl.addr[1],
                          self.core.table.ttl)
         if self._sweep.done:
+            # long-lived objects (clients, the config) leave the collector's view, so a
+            # full collection never walks the whole table while the relay waits
+            gc.freeze()
             if self._sweep_dead > EXPIRED_LOG_LINES:
                 log.info("%d more clients expired in this activity check",
                          self._sweep_dead - EXPIRED_LOG_LINES)
@@ -422,6 +455,7 @@ class Daemon:
         sweep = self._regroup
         sweep.step(SWEEP_SLICE)
         if sweep.done:
+            gc.freeze()  # the new config's objects, as at start-up
             self._regroup = None
             log.info("%d clients re-classified into the new domains", sweep.moved)
 
