@@ -165,7 +165,30 @@ class ClientTable:
         self._group(domain).add(c)
 
 
-class ExpirySweep:
+class _Slices:
+    """The clients present when a sweep starts, handed out ``budget`` at a time."""
+
+    __slots__ = ("_todo", "_pos")
+
+    def __init__(self, table: ClientTable) -> None:
+        self._todo = list(table)
+        self._pos = 0
+
+    @property
+    def done(self) -> bool:
+        return self._pos >= len(self._todo)
+
+    def _next(self, budget: int) -> list[Client]:
+        end = min(self._pos + budget, len(self._todo))
+        out = self._todo[self._pos:end]
+        self._pos = end
+        if end >= len(self._todo):
+            self._todo = []
+            self._pos = 0
+        return out
+
+
+class ExpirySweep(_Slices):
     """An activity check done in slices, so that a sweep of a large table
     never holds the daemon's loop for long.
 
@@ -175,64 +198,46 @@ class ExpirySweep:
     since before the deadline (a client heard from between two steps stays).
     """
 
-    __slots__ = ("table", "limit", "_todo", "_pos")
+    __slots__ = ("table", "limit")
 
     def __init__(self, table: ClientTable, now: float) -> None:
+        super().__init__(table)
         self.table = table
         self.limit = now - table.ttl
-        self._todo = list(table)
-        self._pos = 0
-
-    @property
-    def done(self) -> bool:
-        return self._pos >= len(self._todo)
 
     def step(self, budget: int) -> list[Client]:
         """Check the next ``budget`` clients; return the ones removed."""
-        end = min(self._pos + budget, len(self._todo))
         limit = self.limit
         table = self.table
         dead = []
-        for c in self._todo[self._pos:end]:
+        for c in self._next(budget):
             if c.last_seen < limit and c.group is not None and table.get(c.addr) is c:
                 table.remove(c)
                 dead.append(c)
-        self._pos = end
-        if end >= len(self._todo):
-            self._todo = []
-            self._pos = 0
         return dead
 
 
-class RegroupSweep:
+class RegroupSweep(_Slices):
     """Re-classifying the clients after a reload, in slices like
-    :class:`ExpirySweep`: the clients present at the start, ``budget`` at a
-    time (clients that register meanwhile are classified by the new rules
-    already)."""
+    :class:`ExpirySweep` (clients that register meanwhile are classified by
+    the new rules already)."""
 
-    __slots__ = ("table", "domain_of", "_todo", "_pos", "moved")
+    __slots__ = ("table", "domain_of", "moved")
 
     def __init__(self, table: ClientTable, domain_of) -> None:
+        super().__init__(table)
         self.table = table
         self.domain_of = domain_of
-        self._todo = list(table)
-        self._pos = 0
         self.moved = 0
-
-    @property
-    def done(self) -> bool:
-        return self._pos >= len(self._todo)
 
     def step(self, budget: int) -> int:
         """Re-classify the next ``budget`` clients; returns how many moved in all."""
-        end = min(self._pos + budget, len(self._todo))
         table, domain_of = self.table, self.domain_of
-        for c in self._todo[self._pos:end]:
+        for c in self._next(budget):
             if c.group is None:
                 continue  # expired meanwhile
             d = domain_of(c.ip4)
             if d != c.domain:
                 table.move(c, d)
                 self.moved += 1
-        self._pos = end
         return self.moved
