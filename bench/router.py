@@ -466,21 +466,19 @@ class InProcess:
     async def _main(self, q: queue.Queue) -> None:
         trio = self._trio
         from lbmrd.server import Daemon, Settings
-        from router.daemon import EndpointSettings, PeerSettings, Router, RouterSettings
+        from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint
+        from router.daemon import Router
 
         self.token = trio.lowlevel.current_trio_token()
         self.done = trio.Event()
         async with trio.open_nursery() as n:
             d1 = await n.start(Daemon(Settings(bind_ip=TRD1, port=0, stats_interval=0)).run)
             d2 = await n.start(Daemon(Settings(bind_ip=TRD2, port=0, stats_interval=0)).run)
-            rb = Router(RouterSettings("routerB", EndpointSettings("B-TRD2", 2, daemons=[d2], tr_ip=TRD2,
-                                                                    relay_ip=TRD2),
-                                       PeerSettings("B-to-A", "acceptor", listen_ip=TRD2, port=0)))
+            rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [d2], interface=TRD2),
+                        acceptor_peer("B-to-A", 0, interface=TRD2))
             b = await n.start(rb.run)
-            ra = Router(RouterSettings("routerA", EndpointSettings("A-TRD1", 1, daemons=[d1], tr_ip=TRD1,
-                                                                    relay_ip=TRD1),
-                                       PeerSettings("A-to-B", "initiator", address=TRD2,
-                                                    port=b["peer"][1], reconnect_interval=0.5)))
+            ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [d1], interface=TRD1),
+                        initiator_peer("A-to-B", TRD2, b["peer"][1], reconnect_interval_ms=500))
             await n.start(ra.run)
             with trio.fail_after(20):
                 while not (rb.link is not None and rb.link.up.is_set()):

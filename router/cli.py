@@ -11,74 +11,28 @@ import logging
 import ssl
 import sys
 
-from lbmr_runtime.netif import InterfaceError, resolve_interface
+from lbmr_runtime.netif import InterfaceError
 from lbmr_runtime.process import EXIT_CONFIG, EXIT_USAGE, run_daemon, setup_logging
 
-from .daemon import EndpointSettings, PeerSettings
-from .multi import MultiRouter, MultiSettings
+from .daemon import tls_context
+from .multi import MultiRouter
+
+__all__ = ["build_parser", "check_settings", "entry", "main", "tls_context"]
 
 log = logging.getLogger("lbmr-router")
 
 
-def tls_context(tls, server_side: bool) -> ssl.SSLContext:
-    """Mutual authentication: our certificate, and the peer's must chain to the CA."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server_side else ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(tls.certificate, tls.certificate_key, password=tls.certificate_key_password)
-    if tls.trusted_certificates:
-        ctx.load_verify_locations(tls.trusted_certificates)
-    else:
-        ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH if server_side else ssl.Purpose.SERVER_AUTH)
-    ctx.check_hostname = False  # peers are identified by their certificate chain, not a host name
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    if tls.cipher_suites:
-        ctx.set_ciphers(tls.cipher_suites)
-    return ctx
-
-
-def _iface(spec: str | None, default: str) -> str:
-    """An interface spec of the file (address, CIDR, device) as an address."""
-    return default if not spec else resolve_interface(spec)
-
-
-def _endpoint_settings(e) -> EndpointSettings:
-    tr = e.topic_resolution
-    if tr.kind == "multicast":
-        ep = EndpointSettings(e.name, e.domain_id, mode="multicast",
-                              multicast=(tr.multicast.group, tr.multicast.port),
-                              tr_ip=_iface(tr.interface, "127.0.0.1"))
-    else:
-        ep = EndpointSettings(e.name, e.domain_id, mode="lbmrd",
-                              daemons=[(d.address, d.port) for d in tr.lbmrds],
-                              tr_ip=_iface(tr.interface, "0.0.0.0"),
-                              tr_port_low=tr.port_range.low if tr.port_range else 0,
-                              tr_port_high=tr.port_range.high if tr.port_range else 0)
-    ep.relay_ip = _iface(e.relay.interface, "0.0.0.0")
-    ep.relay_port_low, ep.relay_port_high = e.relay.ports.low, e.relay.ports.high
-    ep.source_deletion_delay = e.source_deletion_delay_ms / 1000.0
-    return ep
-
-
-def _peer_settings(p) -> PeerSettings:
-    ka = p.keepalive
-    peer = PeerSettings(p.name, p.role, max_queue=p.max_queue,
-                        keepalive_interval=ka.interval_ms / 1000.0 if ka.idle else 0.0,
-                        dead_after=ka.timeout_ms / 1000.0)
-    if p.role == "initiator":
-        peer.address, peer.port = p.initiator.address, p.initiator.port
-        peer.reconnect_interval = p.initiator.reconnect_interval_ms / 1000.0
-    else:
-        peer.listen_ip, peer.port = _iface(p.interface, "0.0.0.0"), p.acceptor.listen_port
-    if p.tls is not None:
-        peer.tls = tls_context(p.tls, server_side=(p.role == "acceptor"))
-    return peer
-
-
-def settings_from_config(cfg, *, handle_signals: bool = True) -> MultiSettings:
-    """The running router's settings: every endpoint portal, every peer portal."""
-    return MultiSettings(cfg.name, [_endpoint_settings(e) for e in cfg.endpoints],
-                         [_peer_settings(p) for p in cfg.peers], metrics=cfg.metrics,
-                         handle_signals=handle_signals)
+def check_settings(cfg) -> None:
+    """What the running router will need from the file, checked before it
+    starts: every interface names a local address (:exc:`InterfaceError`) and
+    every TLS context loads (:exc:`ssl.SSLError`, :exc:`OSError`)."""
+    for e in cfg.endpoints:
+        _ = e.tr_ip, e.relay_ip
+    for p in cfg.peers:
+        if p.role == "acceptor":
+            _ = p.listen_ip
+        if p.tls is not None:
+            tls_context(p.tls, server_side=(p.role == "acceptor"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lbmr-router: cannot open log file: {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        settings = settings_from_config(cfg)
+        check_settings(cfg)
     except InterfaceError as e:
         log.error("%s", e)
         return EXIT_CONFIG
@@ -135,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("lbmr-router %s starting: endpoints %s, peers %s", cfg.name,
              ", ".join(f"{e.name} (domain {e.domain_id})" for e in cfg.endpoints),
              ", ".join(f"{p.name} ({p.role})" for p in cfg.peers) or "none (direct link)")
-    return run_daemon(MultiRouter(settings).run, log)
+    return run_daemon(MultiRouter(cfg, handle_signals=True).run, log)
 
 
 def entry() -> None:

@@ -411,7 +411,7 @@ def _topic_resolution(c: _Checker, tr: etree._Element) -> TopicResolution:
                 c.error(mc, f"<multicast> group {e}")
         port = c.attr_port(mc, "port", DEFAULT_MULTICAST_PORT, "UDP")
         interface = c.attr_interface(mc, "interface")
-        multicast = MulticastResolver(group, port, mc.sourceline or 0)
+        multicast = MulticastResolver(group, port, line=mc.sourceline or 0)
     else:
         interface = c.interface(tr.find("interface"))
         seen: dict[tuple[str, int], int] = {}

@@ -1,10 +1,25 @@
-"""lbmr-router's configuration as values: the immutable dataclasses that
-:func:`router.config.load_config` returns, and the defaults (times in
-milliseconds, sizes in bytes, as in the DRO's file)."""
+"""lbmr-router's settings: the immutable dataclasses that
+:func:`router.config.load_config` returns and the running router reads (the
+one settings type of the daemon: :class:`router.multi.MultiRouter` takes a
+:class:`RouterConfig`, each portal link its :class:`EndpointConfig` and
+:class:`PeerConfig`), and the defaults.
+
+Fields hold times in milliseconds and sizes in bytes, as in the DRO's file;
+the read-only properties the runtime uses give the same values in seconds
+(``source_deletion_delay``, ``reconnect_interval`` ...) and interfaces as the
+address to bind (``tr_ip``, ``relay_ip``, ``listen_ip``).
+
+Embedding the router (and the tests) build settings without a file with
+:func:`lbmrd_endpoint`, :func:`multicast_endpoint`, :func:`initiator_peer`,
+:func:`acceptor_peer` and :func:`router_config`.
+"""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+
+from lbmr_runtime.netif import resolve_interface
 
 DEFAULT_STATS_INTERVAL_MS = 60000
 DEFAULT_MULTICAST_GROUP = "224.9.10.11"  # UM resolver_multicast_address
@@ -16,6 +31,21 @@ DEFAULT_KEEPALIVE_INTERVAL_MS = 5000
 DEFAULT_KEEPALIVE_TIMEOUT_MS = 15000
 DEFAULT_MAX_QUEUE = 8 << 20  # router/peerlink.py OutQueue(max_data_bytes)
 MIN_MAX_QUEUE = 64 << 10  # below this the largest datagram (64 KiB) never fits
+DEFAULT_MULTICAST_TTL = 16  # UM resolver_multicast_ttl
+# Portal limits and timers not (yet) in the file: the values the router has always used.
+DEFAULT_SOURCE_TIMEOUT_MS = 16000  # a proxied source with no TIR for this long is withdrawn
+DEFAULT_REQUERY_INTERVAL_MS = 5000  # the portal queries its remote interest again this often
+DEFAULT_RU_IDLE_TIMEOUT_MS = 10000  # an LBT-RU stream ends after this long without a datagram
+DEFAULT_RU_MAX_STREAMS = 1024  # LBT-RU streams per link and side (the rest is for TCP)
+DEFAULT_MAX_PROXIES = 4096  # the peer's advertisements proxied at once (also bounded by the fd limit)
+
+
+@functools.lru_cache(maxsize=256)
+def bind_address(spec: str | None, default: str) -> str:
+    """The address to bind for an interface spec of the file (address, CIDR or
+    device name; None = ``default``). Resolved once per process (cached):
+    :exc:`lbmr_runtime.netif.InterfaceError` when no local interface matches."""
+    return default if not spec else resolve_interface(spec)
 
 
 # --------------------------------------------------------------------------- model
@@ -68,6 +98,7 @@ class MulticastResolver:
     group: str = DEFAULT_MULTICAST_GROUP
     port: int = DEFAULT_MULTICAST_PORT
     line: int = field(default=0, compare=False)
+    ttl: int = DEFAULT_MULTICAST_TTL  # hops of the TR datagrams the portal sends
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,16 +173,21 @@ class TopicResolution:
 
 @dataclass(frozen=True, slots=True)
 class RelayConfig:
-    """``<relay>``: interface (None = any) and ports of the proxy source listeners."""
+    """``<relay>``: interface (None = any) and ports of the proxy source listeners
+    (``ports`` None = any free port: not in the file, for embedding and tests)."""
 
     interface: str | None = None
-    ports: PortRange = DEFAULT_RELAY_PORTS
+    ports: PortRange | None = DEFAULT_RELAY_PORTS
     line: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
 class EndpointConfig:
-    """An ``<endpoint>`` portal: attaches the router to one TRD."""
+    """An ``<endpoint>`` portal: attaches the router to one TRD.
+
+    The ``*_ms`` limits and timers after ``remote_pattern`` are not in the file
+    (their defaults are what the router uses); embedding code may set them.
+    """
 
     name: str
     domain_id: int
@@ -161,6 +197,86 @@ class EndpointConfig:
     remote_topic: RemoteInterest = RemoteInterest()
     remote_pattern: RemoteInterest = RemoteInterest()
     line: int = field(default=0, compare=False)
+    source_timeout_ms: int = DEFAULT_SOURCE_TIMEOUT_MS
+    requery_interval_ms: int = DEFAULT_REQUERY_INTERVAL_MS
+    ru_idle_timeout_ms: int = DEFAULT_RU_IDLE_TIMEOUT_MS
+    ru_max_streams: int = DEFAULT_RU_MAX_STREAMS
+    max_proxies: int = DEFAULT_MAX_PROXIES
+
+    # ------------------------------------------------ what the runtime reads
+
+    @property
+    def mode(self) -> str:
+        """``"multicast"`` or ``"lbmrd"`` (unicast topic resolution)."""
+        return "multicast" if self.topic_resolution.multicast is not None else "lbmrd"
+
+    @property
+    def daemons(self) -> list[tuple[str, int]]:
+        """The lbmrds as ``(address, port)`` (none for multicast)."""
+        return [(d.address, d.port) for d in self.topic_resolution.lbmrds]
+
+    @property
+    def multicast(self) -> tuple[str, int] | None:
+        """The multicast TR ``(group, port)``, or None."""
+        mc = self.topic_resolution.multicast
+        return None if mc is None else (mc.group, mc.port)
+
+    @property
+    def multicast_ttl(self) -> int:
+        mc = self.topic_resolution.multicast
+        return DEFAULT_MULTICAST_TTL if mc is None else mc.ttl
+
+    @property
+    def tr_ip(self) -> str:
+        """The address of the portal's TR socket (default: any for unicast,
+        loopback for multicast)."""
+        default = "127.0.0.1" if self.mode == "multicast" else "0.0.0.0"
+        return bind_address(self.topic_resolution.interface, default)
+
+    @property
+    def tr_port_low(self) -> int:
+        """First port of the TR socket's range (0 = any free port)."""
+        pr = self.topic_resolution.port_range
+        return pr.low if pr is not None else 0
+
+    @property
+    def tr_port_high(self) -> int:
+        pr = self.topic_resolution.port_range
+        return pr.high if pr is not None else 0
+
+    @property
+    def relay_ip(self) -> str:
+        """The address of the proxy listeners (default: any)."""
+        return bind_address(self.relay.interface, "0.0.0.0")
+
+    @property
+    def relay_port_low(self) -> int:
+        """First port of the proxy listeners' range (0 = any free port)."""
+        return self.relay.ports.low if self.relay.ports is not None else 0
+
+    @property
+    def relay_port_high(self) -> int:
+        return self.relay.ports.high if self.relay.ports is not None else 0
+
+    @property
+    def source_deletion_delay(self) -> float:
+        """Seconds."""
+        return self.source_deletion_delay_ms / 1000.0
+
+    @property
+    def source_timeout(self) -> float:
+        """Seconds."""
+        return self.source_timeout_ms / 1000.0
+
+    @property
+    def requery_interval(self) -> float:
+        """Seconds."""
+        return self.requery_interval_ms / 1000.0
+
+    @property
+    def ru_idle_timeout(self) -> float:
+        """Seconds."""
+        return self.ru_idle_timeout_ms / 1000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +350,41 @@ class PeerConfig:
         """``"initiator"`` or ``"acceptor"``."""
         return "initiator" if self.initiator is not None else "acceptor"
 
+    # ------------------------------------------------ what the runtime reads
+
+    @property
+    def address(self) -> str:
+        """The initiator's peer address ("" for an acceptor)."""
+        return self.initiator.address if self.initiator is not None else ""
+
+    @property
+    def port(self) -> int:
+        """The initiator's peer port, or the acceptor's listen port (0 = any)."""
+        return self.initiator.port if self.initiator is not None else self.acceptor.listen_port
+
+    @property
+    def listen_ip(self) -> str:
+        """The acceptor's listen address (default: any)."""
+        return bind_address(self.interface, "0.0.0.0")
+
+    @property
+    def reconnect_interval(self) -> float:
+        """Seconds between the initiator's connection attempts."""
+        ms = self.initiator.reconnect_interval_ms if self.initiator is not None \
+            else DEFAULT_RECONNECT_INTERVAL_MS
+        return ms / 1000.0
+
+    @property
+    def keepalive_interval(self) -> float:
+        """Seconds between keepalives on an idle link (0 = none)."""
+        ka = self.keepalive
+        return ka.interval_ms / 1000.0 if ka.idle else 0.0
+
+    @property
+    def dead_after(self) -> float:
+        """Seconds without a frame after which the link is declared dead."""
+        return self.keepalive.timeout_ms / 1000.0
+
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
@@ -265,3 +416,58 @@ class RouterConfig:
     def domain_ids(self) -> tuple[int, ...]:
         """Domain ids of the endpoint portals (what the peer link announces)."""
         return tuple(e.domain_id for e in self.endpoints)
+
+
+# --------------------------------------------------------------- without a file
+
+
+def lbmrd_endpoint(name: str, domain_id: int, daemons, *, interface: str | None = None,
+                   tr_ports: PortRange | None = None, relay_interface: str | None = None,
+                   relay_ports: PortRange | None = None, **more) -> EndpointConfig:
+    """An endpoint portal on lbmrd (unicast) topic resolution: ``daemons`` are
+    ``(address, port)`` pairs; ``interface`` the TR socket's, ``relay_interface``
+    the proxies' (default: ``interface``); ports None = any free port. ``more``:
+    other :class:`EndpointConfig` fields (``source_deletion_delay_ms`` ...)."""
+    tr = TopicResolution(lbmrds=tuple(LbmrdAddress(a, p) for a, p in daemons),
+                         interface=interface, port_range=tr_ports)
+    relay = RelayConfig(relay_interface if relay_interface is not None else interface, relay_ports)
+    return EndpointConfig(name, domain_id, tr, relay, **more)
+
+
+def multicast_endpoint(name: str, domain_id: int, group: str = DEFAULT_MULTICAST_GROUP,
+                       port: int = DEFAULT_MULTICAST_PORT, *, interface: str | None = None,
+                       ttl: int = DEFAULT_MULTICAST_TTL, relay_interface: str | None = None,
+                       relay_ports: PortRange | None = None, **more) -> EndpointConfig:
+    """An endpoint portal on multicast topic resolution (see :func:`lbmrd_endpoint`)."""
+    tr = TopicResolution(multicast=MulticastResolver(group, port, ttl=ttl), interface=interface)
+    relay = RelayConfig(relay_interface if relay_interface is not None else interface, relay_ports)
+    return EndpointConfig(name, domain_id, tr, relay, **more)
+
+
+def _keepalive(interval_ms: int | None, timeout_ms: int | None) -> KeepaliveConfig:
+    return KeepaliveConfig(True, DEFAULT_KEEPALIVE_INTERVAL_MS if interval_ms is None else interval_ms,
+                           DEFAULT_KEEPALIVE_TIMEOUT_MS if timeout_ms is None else timeout_ms)
+
+
+def initiator_peer(name: str, address: str, port: int, *,
+                   reconnect_interval_ms: int = DEFAULT_RECONNECT_INTERVAL_MS,
+                   keepalive_interval_ms: int | None = None, keepalive_timeout_ms: int | None = None,
+                   **more) -> PeerConfig:
+    """A peer portal that connects to ``address:port``. ``more``: other
+    :class:`PeerConfig` fields (``tls``, ``max_queue`` ...)."""
+    return PeerConfig(name, initiator=InitiatorConfig(address, port, reconnect_interval_ms),
+                      keepalive=_keepalive(keepalive_interval_ms, keepalive_timeout_ms), **more)
+
+
+def acceptor_peer(name: str, port: int = 0, *, interface: str | None = None,
+                  keepalive_interval_ms: int | None = None, keepalive_timeout_ms: int | None = None,
+                  **more) -> PeerConfig:
+    """A peer portal that listens on ``interface:port`` (0 = any free port)."""
+    return PeerConfig(name, acceptor=AcceptorConfig(port), interface=interface,
+                      keepalive=_keepalive(keepalive_interval_ms, keepalive_timeout_ms), **more)
+
+
+def router_config(name: str, endpoints, peers=(), *, metrics: tuple[str, int] | None = None,
+                  path: str = "<embedded>") -> RouterConfig:
+    """A router's settings without a file."""
+    return RouterConfig(path, name, tuple(endpoints), tuple(peers), metrics=metrics)

@@ -28,7 +28,7 @@ import socket
 import ssl
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import trio
@@ -39,6 +39,7 @@ from lbmr_runtime.netif import open_multicast_socket
 
 from . import peerlink as P
 from .bridge import Bridge, Notice, SendFrame, StartProxy, StopProxy
+from .config_model import EndpointConfig, PeerConfig
 from .link import CONNECT_TIMEOUT, RAW_LIMIT, READ_SIZE, Link
 from .peerlink import streams as S
 from .relay import PortPool, Relay
@@ -52,58 +53,21 @@ TR_SOCKET_BUFFER = 4 << 20  # the portal's TR socket: receive and send buffers
 MAX_HANDSHAKES = 4  # incoming connections in their handshake at once (the oldest is dropped)
 
 
-@dataclass
-class EndpointSettings:
-    """One endpoint portal: its TRD's topic resolution and where proxies listen."""
-
-    name: str
-    domain_id: int
-    mode: str = "lbmrd"  # or "multicast"
-    daemons: list[tuple[str, int]] = field(default_factory=list)
-    multicast: tuple[str, int] | None = None
-    multicast_ttl: int = 16  # UM's resolver_multicast_ttl default
-    tr_ip: str = "127.0.0.1"  # the portal's own TR socket: this address ...
-    tr_port_low: int = 0  # ... and the first free port of this range (0, 0 = any)
-    tr_port_high: int = 0
-    relay_ip: str = "127.0.0.1"  # proxy listeners: this address ...
-    relay_port_low: int = 0  # ... and ports in this range (0, 0 = any free port)
-    relay_port_high: int = 0
-    ru_idle_timeout: float = 10.0  # an LBT-RU stream ends after this long without a datagram
-    ru_max_streams: int = 1024  # LBT-RU streams per link and side (the rest is for TCP)
-    max_proxies: int = 4096  # the peer's advertisements proxied at once (also bounded by the fd limit)
-    source_deletion_delay: float = 1.0  # a source whose session ended is withdrawn this much later
-    source_timeout: float = 16.0
-    requery_interval: float = 5.0
-
-
-@dataclass
-class PeerSettings:
-    """The peer link: ``role`` "initiator" (connects to address:port) or
-    "acceptor" (listens on listen_ip:port); or, with ``stream``, an in-process
-    link already connected (``role`` picks the side of the handshake)."""
-
-    name: str
-    role: str
-    address: str = "127.0.0.1"
-    port: int = 0
-    listen_ip: str = "127.0.0.1"
-    reconnect_interval: float = 5.0
-    keepalive_interval: float = 5.0
-    dead_after: float = 15.0
-    tls: ssl.SSLContext | None = None
-    max_queue: int = 8 << 20
-    # an in-process link (direct link between two endpoint portals of one router):
-    # a connected stream; ``role`` only says which end runs the handshake's initiator side
-    stream: object | None = None
-
-
-@dataclass
-class RouterSettings:
-    name: str
-    endpoint: EndpointSettings
-    peer: PeerSettings
-    metrics: tuple[str, int] | None = None
-    handle_signals: bool = False  # SIGUSR1 dump, SIGTERM/SIGINT stop; the command line turns it on
+def tls_context(tls, server_side: bool) -> ssl.SSLContext:
+    """A peer link's TLS context from its :class:`router.config_model.TlsConfig`:
+    mutual authentication, our certificate, and the peer's must chain to the CA."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server_side else ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(tls.certificate, tls.certificate_key, password=tls.certificate_key_password)
+    if tls.trusted_certificates:
+        ctx.load_verify_locations(tls.trusted_certificates)
+    else:
+        ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH if server_side else ssl.Purpose.SERVER_AUTH)
+    ctx.check_hostname = False  # peers are identified by their certificate chain, not a host name
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    if tls.cipher_suites:
+        ctx.set_ciphers(tls.cipher_suites)
+    return ctx
 
 
 def proxy_bound(configured: int) -> int:
@@ -146,12 +110,24 @@ class Wake:
 
 class Router:
     """One router: ``await router.run(task_status=...)`` in a nursery; reports
-    {"tr": (ip, port), "peer": (ip, port) or None} through ``task_status``."""
+    {"tr": (ip, port), "peer": (ip, port) or None} through ``task_status``.
 
-    def __init__(self, settings: RouterSettings, *, port_pool: PortPool | None = None,
+    ``name``: the router's name; ``endpoint`` and ``peer``: the portals'
+    settings (:class:`router.config_model.EndpointConfig`, ``PeerConfig``);
+    ``stream``: for an in-process link, the connected stream it runs on (the
+    peer's ``role`` then only picks the side of the handshake); ``metrics``:
+    ``(address, port)`` of the HTTP endpoint or None; ``handle_signals``:
+    SIGUSR1 dump, SIGTERM/SIGINT stop (the command line turns it on).
+    """
+
+    def __init__(self, name: str, endpoint: EndpointConfig, peer: PeerConfig, *,
+                 stream: trio.abc.Stream | None = None, metrics: tuple[str, int] | None = None,
+                 handle_signals: bool = False, port_pool: PortPool | None = None,
                  advert_ids: Iterator[int] | None = None, domains: tuple[int, ...] | None = None) -> None:
-        self.settings = settings
-        e = settings.endpoint
+        self.name, self.endpoint, self.peer = name, endpoint, peer
+        self.stream, self.metrics, self.handle_signals = stream, metrics, handle_signals
+        self.tls = None if peer.tls is None else tls_context(peer.tls, server_side=(peer.role == "acceptor"))
+        e = endpoint
         self.src_id = secrets.token_bytes(8)
         self.tr: PortalTR | None = None
         self.bridge: Bridge | None = None
@@ -161,7 +137,7 @@ class Router:
         self._proxy_scopes: dict[int, trio.CancelScope] = {}  # proxy listeners, by advert id
         self._handshakes: dict[trio.CancelScope, Link | None] = {}  # incoming links not yet connected
         self._dying: set[int] = set()  # adverts whose source ended, withdrawn after the deletion delay
-        self.identity = P.RouterIdentity(settings.name, domains or (e.domain_id,))
+        self.identity = P.RouterIdentity(name, domains or (e.domain_id,))
         self._advert_ids = advert_ids
         # several endpoints on one peer link: the link is run by one Router (the
         # owner), the others are attached to it and get its frames and link events
@@ -197,7 +173,7 @@ class Router:
 
     async def _withdraw_if_silent(self, advert_id: int, since: float) -> None:
         try:
-            await trio.sleep(self.settings.endpoint.source_deletion_delay)
+            await trio.sleep(self.endpoint.source_deletion_delay)
             if self.bridge.source_ended(advert_id, since, trio.current_time()):
                 self.counters["sources_ended"] += 1
                 self._apply()
@@ -210,7 +186,7 @@ class Router:
     # ------------------------------------------------------------------ run
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        e = self.settings.endpoint
+        e = self.endpoint
         sock = await self._open_tr_socket()
         self.tr_sock = sock
         now = trio.current_time()
@@ -228,12 +204,12 @@ class Router:
                 nursery.start_soon(self._portal_loop)
                 peer_addr = await nursery.start(self._peer_loop)
                 metrics_addr = None
-                if self.settings.metrics is not None:
+                if self.metrics is not None:
                     routes = {"/metrics": ("text/plain; version=0.0.4", self.prometheus_text),
                               "/status": ("application/json", lambda: json.dumps(self.status()))}
                     metrics_addr = await nursery.start(
-                        partial(serve_http, logger=log), routes, self.settings.metrics)
-                if self.settings.handle_signals:
+                        partial(serve_http, logger=log), routes, self.metrics)
+                if self.handle_signals:
                     await nursery.start(self._signal_loop)
                 task_status.started({"tr": sock.getsockname(), "peer": peer_addr, "metrics": metrics_addr})
         finally:
@@ -242,7 +218,7 @@ class Router:
     async def _open_tr_socket(self):
         """The portal's TR socket: joined to the group (multicast), or bound to the
         first free port of the TR port range (lbmrd)."""
-        e = self.settings.endpoint
+        e = self.endpoint
         if e.mode == "multicast":
             group, port = e.multicast
             return trio.socket.from_stdlib_socket(open_multicast_socket(
@@ -345,13 +321,13 @@ class Router:
     # ---------------------------------------------------------------- peer
 
     async def _peer_loop(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        p = self.settings.peer
+        p = self.peer
         if self.owner is not None:  # the owner runs the link
             task_status.started(None)
             return
-        if p.stream is not None:  # an in-process link: runs once, for the router's life
+        if self.stream is not None:  # an in-process link: runs once, for the router's life
             task_status.started(None)
-            await self._run_link(p.stream, p.role)
+            await self._run_link(self.stream, p.role)
             return
         if p.role == "acceptor":
             listeners = await trio.open_tcp_listeners(p.port, host=p.listen_ip)
@@ -396,9 +372,9 @@ class Router:
                 await trio.aclose_forcefully(stream)
 
     async def _run_link(self, stream, role: str, handshake: trio.CancelScope | None = None) -> None:
-        p = self.settings.peer
-        if p.tls is not None:
-            stream = trio.SSLStream(stream, p.tls, server_side=(role == "acceptor"))
+        p = self.peer
+        if self.tls is not None:
+            stream = trio.SSLStream(stream, self.tls, server_side=(role == "acceptor"))
             try:
                 with trio.fail_after(CONNECT_TIMEOUT):
                     await stream.do_handshake()
@@ -448,12 +424,12 @@ class Router:
                 # what the connection answers (keepalive acks, ...) is not being written:
                 # the peer sends but does not read. Read no more until it is; close the
                 # link if that takes the keepalive timeout.
-                with trio.move_on_after(self.settings.peer.dead_after):
+                with trio.move_on_after(self.peer.dead_after):
                     while len(link.raw) > RAW_LIMIT:
                         await link.raw_taken.wait()
                 if len(link.raw) > RAW_LIMIT:
                     self.counters["peer_not_reading"] += 1
-                    self.event("peer_down", f"{self.settings.peer.name}: the peer does not read "
+                    self.event("peer_down", f"{self.peer.name}: the peer does not read "
                                f"({len(link.raw)} bytes of answers unsent)")
                     link.closed = True
                     scope.cancel()
@@ -476,7 +452,7 @@ class Router:
                     self._handshakes.pop(link.handshake, None)
                     link.handshake = None
                     self.link = link
-                self.event("peer_up", f"{self.settings.peer.name} <-> {it.peer.name} domains {it.peer.domains}")
+                self.event("peer_up", f"{self.peer.name} <-> {it.peer.name} domains {it.peer.domains}")
                 self.counters["peer_connects"] += 1
                 link.up.set()
                 link.wake_writer.set()
@@ -487,7 +463,7 @@ class Router:
                     u.bridge.link_up(trio.current_time())
                     u._apply()
             elif isinstance(it, P.Terminated):
-                self.event("peer_down", f"{self.settings.peer.name}: {type(it).__name__} {it}")
+                self.event("peer_down", f"{self.peer.name}: {type(it).__name__} {it}")
                 return True
             elif isinstance(it, P.DisconnectRequested):
                 link.put(P.DisconnectResponse())
@@ -560,12 +536,12 @@ class Router:
         proxy_addr = self.bridge.proxy_addresses() if self.bridge else {}
         adverts = self.bridge.advert_sources() if self.bridge else {}
         return {
-            "name": self.settings.name,
-            "portal": {"name": self.settings.endpoint.name, "domain_id": self.settings.endpoint.domain_id,
+            "name": self.name,
+            "portal": {"name": self.endpoint.name, "domain_id": self.endpoint.domain_id,
                        "stats": self.tr.stats() if self.tr else {},
                        "local_interest": [li.topic for li in self.tr.local_interests()] if self.tr else [],
                        "remote_interest": [t for t, _ in self.tr.remote_interests()] if self.tr else []},
-            "peer": {"name": self.settings.peer.name, "state": link.conn.state.value if link else "down",
+            "peer": {"name": self.peer.name, "state": link.conn.state.value if link else "down",
                      "peer": link.conn.peer.name if link and link.conn.peer else None,
                      "rtt_last": link.conn.rtt.last if link else None,
                      "queued_frames": len(link.outq) if link else 0,

@@ -40,7 +40,6 @@ import itertools
 import json
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
 from functools import partial
 
 import trio
@@ -48,41 +47,33 @@ import trio
 from lbmr_runtime.http import PrometheusText, serve_http
 
 from . import peerlink as P
-from .daemon import EndpointSettings, PeerSettings, Router, RouterSettings, serve_signals
+from .config_model import EndpointConfig, PeerConfig, RouterConfig, acceptor_peer, initiator_peer
+from .daemon import Router, serve_signals
 from .relay import PortPool
 
-__all__ = ["MultiRouter", "MultiSettings"]
+__all__ = ["MultiRouter"]
 
 log = logging.getLogger("lbmr-router")
 
 
-@dataclass
-class MultiSettings:
-    """A router's portals: ``endpoints`` (one or more) and ``peers`` (each link
-    serves every endpoint)."""
-
-    name: str
-    endpoints: list[EndpointSettings]
-    peers: list[PeerSettings] = field(default_factory=list)
-    metrics: tuple[str, int] | None = None
-    handle_signals: bool = False
-
-
 class MultiRouter:
-    """``await MultiRouter(settings).run(task_status=...)`` in a nursery; reports
-    {"links": [each link's Router report], "metrics": (ip, port) or None}."""
+    """``await MultiRouter(config).run(task_status=...)`` in a nursery; reports
+    {"links": [each link's Router report], "metrics": (ip, port) or None}.
+    ``handle_signals``: SIGUSR1 dump, SIGTERM/SIGINT stop (the command line
+    turns it on)."""
 
-    def __init__(self, settings: MultiSettings) -> None:
-        if not settings.endpoints:
+    def __init__(self, config: RouterConfig, *, handle_signals: bool = False) -> None:
+        if not config.endpoints:
             raise ValueError("a router needs an endpoint portal")
-        self.settings = settings
-        self.pools = {e.name: PortPool() for e in settings.endpoints}
+        self.config = config
+        self.handle_signals = handle_signals
+        self.pools = {e.name: PortPool() for e in config.endpoints}
         self.links: list[Router] = []
         self._advert_ids = itertools.count(1)  # one numbering for the router: unique on every link
         self._nursery: trio.Nursery | None = None
 
-    def _unit(self, endpoint: EndpointSettings, peer: PeerSettings, name: str, **kw) -> Router:
-        r = Router(RouterSettings(name, endpoint, peer), port_pool=self.pools[endpoint.name],
+    def _unit(self, endpoint: EndpointConfig, peer: PeerConfig, name: str, **kw) -> Router:
+        r = Router(name, endpoint, peer, port_pool=self.pools[endpoint.name],
                    advert_ids=self._advert_ids, **kw)
         r.accept_peer = partial(self._accept, r)
         self.links.append(r)
@@ -95,7 +86,7 @@ class MultiRouter:
         (its TRDs would be bridged twice, each topic advertised twice)."""
         for r in self.links:
             link = r.link
-            if r is unit or r.settings.endpoint is not unit.settings.endpoint:
+            if r is unit or r.endpoint is not unit.endpoint:
                 continue
             if link is None or not link.connected or link.conn.peer is None:
                 continue
@@ -104,12 +95,12 @@ class MultiRouter:
             if other.name == peer.name or shared:
                 why = f"domains {shared}" if shared else "that router"
                 unit.counters["peer_refused_duplicate"] += 1
-                return False, (f"router {self.settings.name!r} already reaches {why} through link "
-                               f"{r.settings.peer.name!r} (router {other.name!r})")
+                return False, (f"router {self.config.name!r} already reaches {why} through link "
+                               f"{r.peer.name!r} (router {other.name!r})")
         return True, ""
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        s = self.settings
+        s = self.config
         eps = s.endpoints
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -120,7 +111,7 @@ class MultiRouter:
                 # other endpoints' portal links are attached to it
                 owner = self._unit(eps[0], p, s.name, domains=domains)
                 for e in eps[1:]:
-                    u = self._unit(e, PeerSettings(p.name, p.role), s.name)
+                    u = self._unit(e, p, s.name)
                     u.owner = owner
                     owner.attached.append(u)
                 reports.append(await nursery.start(owner.run))
@@ -130,10 +121,10 @@ class MultiRouter:
                 for b in eps[i + 1:]:
                     sa, sb = trio.socket.socketpair()
                     link = f"{a.name}<->{b.name}"
-                    ua = self._unit(a, PeerSettings(link, "initiator", stream=trio.SocketStream(sa)),
-                                    f"{s.name}/{a.name}")
-                    ub = self._unit(b, PeerSettings(link, "acceptor", stream=trio.SocketStream(sb)),
-                                    f"{s.name}/{b.name}")
+                    ua = self._unit(a, initiator_peer(link, "", 0), f"{s.name}/{a.name}",
+                                    stream=trio.SocketStream(sa))
+                    ub = self._unit(b, acceptor_peer(link), f"{s.name}/{b.name}",
+                                    stream=trio.SocketStream(sb))
                     reports.append(await nursery.start(ub.run))
                     reports.append(await nursery.start(ua.run))
             metrics_addr = None
@@ -141,7 +132,7 @@ class MultiRouter:
                 routes = {"/metrics": ("text/plain; version=0.0.4", self.prometheus_text),
                           "/status": ("application/json", lambda: json.dumps(self.status()))}
                 metrics_addr = await nursery.start(partial(serve_http, logger=log), routes, s.metrics)
-            if s.handle_signals:
+            if self.handle_signals:
                 await nursery.start(partial(serve_signals, self.status, self._stop))
             task_status.started({"links": reports, "metrics": metrics_addr})
 
@@ -159,8 +150,8 @@ class MultiRouter:
         """Per endpoint portal: its links and its interest, proxy and advert counts
         and drops, summed over its links."""
         out = []
-        for e in self.settings.endpoints:
-            units = [r for r in self.links if r.settings.endpoint is e]
+        for e in self.config.endpoints:
+            units = [r for r in self.links if r.endpoint is e]
             local: set[str] = set()
             remote: set[str] = set()
             counters: Counter[str] = Counter()
@@ -177,7 +168,7 @@ class MultiRouter:
                     adverts += len(r.bridge.advert_sources())
             out.append({
                 "name": e.name, "domain_id": e.domain_id, "mode": e.mode,
-                "links": [{"name": r.settings.peer.name, "state": _state(r)} for r in units],
+                "links": [{"name": r.peer.name, "state": _state(r)} for r in units],
                 "local_interest": sorted(local), "remote_interest": sorted(remote),
                 "proxies": proxies, "adverts": adverts,
                 "drops": {k: v for k, v in counters.items() if k in _DROPS and v},
@@ -190,12 +181,12 @@ class MultiRouter:
         status (:meth:`Router.status`). ``peer``/``portal``/``proxies``/``streams``
         at the top are the first link's, as a single-link router reports them."""
         first = self.links[0].status() if self.links else {}
-        return {**first, "name": self.settings.name, "portals": self.portal_summary(),
+        return {**first, "name": self.config.name, "portals": self.portal_summary(),
                 "links": [r.status() for r in self.links]}
 
     def prometheus_text(self) -> str:
         p = PrometheusText()
-        ups = {r.settings.peer.name: 1 if _state(r) == P.State.CONNECTED.value else 0 for r in self.links}
+        ups = {r.peer.name: 1 if _state(r) == P.State.CONNECTED.value else 0 for r in self.links}
         p.by_label("lbmr_router_link_up", "gauge", "link", ups, "1 while the link is connected.")
         p.metric("lbmr_router_peer_up", "gauge", min(ups.values(), default=0),
                  "1 while every link is connected.")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import trio
 
 import lbmr_proto as L
+from router.config_model import PortRange, acceptor_peer, initiator_peer, lbmrd_endpoint
+from router.daemon import Router
 from router.tr import synthesize_otid
 
 from .test_router_e2e import TOPIC, resolve, start_lbmrd, start_routers, tirs_in, udp
@@ -102,7 +104,7 @@ async def test_lbtru_at_10k_datagrams_per_second_arrives_complete_and_sockets_cl
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        ra, rb = await start_routers(n, trd1, trd2, ru_idle_timeout=1.0)
+        ra, rb = await start_routers(n, trd1, trd2, ru_idle_timeout_ms=1000)
         src = RuDataSource("127.0.1.5", count=count, seed=5, rate=10_000.0)
         sip, sport = await n.start(src.serve)
         await advertise_ru(n, trd1, sip, sport)
@@ -137,7 +139,7 @@ async def test_lbtru_from_5000_ports_is_bounded_and_tcp_still_gets_its_stream():
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        ra, rb = await start_routers(n, trd1, trd2, ru_idle_timeout=2.0)
+        ra, rb = await start_routers(n, trd1, trd2, ru_idle_timeout_ms=2000)
         sip, sport, _ = await ru_source(n, "127.0.1.5", count=0)
         await advertise_ru(n, trd1, sip, sport)
         tcp = await tcp_source(n, "127.0.1.7", 1 << 20)
@@ -168,11 +170,8 @@ async def test_lbtru_from_5000_ports_is_bounded_and_tcp_still_gets_its_stream():
 
 
 def acceptor(trd2, **peer):
-    from router.daemon import EndpointSettings, PeerSettings, Router, RouterSettings
-
-    return Router(RouterSettings("routerB", EndpointSettings("B", 2, daemons=[trd2], tr_ip="127.0.2.1",
-                                                              relay_ip="127.0.2.1"),
-                                 PeerSettings("B-to-A", "acceptor", listen_ip="127.0.0.1", port=0, **peer)))
+    return Router("routerB", lbmrd_endpoint("B", 2, [trd2], interface="127.0.2.1"),
+                  acceptor_peer("B-to-A", 0, interface="127.0.0.1", **peer))
 
 
 async def handshake(addr, name="evil", domain=1, rcvbuf=None):
@@ -204,7 +203,7 @@ async def test_peer_flooding_keepalives_without_reading_is_bounded_and_dropped()
 
     async with trio.open_nursery() as n:
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        rb = acceptor(trd2, dead_after=2.0, keepalive_interval=0.5)
+        rb = acceptor(trd2, keepalive_timeout_ms=2000, keepalive_interval_ms=500)
         addr = await n.start(rb.run)
         stream, _ = await handshake(addr["peer"], rcvbuf=4096)
         burst = b"".join(P.encode(P.Keepalive(i, i)) for i in range(4096))
@@ -231,7 +230,6 @@ async def test_idle_connections_never_keep_the_real_peer_out():
     """Defect (hostile or broken client): an idle TCP connection to the
     acceptor, re-opened whenever it is dropped, kept the real peer out
     (refused as busy)."""
-    from router.daemon import EndpointSettings, PeerSettings, Router, RouterSettings
 
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
@@ -252,10 +250,8 @@ async def test_idle_connections_never_keep_the_real_peer_out():
         for _ in range(3):
             n.start_soon(idler)
         await trio.sleep(0.5)
-        ra = Router(RouterSettings("routerA", EndpointSettings("A", 1, daemons=[trd1], tr_ip="127.0.1.1",
-                                                                relay_ip="127.0.1.1"),
-                                   PeerSettings("A-to-B", "initiator", port=addr["peer"][1],
-                                                reconnect_interval=0.2)))
+        ra = Router("routerA", lbmrd_endpoint("A", 1, [trd1], interface="127.0.1.1"),
+                    initiator_peer("A-to-B", "127.0.0.1", addr["peer"][1], reconnect_interval_ms=200))
         await n.start(ra.run)
         with trio.fail_after(3):
             while rb.status()["peer"]["state"] != "CONNECTED":
@@ -317,11 +313,10 @@ async def test_relay_port_of_a_withdrawn_proxy_is_quarantined(autojump_clock):
     from collections import Counter
 
     from router import peerlink as P
-    from router.daemon import EndpointSettings
     from router.relay import Relay
 
-    e = EndpointSettings("A", 1, daemons=[("127.0.1.1", 1)], relay_ip="127.0.1.1",
-                         relay_port_low=24101, relay_port_high=24104)
+    e = lbmrd_endpoint("A", 1, [("127.0.1.1", 1)], relay_interface="127.0.1.1",
+                       relay_ports=PortRange(24101, 24104))
     relay = Relay(e, Counter(), lambda kind, detail: None, lambda: None, lambda aid: None)
 
     def advert(aid):
@@ -364,7 +359,7 @@ async def test_a_thousand_receivers_in_one_context_resolve_quickly():
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
         # a relay range of 1000 ports, as in the shipped configs (proxies started together
         # used to try every port one after the other: 30 s of binds)
-        ra, rb = await start_routers(n, trd1, trd2, relay_port_low=22000, relay_port_high=22999)
+        ra, rb = await start_routers(n, trd1, trd2, relay_ports=PortRange(22000, 22999))
         src_ctx = udp("127.0.1.5")
         tirs = [L.TIR(t, L.TcpTransport("127.0.1.5", 30000 + i), 60, i,
                       [L.OtidOption(0x8000, synthesize_otid(L.TcpTransport("127.0.1.5", 30000 + i), i))])

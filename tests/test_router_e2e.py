@@ -10,7 +10,8 @@ import trio
 
 import lbmr_proto as L
 from lbmrd.server import Daemon, Settings
-from router.daemon import EndpointSettings, PeerSettings, Router, RouterSettings
+from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint
+from router.daemon import Router
 from router.tr import synthesize_otid
 
 TOPIC = "md.routed.1"
@@ -23,15 +24,13 @@ async def start_lbmrd(nursery, ip):
 
 async def start_routers(nursery, trd1, trd2, *, reconnect=1.0, **endpoint):
     """Router B (acceptor, TRD2) and router A (initiator, TRD1); ``endpoint``:
-    more EndpointSettings for both."""
-    rb = Router(RouterSettings("routerB", EndpointSettings("B-TRD2", 2, daemons=[trd2], tr_ip="127.0.2.1",
-                                                            relay_ip="127.0.2.1", **endpoint),
-                               PeerSettings("B-to-A", "acceptor", listen_ip="127.0.0.1", port=0)))
+    more EndpointConfig fields for both."""
+    rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1", **endpoint),
+                acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
     b_addr = await nursery.start(rb.run)
-    ra = Router(RouterSettings("routerA", EndpointSettings("A-TRD1", 1, daemons=[trd1], tr_ip="127.0.1.1",
-                                                            relay_ip="127.0.1.1", **endpoint),
-                               PeerSettings("A-to-B", "initiator", address="127.0.0.1",
-                                            port=b_addr["peer"][1], reconnect_interval=reconnect)))
+    ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [trd1], interface="127.0.1.1", **endpoint),
+                initiator_peer("A-to-B", "127.0.0.1", b_addr["peer"][1],
+                               reconnect_interval_ms=round(reconnect * 1000)))
     await nursery.start(ra.run)
     return ra, rb
 

@@ -7,7 +7,8 @@ import subprocess
 import trio
 
 import lbmr_proto as L
-from router.daemon import EndpointSettings, PeerSettings, Router, RouterSettings
+from router.config_model import TlsConfig, acceptor_peer, initiator_peer, lbmrd_endpoint
+from router.daemon import Router
 
 from .test_router_e2e import (
     TOPIC,
@@ -102,9 +103,8 @@ async def test_slow_receiver_does_not_stall_others():
 async def test_garbage_on_the_peer_port_is_refused_and_the_router_lives():
     async with trio.open_nursery() as n:
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        rb = Router(RouterSettings("routerB", EndpointSettings("B", 2, daemons=[trd2], tr_ip="127.0.2.1",
-                                                                relay_ip="127.0.2.1"),
-                                   PeerSettings("B-to-A", "acceptor", listen_ip="127.0.0.1", port=0)))
+        rb = Router("routerB", lbmrd_endpoint("B", 2, [trd2], interface="127.0.2.1"),
+                    acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
         addr = await n.start(rb.run)
         for junk in (b"GET / HTTP/1.0\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(40),
                      bytes(range(256))):
@@ -116,9 +116,8 @@ async def test_garbage_on_the_peer_port_is_refused_and_the_router_lives():
             await s.aclose()
         assert "peer_down" in [e["event"] for e in rb.status()["events"]]
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
-        ra = Router(RouterSettings("routerA", EndpointSettings("A", 1, daemons=[trd1], tr_ip="127.0.1.1",
-                                                                relay_ip="127.0.1.1"),
-                                   PeerSettings("A-to-B", "initiator", port=addr["peer"][1])))
+        ra = Router("routerA", lbmrd_endpoint("A", 1, [trd1], interface="127.0.1.1"),
+                    initiator_peer("A-to-B", "127.0.0.1", addr["peer"][1]))
         await n.start(ra.run)
         with trio.fail_after(5):
             while rb.status()["peer"]["state"] != "CONNECTED":
@@ -186,9 +185,7 @@ def _ca(tmp, name):
 
 
 async def test_tls_mutual_auth_and_wrong_certificate(tmp_path):
-    from types import SimpleNamespace
 
-    from router.cli import tls_context
 
     ca_key, ca = _ca(tmp_path, "ca")
     rogue_key, rogue_ca = _ca(tmp_path, "rogue")
@@ -196,21 +193,18 @@ async def test_tls_mutual_auth_and_wrong_certificate(tmp_path):
     b_crt, b_key = _certs(tmp_path, "b", ca_key, ca)
     x_crt, x_key = _certs(tmp_path, "x", rogue_key, rogue_ca)
 
-    def tls(crt, key, server):
-        return tls_context(SimpleNamespace(certificate=crt, certificate_key=key, certificate_key_password=None,
-                                           trusted_certificates=ca, cipher_suites=None), server)
+    def tls(crt, key):
+        return TlsConfig(crt, key, trusted_certificates=ca)
 
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        rb = Router(RouterSettings("routerB", EndpointSettings("B", 2, daemons=[trd2], tr_ip="127.0.2.1",
-                                                                relay_ip="127.0.2.1"),
-                                   PeerSettings("B-to-A", "acceptor", port=0, tls=tls(b_crt, b_key, True))))
+        rb = Router("routerB", lbmrd_endpoint("B", 2, [trd2], interface="127.0.2.1"),
+                    acceptor_peer("B-to-A", 0, interface="127.0.0.1", tls=tls(b_crt, b_key)))
         addr = await n.start(rb.run)
-        bad = Router(RouterSettings("rogue", EndpointSettings("X", 1, daemons=[trd1], tr_ip="127.0.1.1",
-                                                               relay_ip="127.0.1.1"),
-                                    PeerSettings("X-to-B", "initiator", port=addr["peer"][1], reconnect_interval=0.2,
-                                                 tls=tls(x_crt, x_key, False))))
+        bad = Router("rogue", lbmrd_endpoint("X", 1, [trd1], interface="127.0.1.1"),
+                     initiator_peer("X-to-B", "127.0.0.1", addr["peer"][1], reconnect_interval_ms=200,
+                                    tls=tls(x_crt, x_key)))
         rogue = trio.CancelScope()
         n.start_soon(_run_in, rogue, bad)
         with trio.fail_after(10):
@@ -219,10 +213,8 @@ async def test_tls_mutual_auth_and_wrong_certificate(tmp_path):
         rogue.cancel()
         assert rb.status()["peer"]["state"] == "down"
         assert any(e["event"] == "tls_failed" for e in rb.status()["events"])
-        ra = Router(RouterSettings("routerA", EndpointSettings("A", 1, daemons=[trd1], tr_ip="127.0.1.1",
-                                                                relay_ip="127.0.1.1"),
-                                   PeerSettings("A-to-B", "initiator", port=addr["peer"][1],
-                                                tls=tls(a_crt, a_key, False))))
+        ra = Router("routerA", lbmrd_endpoint("A", 1, [trd1], interface="127.0.1.1"),
+                    initiator_peer("A-to-B", "127.0.0.1", addr["peer"][1], tls=tls(a_crt, a_key)))
         await n.start(ra.run)
         with trio.fail_after(10):
             while rb.status()["peer"]["state"] != "CONNECTED":

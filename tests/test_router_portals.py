@@ -10,8 +10,14 @@ from functools import partial
 import trio
 
 import lbmr_proto as L
-from router.daemon import EndpointSettings, PeerSettings
-from router.multi import MultiRouter, MultiSettings
+from router.config_model import (
+    PortRange,
+    acceptor_peer,
+    initiator_peer,
+    lbmrd_endpoint,
+    router_config,
+)
+from router.multi import MultiRouter
 from router.tr import synthesize_otid
 from tests.test_router_e2e import (
     advertise_forever,
@@ -26,7 +32,7 @@ from tests.test_router_faults import fetch
 
 
 def ep(name, dom, trd, ip):
-    return EndpointSettings(name, dom, daemons=[trd], tr_ip=ip, relay_ip=ip)
+    return lbmrd_endpoint(name, dom, [trd], interface=ip)
 
 
 async def fetch_tcp(tir, total):
@@ -37,7 +43,7 @@ async def start_direct(n):
     """Two in-process lbmrds (TRD1, TRD2) and a direct-link router between them."""
     _, trd1 = await start_lbmrd(n, "127.0.1.1")
     _, trd2 = await start_lbmrd(n, "127.0.2.1")
-    r = MultiRouter(MultiSettings("direct", [ep("TRD1", 1, trd1, "127.0.1.1"),
+    r = MultiRouter(router_config("direct", [ep("TRD1", 1, trd1, "127.0.1.1"),
                                               ep("TRD2", 2, trd2, "127.0.2.1")]))
     await n.start(r.run)
     return r, trd1, trd2
@@ -81,9 +87,8 @@ async def test_direct_link_drops_are_shown_per_portal():
         await probe.bind(("127.0.2.1", 0))
         port = probe.getsockname()[1]
         probe.close()
-        e2 = ep("TRD2", 2, trd2, "127.0.2.1")
-        e2.relay_port_low = e2.relay_port_high = port
-        r = MultiRouter(MultiSettings("direct", [ep("TRD1", 1, trd1, "127.0.1.1"), e2]))
+        e2 = lbmrd_endpoint("TRD2", 2, [trd2], interface="127.0.2.1", relay_ports=PortRange(port, port))
+        r = MultiRouter(router_config("direct", [ep("TRD1", 1, trd1, "127.0.1.1"), e2]))
         await n.start(r.run)
         for topic in ("d.one", "d.two"):
             src = await tcp_source(n, "127.0.1.5", 10)
@@ -144,12 +149,12 @@ async def test_second_endpoint_on_a_peer_link_relays_lbtru_both_ways():
     reaches TRD3, and from TRD3 reaches TRD2 (its near side)."""
     async with trio.open_nursery() as n:
         trds = {d: (await start_lbmrd(n, f"127.0.{d}.1"))[1] for d in (1, 2, 3)}
-        r3 = MultiRouter(MultiSettings("r3", [ep("T3", 3, trds[3], "127.0.3.1")],
-                                       [PeerSettings("3-1", "acceptor", listen_ip="127.0.0.1", port=0)]))
+        r3 = MultiRouter(router_config("r3", [ep("T3", 3, trds[3], "127.0.3.1")],
+                                       [acceptor_peer("3-1", 0, interface="127.0.0.1")]))
         p31 = (await n.start(r3.run))["links"][0]["peer"]
-        r1 = MultiRouter(MultiSettings("r1", [ep("T1", 1, trds[1], "127.0.1.1"),
+        r1 = MultiRouter(router_config("r1", [ep("T1", 1, trds[1], "127.0.1.1"),
                                               ep("T2", 2, trds[2], "127.0.2.1")],
-                                       [PeerSettings("1-3", "initiator", address=p31[0], port=p31[1])]))
+                                       [initiator_peer("1-3", p31[0], p31[1])]))
         await n.start(r1.run)
         await _ru_through(n, "127.0.2.5", trds[2], trds[3], "127.0.3.9", "127.0.3.1", "ru.two")
         await _ru_through(n, "127.0.3.5", trds[3], trds[2], "127.0.2.9", "127.0.2.1", "ru.three")
@@ -172,12 +177,12 @@ async def test_second_link_to_the_same_router_is_refused():
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        acc = partial(PeerSettings, role="acceptor", listen_ip="127.0.0.1", port=0)
-        r2 = MultiRouter(MultiSettings("r2", [ep("T2", 2, trd2, "127.0.2.1")], [acc("a"), acc("b")]))
+        acc = partial(acceptor_peer, port=0, interface="127.0.0.1")
+        r2 = MultiRouter(router_config("r2", [ep("T2", 2, trd2, "127.0.2.1")], [acc("a"), acc("b")]))
         pa, pb = (lk["peer"] for lk in (await n.start(r2.run))["links"])
-        r1 = MultiRouter(MultiSettings("r1", [ep("T1", 1, trd1, "127.0.1.1")], [
-            PeerSettings("1-a", "initiator", address=pa[0], port=pa[1], reconnect_interval=0.2),
-            PeerSettings("1-b", "initiator", address=pb[0], port=pb[1], reconnect_interval=0.2)]))
+        r1 = MultiRouter(router_config("r1", [ep("T1", 1, trd1, "127.0.1.1")], [
+            initiator_peer("1-a", pa[0], pa[1], reconnect_interval_ms=200),
+            initiator_peer("1-b", pb[0], pb[1], reconnect_interval_ms=200)]))
         await n.start(r1.run)
         src = await tcp_source(n, "127.0.2.5", 10)
         n.start_soon(advertise_forever, udp("127.0.2.5"), trd2, *src, "topic.2")
@@ -200,17 +205,17 @@ async def test_three_routers_two_peer_links_each_topic_once_per_trd():
     proxy on: router 2's proxy of TRD1's source is never advertised into TRD3,
     which has router 1's own)."""
     ips = {1: "127.0.1.1", 2: "127.0.2.1", 3: "127.0.3.1"}
-    acc = partial(PeerSettings, role="acceptor", listen_ip="127.0.0.1", port=0)
-    ini = partial(PeerSettings, role="initiator", reconnect_interval=0.2)
+    acc = partial(acceptor_peer, port=0, interface="127.0.0.1")
+    ini = partial(initiator_peer, reconnect_interval_ms=200)
     async with trio.open_nursery() as n:
         trds = {d: (await start_lbmrd(n, ip))[1] for d, ip in ips.items()}
-        r2 = MultiRouter(MultiSettings("r2", [ep("T2", 2, trds[2], ips[2])], [acc("2-1"), acc("2-3")]))
+        r2 = MultiRouter(router_config("r2", [ep("T2", 2, trds[2], ips[2])], [acc("2-1"), acc("2-3")]))
         rep2 = await n.start(r2.run)
         p21, p23 = (lk["peer"] for lk in rep2["links"])
-        r3 = MultiRouter(MultiSettings("r3", [ep("T3", 3, trds[3], ips[3])],
+        r3 = MultiRouter(router_config("r3", [ep("T3", 3, trds[3], ips[3])],
                                        [acc("3-1"), ini("3-2", address=p23[0], port=p23[1])]))
         p31 = (await n.start(r3.run))["links"][0]["peer"]
-        r1 = MultiRouter(MultiSettings("r1", [ep("T1", 1, trds[1], ips[1])],
+        r1 = MultiRouter(router_config("r1", [ep("T1", 1, trds[1], ips[1])],
                                        [ini("1-2", address=p21[0], port=p21[1]),
                                         ini("1-3", address=p31[0], port=p31[1])]))
         await n.start(r1.run)
@@ -275,7 +280,7 @@ async def test_direct_link_three_trds_each_topic_once_per_trd():
     ips = {1: "127.0.1.1", 2: "127.0.2.1", 3: "127.0.3.1"}
     async with trio.open_nursery() as n:
         trds = {d: (await start_lbmrd(n, ip))[1] for d, ip in ips.items()}
-        r = MultiRouter(MultiSettings("mesh", [ep(f"T{d}", d, trds[d], ip) for d, ip in ips.items()]))
+        r = MultiRouter(router_config("mesh", [ep(f"T{d}", d, trds[d], ip) for d, ip in ips.items()]))
         rep = await n.start(r.run)
         assert len(rep["links"]) == 6  # 3 pairs, one portal link on each side
         await _every_trd_gets_the_others(n, ips, trds)
@@ -297,11 +302,11 @@ async def test_two_endpoints_and_a_peer_three_trds_each_topic_once_per_trd():
     ips = {1: "127.0.1.1", 2: "127.0.2.1", 3: "127.0.3.1"}
     async with trio.open_nursery() as n:
         trds = {d: (await start_lbmrd(n, ip))[1] for d, ip in ips.items()}
-        r3 = MultiRouter(MultiSettings("r3", [ep("T3", 3, trds[3], ips[3])],
-                                       [PeerSettings("3-1", "acceptor", listen_ip="127.0.0.1", port=0)]))
+        r3 = MultiRouter(router_config("r3", [ep("T3", 3, trds[3], ips[3])],
+                                       [acceptor_peer("3-1", 0, interface="127.0.0.1")]))
         p31 = (await n.start(r3.run))["links"][0]["peer"]
-        r1 = MultiRouter(MultiSettings("r1", [ep("T1", 1, trds[1], ips[1]), ep("T2", 2, trds[2], ips[2])],
-                                       [PeerSettings("1-3", "initiator", address=p31[0], port=p31[1])]))
+        r1 = MultiRouter(router_config("r1", [ep("T1", 1, trds[1], ips[1]), ep("T2", 2, trds[2], ips[2])],
+                                       [initiator_peer("1-3", p31[0], p31[1])]))
         await n.start(r1.run)
         await _every_trd_gets_the_others(n, ips, trds)
         t1, t2 = r1.status()["portals"]
