@@ -87,6 +87,12 @@ class Matcher:
         self._patch(outs, match)
         self._start = start
 
+    @property
+    def size(self) -> int:
+        """The pattern's NFA states: a :meth:`search` costs at most this many
+        steps per character of the text."""
+        return len(self._states)
+
     # ------------------------------------------------------------------ compile
 
     def _new(self, kind: int, arg=None) -> int:
