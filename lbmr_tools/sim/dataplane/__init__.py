@@ -66,6 +66,14 @@ datagram       layout                                                 size
 There are no retransmissions: loss is counted, not repaired. Traffic flows
 both ways (HELLO and STATUS towards the source, which counts the STATUS
 datagrams), so a relay that forwards one direction only is noticed.
+
+LBT-RM
+------
+Real LBT-RM datagrams (:mod:`lbmr_proto.lbtrm`) carrying the pattern:
+:class:`RmDataSource` multicasts DATA, then session messages, and answers
+NAKs with an NCF and retransmissions; :class:`RmDataReceiver` joins the
+group, verifies, finds gaps and recovers them by NAK, optionally discarding
+the first copy of some sequences on purpose (:mod:`.rm`).
 """
 
 from .pattern import (
@@ -79,6 +87,15 @@ from .pattern import (
     pattern,
     rate_of,
     topic_seed,
+)
+from .rm import (
+    RM_MAX_DATAGRAM,
+    RM_MIN_DATAGRAM,
+    RM_SEQ_SPACING,
+    RmDataReceiver,
+    RmDataSource,
+    RmReceiveResult,
+    encode_rm_data,
 )
 from .ru import (
     DATA_HDR,
@@ -117,4 +134,6 @@ __all__ = [
     "TcpDataSource", "TcpConnStats", "TcpDataReceiver", "TcpReceiveResult",
     "RuDataSource", "RuSession", "RuDataReceiver", "RuReceiveResult",
     "encode_hello", "encode_data", "encode_end", "encode_status", "parse_datagram",
+    "RM_MAX_DATAGRAM", "RM_MIN_DATAGRAM", "RM_SEQ_SPACING", "RmDataSource", "RmDataReceiver",
+    "RmReceiveResult", "encode_rm_data",
 ]
