@@ -12,10 +12,11 @@ import ipaddress
 import logging
 import sys
 
-from lbmr_runtime.netif import InterfaceError, resolve_interface
+from lbmr_runtime.netif import InterfaceError
 from lbmr_runtime.process import EXIT_CONFIG, EXIT_USAGE, run_daemon, setup_logging
 
-from .server import Daemon, Settings
+from .server import Daemon
+from .settings import DEFAULTS, Settings
 
 log = logging.getLogger("lbmrd")
 
@@ -139,20 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def effective_settings(args, cfg) -> Settings:
     """CLI values override the file's <daemon> values, which override defaults."""
-    from .config import DEFAULTS, DaemonSettings
-
-    cli = DaemonSettings(interface=args.interface, port=args.port, activity_ms=args.activity,
-                         ttl_s=None if args.ttl is None else float(args.ttl), rcv_buf=args.rcv_buf,
-                         snd_buf=args.snd_buf)
-    eff = DEFAULTS.overlay(cfg.daemon if cfg is not None else DaemonSettings()).overlay(cli)
-    return Settings(
-        bind_ip=resolve_interface(eff.interface), port=eff.port, activity_ms=eff.activity_ms,
-        ttl_s=float(eff.ttl_s), rcv_buf=eff.rcv_buf, snd_buf=eff.snd_buf,
-        config_path=args.config, metrics=args.metrics, allow=args.allow, max_clients=args.max_clients,
-        rate=args.rate_limit, burst=args.burst, ip_rate=args.ip_rate_limit, ip_burst=args.ip_burst,
-        peer_daemons=args.peer_daemon, echo=args.echo, stats_interval=args.stats_interval,
-        events=args.events, handle_signals=True, log_file=args.logfile or eff.log,
-    )
+    cli = Settings(interface=args.interface, port=args.port, activity_ms=args.activity,
+                   ttl_s=None if args.ttl is None else float(args.ttl), log=args.logfile,
+                   rcv_buf=args.rcv_buf, snd_buf=args.snd_buf,
+                   config_path=args.config, metrics=args.metrics, allow=tuple(args.allow),
+                   max_clients=args.max_clients, rate=args.rate_limit, burst=args.burst,
+                   ip_rate=args.ip_rate_limit, ip_burst=args.ip_burst,
+                   peer_daemons=tuple(args.peer_daemon), echo=args.echo,
+                   stats_interval=args.stats_interval, events=args.events, handle_signals=True)
+    return DEFAULTS.overlay(cfg.daemon if cfg is not None else Settings()).overlay(cli).effective()
 
 
 def main(argv: list[str] | None = None) -> int:

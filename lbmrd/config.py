@@ -53,6 +53,15 @@ from lbmr_runtime.xmlconfig import (
 )
 
 from .nat import Domain, NatRule, NatTable, Transform, parse_rule_port
+from .settings import (
+    DEFAULT_ACTIVITY_MS,
+    DEFAULT_INTERFACE,
+    DEFAULT_PORT,
+    DEFAULT_SOCKET_BUFFER,
+    DEFAULT_TTL_S,
+    DEFAULTS,
+    Settings,
+)
 
 __all__ = [
     "DTD_TEXT",
@@ -79,11 +88,6 @@ __all__ = [
 #: The DTD printed by ``lbmrd -d`` (package data ``lbmrd/lbmrd.dtd``).
 DTD_TEXT: str = resources.files(__package__ or "lbmrd").joinpath("lbmrd.dtd").read_text(encoding="utf-8")
 
-DEFAULT_INTERFACE = "0.0.0.0"
-DEFAULT_PORT = 15380
-DEFAULT_ACTIVITY_MS = 60000
-DEFAULT_TTL_S = 60.0
-DEFAULT_SOCKET_BUFFER = 1048576
 
 _INT_MAX = 2**31 - 1  # socket options and timers are C ints in UM
 _PLACEHOLDER = "_lbmrd_relaxed_placeholder_"
@@ -95,47 +99,9 @@ _PLACEHOLDER = "_lbmrd_relaxed_placeholder_"
 # --------------------------------------------------------------------------- model
 
 
-@dataclass(frozen=True, slots=True)
-class DaemonSettings:
-    """``<daemon>`` settings; ``None`` = not set in the file.
-
-    Units: ``activity_ms`` milliseconds, ``ttl_s`` seconds, buffers bytes.
-    """
-
-    interface: str | None = None
-    port: int | None = None
-    activity_ms: int | None = None
-    ttl_s: float | None = None
-    log: str | None = None
-    rcv_buf: int | None = None
-    snd_buf: int | None = None
-
-    def overlay(self, other: DaemonSettings) -> DaemonSettings:
-        """These settings with every value that ``other`` sets replacing ours.
-
-        ``DEFAULTS.overlay(config.daemon).overlay(cli)`` gives the effective
-        settings with the command line winning over the file.
-        """
-        return DaemonSettings(*(
-            theirs if theirs is not None else ours
-            for ours, theirs in zip(_astuple(self), _astuple(other), strict=True)
-        ))
-
-
-def _astuple(s: DaemonSettings) -> tuple:
-    return (s.interface, s.port, s.activity_ms, s.ttl_s, s.log, s.rcv_buf, s.snd_buf)
-
-
-#: UM's documented defaults (``log=None`` = console).
-DEFAULTS = DaemonSettings(
-    interface=DEFAULT_INTERFACE,
-    port=DEFAULT_PORT,
-    activity_ms=DEFAULT_ACTIVITY_MS,
-    ttl_s=DEFAULT_TTL_S,
-    log=None,
-    rcv_buf=DEFAULT_SOCKET_BUFFER,
-    snd_buf=DEFAULT_SOCKET_BUFFER,
-)
+#: The file's ``<daemon>`` settings: the one settings type of lbmrd
+#: (:class:`lbmrd.settings.Settings`), under the name this module has always used.
+DaemonSettings = Settings
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import signal
 import socket
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 import trio
 
@@ -23,6 +23,7 @@ from lbmr_runtime.netif import local_addresses
 
 from .fanout import BatchReceiver, Fanout, os_error_name
 from .relay import Drop, Relay, RelayCore, Reply
+from .settings import RELOADABLE, RESTART_ONLY, Settings
 
 log = logging.getLogger("lbmrd")
 
@@ -34,37 +35,6 @@ SWEEP_SLICE = 2000  # clients checked per slice of an activity check
 SWEEP_FORCE = 1.0  # seconds a due activity check may wait for a quiet socket
 BACKLOG = 1024  # relays received during a large fan-out, waiting for their turn
 EXPIRED_LOG_LINES = 100  # per activity check; the rest is one summary line
-
-
-@dataclass
-class Settings:
-    """Effective daemon settings (times in the units named)."""
-
-    bind_ip: str = "0.0.0.0"
-    port: int = 15380
-    activity_ms: int = 60000
-    ttl_s: float = 60.0
-    rcv_buf: int = 1048576
-    snd_buf: int = 1048576
-    config_path: str | None = None
-    metrics: tuple[str, int] | None = None
-    allow: list[str] = field(default_factory=list)
-    max_clients: int | None = None
-    rate: float | None = None
-    burst: float | None = None
-    ip_rate: float | None = None
-    ip_burst: float | None = None
-    peer_daemons: list[tuple[str, int | None]] = field(default_factory=list)
-    echo: bool = False
-    stats_interval: float = 60.0
-    events: int = 1000
-    handle_signals: bool = False  # SIGHUP/SIGUSR1/SIGTERM; the command line turns it on
-    log_file: str | None = None
-
-
-#: Settings a reload can apply to a running daemon; the others need a restart.
-RELOADABLE = ("ttl_s", "activity_ms")
-RESTART_ONLY = ("bind_ip", "port", "rcv_buf", "snd_buf", "log_file")
 
 
 def _large(d: Relay) -> bool:
@@ -107,7 +77,7 @@ class Daemon:
     """
 
     def __init__(self, settings: Settings, config=None, *, reload=None) -> None:
-        self.settings = settings
+        settings = self.settings = settings.effective()
         self.core = RelayCore(config, ttl=settings.ttl_s, allow=settings.allow,
                               max_clients=settings.max_clients, rate=settings.rate,
                               burst=settings.burst, ip_rate=settings.ip_rate,
@@ -457,11 +427,11 @@ class Daemon:
             log.info("%d clients re-classified into the new domains", sweep.moved)
 
     def _apply_settings(self, new: Settings) -> None:
-        cur = self.settings
+        cur, new = self.settings, new.effective()
         for name in RELOADABLE:
             old, value = getattr(cur, name), getattr(new, name)
             if old != value:
-                setattr(cur, name, value)
+                self.settings = replace(self.settings, **{name: value})
                 if name == "ttl_s":
                     self.core.table.ttl = value
                 log.info("reload: %s changed from %s to %s (applied)", name, old, value)
