@@ -5,6 +5,9 @@ for a large client table.
                           [--window 64] [--rounds 10] [--memory-clients 100000]
                           [--profile]
 
+Over 600 lines because it is one self-contained script (relays under test,
+load generator, report) meant to be read and run on its own.
+
 Everything runs on loopback (127.0.0.1) and stops by itself.
 
 Relays under test

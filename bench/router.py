@@ -4,6 +4,9 @@ resolution convergence across them.
     python bench/router.py [--mbytes 200] [--runs 3] [--topics 8]
                            [--profile auto|py-spy|cprofile|none] [--no-inprocess]
 
+Over 600 lines because it is one self-contained script (deployment,
+baselines, load, report) meant to be read and run on its own.
+
 Everything runs on loopback (127.0.0.0/8) and stops by itself (a hard limit
 of HARD_LIMIT_S seconds ends a stuck run).
 

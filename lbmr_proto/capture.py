@@ -23,6 +23,9 @@ Writing
     (one section, little- or big-endian) write raw frames or synthesise
     Ethernet/IPv4/UDP frames, optionally fragmented to an MTU.
 
+Over 600 lines because reading and writing share the link-layer and IPv4/UDP
+header code and its byte-order conventions; each half is a section of its own.
+
 Conventions: timestamps are ``float`` seconds since the Unix epoch; addresses are
 dotted-quad strings; ports and lengths are ints; all protocol header fields are
 big-endian (network byte order) on the wire; the byte order of capture-file

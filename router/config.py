@@ -14,6 +14,10 @@ child-element style (``<initiator><address>..</address><port>..</port>``,
 ``<acceptor><listen-port>..</listen-port>``, ``<name>``, ``<domain-id>``),
 settings of our own (topic resolution, relay) as attributes of empty elements.
 
+Over 600 lines because it holds one checker function per element of the
+grammar (the values are in :mod:`router.config_model`, the DTD and message
+translation in :mod:`router.config_grammar`).
+
 Pipeline, every failure raising :class:`ConfigError` (``path:line: message``,
 the same class as lbmrd's):
 

@@ -10,6 +10,10 @@ task: every method takes ``now`` (seconds on any monotonic clock), inputs are
 method calls, outputs are datagrams and events, in the style of
 :mod:`router.peerlink`. One portal's calls must be made serially.
 
+Over 600 lines because :class:`PortalTR` is one state machine (interest,
+queries, proxies and sources of one TRD share its tables and its outgoing
+buffer); its values, helpers and timers are small classes above it.
+
 Driving it (the I/O shell)::
 
     tr = PortalTR("east", 1, src_id=ctx_id, mode="lbmrd", daemons=[(ip, 15380)], now=t0)
