@@ -1,0 +1,332 @@
+"""Access control lists of lbmr-router's portals (the DRO's ``<acl>``): the
+evaluator (router/acl.py), the ``<acl>`` parser (router/acl_config.py), the
+configuration loader's file:line errors, and the bridge's enforcement."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from lxml import etree
+
+from lbmr_proto.constants import Transport
+from lbmr_proto.records import LbtipcTransport, LbtrmTransport, LbtruTransport, TcpTransport
+from router.acl import (
+    CACHE_TOPICS,
+    MAX_ACL_STATES,
+    MAX_TOPIC_CHARS,
+    OPEN,
+    Ace,
+    Acl,
+    AclError,
+    Action,
+    Comparison,
+    Direction,
+    FieldCompare,
+    PortalAcl,
+    Session,
+    SessionField,
+    TopicIs,
+    TopicPattern,
+    TransportIs,
+)
+from router.acl_config import parse_acl
+
+ACCEPT, REJECT = Action.ACCEPT, Action.REJECT
+
+
+def acl(*entries: Ace, direction: Direction = Direction.INBOUND) -> Acl:
+    return Acl(list(entries), direction)
+
+
+def accept(*conds, **kw) -> Ace:
+    return _ace(ACCEPT, conds, **kw)
+
+
+def reject(*conds, **kw) -> Ace:
+    return _ace(REJECT, conds, **kw)
+
+
+def _ace(action, conds, **kw) -> Ace:
+    topics = tuple(c for c in conds if isinstance(c, TopicIs | TopicPattern))
+    session = tuple(c for c in conds if not isinstance(c, TopicIs | TopicPattern))
+    return Ace(action, topics, session, **kw)
+
+
+TCP = Session.of("tcp", source_ip="10.1.1.5", tcp_source_port=14371)
+RU = Session.of("lbt-ru", source_ip="10.1.1.6", udp_source_port=14380)
+RM = Session.of("lbtrm", source_ip="10.1.1.7", multicast_group="239.1.1.1",
+                udp_source_port=14390, udp_destination_port=14400)
+
+
+# --------------------------------------------------------------------------- the evaluator
+
+
+def test_accept_reject_and_unmatched_rejected():
+    a = acl(accept(TopicIs("ABC")), reject(TopicIs("DEF")))
+    assert a.allows("ABC")
+    assert not a.allows("DEF")
+    d = a.decide("GHI")
+    assert (d.accepted, d.entry) == (False, None)  # implicit reject-all at the end
+    assert a.decide("ABC").entry == 0 and a.decide("DEF").entry == 1
+
+
+def test_first_match_wins_specific_before_general():
+    # the DRO's USER.user1 example: specific accept, general reject, catch-all accept
+    a = acl(accept(TopicIs("USER.user1")), reject(TopicPattern(r"^USER\..*")),
+            accept(TopicPattern(".*")))
+    assert a.allows("USER.user1")
+    assert not a.allows("USER.user2")
+    assert a.allows("prices.EUR")
+    # in the other order the general rule shadows the specific one
+    b = acl(reject(TopicPattern(r"^USER\..*")), accept(TopicIs("USER.user1")))
+    assert not b.allows("USER.user1")
+
+
+def test_topic_is_exact_and_pattern_searches():
+    assert acl(accept(TopicIs("A.B"))).allows("A.B")
+    assert not acl(accept(TopicIs("A.B"))).allows("AxB")  # not a pattern
+    assert not acl(accept(TopicIs("A.B"))).allows("A.B.C")
+    p = acl(accept(TopicPattern("^A[AB]A$")), direction=Direction.OUTBOUND)
+    assert [p.allows(t) for t in ("AAA", "ABA", "ACA", "AAAA")] == [True, True, False, False]
+    assert acl(accept(TopicPattern("price/us/"))).allows("global/price/us/IBM")  # unanchored search
+
+
+def test_topic_conditions_of_one_entry_are_alternatives():
+    a = acl(accept(TopicPattern("^global/"), TopicPattern("^price/us/"), TopicIs("health_check")))
+    assert a.allows("global/x") and a.allows("price/us/IBM") and a.allows("health_check")
+    assert not a.allows("price/eu/SAP")
+
+
+def test_transport_condition_inbound():
+    a = acl(accept(TopicIs("DEF"), TransportIs(Transport.LBTRM)), accept(TopicIs("ABC")))
+    assert a.allows("DEF", RM)
+    assert not a.allows("DEF", TCP)
+    assert a.allows("ABC", TCP)
+    ne = acl(reject(TransportIs(Transport.TCP, equal=False)), accept(TopicPattern(".*")))
+    assert ne.allows("x", TCP) and not ne.allows("x", RU)
+
+
+def test_source_ip_equal_and_range():
+    a = acl(accept(FieldCompare(SessionField.SOURCE_IP, Comparison.EQ, 0x0A010105)))
+    assert a.allows("t", TCP)
+    assert not a.allows("t", RU)  # 10.1.1.6
+    lo = int.from_bytes(bytes([10, 1, 1, 6]), "big")
+    hi = int.from_bytes(bytes([10, 1, 1, 7]), "big")
+    r = acl(accept(TopicPattern("^t"), FieldCompare(SessionField.SOURCE_IP, Comparison.GE, lo),
+                   FieldCompare(SessionField.SOURCE_IP, Comparison.LE, hi)))
+    assert [r.allows("t", s) for s in (TCP, RU, RM)] == [False, True, True]
+    assert not r.allows("x", RU)  # the topic condition still applies
+
+
+def test_conditions_that_do_not_apply_are_ignored_but_an_entry_needs_one():
+    port = FieldCompare(SessionField.UDP_SOURCE_PORT, Comparison.EQ, 14380)
+    # topic matches, the UDP port does not apply to TCP: ignored, the entry matches
+    assert acl(accept(TopicIs("t"), port)).allows("t", TCP)
+    # an entry with only inapplicable conditions never matches (default reject stays)
+    assert not acl(accept(port)).allows("t", TCP)
+    assert acl(accept(port)).allows("t", RU)
+    group = FieldCompare(SessionField.MULTICAST_GROUP, Comparison.EQ, 0xEF010101)
+    assert not acl(reject(group), accept(TopicPattern(".*"))).allows("t", RM)
+    assert acl(reject(group), accept(TopicPattern(".*"))).allows("t", TCP)
+
+
+def test_other_fields_from_transport_bodies():
+    tcp = Session.from_transport(TcpTransport("10.1.1.5", 14371))
+    assert (tcp.transport, tcp.source_ip, tcp.tcp_source_port, tcp.udp_source_port) == (
+        Transport.TCP, 0x0A010105, 14371, None)
+    ru = Session.from_transport(LbtruTransport("10.1.1.6", 14380))
+    assert (ru.udp_source_port, ru.tcp_source_port) == (14380, None)
+    rm = Session.from_transport(LbtrmTransport("10.1.1.7", "239.1.1.1", 7, 14400, 14390))
+    assert (rm.multicast_group, rm.udp_destination_port, rm.udp_source_port) == (0xEF010101, 14400, 14390)
+    ipc = Session.from_transport(LbtipcTransport(1, 2, 33))
+    assert (ipc.xport_id, ipc.source_ip) == (33, None)
+    dport = acl(accept(FieldCompare(SessionField.UDP_DESTINATION_PORT, Comparison.LT, 14401)))
+    assert dport.allows("t", rm) and not dport.allows("t", tcp)
+    xid = acl(accept(FieldCompare(SessionField.XPORT_ID, Comparison.NE, 33)))
+    assert not xid.allows("t", ipc)
+    tport = acl(accept(FieldCompare(SessionField.TCP_SOURCE_PORT, Comparison.GT, 14000)))
+    assert tport.allows("t", tcp) and not tport.allows("t", ru)
+
+
+def test_outbound_ignores_sessions():
+    out = acl(accept(TopicIs("t"), TransportIs(Transport.LBTRM)), direction=Direction.OUTBOUND)
+    assert out.allows("t", TCP)  # the transport condition means nothing outbound
+
+
+def test_unknown_session_may_allow_for_interest():
+    a = acl(reject(TopicIs("t"), TransportIs(Transport.TCP)),
+            accept(TopicIs("t"), TransportIs(Transport.LBTRU)), reject(TopicPattern(".*")))
+    assert a.may_allow("t")  # an LBT-RU source of t would be accepted
+    assert not a.allows("t", TCP) and a.allows("t", RU)
+    assert not a.may_allow("u")
+    b = acl(reject(TopicIs("t"), TransportIs(Transport.TCP)), accept(TopicIs("t")))
+    assert b.may_allow("t")
+    c = acl(reject(TopicIs("t")), accept(TopicIs("t"), TransportIs(Transport.TCP)))
+    assert not c.may_allow("t")
+    d = acl(accept(TransportIs(Transport.TCP)))  # session conditions only
+    assert d.may_allow("anything")
+
+
+def test_portal_acl_directions_and_patterns():
+    p = PortalAcl("ep", inbound=acl(accept(TopicIs("in"))),
+                  outbound=acl(accept(TopicIs("out")), direction=Direction.OUTBOUND))
+    assert p.configured and not OPEN.configured
+    assert p.allows_source_in("in", TCP) and not p.allows_source_in("out", TCP)
+    assert p.allows_source_out("out") and not p.allows_source_out("in")
+    assert p.allows_interest_in("out") and not p.allows_interest_in("in")
+    assert p.allows_interest_out("in") and not p.allows_interest_out("out")
+    # wildcard patterns pass: their concrete topics are tested as sources
+    assert p.allows_interest_in("^x.*", pattern_type=1) and p.allows_interest_out("^x", pattern_type=2)
+    only_out = PortalAcl("ep", outbound=acl(accept(TopicIs("o")), direction=Direction.OUTBOUND))
+    assert only_out.allows_source_in("anything", TCP) and only_out.allows_interest_out("anything")
+    assert all(f("x") for f in (OPEN.allows_source_in, OPEN.allows_source_out,
+                                OPEN.allows_interest_in, OPEN.allows_interest_out))
+
+
+def test_regex_pattern_posix_classes():
+    a = acl(accept(TopicPattern("^[[:upper:]]+[[:digit:]]$", "regex")))
+    assert a.allows("ABC7") and not a.allows("abc7") and not a.allows("ABC")
+    with pytest.raises(AclError, match="unknown POSIX character class"):
+        TopicPattern("[[:bogus:]]", "regex")
+
+
+# --------------------------------------------------------------------------- bounded time
+
+
+def test_catastrophic_patterns_are_linear_or_refused():
+    a = acl(accept(TopicPattern("^(a+)+$")))
+    hostile = "a" * MAX_TOPIC_CHARS
+    t0 = time.perf_counter()
+    assert not a.allows(hostile[:-1] + "!")
+    assert time.perf_counter() - t0 < 1.0  # backtracking would take years
+    with pytest.raises(AclError, match="states"):
+        TopicPattern("(a{100}){100}")  # too large for the matcher
+    with pytest.raises(AclError):
+        TopicPattern(r"(a)\1")  # back-references are refused
+    with pytest.raises(AclError, match=f"at most {MAX_ACL_STATES}"):
+        acl(*(accept(TopicPattern("x" * 300)) for _ in range(4)))  # 4 x 301 states in one list
+
+
+def test_long_topics_are_rejected_without_matching():
+    a = acl(accept(TopicPattern(".*")))
+    assert a.allows("x" * MAX_TOPIC_CHARS)
+    assert not a.allows("x" * (MAX_TOPIC_CHARS + 1))
+    assert not a.may_allow("x" * 100_000)
+
+
+def test_cache_is_bounded():
+    a = acl(accept(TopicPattern("^keep")))
+    for i in range(CACHE_TOPICS + 500):
+        a.allows(f"t{i}")
+    assert len(a._cache) == CACHE_TOPICS
+    assert a.allows("keep.1") and not a.allows("t1")
+
+
+def test_entries_need_a_condition_and_lists_an_entry():
+    with pytest.raises(AclError):
+        Ace(ACCEPT)
+    with pytest.raises(AclError):
+        Acl([], Direction.OUTBOUND)
+
+
+# --------------------------------------------------------------------------- the <acl> parser
+
+
+def parse(xml: str):
+    el = etree.fromstring(xml.encode())
+    errors: list[tuple[int, str]] = []
+    warnings: list[tuple[int, str]] = []
+    result = parse_acl(el, "ep", lambda ln, m: errors.append((ln, m)), lambda ln, m: warnings.append((ln, m)))
+    return result, errors, warnings
+
+
+def test_parse_good_acl():
+    p, errors, warnings = parse("""<acl>
+  <inbound>
+    <ace match="accept"><topic>USER.user1</topic></ace>
+    <ace match="reject"><pcre-pattern>^USER\\..*</pcre-pattern></ace>
+    <ace match="accept">
+      <topic>DEF</topic>
+      <transport value="lbt-rm" comparison="eq"/>
+      <source-ip value="10.1.1.7" comparison="equal"/>
+      <multicast-group value="239.1.1.1" comparison="eq"/>
+      <udp-source-port value="14390" comparison="ge"/>
+      <udp-destination-port value="14400" comparison="lessthanequal"/>
+      <tcp-source-port value="1" comparison="greaterthan"/>
+      <xport-id value="5" comparison="notequal"/>
+    </ace>
+    <ace match="accept"><pcre-pattern xml:space="preserve"> </pcre-pattern></ace>
+  </inbound>
+  <outbound>
+    <ace match="accept"><topic xml:space="preserve">ABC </topic><regex-pattern>^A[[:digit:]]</regex-pattern></ace>
+  </outbound>
+</acl>""")
+    assert errors == []
+    assert [ln for ln, _ in warnings] == [18]  # regex-pattern is deprecated
+    assert p.portal == "ep" and p.line == 1
+    assert [a.line for a in p.inbound.entries] == [3, 4, 5, 15]
+    assert p.allows_source_in("USER.user1", TCP) and not p.allows_source_in("USER.user2", TCP)
+    assert p.allows_source_in("DEF", RM) and not p.allows_source_in("DEF", TCP)
+    assert p.allows_source_in("with space", TCP) and not p.allows_source_in("nospace", TCP)
+    assert p.allows_source_out("ABC ") and not p.allows_source_out("ABC")
+    assert p.allows_source_out("A1") and not p.allows_source_out("B1")
+    ace = p.inbound.entries[2]
+    assert TransportIs(Transport.LBTRM, True) in ace.session
+    assert FieldCompare(SessionField.XPORT_ID, Comparison.NE, 5) in ace.session
+
+
+@pytest.mark.parametrize(("body", "line", "words"), [
+    ('<inbound><ace match="maybe"><topic>a</topic></ace></inbound>', 2, 'match="accept" or match="reject", not "maybe"'),
+    ('<inbound><ace><topic>a</topic></ace></inbound>', 2, 'match="accept"'),
+    ('<inbound><ace match="accept"></ace></inbound>', 2, "has no condition"),
+    ('<inbound><ace match="accept"><topic> </topic></ace></inbound>', 2, "<topic> is empty"),
+    ('<inbound><ace match="accept"><pcre-pattern>(a</pcre-pattern></ace></inbound>', 2, "refused"),
+    ('<inbound><ace match="accept"><pcre-pattern>(?=a)b</pcre-pattern></ace></inbound>', 2, "refused"),
+    ('<inbound><ace match="accept"><pcre-pattern>(a{100}){100}</pcre-pattern></ace></inbound>', 2, "too large"),
+    ('<inbound>\n<ace match="accept">\n<transport value="pgm" comparison="eq"/></ace></inbound>', 4,
+     '<transport> value "pgm" is not a transport'),
+    ('<inbound><ace match="accept"><transport value="tcp" comparison="lt"/></ace></inbound>', 2,
+     'comparison "lt" is not one of eq, equal, ne, notequal'),
+    ('<inbound><ace match="accept"><source-ip value="10.1.1" comparison="eq"/></ace></inbound>', 2,
+     "not a full IPv4 address"),
+    ('<inbound><ace match="accept"><source-ip value="host.example" comparison="eq"/></ace></inbound>', 2,
+     "DNS names"),
+    ('<inbound><ace match="accept"><source-ip value="10.1.1.1"/></ace></inbound>', 2, 'needs comparison="eq"'),
+    ('<inbound><ace match="accept"><source-ip comparison="eq"/></ace></inbound>', 2, 'needs a value'),
+    ('<inbound><ace match="accept"><multicast-group value="10.1.1.1" comparison="eq"/></ace></inbound>', 2,
+     "not a multicast address"),
+    ('<inbound><ace match="accept"><udp-source-port value="70000" comparison="eq"/></ace></inbound>', 2,
+     "not a port 0..65535"),
+    ('<inbound><ace match="accept"><xport-id value="-1" comparison="eq"/></ace></inbound>', 2,
+     "not a transport id"),
+    ('<outbound>\n\n<ace match="accept"><topic>a</topic><transport value="tcp" comparison="eq"/></ace></outbound>', 4,
+     "only works in <inbound>"),
+    ('<inbound><ace match="accept"><queue>a</queue></ace></inbound>', 2, "<queue> is not an ACL condition"),
+    ('<inbound></inbound>', 2, "<inbound> has no <ace>"),
+    ('<inbound><topic>a</topic></inbound>', 2, "<topic> is not allowed in <inbound>"),
+    ('<sideways/>', 2, "<sideways> is not allowed in <acl>"),
+    ('<inbound><ace match="accept"><topic>a</topic></ace></inbound>\n<inbound><ace match="accept"><topic>b</topic></ace></inbound>',
+     3, "more than one <inbound>"),
+    (f'<inbound><ace match="accept"><topic>{"x" * 300}</topic></ace></inbound>', 2, "300 characters long"),
+])
+def test_parse_bad_acl(body, line, words):
+    p, errors, _ = parse(f"<acl>\n{body}\n</acl>")
+    assert errors, "no error reported"
+    assert errors[0][0] == line, errors
+    assert words in errors[0][1], errors
+
+
+def test_parse_reports_every_error():
+    _, errors, _ = parse("""<acl>
+<inbound>
+<ace match="accept"><pcre-pattern>(</pcre-pattern></ace>
+<ace match="reject"><tcp-source-port value="x" comparison="eq"/></ace>
+</inbound>
+</acl>""")
+    assert [ln for ln, _ in errors] == [3, 4]
+
+
+def test_parse_empty_acl_warns():
+    p, errors, warnings = parse("<acl/>")
+    assert errors == [] and not p.configured and "changes nothing" in warnings[0][1]
