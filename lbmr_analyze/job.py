@@ -85,6 +85,8 @@ class Result:
     summary: dict
     tables: dict[str, list[dict]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    #: the decoding tasks' figures (see :func:`decode_to_parquet`)
+    decode_stats: dict = field(default_factory=dict)
 
     @property
     def report(self) -> Path | str:
@@ -265,8 +267,8 @@ def _split_rows(spark, splits: list[Split]) -> list[tuple]:
     return rows
 
 
-def decode_to_parquet(spark, splits: list[Split], records_path: str, ports: frozenset[int]
-                      ) -> tuple[int, int, dict]:
+def decode_to_parquet(spark, splits: list[Split], records_path: str, ports: frozenset[int],
+                      stats: dict | None = None) -> tuple[int, int, dict]:
     """Decode every split on the executors, which write the Parquet records
     themselves (partitioned by hour, see :func:`lbmr_analyze.rows.write_split`)
     under ``records_path`` (a local path or URI; replaced); returns the number of
@@ -277,7 +279,11 @@ def decode_to_parquet(spark, splits: list[Split], records_path: str, ports: froz
     go straight from the decoder to pyarrow's Parquet writer, and only one status
     row per split comes back.  ``records_path`` must be on a file system that the
     driver and every executor see at the same path (as the captures must be);
-    :func:`check_visible` verifies it."""
+    :func:`check_visible` verifies it.
+
+    With ``stats`` (a dict), the decoding tasks' figures are put in it: ``tasks``,
+    ``wall_s`` and ``cpu_s`` (sums of the tasks' seconds), ``workers`` (distinct
+    Python worker processes) and ``elapsed_s`` (the whole step)."""
     from . import partials as P
     from .rows import STATUS_DDL, write_splits
 
@@ -289,7 +295,11 @@ def decode_to_parquet(spark, splits: list[Split], records_path: str, ports: froz
     rdd = spark.sparkContext.parallelize(rows, len(rows))
     sdf = spark.createDataFrame(rdd, schema)
     status = sdf.mapInArrow(partial(write_splits, ports=ports, out_dir=str(records_path)), STATUS_DDL)
+    t0 = time.perf_counter()
     got = status.collect()
+    if stats is not None:
+        stats.update(tasks=len(got), wall_s=sum(r["wall_s"] for r in got), cpu_s=sum(r["cpu_s"] for r in got),
+                     workers=len({r["pid"] for r in got}), elapsed_s=time.perf_counter() - t0)
     written = sum(r["records"] for r in got)
     parts = [P.from_ipc(bytes(r["partials"])) for r in got if r["partials"]]
     with fs.open_output_stream(fsio.join(base, "_SUCCESS")):
@@ -427,7 +437,8 @@ def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
         fs.create_dir(staging, recursive=True)
         prog.step(f"decoding {len(files)} file(s) in {len(splits)} byte range(s) to Parquet")
         records_s = fsio.join(staging_s, RECORDS_DIR)
-        parts, nrows, partials = decode_to_parquet(spark, splits, records_s, portset)
+        dstats: dict = {}
+        parts, nrows, partials = decode_to_parquet(spark, splits, records_s, portset, dstats)
         summary, tables = analyse_written(spark, records_s, nrows, partials, storm_threshold=storm_threshold,
                                           top=top, progress=prog)
         summary.update(files=len(files), byte_ranges=len(splits), parquet_rows=nrows)
@@ -459,7 +470,7 @@ def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
             shutil.rmtree(local_tmp, ignore_errors=True)
     prog.done()
     res_out: Path | str = Path(final) if fsio.is_local(out_s) else out_s
-    return Result(res_out, files, splits, parts, nrows, summary, tables, dict(prog.timings))
+    return Result(res_out, files, splits, parts, nrows, summary, tables, dict(prog.timings), dstats)
 
 
 def _swap(fs, staging: str, final: str, old: str) -> None:
