@@ -104,7 +104,7 @@ def baseline(path: Path, out: Path, ports=frozenset({12965, 15380})) -> dict:
     tq_all = tq_all.filter(pc.greater(tq_all["us"], tq_all["us_max"]))
     res["stale_queriers"] = tq_all.group_by(["topic", "src", "sport", "context_id"]).aggregate([]).num_rows
     # time to resolve: sorted TIR keys, searchsorted per first query
-    tq = t.filter(pc.equal(kind, "TQR")).group_by(["src", "sport", "topic"]).aggregate([("us", "min")])
+    tq = t.filter(pc.equal(kind, "TQR")).group_by(["src", "sport", "context_id", "topic"]).aggregate([("us", "min")])
     topics = pc.unique(pa.chunked_array(tirs["topic"].chunks + tq["topic"].chunks, pa.string()))
     base = pc.min(us).as_py() or 0
     ti = pc.index_in(tirs["topic"], topics).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -245,6 +245,13 @@ def main() -> None:
             print(f"  spark    {t_spark:7.1f} s  {rows / t_spark:>10,.0f} records/s  {n / t_spark:>10,.0f} datagrams/s"
                   f"  ({rows:,} records, {len(res.splits)} byte ranges)")
             print("           steps: " + ", ".join(f"{k} {v:.1f}s" for k, v in res.timings.items()))
+            ds = res.decode_stats
+            if ds:
+                print(f"           decoding tasks: {ds['tasks']} in {ds['workers']} Python worker(s), "
+                      f"{ds['elapsed_s']:.1f} s elapsed; sum of task times {ds['wall_s']:.1f} s wall, "
+                      f"{ds['cpu_s']:.1f} s CPU (parallelism {ds['wall_s'] / max(ds['elapsed_s'], 1e-9):.2f}, "
+                      f"CPU share {ds['cpu_s'] / max(ds['wall_s'], 1e-9):.2f}); load average "
+                      f"{os.getloadavg()[0]:.1f}")
             entry = {"n": n, "rows": rows, "spark": t_spark}
             if not args.no_baseline and time.monotonic() < deadline:
                 t = time.perf_counter()

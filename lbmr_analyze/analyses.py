@@ -15,11 +15,14 @@ findings).  Definitions (see lbmr-analyze(1) for the full text):
 * *context*: the ``ip:port`` of the socket a UM context sends topic resolution
   from, with the context's ``src_id`` (packet-trailer source-id option, 8 bytes as
   hex) where present.  A datagram from UDP port 15380 (lbmrd's) is taken as relayed
-  by lbmrd: its context is named ``[src_id] via lbmrd ip:port``.
+  by lbmrd: its context is named ``[src_id] via lbmrd ip:port``.  Contexts -- and so
+  queriers -- are told apart by (ip, port, src_id): the queries lbmrd relays from
+  several contexts, all from lbmrd's ip:port, are as many queriers as src_ids.
 * *transport identity*: the ``transport_id`` text of a TIR (see
   :func:`lbmr_analyze.rows.transport_identity`).
-* *time to resolve* for (querier, topic): from the querier's first TQR for the
-  topic to the first TIR for that topic (from anyone) at or after it.
+* *time to resolve* for (querier, topic), the querier a context as above: from
+  its first TQR for the topic to the first TIR for that topic (from anyone) at or
+  after it.
 * *stale query*: a TQR for a topic sent after the last TIR for that topic.
 * *reachable address* (NAT audit rule of thumb): an advertised IPv4 address is
   reachable when its /24 holds a host seen in the capture (a direct sender or a
@@ -149,18 +152,16 @@ def second_pass(spark, records_path: str, facts: list[dict], storm_secs: list[in
     from . import fsio
     from . import partials as P
 
-    first: dict[tuple, list] = {}
+    first: dict[tuple, int] = {}        # (src, sport, context id, topic) -> first query
     last_tir: dict[str, int] = {}
     last_tqr: dict[str, int] = {}
     for f in facts:
         k = f["record_kind"]
         if k == "TQR":
-            key = (f["src"], f["sport"], f["topic"])
+            key = (f["src"], f["sport"], f["context_id"], f["topic"])
             x = first.get(key)
-            if x is None or f["first_us"] < x[0]:
-                first[key] = [f["first_us"], f["context_id"] or (x[1] if x else None)]
-            elif x[1] is None and f["context_id"]:
-                x[1] = f["context_id"]
+            if x is None or f["first_us"] < x:
+                first[key] = f["first_us"]
             last_tqr[f["topic"]] = max(last_tqr.get(f["topic"], f["last_us"]), f["last_us"])
         elif k == "TIR":
             last_tir[f["topic"]] = max(last_tir.get(f["topic"], f["last_us"]), f["last_us"])
@@ -176,10 +177,9 @@ def second_pass(spark, records_path: str, facts: list[dict], storm_secs: list[in
     keys = list(first)
     inputs = {
         # explicit types: an empty list would otherwise be of type null (not joinable)
-        "firstq": pa.table({"src": pa.array([k[0] for k in keys], pa.string()),
-                            "sport": pa.array([k[1] for k in keys], pa.int32()),
-                            "topic": pa.array([k[2] for k in keys], pa.string()),
-                            "us": pa.array([first[k][0] for k in keys], pa.int64())}),
+        "firstq": pa.table({"q": pa.array(range(len(keys)), pa.int64()),
+                            "topic": pa.array([k[3] for k in keys], pa.string()),
+                            "us": pa.array([first[k] for k in keys], pa.int64())}),
         "last_tir": pa.table({"topic": pa.array(list(cand), pa.string()),
                               "last_tir_us": pa.array(list(cand.values()), pa.int64())}),
         "storm_secs": pa.table({"second": pa.array(storm_secs, pa.int64())}),
@@ -194,9 +194,12 @@ def second_pass(spark, records_path: str, facts: list[dict], storm_secs: list[in
     finally:
         bc.unpersist()
     m = P.merge([P.from_ipc(b) for b in got if b])
-    ttr = [dict(src=x["src"], sport=x["sport"], context_id=first[(x["src"], x["sport"], x["topic"])][1],
-                topic=x["topic"], us=first[(x["src"], x["sport"], x["topic"])][0], next_tir=x["next_tir"])
-           for x in (m["ttr"].to_pylist() if "ttr" in m else []) if x["next_tir"] is not None]
+    ttr = []
+    for x in (m["ttr"].to_pylist() if "ttr" in m else []):
+        if x["next_tir"] is not None:
+            s, p, cid, topic = keys[x["q"]]
+            ttr.append(dict(src=s, sport=p, context_id=cid, topic=topic, us=first[keys[x["q"]]],
+                            next_tir=x["next_tir"]))
     stale = [dict(x, last_tir_us=cand[x["topic"]]) for x in (m["stale"].to_pylist() if "stale" in m else [])]
     storm = m["storm"].to_pylist() if "storm" in m else []
     return ttr, stale, storm
@@ -256,7 +259,7 @@ def derive(facts: list[dict], flow_rows: list[dict], *, top: int) -> dict[str, l
             t["ltir"] = f["last_us"] if t["ltir"] is None else max(t["ltir"], f["last_us"])
         else:
             t["q"] += f["n"]
-            t["qs"].add((f["src"], f["sport"]))
+            t["qs"].add((f["src"], f["sport"], f["context_id"]))
             t["ftqr"] = f["first_us"] if t["ftqr"] is None else min(t["ftqr"], f["first_us"])
         t["first"] = f["first_us"] if t["first"] is None else min(t["first"], f["first_us"])
         t["last"] = f["last_us"] if t["last"] is None else max(t["last"], f["last_us"])
@@ -277,16 +280,15 @@ def derive(facts: list[dict], flow_rows: list[dict], *, top: int) -> dict[str, l
     for f in tqrs:
         if by_topic[f["topic"]]["adv"]:
             continue
-        # relayed by lbmrd: the sender is lbmrd, so the src_id tells the contexts apart
-        k = (f["topic"], f["src"], f["sport"], f["context_id"] if f["sport"] == LBMRD_PORT else None)
-        u = unres.setdefault(k, [0, f["first_us"], f["last_us"], set()])
+        # per context: relayed by lbmrd, the sender is lbmrd, so the src_id tells them apart
+        k = (f["topic"], f["src"], f["sport"], f["context_id"])
+        u = unres.setdefault(k, [0, f["first_us"], f["last_us"]])
         u[0] += f["n"]
         u[1], u[2] = min(u[1], f["first_us"]), max(u[2], f["last_us"])
-        u[3].add(f["context_id"])
     T["unresolved_topics"] = sorted(
-        (dict(topic=t, querier=f"{s}:{p}", src_id=_join(u[3]) or None, queries=u[0],
+        (dict(topic=t, querier=f"{s}:{p}", src_id=c, queries=u[0],
               first_query=iso_us(u[1]), last_query=iso_us(u[2]), via_lbmrd=p == LBMRD_PORT)
-         for (t, s, p, _c), u in unres.items()),
+         for (t, s, p, c), u in unres.items()),
         key=lambda x: (-x["queries"], x["topic"], x["querier"], x["src_id"] or ""))
 
     # ---- conflicts
@@ -402,7 +404,7 @@ def derive(facts: list[dict], flow_rows: list[dict], *, top: int) -> dict[str, l
         k = (f["topic"], f["pattern_type"])
         x = pats.setdefault(k, dict(n=0, qs=set(), first=f["first_us"], last=f["last_us"]))
         x["n"] += f["n"]
-        x["qs"].add(f"{f['src']}:{f['sport']}")
+        x["qs"].add(label(f["src"], f["sport"], f["context_id"]))
         x["first"], x["last"] = min(x["first"], f["first_us"]), max(x["last"], f["last_us"])
     topics = sorted(by_topic)
     prow, matches = [], []
@@ -412,7 +414,7 @@ def derive(facts: list[dict], flow_rows: list[dict], *, top: int) -> dict[str, l
         err = rx if isinstance(rx, str) else None
         hits = [] if err else [tp for tp in topics if rx.search(tp)]
         matches += [dict(pattern=p, pattern_type=t, topic=tp) for tp in hits]
-        prow.append(dict(pattern=p, pattern_type=t, queries=x["n"], queriers=_join(x["qs"]),
+        prow.append(dict(pattern=p, pattern_type=t, queries=x["n"], queriers=" | ".join(sorted(x["qs"])),
                          first_seen=iso_us(x["first"]), last_seen=iso_us(x["last"]),
                          matched_topics=len(hits), error=err))
     T["wildcard_patterns"] = prow
@@ -469,7 +471,7 @@ def ttr_table(rows: list[dict]) -> list[dict]:
     out = [dict(querier=f"{x['src']}:{x['sport']}", src_id=x["context_id"], topic=x["topic"],
                 first_query=iso_us(x["us"]), resolved_at=iso_us(x["next_tir"]),
                 time_to_resolve_s=(x["next_tir"] - x["us"]) / 1e6) for x in rows]
-    out.sort(key=lambda x: (-x["time_to_resolve_s"], x["topic"], x["querier"]))
+    out.sort(key=lambda x: (-x["time_to_resolve_s"], x["topic"], x["querier"], x["src_id"] or ""))
     return out
 
 

@@ -185,8 +185,8 @@ def second_pass(t: pa.Table, firstq: pa.Table, last_tir: pa.Table, storm_secs: p
     """Partial tables of the analyses that need global facts, for one piece of the
     records ``t`` (:data:`SECOND_COLUMNS`):
 
-    ``ttr``    per (src, sport, topic) of ``firstq`` (src, sport, topic, us): the
-               earliest TIR time at or after the first query (``next_tir``);
+    ``ttr``    per querier ``q`` of ``firstq`` (q, topic, us: a querier's first query
+               for the topic): the earliest TIR time at or after it (``next_tir``);
     ``stale``  per (topic, src, sport, context_id): TQRs after the topic's last
                TIR (``last_tir``: topic, last_tir_us): count, first and last time;
     ``storm``  per (second, src, sport, context_id) for the seconds in
@@ -200,7 +200,7 @@ def second_pass(t: pa.Table, firstq: pa.Table, last_tir: pa.Table, storm_secs: p
     tirs = t.filter(pc.equal(kind, "TIR")).select(["topic", "us"]).rename_columns(["topic", "tir_us"])
     j = tirs.join(firstq, "topic", join_type="inner", use_threads=False)
     j = j.filter(pc.greater_equal(j["tir_us"], j["us"]))
-    out["ttr"] = _agg(j, ["src", "sport", "topic"], [("tir_us", "min", "next_tir")])
+    out["ttr"] = _agg(j, ["q"], [("tir_us", "min", "next_tir")])
     tq = t.filter(pc.equal(kind, "TQR")).select(["topic", "src", "sport", "context_id", "us"])
     tq = tq.join(last_tir, "topic", join_type="inner", use_threads=False)
     tq = tq.filter(pc.greater(tq["us"], tq["last_tir_us"]))
@@ -215,7 +215,7 @@ def second_pass(t: pa.Table, firstq: pa.Table, last_tir: pa.Table, storm_secs: p
 
 
 _MERGE.update({
-    "ttr": (["src", "sport", "topic"], [("next_tir", "min")]),
+    "ttr": (["q"], [("next_tir", "min")]),
     "stale": (["topic", "src", "sport", "context_id"], [("n", "sum"), ("first_us", "min"), ("last_us", "max")]),
     "storm": (["second", "src", "sport", "context_id"], [("packets", "sum")]),
 })

@@ -259,7 +259,7 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
         inv.append(dict(
             topic=topic, advertisements=len(tirs), queries=len(tqrs),
             n_sources=len({r["tid"] for r in tirs}), sources=_set(r["tid"] for r in tirs),
-            advertisers=_set(lab(r) for r in tirs), n_queriers=len({r["q"] for r in tqrs}),
+            advertisers=_set(lab(r) for r in tirs), n_queriers=len({(r["q"], r["cid"]) for r in tqrs}),
             first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)),
             first_advertised=iso(min(r["us"] for r in tirs)) if tirs else None,
             last_advertised=iso(max(r["us"] for r in tirs)) if tirs else None,
@@ -273,11 +273,11 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
     un = defaultdict(list)
     for r in recs:
         if r["kind"] == "TQR" and r["topic"] not in adv:
-            un[(r["topic"], r["src"], r["sport"], r["cid"] if r["sport"] == 15380 else None)].append(r)
+            un[(r["topic"], r["src"], r["sport"], r["cid"])].append(r)      # a querier: ip:port + src_id
     T["unresolved_topics"] = sorted(
-        (dict(topic=t, querier=f"{s}:{p}", src_id=_set(r["cid"] for r in rs) or None, queries=len(rs),
+        (dict(topic=t, querier=f"{s}:{p}", src_id=c, queries=len(rs),
               first_query=iso(min(r["us"] for r in rs)), last_query=iso(max(r["us"] for r in rs)),
-              via_lbmrd=p == 15380) for (t, s, p, _c), rs in un.items()),
+              via_lbmrd=p == 15380) for (t, s, p, c), rs in un.items()),
         key=lambda x: (-x["queries"], x["topic"], x["querier"], x["src_id"] or ""))
     last_tir = {}
     for r in recs:
@@ -295,20 +295,18 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
         key=lambda x: (-x["queries_after"], x["topic"], x["querier"], x["src_id"] or ""))
     # time to resolve
     firstq: dict[tuple, int] = {}
-    cidq: dict[tuple, str] = {}
     for r in recs:
         if r["kind"] == "TQR":
-            k = (r["q"], r["topic"])
+            k = (r["q"], r["cid"], r["topic"])
             firstq[k] = min(firstq.get(k, r["us"]), r["us"])
-            if r["cid"]:
-                cidq.setdefault(k, r["cid"])
     ttr = []
-    for (q, topic), us in firstq.items():
+    for (q, cid, topic), us in firstq.items():
         later = [r["us"] for r in by_topic[topic] if r["kind"] == "TIR" and r["us"] >= us]
         if later:
-            ttr.append(dict(querier=q, src_id=cidq.get((q, topic)), topic=topic, first_query=iso(us),
+            ttr.append(dict(querier=q, src_id=cid, topic=topic, first_query=iso(us),
                             resolved_at=iso(min(later)), time_to_resolve_s=(min(later) - us) / 1e6))
-    T["time_to_resolve"] = sorted(ttr, key=lambda x: (-x["time_to_resolve_s"], x["topic"], x["querier"]))
+    T["time_to_resolve"] = sorted(ttr, key=lambda x: (-x["time_to_resolve_s"], x["topic"], x["querier"],
+                                                      x["src_id"] or ""))
     tirs = [r for r in recs if r["kind"] == "TIR"]
     by_tid, by_otid, by_ct = defaultdict(list), defaultdict(list), defaultdict(list)
     for r in tirs:
@@ -405,7 +403,8 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
             rx, err = None, f"invalid pattern: {e}"
         hits = [x for x in topics if rx is not None and rx.search(x)]
         matches += [dict(pattern=p, pattern_type=t, topic=x) for x in hits]
-        pats.append(dict(pattern=p, pattern_type=t, queries=len(rs), queriers=_set(r["q"] for r in rs),
+        pats.append(dict(pattern=p, pattern_type=t, queries=len(rs),
+                         queriers=" | ".join(sorted({lab(r) for r in rs})),
                          first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)),
                          matched_topics=len(hits), error=err))
     T["wildcard_patterns"] = pats
@@ -861,6 +860,13 @@ def lbmrd_client_datagrams() -> list[tuple]:
     for k, src_id in ((2, b"\x55" * 8), (3, b"\x66" * 8), (4, b"\x66" * 8)):     # relayed queries for U
         d.append((T0 + k + 0.3, *lbmrd, *me,
                   L.encode(L.Packet(tqrs=[L.TQR("U")], options=[L.SourceIdOption(0x8000, src_id)]))))
+    # relayed queries for P (advertised at T0+1, +4, ..., +37) from two contexts: 0x77 first
+    # asks at T0+0.5 (resolved 0.5 s later), 0x88 at T0+2.25 (1.75 s) and again after P's
+    # last advertisement (T0+38 and +39: a stale querier)
+    for ts, src_id in ((0.5, b"\x77" * 8), (0.75, b"\x77" * 8), (2.25, b"\x88" * 8), (38, b"\x88" * 8),
+                       (39, b"\x88" * 8)):
+        d.append((T0 + ts, *lbmrd, *me,
+                  L.encode(L.Packet(tqrs=[L.TQR("P")], options=[L.SourceIdOption(0x8000, src_id)]))))
     d.sort(key=lambda x: x[0])
     return d
 
@@ -881,12 +887,20 @@ def test_lbmrd_client_capture_findings(spark, tmp_path):
     # two contexts query U through lbmrd: told apart by their src_id
     assert [(r["topic"], r["querier"], r["src_id"], r["queries"], r["via_lbmrd"]) for r in t["unresolved_topics"]] \
         == [("U", "10.0.0.1:15380", "66" * 8, 2, True), ("U", "10.0.0.1:15380", "55" * 8, 1, True)]
+    # relayed queries for P: one time to resolve per querying context (its src_id), not per lbmrd
+    assert [(r["querier"], r["src_id"], r["topic"], r["time_to_resolve_s"]) for r in t["time_to_resolve"]] == \
+        [("10.0.0.1:15380", "88" * 8, "P", 1.75), ("10.0.0.1:15380", "77" * 8, "P", 0.5)]
+    assert [(r["querier"], r["src_id"], r["topic"], r["queries_after"]) for r in t["stale_queries"]] == \
+        [("10.0.0.1:15380", "88" * 8, "P", 2)]
+    assert {r["topic"]: r["n_queriers"] for r in t["topic_inventory"]}["P"] == 2
     assert [(r["client"], r["event"], r["silent_s"]) for r in t["client_changes"]] == \
         [("10.1.1.6:14402", "vanished", 29.5)]
     kinds = [(f["severity"], f["kind"]) for f in t["findings"]]
-    assert kinds == [("critical", "OTID collision"), ("high", "never advertised"), ("high", "unreachable address"),
+    assert kinds == [("critical", "OTID collision"), ("high", "never advertised"),
+                     ("high", "querying after last advertisement"), ("high", "unreachable address"),
                      ("medium", "one context, several transports"), ("medium", "lbmrd client vanished")]
-    assert "172.16.9.9" in t["findings"][2]["finding"] and "relayed by lbmrd" in t["findings"][2]["finding"]
+    assert f"[{'88' * 8}]" in t["findings"][2]["finding"] and "'P'" in t["findings"][2]["finding"]
+    assert "172.16.9.9" in t["findings"][3]["finding"] and "relayed by lbmrd" in t["findings"][3]["finding"]
 
 
 # ============================================================== cluster safety (local mode)
