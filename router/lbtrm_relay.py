@@ -1,0 +1,304 @@
+"""LBT-RM sources across the peer link: the trio shell around
+:mod:`router.lbtrm` (what is kept and rewritten is decided there).
+
+Near side (:meth:`RmRelay.serve_proxy`): a proxy of the peer's LBT-RM
+advertisement is one UDP socket at the relay address (bound by
+:class:`router.relay.Relay` in the relay port range). It opens one stream
+(kind LBT-RM) on the current link for the advertisement as soon as it is
+bound -- multicast receivers do not register, so the session is relayed
+while the proxy exists -- multicasts what the peer sends on it to its group
+and sends the receivers' NAKs back on it. A refused or ended stream is
+opened again ``retry_interval`` later while the proxy lives.
+
+Far side (:meth:`RmRelay.open_far`): a stream the peer opens for an LBT-RM
+advertisement joins the source's group and port on the relay address's
+interface, relays the session's datagrams and sends the NAKs that come
+back to the source. At most one such stream per advertisement and
+``max_streams`` per link are accepted (each joins a group: one socket
+each); the others are refused.
+
+Bounds: every queue of datagrams waiting for a socket or the link holds at
+most ``queue_limit`` datagrams (more are dropped and counted:
+``lbtrm_queue_full``); the link's writer queue drops DATAGRAM frames when
+full (as for LBT-RU); a socket read takes at most 64 datagrams at a time.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+from collections import Counter
+from collections.abc import Callable
+
+import trio
+
+from lbmr_runtime.netif import open_multicast_socket
+
+from . import peerlink as P
+from .lbtrm import DatagramQueue, GroupPool, RmOrigin, RmProxy
+from .link import Link, StreamState
+from .peerlink import streams as S
+
+__all__ = ["RmRelay", "LBTRM", "QUEUE_LIMIT", "MAX_STREAMS"]
+
+LBTRM = 0x10  # the LBMR transport code of LBT-RM, also the peer-link stream kind
+QUEUE_LIMIT = 4096  # datagrams waiting per stream and direction
+MAX_STREAMS = 256  # far side: LBT-RM streams (joined groups) per link
+RETRY_INTERVAL = 1.0  # seconds before a proxy opens its stream again
+BATCH = 64  # datagrams read from a socket at one wake-up
+SOCKET_BUFFER = 4 << 20
+
+
+def _drain(raw, n: int = BATCH) -> list:
+    out = []
+    for _ in range(n):
+        try:
+            out.append(raw.recvfrom(65535))
+        except (BlockingIOError, InterruptedError):
+            break
+        except OSError:  # an ICMP error queued on the socket: the next read goes on
+            continue
+    return out
+
+
+async def _receive(sock, counters: Counter[str]) -> list | None:
+    """The datagrams ``sock`` has (waits for the first; at most BATCH) as
+    (data, address) pairs; None when the socket was closed."""
+    try:
+        first = await sock.recvfrom(65535)
+    except trio.ClosedResourceError:
+        return None
+    except OSError:  # an ICMP error queued on the socket
+        counters["lbtrm_recv_error"] += 1
+        await trio.sleep(0.01)
+        return []
+    return [first, *_drain(sock.raw, BATCH - 1)]
+
+
+async def _send(sock, data: bytes, dest, counters: Counter[str]) -> None:
+    try:
+        sock.raw.sendto(data, dest)
+    except BlockingIOError:
+        try:
+            await sock.sendto(data, dest)
+        except OSError:
+            counters["lbtrm_send_error"] += 1
+    except OSError:
+        counters["lbtrm_send_error"] += 1
+
+
+def _wrap(raw: socket.socket):
+    s = trio.socket.from_stdlib_socket(raw)
+    s.raw = raw
+    return s
+
+
+class RmRelay:
+    """The LBT-RM part of one endpoint's relay. ``endpoint``: its settings
+    (``relay_ip``, ``multicast_ttl``, and optionally ``lbtrm_group_low`` /
+    ``lbtrm_group_high`` / ``lbtrm_dest_port`` / ``lbtrm_same_group``);
+    ``counters``, ``event`` and ``current_link`` as :class:`router.relay.Relay`'s."""
+
+    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None],
+                 current_link: Callable[[], Link | None]) -> None:
+        self.endpoint = endpoint
+        self.counters = counters
+        self.event = event
+        self.current_link = current_link
+        self.pool = GroupPool(getattr(endpoint, "lbtrm_group_low", None) or "224.10.10.10",
+                              getattr(endpoint, "lbtrm_group_high", None) or "224.10.10.14",
+                              dest_port=getattr(endpoint, "lbtrm_dest_port", 14400),
+                              same=getattr(endpoint, "lbtrm_same_group", False))
+        self.ttl = getattr(endpoint, "multicast_ttl", 16)
+        self.queue_limit = getattr(endpoint, "lbtrm_queue_limit", QUEUE_LIMIT)
+        self.max_streams = getattr(endpoint, "lbtrm_max_streams", MAX_STREAMS)
+        self.retry_interval = RETRY_INTERVAL
+        self.bodies: dict[int, object] = {}  # advert id -> the proxy's advertised transport
+        self._far: dict[int, dict[int, int]] = {}  # id(link) -> advert id -> far streams
+
+    def proxy_body(self, advert_id: int):
+        """The LBT-RM transport a proxy advertises (None: not an LBT-RM proxy)."""
+        return self.bodies.get(advert_id)
+
+    # ------------------------------------------------------------ near side
+
+    async def serve_proxy(self, f: P.Advertisement, sock, task_status) -> None:
+        """Run the proxy of advertisement ``f`` on ``sock`` (a UDP socket bound
+        at the relay address, with ``raw``); reports its address through
+        ``task_status`` once its advertised transport is known."""
+        e = self.endpoint
+        raw = sock.raw
+        raw.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(e.relay_ip))
+        raw.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+        raw.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, self.ttl)
+        ip, port = sock.getsockname()[:2]
+        group, dport = self.pool.take(f.otid)
+        proxy = RmProxy(ip, port, group, dport, secrets.randbits(32), self.counters)
+        self.bodies[f.advert_id] = proxy.transport_body
+        try:
+            task_status.started((ip, port))
+            while True:
+                link = self.current_link()
+                if link is not None and link.connected and not link.closed:
+                    await self._near_stream(link, f.advert_id, proxy, sock)
+                await trio.sleep(self.retry_interval)
+        finally:
+            self.bodies.pop(f.advert_id, None)
+            self.pool.give(group)
+
+    async def _near_stream(self, link: Link, aid: int, proxy: RmProxy, sock) -> None:
+        try:
+            sid = link.streams.open(aid, LBTRM)
+        except S.LocalStreamError:
+            return
+        st = self._state(link, sid)
+        link.flush_streams()
+        self.counters["lbtrm_streams_opened"] += 1
+        try:
+            await st.accepted.wait()
+            if st.refused is not None or st.closed:
+                self.counters["lbtrm_streams_refused"] += 1
+                return
+            async with trio.open_nursery() as n:
+                n.start_soon(self._naks_up, link, st, proxy, sock, n.cancel_scope)
+                await self._emit(link, st, proxy, sock)
+                n.cancel_scope.cancel()
+        finally:
+            self._close(link, st)
+
+    async def _naks_up(self, link: Link, st: StreamState, proxy: RmProxy, sock, scope) -> None:
+        """NAKs from receivers to the peer."""
+        while not (st.closed or link.closed):
+            batch = await _receive(sock, self.counters)
+            if batch is None:
+                scope.cancel()
+                return
+            sent = False
+            for data, _ in batch:
+                if proxy.from_receiver(data):
+                    sent = self._datagram(link, st, data) or sent
+            if sent:
+                link.flush_streams()
+
+    async def _emit(self, link: Link, st: StreamState, proxy: RmProxy, sock) -> None:
+        """The peer's datagrams to the proxy's group, until the stream or link ends."""
+        dest = (proxy.group, proxy.dest_port)
+        while not (st.closed or link.closed):
+            await st.incoming_ready.wait()
+            st.incoming_ready = trio.Event()
+            while st.incoming:
+                out = proxy.to_receivers(st.incoming.popleft())
+                if out is not None:
+                    await _send(sock, out, dest, self.counters)
+
+    # ------------------------------------------------------------- far side
+
+    def open_far(self, link: Link, ev: S.StreamOpened, body) -> None:
+        """The peer opened an LBT-RM stream for our advertisement of ``body``
+        (the source's transport): refuse it or start relaying."""
+        per_link = self._far.setdefault(id(link), {})
+        reason = None
+        if getattr(body, "NAME", None) != "LBTRM":
+            reason = (P.RefuseCode.UNSUPPORTED_KIND, "the advertised source is not LBT-RM")
+        elif per_link.get(ev.advert_id, 0) >= 1:
+            reason = (P.RefuseCode.TOO_MANY_STREAMS, "an LBT-RM stream is open for this advertisement")
+        elif sum(per_link.values()) >= self.max_streams:
+            reason = (P.RefuseCode.TOO_MANY_STREAMS, f"{self.max_streams} LBT-RM streams already open")
+        if reason is not None:
+            self.counters["lbtrm_streams_refused"] += 1
+            link.streams.refuse(ev.stream_id, *reason)
+            link.flush_streams()
+            return
+        per_link[ev.advert_id] = per_link.get(ev.advert_id, 0) + 1
+        st = self._state(link, ev.stream_id)
+        st.advert_id = ev.advert_id
+        link.nursery.start_soon(self._far_stream, link, st, RmOrigin(body, self.counters), per_link)
+
+    async def _far_stream(self, link: Link, st: StreamState, origin: RmOrigin, per_link: dict) -> None:
+        mc = uc = None
+        try:
+            e = self.endpoint
+            group, port = origin.group
+            try:
+                mc = _wrap(open_multicast_socket(group, port, 0, e.relay_ip, e.relay_ip, self.ttl,
+                                                 buffer=SOCKET_BUFFER))
+                uc = _wrap(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+                await uc.bind((e.relay_ip, 0))
+            except OSError as err:
+                self.counters["lbtrm_streams_refused"] += 1
+                self.event("stream_refused", f"cannot join the LBT-RM group {group}:{port}: {err}")
+                link.streams.refuse(st.sid, P.RefuseCode.REFUSED, f"cannot join {group}:{port}: {err}")
+                link.flush_streams()
+                return
+            link.streams.accept(st.sid)
+            link.flush_streams()
+            st.accepted.set()
+            self.counters["lbtrm_streams_accepted"] += 1
+            async with trio.open_nursery() as n:
+                n.start_soon(self._group_up, link, st, origin, mc, n.cancel_scope)
+                await self._naks_down(link, st, origin, uc)
+                n.cancel_scope.cancel()
+        finally:
+            for s in (mc, uc):
+                if s is not None:
+                    s.close()
+            per_link[st.advert_id] -= 1
+            if per_link[st.advert_id] <= 0:
+                del per_link[st.advert_id]
+            if not per_link:
+                self._far.pop(id(link), None)
+            if st.accepted.is_set():
+                self._close(link, st)
+            link.state.pop(st.sid, None)
+
+    async def _group_up(self, link: Link, st: StreamState, origin: RmOrigin, mc, scope) -> None:
+        """The source's session from its group to the peer."""
+        while not (st.closed or link.closed):
+            batch = await _receive(mc, self.counters)
+            if batch is None:
+                scope.cancel()
+                return
+            sent = False
+            for data, src in batch:
+                if origin.from_group(data, src):
+                    sent = self._datagram(link, st, data) or sent
+            if sent:
+                link.flush_streams()
+        scope.cancel()
+
+    async def _naks_down(self, link: Link, st: StreamState, origin: RmOrigin, uc) -> None:
+        """NAKs from the peer to the source."""
+        while not (st.closed or link.closed):
+            await st.incoming_ready.wait()
+            st.incoming_ready = trio.Event()
+            while st.incoming:
+                nak = origin.nak_to_source(st.incoming.popleft())
+                if nak is not None:
+                    await _send(uc, nak, origin.nak_address, self.counters)
+
+    # --------------------------------------------------------------- common
+
+    def _state(self, link: Link, sid: int) -> StreamState:
+        st = link.state[sid] = StreamState(sid, LBTRM)
+        st.incoming = DatagramQueue(self.queue_limit, self.counters, "lbtrm_queue_full")
+        st.owns_sock = False  # the sockets are this module's
+        return st
+
+    def _datagram(self, link: Link, st: StreamState, data: bytes) -> bool:
+        try:
+            link.streams.send_datagram(st.sid, data)
+        except S.LocalStreamError:
+            self.counters["lbtrm_send_closed"] += 1
+            return False
+        return True
+
+    @staticmethod
+    def _close(link: Link, st: StreamState) -> None:
+        st.closed = True
+        if not link.closed:
+            try:
+                if link.streams.close(st.sid):
+                    link.flush_streams()
+            except S.LocalStreamError:
+                pass
+        link.state.pop(st.sid, None)
