@@ -48,6 +48,18 @@ Rules (unchanged from the router's first version):
   (:class:`StopProxy`) and the portal sends its final advertisements.
 * **Link down.** Every proxy is stopped, the advert ids are forgotten, the
   remote interests are cancelled and the portal's proxies removed.
+* **ACLs** (:mod:`router.acl`): ``acl`` is the endpoint portal's, ``link_acl``
+  the peer portal's (OPEN for a link between two endpoints of one router:
+  the far endpoint's bridge applies its own). Local interest goes to the
+  link only if the endpoint's outbound and the link's inbound lists can
+  accept the topic, the link's interest reaches the portal only if the
+  link's outbound and the endpoint's inbound lists can; a source of the TRD
+  is advertised only if the endpoint's inbound (topic and transport
+  session) and the link's outbound lists accept it, an ADVERTISEMENT is
+  proxied only if the link's inbound and the endpoint's outbound lists do.
+  Each refusal counts ``acl_rejected`` (and :attr:`Bridge.acl_rejected` by
+  portal), with an ``acl_rejected`` notice at the 1st, 2nd, 4th ... of a
+  portal.
 """
 
 from __future__ import annotations
@@ -59,6 +71,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from . import peerlink as P
+from .acl import OPEN, PortalAcl, Session
 from .tr import (
     LocalInterest,
     LocalInterestGone,
@@ -120,8 +133,13 @@ class Bridge:
 
     def __init__(self, portal: PortalTR, counters: Counter[str] | None = None, *,
                  max_proxies: int = 4096, require_interest: bool = False,
-                 advert_ids: Iterator[int] | None = None) -> None:
+                 advert_ids: Iterator[int] | None = None, acl: PortalAcl = OPEN,
+                 link_acl: PortalAcl = OPEN, count_link_acl: bool = True) -> None:
         self.portal = portal
+        # ACLs: the endpoint's and the link's (count_link_acl False: the link's refusals of
+        # the link's frames are counted by another bridge that gets the same frames)
+        self.acl, self.link_acl, self.count_link_acl = acl, link_acl, count_link_acl
+        self.acl_rejected: Counter[str] = Counter()  # refusals by portal name
         self.max_proxies = max_proxies
         self.require_interest = require_interest
         self.domain_id = portal.domain_id
@@ -168,7 +186,7 @@ class Bridge:
         """The peer link is connected: tell the peer every live local interest."""
         self.is_link_up = True
         for li in self.portal.local_interests():
-            self._send_interest(li, P.InterestAction.ADD)
+            self._send_interest(li, P.InterestAction.ADD, count=False)
 
     def link_down(self, now: float) -> None:
         """The peer link is gone: stop every proxy, forget the advert ids, cancel
@@ -258,8 +276,29 @@ class Bridge:
         self._out.append(SendFrame(frame))
         return True
 
-    def _send_interest(self, li: LocalInterest | LocalInterestGone, action: P.InterestAction) -> None:
+    def _send_interest(self, li: LocalInterest | LocalInterestGone, action: P.InterestAction,
+                       count: bool = False) -> None:
+        if not self._acl_ok(li.topic, "interest", count,
+                            (self.acl, self.acl.allows_interest_in(li.topic, li.pattern_type)),
+                            (self.link_acl, self.link_acl.allows_interest_out(li.topic, li.pattern_type))):
+            return
         self._send(P.Interest(action, li.topic, self.domain_id, P.PatternType(li.pattern_type)))
+
+    def _acl_ok(self, topic: str, what: str, count: bool, *verdicts: tuple[PortalAcl, bool]) -> bool:
+        """True if every (acl, allowed) verdict allows; else the refusal is
+        counted (when ``count``) against the first ACL that refused."""
+        for acl, allowed in verdicts:
+            if allowed:
+                continue
+            if count and (acl is self.acl or self.count_link_acl):
+                self.counters["acl_rejected"] += 1
+                self.acl_rejected[acl.portal] += 1
+                n = self.acl_rejected[acl.portal]
+                if n & (n - 1) == 0:
+                    self._out.append(Notice("acl_rejected", f"portal {acl.portal!r}: {what} {topic[:80]!r} "
+                                            f"rejected by its ACL ({n} so far)"))
+            return False
+        return True
 
     def _advertise(self, aid: int, topic: str, otid: bytes, transport: int, *, withdraw: bool) -> None:
         if not self.is_link_up:
@@ -274,26 +313,40 @@ class Bridge:
         for ev in self.portal.events():
             if isinstance(ev, LocalInterest):
                 self.counters["local_interest"] += 1
-                self._send_interest(ev, P.InterestAction.ADD)
+                self._send_interest(ev, P.InterestAction.ADD, count=True)
             elif isinstance(ev, LocalInterestGone):
                 self._send_interest(ev, P.InterestAction.CANCEL)
             elif isinstance(ev, SourceSeen):
                 key = (ev.topic, bytes(ev.otid))
+                if not self._acl_ok(ev.topic, "source", ev.first,
+                                    (self.acl, self.acl.allows_source_in(
+                                        ev.topic, Session.from_transport(ev.transport_body))),
+                                    (self.link_acl, self.link_acl.allows_source_out(ev.topic))):
+                    if key in self._adverts:  # advertised before (its transport changed): withdraw
+                        self._portal_events_gone(ev.topic, ev.otid)
+                    continue
                 aid = self._adverts.get(key)
                 if aid is None:
                     aid = self._adverts[key] = next(self._advert_ids)
                 self._advert_source[aid] = ev.transport_body
                 self._advertise(aid, ev.topic, ev.otid, ev.transport_body.TYPE, withdraw=False)
             elif isinstance(ev, SourceGone):
-                aid = self._adverts.pop((ev.topic, bytes(ev.otid)), None)
-                if aid is not None:
-                    body = self._advert_source.pop(aid, None)
-                    self._advertise(aid, ev.topic, ev.otid, body.TYPE if body is not None else 0,
-                                    withdraw=True)
-                    self._out.append(Notice("source_gone", f"{ev.topic} advert {aid}"))
+                self._portal_events_gone(ev.topic, ev.otid)
+
+    def _portal_events_gone(self, topic: str, otid: bytes) -> None:
+        aid = self._adverts.pop((topic, bytes(otid)), None)
+        if aid is not None:
+            body = self._advert_source.pop(aid, None)
+            self._advertise(aid, topic, otid, body.TYPE if body is not None else 0, withdraw=True)
+            self._out.append(Notice("source_gone", f"{topic} advert {aid}"))
 
     def _on_interest(self, f: P.Interest, now: float) -> None:
         tr = self.portal
+        pt = int(f.pattern_type)
+        if not self._acl_ok(f.topic, "interest", f.action != P.InterestAction.CANCEL,
+                            (self.link_acl, self.link_acl.allows_interest_in(f.topic, pt)),
+                            (self.acl, self.acl.allows_interest_out(f.topic, pt))):
+            return
         try:
             key = (f.topic, int(f.pattern_type))
             if f.action == P.InterestAction.CANCEL:
@@ -327,6 +380,10 @@ class Bridge:
             return
         if f.transport not in RELAYED_TRANSPORTS:
             self.counters["unrelayable_transport"] += 1
+            return
+        if not self._acl_ok(f.topic, "advertisement", True,
+                            (self.link_acl, self.link_acl.allows_source_in(f.topic, Session(f.transport))),
+                            (self.acl, self.acl.allows_source_out(f.topic))):
             return
         if self.require_interest and not self.portal.wants_proxy(f.topic):
             self.counters["adverts_unwanted"] += 1

@@ -9,8 +9,10 @@ import time
 import pytest
 from lxml import etree
 
-from lbmr_proto.constants import Transport
+from lbmr_proto import Packet, SourceIdOption, WcTQR, encode
+from lbmr_proto.constants import PacketType, Transport
 from lbmr_proto.records import LbtipcTransport, LbtrmTransport, LbtruTransport, TcpTransport
+from router import peerlink as P
 from router.acl import (
     CACHE_TOPICS,
     MAX_ACL_STATES,
@@ -31,6 +33,10 @@ from router.acl import (
     TransportIs,
 )
 from router.acl_config import parse_acl
+from router.bridge import Bridge, Notice, SendFrame, StartProxy
+from router.tr import PortalTR
+
+from .test_router_bridge import APP, GROUP, OTID, advert, dgram, source_tir
 
 ACCEPT, REJECT = Action.ACCEPT, Action.REJECT
 
@@ -330,3 +336,147 @@ def test_parse_reports_every_error():
 def test_parse_empty_acl_warns():
     p, errors, warnings = parse("<acl/>")
     assert errors == [] and not p.configured and "changes nothing" in warnings[0][1]
+
+
+# --------------------------------------------------------------------------- the bridge
+
+
+
+def out_list(*topics: str, direction=Direction.OUTBOUND, action=ACCEPT) -> Acl:
+    return acl(_ace(action, tuple(TopicIs(t) for t in topics)), direction=direction)
+
+
+def acl_bridge(acl_: PortalAcl = OPEN, link_acl: PortalAcl = OPEN, domain: int = 1, **kw) -> Bridge:
+    tr = PortalTR("A", domain, src_id=b"A" * 8, mode="multicast", multicast=GROUP,
+                  source_timeout=3.0, requery_interval=1.0, now=0.0)
+    b = Bridge(tr, acl=acl_, link_acl=link_acl, **kw)
+    b.link_up(0.0)
+    return b
+
+
+def sent(b: Bridge) -> list:
+    return [o.frame for o in b.outputs() if isinstance(o, SendFrame)]
+
+
+def test_bridge_local_interest_needs_endpoint_outbound_and_link_inbound():
+    ep = PortalAcl("ep", outbound=out_list("md.public", "md.peerless"))
+    link = PortalAcl("to-B", inbound=out_list("md.public", direction=Direction.INBOUND))
+    b = acl_bridge(ep, link)
+    b.on_datagram(dgram(tqrs=["md.public", "md.secret", "md.peerless"]), APP, 0.1)
+    out = b.outputs()
+    assert [o.frame.topic for o in out if isinstance(o, SendFrame)] == ["md.public"]
+    assert b.acl_rejected == {"ep": 1, "to-B": 1} and b.counters["acl_rejected"] == 2
+    assert [o.kind for o in out if isinstance(o, Notice)] == ["acl_rejected", "acl_rejected"]
+    # the link comes up again: the refused interest is not sent, nor counted again
+    b.link_down(0.5)
+    b.outputs()
+    b.link_up(1.0)
+    assert [f.topic for f in sent(b)] == ["md.public"] and b.counters["acl_rejected"] == 2
+
+
+def test_bridge_peer_interest_needs_link_outbound_and_endpoint_inbound():
+    ep = PortalAcl("ep", inbound=acl(accept(TopicPattern("^md\\."), TransportIs(Transport.LBTRU)),
+                                      reject(TopicPattern(".*"))))
+    link = PortalAcl("to-B", outbound=out_list("md.a", "x.b"))
+    b = acl_bridge(ep, link)
+    for topic in ("md.a", "md.z", "x.b"):
+        b.peer_frame(P.Interest(P.InterestAction.ADD, topic, 2), 0.1)
+    # md.a: an LBT-RU source of it could come in; md.z: the link may not send it back;
+    # x.b: the endpoint accepts no source of it
+    assert b.portal.remote_interests() == [("md.a", 0)]
+    assert b.acl_rejected == {"to-B": 1, "ep": 1}
+    b.peer_frame(P.Interest(P.InterestAction.CANCEL, "md.z", 2), 0.2)  # cancels are not counted
+    assert b.counters["acl_rejected"] == 2
+
+
+def test_bridge_source_needs_endpoint_inbound_session_and_link_outbound():
+    ru_only = acl(accept(TopicIs("md.a"), TransportIs(Transport.LBTRU)),
+                  accept(TopicIs("md.b"), FieldCompare(SessionField.SOURCE_IP, Comparison.EQ, 0x0A010005)))
+    b = acl_bridge(PortalAcl("ep", inbound=ru_only), PortalAcl("to-B", outbound=out_list("md.a", "md.b")))
+    for topic in ("md.a", "md.b"):
+        b.peer_frame(P.Interest(P.InterestAction.ADD, topic, 2), 0.0)
+    b.outputs()
+    # md.a has a TCP source: rejected (once, though its TIRs repeat); md.b from 10.1.0.5: accepted
+    for now in (0.1, 0.6, 1.1):
+        b.on_datagram(dgram(tirs=[source_tir("md.a"), source_tir("md.b", otid=OTID[:-1] + b"\x02")]),
+                      APP, now)
+    adverts = [f for f in sent(b) if isinstance(f, P.Advertisement)]
+    assert [a.topic for a in adverts] == ["md.b"]
+    assert b.acl_rejected == {"ep": 1}
+
+
+def test_bridge_source_whose_transport_changes_to_a_rejected_one_is_withdrawn():
+    tcp_only = acl(accept(TopicIs("md.a"), TransportIs(Transport.TCP)))
+    b = acl_bridge(PortalAcl("ep", inbound=tcp_only))
+    b.peer_frame(P.Interest(P.InterestAction.ADD, "md.a", 2), 0.0)
+    b.on_datagram(dgram(tirs=[source_tir("md.a")]), APP, 0.1)
+    (adv,) = [f for f in sent(b) if isinstance(f, P.Advertisement)]
+    moved = source_tir("md.a")
+    moved.transport = LbtruTransport("10.1.0.5", 14380)
+    b.on_datagram(dgram(tirs=[moved]), APP, 0.2)
+    (gone,) = [f for f in sent(b) if isinstance(f, P.Advertisement)]
+    assert gone.withdraw and gone.advert_id == adv.advert_id and b.advert_sources() == {}
+
+
+def test_bridge_advertisement_needs_link_inbound_and_endpoint_outbound():
+    link = PortalAcl("to-B", inbound=acl(accept(TransportIs(Transport.TCP))))
+    b = acl_bridge(PortalAcl("ep", outbound=out_list("md.quotes", "md.ru")), link)
+    b.peer_frame(advert(aid=1, topic="md.quotes"), 0.0)
+    b.peer_frame(advert(aid=2, topic="md.secret"), 0.0)
+    b.peer_frame(advert(aid=3, topic="md.ru", transport=P.StreamKind.LBTRU), 0.0)
+    starts = [o.advert.topic for o in b.outputs() if isinstance(o, StartProxy)]
+    assert starts == ["md.quotes"]
+    assert b.acl_rejected == {"ep": 1, "to-B": 1}
+
+
+def test_bridge_link_acl_counted_once_per_router():
+    link = PortalAcl("to-B", inbound=out_list("md.ok", direction=Direction.INBOUND))
+    owner, attached = acl_bridge(link_acl=link), acl_bridge(link_acl=link, domain=3, count_link_acl=False)
+    for b in (owner, attached):
+        b.peer_frame(advert(aid=1, topic="md.no"), 0.0)
+    assert owner.acl_rejected == {"to-B": 1} and attached.acl_rejected == {}
+    assert not any(isinstance(o, StartProxy) for b in (owner, attached) for o in b.outputs())
+
+
+def test_bridge_wildcard_interest_passes_and_its_topics_are_filtered():
+    ep_out = PortalAcl("ep", outbound=out_list("md.a"))
+    recv = acl_bridge(ep_out)
+    pkt = Packet(type=PacketType.WC_TQR, version=1, wc_tqrs=[WcTQR("^md\\.", 1)],
+                 options=[SourceIdOption(0x8000, b"APPCTX01")])
+    recv.on_datagram(encode(pkt), APP, 0.1)
+    (interest,) = sent(recv)
+    assert interest.pattern_type == P.PatternType.PCRE and interest.topic == "^md\\."
+    # the sources the pattern brings back: only md.a may be advertised here
+    recv.peer_frame(advert(aid=1, topic="md.a"), 0.2)
+    recv.peer_frame(advert(aid=2, topic="md.b"), 0.2)
+    assert [o.advert.topic for o in recv.outputs() if isinstance(o, StartProxy)] == ["md.a"]
+    assert recv.acl_rejected == {"ep": 1}
+
+
+def test_bridges_back_to_back_acl_rejects_a_topic():
+    """Router A's endpoint (receivers) and router B's endpoint (sources of
+    md.public and md.secret); B's inbound ACL rejects md.secret: only md.public
+    is advertised to A and proxied there."""
+    a = acl_bridge(domain=1)
+    inbound = acl(reject(TopicIs("md.secret")), accept(TopicPattern(".*")))
+    b = acl_bridge(PortalAcl("B-ep", inbound=inbound), domain=2)
+    starts = []
+
+    def carry(src: Bridge, dst: Bridge, now: float) -> None:
+        for o in src.outputs():
+            if isinstance(o, SendFrame):
+                dst.peer_frame(o.frame, now)
+            elif isinstance(o, StartProxy):
+                starts.append(o.advert.topic)
+
+    a.on_datagram(dgram(tqrs=["md.public", "md.secret"]), APP, 0.0)
+    carry(a, b, 0.0)
+    assert sorted(t for t, _ in b.portal.remote_interests()) == ["md.public"]  # may_allow spares a query
+    # a source of md.secret in B's TRD is not advertised even if interest came some other way
+    b.portal.add_remote_interest("md.secret", 0.05)
+    b.on_datagram(dgram(tirs=[source_tir("md.public"), source_tir("md.secret", otid=OTID[:-1] + b"\x03")]),
+                  ("10.2.0.5", 12965), 0.1)
+    carry(b, a, 0.1)
+    carry(a, b, 0.1)
+    assert starts == ["md.public"]
+    assert b.acl_rejected == {"B-ep": 2}
