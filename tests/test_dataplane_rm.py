@@ -8,6 +8,10 @@ from __future__ import annotations
 import json
 import sys
 
+import click
+import pytest
+
+from lbmr_tools.sim.cli import parse_args
 from tests import netns
 
 netns_factory = netns.netns_factory
@@ -54,3 +58,34 @@ def test_unanswered_naks_leave_sequences_unrecoverable(netns_factory):
     assert not rx["ok"] and rx["unrecoverable"] >= 50 and rx["missing"] >= 50, rx
     assert "unrecoverable" in rx["error"] or "stalled" in rx["error"], rx
     assert rx["recovered"] == 0 and rx["received"] == 1500 - rx["missing"], rx
+
+
+def test_lbmr_sim_lbtrm_sources_and_receivers_recover_by_nak(netns_factory):
+    """lbmr-sim with LBT-RM data: two contexts on one multicast TRD, each
+    receiver discards every 25th datagram once and recovers it by NAK."""
+    ns = netns_factory()
+    r = ns.run([sys.executable, "-m", "lbmr_tools.sim", "--multicast", "224.9.10.11:12965",
+                "--mc-interface", "127.0.1.1", "--bind-base", "127.0.1.1", "--contexts", "2",
+                "--topics", "2", "--transport", "lbtrm", "--data-datagrams", "2000", "--data-rate",
+                "4000", "--verify-data", "--data-drop-every", "25", "--duration", "30", "--json"],
+               timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert len(report["receivers"]) == 2
+    for rcv in report["receivers"]:
+        d = rcv["data"]
+        assert rcv["transport"].startswith("LBTRM 127.0.1.") and d["kind"] == "lbtrm", rcv
+        assert d["ok"] and d["datagrams"] == 2000 and d["detail"]["dropped_on_purpose"] == 80, d
+        assert d["detail"]["recovered"] >= 80 and d["detail"]["naks_sent"] >= 1, d
+    sources = report["data_sources"]
+    assert [s["kind"] for s in sources] == ["lbtrm", "lbtrm"]
+    assert all(s["counters"]["retransmissions"] >= 80 for s in sources), sources
+
+
+def test_lbmr_sim_lbtrm_data_options():
+    cfg, _ = parse_args(["--transport", "lbtrm", "--data-datagrams", "10", "--data-drop-every", "3"])
+    assert (cfg.transport, cfg.data_datagrams, cfg.data_drop_every) == ("lbtrm", 10, 3)
+    for argv in (["--data-drop-every", "-1"],
+                 ["--transport", "lbtrm", "--data-datagrams", "10", "--data-datagram-size", "27"]):
+        with pytest.raises(click.UsageError):
+            parse_args(argv)

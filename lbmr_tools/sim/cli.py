@@ -153,7 +153,8 @@ def config_from_params(params: dict) -> SimConfig:
         timing=params["timing"], data_bytes=params["data_bytes"],
         data_datagrams=params["data_datagrams"], data_seed=params["data_seed"],
         data_rate=params["data_rate"], data_datagram_size=params["data_datagram_size"],
-        data_rate_limit=params["data_rate_limit"], verify_data=params["verify_data"])
+        data_rate_limit=params["data_rate_limit"], verify_data=params["verify_data"],
+        data_drop_every=params["data_drop_every"])
     check_config(cfg)
     cfg.source_ip = source_ip_of(cfg)
     return cfg
@@ -212,7 +213,8 @@ def config_from_params(params: dict) -> SimConfig:
                    "address they advertise; with --verify-data, what receivers expect.")
 @click.option("--data-datagrams", type=click.IntRange(1, MAX_DATA_DATAGRAMS), metavar="N",
               help="LBT-RU sources send N numbered datagrams to each receiver that registers "
-                   "(our simplified LBT-RU-like protocol); with --verify-data, what receivers expect.")
+                   "(our simplified LBT-RU-like protocol); LBT-RM sources multicast N datagrams "
+                   "(real LBT-RM, answering NAKs); with --verify-data, what receivers expect.")
 @click.option("--verify-data", is_flag=True,
               help="Receivers, once resolved, fetch the data from the address they resolved and "
                    "verify it; the report gives each one's result and throughput.")
@@ -220,10 +222,13 @@ def config_from_params(params: dict) -> SimConfig:
               metavar="N", help="Key of the data streams (simulators exchanging data must agree).")
 @click.option("--data-rate", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_DATA_RATE,
               show_default=True, metavar="DGRAMS/S",
-              help="LBT-RU datagrams per second, per receiver.")
+              help="LBT-RU datagrams per second, per receiver (LBT-RM: per source).")
 @click.option("--data-datagram-size", type=click.IntRange(RU_MIN_DATAGRAM, RU_MAX_DATAGRAM),
               default=RU_MAX_DATAGRAM, show_default=True, metavar="BYTES",
-              help="Size of each LBT-RU data datagram (UDP payload).")
+              help="Size of each LBT-RU/LBT-RM data datagram (UDP payload).")
+@click.option("--data-drop-every", type=click.IntRange(min=0), default=0, metavar="N",
+              help="LBT-RM receivers discard the first copy of every N-th datagram on purpose "
+                   "and recover it by NAK (0: none).")
 @click.option("--data-rate-limit", metavar="BYTES/S[K|M|G]", callback=_size_cb,
               help="TCP receivers read at most this many bytes per second (slow receivers).")
 def main(as_json: bool, **params) -> None:

@@ -22,6 +22,7 @@ from lbmr_proto.um import (
 
 from .context import DEFAULT_DAEMON, REQUEST_PORT_BASE, Context
 from .dataplane import (
+    RM_MIN_DATAGRAM,
     RU_MAX_DATAGRAM,
     RU_MIN_DATAGRAM,
 )
@@ -73,12 +74,16 @@ class SimConfig:
     serve that many bytes to every receiver that connects, with
     ``data_datagrams`` LBT-RU sources send that many datagrams of
     ``data_datagram_size`` bytes at ``data_rate`` per second to every
-    receiver that registers. Each source binds its data socket on its
+    receiver that registers, and LBT-RM sources multicast that many to
+    their group and port once (real LBT-RM datagrams; they answer NAKs with
+    retransmissions; the interface needs multicast, e.g. lo inside a network
+    namespace). LBT-RM receivers with ``data_drop_every`` n > 0 discard the
+    first copy of every n-th datagram on purpose and recover it by NAK. Each source binds its data socket on its
     context's address and the port it advertises (a kernel-chosen one, then
     advertised, when that port is taken). The stream of topic T is keyed by
     ``topic_seed(T, data_seed)``. With ``verify_data`` every receiver, once
     resolved, fetches and verifies the data of the address it resolved,
-    expecting ``data_bytes`` (TCP) or ``data_datagrams`` (LBT-RU), reading
+    expecting ``data_bytes`` (TCP) or ``data_datagrams`` (LBT-RU, LBT-RM), reading
     TCP at most ``data_rate_limit`` bytes per second when given; the run
     then also waits for the data."""
 
@@ -110,6 +115,7 @@ class SimConfig:
     data_datagram_size: int = RU_MAX_DATAGRAM
     data_rate_limit: float | None = None
     verify_data: bool = False
+    data_drop_every: int = 0
 
 
 def daemon_list(cfg: SimConfig) -> list[Addr]:
@@ -216,8 +222,11 @@ def check_data_config(cfg: SimConfig) -> None:
         raise ValueError("data seed must be in 0..2**64-1")
     if not (cfg.data_rate > 0 and math.isfinite(cfg.data_rate)):
         raise ValueError("data rate must be a positive number of datagrams per second")
-    if not RU_MIN_DATAGRAM <= cfg.data_datagram_size <= RU_MAX_DATAGRAM:
-        raise ValueError(f"data datagram size must be {RU_MIN_DATAGRAM}..{RU_MAX_DATAGRAM} bytes")
+    low = RM_MIN_DATAGRAM if cfg.transport == "lbtrm" else RU_MIN_DATAGRAM
+    if not low <= cfg.data_datagram_size <= RU_MAX_DATAGRAM:
+        raise ValueError(f"data datagram size must be {low}..{RU_MAX_DATAGRAM} bytes")
+    if cfg.data_drop_every < 0:
+        raise ValueError("data drop interval must be >= 0")
     if cfg.data_rate_limit is not None and not (cfg.data_rate_limit > 0
                                                 and math.isfinite(cfg.data_rate_limit)):
         raise ValueError("data rate limit must be a positive number of bytes per second")
@@ -225,11 +234,11 @@ def check_data_config(cfg: SimConfig) -> None:
         if cfg.data_bytes is not None and cfg.transport != "tcp":
             raise ValueError(f"--data-bytes is for TCP sources; these sources use {cfg.transport} "
                              "(--data-datagrams is for lbtru)")
-        if cfg.data_datagrams is not None and cfg.transport != "lbtru":
-            raise ValueError(f"--data-datagrams is for LBT-RU sources; these sources use "
+        if cfg.data_datagrams is not None and cfg.transport not in ("lbtru", "lbtrm"):
+            raise ValueError(f"--data-datagrams is for LBT-RU and LBT-RM sources; these sources use "
                              f"{cfg.transport} (--data-bytes is for tcp)")
     if cfg.verify_data and cfg.data_bytes is None and cfg.data_datagrams is None:
-        raise ValueError("--verify-data needs --data-bytes (TCP) or --data-datagrams (LBT-RU): "
+        raise ValueError("--verify-data needs --data-bytes (TCP) or --data-datagrams (LBT-RU, LBT-RM): "
                          "how much data to expect")
 
 
@@ -237,7 +246,7 @@ def serves_data(cfg: SimConfig) -> bool:
     """Whether the sources of ``cfg`` serve data."""
     return bool(cfg.topics * cfg.sources_per_topic) and (
         (cfg.transport == "tcp" and cfg.data_bytes is not None)
-        or (cfg.transport == "lbtru" and cfg.data_datagrams is not None))
+        or (cfg.transport in ("lbtru", "lbtrm") and cfg.data_datagrams is not None))
 
 
 def make_transport(kind: str, ip: str, port: int, rng: random.Random):

@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 from .context import Context, transport_text
 from .dataplane import (
+    RmDataSource,
+    RmReceiveResult,
     RuReceiveResult,
     TcpDataSource,
 )
@@ -130,8 +132,8 @@ def receiver_results(ctxs: Sequence[Context], clients: Sequence[Addr],
 
 
 def data_outcome(rx) -> dict:
-    """A receiver's data report: kind ("tcp", "lbtru" or None), ok, bytes
-    (verified payload bytes for LBT-RU), datagrams (LBT-RU; None for TCP),
+    """A receiver's data report: kind ("tcp", "lbtru", "lbtrm" or None), ok, bytes
+    (verified payload bytes for LBT-RU/RM), datagrams (LBT-RU/RM; None for TCP),
     error (the first problem or None), bytes_per_s, elapsed_s and the data
     receiver's full result as ``detail``."""
     if isinstance(rx, str):
@@ -141,8 +143,9 @@ def data_outcome(rx) -> dict:
     error = res.error
     if not res.done:
         error = f"the run ended (--duration) before the data did: {error}"
-    ru = isinstance(res, RuReceiveResult)
-    return {"kind": "lbtru" if ru else "tcp", "ok": res.ok, "bytes": res.bytes_received,
+    ru = isinstance(res, RuReceiveResult | RmReceiveResult)
+    kind = "lbtrm" if isinstance(res, RmReceiveResult) else "lbtru" if ru else "tcp"
+    return {"kind": kind, "ok": res.ok, "bytes": res.bytes_received,
             "datagrams": res.received if ru else None, "error": error,
             "bytes_per_s": round(res.bytes_per_s, 1), "elapsed_s": round(res.elapsed, 6),
             "detail": res.as_dict()}
@@ -156,6 +159,12 @@ def data_source_report(ctx_index: int, topic: str, server) -> dict:
                 "receivers": len(server.connections), "bytes_sent": server.bytes_sent,
                 "datagrams_sent": None, "status_received": None,
                 "complete": sum(c.complete for c in server.connections)}
+    if isinstance(server, RmDataSource):  # multicast: no receiver sessions, NAKs instead
+        return {"context": ctx_index, "topic": topic, "kind": "lbtrm", "address": f"{ip}:{port}",
+                "group": f"{server.group}:{server.dest_port}", "receivers": 0,
+                "bytes_sent": server.datagrams_sent * server.datagram_size,
+                "datagrams_sent": server.datagrams_sent, "status_received": None,
+                "complete": int(server.next_seq >= server.count), "counters": dict(server.counters)}
     return {"context": ctx_index, "topic": topic, "kind": "lbtru", "address": f"{ip}:{port}",
             "receivers": len(server.sessions),
             "bytes_sent": sum(s.bytes_sent for s in server.sessions.values()),

@@ -14,6 +14,8 @@ import trio
 from lbmr_proto.capture import PcapWriter
 
 from .config import (
+    LBTRM_DEST_PORT,
+    LBTRM_GROUP,
     SimConfig,
     bind_addresses,
     build_contexts,
@@ -25,6 +27,8 @@ from .config import (
 )
 from .context import Context, Datagram
 from .dataplane import (
+    RmDataReceiver,
+    RmDataSource,
     RuDataReceiver,
     RuDataSource,
     TcpDataReceiver,
@@ -46,6 +50,10 @@ async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic:
     for p in (port, 0):
         if cfg.transport == "tcp":
             server = TcpDataSource(ip, p, total_bytes=cfg.data_bytes, seed=seed)
+        elif cfg.transport == "lbtrm":  # sends once build_contexts has chosen its session id
+            server = RmDataSource(ip, p, group=LBTRM_GROUP, dest_port=LBTRM_DEST_PORT,
+                                  count=cfg.data_datagrams, seed=seed, datagram_size=cfg.data_datagram_size,
+                                  rate=cfg.data_rate, ttl=max(cfg.mc_ttl, 1) if cfg.multicast else 1)
         else:
             server = RuDataSource(ip, p, count=cfg.data_datagrams, seed=seed,
                                   datagram_size=cfg.data_datagram_size, rate=cfg.data_rate)
@@ -75,6 +83,13 @@ def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str):
             return "resolved an LBT-RU source but --data-datagrams is not given"
         return RuDataReceiver(transport.ip, transport.port, seed=seed,
                               expect_count=cfg.data_datagrams, bind_ip=local_ip,
+                              timeout=cfg.duration)
+    if name == "LBTRM":
+        if cfg.data_datagrams is None:
+            return "resolved an LBT-RM source but --data-datagrams is not given"
+        return RmDataReceiver(transport.ip, transport.src_ucast_port, transport.session_id,
+                              transport.mcast_group, transport.dest_port, iface_ip=local_ip, seed=seed,
+                              expect_count=cfg.data_datagrams, drop_every=cfg.data_drop_every,
                               timeout=cfg.duration)
     return f"no data for {name} transports"
 
@@ -135,6 +150,11 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                     ports.append(port)
                     servers.append((ci, topic, server))
             ctxs[:] = build_contexts(config, clients, start, rng, ports)
+            for ci, topic, server in servers:
+                if isinstance(server, RmDataSource):  # send with the advertised session id
+                    (src,) = [s for s in ctxs[ci].sources if s.topic == topic
+                              and s.transport.src_ucast_port == server.address[1]]
+                    server.set_session(src.transport.session_id)
             has_receivers = any(c.receivers for c in ctxs)
             task_status.started(clients)
             data_pending = 0
