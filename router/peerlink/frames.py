@@ -73,6 +73,7 @@ class StreamKind(IntEnum):
 
     TCP = 0x00
     LBTRU = 0x01
+    LBTRM = 0x10  # DATAGRAMs both ways: the source's session one way, receivers' NAKs the other
 
 
 class RefuseCode(IntEnum):
