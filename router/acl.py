@@ -67,6 +67,8 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from re import _constants as _C  # type: ignore[attr-defined]
+from re import _parser as sre_parse  # type: ignore[attr-defined]
 
 from lbmr_proto.constants import Transport
 
@@ -264,17 +266,53 @@ def _posix_to_pcre(pattern: str) -> str:
     return _POSIX_CLASS_RE.sub(repl, pattern)
 
 
+def _literal_hints(source: str) -> tuple[str, tuple[str, ...]]:
+    """Necessary conditions of a match, cheap to test first: the literal
+    text right after a leading ``^``/``\\A`` (the topic must start with it)
+    and each run of literal characters of the pattern's top-level sequence
+    (the topic must contain it). Empty when the pattern ignores case."""
+    try:
+        parsed = sre_parse.parse(source)
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return "", ()
+    if parsed.state.flags & re.IGNORECASE:
+        return "", ()
+    items = list(parsed)
+    runs: list[str] = []
+    run: list[str] = []
+    prefix = None
+    anchored = bool(items) and items[0][0] is _C.AT and items[0][1] in (_C.AT_BEGINNING,
+                                                                     _C.AT_BEGINNING_STRING)
+    for i, (op, av) in enumerate(items):
+        if op is _C.LITERAL:
+            run.append(chr(av))
+            continue
+        if prefix is None and anchored and i > 0:
+            prefix = "".join(run)
+        if run:
+            runs.append("".join(run))
+            run = []
+    if run:
+        runs.append("".join(run))
+    if prefix is None and anchored:
+        prefix = "".join(run) if len(items) > 1 and all(o is _C.LITERAL for o, _ in items[1:]) else ""
+    return prefix or "", tuple(r for r in runs if r)
+
+
 @dataclass(frozen=True, slots=True)
 class TopicPattern:
     """``<pcre-pattern>`` / ``<regex-pattern>``: the pattern is found in the
     topic (``re.search`` semantics; anchor it with ``^``/``$`` as in UM).
     ``kind`` is ``"pcre"`` or ``"regex"`` (POSIX extended). Compiled when
     built: AclError if the matcher refuses it (syntax, unsupported
-    construct, too large)."""
+    construct, too large). A topic that lacks the pattern's literal prefix
+    or one of its literal runs is refused without running the matcher."""
 
     pattern: str
     kind: str = "pcre"
     matcher: Matcher = field(init=False, repr=False, compare=False)
+    prefix: str = field(init=False, repr=False, compare=False)
+    required: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in ("pcre", "regex"):
@@ -287,6 +325,9 @@ class TopicPattern:
         except PatternError as e:
             raise AclError(str(e)) from None
         object.__setattr__(self, "matcher", matcher)
+        prefix, required = _literal_hints(source)
+        object.__setattr__(self, "prefix", prefix)
+        object.__setattr__(self, "required", required)
 
     @property
     def states(self) -> int:
@@ -294,6 +335,11 @@ class TopicPattern:
         return self.matcher.size
 
     def matches(self, topic: str) -> bool:
+        if not topic.startswith(self.prefix):
+            return False
+        for lit in self.required:
+            if lit not in topic:
+                return False
         return self.matcher.search(topic)
 
 

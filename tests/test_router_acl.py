@@ -497,3 +497,20 @@ def test_bridges_back_to_back_acl_rejects_a_topic():
     carry(a, b, 0.1)
     assert starts == ["md.public"]
     assert b.acl_rejected == {"B-ep": 2}
+
+
+@pytest.mark.parametrize("pattern", [
+    r"^md\.test\.", r"^md\.(eq|fx)\.[A-Z]+\.x$", "internal", ".*", r"\Aabc", "^abc$", "(?i)^ABC",
+    "a|b", "^", "$", "x(y)?z", r"^a\.b$", r"ab*c", r"^(a+)+$", r"\bmd\b", r"^[^.]+\.snapshot$",
+])
+def test_pattern_prefilter_agrees_with_re(pattern):
+    import random
+
+    rng = random.Random(pattern)
+    p = TopicPattern(pattern)
+    alphabet = "abcxyzAB.md\\ntesqlfMD_"
+    samples = ["", "abc", "ABC", "md.test.1", "md.eq.IBM.x", "md.eq.IBM.xy", "a.b", "xz", "xyz", "ac", "abbbc",
+               "aaaa", "aaaa!", "md", "x md y", "ref.snapshot", "internal", "b"]
+    samples += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 14))) for _ in range(400)]
+    for topic in samples:
+        assert p.matches(topic) == (re.search(pattern, topic) is not None), (pattern, topic)
