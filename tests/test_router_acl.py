@@ -514,3 +514,19 @@ def test_pattern_prefilter_agrees_with_re(pattern):
     samples += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 14))) for _ in range(400)]
     for topic in samples:
         assert p.matches(topic) == (re.search(pattern, topic) is not None), (pattern, topic)
+
+
+def test_bridge_flood_of_rejected_interest_is_counted_and_logged_sparingly():
+    """20,000 distinct TQRs from the TRD for topics the endpoint's outbound list
+    rejects: nothing goes to the peer, each refusal is counted, the notices
+    come at the 1st, 2nd, 4th ... refusal, and the list's cache stays bounded."""
+    out = acl(reject(TopicPattern(r"^flood\.")), accept(TopicPattern(".*")), direction=Direction.OUTBOUND)
+    b = acl_bridge(PortalAcl("ep", outbound=out))
+    topics = [f"flood.{i}" for i in range(20_000)]
+    for i in range(0, len(topics), 100):
+        b.on_datagram(dgram(tqrs=topics[i:i + 100]), APP, 0.1)
+    outs = b.outputs()
+    assert not [o for o in outs if isinstance(o, SendFrame)]
+    assert b.acl_rejected == {"ep": 20_000}
+    assert len([o for o in outs if isinstance(o, Notice) and o.kind == "acl_rejected"]) == 15  # 1 .. 16384
+    assert len(out._cache) <= CACHE_TOPICS
