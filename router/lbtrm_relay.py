@@ -164,6 +164,7 @@ class RmRelay:
                 await self._emit(link, st, proxy, sock)
                 n.cancel_scope.cancel()
         finally:
+            self.counters["lbtrm_streams_ended"] += 1
             self._close(link, st)
 
     async def _naks_up(self, link: Link, st: StreamState, proxy: RmProxy, sock, scope) -> None:
@@ -242,6 +243,7 @@ class RmRelay:
             for s in (mc, uc):
                 if s is not None:
                     s.close()
+            self.counters["lbtrm_streams_ended"] += 1
             per_link[st.advert_id] -= 1
             if per_link[st.advert_id] <= 0:
                 del per_link[st.advert_id]
