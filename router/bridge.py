@@ -67,7 +67,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from . import peerlink as P
@@ -156,6 +156,12 @@ class Bridge:
         # near side: the peer's advertisements we proxy -> their listeners' addresses
         self._proxies: dict[int, P.Advertisement] = {}
         self._proxy_addr: dict[int, Addr] = {}
+        # routing (set by a router with multi-hop routing, None = one hop): may the local
+        # interest of our domain go on this link (is the peer our child in our tree)?
+        # and does another link want a topic (a transit source is proxied here then)?
+        self.interest_filter: Callable[[], bool] | None = None
+        self.transit_wants: Callable[[str], bool] | None = None
+        self._sent_interest: set[tuple[str, int]] = set()  # (topic, pattern type) sent ADD
 
     # ------------------------------------------------------------------ outputs
 
@@ -185,8 +191,26 @@ class Bridge:
     def link_up(self, now: float) -> None:
         """The peer link is connected: tell the peer every live local interest."""
         self.is_link_up = True
+        self._sent_interest.clear()
         for li in self.portal.local_interests():
             self._send_interest(li, P.InterestAction.ADD, count=False)
+
+    def resync_interest(self, now: float) -> None:
+        """The routes changed: send the local interest the link should now carry
+        and cancel what it should no longer (see ``interest_filter``)."""
+        if not self.is_link_up:
+            return
+        ok = self.interest_filter is None or self.interest_filter()
+        live = {}
+        for li in self.portal.local_interests():
+            live[(li.topic, li.pattern_type)] = li
+        for key, li in live.items():
+            if ok and key not in self._sent_interest:
+                self._send_interest(li, P.InterestAction.ADD, count=False)
+        for key in list(self._sent_interest):
+            if not ok or key not in live:
+                self._send(P.Interest(P.InterestAction.CANCEL, key[0], self.domain_id, P.PatternType(key[1])))
+                self._sent_interest.discard(key)
 
     def link_down(self, now: float) -> None:
         """The peer link is gone: stop every proxy, forget the advert ids, cancel
@@ -278,11 +302,20 @@ class Bridge:
 
     def _send_interest(self, li: LocalInterest | LocalInterestGone, action: P.InterestAction,
                        count: bool = False) -> None:
+        key = (li.topic, li.pattern_type)
+        if action == P.InterestAction.CANCEL:
+            if key not in self._sent_interest:
+                return
+            self._sent_interest.discard(key)
+        elif self.interest_filter is not None and not self.interest_filter():
+            return
         if not self._acl_ok(li.topic, "interest", count,
                             (self.acl, self.acl.allows_interest_in(li.topic, li.pattern_type)),
                             (self.link_acl, self.link_acl.allows_interest_out(li.topic, li.pattern_type))):
             return
-        self._send(P.Interest(action, li.topic, self.domain_id, P.PatternType(li.pattern_type)))
+        if self._send(P.Interest(action, li.topic, self.domain_id, P.PatternType(li.pattern_type))) \
+                and action != P.InterestAction.CANCEL:
+            self._sent_interest.add(key)
 
     def _acl_ok(self, topic: str, what: str, count: bool, *verdicts: tuple[PortalAcl, bool]) -> bool:
         """True if every (acl, allowed) verdict allows; else the refusal is
@@ -385,7 +418,8 @@ class Bridge:
                             (self.link_acl, self.link_acl.allows_source_in(f.topic, Session(f.transport))),
                             (self.acl, self.acl.allows_source_out(f.topic))):
             return
-        if self.require_interest and not self.portal.wants_proxy(f.topic):
+        if self.require_interest and not self.portal.wants_proxy(f.topic) \
+                and not (self.transit_wants is not None and self.transit_wants(f.topic)):
             self.counters["adverts_unwanted"] += 1
             return
         if len(self._proxies) >= self.max_proxies:

@@ -1,5 +1,4 @@
-"""The router topology map, sans-IO (issue 11, item 2: routing; not yet used
-by the running router).
+"""The router topology map, sans-IO (used by :mod:`router.routing`).
 
 Each router announces a :class:`NodeInfo`: its id, a sequence number, the
 domain ids of its endpoint portals with their ``<cost>``, and its peer
@@ -77,6 +76,8 @@ class TopologyMap:
         self._nodes: dict[str, NodeInfo] = {me.router_id: me}
         self._heard: dict[str, float] = {}
         self._routes: dict[int, Route] | None = None
+        self._trees: dict[str, dict[str, tuple[int, tuple[str, ...]]]] = {}  # by root
+        self.changes = 0  # grows with every change of the map's contents
 
     # ------------------------------------------------------------------ inputs
 
@@ -84,8 +85,10 @@ class TopologyMap:
         """Our own announcement changed (a portal came up or went down)."""
         if info.router_id != self.me:
             raise ValueError(f"not this router: {info.router_id!r}")
+        old = self._nodes[self.me]
         self._nodes[self.me] = info
-        self._routes = None
+        if (old.domains, old.peers) != (info.domains, info.peers):
+            self._changed()
 
     def update(self, info: NodeInfo, hops: int, now: float) -> bool:
         """An announcement that crossed ``hops`` peer links; True when the map
@@ -101,7 +104,7 @@ class TopologyMap:
         self._nodes[info.router_id] = info
         changed = old is None or (old.domains, old.peers) != (info.domains, info.peers)
         if changed:
-            self._routes = None
+            self._changed()
         return changed
 
     def expire(self, now: float) -> list[str]:
@@ -111,8 +114,13 @@ class TopologyMap:
             del self._heard[r]
             del self._nodes[r]
         if gone:
-            self._routes = None
+            self._changed()
         return gone
+
+    def _changed(self) -> None:
+        self.changes += 1
+        self._routes = None
+        self._trees.clear()
 
     def next_deadline(self) -> float:
         """When :meth:`expire` may next forget a router."""
@@ -132,6 +140,29 @@ class TopologyMap:
     def route(self, domain: int) -> Route | None:
         return self.routes().get(domain)
 
+    def routers_of(self, domain: int) -> list[str]:
+        """The routers with an endpoint portal in ``domain``, by router id."""
+        return sorted(r for r, n in self._nodes.items() if domain in n.domains)
+
+    def path(self, root: str, to: str) -> tuple[str, ...] | None:
+        """The lowest-cost path from router ``root`` to router ``to`` (both
+        included), as ``root`` computes it (same map, same ties: every router
+        gets the same answer); None if unreachable."""
+        got = self._tree(root).get(to)
+        return None if got is None else got[1]
+
+    def parent(self, root: str, router: str) -> str | None:
+        """The router before ``router`` on ``root``'s path to it (None for
+        ``root`` itself or an unreachable router): who passes on to ``router``
+        what spreads from ``root`` along its lowest-cost tree."""
+        p = self.path(root, router)
+        return p[-2] if p is not None and len(p) > 1 else None
+
+    def children(self, root: str, router: str) -> list[str]:
+        """The routers whose parent in ``root``'s tree is ``router``, by id."""
+        tree = self._tree(root)
+        return sorted(r for r, (_, p) in tree.items() if len(p) > 1 and p[-2] == router)
+
     # ------------------------------------------------------------------ Dijkstra
 
     def _link_cost(self, a: str, b: str) -> int | None:
@@ -140,10 +171,17 @@ class TopologyMap:
             return None  # announced by one side only
         return na.peers[b] + nb.peers[a]
 
-    def _compute(self) -> dict[int, Route]:
-        # best (cost, path) to every router; the path tuple breaks ties by router id
+    def _tree(self, root: str) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """Best (cost, path) from ``root`` to every router it reaches; the path
+        tuple breaks ties by router id."""
+        tree = self._trees.get(root)
+        if tree is None:
+            tree = self._trees[root] = self._dijkstra(root) if root in self._nodes else {}
+        return tree
+
+    def _dijkstra(self, root: str) -> dict[str, tuple[int, tuple[str, ...]]]:
         best: dict[str, tuple[int, tuple[str, ...]]] = {}
-        heap: list[tuple[int, tuple[str, ...]]] = [(0, (self.me,))]
+        heap: list[tuple[int, tuple[str, ...]]] = [(0, (root,))]
         while heap:
             cost, path = heapq.heappop(heap)
             here = path[-1]
@@ -158,8 +196,11 @@ class TopologyMap:
                 c = self._link_cost(here, nxt)
                 if c is not None:
                     heapq.heappush(heap, (cost + c, (*path, nxt)))
+        return best
+
+    def _compute(self) -> dict[int, Route]:
         routes: dict[int, Route] = {}
-        for router, (cost, path) in best.items():
+        for router, (cost, path) in self._tree(self.me).items():
             for domain, dcost in self._nodes[router].domains.items():
                 cand = Route(domain, path, cost + dcost)
                 cur = routes.get(domain)

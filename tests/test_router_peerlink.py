@@ -61,6 +61,7 @@ from router.peerlink import (
     StreamRefuse,
     Terminated,
     Timeout,
+    Topology,
     decode,
     encode,
     encode_raw,
@@ -588,6 +589,10 @@ APP_FRAMES = st.one_of(
 )
 ALL_FRAMES = st.one_of(
     APP_FRAMES,
+    st.builds(Topology, st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=30),
+              u64, u8, st.lists(st.tuples(u32, u32), max_size=5).map(tuple),
+              st.lists(st.tuples(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1,
+                                         max_size=30), u32), max_size=5).map(tuple)),
     st.builds(ConnectRequest, text, domains, u64, u32, st.tuples(u16, u16)),
     st.builds(ConnectResponse, text, domains, u64, u16, text, u32, st.tuples(u16, u16)),
     st.just(ConnectOk()),

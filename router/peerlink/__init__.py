@@ -101,6 +101,7 @@ from .frames import (
     StreamKind,
     StreamOpen,
     StreamRefuse,
+    Topology,
 )
 from .outqueue import (
     OutQueue,
@@ -112,7 +113,7 @@ __all__ = [
     "CloseCode", "Capability", "State",
     "LocalProtocolError", "FrameEncodeError", "FrameDecodeError", "OutQueueOverflow",
     "Frame", "ConnectRequest", "ConnectResponse", "ConnectOk", "Keepalive", "KeepaliveAck",
-    "DisconnectRequest", "DisconnectResponse", "DisconnectOk", "Interest", "Advertisement",
+    "DisconnectRequest", "DisconnectResponse", "DisconnectOk", "Interest", "Advertisement", "Topology",
     "StreamOpen", "StreamAccept", "StreamRefuse", "StreamData", "StreamCredit", "StreamClose",
     "Datagram", "FRAME_TYPES", "encode", "encode_raw", "decode", "decode_payload", "RawFrame",
     "FrameReader", "Event", "Connected", "DisconnectRequested", "Terminated", "Rejected",

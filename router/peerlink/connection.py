@@ -47,6 +47,7 @@ from .frames import (
     StreamData,
     StreamOpen,
     StreamRefuse,
+    Topology,
 )
 
 # --------------------------------------------------------------------------- link events
@@ -173,7 +174,7 @@ class LinkStats:
 # --------------------------------------------------------------------------- connection
 
 # frames the application passes to send(); the rest are produced by the connection itself
-_APP_FRAMES = (Interest, Advertisement, StreamOpen, StreamAccept, StreamRefuse, StreamData,
+_APP_FRAMES = (Interest, Advertisement, Topology, StreamOpen, StreamAccept, StreamRefuse, StreamData,
                StreamCredit, StreamClose, Datagram)
 # what a side that is "done sending" (it sent DISCONNECT_REQUEST or DISCONNECT_RESPONSE) may
 # still send: frames that serve the data it is still receiving
@@ -182,6 +183,7 @@ _RECEIVE_SIDE = (StreamCredit, StreamClose, StreamRefuse)
 _NEEDS_CAPABILITY = {cls: Capability.STREAMS for cls in (
     StreamOpen, StreamAccept, StreamRefuse, StreamData, StreamCredit, StreamClose)}
 _NEEDS_CAPABILITY[Datagram] = Capability.DATAGRAMS
+_NEEDS_CAPABILITY[Topology] = Capability.ROUTING
 
 AcceptFn = Callable[[PeerInfo], tuple[bool, str]]
 

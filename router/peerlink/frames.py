@@ -34,6 +34,7 @@ class FrameType(IntEnum):
     DISCONNECT_OK = 0x08
     INTEREST = 0x10
     ADVERTISEMENT = 0x11
+    TOPOLOGY = 0x12
     STREAM_OPEN = 0x20
     STREAM_ACCEPT = 0x21
     STREAM_REFUSE = 0x22
@@ -96,9 +97,12 @@ class Capability(IntFlag):
 
     STREAMS = 0x01  # STREAM_* frames (TCP transport relay)
     DATAGRAMS = 0x02  # DATAGRAM frames (LBT-RU relay)
+    ROUTING = 0x04  # TOPOLOGY frames (multi-hop routing)
 
 
-DEFAULT_CAPABILITIES = int(Capability.STREAMS | Capability.DATAGRAMS)
+DEFAULT_CAPABILITIES = int(Capability.STREAMS | Capability.DATAGRAMS)  # a router adds ROUTING
+MAX_TOPOLOGY_ENTRIES = 4096  # domains, and peers, in one TOPOLOGY frame
+MAX_ROUTER_ID = 255  # bytes of a router id (its name) in a TOPOLOGY frame
 
 
 class State(Enum):
@@ -429,6 +433,58 @@ class Advertisement(Frame):
         otid = r.raw(32)
         return cls(r.string(), domain, otid, transport, advert_id, bool(flags & ADVERT_WITHDRAW),
                    hops)
+
+
+@_frame
+@dataclass(frozen=True, slots=True)
+class Topology(Frame):
+    """Route info: what router ``router_id`` announces (its ``seq``-th announcement),
+    having crossed ``hops`` peer links. ``domains``: (domain id, endpoint portal cost)
+    of each endpoint portal; ``peers``: (router id, peer portal cost) of each peer
+    link it has up. At most :data:`MAX_TOPOLOGY_ENTRIES` of each, router ids at most
+    :data:`MAX_ROUTER_ID` bytes."""
+
+    TYPE: ClassVar[FrameType] = FrameType.TOPOLOGY
+    router_id: str
+    seq: int
+    hops: int
+    domains: tuple[tuple[int, int], ...] = ()
+    peers: tuple[tuple[str, int], ...] = ()
+
+    def payload(self) -> bytes:
+        if len(self.domains) > MAX_TOPOLOGY_ENTRIES or len(self.peers) > MAX_TOPOLOGY_ENTRIES:
+            raise FrameEncodeError(f"TOPOLOGY: at most {MAX_TOPOLOGY_ENTRIES} domains and peers")
+        out = [_pack(">QBHH", self.seq, self.hops, len(self.domains), len(self.peers), what="TOPOLOGY"),
+               _router_id(self.router_id)]
+        out.extend(_pack(">II", d, c, what="TOPOLOGY domain") for d, c in self.domains)
+        for rid, c in self.peers:
+            out.append(_router_id(rid))
+            out.append(_pack(">I", c, what="TOPOLOGY peer cost"))
+        return b"".join(out)
+
+    @classmethod
+    def _parse(cls, r: PayloadReader):
+        seq, hops, nd, np_ = r.u64(), r.u8(), r.u16(), r.u16()
+        if nd > MAX_TOPOLOGY_ENTRIES or np_ > MAX_TOPOLOGY_ENTRIES:
+            raise FrameDecodeError(f"TOPOLOGY: {nd} domains, {np_} peers (at most {MAX_TOPOLOGY_ENTRIES})")
+        rid = _read_router_id(r)
+        domains = tuple((r.u32(), r.u32()) for _ in range(nd))
+        peers = tuple((_read_router_id(r), r.u32()) for _ in range(np_))
+        return cls(rid, seq, hops, domains, peers)
+
+
+def _router_id(rid: str) -> bytes:
+    b = _str(rid, "router id")
+    if not rid or len(b) - 2 > MAX_ROUTER_ID:
+        raise FrameEncodeError(f"router id must be 1..{MAX_ROUTER_ID} bytes: {rid!r}")
+    return b
+
+
+def _read_router_id(r: PayloadReader) -> str:
+    rid = r.string()
+    if not rid or len(rid.encode("utf-8", "surrogateescape")) > MAX_ROUTER_ID:
+        raise FrameDecodeError(f"TOPOLOGY: router id must be 1..{MAX_ROUTER_ID} bytes")
+    return rid
 
 
 @_frame

@@ -1,0 +1,304 @@
+"""Interest and advertisements passed on from one peer link to another, sans-IO:
+what makes a router a hop on a multi-hop path.
+
+Interest spreads from the router of the receivers' domain (its *origin
+router*, :meth:`router.routing.Routing.origin_router`) along that router's
+lowest-cost tree: a router passes an INTEREST whose origin is domain ``r`` to
+its children in the tree of ``r``'s router
+(:meth:`~router.routing.Routing.children_links`), so every router gets each
+interest once, from its parent, and in a loop or a mesh nobody gets it twice.
+The interest of our own endpoints' receivers takes the same way (the bridges
+ask :meth:`Routing.children_links` before sending it); this module passes on
+the interest that arrived on a peer link.
+
+Advertisements come back the way the interest went: a source advertised to us
+on link ``L`` is proxied here (the owner bridge of ``L`` runs the proxy
+listener and advertises it in our first endpoint's TRD), and the proxy is
+advertised, as a source of its own (:meth:`Transit.advert_source` is where a
+stream for it connects: the proxy), on every other link that holds interest
+matching its topic, with the hop count plus one. A router advertises a source
+(topic, OTID) at most once per link, never back on the link it came from, and
+never past ``max_hop_count`` hops: no advertisement can loop.
+
+When the routes change (:meth:`Transit.resync`) the interest sent on each
+link is brought in line with the new trees: ADD to new children, CANCEL to
+former ones; a cancelled interest withdraws the advertisements it caused.
+
+Inputs take ``now`` (seconds) where time matters; outputs are
+:class:`SendOnLink` items returned by each call.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from . import peerlink as P
+from .routing import Routing
+from .wildcard import Matcher, PatternError
+
+__all__ = ["SendOnLink", "Transit", "MAX_TRANSIT_INTERESTS"]
+
+MAX_TRANSIT_INTERESTS = 100_000  # interests (topic or pattern, type, origin) held for other links
+MAX_MATCHERS = 4096  # compiled patterns kept
+
+Key = tuple[str, int, int]  # (topic or pattern, pattern type, origin domain)
+
+
+@dataclass(frozen=True, slots=True)
+class SendOnLink:
+    """Send ``frame`` (INTEREST or ADVERTISEMENT) on peer link ``link``."""
+
+    link: str
+    frame: P.Interest | P.Advertisement
+
+
+@dataclass(slots=True)
+class _Upstream:
+    """A proxy of ours for a source advertised to us on ``link``."""
+
+    link: str
+    advert: P.Advertisement
+    body: object  # the proxy's transport body (where a stream for it connects)
+
+
+class Transit:
+    """See the module doc. ``advert_ids``: the router's advert id numbering
+    (unique on every link)."""
+
+    def __init__(self, routing: Routing, advert_ids: Iterator[int], counters: Counter[str] | None = None,
+                 *, max_interests: int = MAX_TRANSIT_INTERESTS) -> None:
+        self.routing = routing
+        self._advert_ids = advert_ids
+        self.counters: Counter[str] = counters if counters is not None else Counter()
+        self.max_interests = max_interests
+        self._held: dict[Key, set[str]] = {}  # interest from peer links -> the links that sent it
+        self._by_topic: dict[str, set[Key]] = {}  # exact-topic keys of _held, by topic
+        self._patterns: set[Key] = set()  # pattern keys of _held
+        self._sent: dict[str, set[Key]] = {}  # interest we passed on, by link
+        self._up: dict[tuple[str, int], _Upstream] = {}  # (link, their advert id) -> our proxy
+        # our transit adverts: (link, our advert id) -> upstream key; and (link, topic, otid) -> id
+        self._down: dict[tuple[str, int], tuple[str, int]] = {}
+        self._down_by_source: dict[tuple[str, str, bytes], int] = {}
+        self._down_by_topic: dict[str, set[tuple[str, int]]] = {}
+        self._matchers: dict[tuple[int, str], Matcher | None] = {}
+
+    # ------------------------------------------------------------------ interest
+
+    def on_interest(self, link: str, f: P.Interest) -> list[SendOnLink]:
+        """An INTEREST frame from peer link ``link``."""
+        if f.domain_id in self.routing.domains:
+            self.counters["transit_interest_own_domain"] += 1  # ours, come back: not passed on
+            return []
+        key = (f.topic, int(f.pattern_type), f.domain_id)
+        holders = self._held.get(key)
+        if f.action == P.InterestAction.CANCEL:
+            if holders is None or link not in holders:
+                return []
+            holders.discard(link)
+            if not holders:
+                self._forget(key)
+            return self._sync_key(key)
+        if holders is None:
+            if len(self._held) >= self.max_interests:
+                self.counters["transit_interest_full"] += 1
+                return []
+            holders = self._held[key] = set()
+            if key[1] == P.PatternType.TOPIC:
+                self._by_topic.setdefault(key[0], set()).add(key)
+            else:
+                self._patterns.add(key)
+        if link in holders:
+            return []
+        holders.add(link)
+        out = self._sync_key(key)
+        return out + self._advertise_to(link)
+
+    def wants(self, link: str, topic: str) -> bool:
+        """Does a link other than ``link`` hold interest in ``topic``? (Then a
+        source advertised on ``link`` is proxied here even if our TRD does not
+        want it.)"""
+        return any(self._held[k] - {link} for k in self._keys_for(topic))
+
+    def resync(self) -> list[SendOnLink]:
+        """The routes changed: bring the interest sent on every link in line."""
+        out: list[SendOnLink] = []
+        for key in list(self._held):
+            out += self._sync_key(key)
+        for sent in list(self._sent.values()):
+            for key in list(sent):
+                if key not in self._held:
+                    out += self._sync_key(key)
+        return out
+
+    def _sync_key(self, key: Key) -> list[SendOnLink]:
+        holders = self._held.get(key, set())
+        want = set()
+        if holders:
+            links = self.routing.links()
+            want = {lk for lk in self.routing.children_links(key[2]) if lk not in holders and lk in links}
+        out = []
+        for link in list(self._sent):
+            sent = self._sent[link]
+            if key in sent and link not in want:
+                sent.discard(key)
+                out.append(SendOnLink(link, P.Interest(P.InterestAction.CANCEL, key[0], key[2],
+                                                       P.PatternType(key[1]))))
+        for link in want:
+            sent = self._sent.setdefault(link, set())
+            if key not in sent:
+                sent.add(key)
+                out.append(SendOnLink(link, P.Interest(P.InterestAction.ADD, key[0], key[2],
+                                                       P.PatternType(key[1]))))
+        if not holders:
+            out += self._withdraw_unwanted(key)
+        return out
+
+    # ------------------------------------------------------------------ adverts
+
+    def on_proxy(self, link: str, advert: P.Advertisement, body: object) -> list[SendOnLink]:
+        """Our proxy for ``advert`` (advertised to us on ``link``) listens; its
+        transport body is ``body``. Advertise it where interest wants it."""
+        self._up[(link, advert.advert_id)] = _Upstream(link, advert, body)
+        out = []
+        for other in self.routing.links():
+            if other != link:
+                out += self._advertise_one(other, (link, advert.advert_id))
+        return out
+
+    def on_proxy_gone(self, link: str, advert_id: int) -> list[SendOnLink]:
+        """Our proxy for ``link``'s advert ``advert_id`` stopped: withdraw it everywhere."""
+        if (link, advert_id) not in self._up:
+            return []
+        out = []
+        for (dlink, aid), up in list(self._down.items()):
+            if up == (link, advert_id):
+                out.append(self._withdraw(dlink, aid))
+        del self._up[(link, advert_id)]
+        return out
+
+    def advert_source(self, link: str, advert_id: int) -> object | None:
+        """Where a stream the peer on ``link`` opens for our advert ``advert_id``
+        connects (our proxy), or None if it is not one of our transit adverts."""
+        up = self._down.get((link, advert_id))
+        if up is None:
+            return None
+        got = self._up.get(up)
+        return None if got is None else got.body
+
+    def link_down(self, link: str) -> list[SendOnLink]:
+        """Peer link ``link`` is gone: its interest and our adverts on it are forgotten."""
+        self._sent.pop(link, None)
+        for key in [k for k, h in self._held.items() if link in h]:
+            self._held[key].discard(link)
+            if not self._held[key]:
+                self._forget(key)
+        for dkey in [d for d in self._down if d[0] == link]:
+            ukey = self._down.pop(dkey)
+            up = self._up.get(ukey)
+            if up is not None:
+                self._untopic(up.advert.topic, dkey)
+        for skey in [s for s in self._down_by_source if s[0] == link]:
+            del self._down_by_source[skey]
+        return self.resync()
+
+    def _advertise_to(self, link: str) -> list[SendOnLink]:
+        out = []
+        for ukey, up in list(self._up.items()):
+            if up.link != link:
+                out += self._advertise_one(link, ukey)
+        return out
+
+    def _advertise_one(self, link: str, ukey: tuple[str, int]) -> list[SendOnLink]:
+        up = self._up[ukey]
+        f = up.advert
+        skey = (link, f.topic, bytes(f.otid))
+        if skey in self._down_by_source or not self._link_wants(link, f.topic):
+            return []
+        if f.hop_count + 1 > self.routing.max_hop_count:
+            self.counters["transit_hops_exceeded"] += 1
+            return []
+        aid = next(self._advert_ids)
+        self._down[(link, aid)] = ukey
+        self._down_by_source[skey] = aid
+        self._down_by_topic.setdefault(f.topic, set()).add((link, aid))
+        self.counters["transit_adverts_sent"] += 1
+        return [SendOnLink(link, P.Advertisement(f.topic, f.origin_domain, f.otid, f.transport, aid,
+                                                 False, f.hop_count + 1))]
+
+    def _withdraw(self, link: str, aid: int) -> SendOnLink:
+        ukey = self._down.pop((link, aid))
+        up = self._up.get(ukey)
+        if up is not None:
+            self._down_by_source.pop((link, up.advert.topic, bytes(up.advert.otid)), None)
+            self._untopic(up.advert.topic, (link, aid))
+        self.counters["transit_adverts_withdrawn"] += 1
+        topic, origin, otid, transport = ("", 0, bytes(32), 0)  # the peer knows it by its id
+        if up is not None:
+            f = up.advert
+            topic, origin, otid, transport = f.topic, f.origin_domain, f.otid, f.transport
+        return SendOnLink(link, P.Advertisement(topic, origin, otid, transport, aid, True))
+
+    def _untopic(self, topic: str, down: tuple[str, int]) -> None:
+        got = self._down_by_topic.get(topic)
+        if got is not None:
+            got.discard(down)
+            if not got:
+                del self._down_by_topic[topic]
+
+    def _withdraw_unwanted(self, key: Key) -> list[SendOnLink]:
+        """Interest ``key`` is gone: withdraw our transit adverts of the topics it
+        covered on the links that no longer want them."""
+        if key[1] == P.PatternType.TOPIC:
+            downs = list(self._down_by_topic.get(key[0], ()))
+        else:
+            downs = [d for t, ds in self._down_by_topic.items() if self._matches(key, t) for d in ds]
+        out = []
+        for link, aid in downs:
+            up = self._up.get(self._down[(link, aid)])
+            if up is not None and not self._link_wants(link, up.advert.topic):
+                out.append(self._withdraw(link, aid))
+        return out
+
+    # ------------------------------------------------------------------ matching
+
+    def _forget(self, key: Key) -> None:
+        del self._held[key]
+        keys = self._by_topic.get(key[0])
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_topic[key[0]]
+        self._patterns.discard(key)
+
+    def _keys_for(self, topic: str) -> list[Key]:
+        """The held interests (topics and patterns) that ``topic`` satisfies."""
+        keys = list(self._by_topic.get(topic, ()))
+        keys += [k for k in self._patterns if self._matches(k, topic)]
+        return keys
+
+    def _link_wants(self, link: str, topic: str) -> bool:
+        return any(link in self._held[k] for k in self._keys_for(topic))
+
+    def _matches(self, key: Key, topic: str) -> bool:
+        pattern, ptype, _ = key
+        if ptype == P.PatternType.TOPIC:
+            return pattern == topic
+        mkey = (ptype, pattern)
+        if mkey not in self._matchers:
+            if len(self._matchers) >= MAX_MATCHERS:
+                self._matchers.clear()
+            try:
+                self._matchers[mkey] = Matcher(pattern)
+            except PatternError:
+                self._matchers[mkey] = None
+        m = self._matchers[mkey]
+        return m is not None and m.search(topic)
+
+    # ------------------------------------------------------------------ views
+
+    def status(self) -> dict:
+        return {"interest_held": len(self._held),
+                "interest_sent": {lk: len(s) for lk, s in sorted(self._sent.items())},
+                "proxies": len(self._up), "adverts": len(self._down)}
