@@ -442,7 +442,8 @@ class Acl:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Acl) and (self.entries, self.direction) == (other.entries, other.direction)
 
-    __hash__ = None  # type: ignore[assignment]
+    def __hash__(self) -> int:
+        return hash((self.direction, self.entries))
 
     def _topic_results(self, topic: str) -> tuple[bool | None, ...]:
         hit = self._cache.get(topic)
@@ -511,6 +512,15 @@ class PortalAcl:
     @property
     def configured(self) -> bool:
         return self.inbound is not None or self.outbound is not None
+
+    def named(self, portal: str) -> PortalAcl:
+        """The same lists under the name ``portal``."""
+        return self if portal == self.portal else PortalAcl(portal, self.inbound, self.outbound, self.line)
+
+    def summary(self) -> dict:
+        """For /status: the number of entries of each list (0 = no list)."""
+        return {"inbound": len(self.inbound.entries) if self.inbound is not None else 0,
+                "outbound": len(self.outbound.entries) if self.outbound is not None else 0}
 
     def allows_source_in(self, topic: str, session: Session | None = None) -> bool:
         """A source heard through this portal (a TIR in its TRD, an

@@ -530,3 +530,11 @@ def test_bridge_flood_of_rejected_interest_is_counted_and_logged_sparingly():
     assert b.acl_rejected == {"ep": 20_000}
     assert len([o for o in outs if isinstance(o, Notice) and o.kind == "acl_rejected"]) == 15  # 1 .. 16384
     assert len(out._cache) <= CACHE_TOPICS
+
+
+def test_portal_acl_is_a_value():
+    a = PortalAcl("x", inbound=acl(accept(TopicPattern("^a"))))
+    b = PortalAcl("x", inbound=acl(accept(TopicPattern("^a"))))
+    assert a == b and hash(a) == hash(b) and a != OPEN
+    assert a.named("y").portal == "y" and a.named("y").inbound is a.inbound and a.named("x") is a
+    assert a.summary() == {"inbound": 1, "outbound": 0} and OPEN.summary() == {"inbound": 0, "outbound": 0}
