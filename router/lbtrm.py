@@ -45,6 +45,8 @@ __all__ = [
 
 DEFAULT_GROUPS = ("224.10.10.10", "224.10.10.14")  # UM's transport_lbtrm_multicast_address_low/high
 DEFAULT_DEST_PORT = 14400  # UM's transport_lbtrm_destination_port
+NAK_RATE = 1000.0  # NAK datagrams a second one proxy passes on ...
+NAK_BURST = 200  # ... in bursts of at most this many
 MULTICAST = ipaddress.IPv4Network("224.0.0.0/4")
 _FORWARDED = (RM.DATA, RM.SM, RM.NCF)  # what a source sends to its group
 
@@ -181,14 +183,20 @@ class RmOrigin:
 class RmProxy:
     """The near side of one relayed LBT-RM session: the proxy source at
     (``ip``, ``port``) that multicasts to (``group``, ``dest_port``) with
-    session id ``session_id``. ``counters`` get ``lbtrm_*`` counts."""
+    session id ``session_id``. ``counters`` get ``lbtrm_*`` counts. At most
+    ``nak_rate`` NAK datagrams a second (bursts of ``nak_burst``) cross the
+    link: a NAK storm from the TRD is cut there (``lbtrm_naks_rate_limited``)."""
 
     def __init__(self, ip: str, port: int, group: str, dest_port: int, session_id: int,
-                 counters: Counter[str] | None = None) -> None:
+                 counters: Counter[str] | None = None, *, nak_rate: float = NAK_RATE,
+                 nak_burst: int = NAK_BURST) -> None:
         self.ip, self.port = ip, port
         self.group, self.dest_port = group, dest_port
         self.session_id = session_id & 0xFFFFFFFF
         self.counters: Counter[str] = counters if counters is not None else Counter()
+        self.nak_rate, self.nak_burst = nak_rate, nak_burst
+        self._tokens = float(nak_burst)
+        self._tokens_at: float | None = None
 
     @property
     def transport_body(self) -> LbtrmTransport:
@@ -211,9 +219,10 @@ class RmProxy:
         c["lbtrm_datagrams_emitted"] += 1
         return RM.rewrite_header(data, self.port, self.session_id)
 
-    def from_receiver(self, data: bytes) -> bool:
-        """Is a datagram on the proxy's unicast port a NAK for the proxy's
-        session (to be sent over the link as it is)?"""
+    def from_receiver(self, data: bytes, now: float) -> bool:
+        """Is a datagram on the proxy's unicast port, at ``now`` (seconds), a
+        NAK for the proxy's session within the NAK rate (to be sent over the
+        link as it is)?"""
         c = self.counters
         try:
             h = RM.parse_header(data)
@@ -223,5 +232,12 @@ class RmProxy:
         if h.type != RM.NAK or h.session_id != self.session_id:
             c["lbtrm_unexpected_type" if h.type != RM.NAK else "lbtrm_other_session"] += 1
             return False
+        if self._tokens_at is not None:
+            self._tokens = min(float(self.nak_burst), self._tokens + (now - self._tokens_at) * self.nak_rate)
+        self._tokens_at = now
+        if self._tokens < 1.0:
+            c["lbtrm_naks_rate_limited"] += 1
+            return False
+        self._tokens -= 1.0
         c["lbtrm_naks_from_receivers"] += 1
         return True

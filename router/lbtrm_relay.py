@@ -156,8 +156,9 @@ class RmRelay:
         self.counters["lbtrm_streams_opened"] += 1
         try:
             await st.accepted.wait()
-            if st.refused is not None or st.closed:
+            if st.refused is not None:
                 self.counters["lbtrm_streams_refused"] += 1
+            if st.refused is not None or st.closed:
                 return
             async with trio.open_nursery() as n:
                 n.start_soon(self._naks_up, link, st, proxy, sock, n.cancel_scope)
@@ -175,8 +176,9 @@ class RmRelay:
                 scope.cancel()
                 return
             sent = False
+            now = trio.current_time()
             for data, _ in batch:
-                if proxy.from_receiver(data):
+                if proxy.from_receiver(data, now):
                     sent = self._datagram(link, st, data) or sent
             if sent:
                 link.flush_streams()
@@ -228,10 +230,16 @@ class RmRelay:
             except OSError as err:
                 self.counters["lbtrm_streams_refused"] += 1
                 self.event("stream_refused", f"cannot join the LBT-RM group {group}:{port}: {err}")
-                link.streams.refuse(st.sid, P.RefuseCode.REFUSED, f"cannot join {group}:{port}: {err}")
+                try:
+                    link.streams.refuse(st.sid, P.RefuseCode.REFUSED, f"cannot join {group}:{port}: {err}")
+                except S.LocalStreamError:
+                    pass  # the peer closed it meanwhile
                 link.flush_streams()
                 return
-            link.streams.accept(st.sid)
+            try:
+                link.streams.accept(st.sid)
+            except S.LocalStreamError:
+                return  # the peer closed it before we could accept
             link.flush_streams()
             st.accepted.set()
             self.counters["lbtrm_streams_accepted"] += 1
@@ -275,8 +283,12 @@ class RmRelay:
             st.incoming_ready = trio.Event()
             while st.incoming:
                 nak = origin.nak_to_source(st.incoming.popleft())
-                if nak is not None:
-                    await _send(uc, nak, origin.nak_address, self.counters)
+                if nak is None:
+                    continue
+                if origin.nak_address[0] == "0.0.0.0" or not origin.nak_address[1]:
+                    self.counters["lbtrm_nak_no_address"] += 1  # a TIR without the source's address
+                    continue
+                await _send(uc, nak, origin.nak_address, self.counters)
 
     # --------------------------------------------------------------- common
 

@@ -29,7 +29,7 @@ def test_a_session_crosses_both_ways_with_headers_rewritten():
         assert out[8:] == d[8:] and RM.parse_header(out) == RM.Header(RM.parse_header(d).type, 24010, 0x77)
     # a receiver NAKs the proxy, the source gets a NAK for its own session
     nak = RM.encode_nak(24010, 0x77, [40, 41])
-    assert proxy.from_receiver(nak)
+    assert proxy.from_receiver(nak, 0.0)
     back = origin.nak_to_source(nak)
     assert RM.decode(back) == RM.Nak(RM.Header(RM.NAK, 14390, 0xCAFE0001), (40, 41))
     assert origin.nak_address == ("10.1.0.5", 14390) and origin.group == ("239.1.2.3", 14400)
@@ -72,10 +72,21 @@ def test_near_side_drops_naks_from_the_peer_and_foreign_naks_from_receivers():
     p = RmProxy("192.0.2.7", 24010, "224.10.10.11", 14400, 0x77, c)
     assert p.to_receivers(RM.encode_nak(1, 2, [3])) is None
     assert p.to_receivers(b"junk") is None
-    assert not p.from_receiver(RM.encode_nak(24010, 0x78, [1]))  # another session
-    assert not p.from_receiver(RM.encode_data(24010, 0x77, 1, 0, b""))  # not a NAK
-    assert not p.from_receiver(b"")
+    assert not p.from_receiver(RM.encode_nak(24010, 0x78, [1]), 0.0)  # another session
+    assert not p.from_receiver(RM.encode_data(24010, 0x77, 1, 0, b""), 0.0)  # not a NAK
+    assert not p.from_receiver(b"", 0.0)
     assert c == {"lbtrm_unexpected_type": 2, "lbtrm_malformed": 2, "lbtrm_other_session": 1}
+
+
+def test_a_nak_storm_from_the_trd_is_cut_at_the_proxy():
+    c = Counter()
+    p = RmProxy("192.0.2.7", 24010, "224.10.10.11", 14400, 0x77, c, nak_rate=100.0, nak_burst=10)
+    nak = RM.encode_nak(24010, 0x77, [1])
+    passed = sum(p.from_receiver(nak, 0.0) for _ in range(1000))  # a burst at one instant
+    assert passed == 10 and c["lbtrm_naks_rate_limited"] == 990
+    passed = sum(p.from_receiver(nak, 1.0 + k / 1000) for k in range(1000))  # 1000/s for 1 s
+    assert 100 <= passed <= 111, passed  # the rate (100/s) plus what was saved up (at most 10)
+    assert p.from_receiver(nak, 100.0)  # later, NAKs pass again
 
 
 def test_group_pool_round_robin_least_used_first():
@@ -113,3 +124,4 @@ def test_datagram_queue_is_bounded():
     for i in range(10):
         q.append(bytes([i]))
     assert list(q) == [b"\x00", b"\x01", b"\x02"] and c["lbtrm_queue_full"] == 7
+
