@@ -142,7 +142,7 @@ def second_pass(spark, records_path: str, facts: list[dict], storm_secs: list[in
     The driver sends every task the first query of each (querier, topic), the last
     TIR time of each topic queried after it, and the storm seconds (a broadcast);
     the tasks read their Parquet files with pyarrow
-    (:func:`lbmr_analyze.partials.second_pass`) and return small partial tables,
+    (:class:`lbmr_analyze.partials.SecondPass`) and return small partial tables,
     merged here."""
     import functools
 
@@ -175,12 +175,15 @@ def second_pass(spark, records_path: str, facts: list[dict], storm_secs: list[in
     if not files:
         return [], [], []
     keys = list(first)
+    topics = sorted({k[3] for k in keys} | set(cand))
+    tid = {t: i for i, t in enumerate(topics)}
     inputs = {
-        # explicit types: an empty list would otherwise be of type null (not joinable)
+        # explicit types: an empty list would otherwise be of type null
+        "topics": pa.table({"topic": pa.array(topics, pa.string())}),
         "firstq": pa.table({"q": pa.array(range(len(keys)), pa.int64()),
-                            "topic": pa.array([k[3] for k in keys], pa.string()),
+                            "tid": pa.array([tid[k[3]] for k in keys], pa.int32()),
                             "us": pa.array([first[k] for k in keys], pa.int64())}),
-        "last_tir": pa.table({"topic": pa.array(list(cand), pa.string()),
+        "last_tir": pa.table({"tid": pa.array([tid[t] for t in cand], pa.int32()),
                               "last_tir_us": pa.array(list(cand.values()), pa.int64())}),
         "storm_secs": pa.table({"second": pa.array(storm_secs, pa.int64())}),
     }

@@ -133,11 +133,11 @@ _MERGE = {
 def merge(parts: list[dict[str, pa.Table]]) -> dict[str, pa.Table]:
     """Combine partial tables (from batches or splits) into one set."""
     out: dict[str, pa.Table] = {}
-    if not parts:
-        return out
-    for name in parts[0]:
-        t = pa.concat_tables([p[name] for p in parts])
-        if name == "errors" or len(parts) == 1:
+    names = list(dict.fromkeys(n for p in parts for n in p))   # parts may lack a table
+    for name in names:
+        have = [p[name] for p in parts if name in p]
+        t = pa.concat_tables(have)
+        if name == "errors" or len(have) == 1:
             out[name] = t
             continue
         keys, specs = _MERGE[name]
@@ -181,37 +181,134 @@ def from_ipc(data: bytes) -> dict[str, pa.Table]:
 SECOND_COLUMNS = ["topic", "record_kind", "record_index", "src", "sport", "context_id", "ts"]
 
 
-def second_pass(t: pa.Table, firstq: pa.Table, last_tir: pa.Table, storm_secs: pa.Array) -> dict[str, pa.Table]:
-    """Partial tables of the analyses that need global facts, for one piece of the
-    records ``t`` (:data:`SECOND_COLUMNS`):
+def _codes(col: pa.DictionaryArray, value: str) -> pa.Array:
+    """Boolean mask: rows of the dictionary-encoded ``col`` equal to ``value``."""
+    d = col.dictionary.to_pylist()
+    if value not in d:
+        return pa.nulls(len(col), pa.bool_()).fill_null(False)
+    return pc.fill_null(pc.equal(col.indices, d.index(value)), False)
 
-    ``ttr``    per querier ``q`` of ``firstq`` (q, topic, us: a querier's first query
-               for the topic): the earliest TIR time at or after it (``next_tir``);
-    ``stale``  per (topic, src, sport, context_id): TQRs after the topic's last
-               TIR (``last_tir``: topic, last_tir_us): count, first and last time;
+
+def _decoded(col: pa.DictionaryArray, idx: pa.Array) -> pa.Array:
+    """Rows ``idx`` of a dictionary-encoded column, as plain strings."""
+    return pc.take(col.dictionary, pc.take(col.indices, idx)).cast(pa.string())
+
+
+def _iota(n: int, typ=_I64) -> pa.Array:
+    """0, 1, ..., n - 1."""
+    return pc.subtract(pc.cumulative_sum(pa.nulls(n, typ).fill_null(1)), 1) if n else pa.array([], typ)
+
+
+def _scatter(pos: pa.Array, values: pa.Array, n: int) -> pa.Array:
+    """An array of length ``n`` with ``values[i]`` at ``pos[i]`` and null elsewhere."""
+    where = pc.index_in(_iota(n, pos.type), value_set=pos)
+    return pc.take(values, where)
+
+
+class SecondPass:
+    """The analyses that need global facts, over record batches read with the
+    strings dictionary-encoded (Parquet keeps them so: ten times faster to read than
+    plain strings), computed on integer codes:
+
+    ``ttr``    per querier ``q`` of ``firstq`` (q, tid, us: a querier's first query
+               for topic number ``tid``): the earliest TIR time at or after it
+               (``next_tir``), found by sorting TIR and query times together per
+               topic and filling each query with the next TIR time (no join, so
+               no product of TIRs and queriers);
+    ``stale``  per (topic, src, sport, context_id): TQRs after the topic's last TIR
+               (``last_tir``: tid, last_tir_us): count, first and last time;
     ``storm``  per (second, src, sport, context_id) for the seconds in
                ``storm_secs``: datagrams.
 
-    Times in epoch microseconds, seconds in epoch seconds."""
-    us = pc.cast(t["ts"], _I64)
-    t = t.append_column("us", us)
-    kind = t["record_kind"]
-    out: dict[str, pa.Table] = {}
-    tirs = t.filter(pc.equal(kind, "TIR")).select(["topic", "us"]).rename_columns(["topic", "tir_us"])
-    j = tirs.join(firstq, "topic", join_type="inner", use_threads=False)
-    j = j.filter(pc.greater_equal(j["tir_us"], j["us"]))
-    out["ttr"] = _agg(j, ["q"], [("tir_us", "min", "next_tir")])
-    tq = t.filter(pc.equal(kind, "TQR")).select(["topic", "src", "sport", "context_id", "us"])
-    tq = tq.join(last_tir, "topic", join_type="inner", use_threads=False)
-    tq = tq.filter(pc.greater(tq["us"], tq["last_tir_us"]))
-    out["stale"] = _agg(tq, ["topic", "src", "sport", "context_id"],
-                        [("us", "count", "n"), ("us", "min", "first_us"), ("us", "max", "last_us")])
-    sec = pc.divide(us, 1_000_000)
-    st = pa.table({"second": sec, "src": t["src"], "sport": t["sport"], "context_id": t["context_id"],
-                   "us": us}).filter(pc.and_(pc.fill_null(pc.equal(t["record_index"], 0), False),
-                                             pc.fill_null(pc.is_in(sec, storm_secs), False)))
-    out["storm"] = _agg(st, ["second", "src", "sport", "context_id"], [("us", "count", "packets")])
-    return out
+    ``topics`` names the topic numbers.  Times in epoch microseconds, seconds in
+    epoch seconds."""
+
+    def __init__(self, inputs: dict[str, pa.Table]) -> None:
+        self.topics = inputs["topics"]["topic"].combine_chunks()
+        fq = inputs["firstq"]
+        self.q, self.q_tid, self.q_us = (fq[c].combine_chunks() for c in ("q", "tid", "us"))
+        lt = inputs["last_tir"]
+        # last TIR time per topic number (null: not a topic with late queries)
+        self.last = _scatter(lt["tid"].combine_chunks(), lt["last_tir_us"].combine_chunks(), len(self.topics))
+        self.storm_secs = inputs["storm_secs"]["second"].combine_chunks()
+        self.next_tir = pa.nulls(len(self.q), _I64)
+        self.parts: list[dict[str, pa.Table]] = []
+
+    def add(self, b: pa.RecordBatch) -> None:
+        us = pc.cast(b.column("ts"), _I64)
+        kind = b.column("record_kind")
+        topic = b.column("topic")
+        tmap = pc.index_in(topic.dictionary, value_set=self.topics)
+        tid = pc.take(tmap, topic.indices)                          # null: not a topic of interest
+        known = pc.is_valid(tid)
+        out: dict[str, pa.Table] = {}
+        # time to resolve: TIR times of the queried topics
+        tir = pc.and_(_codes(kind, "TIR"), known)
+        if len(self.q) and pc.any(tir).as_py():
+            self._ttr(pc.filter(tid, tir), pc.filter(us, tir))
+        # stale queries: TQRs after their topic's last TIR
+        if len(self.last):
+            tqr = pc.and_(_codes(kind, "TQR"), known)
+            late = pc.and_(tqr, pc.fill_null(pc.greater(us, pc.take(self.last, pc.fill_null(tid, 0))), False))
+            if pc.any(late).as_py():
+                idx = pc.indices_nonzero(late)
+                t = pa.table({"topic": pc.take(self.topics, pc.take(tid, idx)), "src": _decoded(b.column("src"), idx),
+                              "sport": pc.take(b.column("sport"), idx),
+                              "context_id": _decoded(b.column("context_id"), idx), "us": pc.take(us, idx)})
+                out["stale"] = _agg(t, ["topic", "src", "sport", "context_id"],
+                                    [("us", "count", "n"), ("us", "min", "first_us"), ("us", "max", "last_us")])
+        # storm seconds: datagrams per context, grouped on dictionary codes
+        if len(self.storm_secs):
+            sec = pc.divide(us, 1_000_000)
+            m = pc.and_(pc.fill_null(pc.equal(b.column("record_index"), 0), False),
+                        pc.fill_null(pc.is_in(sec, self.storm_secs), False))
+            if pc.any(m).as_py():
+                src, cid = b.column("src"), b.column("context_id")
+                t = pa.table({"second": sec, "s": pc.fill_null(src.indices, -1), "sport": b.column("sport"),
+                              "c": pc.fill_null(cid.indices, -1), "us": us}).filter(m)
+                g = _agg(t, ["second", "s", "sport", "c"], [("us", "count", "packets")])
+                sx, cx = g["s"].combine_chunks(), g["c"].combine_chunks()
+                none = pa.scalar(None, pa.string())
+                out["storm"] = pa.table({
+                    "packets": g["packets"], "second": g["second"],
+                    "src": pc.if_else(pc.less(sx, 0), none,
+                                      pc.take(src.dictionary, pc.max_element_wise(sx, 0)).cast(pa.string())),
+                    "sport": g["sport"],
+                    "context_id": pc.if_else(pc.less(cx, 0), none,
+                                             pc.take(cid.dictionary, pc.max_element_wise(cx, 0)).cast(pa.string()))})
+        if out:
+            self.parts.append(out)
+            if len(self.parts) >= 16:
+                self.parts = [merge(self.parts)]
+
+    def _ttr(self, tir_tid: pa.Array, tir_us: pa.Array) -> None:
+        """Fold one batch's TIRs into ``next_tir``: queries and TIRs sorted by (topic,
+        time, queries first), each query takes the time of the next TIR row if that
+        row is of its own topic."""
+        n_t, n_q = len(tir_tid), len(self.q)
+        t = pa.table({
+            "tid": pa.concat_arrays([self.q_tid, tir_tid.cast(pa.int32())]),
+            "us": pa.concat_arrays([self.q_us, tir_us]),
+            "is_tir": pa.concat_arrays([pa.nulls(n_q, pa.int8()).fill_null(0), pa.nulls(n_t, pa.int8()).fill_null(1)]),
+            "row": _iota(n_q + n_t)})
+        t = t.take(pc.sort_indices(t, [("tid", "ascending"), ("us", "ascending"), ("is_tir", "ascending")]))
+        t = t.combine_chunks()
+        is_tir = pc.equal(t["is_tir"], 1)
+        nxt_us = pc.fill_null_backward(pc.if_else(is_tir, t["us"], pa.scalar(None, _I64)))
+        nxt_tid = pc.fill_null_backward(pc.if_else(is_tir, t["tid"], pa.scalar(None, pa.int32())))
+        hit = pc.and_(pc.invert(is_tir), pc.fill_null(pc.equal(nxt_tid, t["tid"]), False))
+        found = _scatter(pc.filter(t["row"], hit), pc.filter(nxt_us, hit), n_q)
+        self.next_tir = pc.min_element_wise(self.next_tir, found, skip_nulls=True)
+
+    def result(self) -> dict[str, pa.Table]:
+        out = merge(self.parts) if self.parts else {}
+        have = pc.is_valid(self.next_tir)
+        out["ttr"] = pa.table({"next_tir": pc.filter(self.next_tir, have), "q": pc.filter(self.q, have)})
+        return out
+
+
+#: Dictionary-encoded when the second pass reads them.
+SECOND_DICTIONARY = ["topic", "record_kind", "src", "context_id"]
 
 
 _MERGE.update({
@@ -222,21 +319,19 @@ _MERGE.update({
 
 
 def second_pass_files(paths: list[str], base_uri: str, inputs_ipc: bytes) -> bytes:
-    """Executor side: :func:`second_pass` over Parquet record files (paths within
-    the file system of ``base_uri``), merged, as IPC bytes."""
+    """Executor side: :class:`SecondPass` over Parquet record files (paths within
+    the file system of ``base_uri``), as IPC bytes."""
     import pyarrow.parquet as pq
 
     from . import fsio
     fs, _ = fsio.filesystem(base_uri)
-    inp = from_ipc(inputs_ipc)
-    secs = inp["storm_secs"]["second"].combine_chunks()
-    parts = []
+    sp = SecondPass(from_ipc(inputs_ipc))
     for p in paths:
-        t = pq.read_table(p, columns=SECOND_COLUMNS, filesystem=fs)
-        parts.append(second_pass(t, inp["firstq"], inp["last_tir"], secs))
-        if len(parts) >= 16:
-            parts = [merge(parts)]
-    return to_ipc(merge(parts)) if parts else b""
+        with fs.open_input_file(p) as f:
+            pf = pq.ParquetFile(f, read_dictionary=SECOND_DICTIONARY)
+            for b in pf.iter_batches(batch_size=1 << 18, columns=SECOND_COLUMNS):
+                sp.add(b)
+    return to_ipc(sp.result())
 
 
 def run_second(paths: list[str], base_uri: str, inputs) -> bytes:

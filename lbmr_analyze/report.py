@@ -105,7 +105,9 @@ def write_tables(out: Path, tables: dict[str, list[dict]]) -> None:
         for r in rows:
             w.writerow(["" if r[c] is None else r[c] for c in cols])
         _replace(out / f"{name}.csv", buf.getvalue())
-        _replace(out / f"{name}.json", json.dumps(rows, indent=1, default=str) + "\n")
+        # one object per line (json's C encoder; indent= would use the slow Python one)
+        _replace(out / f"{name}.json", "[\n" + ",\n".join(json.dumps(r, default=str) for r in rows)
+                 + ("\n]\n" if rows else "]\n"))
 
 
 # --------------------------------------------------------------------------- plots
