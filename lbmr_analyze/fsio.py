@@ -97,6 +97,9 @@ class LocalCopy:
         gz = self.path.lower().endswith(".gz")
         if is_local(self.path) and not gz:
             p = local_path(self.path)
+            if os.path.isdir(p):                   # a folder that could not be listed
+                os.listdir(p)                      # its OSError says why
+                raise IsADirectoryError(21, "is a folder", p)
             with open(p, "rb"):
                 pass                               # dangling link, permission: OSError here
             return p

@@ -87,12 +87,17 @@ def _wanted(name: str) -> bool:
     return name.lower().endswith(CAPTURE_SUFFIXES) and not name.startswith(".")
 
 
+def unlistable_error(into: list[str]):
+    """An ``os.walk`` error handler that keeps the folders it could not list."""
+    return lambda e: into.append(e.filename)
+
+
 def discover(inputs: Iterable[str | os.PathLike]) -> list[str]:
     """Expand the inputs (local paths or URIs, see :mod:`lbmr_analyze.fsio`) into
     capture files: files as given, folders searched recursively for ``*.pcap``,
     ``*.pcapng``, ``*.cap``, ``*.ntar`` and those with ``.gz`` (sorted).  Entries
-    that cannot be opened (a dangling link, no permission) are kept: they are
-    reported as capture errors.  Raises :class:`FileNotFoundError` for an input
+    that cannot be opened (a dangling link, no permission) are kept, and so are
+    folders that cannot be listed: they are reported as capture errors.  Raises :class:`FileNotFoundError` for an input
     that does not exist."""
     out: list[str] = []
     seen: set[str] = set()
@@ -102,10 +107,11 @@ def discover(inputs: Iterable[str | os.PathLike]) -> list[str]:
             p = fsio.local_path(inp)
             if os.path.isdir(p):
                 found = []
-                for root, dirs, files in os.walk(p):
+                unlistable: list[str] = []      # reported as capture errors by the task
+                for root, dirs, files in os.walk(p, onerror=unlistable_error(unlistable)):
                     dirs.sort()
                     found += [os.path.join(root, f) for f in files if _wanted(f)]
-                paths = sorted(found)
+                paths = sorted(found + unlistable)
             elif os.path.lexists(p):
                 paths = [p]
             else:

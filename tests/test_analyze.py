@@ -925,6 +925,72 @@ def test_uris_gzip_and_unopenable_captures(spark, synth, synth_run, tmp_path):
                                                                   "broken.pcap.gz"}
 
 
+def _unprivileged(cmd: list, env: dict) -> subprocess.CompletedProcess:
+    """Run ``cmd`` as user nobody (permissions apply: root would bypass them).
+
+    This interpreter may live under a folder nobody cannot enter (pyenv under /root,
+    mode 700): the command runs in a private mount namespace where that folder is a
+    world-readable tmpfs with only the interpreter's own subfolder bound back in."""
+    real = Path(os.path.realpath(sys.executable))
+    closed = [a for a in real.parents if a != real.parent and not os.stat(a).st_mode & 0o001]
+    assert len(closed) <= 1, f"more than one folder closed to others above {real}: {closed}"
+    script = 'exec setpriv --reuid=nobody --regid=nogroup --clear-groups -- "$@"'
+    args: list = []
+    if closed:
+        a = closed[0]
+        c = real.relative_to(a).parts[0]
+        hold = Path(env["LBMR_TEST_TMP"]) / "hold"
+        hold.mkdir()
+        script = ('set -e; mount --bind "$1/$2" "$3"; mount -t tmpfs -o mode=0755 lbmr-open "$1"; '
+                  'mkdir -p "$1/$2"; mount --bind "$3" "$1/$2"; shift 3; ' + script)
+        args = [str(a), c, str(hold)]
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *args,
+                           *map(str, cmd)], env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_permission_denied_captures_are_capture_errors(synth):
+    """Run as nobody: a capture file and a folder it may not read are capture errors
+    in the report; the readable capture is analysed; exit 0."""
+    import pwd
+    import shutil
+    import tempfile
+    nobody = pwd.getpwnam("nobody")
+    tmp = Path(tempfile.mkdtemp(prefix="lbmr-analyze-perm-"))        # pytest's tmp_path is root-only
+    try:
+        os.chmod(tmp, 0o755)
+        caps = tmp / "caps"
+        (caps / "locked").mkdir(parents=True)
+        (caps / "good.pcap").write_bytes(synth.read_bytes())
+        (caps / "secret.pcap").write_bytes(synth.read_bytes())
+        (caps / "locked" / "inner.pcap").write_bytes(synth.read_bytes())
+        os.chmod(caps, 0o755)
+        os.chmod(caps / "good.pcap", 0o644)
+        os.chmod(caps / "secret.pcap", 0o600)          # root's: nobody cannot read it
+        os.chmod(caps / "locked", 0o700)                # nor list this folder
+        home = tmp / "home"
+        home.mkdir()
+        os.chown(home, nobody.pw_uid, nobody.pw_gid)
+        env = dict(os.environ, HOME=str(home), LBMR_TEST_TMP=str(tmp))
+        env.pop("PYSPARK_PYTHON", None)
+        p = _unprivileged([Path(sys.executable).parent / "lbmr-analyze", caps, "--out", home / "out",
+                           "--port", "20000", "--conf", "spark.ui.enabled=false", "--master", "local[2]",
+                           "-q"], env)
+        assert p.returncode == 0, p.stderr[-3000:]
+        out = home / "out"
+        assert (out / "report.html").stat().st_uid == nobody.pw_uid          # it did run as nobody
+        errs = json.loads((out / "capture_errors.json").read_text())
+        assert [(Path(e["file"]).name, e["offset"], e["error"]) for e in errs] == [
+            ("locked", 0, "cannot open the capture: Permission denied"),
+            ("secret.pcap", 0, "cannot open the capture: Permission denied")]
+        files = {Path(f["file"]).name: f for f in json.loads((out / "files.json").read_text())}
+        assert files["good.pcap"]["datagrams"] == len(synthetic_datagrams()) - 1
+        assert "errors: 2 capture" in p.stdout
+        assert f"{caps / 'secret.pcap'}: byte offset 0: cannot open the capture: Permission denied" in p.stderr
+        assert "Traceback" not in p.stderr
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 class _FailAt(Progress):
     """Progress that raises at one step: a run interrupted there (as by Ctrl-C)."""
 

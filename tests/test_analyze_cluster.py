@@ -3,12 +3,18 @@ from pyspark's own jars on 127.0.0.1, executors running a Python environment tha
 has pyarrow but not lbmr-kit; ``lbmr-analyze --master spark://...`` and
 ``spark-submit`` must produce the same tables as ``local[2]``, quietly; executors
 whose Python lacks pyarrow give a clear error naming ``spark.pyspark.python``.
+
+The worker runs in its own mount namespace (``unshare -m``) with a private tmpfs
+over one folder (:data:`PRIVATE`): an output folder there is genuinely not shared
+between the driver and the executors, as on a cluster whose ``--out`` is each
+machine's local disk.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -36,6 +42,10 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+#: Below the cluster's temporary folder: the worker (and its executors) see a tmpfs there.
+PRIVATE = "private"
 
 
 def _spark_env(tmp: Path) -> dict:
@@ -72,7 +82,11 @@ def cluster(tmp_path_factory):
                                "--port", str(mport), "--webui-port", str(mui)],
                               env=env, stdout=logs[0], stderr=subprocess.STDOUT)
     url = f"spark://127.0.0.1:{mport}"
-    worker = subprocess.Popen([cls, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+    (tmp / PRIVATE).mkdir()
+    # the worker in its own mount namespace, a tmpfs over tmp/private (we are root, as for tests/netns.py)
+    worker = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                               'mount -t tmpfs -o size=256m lbmr-private "$0" && exec "$@"', str(tmp / PRIVATE),
+                               cls, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                                "--webui-port", str(wui), "--cores", "2", "--memory", "2g",
                                "--work-dir", str(tmp / "work"), url],
                               env=env, stdout=logs[1], stderr=subprocess.STDOUT)
@@ -170,7 +184,7 @@ def test_spark_submit(cluster, exenv, inputs, local_tables):
                         *FEW, script, str(inputs), "--out", str(out), "--split-size", str(SPLIT),
                         "--storm-threshold", "50", "-q"],
                        env=cluster["env"], cwd=cluster["tmp"], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
     assert "lbmr-analyze: 2 file(s)" in p.stdout
     assert _tables(out) == local_tables
 
@@ -185,3 +199,23 @@ def test_executors_without_pyarrow_get_a_clear_error(cluster, inputs):
     assert "spark.pyspark.python" in p.stderr and "pyarrow" in p.stderr
     assert "Traceback" not in p.stderr
     assert not out.exists()
+
+
+def test_output_not_shared_with_executors_is_an_error(cluster, exenv, inputs):
+    """--out in a folder the executors see as their own tmpfs: the driver reads back
+    none of the records they wrote, and says so (exit 1) instead of reporting 0
+    datagrams; the previous output is untouched and no staging folder is left."""
+    private = cluster["tmp"] / PRIVATE
+    out = private / "out"
+    out.mkdir()
+    (out / "previous.txt").write_text("the previous result")
+    p = subprocess.run([VENV_BIN / "lbmr-analyze", str(inputs), "--out", str(out), "--master", cluster["url"],
+                        "--conf", f"spark.pyspark.python={exenv}", *FEW, "-q"],
+                       env=cluster["env"], cwd=cluster["tmp"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1, (p.returncode, p.stdout[-2000:], p.stderr[-3000:])
+    assert re.search(r"the executors wrote [1-9][0-9]* records under \S+ but the driver reads 0 there: --out "
+                     r"must be on a file system that the driver and every executor share", p.stderr), p.stderr
+    assert "previous output, if any, is unchanged" in p.stderr
+    assert "Traceback" not in p.stderr and "LBMR datagrams" not in p.stdout
+    assert sorted(x.name for x in private.iterdir()) == ["out"]          # staging removed
+    assert [x.name for x in out.iterdir()] == ["previous.txt"]
