@@ -160,7 +160,7 @@ class Bridge:
         # interest of our domain go on this link (is the peer our child in our tree)?
         # and does another link want a topic (a transit source is proxied here then)?
         self.interest_filter: Callable[[], bool] | None = None
-        self.transit_wants: Callable[[str], bool] | None = None
+        self.transit_wants: Callable[[str, int], bool] | None = None
         self._sent_interest: set[tuple[str, int]] = set()  # (topic, pattern type) sent ADD
 
     # ------------------------------------------------------------------ outputs
@@ -419,7 +419,7 @@ class Bridge:
                             (self.acl, self.acl.allows_source_out(f.topic))):
             return
         if self.require_interest and not self.portal.wants_proxy(f.topic) \
-                and not (self.transit_wants is not None and self.transit_wants(f.topic)):
+                and not (self.transit_wants is not None and self.transit_wants(f.topic, f.origin_domain)):
             self.counters["adverts_unwanted"] += 1
             return
         if len(self._proxies) >= self.max_proxies:

@@ -202,6 +202,7 @@ class EndpointConfig:
     ru_idle_timeout_ms: int = DEFAULT_RU_IDLE_TIMEOUT_MS
     ru_max_streams: int = DEFAULT_RU_MAX_STREAMS
     max_proxies: int = DEFAULT_MAX_PROXIES
+    cost: int = 1  # <cost>: what routes through this portal cost (positive)
 
     # ------------------------------------------------ what the runtime reads
 
@@ -344,6 +345,7 @@ class PeerConfig:
     keepalive: KeepaliveConfig = KeepaliveConfig()
     max_queue: int = DEFAULT_MAX_QUEUE
     line: int = field(default=0, compare=False)
+    cost: int = 1  # <cost>: what routes through this portal cost (positive)
 
     @property
     def role(self) -> str:
@@ -387,6 +389,18 @@ class PeerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteInfoConfig:
+    """``<route-info>``: route info sent every ``propagation_interval_ms``, a
+    router not heard of for ``timeout_ms`` is gone, route info that crossed
+    more than ``max_hop_count`` peer links is dropped (the DRO's defaults)."""
+
+    propagation_interval_ms: int = 1000
+    timeout_ms: int = 4000
+    max_hop_count: int = 100
+    line: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     """A checked configuration file.
 
@@ -403,6 +417,7 @@ class RouterConfig:
     metrics: tuple[str, int] | None = None
     stats_interval_ms: int = DEFAULT_STATS_INTERVAL_MS
     warnings: tuple[tuple[int, str], ...] = field(default=(), compare=False)
+    route_info: RouteInfoConfig = RouteInfoConfig()
 
     @property
     def endpoint(self) -> EndpointConfig:
@@ -468,6 +483,6 @@ def acceptor_peer(name: str, port: int = 0, *, interface: str | None = None,
 
 
 def router_config(name: str, endpoints, peers=(), *, metrics: tuple[str, int] | None = None,
-                  path: str = "<embedded>") -> RouterConfig:
+                  path: str = "<embedded>", route_info: RouteInfoConfig = RouteInfoConfig()) -> RouterConfig:
     """A router's settings without a file."""
-    return RouterConfig(path, name, tuple(endpoints), tuple(peers), metrics=metrics)
+    return RouterConfig(path, name, tuple(endpoints), tuple(peers), metrics=metrics, route_info=route_info)

@@ -43,7 +43,7 @@ from .config_model import EndpointConfig, PeerConfig
 from .link import CONNECT_TIMEOUT, RAW_LIMIT, READ_SIZE, Link
 from .peerlink import streams as S
 from .relay import PortPool, Relay
-from .tr import PortalTR
+from .tr import PortalTR, relay_transport
 
 log = logging.getLogger("lbmr-router")
 
@@ -123,7 +123,8 @@ class Router:
     def __init__(self, name: str, endpoint: EndpointConfig, peer: PeerConfig, *,
                  stream: trio.abc.Stream | None = None, metrics: tuple[str, int] | None = None,
                  handle_signals: bool = False, port_pool: PortPool | None = None,
-                 advert_ids: Iterator[int] | None = None, domains: tuple[int, ...] | None = None) -> None:
+                 advert_ids: Iterator[int] | None = None, domains: tuple[int, ...] | None = None,
+                 hub=None) -> None:
         self.name, self.endpoint, self.peer = name, endpoint, peer
         self.stream, self.metrics, self.handle_signals = stream, metrics, handle_signals
         self.tls = None if peer.tls is None else tls_context(peer.tls, server_side=(peer.role == "acceptor"))
@@ -137,7 +138,11 @@ class Router:
         self._proxy_scopes: dict[int, trio.CancelScope] = {}  # proxy listeners, by advert id
         self._handshakes: dict[trio.CancelScope, Link | None] = {}  # incoming links not yet connected
         self._dying: set[int] = set()  # adverts whose source ended, withdrawn after the deletion delay
-        self.identity = P.RouterIdentity(name, domains or (e.domain_id,))
+        # hub: the router's multi-hop routing (router.multi.MultiRouter) for a unit on a
+        # peer link; None = one hop (a lone portal link, or a link between two endpoints)
+        self.hub = hub
+        caps = P.DEFAULT_CAPABILITIES | (P.Capability.ROUTING if hub is not None else 0)
+        self.identity = P.RouterIdentity(name, domains or (e.domain_id,), capabilities=int(caps))
         self._advert_ids = advert_ids
         # several endpoints on one peer link: the link is run by one Router (the
         # owner), the others are attached to it and get its frames and link events
@@ -181,7 +186,12 @@ class Router:
             self._dying.discard(advert_id)
 
     def _advert_source(self, advert_id: int):
-        return self.bridge.advert_source(advert_id) if self.bridge is not None else None
+        """Where a stream the peer opens for our advert ``advert_id`` connects: a
+        source of our TRD, or (multi-hop) one of our proxies."""
+        body = self.bridge.advert_source(advert_id) if self.bridge is not None else None
+        if body is None and self.hub is not None:
+            body = self.hub.transit_source(self, advert_id)
+        return body
 
     # ------------------------------------------------------------------ run
 
@@ -197,6 +207,8 @@ class Router:
                            requery_jitter=0.2, now=now)
         self.bridge = Bridge(self.tr, self.counters, max_proxies=proxy_bound(e.max_proxies),
                              require_interest=True, advert_ids=self._advert_ids)
+        if self.hub is not None:
+            self.hub.attach_bridge(self)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -259,6 +271,8 @@ class Router:
                 scope = self._proxy_scopes.pop(out.advert_id, None)
                 if scope is not None:
                     scope.cancel()
+                if self.hub is not None:
+                    self.hub.proxy_down(self, out.advert_id)
             elif isinstance(out, Notice):
                 self.event(out.kind, out.detail)
         if wake and not self._wake_pending:
@@ -316,6 +330,8 @@ class Router:
                     return
                 if self.bridge.proxy_listening(f.advert_id, addr, trio.current_time()):
                     self.event("proxy_added", f"{f.topic} advert {f.advert_id} at {addr[0]}:{addr[1]}")
+                    if self.hub is not None:
+                        self.hub.proxy_up(self, f, relay_transport(f.transport, addr[0], addr[1]))
                 self._apply()
 
     # ---------------------------------------------------------------- peer
@@ -456,6 +472,8 @@ class Router:
                 self.counters["peer_connects"] += 1
                 link.up.set()
                 link.wake_writer.set()
+                if self.hub is not None:
+                    self.hub.link_up(self, it.peer, it.capabilities)
                 self.bridge.link_up(trio.current_time())
                 self._apply()
                 for u in self.attached:
@@ -471,6 +489,11 @@ class Router:
                 for u in (self, *self.attached):
                     u.bridge.peer_frame(it, trio.current_time())
                     u._apply()
+                if self.hub is not None and isinstance(it, P.Interest):
+                    self.hub.interest(self, it)
+            elif isinstance(it, P.Topology):
+                if self.hub is not None:
+                    self.hub.topology(self, it)
             elif isinstance(it, S.STREAM_FRAMES):
                 for sev in link.streams.receive(it):
                     self._relay_for(sev).stream_event(link, sev)
@@ -485,6 +508,8 @@ class Router:
             u.link = None
             u.bridge.link_down(trio.current_time())
             u._apply()
+        if self.hub is not None:
+            self.hub.link_down(self)
 
     def _relay_for(self, ev):
         """The relay of the endpoint whose advertisement a stream the peer opens

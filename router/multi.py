@@ -30,8 +30,16 @@ Both ends of a peer link refuse, at the handshake, a router that another
 link already reaches (same name, or a domain id in common): its TRDs would
 be bridged twice.
 
-Single hop: a TRD reaches the TRDs of this router's other endpoints and of
-the routers it links to, not beyond (no transit, no topology exchange).
+Multi-hop: the router is the *hub* of its peer links' portal links. It runs
+the route info protocol (:class:`router.routing.Routing`: TOPOLOGY frames,
+the topology map, every router's lowest-cost tree) and passes interest and
+advertisements between peer links (:class:`router.transit.Transit`); the
+bridges send their TRD's interest only on the links the routes give it
+(``interest_filter``) and proxy a source that another link wants
+(``transit_wants``). Routes are recomputed on every change of the map (a link
+up or down, a router heard of or timed out), and the interest on every link
+is brought in line at once. A peer without the ROUTING capability is one hop
+away and no further.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import time
 from collections import Counter
 from functools import partial
 
@@ -50,6 +59,8 @@ from . import peerlink as P
 from .config_model import EndpointConfig, PeerConfig, RouterConfig, acceptor_peer, initiator_peer
 from .daemon import Router, serve_signals
 from .relay import PortPool
+from .routing import Routing
+from .transit import Transit
 
 __all__ = ["MultiRouter"]
 
@@ -71,6 +82,11 @@ class MultiRouter:
         self.links: list[Router] = []
         self._advert_ids = itertools.count(1)  # one numbering for the router: unique on every link
         self._nursery: trio.Nursery | None = None
+        self.counters: Counter[str] = Counter()  # routing and transit
+        self.routing: Routing | None = None
+        self.transit: Transit | None = None
+        self._owners: dict[str, Router] = {}  # peer link name -> the unit that runs it
+        self._routes_seen = -1
 
     def _unit(self, endpoint: EndpointConfig, peer: PeerConfig, name: str, **kw) -> Router:
         r = Router(name, endpoint, peer, port_pool=self.pools[endpoint.name],
@@ -106,12 +122,21 @@ class MultiRouter:
             self._nursery = nursery
             reports = []
             domains = tuple(e.domain_id for e in eps)
+            ri = s.route_info
+            self.routing = Routing(s.name, {e.domain_id: e.cost for e in eps}, now=trio.current_time(),
+                                   seq_base=time.time_ns() // 1_000_000,
+                                   propagation_interval=ri.propagation_interval_ms / 1000.0,
+                                   timeout=ri.timeout_ms / 1000.0, max_hop_count=ri.max_hop_count)
+            self.transit = Transit(self.routing, self._advert_ids, self.counters)
+            if s.peers:
+                nursery.start_soon(self._routing_loop)
             for p in s.peers:
                 # one link per peer, run by the first endpoint's portal link; the
                 # other endpoints' portal links are attached to it
-                owner = self._unit(eps[0], p, s.name, domains=domains)
+                owner = self._unit(eps[0], p, s.name, domains=domains, hub=self)
+                self._owners[p.name] = owner
                 for e in eps[1:]:
-                    u = self._unit(e, p, s.name)
+                    u = self._unit(e, p, s.name, hub=self)
                     u.owner = owner
                     owner.attached.append(u)
                 reports.append(await nursery.start(owner.run))
@@ -135,6 +160,81 @@ class MultiRouter:
             if self.handle_signals:
                 await nursery.start(partial(serve_signals, self.status, self._stop))
             task_status.started({"links": reports, "metrics": metrics_addr})
+
+    # --------------------------------------------------------------- routing (the hub)
+
+    async def _routing_loop(self) -> None:
+        while True:
+            await trio.sleep_until(self.routing.next_deadline())
+            self._send(self.routing.tick(trio.current_time()))
+            self._routes_changed()
+
+    def _send(self, outputs) -> None:
+        """Frames for peer links (route info, transit interest and adverts)."""
+        for o in outputs:
+            unit = self._owners.get(o.link)
+            link = unit.link if unit is not None else None
+            if link is not None and link.connected:
+                link.put(o.frame)
+                self.counters[f"sent_{o.frame.TYPE.name.lower()}"] += 1
+
+    def _routes_changed(self) -> None:
+        """If the map changed: pass on interest by the new trees, and let every
+        bridge send (or cancel) its TRD's interest where the routes now say."""
+        if self.routing.version == self._routes_seen:
+            return
+        self._routes_seen = self.routing.version
+        self.counters["route_recalculations"] += 1
+        self._send(self.transit.resync())
+        now = trio.current_time()
+        for u in self.links:
+            if u.hub is not None and u.bridge is not None:
+                u.bridge.resync_interest(now)
+                u._apply()
+
+    def _link_name(self, unit: Router) -> str:
+        return unit.peer.name
+
+    def attach_bridge(self, unit: Router) -> None:
+        """A portal link's bridge exists: give it the routes' filter and, for the
+        unit that runs the link, the transit interest."""
+        name, domain = self._link_name(unit), unit.endpoint.domain_id
+        unit.bridge.interest_filter = lambda: (self.routing.peer_of(name) is None  # one hop
+                                               or name in self.routing.children_links(domain))
+        if unit.owner is None:
+            unit.bridge.transit_wants = lambda topic, origin: self.transit.wants(name, topic, origin)
+
+    def link_up(self, unit: Router, peer: P.PeerInfo, capabilities: int) -> None:
+        if not capabilities & P.Capability.ROUTING:
+            self.counters["peers_without_routing"] += 1
+            return
+        now = trio.current_time()
+        self._send(self.routing.link_up(self._link_name(unit), peer.name, unit.peer.cost, now))
+        self._routes_changed()
+
+    def link_down(self, unit: Router) -> None:
+        name = self._link_name(unit)
+        self._send(self.routing.link_down(name, trio.current_time()))
+        self._send(self.transit.link_down(name))
+        self._routes_changed()
+
+    def topology(self, unit: Router, frame: P.Topology) -> None:
+        self._send(self.routing.on_topology(self._link_name(unit), frame, trio.current_time()))
+        self._routes_changed()
+
+    def interest(self, unit: Router, frame: P.Interest) -> None:
+        self._send(self.transit.on_interest(self._link_name(unit), frame))
+
+    def proxy_up(self, unit: Router, advert: P.Advertisement, body: object) -> None:
+        if unit.owner is None:
+            self._send(self.transit.on_proxy(self._link_name(unit), advert, body))
+
+    def proxy_down(self, unit: Router, advert_id: int) -> None:
+        if unit.owner is None:
+            self._send(self.transit.on_proxy_gone(self._link_name(unit), advert_id))
+
+    def transit_source(self, unit: Router, advert_id: int):
+        return self.transit.advert_source(self._link_name(unit), advert_id)
 
     # --------------------------------------------------------------- status
 
@@ -181,8 +281,12 @@ class MultiRouter:
         status (:meth:`Router.status`). ``peer``/``portal``/``proxies``/``streams``
         at the top are the first link's, as a single-link router reports them."""
         first = self.links[0].status() if self.links else {}
+        routing = self.routing.status() if self.routing is not None else {}
+        if self.transit is not None:
+            routing["transit"] = self.transit.status()
+        routing["counters"] = dict(self.counters)
         return {**first, "name": self.config.name, "portals": self.portal_summary(),
-                "links": [r.status() for r in self.links]}
+                "topology": routing, "links": [r.status() for r in self.links]}
 
     def prometheus_text(self) -> str:
         p = PrometheusText()

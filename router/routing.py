@@ -75,7 +75,7 @@ class Routing:
         everything we know."""
         self._links[link] = (peer_id, cost)
         out = [SendTopology(link, f) for f in self._frames.values()
-               if f.router_id != peer_id and f.hops + 1 <= self.max_hop_count]
+               if f.router_id != peer_id and f.hops + 2 <= self.max_hop_count]
         out = [SendTopology(s.link, _hop(s.frame)) for s in out]
         return self._announce(now) + out
 
@@ -88,17 +88,18 @@ class Routing:
         """A TOPOLOGY frame from ``link``: update the map; pass it on if newer."""
         if frame.router_id == self.me or link not in self._links:
             return []
+        crossed = frame.hops + 1  # peer links the announcement has crossed to reach us
+        if crossed > self.max_hop_count:
+            return []
         old = self._frames.get(frame.router_id)
         if old is not None and frame.seq <= old.seq:
             if frame.seq == old.seq:
-                self.map.update(_info(frame), frame.hops, now)  # a repeat: heard again
-            return []
-        if frame.hops > self.max_hop_count:
+                self.map.update(_info(frame), crossed, now)  # a repeat: heard again
             return []
         self._frames[frame.router_id] = frame
-        self.map.update(_info(frame), frame.hops, now)
+        self.map.update(_info(frame), crossed, now)
         self._recheck()
-        if frame.hops + 1 > self.max_hop_count:
+        if crossed + 1 > self.max_hop_count:
             return []
         fwd = _hop(frame)
         return [SendTopology(other, fwd) for other in self._links if other != link]

@@ -115,11 +115,23 @@ class Transit:
         out = self._sync_key(key)
         return out + self._advertise_to(link)
 
-    def wants(self, link: str, topic: str) -> bool:
-        """Does a link other than ``link`` hold interest in ``topic``? (Then a
-        source advertised on ``link`` is proxied here even if our TRD does not
-        want it.)"""
-        return any(self._held[k] - {link} for k in self._keys_for(topic))
+    def wants(self, link: str, topic: str, origin_domain: int) -> bool:
+        """Does a link other than ``link`` want a source of ``topic`` in
+        ``origin_domain`` from us? (Then that source, advertised on ``link``, is
+        proxied here even if our TRD does not want it.)"""
+        return any(self._on_path(k, origin_domain) for k in self._keys_for(topic)
+                   if self._held[k] - {link})
+
+    def _on_path(self, key: Key, source_domain: int) -> bool:
+        """Are we on the path from the router of the interest's domain to the
+        source's domain? (Only then does the source's advertisement come back
+        through us: every router also gets interest to query its own TRDs.)"""
+        r = self.routing
+        root, to = r.origin_router(key[2]), r.origin_router(source_domain)
+        if root is None or to is None:
+            return False
+        path = r.map.path(root, to)
+        return path is not None and r.me in path
 
     def resync(self) -> list[SendOnLink]:
         """The routes changed: bring the interest sent on every link in line."""
@@ -214,7 +226,7 @@ class Transit:
         up = self._up[ukey]
         f = up.advert
         skey = (link, f.topic, bytes(f.otid))
-        if skey in self._down_by_source or not self._link_wants(link, f.topic):
+        if skey in self._down_by_source or not self._link_wants(link, f.topic, f.origin_domain):
             return []
         if f.hop_count + 1 > self.routing.max_hop_count:
             self.counters["transit_hops_exceeded"] += 1
@@ -257,7 +269,7 @@ class Transit:
         out = []
         for link, aid in downs:
             up = self._up.get(self._down[(link, aid)])
-            if up is not None and not self._link_wants(link, up.advert.topic):
+            if up is not None and not self._link_wants(link, up.advert.topic, up.advert.origin_domain):
                 out.append(self._withdraw(link, aid))
         return out
 
@@ -278,8 +290,8 @@ class Transit:
         keys += [k for k in self._patterns if self._matches(k, topic)]
         return keys
 
-    def _link_wants(self, link: str, topic: str) -> bool:
-        return any(link in self._held[k] for k in self._keys_for(topic))
+    def _link_wants(self, link: str, topic: str, origin_domain: int) -> bool:
+        return any(link in self._held[k] and self._on_path(k, origin_domain) for k in self._keys_for(topic))
 
     def _matches(self, key: Key, topic: str) -> bool:
         pattern, ptype, _ = key

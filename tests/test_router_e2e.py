@@ -41,11 +41,15 @@ def pattern(n: int) -> bytes:
 
 
 async def tcp_source(nursery, ip, total):
-    """A TCP 'source': serves `total` bytes of a known pattern to each connection."""
+    """A TCP 'source': serves `total` bytes of a known pattern to each connection
+    (a connection the other side resets just ends)."""
     data = pattern(total)
 
     async def handler(stream):
-        await stream.send_all(data)
+        try:
+            await stream.send_all(data)
+        except trio.BrokenResourceError:
+            pass
         await stream.aclose()
 
     listeners = await trio.open_tcp_listeners(0, host=ip)

@@ -1,0 +1,241 @@
+"""Route info and transit, sans-IO (router/routing.py, router/transit.py):
+routers wired together in memory, frames delivered by hand. Chain, loop,
+mesh: every interest reaches every router once, adverts go back the way the
+interest came, a cut link reroutes, silent routers are forgotten."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+from router import peerlink as P
+from router.routing import Routing
+from router.transit import Transit
+
+OTID = bytes(range(32))
+
+
+class Net:
+    """Routers named by letter; router X serves domain ord(X) - 64 (A=1, B=2 ...)
+    unless told otherwise; link names are "X-Y" as seen from X."""
+
+    def __init__(self, names, domains=None, **kw):
+        ids = itertools.count(1)
+        self.r = {}
+        self.t = {}
+        for n in names:
+            doms = (domains or {}).get(n, {ord(n) - 64: 1})
+            self.r[n] = Routing(n, doms, now=0.0, **kw)
+            self.t[n] = Transit(self.r[n], ids)
+        self.up: set[tuple[str, str]] = set()
+        self.local: dict[str, set[tuple[str, int]]] = {x: set() for x in names}  # receivers' interest
+        self.sent: dict[tuple[str, str], set] = {}  # local interest sent, by (router, link)
+        self.got: list[tuple[str, str, P.Frame]] = []  # (to router, link, frame) of interest/adverts
+        self.now = 0.0
+
+    def deliver(self, sender, outputs):
+        queue = [(sender, o) for o in outputs]
+        while queue:
+            frm, o = queue.pop(0)
+            to = o.link.split("-")[1]
+            if (frm, to) not in self.up:
+                continue
+            back = f"{to}-{frm}"
+            if isinstance(o.frame, P.Topology):
+                queue += [(to, x) for x in self.r[to].on_topology(back, o.frame, self.now)]
+            else:
+                self.got.append((to, back, o.frame))
+                if isinstance(o.frame, P.Interest):
+                    queue += [(to, x) for x in self.t[to].on_interest(back, o.frame)]
+            queue += [(to, x) for x in self.resync(to)]
+
+    def resync(self, name):
+        """Transit's resync and the bridges' (local interest where the routes say)."""
+        out = self.t[name].resync()
+        from router.transit import SendOnLink
+
+        dom = next(iter(self.r[name].domains))
+        kids = set(self.r[name].children_links(dom))
+        for link in self.r[name].links():
+            sent = self.sent.setdefault((name, link), set())
+            want = self.local[name] if link in kids else set()
+            for topic, pt in want - sent:
+                out.append(SendOnLink(link, P.Interest(P.InterestAction.ADD, topic, dom, P.PatternType(pt))))
+            for topic, pt in sent - want:
+                out.append(SendOnLink(link, P.Interest(P.InterestAction.CANCEL, topic, dom, P.PatternType(pt))))
+            self.sent[(name, link)] = set(want)
+        return out
+
+    def link(self, a, b, cost=1):
+        self.up |= {(a, b), (b, a)}
+        out_a = self.r[a].link_up(f"{a}-{b}", b, cost, self.now)  # both ends connected, then
+        out_b = self.r[b].link_up(f"{b}-{a}", a, cost, self.now)  # their frames cross
+        self.deliver(a, out_a)
+        self.deliver(b, out_b)
+
+    def cut(self, a, b):
+        self.up -= {(a, b), (b, a)}
+        self.deliver(a, self.r[a].link_down(f"{a}-{b}", self.now) + self.t[a].link_down(f"{a}-{b}"))
+        self.deliver(b, self.r[b].link_down(f"{b}-{a}", self.now) + self.t[b].link_down(f"{b}-{a}"))
+
+    def want(self, name, topic, ptype=P.PatternType.TOPIC):
+        """Receivers in ``name``'s domain want ``topic``: the interest goes where
+        the routes say (what the bridges do with their local interest)."""
+        self.local[name].add((topic, int(ptype)))
+        self.deliver(name, self.resync(name))
+
+    def adds(self, topic):
+        return Counter(to for to, _, f in self.got
+                       if isinstance(f, P.Interest) and f.topic == topic and f.action == P.InterestAction.ADD)
+
+
+def _send(link, frame):
+    from router.transit import SendOnLink
+
+    return SendOnLink(link, frame)
+
+
+def test_chain_builds_the_map_and_interest_travels_to_the_far_end():
+    n = Net("ABC")
+    n.link("A", "B")
+    n.link("B", "C")
+    assert n.r["A"].map.route(3).path == ("A", "B", "C")
+    assert n.r["C"].map.route(1).path == ("C", "B", "A")
+    n.want("C", "t.one")
+    assert n.adds("t.one") == {"B": 1, "A": 1}  # B passed it on to A, once
+    st = n.r["B"].status()
+    assert set(st["nodes"]) == {"A", "B", "C"} and st["routes"]["1"]["next_hop"] == "A"
+
+
+def test_loop_interest_once_per_router_and_reroute_on_cut():
+    n = Net("ABC")
+    n.link("A", "B")
+    n.link("B", "C")
+    n.link("A", "C", cost=5)  # the expensive side of the loop
+    n.want("A", "t")
+    assert n.adds("t") == {"B": 1, "C": 1}
+    assert [lk for to, lk, f in n.got if to == "C"] == ["C-B"]  # via B: the cheaper path
+    n.got.clear()
+    n.cut("B", "C")
+    # C is now A's child directly: A sends it, nobody else does
+    assert n.adds("t") == {"C": 1}
+    assert [lk for to, lk, f in n.got if to == "C" and isinstance(f, P.Interest)] == ["C-A"]
+    assert n.r["C"].map.route(1).path == ("C", "A")
+
+
+def test_mesh_of_four_every_interest_reaches_every_router_once():
+    n = Net("ABCD")
+    for a, b in itertools.combinations("ABCD", 2):
+        n.link(a, b)
+    for who in "ABCD":
+        n.want(who, f"t.{who}")
+    for who in "ABCD":
+        assert n.adds(f"t.{who}") == {x: 1 for x in "ABCD" if x != who}
+
+
+def test_adverts_go_back_the_way_the_interest_came_and_are_withdrawn():
+    n = Net("ABC")
+    n.link("A", "B")
+    n.link("B", "C")
+    n.want("C", "t")
+    # A's source reached B (A's bridge advertised it on A-B; B's owner bridge proxies it)
+    advert = P.Advertisement("t", 1, OTID, P.StreamKind.TCP, 7, False, 0)
+    assert n.t["B"].wants("B-A", "t", 1)  # the interest came from C: B proxies it for C
+    body = object()
+    out = n.t["B"].on_proxy("B-A", advert, body)
+    assert [(o.link, o.frame.topic, o.frame.hop_count, o.frame.origin_domain) for o in out] == [("B-C", "t", 1, 1)]
+    aid = out[0].frame.advert_id
+    assert n.t["B"].advert_source("B-C", aid) is body  # a stream from C connects to B's proxy
+    assert n.t["B"].on_proxy("B-A", advert, body) == []  # at most once per link
+    gone = n.t["B"].on_proxy_gone("B-A", 7)
+    assert [(o.link, o.frame.advert_id, o.frame.withdraw) for o in gone] == [("B-C", aid, True)]
+    assert n.t["B"].advert_source("B-C", aid) is None
+
+
+def test_a_cancelled_interest_withdraws_the_transit_advert():
+    n = Net("ABC")
+    n.link("A", "B")
+    n.link("B", "C")
+    n.want("C", "t")
+    out = n.t["B"].on_proxy("B-A", P.Advertisement("t", 1, OTID, 0, 7), object())
+    aid = out[0].frame.advert_id
+    back = n.t["B"].on_interest("B-C", P.Interest(P.InterestAction.CANCEL, "t", 3))
+    kinds = {(o.link, type(o.frame).__name__, getattr(o.frame, "withdraw", None)) for o in back}
+    assert ("B-A", "Interest", None) in kinds  # the cancel goes on toward A
+    assert ("B-C", "Advertisement", True) in kinds
+    assert not n.t["B"].wants("B-A", "t", 1)
+    assert n.t["B"].advert_source("B-C", aid) is None
+
+
+def test_wildcard_interest_matches_transit_adverts():
+    n = Net("ABC")
+    n.link("A", "B")
+    n.link("B", "C")
+    n.want("C", "^md\\.", P.PatternType.PCRE)
+    assert n.adds("^md\\.") == {"B": 1, "A": 1}
+    out = n.t["B"].on_proxy("B-A", P.Advertisement("md.x", 1, OTID, 0, 9), object())
+    assert [o.link for o in out] == ["B-C"]
+    assert n.t["B"].on_proxy("B-A", P.Advertisement("other", 1, bytes(32), 0, 10), object()) == []
+
+
+def test_interest_of_our_own_domain_coming_back_is_not_passed_on():
+    n = Net("AB")
+    n.link("A", "B")
+    out = n.t["A"].on_interest("A-B", P.Interest(P.InterestAction.ADD, "t", 1))
+    assert out == [] and n.t["A"].counters["transit_interest_own_domain"] == 1
+
+
+def test_silent_router_is_forgotten_after_the_route_timeout():
+    n = Net("ABC", timeout=4.0, propagation_interval=1.0)
+    n.link("A", "B")
+    n.link("B", "C")
+    assert n.r["A"].map.route(3) is not None
+    n.up -= {("B", "C"), ("C", "B")}  # C falls silent without a link-down at B
+    for t in (1.0, 2.0, 3.0, 4.0, 5.0):
+        n.now = t
+        for who in "AB":
+            n.deliver(who, n.r[who].tick(t))
+    assert n.r["A"].map.route(3) is None and "C" not in n.r["A"].map.nodes()
+
+
+def test_route_info_beyond_max_hop_count_is_dropped():
+    n = Net("ABCD", max_hop_count=2)
+    n.link("A", "B")
+    n.link("B", "C")
+    n.link("C", "D")
+    # C's route info crossed 2 links to reach A, D's would cross 3
+    assert "C" in n.r["A"].map.nodes() and "D" not in n.r["A"].map.nodes()
+
+
+def test_hostile_topology_frames_are_bounded():
+    import pytest
+
+    r = Routing("A", {1: 1}, now=0.0)
+    r.link_up("A-B", "B", 1, 0.0)
+    # an old seq, our own id, an unknown link: ignored
+    assert r.on_topology("A-B", P.Topology("A", 10**9, 0, ((1, 1),), ()), 0.0) == []
+    assert r.on_topology("A-X", P.Topology("B", 5, 0, ((2, 1),), ()), 0.0) == []
+    r.on_topology("A-B", P.Topology("B", 5, 0, ((2, 1),), (("A", 1),)), 0.0)
+    assert r.on_topology("A-B", P.Topology("B", 4, 0, ((9, 1),), ()), 0.0) == []
+    assert r.map.route(2) is not None and r.map.route(9) is None
+    with pytest.raises(P.FrameEncodeError):
+        P.Topology("B", 1, 0, tuple((i, 1) for i in range(5000))).payload()
+    big = P.encode(P.Topology("B", 1, 0, ((2, 1),)))
+    # a frame claiming 65535 domains is refused before anything is allocated for them
+    forged = big[:12 + 9] + b"\xff\xff" + big[12 + 11:]
+    with pytest.raises(P.FrameDecodeError):
+        P.decode(forged)
+
+
+def test_triangle_a_router_off_the_path_does_not_carry_an_advert_on():
+    """In a triangle of equal links every router asks both others (each is a
+    child of the asker), but a source of B's domain comes to A from B only:
+    C, which also proxies B's source for its own TRD, does not pass it to A."""
+    n = Net("ABC")
+    n.link("A", "B")
+    n.link("B", "C")
+    n.link("A", "C")
+    n.want("A", "t")
+    n.want("C", "t")
+    assert n.t["C"].on_proxy("C-B", P.Advertisement("t", 2, OTID, 0, 5), object()) == []
+    assert not n.t["C"].wants("C-B", "t", 2)
