@@ -88,6 +88,7 @@ from .config_model import (
     PortRange,
     RelayConfig,
     RemoteInterest,
+    RouteInfoConfig,
     RouterConfig,
     TlsConfig,
     TopicResolution,
@@ -322,6 +323,20 @@ class _Checker:
 # --------------------------------------------------------------------------- sections
 
 
+def _route_info(c: _Checker, el: etree._Element | None) -> RouteInfoConfig:
+    d = RouteInfoConfig()
+    if el is None:
+        return d
+    interval = c.attr_ms(el, "propagation-interval", d.propagation_interval_ms)
+    timeout = c.attr_ms(el, "timeout", d.timeout_ms)
+    hops = c.attr_int(el, "max-hop-count", d.max_hop_count, "a hop count 1..255", 1, 255)
+    if timeout <= interval:
+        c.error(el, f"<route-info> timeout {timeout} ms must be greater than the propagation-interval "
+                    f"{interval} ms: every router would time out between two announcements "
+                    "(about 4 x the interval is advised)")
+    return RouteInfoConfig(interval, timeout, hops, el.sourceline or 0)
+
+
 def _daemon(c: _Checker, daemon: etree._Element) -> tuple[str, LogConfig, tuple[str, int] | None, int]:
     name = c.name(daemon.find("name"), "this router's name, unique among your routers")
     log = LogConfig()
@@ -463,6 +478,7 @@ def _endpoint(c: _Checker, ep: etree._Element) -> EndpointConfig:
     else:
         domain_id = c.text_int(dom_el, 0, f"the id of this TRD, 1..{_DOMAIN_ID_MAX}",
                                1, _DOMAIN_ID_MAX)
+    cost = c.text_int(ep.find("cost"), 1, f"a positive cost 1..{_INT_MAX}", 1, _INT_MAX)
     delay = c.text_int(ep.find("source-deletion-delay"), DEFAULT_SOURCE_DELETION_DELAY_MS,
                        f"milliseconds 0..{_INT_MAX}", 0, _INT_MAX)
     tr = _topic_resolution(c, ep.find("topic-resolution"))
@@ -479,7 +495,7 @@ def _endpoint(c: _Checker, ep: etree._Element) -> EndpointConfig:
                              "range of at least 2 ports")
     return EndpointConfig(
         name=name, domain_id=domain_id, topic_resolution=tr, relay=relay,
-        source_deletion_delay_ms=delay,
+        source_deletion_delay_ms=delay, cost=cost,
         remote_topic=_remote(c, ep.find("remote-topic"), "max-topics"),
         remote_pattern=_remote(c, ep.find("remote-pattern"), "max-patterns"),
         line=ep.sourceline or 0,
@@ -542,6 +558,7 @@ def _tls(c: _Checker, el: etree._Element) -> TlsConfig | None:
 
 def _peer(c: _Checker, peer: etree._Element) -> PeerConfig:
     name = c.name(peer.find("name"), "a name for this peer portal")
+    cost = c.text_int(peer.find("cost"), 1, f"a positive cost 1..{_INT_MAX}", 1, _INT_MAX)
     st = peer.find("single-tcp")
     interface = c.interface(st.find("interface"))
     buf_what = f"bytes 0..{_INT_MAX} (0 = the OS default)"
@@ -593,7 +610,7 @@ def _peer(c: _Checker, peer: etree._Element) -> PeerConfig:
         name=name, initiator=initiator, acceptor=acceptor, interface=interface,
         receive_buffer=rcv, send_buffer=snd,
         tcp_keepalive=st.find("keepalive") is not None, nodelay=st.find("nodelay") is not None,
-        tls=tls, keepalive=keepalive, max_queue=max_queue, line=peer.sourceline or 0,
+        tls=tls, keepalive=keepalive, max_queue=max_queue, line=peer.sourceline or 0, cost=cost,
     )
 
 
@@ -751,6 +768,7 @@ def parse_config(text: bytes | str, path: str | os.PathLike[str] = "<string>", *
 
     c = _Checker(path, Path(base_dir), check_files)
     name, log, metrics, stats = _daemon(c, root.find("daemon"))
+    route_info = _route_info(c, root.find("daemon").find("route-info"))
     portals = root.find("portals")
     endpoints = [_endpoint(c, ep) for ep in portals.iterchildren("endpoint")]
     peers = [_peer(c, peer) for peer in portals.iterchildren("peer")]
@@ -763,7 +781,7 @@ def parse_config(text: bytes | str, path: str | os.PathLike[str] = "<string>", *
     return RouterConfig(
         path=path, name=name, endpoints=tuple(endpoints), peers=tuple(peers), log=log,
         metrics=metrics, stats_interval_ms=stats,
-        warnings=tuple(sorted(c.warnings, key=lambda w: w[0])),
+        warnings=tuple(sorted(c.warnings, key=lambda w: w[0])), route_info=route_info,
     )
 
 

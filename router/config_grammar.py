@@ -17,15 +17,16 @@ _TIMING = ("<initial-request/>, <topic-use-query/>, <pattern-use-query/>, "
            "<remote-topic-interest/>, <remote-pattern-interest/>")
 _CONTENT = {
     "lbmr-router": "<daemon> followed by <portals>",
-    "daemon": "<name>, then optionally <log>, <metrics>, <stats-interval>, in this order",
+    "daemon": "<name>, then optionally <log>, <metrics>, <stats-interval>, <route-info/>, in this order",
     "portals": "one or more <endpoint> and <peer> elements",
-    "endpoint": ("<name>, <domain-id>, optionally <source-deletion-delay>, then "
+    "endpoint": ("<name>, <domain-id>, optionally <cost>, <source-deletion-delay>, then "
                  "<topic-resolution>, then optionally <relay/>, <remote-topic/>, "
                  "<remote-pattern/>, in this order"),
     "topic-resolution": ("either <multicast/>, or an optional <interface>, one or more "
                          "<lbmrd/> and an optional <port-range/>; then optionally "
                          f"{_TIMING}, in this order"),
-    "peer": "<name>, <single-tcp>, then optionally <max-queue>, <gateway-keepalive/>, in this order",
+    "peer": ("<name>, <single-tcp>, then optionally <max-queue>, <gateway-keepalive/>, in this "
+             "order (and optionally <cost> right after <name>)"),
     "single-tcp": ("optionally <interface>, <receive-buffer>, <send-buffer>, <keepalive/>, "
                    "<nodelay/>, <tls>, in this order, then exactly one <initiator> or <acceptor>"),
     "initiator": "<address> followed by <port>",
@@ -76,8 +77,8 @@ _DRO_HINTS = {
     "tcp": "the DRO's dual-TCP <tcp> peer was removed in UM 6.10: use <single-tcp>",
     "companion": "the DRO's dual-TCP <tcp> peer was removed in UM 6.10: use <single-tcp>",
     **{name: _UNSUPPORTED for name in (
-        "cost", "hotlink-index", "smart-batch", "batching", "sourcemap", "max-datagram",
-        "sqn-window", "route-info", "route-recalculation", "topicmap", "patternmap", "uid",
+        "hotlink-index", "smart-batch", "batching", "sourcemap", "max-datagram",
+        "sqn-window", "route-recalculation", "topicmap", "patternmap", "uid",
         "gid", "pidfile", "lbm-license-file", "context-query", "source-context-name",
         "receiver-context-name", "domain-route", "rate-limit", "propagation-delay")},
     **{name: _NO_FUNCTION for name in (

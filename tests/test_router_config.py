@@ -838,3 +838,31 @@ def test_model_is_frozen():
     assert hash(cfg.endpoint) == hash(load_config(CONFIGS / "router-b.xml").endpoint)
     assert 25500 in cfg.endpoint.relay.ports and 24999 not in cfg.endpoint.relay.ports
     assert list(PortRange(1, 3)) == [1, 2, 3] and str(PortRange(1, 3)) == "1-3"
+
+
+# --------------------------------------------------------------------------- routing
+
+
+def test_costs_and_route_info(tmp_path):
+    daemon = DAEMON.replace("  </daemon>", '    <route-info propagation-interval="500" timeout="2500" '
+                                           'max-hop-count="8"/>\n  </daemon>')
+    ep = endpoint().replace("<domain-id>1</domain-id>\n", "<domain-id>1</domain-id>\n      <cost>3</cost>\n")
+    pe = peer().replace("<name>pe</name>\n", "<name>pe</name>\n      <cost>7</cost>\n")
+    cfg = expect_ok(tmp_path, "cost.xml", doc(daemon=daemon, portals=ep + pe))
+    assert cfg.endpoint.cost == 3 and cfg.peer.cost == 7
+    ri = cfg.route_info
+    assert (ri.propagation_interval_ms, ri.timeout_ms, ri.max_hop_count) == (500, 2500, 8)
+    plain = expect_ok(tmp_path, "plain.xml", doc())
+    assert plain.endpoint.cost == plain.peer.cost == 1
+    assert (plain.route_info.propagation_interval_ms, plain.route_info.timeout_ms,
+            plain.route_info.max_hop_count) == (1000, 4000, 100)
+
+
+def test_bad_costs_and_route_info_name_the_line(tmp_path):
+    ep = endpoint().replace("<domain-id>1</domain-id>\n", "<domain-id>1</domain-id>\n      <cost>0</cost>\n")
+    expect_error(tmp_path, "cost0.xml", doc(portals=ep + peer()), "<cost>0", "cost", "1..")
+    daemon = DAEMON.replace("  </daemon>", '    <route-info propagation-interval="1000" timeout="1000"/>\n'
+                                           "  </daemon>")
+    expect_error(tmp_path, "ri.xml", doc(daemon=daemon), "<route-info", "timeout 1000 ms must be greater")
+    daemon = DAEMON.replace("  </daemon>", '    <route-info max-hop-count="300"/>\n  </daemon>')
+    expect_error(tmp_path, "hops.xml", doc(daemon=daemon), "<route-info", "1..255")
