@@ -319,6 +319,23 @@ class MultiRouter:
                 p.sample("lbmr_router_portal_total", v, {"portal": x["name"], "what": k})
         p.metric("lbmr_router_peer_dropped_datagrams_total", "counter",
                  sum(r.link.outq.dropped_datagrams for r in self.links if r.link))
+        if self.routing is not None:
+            routes = self.routing.map.routes()
+            p.metric("lbmr_router_topology_routers", "gauge", len(self.routing.map.nodes()),
+                     "Routers in the topology map, this one included.")
+            p.family("lbmr_router_route_cost", "gauge", "Cost of the route to each domain.")
+            for d, r in sorted(routes.items()):
+                p.sample("lbmr_router_route_cost", r.cost, {"domain": str(d), "next_hop": r.next_hop or ""})
+            p.family("lbmr_router_route_hops", "gauge", "Peer links on the route to each domain.")
+            for d, r in sorted(routes.items()):
+                p.sample("lbmr_router_route_hops", r.hops, {"domain": str(d)})
+            t = self.transit.status()
+            p.metric("lbmr_router_transit_interest", "gauge", t["interest_held"],
+                     "Interest from peer links passed on (topics and patterns, by origin domain).")
+            p.metric("lbmr_router_transit_adverts", "gauge", t["adverts"],
+                     "Our proxies advertised on other peer links.")
+            p.by_label("lbmr_router_routing_total", "counter", "what", self.counters,
+                       "Route info and transit, by kind.")
         return p.text()
 
 

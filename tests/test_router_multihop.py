@@ -65,6 +65,10 @@ async def test_chain_tcp_from_trd1_reaches_trd3_through_two_hops():
         assert await fetch_tcp(tir, 3_000_000) == pattern(3_000_000)
         # r2 carried it: a proxy of its own (advertised in TRD2 too) and a transit advert to r3
         assert r2.status()["topology"]["transit"]["adverts"] == 1
+        text = r3.prometheus_text()
+        assert "lbmr_router_topology_routers 3" in text
+        assert 'lbmr_router_route_hops{domain="1"} 2' in text
+        assert 'lbmr_router_route_cost{domain="1",next_hop="r2"} 5' in text  # 2 links of 1+1, endpoint 1
         n.cancel_scope.cancel()
 
 
