@@ -40,7 +40,7 @@ from lbmr_runtime.netif import open_multicast_socket
 from . import peerlink as P
 from .bridge import Bridge, Notice, SendFrame, StartProxy, StopProxy
 from .config_model import EndpointConfig, PeerConfig
-from .link import CONNECT_TIMEOUT, RAW_LIMIT, READ_SIZE, Link
+from .link import CONNECT_TIMEOUT, RAW_LIMIT, Link
 from .peerlink import streams as S
 from .relay import PortPool, Relay
 from .tr import PortalTR, relay_transport
@@ -450,10 +450,9 @@ class Router:
                     link.closed = True
                     scope.cancel()
                     return
-            data = await link.stream.receive_some(READ_SIZE)
-            items = link.conn.receive_data(data, trio.current_time())
+            items, eof = await link.receive()
             link.push_raw(link.conn.data_to_send())
-            if self._link_events(link, items) or not data or link.closed:
+            if self._link_events(link, items) or eof or link.closed:
                 await link.finish(scope)
                 return
 

@@ -1,18 +1,39 @@
 """The I/O side of one connected peer link on trio: the sans-IO connection
 (:class:`router.peerlink.PeerConnection`), its stream table, its bounded
-writer queue and the writer task. The state of each relayed stream on either
-end of the link is a :class:`StreamState`.
+writer queue, the reader (:meth:`Link.receive`) and the writer task. The
+state of each relayed stream on either end of the link is a
+:class:`StreamState`.
+
+Zero copy (a plain TCP link; not TLS, not the in-process socket pair of a
+direct link): large STREAM_DATA payloads never enter Python (see
+:mod:`router.splice`). The reader peeks at what the socket holds, hands
+whole frames to the connection as usual and, when a STREAM_DATA frame of at
+least SPLICE_MIN data bytes is next, consumes only its 16-byte head: the
+connection sees that head as an empty STREAM_DATA (its checks, liveness and
+statistics apply), the stream table accounts the real size
+(:meth:`~router.peerlink.streams.StreamTable.receive_held`) and the payload
+is spliced from the socket into the stream's pipe, to be spliced on into its
+socket by the stream's pump (``StreamState.incoming`` then holds byte counts
+for the pipe between the ``bytes`` of the copy path, in order). The writer
+writes a :class:`~router.peerlink.streams.HeldData` frame as the
+connection's empty STREAM_DATA with the length filled in, then splices the
+pipe. When no pipe is free, or the stream's pipe is full, bytes take the copy
+path: correct either way, and bounded by the stream's credit.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import struct
 from collections import deque
 
 import trio
 
 from . import peerlink as P
 from .peerlink import streams as S
+from .splice import PIPE_POOL, Pipe, PipePool, splice, splice_supported
 
 log = logging.getLogger("lbmr-router")
 
@@ -26,6 +47,27 @@ FLUSH_TIMEOUT = 1.0  # seconds to write a link's last frames (e.g. DISCONNECT_OK
 # routers on loopback, 4 MiB/256 KiB ~760 MB/s.
 STREAM_WINDOW = 4 << 20
 STREAM_FRAME = 256 << 10
+# Zero-copy path (plain TCP links): frames of up to a pipe's worth (MAX_PAYLOAD less the
+# stream id); payloads from SPLICE_MIN bytes on are spliced, smaller ones copied; the reader
+# peeks PEEK_SIZE bytes at a time. LBMR_ROUTER_ZERO_COPY=0 in the environment turns it off
+# (bench/router.py measures both paths).
+SPLICE_FRAME = P.MAX_PAYLOAD - 4
+SPLICE_MIN = 16 << 10
+PEEK_SIZE = 16 << 10
+ZERO_COPY = os.environ.get("LBMR_ROUTER_ZERO_COPY", "1") != "0"
+_DATA_HEAD = P.HEADER_SIZE + 4  # header and stream id of a STREAM_DATA frame
+_LEN4 = struct.pack(">I", 4)
+
+
+class HeldChunk:
+    """The pipe of one queued :class:`~router.peerlink.streams.HeldData` frame; ``done``
+    once the writer wrote it (or the link threw it away)."""
+
+    __slots__ = ("pipe", "done")
+
+    def __init__(self, pipe: Pipe) -> None:
+        self.pipe = pipe
+        self.done = False
 
 
 class StreamState:
@@ -48,6 +90,10 @@ class StreamState:
         self.last_active = 0.0  # LBT-RU: when a datagram last crossed (either way)
         self.advert_id = 0  # far side: the advertisement the peer opened the stream for
         self.source_ended = False  # the local socket ended (far side: the source closed it)
+        # zero copy: the pipe holding bytes from the peer not yet passed on (their counts
+        # are the int items of ``incoming``); the link's reader is splicing into it
+        self.rx_pipe: Pipe | None = None
+        self.rx_splicing = False
 
     def wake(self) -> None:
         self.incoming_ready.set()
@@ -59,11 +105,28 @@ class Link:
     ``peer_name`` is the configured peer's name (for logs); ``max_queue`` the
     writer queue's bound on data bytes."""
 
-    def __init__(self, conn: P.PeerConnection, stream, *, peer_name: str, max_queue: int) -> None:
+    def __init__(self, conn: P.PeerConnection, stream, *, peer_name: str, max_queue: int,
+                 zero_copy: bool | None = None, pipes: PipePool | None = None) -> None:
         self.peer_name = peer_name
         self.conn = conn
         self.stream = stream
-        self.streams = S.StreamTable(conn.role, initial_window=STREAM_WINDOW, max_frame=STREAM_FRAME)
+        self.pipes = PIPE_POOL if pipes is None else pipes
+        # zero copy: a descriptor of our own on the link socket (MSG_PEEK, splice, MSG_MORE),
+        # for a plain TCP link only
+        self._sock: socket.socket | None = None
+        want = ZERO_COPY if zero_copy is None else zero_copy
+        if (want and splice_supported() and isinstance(stream, trio.SocketStream)
+                and stream.socket.family in (socket.AF_INET, socket.AF_INET6)):
+            self._sock = socket.socket(fileno=os.dup(stream.socket.fileno()))
+            self._sock.setblocking(False)
+        self.zero_copy = self._sock is not None
+        self.streams = S.StreamTable(conn.role, initial_window=STREAM_WINDOW,
+                                     max_frame=SPLICE_FRAME if self.zero_copy else STREAM_FRAME)
+        self._head = b""  # consumed from the socket, not yet given to the connection (< 16 bytes)
+        self._frame_left = 0  # bytes of a frame being passed to the connection piecewise
+        self._scratch: bytearray | None = None
+        self.spliced_in = 0  # payload bytes spliced from the link / into it
+        self.spliced_out = 0
         self.outq = P.OutQueue(max_data_bytes=max_queue)
         self.raw = bytearray()  # bytes the connection produced (handshake, acks)
         self.raw_taken = trio.Event()  # set (and replaced) whenever the writer takes ``raw``
@@ -110,36 +173,349 @@ class Link:
         scope.cancel()
 
     async def writer(self) -> None:
-        while not self.closed:
-            if self.closing and not self.raw:
-                self.writer_done.set()
-                return
-            await self.wake_writer.wait()
-            self.wake_writer = trio.Event()
-            now = trio.current_time()
-            out = bytes(self.raw)
-            self.raw.clear()
-            self.raw_taken.set()
-            self.raw_taken = trio.Event()
-            if self.conn.state is P.State.CONNECTED or self.conn.state is P.State.DISCONNECTING:
+        popped: list = []  # taken from the queue, not yet written (their pipes, on the way out)
+        i = 0
+        try:
+            while not self.closed:
+                if self.closing and not self.raw:
+                    self.writer_done.set()
+                    return
+                await self.wake_writer.wait()
+                self.wake_writer = trio.Event()
+                now = trio.current_time()
+                out = bytes(self.raw)
+                self.raw.clear()
+                self.raw_taken.set()
+                self.raw_taken = trio.Event()
                 parts = [out]
-                for f in self.outq.pop_batch(1 << 20):
-                    if self.conn.can_send(f):
-                        parts.append(self.conn.send(f, now))
+                if self.conn.state is P.State.CONNECTED or self.conn.state is P.State.DISCONNECTING:
+                    popped, i = self.outq.pop_batch(1 << 20), 0
+                    while i < len(popped):
+                        f = popped[i]
+                        i += 1
+                        if type(f) is S.HeldData:
+                            await self._write_held(f, parts, now)
+                            parts = []
+                        elif self.conn.can_send(f):
+                            parts.append(self.conn.send(f, now))
+                    if self.outq:
+                        self.wake_writer.set()
                 out = b"".join(parts)
-                if self.outq:
-                    self.wake_writer.set()
-            if out:
-                await self.stream.send_all(out)
-                for st in self.state.values():
-                    st.credit.set()  # queue space freed: writers may retry
+                if out:
+                    await self._send(out)
+                    for st in self.state.values():
+                        st.credit.set()  # queue space freed: writers may retry
+        finally:
+            for f in popped[i:]:
+                if type(f) is S.HeldData:
+                    self._drop_held(f)
+
+    async def _send(self, data: bytes, more: bool = False) -> None:
+        if self._sock is None:
+            await self.stream.send_all(data)
+            return
+        mv = memoryview(data)
+        flags = socket.MSG_MORE if more else 0
+        while mv:
+            try:
+                k = self._sock.send(mv, flags)
+            except (BlockingIOError, InterruptedError):
+                await self._wait(trio.lowlevel.wait_writable)
+                continue
+            mv = mv[k:]
+
+    async def _wait(self, waiter) -> None:
+        """Wait until the link socket is readable/writable; ClosedResourceError if the
+        link's stream was closed (e.g. cut from outside)."""
+        sock = self.stream.socket
+        if sock.fileno() < 0:
+            raise trio.ClosedResourceError("the peer link's socket was closed")
+        await waiter(sock)
+
+    def _drop_held(self, f: S.HeldData) -> None:
+        """The frame is written (or thrown away): its pipe goes back, its pump wakes."""
+        chunk = f.holder
+        if isinstance(chunk, HeldChunk) and not chunk.done:
+            chunk.done = True
+            self.pipes.release(chunk.pipe)
+        st = self.state.get(f.stream_id)
+        if st is not None:
+            st.credit.set()
+
+    async def _write_held(self, f: S.HeldData, parts: list, now: float) -> None:
+        """One HeldData frame: everything before it and its header, then its pipe."""
+        chunk = f.holder
+        try:
+            empty = P.StreamData(f.stream_id, b"")
+            if not self.conn.can_send(empty):
+                return
+            head = bytearray(self.conn.send(empty, now))
+            struct.pack_into(">I", head, len(head) - 8, 4 + f.nbytes)
+            self.conn.stats.bytes_sent += f.nbytes
+            parts.append(head)
+            out = b"".join(parts)
+            pipe = chunk.pipe
+            if self._sock is None:  # not a zero-copy link: read the pipe (not normally used)
+                await self._send(out)
+                left = f.nbytes
+                while left:
+                    data = os.read(pipe.r, left)
+                    pipe.held -= len(data)
+                    left -= len(data)
+                    await self._send(data)
+                return
+            await self._send(out, more=True)
+            left = f.nbytes
+            while left:
+                try:
+                    k = splice(pipe.r, self._sock.fileno(), left)
+                except (BlockingIOError, InterruptedError):
+                    await self._wait(trio.lowlevel.wait_writable)
+                    continue
+                if k == 0:
+                    raise OSError(f"pipe of stream {f.stream_id} ran dry with {left} bytes to go")
+                left -= k
+                pipe.held -= k
+            self.spliced_out += f.nbytes
+        finally:
+            self._drop_held(f)
+
+    # ------------------------------------------------------------- reading
+
+    async def receive(self) -> tuple[list, bool]:
+        """Read from the link: the connection's frames and events for what arrived, and
+        True when the peer closed the connection. On a zero-copy link the payloads of large
+        STREAM_DATA frames are spliced to their streams before this returns."""
+        if self._sock is None:
+            data = await self.stream.receive_some(READ_SIZE)
+            return self.conn.receive_data(data, trio.current_time()), not data
+        await trio.lowlevel.checkpoint()  # fairness: a busy link never starves the pumps
+        while True:
+            if self.stream.socket.fileno() < 0:
+                raise trio.ClosedResourceError("the peer link's socket was closed")
+            if self._frame_left:
+                data = await self._recv(min(self._frame_left, READ_SIZE))
+                if not data:
+                    return self._eof()
+                self._frame_left -= len(data)
+                return self._feed(data), False
+            try:
+                peek = self._sock.recv(PEEK_SIZE, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                await self._wait(trio.lowlevel.wait_readable)
+                continue
+            if not peek:
+                return self._eof()
+            view = self._head + peek if self._head else peek
+            got = await self._cut(view)
+            if got is not None:
+                return got, False
+
+    def _eof(self) -> tuple[list, bool]:
+        head, self._head = self._head, b""
+        items = self.conn.receive_data(head, trio.current_time()) if head else []
+        return items + self.conn.receive_data(b"", trio.current_time()), True
+
+    def _feed(self, data: bytes) -> list:
+        return self.conn.receive_data(data, trio.current_time())
+
+    def _take(self, nbytes: int) -> bytes:
+        """``nbytes`` of ``_head`` + the peeked bytes, now consumed from the socket."""
+        head = self._head
+        self._head = b""
+        k = nbytes - len(head)
+        if k <= 0:
+            self._head = head[nbytes:]
+            return head[:nbytes]
+        data = self._sock.recv(k)  # peeked already: there at once, in full
+        if len(data) != k:
+            raise OSError(f"peer link: {len(data)} of {k} peeked bytes read")
+        return head + data
+
+    def _may_splice(self) -> bool:
+        return (self.conn.state is P.State.CONNECTED
+                and bool(self.conn.capabilities & P.Capability.STREAMS))
+
+    async def _cut(self, view: bytes) -> list | None:
+        """Consume the whole frames at the start of ``view`` (the head and the bytes
+        peeked), or the head of a STREAM_DATA frame to splice; the connection's items,
+        or None when more bytes must arrive first."""
+        n = len(view)
+        pos = 0
+        max_payload = self.conn.max_payload
+        while pos + P.HEADER_SIZE <= n:
+            magic, ver, ftype, _, _, length = P.HEADER.unpack_from(view, pos)
+            if magic != P.MAGIC or ver != P.WIRE_VERSION or length > max_payload:
+                return self._feed(self._take(n))  # the connection refuses it
+            if (ftype == P.FrameType.STREAM_DATA and length - 4 >= SPLICE_MIN
+                    and self._may_splice()):
+                if pos:
+                    break
+                if n < _DATA_HEAD:
+                    return self._need(n)
+                return await self._receive_held(self._take(_DATA_HEAD), length - 4)
+            total = P.HEADER_SIZE + length
+            if pos + total > n:
+                if pos:
+                    break
+                self._frame_left = total - n  # a frame larger than what is here: piecewise
+                return self._feed(self._take(n))
+            pos += total
+        if pos:
+            return self._feed(self._take(pos))
+        return self._need(n)
+
+    def _need(self, n: int) -> None:
+        """Fewer bytes than a frame header (or a data frame's head) are here: keep them
+        (consumed, so that the next wake-up means new bytes) and wait for more."""
+        self._head = self._take(n)
+        return None
+
+    async def _recv(self, nbytes: int) -> bytes:
+        while True:
+            try:
+                return self._sock.recv(nbytes)
+            except (BlockingIOError, InterruptedError):
+                await self._wait(trio.lowlevel.wait_readable)
+
+    async def _receive_held(self, head: bytes, nbytes: int) -> list:
+        """A STREAM_DATA frame of ``nbytes`` data bytes whose 16-byte head was consumed."""
+        sid = int.from_bytes(head[12:16], "big")
+        items = self._feed(head[:8] + _LEN4 + head[12:16])
+        last = items[-1] if items else None
+        if not (isinstance(last, P.StreamData) and last.stream_id == sid and not last.data
+                and self.conn.state is P.State.CONNECTED):
+            return items  # refused by the connection: the link ends, the payload stays unread
+        items.pop()
+        self.conn.stats.bytes_received += nbytes
+        events = self.streams.receive_held(sid, nbytes)
+        st = self.state.get(sid)
+        if not (events and isinstance(events[0], S.DataArriving)) or st is None or st.closed:
+            self.flush_streams()  # e.g. STREAM_CLOSE after a credit violation
+            await self._discard(nbytes)
+            return items
+        st.rx_splicing = True
+        try:
+            await self._splice_payload(st, nbytes)
+        finally:
+            st.rx_splicing = False
+            if st.rx_pipe is not None and (st.rx_pipe.held == 0 or self.state.get(sid) is not st):
+                self.pipes.release(st.rx_pipe)  # drained meanwhile, or the stream is gone
+                st.rx_pipe = None
+        return items
+
+    async def _splice_payload(self, st: StreamState, nbytes: int) -> None:
+        """Move ``nbytes`` of payload from the link to ``st``: into its pipe while there is
+        room, else (no pipe to be had, or the pipe is full) copied into ``st.incoming``."""
+        tcp = st.kind == P.StreamKind.TCP and isinstance(st.sock, trio.SocketStream)
+        if tcp and st.rx_pipe is None:
+            st.rx_pipe = self.pipes.acquire()
+        pipe_full = False
+        left = nbytes
+        while left:
+            pipe = st.rx_pipe if tcp else None
+            if pipe is not None and not pipe_full:
+                try:
+                    k = splice(self._sock.fileno(), pipe.w, left)
+                except (BlockingIOError, InterruptedError):
+                    k = -1  # the socket is empty or the pipe full: recv tells which
+                if k == 0:
+                    raise trio.BrokenResourceError("the peer closed the link in the middle of a frame")
+                if k > 0:
+                    pipe.held += k
+                    left -= k
+                    self.spliced_in += k
+                    inc = st.incoming
+                    if inc and type(inc[-1]) is int:
+                        inc[-1] += k
+                    else:
+                        inc.append(k)
+                    if len(inc) == 1 and not self.forward(st):  # on at once if the socket takes it
+                        st.incoming_ready.set()  # the rest: the stream's pump, when it can
+                    continue
+            try:
+                data = self._sock.recv(min(left, READ_SIZE))
+            except (BlockingIOError, InterruptedError):
+                await self._wait(trio.lowlevel.wait_readable)
+                if self.state.get(st.sid) is not st or st.closed:
+                    await self._discard(left)  # the stream ended meanwhile
+                    return
+                continue
+            if not data:
+                raise trio.BrokenResourceError("the peer closed the link in the middle of a frame")
+            pipe_full = pipe is not None
+            left -= len(data)
+            st.incoming.append(data)
+            st.incoming_ready.set()
+
+    def forward(self, st: StreamState) -> bool:
+        """Splice the bytes counted at the head of ``st.incoming`` from the stream's pipe
+        into its socket, as far as the socket takes them now (never waits). True when they
+        all went, False when some are left (the socket is full, or failed: the pump, which
+        waits for the socket, finds out). Credit is returned for what went."""
+        inc = st.incoming
+        pipe = st.rx_pipe
+        if pipe is None or not inc or type(inc[0]) is not int:
+            return False
+        fd = st.sock.socket.fileno()
+        while inc[0]:
+            try:
+                k = splice(pipe.r, fd, inc[0])
+            except OSError:
+                break
+            if k <= 0:
+                break
+            inc[0] -= k
+            pipe.held -= k
+            try:
+                self.streams.consumed(st.sid, k)
+            except S.LocalStreamError:
+                pass
+        self.flush_streams()
+        if inc[0]:
+            return False
+        inc.popleft()
+        if not inc and pipe.held == 0 and not st.rx_splicing:
+            self.pipes.release(pipe)
+            st.rx_pipe = None
+        return True
+
+    async def _discard(self, nbytes: int) -> None:
+        """Read and drop ``nbytes`` of payload (refused or for a stream that is gone)."""
+        if self._scratch is None:
+            self._scratch = bytearray(64 << 10)
+        mv = memoryview(self._scratch)
+        while nbytes:
+            try:
+                k = self._sock.recv_into(mv[:min(nbytes, len(mv))])
+            except (BlockingIOError, InterruptedError):
+                await self._wait(trio.lowlevel.wait_readable)
+                continue
+            if not k:
+                raise trio.BrokenResourceError("the peer closed the link in the middle of a frame")
+            nbytes -= k
+
+    # ------------------------------------------------------------- streams
+
+    def release_stream(self, st: StreamState) -> None:
+        """A stream is over: give back its pipe (closed if it still holds bytes)."""
+        if st.rx_pipe is not None and not st.rx_splicing:
+            self.pipes.release(st.rx_pipe)
+            st.rx_pipe = None
 
     def down(self) -> None:
-        """The link has ended: close every stream's state and socket."""
+        """The link has ended: close every stream's state and socket, release every pipe."""
         self.closed = True
+        for f in self.outq.take_all():
+            if isinstance(f, S.HeldData):
+                self._drop_held(f)
         for st in self.state.values():
             st.closed = True
             st.accepted.set()  # nobody waits for an answer that cannot come
             st.wake()
+            st.rx_splicing = False
+            self.release_stream(st)
             if st.sock is not None and st.owns_sock and hasattr(st.sock, "close"):
                 st.sock.close()
+        if self._sock is not None:
+            self._sock.close()

@@ -18,8 +18,9 @@ from collections.abc import Callable
 import trio
 
 from . import peerlink as P
-from .link import CONNECT_TIMEOUT, READ_SIZE, Link, StreamState
+from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, StreamState
 from .peerlink import streams as S
+from .splice import splice
 
 RU_BACKLOG = 64  # datagrams held per LBT-RU stream until the far side accepts
 # LBT-RU relay sockets: 4 MiB buffers (the loopback walk-through lost hundreds of
@@ -320,7 +321,9 @@ class Relay:
                     link.flush_streams()
             except S.LocalStreamError:
                 pass
-        link.state.pop(st.sid, None)
+        if link.state.get(st.sid) is st:
+            del link.state[st.sid]
+        link.release_stream(st)
 
     # ------------------------------------------------- far side: sources
 
@@ -457,6 +460,10 @@ class Relay:
         if st.refused is not None:
             scope.cancel()
             return
+        if link.zero_copy and isinstance(st.sock, trio.SocketStream):
+            if await self._pump_up_spliced(link, st):
+                scope.cancel()
+            return
         pending = b""
         while True:
             if st.closed or link.closed:
@@ -480,16 +487,84 @@ class Relay:
             pending = bytes(rest)
         scope.cancel()
 
+    async def _pump_up_spliced(self, link: Link, st: StreamState) -> bool:
+        """Zero copy, socket -> peer link: splice what the socket holds (up to the credit,
+        the queue's space and a frame) into a pipe, queue it as one HeldData frame, wait
+        until the writer has written it, again. True at end of file from the socket, False
+        when the stream or the link was closed."""
+        sock = st.sock.socket
+        chunk: HeldChunk | None = None
+        while True:
+            if st.closed or link.closed:
+                return False
+            st.credit = trio.Event()  # before looking: a wake-up after it is not lost
+            if chunk is not None and not chunk.done:
+                await st.credit.wait()  # the writer has not written the last one yet
+                continue
+            room = min(link.streams.send_credit(st.sid), link.streams.max_frame,
+                       link.outq.data_space() - S.STREAM_DATA_OVERHEAD)
+            if room <= 0:
+                await st.credit.wait()
+                continue
+            pipe = link.pipes.acquire()
+            if pipe is None:  # no pipe free: one read on the copy path
+                try:
+                    data = await st.sock.receive_some(min(room, READ_SIZE))
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    data = b""
+                if not data:
+                    st.source_ended = True
+                    return True
+                try:
+                    link.streams.send(st.sid, data, limit=link.outq.data_space())
+                except S.LocalStreamError:
+                    return False
+                link.flush_streams()
+                continue
+            try:
+                k = splice(sock.fileno(), pipe.w, min(room, pipe.capacity))
+            except (BlockingIOError, InterruptedError):
+                link.pipes.release(pipe)
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                except (trio.ClosedResourceError, OSError):
+                    return True
+                continue
+            except OSError:  # reset by the source or receiver: as end of file
+                k = 0
+            if k == 0:
+                link.pipes.release(pipe)
+                st.source_ended = True
+                return True
+            pipe.held = k
+            chunk = HeldChunk(pipe)
+            try:
+                link.streams.send_held(st.sid, k, chunk)
+            except S.LocalStreamError:
+                chunk.done = True
+                link.pipes.release(pipe)
+                return False
+            link.flush_streams()
+
     async def _pump_down(self, link: Link, st: StreamState, scope) -> None:
-        """Peer link -> socket; consumed bytes are returned to the peer as credit."""
+        """Peer link -> socket; consumed bytes are returned to the peer as credit. The
+        items of ``st.incoming`` are bytes (copy path) or byte counts of ``st.rx_pipe``
+        (zero copy), in order; a count stays at the head until all its bytes went (the
+        link's reader may pass some on itself, :meth:`Link.forward`)."""
         while True:
             while st.incoming:
-                data = st.incoming.popleft()
+                if type(st.incoming[0]) is int:
+                    if not await self._splice_down(link, st):
+                        scope.cancel()
+                        return
+                    continue
+                data = st.incoming[0]  # stays at the head while it is sent (order with forward())
                 try:
                     await st.sock.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     scope.cancel()
                     return
+                st.incoming.popleft()
                 try:
                     link.streams.consumed(st.sid, len(data))
                 except S.LocalStreamError:
@@ -500,3 +575,40 @@ class Relay:
                 return
             await st.incoming_ready.wait()
             st.incoming_ready = trio.Event()
+
+    @staticmethod
+    async def _splice_down(link: Link, st: StreamState) -> bool:
+        """The pipe bytes at the head of ``st.incoming`` into the stream's socket, waiting
+        for it as needed; False if that cannot be done (the receiver went away, the link
+        is gone)."""
+        sock = st.sock.socket
+        while st.incoming and type(st.incoming[0]) is int:
+            pipe = st.rx_pipe
+            if pipe is None:
+                return False  # the link went down and took the pipe
+            try:
+                k = splice(pipe.r, sock.fileno(), st.incoming[0])
+            except (BlockingIOError, InterruptedError):
+                try:
+                    await trio.lowlevel.wait_writable(sock)
+                except (trio.ClosedResourceError, OSError):
+                    return False
+                continue
+            except OSError:
+                return False
+            if k == 0:
+                return False
+            pipe.held -= k
+            st.incoming[0] -= k
+            try:
+                link.streams.consumed(st.sid, k)
+            except S.LocalStreamError:
+                pass
+            link.flush_streams()
+            if st.incoming[0] == 0:
+                st.incoming.popleft()
+        pipe = st.rx_pipe
+        if pipe is not None and pipe.held == 0 and not st.rx_splicing:
+            link.pipes.release(pipe)
+            st.rx_pipe = None
+        return True

@@ -11,6 +11,7 @@ from .frames import (
     OutQueueOverflow,
     StreamData,
 )
+from .streams import HeldData
 
 # --------------------------------------------------------------------------- writer queue
 
@@ -24,7 +25,8 @@ class OutQueue:
     * control -- everything except STREAM_DATA and DATAGRAM: never dropped; at most
       ``max_control`` queued, beyond that :meth:`put` raises :class:`OutQueueOverflow`
       (the link is hopeless and should be closed);
-    * data -- STREAM_DATA and DATAGRAM: at most ``max_data_bytes`` of encoded frames queued.
+    * data -- STREAM_DATA (also :class:`router.peerlink.streams.HeldData`, whose bytes the
+      I/O layer holds) and DATAGRAM: at most ``max_data_bytes`` of encoded frames queued.
       When full, a DATAGRAM is dropped and counted (LBT-RU recovers by itself); a STREAM_DATA
       is refused (``put`` returns False) so the caller keeps the bytes and waits: size
       writes with :meth:`data_space` (``StreamTable.send(limit=...)``) to never be refused.
@@ -45,7 +47,7 @@ class OutQueue:
 
     @staticmethod
     def is_data(frame: Frame) -> bool:
-        return isinstance(frame, StreamData | Datagram)
+        return isinstance(frame, StreamData | Datagram | HeldData)
 
     def __len__(self) -> int:
         return len(self._q)
@@ -96,6 +98,15 @@ class OutQueue:
         while self._q and (not out or budget > 0):
             budget -= self._q[0][1] or HEADER_SIZE
             out.append(self.pop())  # type: ignore[arg-type]
+        return out
+
+    def take_all(self) -> list[Frame]:
+        """Remove and return every queued frame, in order (the link went down and the
+        caller must release what some frames hold, e.g. :class:`HeldData` pipes)."""
+        out = [f for f, _ in self._q]
+        self.discarded += len(out)
+        self._q.clear()
+        self.control_count = self.data_bytes = 0
         return out
 
     def clear(self) -> int:

@@ -19,6 +19,15 @@ half a window. A stream whose consumer stalls therefore stops only itself: the o
 their own credit. DATAGRAMs use no credit (LBT-RU has its own rate control; the writer queue
 drops them when full).
 
+Zero-copy relay (the I/O layer moves the data bytes itself, e.g. with ``os.splice``
+through a pipe, and never hands them to this table): :meth:`StreamTable.send_held` accounts
+``n`` bytes the I/O layer holds and queues a :class:`HeldData` frame for the writer, which
+writes the STREAM_DATA header and then the bytes; :meth:`StreamTable.receive_held` is
+``receive(StreamData)`` for a frame whose header arrived and whose ``n`` data bytes the I/O
+layer will move: same checks and credit accounting, :class:`DataArriving` instead of
+:class:`DataReceived` (the refusals are the same events: the I/O layer then discards the
+bytes). The wire is the same either way: a peer cannot tell the two paths apart.
+
 Peer mistakes are events, never exceptions; calling a method the wrong way (sending on a
 stream that is not open, consuming more than was received) raises :class:`LocalStreamError`.
 """
@@ -49,7 +58,7 @@ __all__ = [
     "INITIAL_WINDOW", "MAX_FRAME_DATA", "STREAM_DATA_OVERHEAD", "STREAM_FRAMES", "StreamState",
     "LocalStreamError", "StreamClosedError", "StreamEvent", "StreamOpened", "StreamAccepted",
     "StreamRefused", "DataReceived", "DatagramReceived", "CreditAvailable", "StreamClosed",
-    "DataRefused", "StreamError", "Stream", "StreamTable",
+    "DataRefused", "StreamError", "DataArriving", "HeldData", "Stream", "StreamTable",
 ]
 
 INITIAL_WINDOW = 256 * 1024  # credit each receiver grants a new stream
@@ -144,6 +153,32 @@ class StreamError(StreamEvent):
     refused or closed as a result. The link itself stays up."""
 
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DataArriving(StreamEvent):
+    """:meth:`StreamTable.receive_held` accepted ``nbytes`` data bytes within the stream's
+    credit: the I/O layer moves them to the stream's consumer itself, and calls
+    :meth:`StreamTable.consumed` once they are passed on."""
+
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class HeldData:
+    """A STREAM_DATA frame whose ``nbytes`` data bytes are held by the I/O layer
+    (``holder``: opaque here, e.g. a pipe) instead of being in the frame: the writer writes
+    the header (type STREAM_DATA, payload length ``4 + nbytes``, the stream id), then the
+    bytes themselves. Queued like STREAM_DATA (:class:`router.peerlink.OutQueue` counts it as
+    data of :meth:`wire_size` bytes); the holder must be released whether it is written or
+    thrown away."""
+
+    stream_id: int
+    nbytes: int
+    holder: object
+
+    def wire_size(self) -> int:
+        return STREAM_DATA_OVERHEAD + self.nbytes
 
 
 # --------------------------------------------------------------------------- table
@@ -285,6 +320,25 @@ class StreamTable:
         st.datagrams_sent += 1
         self._outbox.append(Datagram(stream_id, bytes(data)))
 
+    def send_credit(self, stream_id: int) -> int:
+        """Data bytes that may be sent on the stream now (0 if it is not open)."""
+        st = self.streams.get(stream_id)
+        return st.send_credit if st is not None and st.state is StreamState.OPEN else 0
+
+    def send_held(self, stream_id: int, nbytes: int, holder: object) -> HeldData:
+        """Account ``nbytes`` (1 .. credit, at most ``max_frame``) of stream data that the
+        I/O layer holds itself and queue one :class:`HeldData` frame for them (returned too)."""
+        st = self._sendable(stream_id)
+        if not 0 < nbytes <= min(st.send_credit, self.max_frame):
+            raise LocalStreamError(
+                f"stream {stream_id}: {nbytes} held bytes with {st.send_credit} bytes of credit "
+                f"(frames of at most {self.max_frame})")
+        st.send_credit -= nbytes
+        st.bytes_sent += nbytes
+        frame = HeldData(stream_id, nbytes, holder)
+        self._outbox.append(frame)
+        return frame
+
     def consumed(self, stream_id: int, nbytes: int) -> None:
         """The application passed on ``nbytes`` received bytes; grants the peer more credit
         (STREAM_CREDIT) once at least half a window has been consumed. Ignored for streams
@@ -381,9 +435,9 @@ class StreamTable:
             return self._refused(sid, n, f"stream not open ({st.state.value})")
         return st
 
-    def _on_data(self, f: StreamData) -> list[StreamEvent]:
-        n = len(f.data)
-        st = self._receivable(f.stream_id, n)
+    def _take_data(self, sid: int, n: int) -> Stream | list[StreamEvent]:
+        """Checks and credit accounting of ``n`` incoming STREAM_DATA bytes."""
+        st = self._receivable(sid, n)
         if isinstance(st, list):
             return st
         if n > st.recv_window:
@@ -395,7 +449,22 @@ class StreamTable:
         st.recv_window -= n
         st.unconsumed += n
         st.bytes_received += n
+        return st
+
+    def _on_data(self, f: StreamData) -> list[StreamEvent]:
+        st = self._take_data(f.stream_id, len(f.data))
+        if isinstance(st, list):
+            return st
         return [DataReceived(st.id, f.data)]
+
+    def receive_held(self, stream_id: int, nbytes: int) -> list[StreamEvent]:
+        """``receive(StreamData)`` for a frame of ``nbytes`` data bytes that the I/O layer
+        moves itself (zero copy): :class:`DataArriving` when they may be delivered, else the
+        refusal events of :meth:`receive` (the I/O layer discards the bytes)."""
+        st = self._take_data(stream_id, nbytes)
+        if isinstance(st, list):
+            return st
+        return [DataArriving(st.id, nbytes)]
 
     def _on_datagram(self, f: Datagram) -> list[StreamEvent]:
         st = self._receivable(f.stream_id, len(f.data))
