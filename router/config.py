@@ -69,6 +69,7 @@ from .config_model import (
     DEFAULT_MAX_QUEUE,
     DEFAULT_MULTICAST_GROUP,
     DEFAULT_MULTICAST_PORT,
+    DEFAULT_MULTICAST_TTL,
     DEFAULT_RECONNECT_INTERVAL_MS,
     DEFAULT_RELAY_PORTS,
     DEFAULT_SOURCE_DELETION_DELAY_MS,
@@ -430,7 +431,8 @@ def _topic_resolution(c: _Checker, tr: etree._Element) -> TopicResolution:
                 c.error(mc, f"<multicast> group {e}")
         port = c.attr_port(mc, "port", DEFAULT_MULTICAST_PORT, "UDP")
         interface = c.attr_interface(mc, "interface")
-        multicast = MulticastResolver(group, port, line=mc.sourceline or 0)
+        ttl = c.attr_int(mc, "ttl", DEFAULT_MULTICAST_TTL, "a TTL 0..255 (hops)", 0, 255)
+        multicast = MulticastResolver(group, port, line=mc.sourceline or 0, ttl=ttl)
     else:
         interface = c.interface(tr.find("interface"))
         seen: dict[tuple[str, int], int] = {}

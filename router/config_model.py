@@ -328,9 +328,15 @@ class PeerConfig:
     """A ``<peer>`` portal: one TCP link to another router.
 
     Exactly one of ``initiator`` / ``acceptor`` is set.  ``tcp_keepalive`` and
-    ``nodelay`` are the ``<keepalive/>`` and ``<nodelay/>`` socket options;
-    ``keepalive`` is the application keepalive (``<gateway-keepalive>``).
-    Buffers of 0 leave the OS default.
+    ``nodelay`` are the ``<keepalive/>`` and ``<nodelay/>`` socket options
+    (SO_KEEPALIVE, TCP_NODELAY), applied to the link's socket on both sides;
+    ``nodelay`` False means Nagle's algorithm is on, as in the DRO (the file's
+    default; the embedding helpers :func:`initiator_peer` and
+    :func:`acceptor_peer` default to True). ``keepalive`` is the application
+    keepalive (``<gateway-keepalive>``). Buffers (SO_RCVBUF, SO_SNDBUF, set
+    before connecting or listening) of 0 leave the OS default (autotuning).
+    ``interface`` is the address the acceptor listens on and the initiator
+    binds before it connects.
     """
 
     name: str
@@ -368,6 +374,12 @@ class PeerConfig:
     def listen_ip(self) -> str:
         """The acceptor's listen address (default: any)."""
         return bind_address(self.interface, "0.0.0.0")
+
+    @property
+    def local_ip(self) -> str | None:
+        """The initiator's local address, bound before it connects (None: the
+        OS chooses, as without ``<interface>``)."""
+        return None if not self.interface else bind_address(self.interface, "0.0.0.0")
 
     @property
     def reconnect_interval(self) -> float:
@@ -469,7 +481,9 @@ def initiator_peer(name: str, address: str, port: int, *,
                    keepalive_interval_ms: int | None = None, keepalive_timeout_ms: int | None = None,
                    **more) -> PeerConfig:
     """A peer portal that connects to ``address:port``. ``more``: other
-    :class:`PeerConfig` fields (``tls``, ``max_queue`` ...)."""
+    :class:`PeerConfig` fields (``tls``, ``max_queue`` ...; ``nodelay`` defaults
+    to True here: an embedded link keeps trio's TCP_NODELAY)."""
+    more.setdefault("nodelay", True)
     return PeerConfig(name, initiator=InitiatorConfig(address, port, reconnect_interval_ms),
                       keepalive=_keepalive(keepalive_interval_ms, keepalive_timeout_ms), **more)
 
@@ -478,6 +492,7 @@ def acceptor_peer(name: str, port: int = 0, *, interface: str | None = None,
                   keepalive_interval_ms: int | None = None, keepalive_timeout_ms: int | None = None,
                   **more) -> PeerConfig:
     """A peer portal that listens on ``interface:port`` (0 = any free port)."""
+    more.setdefault("nodelay", True)
     return PeerConfig(name, acceptor=AcceptorConfig(port), interface=interface,
                       keepalive=_keepalive(keepalive_interval_ms, keepalive_timeout_ms), **more)
 

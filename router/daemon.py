@@ -70,6 +70,43 @@ def tls_context(tls, server_side: bool) -> ssl.SSLContext:
     return ctx
 
 
+def set_peer_socket_options(sock, peer: PeerConfig, *, connected: bool) -> None:
+    """``<single-tcp>``'s socket options on a peer link's TCP socket (``sock``:
+    a stdlib or trio socket): the buffers (0 = the OS default; set before
+    connecting or listening, so that the TCP window scale is chosen for them),
+    SO_KEEPALIVE and, once ``connected`` (trio's SocketStream turns
+    TCP_NODELAY on), TCP_NODELAY as ``<nodelay/>`` says: absent means Nagle's
+    algorithm stays on, as in the DRO. Sockets that are not TCP (an
+    in-process link's socket pair) are left alone."""
+    if sock.family != socket.AF_INET or sock.type != socket.SOCK_STREAM:
+        return
+    if not connected:
+        if peer.receive_buffer:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, peer.receive_buffer)
+        if peer.send_buffer:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, peer.send_buffer)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1 if peer.tcp_keepalive else 0)
+    if connected:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1 if peer.nodelay else 0)
+
+
+async def open_peer_stream(peer: PeerConfig) -> trio.SocketStream:
+    """The initiator's connection: a TCP socket with the peer's options, bound to
+    its ``<interface>`` if it has one, connected to ``address:port``."""
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        set_peer_socket_options(sock, peer, connected=False)
+        if peer.local_ip is not None:
+            await sock.bind((peer.local_ip, 0))
+        await sock.connect((peer.address, peer.port))
+    except BaseException:
+        sock.close()
+        raise
+    stream = trio.SocketStream(sock)
+    set_peer_socket_options(sock, peer, connected=True)
+    return stream
+
+
 def proxy_bound(configured: int) -> int:
     """At most ``configured`` proxies, and at most a quarter of the descriptors
     the process may open (each proxy is a listener, each receiver a socket on
@@ -347,6 +384,8 @@ class Router:
             return
         if p.role == "acceptor":
             listeners = await trio.open_tcp_listeners(p.port, host=p.listen_ip)
+            for lst in listeners:  # accepted sockets inherit the buffers
+                set_peer_socket_options(lst.socket, p, connected=False)
             bound = listeners[0].socket.getsockname()
             task_status.started(bound)
             log.info("peer %s: accepting on %s:%d", p.name, *bound)
@@ -357,7 +396,7 @@ class Router:
             while True:
                 try:
                     with trio.fail_after(CONNECT_TIMEOUT):
-                        stream = await trio.open_tcp_stream(p.address, p.port)
+                        stream = await open_peer_stream(p)
                 except (OSError, trio.TooSlowError) as e:
                     self.counters["peer_connect_failed"] += 1
                     log.info("peer %s: connect to %s:%d failed: %s", p.name, p.address, p.port, e)
@@ -374,6 +413,8 @@ class Router:
             self.counters["peer_refused_busy"] += 1
             await stream.aclose()
             return
+        set_peer_socket_options(stream.socket, self.peer, connected=False)  # buffers, if not inherited
+        set_peer_socket_options(stream.socket, self.peer, connected=True)
         if len(self._handshakes) >= MAX_HANDSHAKES:
             self.counters["handshakes_dropped"] += 1
             next(iter(self._handshakes)).cancel()
