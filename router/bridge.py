@@ -35,7 +35,9 @@ Rules (unchanged from the router's first version):
   1st, 2nd, 4th, 8th ... refusal).
 * **Far side: advertisements.** A source the peer wants (:class:`SourceSeen`)
   gets an advert id, stable for its (topic, OTID) while the link lasts, and an
-  ADVERTISEMENT; :class:`SourceGone` sends the withdrawal. Only TCP and LBT-RU
+  ADVERTISEMENT; :class:`SourceGone` sends the withdrawal, and so does an
+  INTEREST CANCEL that leaves the source's topic wanted by no interest of the
+  peer (``adverts_withdrawn_uninterested``). Only TCP and LBT-RU
   sources are advertised (``unrelayable_transport`` otherwise).
 * **Near side: proxies.** An ADVERTISEMENT from the peer starts a proxy
   (:class:`StartProxy`) unless it is already proxied (a re-send), names our
@@ -390,7 +392,8 @@ class Bridge:
                     if domains:
                         return
                     del self._wanted_by[key]
-                tr.cancel_remote_interest(f.topic, now, pattern_type=int(f.pattern_type))
+                if tr.cancel_remote_interest(f.topic, now, pattern_type=int(f.pattern_type)):
+                    self._withdraw_unwanted()
             else:
                 tr.add_remote_interest(f.topic, now, pattern_type=int(f.pattern_type))
                 self._wanted_by.setdefault(key, set()).add(f.domain_id)
@@ -400,6 +403,14 @@ class Bridge:
             if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th ...: logged, never a flood
                 self._out.append(Notice("interest_refused", f"{n} interest(s) from the peer refused so "
                                         f"far; latest {f.topic[:80]!r}: {e}"))
+
+    def _withdraw_unwanted(self) -> None:
+        """The peer cancelled an interest: withdraw the advertisements it no
+        longer wants (no other interest of the peer covers their topic), so its
+        proxies go at once instead of lingering until the link drops."""
+        for topic, otid in [k for k in self._adverts if not self.portal.wants_source(k[0])]:
+            self.counters["adverts_withdrawn_uninterested"] += 1
+            self._portal_events_gone(topic, otid)
 
     def _on_advertisement(self, f: P.Advertisement, now: float) -> None:
         if f.withdraw:

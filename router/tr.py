@@ -761,6 +761,11 @@ class PortalTR:
             return True
         return any(self._covers(k, topic) for k in self._lint_patterns)
 
+    def wants_source(self, topic: str) -> bool:
+        """Does remote interest (the topic, or a pattern covering it) want
+        sources of ``topic``?"""
+        return self._wanted(topic)
+
     def remote_interests(self) -> list[tuple[str, int]]:
         """The remote interests as (topic or pattern, pattern type)."""
         return [(t, pt) for pt, t in self._rint]

@@ -91,3 +91,45 @@ async def test_multicast_ttl_is_set_on_the_portals_tr_socket():
         await n.start(r.run)
         assert r.tr_sock.getsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL) == 3
         n.cancel_scope.cancel()
+
+
+# ------------------------------------------------ a cancelled interest withdraws its adverts
+
+
+def test_cancelled_interest_withdraws_the_adverts_sent_for_it():
+    from router import peerlink as P
+
+    from .test_router_bridge import OTID, TOPIC, bridge, dgram, frames, source_tir
+
+    b = bridge()
+    b.link_up(0.0)
+    b.peer_frame(P.Interest(P.InterestAction.ADD, TOPIC, 2), 0.0)
+    b.peer_frame(P.Interest(P.InterestAction.ADD, "md.other", 2), 0.0)
+    b.on_datagram(dgram(tirs=[source_tir(), source_tir("md.other", 14372, OTID[:-1] + b"\x02")]),
+                  ("10.1.0.5", 12965), 0.05)
+    assert [f.withdraw for f in frames(b)] == [False, False]
+    b.peer_frame(P.Interest(P.InterestAction.CANCEL, TOPIC, 2), 0.1)
+    assert frames(b) == [P.Advertisement(TOPIC, 1, OTID, P.StreamKind.TCP, 1, True)]
+    assert b.advert_source(1) is None and b.advert_source(2) is not None  # md.other still wanted
+    assert b.counters["adverts_withdrawn_uninterested"] == 1
+    # interest again: advertised again (first=True in the portal) under a new id
+    b.peer_frame(P.Interest(P.InterestAction.ADD, TOPIC, 2), 0.2)
+    (adv,) = frames(b)
+    assert (adv.topic, adv.withdraw) == (TOPIC, False)
+
+
+def test_a_pattern_cancel_keeps_adverts_another_interest_still_covers():
+    from router import peerlink as P
+
+    from .test_router_bridge import TOPIC, bridge, dgram, frames, source_tir
+
+    b = bridge()
+    b.link_up(0.0)
+    b.peer_frame(P.Interest(P.InterestAction.ADD, "^md\\.", 2, P.PatternType.PCRE), 0.0)
+    b.peer_frame(P.Interest(P.InterestAction.ADD, TOPIC, 2), 0.0)
+    b.on_datagram(dgram(tirs=[source_tir()]), ("10.1.0.5", 12965), 0.05)
+    assert [f.withdraw for f in frames(b)] == [False]
+    b.peer_frame(P.Interest(P.InterestAction.CANCEL, "^md\\.", 2, P.PatternType.PCRE), 0.1)
+    assert frames(b) == []  # the exact topic still wants it
+    b.peer_frame(P.Interest(P.InterestAction.CANCEL, TOPIC, 2), 0.2)
+    assert [f.withdraw for f in frames(b)] == [True]
