@@ -1,6 +1,6 @@
 """lbmr-analyze pipeline benchmark: Spark local[2] versus a single-process pyarrow baseline.
 
-    python bench/pipeline.py [--sizes 1000000,4000000] [--split-size 32M]
+    python bench/pipeline.py [--sizes 1000000,4000000] [--split-size 128M]
                              [--max-minutes 40] [--tmp DIR] [--no-baseline]
 
 For each size it generates a capture of realistic topic-resolution traffic
@@ -10,7 +10,7 @@ measures on this machine, in this run:
 * the fixed cost: starting the SparkSession, and a whole job on a 1,000-datagram
   capture (scheduling, Python workers, Parquet, the analysis passes, report);
 * the Spark job (``lbmr_analyze.job.run``: byte-range splits decoded on the
-  executors with mapInArrow, Parquet partitioned by hour, partial aggregates
+  executors (one RDD task each), Parquet partitioned by hour, partial aggregates
   computed by the decoding tasks and merged on the driver, one more pass for
   time to resolve, stale queries and storm seconds, report with plots):
   seconds, records/s and datagrams/s, and the analysis steps alone;
@@ -186,7 +186,8 @@ def baseline(path: Path, out: Path, ports=frozenset({12965, 15380})) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1000000,4000000", help="datagram counts, comma-separated")
-    ap.add_argument("--split-size", default="32M", help="byte range per Spark task (default 32M)")
+    ap.add_argument("--split-size", default="128M",
+                    help="byte range per Spark task (default 128M, lbmr-analyze's own default)")
     ap.add_argument("--max-minutes", type=float, default=40.0, help="skip sizes starting after this")
     ap.add_argument("--tmp", default=None, help="folder for the captures (default: system temp)")
     ap.add_argument("--driver-memory", default="6g", help="spark.driver.memory (local mode: the executor too)")

@@ -54,9 +54,19 @@ def _submit_script(ctx, param, value):
         ctx.exit(0)
 
 
+def _log4j_config(ctx, param, value):
+    if value and not ctx.resilient_parsing:
+        from pathlib import Path
+        click.echo(Path(__file__).with_name("log4j2.properties"))
+        ctx.exit(0)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--submit-script", is_flag=True, expose_value=False, is_eager=True, callback=_submit_script,
               help="Print the path of the .py file to give spark-submit, and exit.")
+@click.option("--log4j-config", is_flag=True, expose_value=False, is_eager=True, callback=_log4j_config,
+              help="Print the path of lbmr-analyze's quiet log4j2 configuration (for spark-submit's "
+                   "--driver-java-options), and exit.")
 @click.argument("captures", nargs=-1, required=True)
 @click.option("--out", "out", required=True, metavar="DIR",
               help="Output folder or URI: records/ (Parquet), report.html, plots, tables; replaced "
@@ -86,7 +96,9 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
     Examples:
       lbmr-analyze trace.pcapng --out report/
       lbmr-analyze /data/captures/ --out /shared/tr --master spark://head:7077
-      spark-submit --master yarn "$(lbmr-analyze --submit-script)" hdfs:///caps --out hdfs:///tr
+      spark-submit --master yarn \\
+        --driver-java-options "-Dlog4j2.configurationFile=$(lbmr-analyze --log4j-config)" \\
+        "$(lbmr-analyze --submit-script)" hdfs:///caps --out hdfs:///tr
     """
     from .javacheck import JavaError, find_java, under_spark_submit
 
@@ -105,6 +117,7 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
 
     from pyspark.sql import SparkSession
 
+    from .fsio import UnsupportedURI
     from .job import (
         SPARK_LOG,
         EnvironmentError_,
@@ -127,7 +140,7 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
     try:
         res = run(spark, captures, out, ports=ports, split_size=split_size,
                   storm_threshold=storm_threshold, top=top, progress=prog)
-    except (FileNotFoundError, FileExistsError) as e:
+    except (FileNotFoundError, FileExistsError, UnsupportedURI) as e:
         raise click.UsageError(str(e)) from None
     except EnvironmentError_ as e:
         prog.done()

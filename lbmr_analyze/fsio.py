@@ -1,12 +1,18 @@
 """Paths and Hadoop-style URIs for inputs and output, on driver and executors.
 
 ``/data/caps``, ``file:///data/caps``, ``hdfs://nn:8020/caps`` and
-``s3a://bucket/caps`` are all accepted.  Python code (the driver's listing, the
-executors' reading and Parquet writing, the report) goes through
-:mod:`pyarrow.fs` (``s3a://`` is opened as pyarrow's ``s3://``; ``hdfs://``
-needs libhdfs, as on any Hadoop node); Spark itself reads the records back through
-Hadoop with :func:`spark_uri`, which is always fully qualified, so a local path
-is never resolved against a cluster's default file system.
+``s3a://bucket/caps`` are all accepted.  The driver first resolves every URI with
+Hadoop's own FileSystem API (:func:`hadoop_resolve`: ``FileSystem.resolvePath``
+in Spark's JVM, with Spark's Hadoop configuration), so mount tables such as
+``viewfs://`` and any scheme configured with ``spark.hadoop.fs.<scheme>.impl``
+lead to the file system that really holds the data.  Python code (the driver's
+listing, the executors' reading and Parquet writing, the report) then goes
+through :mod:`pyarrow.fs` (``s3a://`` is opened as pyarrow's ``s3://``;
+``hdfs://`` needs libhdfs, as on any Hadoop node): a resolved scheme pyarrow has
+no file system for is a clear error (:class:`UnsupportedURI`).  Spark itself
+reads the records back through Hadoop with :func:`spark_uri`, which is always
+fully qualified, so a local path is never resolved against a cluster's default
+file system.
 
 Remote captures are read by copying the bytes a task needs (the file's first
 64 KiB and its byte range plus a margin for resynchronisation) into a sparse
@@ -47,15 +53,63 @@ def local_path(text: str) -> str:
     return os.path.abspath(os.fspath(text))
 
 
+class UnsupportedURI(ValueError):
+    """A URI whose file system the executors' Python (pyarrow) cannot open."""
+
+
 def filesystem(text: str):
-    """(pyarrow FileSystem, path within it) for a local path or a URI."""
+    """(pyarrow FileSystem, path within it) for a local path or a URI; raises
+    :class:`UnsupportedURI` for a scheme pyarrow has no file system for (or cannot
+    reach, e.g. ``hdfs://`` without libhdfs)."""
+    import pyarrow as pa
     import pyarrow.fs as pafs
     if is_local(text):
         return pafs.LocalFileSystem(), local_path(text)
     uri = str(text)
     if uri.startswith(("s3a://", "s3n://")):
         uri = "s3://" + uri.split("://", 1)[1]
-    return pafs.FileSystem.from_uri(uri)
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
+        raise UnsupportedURI(
+            f"{text}: lbmr-analyze's executors read and write through pyarrow, which cannot open it "
+            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); use a path, file://, hdfs:// "
+            f"(with libhdfs), s3a://, gs:// or abfs://, or a Hadoop mount (viewfs://) that leads to one") from None
+
+
+def hadoop_resolve(spark, text: str) -> str:
+    """``text`` as Hadoop's FileSystem API resolves it in Spark's JVM
+    (``FileSystem.resolvePath``: mount tables such as viewfs:// followed), for the
+    path or, when it does not exist yet (an output folder), its nearest existing
+    ancestor with the rest appended.  Local paths and ``file://`` URIs, and schemes
+    Hadoop has no file system for here (pyarrow may still have one: s3a:// without
+    hadoop-aws), are returned unchanged."""
+    if not is_uri(text) or urlparse(str(text)).scheme == "file":
+        return text
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    path = jvm.org.apache.hadoop.fs.Path(str(text))
+    try:
+        fs = path.getFileSystem(conf)
+    except Exception:  # noqa: BLE001 - Py4J: UnsupportedFileSystemException and kin
+        return text
+    rest: list[str] = []
+    cur = path
+    while True:
+        try:
+            resolved = str(fs.resolvePath(cur).toString())
+            break
+        except Exception as e:  # noqa: BLE001
+            parent = cur.getParent()
+            if "FileNotFoundException" not in str(e) or parent is None:
+                return text
+            rest.insert(0, str(cur.getName()))
+            cur = parent
+    import re
+    m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):/(?!/)", resolved)
+    if m:                                        # Hadoop's "file:/x" (no authority): "file:///x"
+        resolved = f"{m.group(1)}:///{resolved[m.end():]}"
+    return join(resolved, *rest) if rest else resolved
 
 
 def join(base: str, *names: str) -> str:

@@ -277,7 +277,7 @@ def decode_to_parquet(spark, splits: list[Split], records_path: str, ports: froz
 
     The records never pass through the JVM on their way to Parquet: Arrow batches
     go straight from the decoder to pyarrow's Parquet writer, and only one status
-    row per split comes back.  ``records_path`` must be on a file system that the
+    per split comes back (:func:`lbmr_analyze.rows.write_split_task`).  ``records_path`` must be on a file system that the
     driver and every executor see at the same path (as the captures must be);
     :func:`check_visible` verifies it.
 
@@ -285,18 +285,17 @@ def decode_to_parquet(spark, splits: list[Split], records_path: str, ports: froz
     ``wall_s`` and ``cpu_s`` (sums of the tasks' seconds), ``workers`` (distinct
     Python worker processes) and ``elapsed_s`` (the whole step)."""
     from . import partials as P
-    from .rows import STATUS_DDL, write_splits
+    from .rows import write_split_task
 
     rows = _split_rows(spark, splits)
     fs, base = fsio.filesystem(records_path)
     fs.create_dir(base, recursive=True)
     fs.delete_dir_contents(base, missing_dir_ok=True)
-    schema = "split_id int, path string, start bigint, end bigint, size bigint, context binary"
+    # a plain RDD map: one split per task, one small status dict back (no DataFrame, no
+    # Arrow round trip through the JVM, one Python worker per task)
     rdd = spark.sparkContext.parallelize(rows, len(rows))
-    sdf = spark.createDataFrame(rdd, schema)
-    status = sdf.mapInArrow(partial(write_splits, ports=ports, out_dir=str(records_path)), STATUS_DDL)
     t0 = time.perf_counter()
-    got = status.collect()
+    got = rdd.map(partial(write_split_task, ports=ports, out_dir=str(records_path))).collect()
     if stats is not None:
         stats.update(tasks=len(got), wall_s=sum(r["wall_s"] for r in got), cpu_s=sum(r["cpu_s"] for r in got),
                      workers=len({r["pid"] for r in got}), elapsed_s=time.perf_counter() - t0)
@@ -401,7 +400,8 @@ def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
     (``out/<table>.csv`` and ``.json``) and ``out/report.html`` with its plots.
 
     ``inputs`` and ``out`` are local paths or URIs (``file://``, ``hdfs://``,
-    ``s3a://``).  Everything is written into a staging folder beside ``out``
+    ``s3a://``, or any scheme Hadoop resolves to one of those, see
+    :mod:`lbmr_analyze.fsio`).  Everything is written into a staging folder beside ``out``
     (``.<name>.lbmr-analyze-<id>``) that replaces ``out`` only when the run has
     succeeded (two renames), so a failed run leaves the previous result intact.
     Raises :class:`OutputNotVisible` when the driver does not read back what the
@@ -413,12 +413,13 @@ def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
     from . import report as R
 
     prog = progress if progress is not None else Progress(6 if report else 5, enabled=False)
-    out_s = fsio.normal(os.fspath(out))
+    # URIs as Hadoop resolves them (mount tables, configured schemes), then opened with pyarrow
+    out_s = fsio.normal(fsio.hadoop_resolve(spark, os.fspath(out)))
     fs, final = fsio.filesystem(out_s)
     portset = frozenset(ports) | DEFAULT_PORTS
     spark.conf.set("spark.sql.session.timeZone", "UTC")     # tables and hour partitions are UTC
     prog.step("planning byte ranges")
-    files = discover(inputs)
+    files = discover([fsio.hadoop_resolve(spark, os.fspath(i)) for i in inputs])
     if not files:
         raise FileNotFoundError("no capture files found in the inputs")
     splits = plan(files, split_size)

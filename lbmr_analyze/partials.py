@@ -148,13 +148,17 @@ def merge(parts: list[dict[str, pa.Table]]) -> dict[str, pa.Table]:
     return out
 
 
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
 def to_ipc(parts: dict[str, pa.Table]) -> bytes:
     """Serialise a set of partial tables (one Arrow IPC stream per table, length-prefixed)."""
     import struct
     chunks = []
     for name, t in parts.items():
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, t.schema) as w:
+        # compressed: a split's facts repeat the same topics and transports (MBs -> 100s of KB)
+        with pa.ipc.new_stream(sink, t.schema, options=_IPC_OPTIONS) as w:
             w.write_table(t)
         data = sink.getvalue().to_pybytes()
         nb = name.encode()

@@ -1,5 +1,5 @@
 """Executor side: decode a split's datagrams into flat Arrow record batches and
-write them as Parquet (:func:`write_splits` is the ``mapInArrow`` function).
+write them as Parquet (:func:`write_split_task` is the decoding task).
 
 One row per *record*: a TQR, a wildcard TQR, a TIR, a keepalive, a TMR, a QQR or
 QIR, an extended record, an undecodable datagram (``DECODE_ERROR``) or a capture
@@ -365,15 +365,6 @@ def _decode_split(split: Split, ports, context: bytes, batch_datagrams: int) -> 
         yield batch.build()
 
 
-def split_from_row(row: dict) -> tuple[Split, bytes]:
-    return (Split(row["split_id"], row["path"], row["start"], row["end"], row["size"]),
-            row["context"] or b"")
-
-
-#: What :func:`write_splits` returns per split (Spark DDL): counts and the
-#: split's partial aggregates as Arrow IPC (:func:`lbmr_analyze.partials.to_ipc`).
-STATUS_DDL = ("split_id int, records bigint, capture_errors bigint, files int, partials binary, "
-              "wall_s double, cpu_s double, pid int")
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
@@ -452,27 +443,22 @@ def write_split(split: Split, ports, context: bytes, out_dir: str,
     return rows, errors, len(writers)
 
 
-def write_splits(batches: Iterable[pa.RecordBatch], ports: frozenset[int], out_dir: str,
-                 batch_datagrams: int = BATCH_DATAGRAMS) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function of the ingest: input rows describe splits; each
-    split is decoded and written as Parquet on the executor (:func:`write_split`),
-    and one small status row per split (:data:`STATUS_DDL`), with the split's
-    partial aggregates and the task's wall and CPU seconds (and worker pid), goes
-    back to Spark."""
+def write_split_task(row: tuple, ports: frozenset[int], out_dir: str,
+                     batch_datagrams: int = BATCH_DATAGRAMS) -> dict:
+    """The decoding task (a plain Spark RDD ``map``; nothing but this small status
+    goes back to the driver): ``row`` is (split_id, path, start, end, size, pcapng
+    context) of one split, decoded and written as Parquet on the executor
+    (:func:`write_split`).  Returns the split's record and capture-error counts,
+    Parquet files, its partial aggregates as Arrow IPC
+    (:func:`lbmr_analyze.partials.to_ipc`), and the task's wall and CPU seconds
+    and worker pid."""
     import time
 
     from . import partials as P
-    schema = pa.schema([("split_id", pa.int32()), ("records", pa.int64()), ("capture_errors", pa.int64()),
-                        ("files", pa.int32()), ("partials", pa.binary()), ("wall_s", pa.float64()),
-                        ("cpu_s", pa.float64()), ("pid", pa.int32())])
-    for b in batches:
-        for row in b.to_pylist():
-            t0, c0 = time.perf_counter(), time.process_time()
-            split, ctx = split_from_row(row)
-            parts: list = []
-            n, errs, files = write_split(split, ports, ctx, out_dir, batch_datagrams, parts)
-            blob = P.to_ipc(P.merge(parts)) if parts else b""
-            yield pa.RecordBatch.from_pydict(
-                {"split_id": [split.split_id], "records": [n], "capture_errors": [errs], "files": [files],
-                 "partials": [blob], "wall_s": [time.perf_counter() - t0], "cpu_s": [time.process_time() - c0],
-                 "pid": [os.getpid()]}, schema=schema)
+    t0, c0 = time.perf_counter(), time.process_time()
+    split = Split(*row[:5])
+    parts: list = []
+    n, errs, files = write_split(split, ports, bytes(row[5] or b""), out_dir, batch_datagrams, parts)
+    blob = P.to_ipc(P.merge(parts)) if parts else b""
+    return {"split_id": split.split_id, "records": n, "capture_errors": errs, "files": files, "partials": blob,
+            "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "pid": os.getpid()}

@@ -991,6 +991,42 @@ def test_permission_denied_captures_are_capture_errors(synth):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_hadoop_filesystem_uris(spark, synth, synth_run, tmp_path):
+    """Inputs and --out as URIs of a Hadoop file system other than file://: a
+    viewfs:// mount table (Hadoop's ViewFileSystem, in pyspark's own jars; no
+    network) whose links lead to local folders, resolved through Hadoop's
+    FileSystem API; a scheme nobody has a file system for is a clear error."""
+    import shutil
+
+    from lbmr_analyze.fsio import UnsupportedURI, hadoop_resolve
+    caps, outs = tmp_path / "caps", tmp_path / "outs"
+    caps.mkdir()
+    outs.mkdir()
+    shutil.copy(synth, caps / "synthetic.pcap")
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    links = {"fs.viewfs.mounttable.lbmrtest.link./caps": caps.as_uri(),
+             "fs.viewfs.mounttable.lbmrtest.link./results": outs.as_uri()}
+    for k, v in links.items():
+        conf.set(k, v)
+    try:
+        # the Hadoop API itself: existing paths, and an output folder not there yet
+        assert hadoop_resolve(spark, "viewfs://lbmrtest/caps/synthetic.pcap") == (caps / "synthetic.pcap").as_uri()
+        assert hadoop_resolve(spark, "viewfs://lbmrtest/results/tr/x") == (outs / "tr" / "x").as_uri()
+        res = run(spark, ["viewfs://lbmrtest/caps"], "viewfs://lbmrtest/results/tr", ports=[20000],
+                  storm_threshold=STORM, top=20)
+    finally:
+        for k in links:
+            conf.unset(k)
+    assert res.out == outs / "tr" and (outs / "tr" / "report.html").exists()
+    assert [f["file"] for f in res.tables["files"]] == [str(caps / "synthetic.pcap")]
+    assert_tables_equal(res.tables, synth_run.tables, [n for n in COMPARED if n not in ("files", "decode_errors")])
+    assert [(e["file"], e["offset"]) for e in res.tables["decode_errors"]] == \
+        [(str(caps / "synthetic.pcap"), e["offset"]) for e in synth_run.tables["decode_errors"]]
+    with pytest.raises(UnsupportedURI, match="nosuchfs://x/caps: lbmr-analyze's executors read and write "
+                                             "through pyarrow, which cannot open it"):
+        run(spark, [synth], "nosuchfs://x/caps")
+
+
 class _FailAt(Progress):
     """Progress that raises at one step: a run interrupted there (as by Ctrl-C)."""
 

@@ -143,6 +143,10 @@ def _tables(out: Path) -> dict:
     return {n: json.loads((out / f"{n}.json").read_text()) for n in TABLES}
 
 
+#: Printed by the JVM (not Spark's logging) when Spark's launcher starts it.
+INCUBATOR_WARNING = "WARNING: Using incubator modules: jdk.incubator.vector"
+
+
 def _noise(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if not ln.startswith("lbmr-analyze")]
 
@@ -177,16 +181,26 @@ def test_spark_submit(cluster, exenv, inputs, local_tables):
     script = subprocess.run([VENV_BIN / "lbmr-analyze", "--submit-script"], capture_output=True, text=True,
                             check=True).stdout.strip()
     assert script.endswith(".py") and Path(script).is_file()
+    log4j = subprocess.run([VENV_BIN / "lbmr-analyze", "--log4j-config"], capture_output=True, text=True,
+                           check=True).stdout.strip()
     out = cluster["tmp"] / "out-submit"
+    # the documented form (README, lbmr-analyze(1)): quiet from the JVM's start
     p = subprocess.run([SPARK_HOME / "bin" / "spark-submit", "--master", cluster["url"],
+                        "--driver-java-options", f"-Dlog4j2.configurationFile={log4j}",
                         "--conf", f"spark.pyspark.python={exenv}",
                         "--conf", f"spark.pyspark.driver.python={sys.executable}",
                         *FEW, script, str(inputs), "--out", str(out), "--split-size", str(SPLIT),
-                        "--storm-threshold", "50", "-q"],
+                        "--storm-threshold", "50"],
                        env=cluster["env"], cwd=cluster["tmp"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
     assert "lbmr-analyze: 2 file(s)" in p.stdout
     assert _tables(out) == local_tables
+    # only our progress lines, and the one line the JVM itself prints before any
+    # configuration applies (Spark 4's launcher always adds the incubating vector module)
+    # (spark-submit hands the Python driver's standard error to its own standard output)
+    assert [ln for ln in _noise(p.stderr) if ln != INCUBATOR_WARNING] == [], p.stderr[-3000:]
+    assert [ln for ln in _noise(p.stdout) if not ln.startswith("  ")] == [], p.stdout[-3000:]
+    assert "lbmr-analyze [" in p.stdout                                    # progress still shown
 
 
 def test_executors_without_pyarrow_get_a_clear_error(cluster, inputs):
