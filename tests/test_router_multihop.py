@@ -207,3 +207,61 @@ async def test_loop_of_three_survives_a_cut_of_the_cheapest_link():
         assert s3["portals"][0]["counters"].get("withdrawals_received", 0) >= 1  # the old proxy
         assert await fetch_tcp(t, total) == pattern(total)
         n.cancel_scope.cancel()
+
+
+class Freezable(Cuttable):
+    """A forwarder that can stop carrying bytes without closing anything (a
+    link whose far side hangs)."""
+
+    def __init__(self, target):
+        super().__init__(target)
+        self.frozen = False
+        self.thawed = trio.Event()
+
+    async def _handle(self, a):
+        async with a, await trio.open_tcp_stream(*self.target) as b:
+            async with trio.open_nursery() as n:
+                n.start_soon(self._pump, a, b)
+                n.start_soon(self._pump, b, a)
+
+    async def _pump(self, src, dst):
+        try:
+            while data := await src.receive_some(65536):
+                if self.frozen:
+                    await self.thawed.wait()
+                await dst.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+
+async def test_a_silent_router_is_forgotten_after_the_route_timeout(autojump_clock):
+    """r1 - r2 - r3 with the r1-r2 link frozen (bytes stop, nothing closes): r2
+    and r3 forget r1 and its domain once route info from it has been missing
+    for the route timeout (2 s here), long before the link's keepalive
+    timeout (15 s) declares the link dead. On trio's virtual clock."""
+    async with trio.open_nursery() as n:
+        trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2, 3)}
+        r2 = router("r2", 2, trds[2], [acc("2-1"), acc("2-3")])
+        p21, p23 = (lk["peer"] for lk in (await n.start(r2.run))["links"])
+        fwd = Freezable(p21)
+        via = await n.start(fwd.serve)
+        r1 = router("r1", 1, trds[1], [ini("1-2", via)])
+        r3 = router("r3", 3, trds[3], [ini("3-2", p23)])
+        await n.start(r1.run)
+        await n.start(r3.run)
+        await converged((r1, r2, r3), (1, 2, 3))
+        fwd.frozen = True
+        t0 = trio.current_time()
+        with trio.fail_after(10):
+            while "1" in r3.status()["topology"]["routes"]:
+                await trio.sleep(0.05)
+        gone = trio.current_time() - t0
+        assert 1.5 <= gone <= 2.0 + 0.5 + 0.5, gone  # the timeout, give or take an announcement
+        assert "r1" not in r2.status()["topology"]["nodes"]
+        link = next(lk for lk in r2.status()["links"] if lk["peer"]["name"] == "2-1")
+        assert link["peer"]["state"] == "CONNECTED"  # the keepalive timeout has not run out
+        fwd.thawed.set()
+        fwd.frozen = False
+        with trio.fail_after(10):  # r1's next announcement brings it back
+            await converged((r1, r2, r3), (1, 2, 3))
+        n.cancel_scope.cancel()
