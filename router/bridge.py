@@ -28,7 +28,11 @@ Rules (unchanged from the router's first version):
 
 * **Interest.** Local interest (the portal's :class:`LocalInterest` /
   :class:`LocalInterestGone`) goes to the peer as INTEREST ADD / CANCEL; all
-  live local interests are sent again when the link comes up. INTEREST frames
+  live local interests are sent again when the link comes up, and refreshed
+  (INTEREST REFRESH) at the portal's :class:`LocalInterestRefresh` pace. A
+  REFRESH from the peer keeps its interest alive (re-adds it if the portal
+  dropped it) and re-sends the adverts of its known sources; an interest the portal drops for want of refresh
+  (:class:`RemoteInterestExpired`) withdraws what was advertised for it. INTEREST frames
   from the peer add or cancel remote interest in the portal (a topic the
   portal cannot query, or one beyond its ``max_remote_interests``, is counted
   as ``bad_interest`` and refused, with an ``interest_refused`` notice at the
@@ -77,9 +81,11 @@ from .acl import OPEN, PortalAcl, Session
 from .tr import (
     LocalInterest,
     LocalInterestGone,
+    LocalInterestRefresh,
     Outgoing,
     PortalTR,
     ProxySource,
+    RemoteInterestExpired,
     SourceGone,
     SourceSeen,
     relay_transport,
@@ -351,6 +357,17 @@ class Bridge:
                 self._send_interest(ev, P.InterestAction.ADD, count=True)
             elif isinstance(ev, LocalInterestGone):
                 self._send_interest(ev, P.InterestAction.CANCEL)
+            elif isinstance(ev, LocalInterestRefresh):
+                if (ev.topic, ev.pattern_type) in self._sent_interest and self._send(
+                        P.Interest(P.InterestAction.REFRESH, ev.topic, self.domain_id,
+                                   P.PatternType(ev.pattern_type))):
+                    self.counters["interest_refreshes_sent"] += 1
+            elif isinstance(ev, RemoteInterestExpired):
+                self._wanted_by.pop((ev.topic, ev.pattern_type), None)
+                self.counters["remote_interest_expired"] += 1
+                self._out.append(Notice("remote_interest_expired",
+                                        f"{ev.topic[:80]!r}: not refreshed by the peer"))
+                self._withdraw_unwanted()
             elif isinstance(ev, SourceSeen):
                 key = (ev.topic, bytes(ev.otid))
                 if not self._acl_ok(ev.topic, "source", ev.first,
@@ -395,6 +412,7 @@ class Bridge:
                 if tr.cancel_remote_interest(f.topic, now, pattern_type=int(f.pattern_type)):
                     self._withdraw_unwanted()
             else:
+                # ADD or REFRESH: keeps the interest alive and re-sends its adverts
                 tr.add_remote_interest(f.topic, now, pattern_type=int(f.pattern_type))
                 self._wanted_by.setdefault(key, set()).add(f.domain_id)
         except ValueError as e:

@@ -43,7 +43,7 @@ from .config_model import EndpointConfig, PeerConfig
 from .link import CONNECT_TIMEOUT, RAW_LIMIT, Link
 from .peerlink import streams as S
 from .relay import PortPool, Relay
-from .tr import PortalTR, relay_transport
+from .tr import PortalTR, RemoteCheck, UseQuery, relay_transport
 
 log = logging.getLogger("lbmr-router")
 
@@ -105,6 +105,28 @@ async def open_peer_stream(peer: PeerConfig) -> trio.SocketStream:
     stream = trio.SocketStream(sock)
     set_peer_socket_options(sock, peer, connected=True)
     return stream
+
+
+def portal_timing(e: EndpointConfig) -> dict:
+    """The endpoint's ``<topic-resolution>`` timing, ``<remote-topic>`` and
+    ``<remote-pattern>`` as :class:`router.tr.PortalTR` arguments (seconds)."""
+    tr = e.topic_resolution
+
+    def uq(u) -> UseQuery:
+        return UseQuery(u.timeout_ms / 1000.0, u.max, u.periodic_interval_ms / 1000.0)
+
+    def rc(r) -> RemoteCheck:
+        return RemoteCheck(r.check_interval_ms / 1000.0, r.max, r.timeout_ms / 1000.0)
+
+    ir = tr.initial_request
+    return dict(
+        initial_request=(ir.periodic_interval_ms / 1000.0, float(ir.duration_s)),
+        use_query=uq(tr.topic_use_query), pattern_use_query=uq(tr.pattern_use_query),
+        refresh_pacing=(tr.remote_topic_interest.min_interval_ms / 1000.0,
+                        tr.remote_topic_interest.max_interval_ms / 1000.0),
+        pattern_refresh_pacing=(tr.remote_pattern_interest.min_interval_ms / 1000.0,
+                                tr.remote_pattern_interest.max_interval_ms / 1000.0),
+        remote_topic=rc(e.remote_topic), remote_pattern=rc(e.remote_pattern))
 
 
 def proxy_bound(configured: int) -> int:
@@ -241,7 +263,7 @@ class Router:
                            daemons=e.daemons if e.mode == "lbmrd" else (),
                            multicast=e.multicast if e.mode == "multicast" else None,
                            source_timeout=e.source_timeout, requery_interval=e.requery_interval,
-                           requery_jitter=0.2, now=now)
+                           requery_jitter=0.2, now=now, **portal_timing(e))
         self.bridge = Bridge(self.tr, self.counters, max_proxies=proxy_bound(e.max_proxies),
                              require_interest=True, advert_ids=self._advert_ids)
         if self.hub is not None:

@@ -74,19 +74,29 @@ Rules this module chose (the issue leaves them open):
   counted in :meth:`~PortalTR.stats`.
 * **Interest lifetime.** Local interest (a topic, or a PCRE/regex pattern)
   starts with the first TQR / WC-TQR (event :class:`LocalInterest`) and is
-  refreshed by every later one. It ends (:class:`LocalInterestGone`) once
+  refreshed by every later one. With the DRO's use queries (``use_query``,
+  ``pattern_use_query``; the router always sets them from its file): an
+  interest silent for ``periodic_interval`` gets a use query (TOPIC_MGMT,
+  "topic use" record, PCRE/regex flag for patterns), repeated every
+  ``timeout`` while unanswered; after ``max`` unanswered ones it ends
+  (:class:`LocalInterestGone`), even while a proxy is advertised for it: this
+  is how receivers that left while resolved (and so went quiet) are noticed.
+  A use response ("in use", flag 0x80), a TQR or a WC-TQR answers; a
+  leave-topic record makes the interest due for a use query at once. Use
+  queries are paced (``use_query_rate``, the DRO's 500 a second) and
+  batched. Without use queries (embedding default): it ends once
   ``interest_timeout`` seconds have passed with neither a TQR for it nor a
-  proxy advertised here for it (a proxy whose topic is the topic, or matches
-  the pattern). UM receivers stop querying once resolved, so while we
-  advertise a proxy the interest is held; the countdown starts again when the
-  last such proxy is removed. Limitation: a receiver that exits while resolved
-  keeps the interest until the proxy goes (DRO's topic use queries would
-  notice; not done here). :meth:`~PortalTR.local_interests` lists the live
-  interests (for INTEREST REFRESH frames).
+  proxy advertised here for it (while we advertise a proxy the interest is
+  held; the countdown starts again when the last such proxy is removed).
+  :meth:`~PortalTR.local_interests` lists the live interests; with
+  ``refresh_pacing`` each yields :class:`LocalInterestRefresh` (for INTEREST
+  REFRESH frames) after ``min`` seconds, then at doubling gaps up to ``max``.
 * **Remote interest** (:meth:`~PortalTR.add_remote_interest`) is a set, not a
-  count: adding it again is a refresh; it lasts until cancelled (the caller
-  owns its lifetime). While it lasts the portal queries (UM burst while no
-  source is known; afterwards one query every ``requery_interval``), and
+  count: adding it again is a refresh; it lasts until cancelled, or, with
+  ``remote_topic`` / ``remote_pattern``, until a check (every
+  ``check_interval``, at most ``max_checked`` interests each, round robin)
+  finds it not refreshed for ``timeout`` (:class:`RemoteInterestExpired`).
+  While it lasts the portal queries (UM burst while no source is known; afterwards one query every ``requery_interval``), and
   reports every matching source with :class:`SourceSeen`. Sources of the
   TRD's TIRs are remembered whether or not they are wanted, so a new interest
   in a topic whose source is known is answered at once (SourceSeen right away,
@@ -108,6 +118,11 @@ Rules this module chose (the issue leaves them open):
   :func:`otid_topic_index` reads the
   topic index back, which is how a proxy gets the origin's topic index when
   the peer link did not carry it.
+* **TR request burst.** With ``initial_request`` the portal sends a TR
+  request (extended type 0x04, flags queries and wildcard queries) every
+  ``period`` for ``duration`` seconds from its creation, so that receivers
+  that are quiet (resolved, or past their query phase) query again and the
+  router learns the TRD's interest at start (the DRO's ``<initial-request>``).
 * **Final advertisements.** :meth:`~PortalTR.remove_proxy` stops the normal
   advertisements and the TQR answers at once, then sends ``final_adverts``
   (default 3; 0 = none) final TIRs at the initial advertisement gaps (0, 10,
@@ -128,6 +143,7 @@ Pattern types are the LBMR/LBRP values: 0 exact topic, 1 PCRE, 2 POSIX regex
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import math
@@ -157,7 +173,8 @@ from lbmr_proto import (
     WcTQR,
     decode,
 )
-from lbmr_proto.constants import PacketType, SourceType, Transport
+from lbmr_proto.constants import ExtType, PacketType, SourceType, Transport
+from lbmr_proto.records import TMR
 from lbmr_proto.um import (
     DEFAULT_MAX_DATAGRAM,
     EPS,
@@ -176,7 +193,7 @@ from .wildcard import Matcher, PatternError
 
 __all__ = [
     "Addr", "Outgoing", "ProxySource", "LocalInterest", "LocalInterestGone", "SourceSeen",
-    "SourceGone", "PortalTR", "Timing", "PATTERN_TOPIC", "PATTERN_PCRE", "PATTERN_REGEX",
+    "SourceGone", "LocalInterestRefresh", "RemoteInterestExpired", "UseQuery", "PortalTR", "Timing", "PATTERN_TOPIC", "PATTERN_PCRE", "PATTERN_REGEX",
     "synthesize_otid", "otid_topic_index", "relay_transport",
 ]
 
@@ -185,6 +202,9 @@ Addr = tuple[str, int]
 PATTERN_TOPIC = 0  # an exact topic name (LBRP INTEREST pattern type 0)
 PATTERN_PCRE = 1  # LBMR wildcard pattern types
 PATTERN_REGEX = 2
+TMR_LEAVE, TMR_TOPIC_USE = 0, 1  # topic management record types
+TMR_RESPONSE, TMR_PCRE, TMR_REGEX = 0x80, 0x40, 0x20  # topic management record flags
+_V1_OPTIONS = 0x18  # header byte 0: version 1, packet options present
 
 
 # --------------------------------------------------------------------------- values
@@ -255,6 +275,49 @@ class SourceGone:
 
     topic: str
     otid: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LocalInterestRefresh:
+    """Local interest in ``topic`` is still alive: time to send the peer an
+    INTEREST REFRESH (paced per interest, ``refresh_pacing``)."""
+
+    topic: str
+    pattern: bool = False
+    pattern_type: int = PATTERN_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteInterestExpired:
+    """The peer's interest in ``topic`` (pattern) was not refreshed for the
+    ``remote_topic`` / ``remote_pattern`` timeout and is dropped: withdraw what
+    was advertised for it."""
+
+    topic: str
+    pattern_type: int = PATTERN_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class UseQuery:
+    """The DRO's ``<topic-use-query>`` / ``<pattern-use-query>``, in seconds: a
+    local interest silent for ``periodic_interval`` gets a use query, again
+    every ``timeout`` while unanswered; after ``max`` unanswered ones it is
+    dropped."""
+
+    timeout: float = 3.0
+    max: int = 5
+    periodic_interval: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteCheck:
+    """The DRO's ``<remote-topic>`` / ``<remote-pattern>``, in seconds: every
+    ``check_interval`` at most ``max_checked`` remote interests are checked
+    (round robin); those not refreshed for ``timeout`` are dropped."""
+
+    check_interval: float = 90.0
+    max_checked: int = 100
+    timeout: float = 300.0
 
 
 # --------------------------------------------------------------------------- helpers
@@ -336,12 +399,13 @@ class _Pacer:
 class _Query(_Timer):
     """Remote interest: the queries made for it."""
 
-    __slots__ = ("key", "record", "sched", "next_requery", "slot")
+    __slots__ = ("key", "record", "sched", "next_requery", "slot", "refreshed")
 
-    def __init__(self, key: tuple[int, str], record: bytes) -> None:
+    def __init__(self, key: tuple[int, str], record: bytes, now: float = 0.0) -> None:
         super().__init__()
         self.key = key
         self.record = record
+        self.refreshed = now  # last ADD or REFRESH from the peer
         self.sched: Schedule | None = None  # the UM query burst, while running
         self.next_requery = math.inf
         self.slot: float | None = None  # the paced time reserved for its next query
@@ -370,18 +434,65 @@ class _Src(_Timer):
 
 
 class _Interest(_Timer):
-    """Local interest (TQRs seen in the TRD)."""
+    """Local interest (TQRs seen in the TRD): its expiry (``timeout``, or the use
+    queries ``uq``) and the pacing of its INTEREST REFRESHes."""
 
-    __slots__ = ("key", "refreshed", "timeout")
+    __slots__ = ("key", "refreshed", "timeout", "uq", "unanswered", "last_query", "slot",
+                 "next_refresh", "refresh_gap")
 
-    def __init__(self, key: tuple[int, str], now: float, timeout: float) -> None:
+    def __init__(self, key: tuple[int, str], now: float, timeout: float, uq: UseQuery | None,
+                 refresh_gap: float) -> None:
         super().__init__()
         self.key = key
         self.refreshed = now
         self.timeout = timeout
+        self.uq = uq
+        self.unanswered = 0  # use queries sent since the last answer
+        self.last_query = -math.inf
+        self.slot: float | None = None  # paced time reserved for the next use query
+        self.refresh_gap = refresh_gap
+        self.next_refresh = now + refresh_gap
+
+    def expiry_due(self) -> float:
+        uq = self.uq
+        if uq is None:
+            return self.refreshed + self.timeout
+        if self.slot is not None:
+            return self.slot
+        if self.unanswered == 0 or self.refreshed > self.last_query:
+            return max(self.refreshed, self.last_query) + uq.periodic_interval
+        return self.last_query + uq.timeout
 
     def due(self) -> float:
-        return self.refreshed + self.timeout
+        return min(self.expiry_due(), self.next_refresh)
+
+
+class _RemoteChecker(_Timer):
+    """Checks remote interests of one kind (exact topics, or patterns) for expiry."""
+
+    __slots__ = ("check", "next", "queue")
+
+    def __init__(self, check: RemoteCheck, now: float) -> None:
+        super().__init__()
+        self.check = check
+        self.next = now + check.check_interval
+        self.queue: collections.deque = collections.deque()  # (key, _Query), round robin
+
+    def due(self) -> float:
+        return self.next if self.queue else math.inf
+
+
+class _InitialRequest(_Timer):
+    """The TR request burst at start (``<initial-request>``)."""
+
+    __slots__ = ("next", "period", "end")
+
+    def __init__(self, now: float, period: float, duration: float) -> None:
+        super().__init__()
+        self.next, self.period, self.end = now, period, now + duration
+
+    def due(self) -> float:
+        return self.next if self.next < self.end else math.inf
 
 
 # --------------------------------------------------------------------------- the portal
@@ -407,6 +518,22 @@ class PortalTR:
     of 500); ``max_remote_interests``: more are refused (ValueError);
     ``requery_jitter``: each re-query comes ``requery_interval`` times 1 +- this
     fraction after the last (the router uses 0.2).
+
+    The DRO's endpoint timing (all None = off, the behaviour above):
+    ``use_query`` / ``pattern_use_query`` (:class:`UseQuery`) replace
+    ``interest_timeout`` for local interest in topics / patterns: a silent
+    interest gets use queries (TOPIC_MGMT "topic use" records), whether or not
+    a proxy holds it, and is dropped after ``max`` unanswered ones; a use
+    response, a TQR (WC-TQR) or a leave-topic notice followed by an answer
+    keeps it; at most ``use_query_rate`` use queries a second (bursts of 50).
+    ``refresh_pacing`` / ``pattern_refresh_pacing``: ``(min, max)`` seconds:
+    each live local interest yields :class:`LocalInterestRefresh` after
+    ``min``, then at doubling gaps up to ``max``. ``remote_topic`` /
+    ``remote_pattern`` (:class:`RemoteCheck`): remote interest not refreshed
+    for ``timeout`` is dropped (:class:`RemoteInterestExpired`).
+    ``initial_request``: ``(period, duration)`` seconds: a TR request
+    (queries and wildcard queries) every ``period`` for ``duration`` from
+    creation, so that quiet receivers of the TRD query again.
     """
 
     def __init__(self, name: str, domain_id: int, *, src_id: bytes, mode: str,
@@ -417,6 +544,12 @@ class PortalTR:
                  ignore_unknown_source: bool = True, max_sources: int = 100_000,
                  requery_rate: float = 500.0, requery_jitter: float = 0.0,
                  query_rate: float = 5000.0, max_remote_interests: int = 20_000,
+                 use_query: UseQuery | None = None, pattern_use_query: UseQuery | None = None,
+                 use_query_rate: float = 500.0,
+                 refresh_pacing: tuple[float, float] | None = None,
+                 pattern_refresh_pacing: tuple[float, float] | None = None,
+                 remote_topic: RemoteCheck | None = None, remote_pattern: RemoteCheck | None = None,
+                 initial_request: tuple[float, float] | None = None,
                  now: float) -> None:
         if not isinstance(src_id, bytes | bytearray) or len(src_id) != 8:
             raise ValueError("src_id must be 8 bytes")
@@ -442,6 +575,18 @@ class PortalTR:
             raise ValueError("source_timeout must exceed requery_interval (sources answer re-queries)")
         if final_adverts < 0:
             raise ValueError("final_adverts must be >= 0")
+        for what, uq in (("use_query", use_query), ("pattern_use_query", pattern_use_query)):
+            if uq is not None and not (uq.timeout > 0 and uq.max >= 1 and uq.periodic_interval > 0):
+                raise ValueError(f"{what}: timeout and periodic_interval must be positive, max >= 1")
+        for what, pace in (("refresh_pacing", refresh_pacing),
+                           ("pattern_refresh_pacing", pattern_refresh_pacing)):
+            if pace is not None and not 0 < pace[0] <= pace[1]:
+                raise ValueError(f"{what}: 0 < min <= max, not {pace!r}")
+        for what, rc in (("remote_topic", remote_topic), ("remote_pattern", remote_pattern)):
+            if rc is not None and not (rc.check_interval > 0 and rc.max_checked >= 1 and rc.timeout > 0):
+                raise ValueError(f"{what}: check_interval and timeout must be positive, max_checked >= 1")
+        if use_query_rate <= 0:
+            raise ValueError("use_query_rate must be positive")
         self.name = name
         self.domain_id = domain_id
         self.src_id = bytes(src_id)
@@ -463,6 +608,11 @@ class PortalTR:
         self._requery_pacer = _Pacer(requery_rate, 50)
         self._query_pacer = _Pacer(query_rate, 500)
         self.max_remote_interests = max_remote_interests
+        self.use_query, self.pattern_use_query = use_query, pattern_use_query
+        self._use_pacer = _Pacer(use_query_rate, 50)
+        self.refresh_pacing, self.pattern_refresh_pacing = refresh_pacing, pattern_refresh_pacing
+        self._checkers = {PATTERN_TOPIC: _RemoteChecker(remote_topic, now) if remote_topic else None,
+                          PATTERN_PCRE: _RemoteChecker(remote_pattern, now) if remote_pattern else None}
         self._rnd = random.Random(self.src_id)
         self.start = now
         self.trailer = um_trailer(self.src_id, SourceType.TNWGD, domain_id)
@@ -473,6 +623,7 @@ class PortalTR:
         self._targets = Targets(self.daemons, self.multicast, self.timing, now,
                                 last_tx=now - self.timing.keepalive_interval)
         self._out: list[Outgoing] = []
+        self._tmrs: list[bytes] = []  # use queries due (encoded TMRs), sent at the end of tick
         self._events: list = []
         self._st: Counter[str] = Counter()
         self._heap: list[tuple[float, int, _Timer]] = []
@@ -492,6 +643,10 @@ class PortalTR:
         # sources seen in the TRD
         self._sources: dict[tuple[str, bytes], _Src] = {}
         self._src_by_topic: dict[str, dict[bytes, _Src]] = {}
+        if initial_request is not None and initial_request[1] > 0:
+            if not initial_request[0] > 0:
+                raise ValueError("initial_request period must be positive")
+            self._arm(_InitialRequest(now, *initial_request))
 
     def __repr__(self) -> str:
         where = self.multicast if self.multicast is not None else self.daemons
@@ -527,6 +682,8 @@ class PortalTR:
             if tm.alive:
                 self._arm(tm)
         self._send_tr(tqrs, wcs, tirs, now, "tr")
+        if self._tmrs:
+            self._send_use_queries(now)
         st = self._st
         for ka, dest in self._targets.keepalives(now):
             self._out.append(Outgoing(ka, dest))
@@ -578,10 +735,13 @@ class PortalTR:
         if pkt.is_keepalive:
             st["keepalives_received"] += 1
             return
+        from_router = src_type == SourceType.TNWGD
+        if pkt.type == PacketType.TOPIC_MGMT and pkt.tmb is not None and not from_router:
+            self._on_topic_mgmt(pkt.tmb.tmrs, now)
+            return
         if pkt.type not in (PacketType.NORMAL, PacketType.WC_TQR):
             st["other_packets"] += 1
             return
-        from_router = src_type == SourceType.TNWGD
         for tir in pkt.tirs:
             self._on_tir(tir, src, from_router, now)
         if from_router:
@@ -612,11 +772,33 @@ class PortalTR:
             st["tirs_answered"] += len(answers)
             self._send_tr([], [], list(answers.values()), now, "answer")
 
+    def _on_topic_mgmt(self, tmrs, now: float) -> None:
+        """Topic management records from a context: a use response keeps the
+        interest it names; a leave-topic notice (one receiver of the topic is
+        gone) makes its interest due for a use query at once (others may remain)."""
+        st = self._st
+        for m in tmrs:
+            pt = PATTERN_PCRE if m.flags & TMR_PCRE else PATTERN_REGEX if m.flags & TMR_REGEX else PATTERN_TOPIC
+            li = self._lint.get((pt, m.name))
+            if m.type == TMR_TOPIC_USE and m.flags & TMR_RESPONSE:
+                st["use_responses_received"] += 1
+                if li is not None:
+                    li.refreshed = max(li.refreshed, now)
+            elif m.type == TMR_LEAVE:
+                st["leaves_received"] += 1
+                if li is not None and li.uq is not None and li.slot is None and not li.unanswered:
+                    li.refreshed = min(li.refreshed, now - li.uq.periodic_interval)
+                    li.last_query = -math.inf
+                    self._arm(li)
+            else:
+                st["tmrs_ignored"] += 1
+
     def add_remote_interest(self, topic: str, now: float, *, pattern_type: int = PATTERN_TOPIC) -> None:
         """The peer's receivers want ``topic`` (or pattern): query this TRD and
         report its sources. Known sources are reported at once (SourceSeen).
         Adding an existing interest is a refresh (known sources re-reported with
-        first=False). ValueError if the topic cannot be an LBMR name."""
+        first=False) and keeps it alive (``remote_topic``). ValueError if the
+        topic cannot be an LBMR name."""
         if pattern_type not in (PATTERN_TOPIC, PATTERN_PCRE, PATTERN_REGEX):
             raise ValueError(f"unknown pattern type {pattern_type}")
         key = (pattern_type, topic)
@@ -631,8 +813,14 @@ class PortalTR:
                 record = (TQR(topic) if pattern_type == PATTERN_TOPIC else WcTQR(topic, pattern_type)).encode()
             except LBMREncodeError as e:
                 raise ValueError(f"cannot query {topic!r}: {e}") from None
-            q = _Query(key, record)
+            q = _Query(key, record, now)
             self._rint[key] = q
+            ck = self._checkers[PATTERN_TOPIC if pattern_type == PATTERN_TOPIC else PATTERN_PCRE]
+            if ck is not None:
+                if not ck.queue:
+                    ck.next = max(ck.next, now + ck.check.check_interval)
+                ck.queue.append((key, q))
+                self._arm(ck)
             if pattern_type != PATTERN_TOPIC:
                 self._rint_patterns.add(key)
                 if self._regex(key) is None:
@@ -644,6 +832,7 @@ class PortalTR:
             self._arm(q)
             self._st["remote_interest_added"] += 1
         else:
+            q.refreshed = max(q.refreshed, now)
             self._st["remote_interest_refreshed"] += 1
         for s in known:
             first = not s.announced
@@ -844,15 +1033,99 @@ class PortalTR:
         elif isinstance(tm, _Src):
             self._drop_source(tm, now)
         elif isinstance(tm, _Interest):
-            if self._pinned(tm.key):
-                tm.refreshed = now
+            self._fire_interest(tm, now)
+        elif isinstance(tm, _RemoteChecker):
+            self._check_remote(tm, now)
+        elif isinstance(tm, _InitialRequest):
+            # TR request: queries and wildcard queries (ext 0x04 flags 0x0002 | 0x0001)
+            data = bytes((_V1_OPTIONS | PacketType.EXT, ExtType.TOPIC_RES_REQUEST)) \
+                + struct.pack("!H", 0x0003) + self.trailer
+            self._out.append(Outgoing(data, self._targets.send_tr(now)))
+            st["tr_requests_sent"] += 1
+            st["datagrams_sent"] += 1
+            st["bytes_sent"] += len(data)
+            tm.next = now + tm.period
+
+    def _fire_interest(self, li: _Interest, now: float) -> None:
+        st = self._st
+        pt, topic = li.key
+        limit = now + EPS
+        if li.next_refresh <= limit:
+            self._events.append(LocalInterestRefresh(topic, pt != PATTERN_TOPIC, pt))
+            pace = self.refresh_pacing if pt == PATTERN_TOPIC else self.pattern_refresh_pacing
+            li.refresh_gap = min(li.refresh_gap * 2.0, pace[1])
+            li.next_refresh = now + li.refresh_gap
+        if li.expiry_due() > limit:
+            return
+        uq = li.uq
+        if uq is None:  # no use queries: held by a proxy, else gone after interest_timeout
+            if self._pinned(li.key):
+                li.refreshed = now
                 return
-            tm.alive = False
-            del self._lint[tm.key]
-            self._lint_patterns.discard(tm.key)
-            pt, topic = tm.key
-            self._events.append(LocalInterestGone(topic, pt != PATTERN_TOPIC, pt))
-            st["local_interest_expired"] += 1
+            self._drop_interest(li, "local_interest_expired")
+            return
+        if li.slot is None:
+            if li.refreshed > li.last_query:
+                li.unanswered = 0  # answered (or heard from) since the last use query
+            if li.unanswered >= uq.max:
+                self._drop_interest(li, "local_interest_unanswered")
+                return
+            at = self._use_pacer.free_at(now)
+            self._use_pacer.next = at + self._use_pacer.gap
+            if at > limit:
+                li.slot = at
+                st["use_queries_deferred"] += 1
+                return
+        li.slot = None
+        flags = 0 if pt == PATTERN_TOPIC else (TMR_PCRE if pt == PATTERN_PCRE else TMR_REGEX)
+        self._tmrs.append(TMR(topic, TMR_TOPIC_USE, flags).encode())
+        li.unanswered += 1
+        li.last_query = now
+        st["use_queries_sent"] += 1
+
+    def _drop_interest(self, li: _Interest, why: str) -> None:
+        li.alive = False
+        del self._lint[li.key]
+        self._lint_patterns.discard(li.key)
+        pt, topic = li.key
+        self._events.append(LocalInterestGone(topic, pt != PATTERN_TOPIC, pt))
+        self._st[why] += 1
+
+    def _check_remote(self, ck: _RemoteChecker, now: float) -> None:
+        """Check the next ``max_checked`` remote interests of ``ck``'s kind."""
+        ck.next = now + ck.check.check_interval
+        q = ck.queue
+        for _ in range(min(len(q), ck.check.max_checked)):
+            key, rq = q.popleft()
+            if self._rint.get(key) is not rq:
+                continue  # cancelled (or cancelled and added again: queued anew)
+            if rq.refreshed + ck.check.timeout <= now + EPS:
+                self.cancel_remote_interest(key[1], now, pattern_type=key[0])
+                self._events.append(RemoteInterestExpired(key[1], key[0]))
+                self._st["remote_interest_expired"] += 1
+            else:
+                q.append((key, rq))
+
+    def _send_use_queries(self, now: float) -> None:
+        """The use queries due, batched: TOPIC_MGMT datagrams of at most ``max_datagram``."""
+        tmrs, self._tmrs = self._tmrs, []
+        dest = self._targets.send_tr(now)
+        room = self.max_datagram - 8 - len(self.trailer)
+        batch: list[bytes] = []
+        size = 0
+        st = self._st
+        for i, rec in enumerate(tmrs + [b""]):
+            if batch and (i == len(tmrs) or size + len(rec) > room):
+                body = b"".join(batch)
+                data = (bytes((_V1_OPTIONS | PacketType.TOPIC_MGMT, 0, 0, 0))
+                        + struct.pack("!HH", 4 + len(body), len(batch)) + body + self.trailer)
+                self._out.append(Outgoing(data, dest))
+                st["datagrams_sent"] += 1
+                st["bytes_sent"] += len(data)
+                st["use_query_datagrams_sent"] += 1
+                batch, size = [], 0
+            batch.append(rec)
+            size += len(rec)
 
     def _send_tr(self, tqrs: list[bytes], wcs: list[bytes], tirs: list[bytes], now: float,
                  kind: str) -> None:
@@ -911,7 +1184,11 @@ class PortalTR:
         if li is not None:
             li.refreshed = max(li.refreshed, now)
             return
-        li = _Interest(key, now, self.interest_timeout)
+        topic_kind = key[0] == PATTERN_TOPIC
+        pace = self.refresh_pacing if topic_kind else self.pattern_refresh_pacing
+        li = _Interest(key, now, self.interest_timeout,
+                       self.use_query if topic_kind else self.pattern_use_query,
+                       pace[0] if pace is not None else math.inf)
         self._lint[key] = li
         if key[0] != PATTERN_TOPIC:
             self._lint_patterns.add(key)

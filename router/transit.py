@@ -110,7 +110,13 @@ class Transit:
             else:
                 self._patterns.add(key)
         if link in holders:
-            return []
+            if f.action != P.InterestAction.REFRESH:
+                return []
+            # a refresh travels on where the interest went (each hop's portal
+            # drops interest that is not refreshed: <remote-topic timeout>)
+            self.counters["transit_interest_refreshed"] += 1
+            return [SendOnLink(lk, P.Interest(P.InterestAction.REFRESH, key[0], key[2], P.PatternType(key[1])))
+                    for lk, sent in self._sent.items() if key in sent]
         holders.add(link)
         out = self._sync_key(key)
         return out + self._advertise_to(link)

@@ -133,3 +133,286 @@ def test_a_pattern_cancel_keeps_adverts_another_interest_still_covers():
     assert frames(b) == []  # the exact topic still wants it
     b.peer_frame(P.Interest(P.InterestAction.CANCEL, TOPIC, 2), 0.2)
     assert [f.withdraw for f in frames(b)] == [True]
+
+
+# ------------------------------------------------ topic resolution timing (PortalTR, sans-IO)
+
+GROUP = ("239.192.1.1", 12965)
+APP = ("10.1.0.5", 12965)
+
+
+def portal(**kw):
+    from router.tr import PortalTR
+
+    return PortalTR("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=GROUP, now=0.0, **kw)
+
+
+def tmb(*tmrs, src_id=b"APPCTX01") -> bytes:
+    """A TOPIC_MGMT datagram of (name, type, flags) records, as a UM context sends it."""
+    import struct
+
+    from lbmr_proto import SourceIdOption
+    from lbmr_proto.records import TMR
+    from lbmr_proto.um import um_trailer
+
+    body = b"".join(TMR(n, t, f).encode() for n, t, f in tmrs)
+    trailer = um_trailer(src_id, 0, 0)
+    assert SourceIdOption  # the trailer's first option carries src_id
+    return bytes((0x1C, 0, 0, 0)) + struct.pack("!HH", 4 + len(body), len(tmrs)) + body + trailer
+
+
+def use_queries(out) -> list[tuple[str, int]]:
+    """(name, flags) of the use queries in the datagrams ``out``."""
+    from lbmr_proto import decode
+
+    got = []
+    for o in out:
+        pkt = decode(o.data)
+        if pkt.type == 4:
+            got += [(m.name, m.flags) for m in pkt.tmb.tmrs if m.type == 1 and not m.flags & 0x80]
+    return got
+
+
+def run_until(tr, until, step_events=None):
+    """tick at every deadline up to ``until``: [(time, outgoing list, events)]."""
+    log = []
+    for _ in range(100_000):
+        t = tr.next_deadline()
+        if t > until:
+            return log
+        out = tr.tick(t)
+        log.append((t, out, tr.events()))
+    raise AssertionError("too many deadlines")
+
+
+def test_use_queries_drop_a_silent_interest_after_max_unanswered():
+    from router.tr import LocalInterest, LocalInterestGone, UseQuery
+
+    from .test_router_bridge import dgram
+
+    tr = portal(use_query=UseQuery(timeout=3.0, max=5, periodic_interval=300.0))
+    tr.on_datagram(dgram(tqrs=["md.a"]), APP, 0.0)
+    assert tr.events() == [LocalInterest("md.a")]
+    log = run_until(tr, 400.0)
+    sent = [(t, q) for t, out, _ in log for q in use_queries(out)]
+    assert [t for t, _ in sent] == pytest.approx([300.0, 303.0, 306.0, 309.0, 312.0])
+    assert {q for _, q in sent} == {("md.a", 0)}
+    gone = [(t, e) for t, _, evs in log for e in evs if isinstance(e, LocalInterestGone)]
+    assert gone == [(pytest.approx(315.0), LocalInterestGone("md.a"))]
+    assert tr.stats()["local_interest_unanswered"] == 1 and tr.local_interests() == []
+
+
+def test_a_use_response_or_a_query_keeps_the_interest_even_with_a_proxy():
+    from router.tr import LocalInterestGone, ProxySource, UseQuery, relay_transport
+
+    from .test_router_bridge import OTID, dgram
+
+    tr = portal(use_query=UseQuery(timeout=2.0, max=2, periodic_interval=100.0))
+    tr.on_datagram(dgram(tqrs=["md.a"]), APP, 0.0)
+    # a proxy holds the interest: without use queries it would never end
+    tr.add_proxy(ProxySource(1, "md.a", relay_transport(0, "10.1.0.1", 24000), 2, OTID), 0.0)
+    run_until(tr, 100.5)
+    tr.on_datagram(tmb(("md.a", 1, 0x80)), APP, 101.0)  # "still in use"
+    log = run_until(tr, 250.0)
+    assert [t for t, out, _ in log for _ in use_queries(out)] == pytest.approx([201.0, 203.0])
+    tr.on_datagram(dgram(tqrs=["md.a"]), APP, 203.5)  # a TQR answers too
+    log = run_until(tr, 307.0)
+    assert [t for t, out, _ in log for _ in use_queries(out)] == pytest.approx([303.5, 305.5])
+    assert not any(isinstance(e, LocalInterestGone) for _, _, evs in log for e in evs)
+    # nobody answers any more: gone, although the proxy is still advertised
+    log = run_until(tr, 320.0)
+    assert [(t, e) for t, _, evs in log for e in evs if isinstance(e, LocalInterestGone)] == [
+        (pytest.approx(307.5), LocalInterestGone("md.a"))]
+    assert len(tr.proxies()) == 1
+
+
+def test_pattern_use_queries_have_their_own_timing_and_flags():
+    from router.tr import LocalInterestGone, UseQuery
+
+    tr = portal(use_query=UseQuery(1.0, 1, 1000.0), pattern_use_query=UseQuery(1.0, 1, 10.0))
+    from lbmr_proto import Packet, SourceIdOption, WcTQR, encode
+
+    wc = encode(Packet(type=1, version=1, wc_tqrs=[WcTQR("^md\\.", 1)],
+                       options=[SourceIdOption(0x8000, b"APPCTX01")]))
+    tr.on_datagram(wc, APP, 0.0)
+    tr.events()
+    log = run_until(tr, 20.0)
+    assert [(t, q) for t, out, _ in log for q in use_queries(out)] == [(pytest.approx(10.0), ("^md\\.", 0x40))]
+    assert [e for _, _, evs in log for e in evs] == [LocalInterestGone("^md\\.", True, 1)]
+
+
+def test_a_leave_notice_asks_at_once_whether_others_still_use_the_topic():
+    from router.tr import UseQuery
+
+    from .test_router_bridge import dgram
+
+    tr = portal(use_query=UseQuery(3.0, 5, 300.0))
+    tr.on_datagram(dgram(tqrs=["md.a"]), APP, 0.0)
+    run_until(tr, 50.0)
+    tr.on_datagram(tmb(("md.a", 0, 0)), APP, 50.0)  # one receiver left
+    log = run_until(tr, 51.0)
+    assert [(t, q) for t, out, _ in log for q in use_queries(out)] == [(pytest.approx(50.0), ("md.a", 0))]
+
+
+def test_use_queries_are_rate_limited_and_batched():
+    from router.tr import UseQuery
+
+    from .test_router_bridge import dgram
+
+    tr = portal(use_query=UseQuery(30.0, 5, 100.0), use_query_rate=100.0)
+    for i in range(300):
+        tr.on_datagram(dgram(tqrs=[f"md.{i}"]), APP, 0.0)
+    log = run_until(tr, 110.0)
+    times = [t for t, out, _ in log for _ in use_queries(out)]
+    assert len(times) == 300
+    # bursts of 50, then 100 a second: the last of 300 goes out 2.5 s after the first
+    assert times[0] == pytest.approx(100.0) and times[-1] == pytest.approx(102.5, abs=0.02)
+    assert max(len(o.data) for _, out, _ in log for o in out) <= 1400
+    assert tr.stats()["use_queries_deferred"] == 249  # a burst of 50 after the first
+
+
+def test_without_use_queries_an_interest_held_by_a_proxy_never_ends():
+    """The embedding default (use_query None) keeps the first version's rule."""
+    from router.tr import ProxySource, relay_transport
+
+    from .test_router_bridge import OTID, dgram
+
+    tr = portal(interest_timeout=10.0)
+    tr.on_datagram(dgram(tqrs=["md.a"]), APP, 0.0)
+    tr.add_proxy(ProxySource(1, "md.a", relay_transport(0, "10.1.0.1", 24000), 2, OTID), 0.0)
+    log = run_until(tr, 1000.0)
+    assert not use_queries(o for _, out, _ in log for o in out)
+    assert len(tr.local_interests()) == 1
+
+
+def test_interest_refreshes_are_paced_from_min_doubling_to_max():
+    from router.tr import LocalInterestRefresh
+
+    from .test_router_bridge import dgram
+
+    tr = portal(refresh_pacing=(1.0, 8.0))
+    tr.on_datagram(dgram(tqrs=["md.a"]), APP, 0.0)
+    log = run_until(tr, 40.0)
+    times = [t for t, _, evs in log for e in evs if isinstance(e, LocalInterestRefresh)]
+    assert times == pytest.approx([1.0, 3.0, 7.0, 15.0, 23.0, 31.0, 39.0])
+
+
+def test_remote_interest_not_refreshed_expires_checked_a_few_at_a_time():
+    from router.tr import RemoteCheck, RemoteInterestExpired
+
+    tr = portal(remote_topic=RemoteCheck(check_interval=10.0, max_checked=2, timeout=25.0))
+    for t in ("a", "b", "c"):
+        tr.add_remote_interest(t, 0.0)
+    tr.add_remote_interest("a", 20.0)  # refreshed (ADD or REFRESH from the peer)
+    log = run_until(tr, 70.0)
+    expired = [(t, e.topic) for t, _, evs in log for e in evs if isinstance(e, RemoteInterestExpired)]
+    # checks at 10 (a, b), 20 (c, a), 30 (b: expired, c: expired), 40 (a), 50 (a: expired)
+    assert expired == [(pytest.approx(30.0), "b"), (pytest.approx(30.0), "c"), (pytest.approx(50.0), "a")]
+    assert tr.remote_interests() == []
+
+
+def test_max_topics_bounds_each_check_not_the_interests():
+    """<remote-topic max-topics> (DRO default 100) is how many interests one
+    check looks at, not a limit on interests: 10,000 topics stay wanted."""
+    from router.tr import RemoteCheck
+
+    tr = portal(remote_topic=RemoteCheck(90.0, 100, 300.0))
+    for i in range(10_000):
+        tr.add_remote_interest(f"t.{i}", 0.0)
+    assert len(tr.remote_interests()) == 10_000
+
+
+def test_initial_request_burst():
+    from lbmr_proto import decode
+
+    tr = portal(initial_request=(1.0, 10.0))
+    log = run_until(tr, 30.0)
+    reqs = [t for t, out, _ in log for o in out if decode(o.data).type == 7]
+    assert reqs == pytest.approx([float(i) for i in range(10)])
+    pkt = next(decode(o.data) for _, out, _ in log for o in out if decode(o.data).type == 7)
+    assert pkt.ext.flags == 0x0003  # queries and wildcard queries
+
+
+def test_an_interest_refresh_travels_hop_by_hop_where_the_interest_went():
+    """Each hop's portal drops interest that is not refreshed (<remote-topic>):
+    a transit router passes the receivers' REFRESH on, once per link."""
+    from router import peerlink as P
+
+    from .test_router_routing import Net
+
+    n = Net("ABC")
+    n.link("A", "B")
+    n.link("B", "C")
+    n.want("C", "t.one")
+    n.got.clear()
+    refresh = P.Interest(P.InterestAction.REFRESH, "t.one", 3, P.PatternType.TOPIC)
+    n.deliver("C", [_send_on("C-B", refresh)])
+    assert [(to, f.action) for to, _, f in n.got] == [("B", P.InterestAction.REFRESH),
+                                                      ("A", P.InterestAction.REFRESH)]
+    # a refresh of an interest B does not hold (lost, or expired) adds it again
+    n.got.clear()
+    n.deliver("C", [_send_on("C-B", P.Interest(P.InterestAction.REFRESH, "t.two", 3))])
+    assert [(to, f.action) for to, _, f in n.got] == [("B", P.InterestAction.REFRESH),
+                                                      ("A", P.InterestAction.ADD)]
+
+
+def _send_on(link, frame):
+    from router.transit import SendOnLink
+
+    return SendOnLink(link, frame)
+
+
+def test_lbmr_sim_receivers_answer_use_queries():
+    """lbmr-sim plays UM contexts: a context with receivers of a topic answers a
+    router's use query for it ("in use"), and only for topics it receives."""
+    from lbmr_proto import decode
+    from lbmr_tools.sim.context import Context
+
+    ctx = Context(multicast=GROUP, start=0.0)
+    ctx.add_receiver("md.a", now=0.0)
+    names = [f"md.{'a' if i == 150 else i}" for i in range(300)]
+    out = ctx.receive(tmb(*[(n, 1, 0) for n in names], src_id=b"ROUTER01"), 1.0, GROUP)
+    (d,) = out  # a Datagram is the bytes, with .dest
+    pkt = decode(d)
+    assert pkt.type == 4 and [(m.name, m.type, m.flags) for m in pkt.tmb.tmrs] == [("md.a", 1, 0x80)]
+    assert ctx.receive(tmb(("md.b", 1, 0)), 2.0, GROUP) == []
+    assert ctx.receive(tmb(("md.a", 1, 0x80)), 2.0, GROUP) == []  # a response is not a query
+
+
+# ------------------------------------------------ bridge: refreshes out, expiry withdraws
+
+
+def test_bridge_refreshes_the_interest_it_sent_and_an_unrefreshed_one_withdraws():
+    from router import peerlink as P
+    from router.bridge import Bridge
+    from router.tr import PortalTR, RemoteCheck
+
+    from .test_router_bridge import OTID, TOPIC, dgram, frames, source_tir
+
+    tr = PortalTR("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=GROUP, now=0.0,
+                  source_timeout=300.0, requery_interval=100.0,
+                  refresh_pacing=(1.0, 4.0), remote_topic=RemoteCheck(5.0, 100, 12.0))
+    b = Bridge(tr)
+    b.link_up(0.0)
+    b.on_datagram(dgram(tqrs=["md.local"]), APP, 0.0)
+    assert [f.action for f in frames(b)] == [P.InterestAction.ADD]
+    b.peer_frame(P.Interest(P.InterestAction.ADD, TOPIC, 2), 0.0)
+    b.on_datagram(dgram(tirs=[source_tir()]), APP, 0.05)
+    assert [(f.withdraw, f.advert_id) for f in frames(b)] == [(False, 1)]
+    seen = []
+    t = 0.05
+    while t < 30.0:
+        t = b.next_deadline()
+        b.tick(t)
+        seen += [(t, f) for f in frames(b)]
+        if t < 8.0:
+            b.peer_frame(P.Interest(P.InterestAction.REFRESH, TOPIC, 2), t)  # the peer refreshes until 8 s
+            frames(b)  # (re-sent adverts)
+    refreshes = [t for t, f in seen if isinstance(f, P.Interest) and f.action == P.InterestAction.REFRESH]
+    assert refreshes[:4] == pytest.approx([1.0, 3.0, 7.0, 11.0])
+    assert all(f.topic == "md.local" for _, f in seen if isinstance(f, P.Interest))
+    # the peer's last refresh came before 8 s: at the check at 20 s, 12 s later, it is dropped
+    (when, w), = [(t, f) for t, f in seen if isinstance(f, P.Advertisement)]
+    assert w == P.Advertisement(TOPIC, 1, OTID, P.StreamKind.TCP, 1, True)
+    assert when == pytest.approx(20.0)
+    assert b.counters["remote_interest_expired"] == 1 and tr.remote_interests() == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import struct
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from lbmr_proto import (
     decode,
 )
 from lbmr_proto.constants import LBMRD_PORT, MAX_NAME_LEN
+from lbmr_proto.records import TMR
 from lbmr_proto.um import (
     DEFAULT_MAX_DATAGRAM,
     TIR_TTL,
@@ -256,6 +258,32 @@ class Context:
             d = min(d, self._targets.keepalive_deadline(self._alive_since))
         return d
 
+    def _use_responses(self, tmrs, now: float) -> list[Datagram]:
+        """A router's topic use queries (TOPIC_MGMT type 1, no response flag):
+        answer "in use" (flag 0x80) for the exact topics this context receives."""
+        st = self.stats
+        names = []
+        for m in tmrs:
+            if m.type == 1 and not m.flags & 0xE0 and m.name in self._receivers_by_topic:
+                names.append(m.name)
+        st["use_queries_received"] += len(tmrs)
+        out: list[Datagram] = []
+        room = self.max_datagram - 8 - len(self.trailer)
+        batch: list[bytes] = []
+        for rec in [TMR(n, 1, 0x80).encode() for n in names] + [b""]:
+            if batch and (not rec or sum(map(len, batch)) + len(rec) > room):
+                body = b"".join(batch)
+                data = (bytes((0x1C, 0, 0, 0)) + struct.pack("!HH", 4 + len(body), len(batch))
+                        + body + self.trailer)
+                out.append(Datagram(data, self._targets.send_tr(now), "response"))
+                st["use_responses_sent"] += len(batch)
+                st["datagrams_sent"] += 1
+                st["bytes_sent"] += len(data)
+                batch = []
+            if rec:
+                batch.append(rec)
+        return out
+
     # ------------------------------------------------------------ output
 
     def _send_tr(self, tqrs: list[bytes], tirs: list[bytes], now: float, kind: str) -> list[Datagram]:
@@ -329,6 +357,8 @@ class Context:
         if pkt.type in (2, 3):
             st["keepalives_received"] += 1
             return []
+        if pkt.type == 4 and pkt.tmb is not None:
+            return self._use_responses(pkt.tmb.tmrs, now)
         if pkt.type != 0:
             st["other_received"] += 1
             return []
