@@ -57,6 +57,27 @@ def _agg(t: pa.Table, keys: list[str], specs: list[tuple[str, str, str]]) -> pa.
     return pa.table([g[n] for n in names] + [g[k] for k in keys], names=[o for _, _, o in specs] + keys)
 
 
+def _counts(col) -> dict:
+    vc = pc.value_counts(col)
+    return dict(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist(), strict=True))
+
+
+def _files_one(t: pa.Table, kind, us, dg, not_cap, length) -> pa.Table:
+    """The ``files`` row of a batch of one file: two value counts instead of a
+    comparison per kind and packet type."""
+    kinds = _counts(kind)
+    dgm = pc.fill_null(dg, False)
+    pts = _counts(pc.filter(t["packet_type"], dgm))
+    mm = pc.min_max(us)
+    row = {"datagrams": pc.sum(_i(dgm)).as_py() or 0, "records": pc.sum(_i(not_cap)).as_py() or 0,
+           "bytes": pc.sum(pc.filter(pc.fill_null(length, 0), dgm)).as_py() or 0,
+           "decode_errors": kinds.get("DECODE_ERROR", 0), "capture_errors": kinds.get("CAPTURE_ERROR", 0),
+           "first_us": mm["min"].as_py(), "last_us": mm["max"].as_py()}
+    row.update({"k_" + k: kinds.get(k, 0) for k in KINDS})
+    row.update({"pt_" + p: pts.get(p, 0) for p in PACKET_TYPES})
+    return pa.table({k: pa.array([v], _I64) for k, v in row.items()} | {"file": t["file"].slice(0, 1)})
+
+
 def of_batch(b: pa.RecordBatch) -> dict[str, pa.Table]:
     """The partial tables of one record batch (:data:`lbmr_analyze.rows.SCHEMA`)."""
     t = pa.Table.from_batches([b])
@@ -68,20 +89,23 @@ def of_batch(b: pa.RecordBatch) -> dict[str, pa.Table]:
     dg = pc.and_(first, not_cap)
     length = pc.cast(t["length"], _I64)
     zero = pa.scalar(0, _I64)
-    cols = {"us": us, "dg": _i(dg), "rec": _i(not_cap),
-            "dg_bytes": pc.if_else(pc.fill_null(dg, False), pc.fill_null(length, 0), zero),
-            "dec": _i(pc.equal(kind, "DECODE_ERROR")), "cap": _i(pc.equal(kind, "CAPTURE_ERROR"))}
-    for k in KINDS:
-        cols["k_" + k] = _i(pc.equal(kind, k))
-    for p in PACKET_TYPES:
-        cols["pt_" + p] = _i(pc.and_(dg, pc.equal(t["packet_type"], p)))
-    ft = pa.table(dict(file=t["file"], **cols))
-    out = {"files": _agg(ft, ["file"], [("dg", "sum", "datagrams"), ("rec", "sum", "records"),
-                                        ("dg_bytes", "sum", "bytes"), ("dec", "sum", "decode_errors"),
-                                        ("cap", "sum", "capture_errors"), ("us", "min", "first_us"),
-                                        ("us", "max", "last_us")]
-                         + [("k_" + k, "sum", "k_" + k) for k in KINDS]
-                         + [("pt_" + p, "sum", "pt_" + p) for p in PACKET_TYPES])}
+    if pc.count_distinct(t["file"]).as_py() == 1:
+        out = {"files": _files_one(t, kind, us, dg, not_cap, length)}
+    else:                                    # (batches hold one split, so one file: not reached)
+        cols = {"us": us, "dg": _i(dg), "rec": _i(not_cap),
+                "dg_bytes": pc.if_else(pc.fill_null(dg, False), pc.fill_null(length, 0), zero),
+                "dec": _i(pc.equal(kind, "DECODE_ERROR")), "cap": _i(pc.equal(kind, "CAPTURE_ERROR"))}
+        for k in KINDS:
+            cols["k_" + k] = _i(pc.equal(kind, k))
+        for p in PACKET_TYPES:
+            cols["pt_" + p] = _i(pc.and_(dg, pc.equal(t["packet_type"], p)))
+        ft = pa.table(dict(file=t["file"], **cols))
+        out = {"files": _agg(ft, ["file"], [("dg", "sum", "datagrams"), ("rec", "sum", "records"),
+                                            ("dg_bytes", "sum", "bytes"), ("dec", "sum", "decode_errors"),
+                                            ("cap", "sum", "capture_errors"), ("us", "min", "first_us"),
+                                            ("us", "max", "last_us")]
+                             + [("k_" + k, "sum", "k_" + k) for k in KINDS]
+                             + [("pt_" + p, "sum", "pt_" + p) for p in PACKET_TYPES])}
     # topic facts
     m = pc.is_in(kind, pa.array(["TIR", "TQR", "WC_TQR"]))
     ftab = t.select(FACT_KEYS).append_column("us", us).filter(m)
