@@ -32,10 +32,15 @@ class JSONFormatter(UTCFormatter):
                            "logger": record.name, "msg": record.getMessage()})
 
 
-def setup_logging(logfile: str | None, fmt: str, level: int = logging.INFO, name: str = "lbmrd") -> None:
-    """Log the ``name`` logger to ``logfile`` (or stdout) as ``fmt`` ("text" or
-    "json"); it does not propagate to the root logger."""
-    handler: logging.Handler = logging.FileHandler(logfile) if logfile else logging.StreamHandler(sys.stdout)
+def setup_logging(logfile: str | None, fmt: str, level: int = logging.INFO, name: str = "lbmrd",
+                  handler: logging.Handler | None = None) -> None:
+    """Log the ``name`` logger to ``logfile`` (or, without one, to ``handler``,
+    else stdout) as ``fmt`` ("text" or "json"); it does not propagate to the
+    root logger."""
+    if logfile:
+        handler = logging.FileHandler(logfile)
+    elif handler is None:
+        handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(JSONFormatter() if fmt == "json" else
                          UTCFormatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))
     root = logging.getLogger(name)

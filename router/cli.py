@@ -10,11 +10,15 @@ import argparse
 import logging
 import ssl
 import sys
+from functools import partial
+
+import trio
 
 from lbmr_runtime.netif import InterfaceError
 from lbmr_runtime.process import EXIT_CONFIG, EXIT_USAGE, run_daemon, setup_logging
 
 from .daemon import tls_context
+from .logs import log_handler, stats_line
 from .multi import MultiRouter
 
 __all__ = ["build_parser", "check_settings", "entry", "main", "tls_context"]
@@ -41,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", help="XML configuration file")
     p.add_argument("-v", "--validate", action="store_true", help="validate the configuration file and exit")
     p.add_argument("-d", "--dump-dtd", action="store_true", help="print the configuration DTD and exit")
-    p.add_argument("-L", "--logfile", metavar="FILE", help="log to FILE instead of stdout")
+    p.add_argument("-L", "--logfile", metavar="FILE",
+                   help="log to FILE (instead of the file's <log>, or stdout)")
     p.add_argument("--log-format", choices=["text", "json"], default="text", help="log line format (UTC)")
     p.add_argument("--debug", action="store_true", help="debug logging")
     return p
@@ -73,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config}: valid")
         return 0
     try:
+        handler = None if args.logfile else log_handler(cfg.log)
         setup_logging(args.logfile, args.log_format, logging.DEBUG if args.debug else logging.INFO,
-                      name="lbmr-router")
+                      name="lbmr-router", handler=handler)
     except OSError as e:
         print(f"lbmr-router: cannot open log file: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -89,7 +95,29 @@ def main(argv: list[str] | None = None) -> int:
     log.info("lbmr-router %s starting: endpoints %s, peers %s", cfg.name,
              ", ".join(f"{e.name} (domain {e.domain_id})" for e in cfg.endpoints),
              ", ".join(f"{p.name} ({p.role})" for p in cfg.peers) or "none (direct link)")
-    return run_daemon(MultiRouter(cfg, handle_signals=True).run, log)
+    return run_daemon(partial(run_router, MultiRouter(cfg, handle_signals=True),
+                              cfg.stats_interval_ms / 1000.0), log)
+
+
+async def run_router(router: MultiRouter, stats_interval: float, *,
+                     task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run ``router``; every ``stats_interval`` seconds (0 = never) log its
+    statistics line (:func:`router.logs.stats_line`), and once more at the end."""
+    async with trio.open_nursery() as n:
+        if stats_interval > 0:
+            n.start_soon(_stats_loop, router, stats_interval)
+        try:
+            await router.run(task_status=task_status)
+        finally:
+            n.cancel_scope.cancel()
+            if router.links:
+                log.info("final %s", stats_line(router))
+
+
+async def _stats_loop(router: MultiRouter, interval: float) -> None:
+    while True:
+        await trio.sleep(interval)
+        log.info("%s", stats_line(router))
 
 
 def entry() -> None:

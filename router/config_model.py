@@ -390,9 +390,9 @@ class PeerConfig:
 
     @property
     def keepalive_interval(self) -> float:
-        """Seconds between keepalives on an idle link (0 = none)."""
-        ka = self.keepalive
-        return ka.interval_ms / 1000.0 if ka.idle else 0.0
+        """Seconds between keepalives (0 = none): on an idle link only
+        (``keepalive.idle``, the default) or always."""
+        return self.keepalive.interval_ms / 1000.0
 
     @property
     def dead_after(self) -> float:

@@ -464,7 +464,7 @@ class Router:
                 await trio.aclose_forcefully(stream)
                 return
         conn = P.PeerConnection(role, self.identity, accept=self.accept_peer,
-                                keepalive_interval=p.keepalive_interval,
+                                keepalive_interval=p.keepalive_interval, keepalive_idle=p.keepalive.idle,
                                 dead_after=p.dead_after, handshake_timeout=CONNECT_TIMEOUT)
         link = Link(conn, stream, peer_name=p.name, max_queue=p.max_queue)
         link.handshake = handshake

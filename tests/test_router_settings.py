@@ -416,3 +416,227 @@ def test_bridge_refreshes_the_interest_it_sent_and_an_unrefreshed_one_withdraws(
     assert w == P.Advertisement(TOPIC, 1, OTID, P.StreamKind.TCP, 1, True)
     assert when == pytest.approx(20.0)
     assert b.counters["remote_interest_expired"] == 1 and tr.remote_interests() == []
+
+
+# ------------------------------------------------ <log> and <stats-interval>
+
+
+def _record(msg: str, created: float):
+    import logging
+
+    r = logging.LogRecord("lbmr-router", logging.INFO, __file__, 1, msg, None, None)
+    r.created = created
+    return r
+
+
+def test_log_file_rolls_daily_and_keeps_every_rolled_file(tmp_path):
+    import calendar
+
+    from router.logs import RollingFileHandler
+
+    day = calendar.timegm((2026, 11, 23, 0, 0, 0))
+    path = tmp_path / "router.log"
+    h = RollingFileHandler(str(path), "daily")
+    h._next_roll = h._boundary_after(day + 10)  # as if started on the 23rd
+    h.emit(_record("first", day + 10))
+    h.emit(_record("second", day + 86399))
+    h.emit(_record("third", day + 86400 + 5))  # the 24th: the 23rd's file is rolled
+    h.emit(_record("fourth", day + 2 * 86400 + 5))
+    h.close()
+    assert path.read_text() == "fourth\n"
+    assert (tmp_path / "router.log.2026-11-23.1").read_text() == "first\nsecond\n"
+    assert (tmp_path / "router.log.2026-11-24.1").read_text() == "third\n"
+
+
+def test_log_file_rolls_hourly_and_by_size_with_sequence_numbers(tmp_path):
+    import calendar
+
+    from router.logs import RollingFileHandler
+
+    hour = calendar.timegm((2026, 11, 23, 7, 0, 0))
+    path = tmp_path / "r.log"
+    h = RollingFileHandler(str(path), "hourly", max_bytes=100)
+    h._next_roll = h._boundary_after(hour)
+    line = "x" * 39  # 40 bytes with the newline: two fit in 100, the third rolls
+    for i in range(5):
+        h.emit(_record(line, hour + i))
+    h.emit(_record("next hour", hour + 3600))
+    h.close()
+    assert (tmp_path / "r.log.2026-11-23T07.1").read_text() == f"{line}\n" * 2
+    assert (tmp_path / "r.log.2026-11-23T07.2").read_text() == f"{line}\n" * 2
+    assert (tmp_path / "r.log.2026-11-23T07.3").read_text() == f"{line}\n"
+    assert path.read_text() == "next hour\n"
+    # appended, never truncated: a new handler on the same file continues it
+    h = RollingFileHandler(str(path))
+    h.emit(_record("again", hour + 3601))
+    h.close()
+    assert path.read_text() == "next hour\nagain\n"
+
+
+def test_log_type_syslog_sends_to_the_syslog_socket(tmp_path):
+    import logging
+
+    from router.config_model import LogConfig
+    from router.logs import log_handler
+
+    addr = str(tmp_path / "log.sock")
+    sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sink.bind(addr)
+    sink.settimeout(5)
+    h = log_handler(LogConfig("syslog"), syslog_address=addr)
+    h.setFormatter(logging.Formatter("%(message)s"))
+    h.emit(_record("peer_up A <-> B", 0.0))
+    got = sink.recv(4096).decode()
+    h.close()
+    sink.close()
+    # <PRI> with facility daemon (3) and severity info (6): 3 * 8 + 6 = 30
+    assert got.startswith("<30>lbmr-router: peer_up A <-> B"), got
+    assert log_handler(LogConfig("console")) is None
+
+
+async def test_stats_line_every_stats_interval(autojump_clock):
+    import logging
+
+    from router.cli import run_router
+    from router.config_model import router_config
+    from router.multi import MultiRouter
+
+    lines = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append((trio.current_time(), record.getMessage()))
+
+    logger = logging.getLogger("lbmr-router")
+    keep = Keep()
+    logger.addHandler(keep)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        ep = multicast_endpoint("M", 1, "239.192.7.2", free_port(), interface="127.0.0.1")
+        router = MultiRouter(router_config("r", [ep], [acceptor_peer("p", 0, interface="127.0.0.1")]))
+        async with trio.open_nursery() as n:
+            await n.start(run_router, router, 10.0)
+            t0 = trio.current_time()
+            await trio.sleep(35.0)
+            n.cancel_scope.cancel()
+        stats = [(t - t0, m) for t, m in lines if m.startswith("stats ")]
+        assert [round(t) for t, _ in stats] == [10, 20, 30]
+        assert stats[0][1].startswith("stats links=0/1 proxies=0 adverts=0 local_interest=0")
+        lines.clear()
+        async with trio.open_nursery() as n:
+            await n.start(run_router, MultiRouter(router_config("r0", [ep])), 0.0)  # 0 = never
+            await trio.sleep(100.0)
+            n.cancel_scope.cancel()
+        assert not [m for _, m in lines if m.startswith("stats ")]
+    finally:
+        logger.removeHandler(keep)
+        logger.setLevel(level)
+
+
+def _router_file(tmp_path, log: str, stats_ms: int) -> str:
+    port = free_port()
+    return f"""<?xml version="1.0" encoding="UTF-8" ?>
+<lbmr-router version="1.0">
+  <daemon>
+    <name>logger</name>
+    {log}
+    <stats-interval>{stats_ms}</stats-interval>
+  </daemon>
+  <portals>
+    <endpoint>
+      <name>M</name>
+      <domain-id>1</domain-id>
+      <topic-resolution><multicast group="239.192.7.3" port="{port}" interface="127.0.0.1"/></topic-resolution>
+      <relay interface="127.0.0.1" port-low="{port}" port-high="{port}"/>
+    </endpoint>
+    <peer>
+      <name>P</name>
+      <single-tcp><interface>127.0.0.1</interface><acceptor><listen-port>{free_port(socket.SOCK_STREAM)}</listen-port></acceptor></single-tcp>
+    </peer>
+  </portals>
+</lbmr-router>
+"""
+
+
+def _run_router_process(args, until, timeout=20.0):
+    import signal
+    import subprocess
+    import time
+
+    from .test_router_cli import ROUTER
+
+    p = subprocess.Popen(ROUTER + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + timeout
+        while not until():
+            assert p.poll() is None, p.communicate()
+            assert time.monotonic() < deadline, "the router did not log as expected"
+            time.sleep(0.05)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=10)
+    assert p.returncode == 0, err
+    return out.decode()
+
+
+def test_the_router_logs_to_its_log_file_with_stats_lines_and_L_wins(tmp_path):
+    cfg = write(tmp_path, "r.xml", _router_file(tmp_path, '<log type="file">r.log</log>', 200))
+    log = tmp_path / "r.log"
+
+    def stats_lines(p):
+        return [x for x in p.read_text().splitlines() if "] lbmr-router: stats links=0/1" in x] \
+            if p.exists() else []
+
+    out = _run_router_process([str(cfg)], lambda: len(stats_lines(log)) >= 3)
+    assert out == ""  # nothing on standard output: it all went to the file
+    text = log.read_text()
+    assert "lbmr-router logger starting" in text and "final stats links=" in text
+    # -L on the command line wins over the file's <log>
+    other = tmp_path / "other.log"
+    size = log.stat().st_size
+    _run_router_process(["-L", str(other), str(cfg)], lambda: len(stats_lines(other)) >= 1)
+    assert log.stat().st_size == size
+
+
+def test_console_log_without_stats_lines(tmp_path):
+    cfg = write(tmp_path, "c.xml", _router_file(tmp_path, '<log type="console"/>', 0))
+    import time
+
+    t = time.monotonic()
+    out = _run_router_process([str(cfg)], lambda: time.monotonic() > t + 1.5)
+    assert "lbmr-router logger starting" in out
+    assert "] lbmr-router: stats " not in out and "final stats" in out
+
+
+# ------------------------------------------------ <gateway-keepalive idle="no">
+
+
+def test_gateway_keepalive_idle_no_sends_keepalives_whatever_else_is_sent():
+    from router.peerlink import Interest, InterestAction, Keepalive, decode
+
+    from .test_router_peerlink import connected, relay
+
+    for idle, expected in ((True, []), (False, [5, 10, 15, 20])):
+        a, b = connected(a_keepalive_idle=idle, a_dead_after=0)
+        sent = []
+        for t in range(1, 21):  # a sends a frame every second: never idle
+            data = a.send(Interest(InterestAction.REFRESH, "md.x", 1), float(t))
+            out, evs = a.tick(float(t))
+            assert evs == []
+            if out:
+                assert isinstance(decode(out), Keepalive)
+                sent.append(t)
+                data += out
+            relay(a, b, data, float(t))
+        assert sent == expected, idle
+    assert a.rtt.count == 4  # answered
+
+
+def test_the_router_passes_idle_no_to_its_link():
+    from router.config_model import KeepaliveConfig, PeerConfig
+
+    p = initiator_peer("p", "127.0.0.1", 1)
+    assert p.keepalive.idle and p.keepalive_interval == 5.0
+    q = PeerConfig("q", initiator=p.initiator, keepalive=KeepaliveConfig(False, 2000, 6000))
+    assert q.keepalive_interval == 2.0 and not q.keepalive.idle  # not "0 = none" any more

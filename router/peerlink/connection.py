@@ -195,19 +195,23 @@ class PeerConnection:
     major version, overlapping or invalid domain ids, same router name) by the acceptor
     before it answers CONNECT_REQUEST, and by the initiator on the CONNECT_RESPONSE.
     Times are seconds on any monotonic clock; ``keepalive_interval=0`` disables keepalives
-    and ``dead_after=0`` disables dead-peer detection.
+    and ``dead_after=0`` disables dead-peer detection. ``keepalive_idle`` (the DRO's
+    ``idle="yes"``): a keepalive only after ``keepalive_interval`` with nothing sent;
+    False: one every ``keepalive_interval`` whatever else is sent.
     """
 
     def __init__(self, role: str, identity: RouterIdentity, *, accept: AcceptFn | None = None,
                  keepalive_interval: float = 5.0, dead_after: float = 15.0,
                  handshake_timeout: float = 5.0, disconnect_timeout: float = 5.0,
-                 max_payload: int = MAX_PAYLOAD, nonce: int | None = None) -> None:
+                 max_payload: int = MAX_PAYLOAD, nonce: int | None = None,
+                 keepalive_idle: bool = True) -> None:
         if role not in ("initiator", "acceptor"):
             raise ValueError(f"role must be 'initiator' or 'acceptor', not {role!r}")
         self.role = role
         self.identity = identity
         self.accept_fn = accept
         self.keepalive_interval = keepalive_interval
+        self.keepalive_idle = keepalive_idle
         self.dead_after = dead_after
         self.handshake_timeout = handshake_timeout
         self.disconnect_timeout = disconnect_timeout
@@ -223,6 +227,7 @@ class PeerConnection:
         self._out = bytearray()
         self._last_sent = 0.0
         self._last_recv = 0.0
+        self._last_ka = 0.0  # last keepalive sent (or the connection), for keepalive_idle False
         self._hs_deadline = math.inf
         self._ka_seq = 0
         self._ka_outstanding: dict[int, tuple[float, int]] = {}
@@ -330,7 +335,7 @@ class PeerConnection:
                 waited = "DISCONNECT_RESPONSE" if now >= self._req_deadline else "DISCONNECT_OK"
                 self._terminate(events, Timeout(
                     f"no {waited} within {self.disconnect_timeout:g} s", "disconnect"))
-            elif self.keepalive_interval > 0 and now >= self._last_sent + self.keepalive_interval:
+            elif self.keepalive_interval > 0 and now >= self._keepalive_base() + self.keepalive_interval:
                 self._send_keepalive(now)
         return self.data_to_send(), events
 
@@ -344,7 +349,7 @@ class PeerConnection:
             if self.dead_after > 0:
                 d = min(d, self._last_recv + self.dead_after)
             if self.keepalive_interval > 0:
-                d = min(d, self._last_sent + self.keepalive_interval)
+                d = min(d, self._keepalive_base() + self.keepalive_interval)
             return d
         return math.inf
 
@@ -357,7 +362,11 @@ class PeerConnection:
         self.stats.frames_sent += 1
         self.stats.bytes_sent += len(b)
 
+    def _keepalive_base(self) -> float:
+        return self._last_sent if self.keepalive_idle else self._last_ka
+
     def _send_keepalive(self, now: float) -> None:
+        self._last_ka = now
         self._ka_seq += 1
         ts = int(now * 1_000_000_000) & U64
         self._emit(Keepalive(self._ka_seq, ts), now)
@@ -486,6 +495,7 @@ class PeerConnection:
     def _connected(self, events: list) -> None:
         assert self.peer is not None
         self.state = State.CONNECTED
+        self._last_ka = max(self._last_sent, self._last_recv)
         self._hs_deadline = math.inf
         self.capabilities = self.identity.capabilities & self.peer.capabilities
         events.append(Connected(self.peer, self.capabilities))
