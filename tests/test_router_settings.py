@@ -640,3 +640,18 @@ def test_the_router_passes_idle_no_to_its_link():
     assert p.keepalive.idle and p.keepalive_interval == 5.0
     q = PeerConfig("q", initiator=p.initiator, keepalive=KeepaliveConfig(False, 2000, 6000))
     assert q.keepalive_interval == 2.0 and not q.keepalive.idle  # not "0 = none" any more
+
+
+async def test_interfaces_given_as_device_or_network_are_bound():
+    """<interface> as a device name or a CIDR network works when the router
+    starts, for the TR socket, the relay and the peer link (not only literal
+    addresses)."""
+    async with trio.open_nursery() as n:
+        _, trd = await start_lbmrd(n, "127.0.0.1")
+        r = Router("routerI", lbmrd_endpoint("I", 1, [trd], interface="lo"),
+                   acceptor_peer("I-peer", 0, interface="127.0.0.0/8"))
+        got = await n.start(r.run)
+        assert got["tr"][0] == "127.0.0.1"  # not 0.0.0.0, the default without <interface>
+        assert got["peer"][0] == "127.0.0.1"
+        assert r.endpoint.relay_ip == "127.0.0.1"
+        n.cancel_scope.cancel()
