@@ -1,11 +1,11 @@
-"""Router benchmark: TCP relay throughput through two routers, and topic
-resolution convergence across them.
+"""Router benchmark: TCP relay throughput through two routers (zero-copy and
+copy data paths, plain and TLS peer links) against a minimal splice relay and
+direct loopback, LBT-RU datagram throughput and loss, and topic resolution
+convergence across the routers.
 
-    python bench/router.py [--mbytes 200] [--runs 3] [--topics 8]
+    python bench/router.py [--mbytes 200] [--runs 3] [--topics 8] [--ru-count 100000]
+                           [--ru-rates 50000,100000] [--no-tls] [--no-ru]
                            [--profile auto|py-spy|cprofile|none] [--no-inprocess]
-
-Over 600 lines because it is one self-contained script (deployment,
-baselines, load, report) meant to be read and run on its own.
 
 Everything runs on loopback (127.0.0.0/8) and stops by itself (a hard limit
 of HARD_LIMIT_S seconds ends a stuck run).
@@ -16,30 +16,43 @@ Deployment (as tests/test_router_cli.py runs it): two lbmrds
 to a free one and the relay range widened to RELAY_PORTS ports) are separate
 processes, so each router has a CPU of its own (the two cores of the machine
 are shared with the source and the receiver, which are threads of this
-process with blocking sockets).
+process with blocking sockets). Three such deployments run side by side, each
+with its own lbmrds: "zero copy" (the shipped configs: a plain TCP peer link,
+payloads spliced), "copy" (the same with LBMR_ROUTER_ZERO_COPY=0 in the
+routers' environment: every byte through Python) and "TLS" (the configs'
+<tls> block filled in with a throwaway CA and certificates made by openssl;
+TLS links always take the copy path).
 
 1. Throughput. A TCP "source" on 127.0.1.5 (TRD1) serves --mbytes MB (10^6
    bytes) of a known pattern to every connection, sent CHUNK bytes per
-   ``sendall``, and is advertised through lbmrd 1 (a TIR every 0.5 s). The
-   receiver (127.0.2.9, TRD2) resolves the topic through lbmrd 2, which gives
-   router B's proxy, and reads with ``recv_into`` of CHUNK bytes until EOF:
-   receiver -> proxy (router B) -> peer link -> router A -> source. The time
-   runs from ``connect`` to EOF; the byte count and a 16-byte probe at both
-   ends of every read are checked against the pattern (whose period is not a
-   multiple of any read size). "direct" is the same receiver connecting
-   straight to the source, in the same run. Each of --runs rounds measures
-   both (alternating which goes first); the best of each is reported with
-   their ratio, and the CPU use over the best routed transfer (routers, this
-   process, everything else on the machine: a shared machine shows here).
-   Reference ceiling: two minimal one-way relay processes (RELAY_CODE) in the
-   same topology, copying with recv_into/sendall or zero-copy with os.splice:
-   what any user-space relay chain of three TCP connections reaches here.
-   The routed measurement is repeated with both lbmrds and both routers in
-   one trio loop in a thread of this process (``lbmrd.server.Daemon`` and
+   ``sendall``, and is advertised through each deployment's lbmrd 1 (a TIR
+   every 0.5 s). The receiver (127.0.2.9, TRD2) resolves the topic through
+   lbmrd 2, which gives router B's proxy, and reads with ``recv_into`` of
+   CHUNK bytes until EOF: receiver -> proxy (router B) -> peer link -> router
+   A -> source. The time runs from ``connect`` to EOF; the byte count and a
+   16-byte probe at both ends of every read are checked against the pattern
+   (whose period is not a multiple of any read size). In the same rounds the
+   same receiver also reads straight from the source ("direct") and through
+   two minimal one-way relay processes in the same topology (RELAY_CODE,
+   started once): "splice" (os.splice through a pipe, the baseline of the
+   target) and "copy" (recv_into/sendall). Each of --runs rounds measures
+   every path once (the order rotating); the best of each is reported, with
+   the ratios routed/splice (target TARGET_RATIO) and routed/direct, and the
+   CPU use over the best zero-copy routed transfer (routers, this process,
+   everything else on the machine: a shared machine shows here). The routed
+   measurement is also made with both lbmrds and both routers in one trio
+   loop in a thread of this process (``lbmrd.server.Daemon`` and
    ``router.daemon.Router`` as tests/test_router_e2e.py sets them up): the
    "in-process" number.
 
-2. Convergence. For each of --topics new topic names and each order:
+2. LBT-RU. A source of the LBT-RU-like protocol (lbmr_tools.sim.dataplane,
+   RU_SIZE-byte datagrams, each verified) on 127.0.1.5 in TRD1, advertised in
+   the zero-copy deployment; a receiver in TRD2 takes --ru-count datagrams,
+   paced by the source at each of --ru-rates datagrams per second, once
+   straight from the source and once through the routers' proxy. Printed:
+   datagrams received and lost, the achieved rate, and routed/direct.
+
+3. Convergence. For each of --topics new topic names and each order:
    * receiver first: a receiver context starts querying (UM receiver timing:
      a TQR at once, then gaps of 20 ms doubling to 200 ms), GAP_S later a
      source context sends its first TIR (UM source timing: at once, then gaps
@@ -52,13 +65,13 @@ process with blocking sockets).
    Both contexts are UDP sockets of this process driven by one select loop;
    times are time.perf_counter() around the syscalls.
 
-3. Profile (when the routed/direct ratio is below TARGET_RATIO): py-spy
-   (``--idle --nonblocking``, if installed: ``pip install py-spy``) samples
-   both router processes for PROFILE_S seconds while routed transfers run back
-   to back, and the wall time of each router is split into waiting in epoll,
-   socket syscalls and Python, with the functions where it goes. Without
-   py-spy (or with --profile cprofile) a fresh pair of router processes runs
-   one routed transfer under cProfile instead.
+4. Profile (when routed/splice is below TARGET_RATIO): py-spy (``--idle
+   --nonblocking``, if installed: ``pip install py-spy``) samples both
+   zero-copy router processes for PROFILE_S seconds while routed transfers
+   run back to back, and the wall time of each router is split into waiting
+   in epoll, socket syscalls and Python, with the functions where it goes.
+   Without py-spy (or with --profile cprofile) a fresh pair of router
+   processes runs one routed transfer under cProfile instead.
 """
 
 from __future__ import annotations
@@ -96,12 +109,14 @@ CHUNK = 1 << 20  # bytes per sendall / recv_into
 PERIOD = CHUNK + 4099  # pattern period: no read or frame size divides it
 PATTERN = random.Random(7).randbytes(PERIOD) * 2
 PROBE = 16
-TARGET_RATIO = 0.8
+TARGET_RATIO = 0.8  # routed (zero copy) / minimal splice relay
+RU_SIZE = 1400  # LBT-RU datagram bytes
+RU_TOPIC = "bench.router.ru"
 TARGET_CONVERGENCE_MS = 50.0
 GAP_S = 0.2  # between the first and the second application in a convergence measurement
 CONVERGE_TIMEOUT_S = 5.0
 IO_TIMEOUT_S = 30.0
-HARD_LIMIT_S = 170
+HARD_LIMIT_S = 300
 PROFILE_S = 3  # seconds (whole) of routed transfers sampled by py-spy
 RELAY_PORTS = 64
 TPUT_TOPIC = "bench.router.tput"
@@ -352,9 +367,13 @@ class Processes:
 
     name = "processes"
 
-    def __init__(self, tmp: Path, cprofile: bool = False) -> None:
-        self.tmp = tmp
+    def __init__(self, tmp: Path, cprofile: bool = False, *, tls: dict[str, str] | None = None,
+                 env: dict[str, str] | None = None, tag: str = "") -> None:
+        self.tmp = tmp / tag if tag else tmp
+        self.tmp.mkdir(exist_ok=True)
         self.cprofile = cprofile
+        self.tls = tls
+        self.env = env
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
         self.profiles: dict[str, Path] = {}
@@ -371,6 +390,15 @@ class Processes:
             metrics = free_port("127.0.0.1")
             tr = free_port(ip, socket.SOCK_DGRAM)
             relay = free_range(ip, RELAY_PORTS)
+            if self.tls is not None:
+                r = name[7]
+                block = (f"<tls><certificate>{self.tls[r + '.pem']}</certificate>"
+                         f"<certificate-key>{self.tls[r + '.key']}</certificate-key>"
+                         f"<trusted-certificates>{self.tls['ca.pem']}</trusted-certificates></tls>")
+                anchor = f"<single-tcp>\n        <interface>{ip}</interface>"
+                if anchor not in text:
+                    raise RuntimeError(f"configs/{name}: {anchor!r} not found (the shipped file changed)")
+                text = text.replace(anchor, anchor + block)
             for old, new in (("26123", str(peer)),
                              (f'{ip}" port="15380', f'{ip}" port="{lbmrd_port}'),
                              (metrics_old, str(metrics)),
@@ -386,7 +414,8 @@ class Processes:
         return out
 
     def _spawn(self, key: str, argv: list[str]) -> None:
-        self.procs[key] = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL,
+        env = None if self.env is None or key.startswith("lbmrd") else {**os.environ, **self.env}
+        self.procs[key] = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, env=env,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
     def start(self) -> None:
@@ -524,23 +553,146 @@ def throughput(dep, source: DataSource, runs: int) -> dict:
         adv.close()
 
 
-def reference_relays(source: DataSource, runs: int, mode: str) -> float:
-    """Best transfer time through two minimal relay processes in the routers' topology:
-    receiver -> relay on TRD2 -> relay on TRD1 -> source."""
-    procs = []
-    try:
+class RelayChain:
+    """Two minimal one-way relay processes (RELAY_CODE, ``mode`` "splice" or "copy") in
+    the routers' topology, started once: receiver -> relay on TRD2 -> relay on TRD1 ->
+    source. ``addr``: where the receiver connects."""
+
+    def __init__(self, source: DataSource, mode: str) -> None:
+        self.procs: list[subprocess.Popen] = []
         upstream = (SRC_IP, source.port)
-        for ip in (TRD1, TRD2):
-            p = subprocess.Popen(PY + [RELAY_CODE, ip, upstream[0], str(upstream[1]), mode, str(CHUNK)],
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-            procs.append(p)
-            upstream = (ip, int(p.stdout.readline()))
-        return min(receive(upstream, source.total) for _ in range(runs))
-    finally:
-        for p in procs:
-            p.kill()
+        try:
+            for ip in (TRD1, TRD2):
+                p = subprocess.Popen(PY + [RELAY_CODE, ip, upstream[0], str(upstream[1]), mode, str(CHUNK)],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+                self.procs.append(p)
+                upstream = (ip, int(p.stdout.readline()))
+        except BaseException:
+            self.stop()
+            raise
+        self.addr = upstream
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
             p.wait()
             p.stdout.close()
+        self.procs = []
+
+
+def certificates(tmp: Path) -> dict[str, str] | None:
+    """A throwaway CA and a certificate and key for each router (openssl, EC P-256):
+    {"ca.pem", "a.pem", "a.key", "b.pem", "b.key"} -> path; None without openssl."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return None
+    d = tmp / "tls"
+    d.mkdir(exist_ok=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True, cwd=d)
+
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=bench-ca")
+    for r in ("a", "b"):
+        run("req", *ec, "-keyout", f"{r}.key", "-out", f"{r}.csr", "-subj", f"/CN=router-{r}")
+        run("x509", "-req", "-in", f"{r}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{r}.pem", "-days", "2")
+    return {k: str(d / k) for k in ("ca.pem", "a.pem", "a.key", "b.pem", "b.key")}
+
+
+def throughput_paths(paths: dict[str, tuple[str, int]], source: DataSource, runs: int,
+                     cpu_dep, cpu_path: str) -> dict:
+    """Best transfer time of each path (name -> address to connect to): every round
+    measures each path once, the order rotating; the CPU use over the best ``cpu_path``
+    transfer (``cpu_dep``'s routers)."""
+    names = list(paths)
+    best = dict.fromkeys(names, float("inf"))
+    cpu_best: dict[str, float] = {}
+    for i in range(runs):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            before = cpu_snapshot(cpu_dep)
+            dt = receive(paths[name], source.total)
+            after = cpu_snapshot(cpu_dep)
+            if dt < best[name]:
+                best[name] = dt
+                if name == cpu_path:
+                    cpu_best = {c: (after[c] - before[c]) / dt for c in after}
+    return {"best": best, "cpu": cpu_best}
+
+
+def lbtru_throughput(dep, count: int, rates: list[float]) -> list[dict]:
+    """For each rate: a new LBT-RU-like source (RuDataSource on SRC_IP, advertised in
+    ``dep``'s TRD1), and ``count`` verified datagrams taken once straight from it and
+    once through router B's proxy (RuDataReceiver on RCV_IP)."""
+    import trio
+
+    from lbmr_proto.um import synthesize_otid
+    from lbmr_tools.sim.dataplane import RuDataReceiver, RuDataSource
+
+    out: list[dict] = []
+    tag = random.Random().randrange(1 << 30)
+
+    async def one(nursery, rate: float, index: int) -> None:
+        topic = f"{RU_TOPIC}.{tag}.{index}"
+        seed = random.Random(index).randrange(1 << 63)
+        src = RuDataSource(SRC_IP, count=count, seed=seed, rate=rate, datagram_size=RU_SIZE,
+                           max_burst=64, snd_buf=8 << 20)
+        sip, sport = await nursery.start(src.serve)
+        transport = L.LbtruTransport(sip, sport)
+        tir = L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, transport, 60, index, [
+            L.OtidOption(0x8000, synthesize_otid(transport, index))])]))
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        await sock.bind((SRC_IP, 0))
+
+        async def advertise() -> None:
+            while True:
+                await sock.sendto(tir, dep.lbmrd1)
+                await trio.sleep(0.5)
+
+        with sock:
+            async with trio.open_nursery() as adv_nursery:
+                adv_nursery.start_soon(advertise)
+                await measure(sip, sport, seed, topic, rate)
+                adv_nursery.cancel_scope.cancel()
+
+    async def measure(sip: str, sport: int, seed: int, topic: str, rate: float) -> None:
+        proxy = await trio.to_thread.run_sync(resolve, topic, dep.lbmrd2)
+        row: dict = {"rate": rate}
+        for path, (ip, port) in (("direct", (sip, sport)), ("routed", proxy)):
+            r = await RuDataReceiver(ip, port, seed=seed, expect_count=count, bind_ip=RCV_IP,
+                                     idle_timeout=2.0, timeout=IO_TIMEOUT_S + count / rate).run()
+            if r.corrupt or r.error:
+                raise RuntimeError(f"LBT-RU {path}: {r.corrupt} corrupt datagrams, error {r.error}")
+            row[path] = r
+        out.append(row)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for i, rate in enumerate(rates):
+                await one(nursery, rate, 1000 + i)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return out
+
+
+def print_lbtru(rows: list[dict], count: int) -> None:
+    for row in rows:
+        print(f"  source paced at {row['rate']:,.0f} datagrams/s of {RU_SIZE} bytes, {count:,} datagrams:")
+        got = {}
+        for path in ("direct", "routed"):
+            r = row[path]
+            got[path] = r
+            print(f"    {path:7s} received {r.received:9,d}  lost {count - r.received:7,d} "
+                  f"({100 * (count - r.received) / count:5.2f}%)  {r.datagrams_per_s:10,.0f} datagrams/s "
+                  f"{r.bytes_per_s / 1e6:7.1f} MB/s")
+        d, rt = got["direct"], got["routed"]
+        if d.received and d.datagrams_per_s:
+            print(f"    ratio routed/direct: datagrams received {rt.received / d.received:.3f}x, "
+                  f"rate {rt.datagrams_per_s / d.datagrams_per_s:.3f}x")
 
 
 AD_MIN, AD_MAX, Q_MIN, Q_MAX = 0.010, 0.500, 0.020, 0.200  # UM's initial TR timing
@@ -757,20 +909,22 @@ def print_throughput(label: str, res: dict, mb: float) -> float:
     print(f"  {label}:")
     print(f"    direct loopback TCP      {mb / d:9.1f} MB/s  ({d:.3f} s)")
     print(f"    through routers B -> A   {mb / r:9.1f} MB/s  ({r:.3f} s)   proxy {res['proxy'][0]}:{res['proxy'][1]}")
-    verdict = "meets" if ratio >= TARGET_RATIO else "BELOW"
-    print(f"    ratio routed/direct      {ratio:9.3f}x  ({verdict} the {TARGET_RATIO}x target)")
-    c = res["cpu"]
-    if c:
-        parts = [f"router {k.upper()} {100 * c[k]:.0f}%" for k in ("a", "b") if k in c]
-        parts.append(f"this process (source + receiver{' + routers' if 'a' not in c else ''}) "
-                     f"{100 * c['self']:.0f}%")
-        others = c["machine"] - sum(v for k, v in c.items() if k != "machine")
-        print(f"    CPU during the best routed run, % of one core: {', '.join(parts)}; "
-              f"other processes {100 * max(0.0, others):.0f}% (machine: {100 * c['machine']:.0f}% of "
-              f"{100 * (os.cpu_count() or 1)}%)")
-        if others > 0.2:
-            print("    WARNING: other processes competed for the CPUs during this run; the numbers are low")
+    print(f"    ratio routed/direct      {ratio:9.3f}x")
+    print_cpu(res["cpu"])
     return ratio
+
+
+def print_cpu(c: dict) -> None:
+    if not c:
+        return
+    parts = [f"router {k.upper()} {100 * c[k]:.0f}%" for k in ("a", "b") if k in c]
+    parts.append(f"this process (source + receiver) {100 * c['self']:.0f}%")
+    others = c["machine"] - sum(v for k, v in c.items() if k != "machine")
+    print(f"    CPU during the best zero-copy routed run, % of one core: {', '.join(parts)}; "
+          f"other processes {100 * max(0.0, others):.0f}% (machine: {100 * c['machine']:.0f}% of "
+          f"{100 * (os.cpu_count() or 1)}%)")
+    if others > 0.2:
+        print("    WARNING: other processes competed for the CPUs during this run; the numbers are low")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -781,6 +935,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", choices=["auto", "py-spy", "cprofile", "none"], default="auto",
                     help="profiler used when the ratio is below target (auto: py-spy if installed)")
     ap.add_argument("--no-inprocess", action="store_true", help="skip the in-process throughput")
+    ap.add_argument("--no-tls", action="store_true", help="skip the TLS-link deployment")
+    ap.add_argument("--no-ru", action="store_true", help="skip the LBT-RU measurement")
+    ap.add_argument("--ru-count", type=int, default=100_000, help="LBT-RU datagrams per measurement")
+    ap.add_argument("--ru-rates", default="50000,100000",
+                    help="LBT-RU source rates to measure, datagrams per second, comma-separated")
     ap.add_argument("--top", type=int, default=12, help="profile lines per list")
     args = ap.parse_args(argv)
     if args.runs < 1 or args.topics < 1 or args.mbytes <= 0:
@@ -800,21 +959,52 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-router-") as td, contextlib.ExitStack() as stack:
         tmp = Path(td)
         stack.callback(source.close)
-        dep = Processes(tmp)
+        dep = Processes(tmp, tag="zero-copy")
         stack.callback(dep.stop)
         dep.start()
+        copy_dep = Processes(tmp, env={"LBMR_ROUTER_ZERO_COPY": "0"}, tag="copy")
+        stack.callback(copy_dep.stop)
+        copy_dep.start()
+        tls_dep = None
+        certs = None if args.no_tls else certificates(tmp)
+        if certs is not None:
+            tls_dep = Processes(tmp, tls=certs, tag="tls")
+            stack.callback(tls_dep.stop)
+            tls_dep.start()
         print("\n1. Throughput, one TCP stream (receiver in TRD2 -> proxy of router B -> peer link -> "
-              "router A -> source in TRD1)")
-        res = throughput(dep, source, args.runs)
-        ratio = print_throughput("routers and lbmrds as separate processes (router.cli, lbmrd.cli)", res, mb)
-        best_direct = res["best"]["direct"]
-        print("  reference: two minimal one-way relay processes in the same topology (no framing, "
-              "no flow control)")
-        for mode, what in (("copy", f"recv_into/sendall of {CHUNK // 1024} KiB"),
-                           ("splice", "os.splice through a pipe, zero-copy")):
-            dt = reference_relays(source, args.runs, mode)
-            print(f"    {mode:6s} ({what}){' ' * max(1, 38 - len(what))}{mb / dt:9.1f} MB/s  "
-                  f"ratio {best_direct / dt:.3f}x of the direct run above")
+              "router A -> source in TRD1), routers and lbmrds as separate processes; best of "
+              f"{args.runs} rounds, every path once per round")
+        advertisers = [Advertiser(TPUT_TOPIC, d.lbmrd1, source.port) for d in (dep, copy_dep, tls_dep) if d]
+        for a in advertisers:
+            stack.callback(a.close)
+        paths = {"direct": (SRC_IP, source.port)}
+        labels = {"direct": "direct loopback TCP"}
+        for mode, what in (("splice", "splice relay: 2 processes, os.splice through a pipe"),
+                           ("copy", f"copy relay: 2 processes, recv_into/sendall of {CHUNK // 1024} KiB")):
+            chain = RelayChain(source, mode)
+            stack.callback(chain.stop)
+            paths[mode], labels[mode] = chain.addr, what
+        for key, d, what in (("routed", dep, "routed, plain TCP link, zero copy"),
+                             ("routed-copy", copy_dep, "routed, plain TCP link, copy path"),
+                             ("routed-tls", tls_dep, "routed, TLS link (copy path)")):
+            if d is not None:
+                paths[key], labels[key] = resolve(TPUT_TOPIC, d.lbmrd2), what
+        res = throughput_paths(paths, source, args.runs, dep, "routed")
+        best = res["best"]
+        for key in paths:
+            print(f"    {labels[key]:56s} {mb / best[key]:8.1f} MB/s  ({best[key]:.3f} s)")
+        ratio = best["splice"] / best["routed"]
+        verdict = "meets" if ratio >= TARGET_RATIO else "BELOW"
+        print(f"    ratio routed (zero copy) / splice relay  {ratio:6.3f}x  ({verdict} the {TARGET_RATIO}x target)")
+        print(f"    ratio routed (zero copy) / direct        {best['direct'] / best['routed']:6.3f}x")
+        print(f"    ratio routed (copy path) / splice relay  {best['splice'] / best['routed-copy']:6.3f}x")
+        if "routed-tls" in best:
+            print(f"    ratio routed (TLS link) / splice relay   {best['splice'] / best['routed-tls']:6.3f}x  "
+                  f"(/ direct {best['direct'] / best['routed-tls']:.3f}x)")
+        else:
+            print("    TLS link: not measured (--no-tls, or openssl missing)")
+        print(f"    ratio copy relay / splice relay          {best['splice'] / best['copy']:6.3f}x")
+        print_cpu(res["cpu"])
         if not args.no_inprocess:
             inproc = InProcess()
             try:
@@ -824,8 +1014,13 @@ def main(argv: list[str] | None = None) -> int:
                 inproc.stop()
             print_throughput("routers and lbmrds in one trio loop in this process (as in the e2e test)",
                              ires, mb)
+        if not args.no_ru:
+            rates = [float(x) for x in args.ru_rates.split(",") if x]
+            print("\n2. LBT-RU datagrams (receiver in TRD2 -> proxy of router B -> peer link -> router A -> "
+                  "source in TRD1, zero-copy deployment), every datagram verified")
+            print_lbtru(lbtru_throughput(dep, args.ru_count, rates), args.ru_count)
 
-        print(f"\n2. Topic resolution convergence (separate processes; {args.topics} new topics per order, "
+        print(f"\n3. Topic resolution convergence (separate processes; {args.topics} new topics per order, "
               f"the two applications start {GAP_S * 1000:.0f} ms apart)")
         conv = convergence(dep, args.topics, source.port)
         worst = 0.0
@@ -849,7 +1044,8 @@ def main(argv: list[str] | None = None) -> int:
             use = args.profile
             if use == "auto":
                 use = "py-spy" if pyspy else "cprofile"
-            print(f"\n3. Profile of routed transfers ({use}, {PROFILE_S} s; ratio {ratio:.3f}x < {TARGET_RATIO}x)")
+            print(f"\n4. Profile of routed transfers ({use}, {PROFILE_S} s; routed/splice {ratio:.3f}x < "
+                  f"{TARGET_RATIO}x)")
             if use == "py-spy":
                 if not pyspy:
                     print("  py-spy not found (pip install py-spy into the virtualenv)")

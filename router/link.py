@@ -13,8 +13,9 @@ connection sees that head as an empty STREAM_DATA (its checks, liveness and
 statistics apply), the stream table accounts the real size
 (:meth:`~router.peerlink.streams.StreamTable.receive_held`) and the payload
 is spliced from the socket into the stream's pipe, to be spliced on into its
-socket by the stream's pump (``StreamState.incoming`` then holds byte counts
-for the pipe between the ``bytes`` of the copy path, in order). The writer
+socket at once as far as that socket takes it, the rest by the stream's pump
+(``StreamState.incoming`` holds :class:`PipeSeg` items between the ``bytes``
+of the copy path, in order). The writer
 writes a :class:`~router.peerlink.streams.HeldData` frame as the
 connection's empty STREAM_DATA with the length filled in, then splices the
 pipe. When no pipe is free, or the stream's pipe is full, bytes take the copy
@@ -54,9 +55,20 @@ STREAM_FRAME = 256 << 10
 SPLICE_FRAME = P.MAX_PAYLOAD - 4
 SPLICE_MIN = 16 << 10
 PEEK_SIZE = 16 << 10
+RX_PIPES = 4  # pipes one stream may fill before its bytes take the copy path (4 MiB: its window)
 ZERO_COPY = os.environ.get("LBMR_ROUTER_ZERO_COPY", "1") != "0"
 _DATA_HEAD = P.HEADER_SIZE + 4  # header and stream id of a STREAM_DATA frame
 _LEN4 = struct.pack(">I", 4)
+
+
+class PipeSeg:
+    """``nbytes`` of a stream's bytes from the peer, in order, at the head of ``pipe``."""
+
+    __slots__ = ("pipe", "nbytes")
+
+    def __init__(self, pipe: Pipe, nbytes: int) -> None:
+        self.pipe = pipe
+        self.nbytes = nbytes
 
 
 class HeldChunk:
@@ -90,10 +102,14 @@ class StreamState:
         self.last_active = 0.0  # LBT-RU: when a datagram last crossed (either way)
         self.advert_id = 0  # far side: the advertisement the peer opened the stream for
         self.source_ended = False  # the local socket ended (far side: the source closed it)
-        # zero copy: the pipe holding bytes from the peer not yet passed on (their counts
-        # are the int items of ``incoming``); the link's reader is splicing into it
+        # zero copy: the pipe the link's reader splices the peer's bytes into, older ones
+        # still holding bytes, how many the stream holds (the bytes are PipeSeg items of
+        # ``incoming``); the reader is in the middle of a payload for this stream
         self.rx_pipe: Pipe | None = None
+        self.rx_retired: set[Pipe] = set()
+        self.rx_pipes = 0
         self.rx_splicing = False
+        self.sink_broken = False  # splicing into ``sock`` failed: the pump ends the stream
 
     def wake(self) -> None:
         self.incoming_ready.set()
@@ -124,6 +140,8 @@ class Link:
                                      max_frame=SPLICE_FRAME if self.zero_copy else STREAM_FRAME)
         self._head = b""  # consumed from the socket, not yet given to the connection (< 16 bytes)
         self._frame_left = 0  # bytes of a frame being passed to the connection piecewise
+        self._left = 0  # payload bytes still to come of the frame being spliced
+        self._waited = False  # the last move waited for the socket instead of probing it
         self._scratch: bytearray | None = None
         self.spliced_in = 0  # payload bytes spliced from the link / into it
         self.spliced_out = 0
@@ -400,85 +418,155 @@ class Link:
         finally:
             st.rx_splicing = False
             if st.rx_pipe is not None and (st.rx_pipe.held == 0 or self.state.get(sid) is not st):
-                self.pipes.release(st.rx_pipe)  # drained meanwhile, or the stream is gone
-                st.rx_pipe = None
+                self._retire(st)  # drained meanwhile, or the stream is gone
+            if self.state.get(sid) is not st:
+                self.release_stream(st)
         return items
 
     async def _splice_payload(self, st: StreamState, nbytes: int) -> None:
-        """Move ``nbytes`` of payload from the link to ``st``: into its pipe while there is
-        room, else (no pipe to be had, or the pipe is full) copied into ``st.incoming``."""
+        """Move ``nbytes`` of payload from the link to ``st``: into its pipes (up to
+        RX_PIPES of them) while there is room, else copied into ``st.incoming``; what the
+        stream's socket takes at once goes on at once (:meth:`forward`)."""
+        self._left = nbytes
+        self._waited = False
         tcp = st.kind == P.StreamKind.TCP and isinstance(st.sock, trio.SocketStream)
-        if tcp and st.rx_pipe is None:
-            st.rx_pipe = self.pipes.acquire()
-        pipe_full = False
-        left = nbytes
-        while left:
-            pipe = st.rx_pipe if tcp else None
-            if pipe is not None and not pipe_full:
-                try:
-                    k = splice(self._sock.fileno(), pipe.w, left)
-                except (BlockingIOError, InterruptedError):
-                    k = -1  # the socket is empty or the pipe full: recv tells which
-                if k == 0:
-                    raise trio.BrokenResourceError("the peer closed the link in the middle of a frame")
-                if k > 0:
-                    pipe.held += k
-                    left -= k
-                    self.spliced_in += k
-                    inc = st.incoming
-                    if inc and type(inc[-1]) is int:
-                        inc[-1] += k
-                    else:
-                        inc.append(k)
-                    if len(inc) == 1 and not self.forward(st):  # on at once if the socket takes it
-                        st.incoming_ready.set()  # the rest: the stream's pump, when it can
-                    continue
+        while self._left:
+            await self._splice_step(st, tcp)
+
+    def _fill_pipe(self, st: StreamState, full: bool) -> Pipe | None:
+        """The pipe to splice the stream's bytes into: the current one, or (none yet, or
+        ``full``) a new one if the stream holds fewer than RX_PIPES and the pool has one."""
+        pipe = st.rx_pipe
+        if pipe is not None and not full:
+            return pipe
+        if st.rx_pipes >= RX_PIPES:
+            return None
+        new = self.pipes.acquire()
+        if new is None:
+            return None
+        if pipe is not None and pipe.held == 0:
+            self.pipes.release(pipe)
+        elif pipe is not None:
+            st.rx_pipes -= 1  # stays in use until its segments are delivered, then released
+            st.rx_retired.add(pipe)
+        st.rx_pipe = new
+        st.rx_pipes += 1
+        return new
+
+    async def _splice_step(self, st: StreamState, tcp: bool) -> None:
+        """One move of :meth:`_splice_payload` (``self._left`` is what is still to come).
+        (No SO_RCVLOWAT to wake less often: a low-water mark above what the receive
+        window lets in would stall the link.)"""
+        left = self._left
+        pipe = self._fill_pipe(st, False) if tcp else None
+        if pipe is not None:
             try:
-                data = self._sock.recv(min(left, READ_SIZE))
+                k = splice(self._sock.fileno(), pipe.w, left)
             except (BlockingIOError, InterruptedError):
-                await self._wait(trio.lowlevel.wait_readable)
-                if self.state.get(st.sid) is not st or st.closed:
-                    await self._discard(left)  # the stream ended meanwhile
-                    return
-                continue
-            if not data:
+                k = -1  # the socket is empty or the pipe full
+            if k == 0:
                 raise trio.BrokenResourceError("the peer closed the link in the middle of a frame")
-            pipe_full = pipe is not None
-            left -= len(data)
-            st.incoming.append(data)
-            st.incoming_ready.set()
+            if k > 0:
+                self._waited = False
+                self._left = left - k
+                self._pipe_in(st, pipe, k)
+                return
+            if pipe.held >= pipe.capacity // 2 or self._waited:  # full, or nothing to be had
+                if self._fill_pipe(st, True) is not None:
+                    self._waited = False
+                    return  # splice into the new pipe
+            else:
+                # the pipe has room, so the socket is empty: wait (no recv to find out)
+                await self._wait_payload(st)
+                self._waited = True  # if splice still cannot move anything, recv decides
+                return
+        self._waited = False
+        try:
+            data = self._sock.recv(min(left, READ_SIZE))
+        except (BlockingIOError, InterruptedError):
+            await self._wait_payload(st)
+            return
+        if not data:
+            raise trio.BrokenResourceError("the peer closed the link in the middle of a frame")
+        self._left = left - len(data)
+        st.incoming.append(data)
+        st.incoming_ready.set()
+
+    def _pipe_in(self, st: StreamState, pipe: Pipe, k: int) -> None:
+        """``k`` bytes were spliced into ``pipe`` for ``st``: count them at the tail of
+        ``st.incoming`` and pass on at once what the socket takes."""
+        pipe.held += k
+        self.spliced_in += k
+        inc = st.incoming
+        if inc and type(inc[-1]) is PipeSeg and inc[-1].pipe is pipe:
+            inc[-1].nbytes += k
+        else:
+            inc.append(PipeSeg(pipe, k))
+        if len(inc) == 1 and not self.forward(st):
+            st.incoming_ready.set()  # the rest: the stream's pump, when the socket takes it
+
+    async def _wait_payload(self, st: StreamState) -> None:
+        """Wait for more of a payload; if its stream ended meanwhile, drop the rest."""
+        await self._wait(trio.lowlevel.wait_readable)
+        if self.state.get(st.sid) is not st or st.closed:
+            left, self._left = self._left, 0
+            await self._discard(left)
 
     def forward(self, st: StreamState) -> bool:
-        """Splice the bytes counted at the head of ``st.incoming`` from the stream's pipe
-        into its socket, as far as the socket takes them now (never waits). True when they
-        all went, False when some are left (the socket is full, or failed: the pump, which
-        waits for the socket, finds out). Credit is returned for what went."""
+        """Splice the pipe segments at the head of ``st.incoming`` into the stream's socket
+        as far as it takes them now (never waits). True when the head is no longer a pipe
+        segment (all went, or bytes are next), False when bytes are left in the pipe (the
+        socket is full, or failed: the pump, which waits for the socket, finds out).
+        Credit is returned for what went."""
         inc = st.incoming
-        pipe = st.rx_pipe
-        if pipe is None or not inc or type(inc[0]) is not int:
-            return False
         fd = st.sock.socket.fileno()
-        while inc[0]:
-            try:
-                k = splice(pipe.r, fd, inc[0])
-            except OSError:
-                break
-            if k <= 0:
-                break
-            inc[0] -= k
-            pipe.held -= k
-            try:
-                self.streams.consumed(st.sid, k)
-            except S.LocalStreamError:
-                pass
-        self.flush_streams()
-        if inc[0]:
-            return False
-        inc.popleft()
-        if not inc and pipe.held == 0 and not st.rx_splicing:
-            self.pipes.release(pipe)
+        moved = False
+        try:
+            while inc and type(inc[0]) is PipeSeg:
+                seg = inc[0]
+                try:
+                    k = splice(seg.pipe.r, fd, seg.nbytes)
+                except (BlockingIOError, InterruptedError):
+                    return False
+                except OSError:
+                    st.sink_broken = True  # the receiver went away (or the link took the pipe)
+                    return False
+                if k <= 0:
+                    st.sink_broken = True
+                    return False
+                moved = True
+                self.pipe_out(st, seg, k)
+            return True
+        finally:
+            if moved:
+                self.flush_streams()
+
+    def pipe_out(self, st: StreamState, seg: PipeSeg, k: int) -> None:
+        """``k`` bytes of the head segment ``seg`` went to the stream's socket: account
+        them (credit for the peer), drop the segment when done, give back drained pipes."""
+        seg.nbytes -= k
+        pipe = seg.pipe
+        pipe.held -= k
+        try:
+            self.streams.consumed(st.sid, k)
+        except S.LocalStreamError:
+            pass
+        if seg.nbytes:
+            return
+        st.incoming.popleft()
+        if pipe.held == 0:
+            if pipe in st.rx_retired:
+                st.rx_retired.discard(pipe)
+                self.pipes.release(pipe)
+            elif pipe is st.rx_pipe and not st.rx_splicing:
+                self._retire(st)
+
+    def _retire(self, st: StreamState) -> None:
+        """Give back the stream's fill pipe (empty, or the stream is gone)."""
+        if st.rx_pipe is not None:
+            self.pipes.release(st.rx_pipe)
             st.rx_pipe = None
-        return True
+            st.rx_pipes -= 1
 
     async def _discard(self, nbytes: int) -> None:
         """Read and drop ``nbytes`` of payload (refused or for a stream that is gone)."""
@@ -498,10 +586,13 @@ class Link:
     # ------------------------------------------------------------- streams
 
     def release_stream(self, st: StreamState) -> None:
-        """A stream is over: give back its pipe (closed if it still holds bytes)."""
-        if st.rx_pipe is not None and not st.rx_splicing:
-            self.pipes.release(st.rx_pipe)
-            st.rx_pipe = None
+        """A stream is over: give back its pipes (closed if they still hold bytes)."""
+        if st.rx_splicing:
+            return  # the reader gives them back when it is done with the payload
+        self._retire(st)
+        for pipe in st.rx_retired:
+            self.pipes.release(pipe)
+        st.rx_retired.clear()
 
     def down(self) -> None:
         """The link has ended: close every stream's state and socket, release every pipe."""

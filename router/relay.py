@@ -12,13 +12,13 @@ advertisement; a source that cannot be reached refuses the stream.
 from __future__ import annotations
 
 import socket
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
 
 import trio
 
 from . import peerlink as P
-from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, StreamState
+from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
 from .peerlink import streams as S
 from .splice import splice
 
@@ -39,6 +39,9 @@ PORT_QUARANTINE = 60.0
 
 
 RU_BATCH = 64  # datagrams read from a relay socket at one wake-up
+# Zero copy, sending: frames (pipes) of one stream queued for the writer at once (the pump
+# fills the next while the writer writes one).
+TX_DEPTH = 2
 
 
 def _udp_raw() -> socket.socket:
@@ -115,22 +118,30 @@ class Relay:
         self._released = pool.released
         self._in_use = pool.in_use
 
-    def relay_ports(self) -> list[int]:
+    def relay_ports(self) -> Iterator[int]:
         """The relay ports to try, in order: round robin over the range from the
         one after the last taken, ports out of quarantine first, then the
-        quarantined ones, longest released first."""
+        quarantined ones, longest released first. Lazy, and the quarantine is
+        kept in release order, so taking a port costs about the ports skipped,
+        not the size of the range (thousands of proxies bind one after the other)."""
         e = self.endpoint
         if e.relay_port_low == 0:
-            return [0]
+            yield 0
+            return
+        cutoff = trio.current_time() - self.port_quarantine
+        released = self._released
+        while released:  # oldest first: end of quarantine
+            port, t = next(iter(released.items()))
+            if t > cutoff:
+                break
+            del released[port]
         ports = range(e.relay_port_low, e.relay_port_high + 1)
         k = self._next_port % len(ports)
-        order = list(ports[k:]) + list(ports[:k])
-        cutoff = trio.current_time() - self.port_quarantine
-        for port, t in list(self._released.items()):
-            if t <= cutoff or port not in ports:
-                del self._released[port]
-        return ([p for p in order if p not in self._released]
-                + sorted(self._released, key=self._released.__getitem__))
+        for i in range(len(ports)):
+            p = ports[(k + i) % len(ports)]
+            if p not in released and p not in self._in_use:
+                yield p
+        yield from [p for p in released if p in ports]
 
     async def serve_proxy(self, f: P.Advertisement, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """A proxy source: a listener at the relay address for the peer's
@@ -151,6 +162,7 @@ class Relay:
         finally:
             self._in_use.discard(bound)
             if e.relay_port_low:
+                self._released.pop(bound, None)  # to the end: the dict is in release order
                 self._released[bound] = trio.current_time()
 
     def _bind_relay(self, tcp: bool):
@@ -493,13 +505,15 @@ class Relay:
         until the writer has written it, again. True at end of file from the socket, False
         when the stream or the link was closed."""
         sock = st.sock.socket
-        chunk: HeldChunk | None = None
+        inflight: deque[HeldChunk] = deque()  # queued, not yet written by the writer
         while True:
             if st.closed or link.closed:
                 return False
             st.credit = trio.Event()  # before looking: a wake-up after it is not lost
-            if chunk is not None and not chunk.done:
-                await st.credit.wait()  # the writer has not written the last one yet
+            while inflight and inflight[0].done:
+                inflight.popleft()
+            if len(inflight) >= TX_DEPTH:
+                await st.credit.wait()  # the writer has not written them yet
                 continue
             room = min(link.streams.send_credit(st.sid), link.streams.max_frame,
                        link.outq.data_space() - S.STREAM_DATA_OVERHEAD)
@@ -538,6 +552,7 @@ class Relay:
                 return True
             pipe.held = k
             chunk = HeldChunk(pipe)
+            inflight.append(chunk)
             try:
                 link.streams.send_held(st.sid, k, chunk)
             except S.LocalStreamError:
@@ -548,17 +563,17 @@ class Relay:
 
     async def _pump_down(self, link: Link, st: StreamState, scope) -> None:
         """Peer link -> socket; consumed bytes are returned to the peer as credit. The
-        items of ``st.incoming`` are bytes (copy path) or byte counts of ``st.rx_pipe``
-        (zero copy), in order; a count stays at the head until all its bytes went (the
-        link's reader may pass some on itself, :meth:`Link.forward`)."""
+        items of ``st.incoming`` are bytes (copy path) or :class:`PipeSeg` (zero copy),
+        in order; an item stays at the head until all its bytes went (the link's reader
+        passes pipe bytes on itself when the socket takes them, :meth:`Link.forward`)."""
         while True:
             while st.incoming:
-                if type(st.incoming[0]) is int:
+                if type(st.incoming[0]) is PipeSeg:
                     if not await self._splice_down(link, st):
                         scope.cancel()
                         return
                     continue
-                data = st.incoming[0]  # stays at the head while it is sent (order with forward())
+                data = st.incoming[0]
                 try:
                     await st.sock.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -578,37 +593,17 @@ class Relay:
 
     @staticmethod
     async def _splice_down(link: Link, st: StreamState) -> bool:
-        """The pipe bytes at the head of ``st.incoming`` into the stream's socket, waiting
-        for it as needed; False if that cannot be done (the receiver went away, the link
-        is gone)."""
+        """The pipe segments at the head of ``st.incoming`` into the stream's socket,
+        waiting for it as needed; False if that cannot be done (the receiver went away,
+        the link is gone and took the pipes)."""
         sock = st.sock.socket
-        while st.incoming and type(st.incoming[0]) is int:
-            pipe = st.rx_pipe
-            if pipe is None:
-                return False  # the link went down and took the pipe
-            try:
-                k = splice(pipe.r, sock.fileno(), st.incoming[0])
-            except (BlockingIOError, InterruptedError):
-                try:
-                    await trio.lowlevel.wait_writable(sock)
-                except (trio.ClosedResourceError, OSError):
-                    return False
-                continue
-            except OSError:
+        while st.incoming and type(st.incoming[0]) is PipeSeg:
+            if link.forward(st):
+                return True
+            if st.sink_broken:
                 return False
-            if k == 0:
-                return False
-            pipe.held -= k
-            st.incoming[0] -= k
             try:
-                link.streams.consumed(st.sid, k)
-            except S.LocalStreamError:
-                pass
-            link.flush_streams()
-            if st.incoming[0] == 0:
-                st.incoming.popleft()
-        pipe = st.rx_pipe
-        if pipe is not None and pipe.held == 0 and not st.rx_splicing:
-            link.pipes.release(pipe)
-            st.rx_pipe = None
+                await trio.lowlevel.wait_writable(sock)
+            except (trio.ClosedResourceError, OSError):
+                return False
         return True
