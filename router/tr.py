@@ -459,7 +459,7 @@ class _Interest(_Timer):
             return self.refreshed + self.timeout
         if self.slot is not None:
             return self.slot
-        if self.unanswered == 0 or self.refreshed > self.last_query:
+        if self.unanswered == 0 or self.refreshed >= self.last_query:
             return max(self.refreshed, self.last_query) + uq.periodic_interval
         return self.last_query + uq.timeout
 
@@ -1065,7 +1065,7 @@ class PortalTR:
             self._drop_interest(li, "local_interest_expired")
             return
         if li.slot is None:
-            if li.refreshed > li.last_query:
+            if li.refreshed >= li.last_query:
                 li.unanswered = 0  # answered (or heard from) since the last use query
             if li.unanswered >= uq.max:
                 self._drop_interest(li, "local_interest_unanswered")

@@ -226,6 +226,19 @@ def test_a_use_response_or_a_query_keeps_the_interest_even_with_a_proxy():
     assert len(tr.proxies()) == 1
 
 
+def test_an_answer_in_the_same_instant_as_the_use_query_counts():
+    from router.tr import UseQuery
+
+    from .test_router_bridge import dgram
+
+    tr = portal(use_query=UseQuery(timeout=1.0, max=1, periodic_interval=10.0))
+    tr.on_datagram(dgram(tqrs=["md.a"]), APP, 0.0)
+    for k in range(1, 6):  # answered at once, every time: never dropped
+        assert use_queries(tr.tick(10.0 * k)) == [("md.a", 0)]
+        tr.on_datagram(tmb(("md.a", 1, 0x80)), APP, 10.0 * k)
+        assert tr.tick(10.0 * k + 1.0) == [] and len(tr.local_interests()) == 1
+
+
 def test_pattern_use_queries_have_their_own_timing_and_flags():
     from router.tr import LocalInterestGone, UseQuery
 
@@ -654,4 +667,66 @@ async def test_interfaces_given_as_device_or_network_are_bound():
         assert got["tr"][0] == "127.0.0.1"  # not 0.0.0.0, the default without <interface>
         assert got["peer"][0] == "127.0.0.1"
         assert r.endpoint.relay_ip == "127.0.0.1"
+        n.cancel_scope.cancel()
+
+
+# ------------------------------------------------ end to end: use queries notice a receiver that left
+
+
+async def test_receiver_that_left_is_noticed_by_use_queries_and_its_proxy_withdrawn(autojump_clock):
+    import dataclasses
+
+    from lbmr_proto import decode
+    from router.config_model import UseQuery as UseQueryConfig
+
+    from .test_router_e2e import TOPIC, advertise_forever, resolve, udp
+
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        eb = lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1")
+        eb = dataclasses.replace(eb, topic_resolution=dataclasses.replace(
+            eb.topic_resolution, topic_use_query=UseQueryConfig(300, 2, 1000)))
+        rb = Router("routerB", eb, acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
+        b = await n.start(rb.run)
+        ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [trd1], interface="127.0.1.1"),
+                    initiator_peer("A-to-B", "127.0.0.1", b["peer"][1], reconnect_interval_ms=200))
+        await n.start(ra.run)
+        await wait_connected(ra, rb)
+        src = udp("127.0.1.1")
+        n.start_soon(advertise_forever, src, trd1, "127.0.1.1", 14999)
+        rcv = udp("127.0.2.1")
+        await resolve(rcv, trd2, timeout=10.0)
+        assert ra.bridge.advert_sources() and rb.bridge.proxy_addresses()
+        # the receiver answers use queries for a while: the proxy stays
+        answered = 0
+        finals = 0
+        with trio.move_on_after(5.0):
+            while True:
+                data, _ = await rcv.recvfrom(65535)
+                pkt = decode(data)
+                if pkt.type == 4 and any(m.name == TOPIC and not m.flags & 0x80 for m in pkt.tmb.tmrs):
+                    await rcv.sendto(tmb((TOPIC, 1, 0x80)), trd2)
+                    answered += 1
+        assert answered >= 3
+        assert rb.tr.stats()["use_responses_received"] >= 3
+        assert ra.bridge.advert_sources() and rb.bridge.proxy_addresses()
+        # it leaves without a word (resolved receivers are quiet): noticed after
+        # 2 unanswered use queries, the interest is cancelled, the advert withdrawn,
+        # the proxy stopped with its final advertisements
+        with trio.fail_after(5.0):
+            while ra.bridge.advert_sources() or rb.bridge.proxies():
+                with trio.move_on_after(0.05):
+                    data, _ = await rcv.recvfrom(65535)
+                    for t in decode(data).tirs:
+                        finals += any(getattr(o, "cost", None) == -1 for o in t.options or ())
+        assert rb.tr.stats()["local_interest_unanswered"] == 1
+        assert ra.counters["adverts_withdrawn_uninterested"] == 1
+        assert rb.tr.local_interests() == [] and ra.tr.remote_interests() == []
+        with trio.move_on_after(1.0):
+            while True:
+                data, _ = await rcv.recvfrom(65535)
+                for t in decode(data).tirs:
+                    finals += any(getattr(o, "cost", None) == -1 for o in t.options or ())
+        assert finals >= 1
         n.cancel_scope.cancel()
