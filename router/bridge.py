@@ -367,7 +367,7 @@ class Bridge:
                 self.counters["remote_interest_expired"] += 1
                 self._out.append(Notice("remote_interest_expired",
                                         f"{ev.topic[:80]!r}: not refreshed by the peer"))
-                self._withdraw_unwanted()
+                self._withdraw_unwanted(ev.topic, ev.pattern_type)
             elif isinstance(ev, SourceSeen):
                 key = (ev.topic, bytes(ev.otid))
                 if not self._acl_ok(ev.topic, "source", ev.first,
@@ -410,7 +410,7 @@ class Bridge:
                         return
                     del self._wanted_by[key]
                 if tr.cancel_remote_interest(f.topic, now, pattern_type=int(f.pattern_type)):
-                    self._withdraw_unwanted()
+                    self._withdraw_unwanted(f.topic, int(f.pattern_type))
             else:
                 # ADD or REFRESH: keeps the interest alive and re-sends its adverts
                 tr.add_remote_interest(f.topic, now, pattern_type=int(f.pattern_type))
@@ -422,11 +422,19 @@ class Bridge:
                 self._out.append(Notice("interest_refused", f"{n} interest(s) from the peer refused so "
                                         f"far; latest {f.topic[:80]!r}: {e}"))
 
-    def _withdraw_unwanted(self) -> None:
-        """The peer cancelled an interest: withdraw the advertisements it no
-        longer wants (no other interest of the peer covers their topic), so its
-        proxies go at once instead of lingering until the link drops."""
-        for topic, otid in [k for k in self._adverts if not self.portal.wants_source(k[0])]:
+    def _withdraw_unwanted(self, topic: str, pattern_type: int) -> None:
+        """The peer's interest in ``topic`` (a pattern unless ``pattern_type``
+        is 0) is gone: withdraw the advertisements it no longer wants (no other
+        interest of the peer covers their topic), so its proxies go at once
+        instead of lingering until the link drops. An exact topic looks only at
+        that topic's sources (thousands of topics cancelled one after the other
+        must not cost the square of their number)."""
+        if pattern_type == P.PatternType.TOPIC:
+            keys = [(s.topic, bytes(s.otid)) for s in self.portal.known_sources(topic)]
+            keys = [k for k in keys if k in self._adverts]
+        else:
+            keys = list(self._adverts)
+        for topic, otid in [k for k in keys if not self.portal.wants_source(k[0])]:
             self.counters["adverts_withdrawn_uninterested"] += 1
             self._portal_events_gone(topic, otid)
 

@@ -66,6 +66,9 @@ class Routing:
         self._frames: dict[str, P.Topology] = {}  # newest announcement of each other router
         self._next_announce = now + propagation_interval
         self.version = 0  # grows whenever the routes (of any router) may have changed
+        self._children: dict[int, list[str]] = {}  # children_links cache, by domain
+        self._children_at: tuple[int, int] = (-1, -1)  # (map changes, links changes) it was made at
+        self._link_changes = 0
 
     # ------------------------------------------------------------------ inputs
 
@@ -74,6 +77,7 @@ class Routing:
         link portal's cost. Announces us everywhere and tells the new link
         everything we know."""
         self._links[link] = (peer_id, cost)
+        self._link_changes += 1
         out = [SendTopology(link, f) for f in self._frames.values()
                if f.router_id != peer_id and f.hops + 2 <= self.max_hop_count]
         out = [SendTopology(s.link, _hop(s.frame)) for s in out]
@@ -82,6 +86,7 @@ class Routing:
     def link_down(self, link: str, now: float) -> list[SendTopology]:
         if self._links.pop(link, None) is None:
             return []
+        self._link_changes += 1
         return self._announce(now)
 
     def on_topology(self, link: str, frame: P.Topology, now: float) -> list[SendTopology]:
@@ -139,11 +144,17 @@ class Routing:
     def children_links(self, domain: int) -> list[str]:
         """Our connected links to the routers that get ``domain``'s interest
         from us: our children in the lowest-cost tree of the domain's router."""
-        root = self.origin_router(domain)
-        if root is None:
-            return []
-        kids = set(self.map.children(root, self.me))
-        return sorted(name for name, (peer, _) in self._links.items() if peer in kids)
+        at = (self.map.changes, self._link_changes)
+        if at != self._children_at:
+            self._children.clear()
+            self._children_at = at
+        got = self._children.get(domain)
+        if got is None:
+            root = self.origin_router(domain)
+            kids = set(self.map.children(root, self.me)) if root is not None else set()
+            got = self._children[domain] = sorted(name for name, (peer, _) in self._links.items()
+                                                  if peer in kids)
+        return list(got)
 
     def status(self) -> dict:
         """The map and our routes, for ``/status``."""

@@ -78,6 +78,7 @@ class Transit:
         self._patterns: set[Key] = set()  # pattern keys of _held
         self._sent: dict[str, set[Key]] = {}  # interest we passed on, by link
         self._up: dict[tuple[str, int], _Upstream] = {}  # (link, their advert id) -> our proxy
+        self._up_by_topic: dict[str, set[tuple[str, int]]] = {}  # the same, by topic
         # our transit adverts: (link, our advert id) -> upstream key; and (link, topic, otid) -> id
         self._down: dict[tuple[str, int], tuple[str, int]] = {}
         self._down_by_source: dict[tuple[str, str, bytes], int] = {}
@@ -119,7 +120,7 @@ class Transit:
                     for lk, sent in self._sent.items() if key in sent]
         holders.add(link)
         out = self._sync_key(key)
-        return out + self._advertise_to(link)
+        return out + self._advertise_to(link, key)
 
     def wants(self, link: str, topic: str, origin_domain: int) -> bool:
         """Does a link other than ``link`` want a source of ``topic`` in
@@ -179,6 +180,7 @@ class Transit:
         """Our proxy for ``advert`` (advertised to us on ``link``) listens; its
         transport body is ``body``. Advertise it where interest wants it."""
         self._up[(link, advert.advert_id)] = _Upstream(link, advert, body)
+        self._up_by_topic.setdefault(advert.topic, set()).add((link, advert.advert_id))
         out = []
         for other in self.routing.links():
             if other != link:
@@ -193,7 +195,12 @@ class Transit:
         for (dlink, aid), up in list(self._down.items()):
             if up == (link, advert_id):
                 out.append(self._withdraw(dlink, aid))
-        del self._up[(link, advert_id)]
+        up = self._up.pop((link, advert_id))
+        keys = self._up_by_topic.get(up.advert.topic)
+        if keys is not None:
+            keys.discard((link, advert_id))
+            if not keys:
+                del self._up_by_topic[up.advert.topic]
         return out
 
     def advert_source(self, link: str, advert_id: int) -> object | None:
@@ -221,10 +228,15 @@ class Transit:
             del self._down_by_source[skey]
         return self.resync()
 
-    def _advertise_to(self, link: str) -> list[SendOnLink]:
+    def _advertise_to(self, link: str, key: Key) -> list[SendOnLink]:
+        """``link`` now holds interest ``key``: our proxies it covers go to it."""
+        if key[1] == P.PatternType.TOPIC:
+            ukeys = list(self._up_by_topic.get(key[0], ()))
+        else:
+            ukeys = [u for t, us in self._up_by_topic.items() if self._matches(key, t) for u in us]
         out = []
-        for ukey, up in list(self._up.items()):
-            if up.link != link:
+        for ukey in ukeys:
+            if self._up[ukey].link != link:
                 out += self._advertise_one(link, ukey)
         return out
 
