@@ -19,7 +19,10 @@ measures on this machine, in this run:
   analyses written with pyarrow compute + numpy: seconds and records/s;
 
 then prints Spark's time over the baseline's (whole job, and analyses alone
-against the baseline's read-back plus analyses), checks that both find the same
+against the baseline's read-back plus analyses), the CPU seconds each used
+(every process of the Spark job: driver, JVM, Python workers; a figure the
+other load on a shared machine does not change, unlike the times), the decoding
+tasks' parallelism and CPU share, checks that both find the same
 counts (topics, never-advertised topics, conflicts, stale queriers, contexts,
 NAT, storms, ...), and the time ratio between consecutive sizes (linear scaling
 would be the size ratio; the target is within 1.3x of it).  Captures and outputs are deleted afterwards.  The run is bounded:
@@ -181,6 +184,35 @@ def baseline(path: Path, out: Path, ports=frozenset({12965, 15380})) -> dict:
     return res
 
 
+# --------------------------------------------------------------------------- CPU accounting
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) used so far by process ``root`` and its live
+    descendants (the JVM, the Python daemons and workers), counting the children
+    they have reaped (Linux /proc).  Differences of it measure a job's CPU however
+    busy the machine is."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    kids: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        rest = st[st.rindex(")") + 2:].split()
+        kids.setdefault(int(rest[1]), []).append(int(d))
+        cpu[int(d)] = sum(int(x) for x in rest[11:15]) / ticks     # utime stime cutime cstime
+    total, todo = 0.0, [root]
+    while todo:
+        p = todo.pop()
+        total += cpu.get(p, 0.0)
+        todo += kids.get(p, [])
+    return total
+
+
 # --------------------------------------------------------------------------- main
 
 def main() -> None:
@@ -239,9 +271,10 @@ def main() -> None:
                 shutil.rmtree(work / f"base-{n}", ignore_errors=True)
                 cap.unlink()
                 continue
-            t = time.perf_counter()
+            t, c = time.perf_counter(), tree_cpu(os.getpid())
             res = run(spark, [cap], work / f"out-{n}", split_size=split_size)
             t_spark = time.perf_counter() - t
+            cpu_spark = tree_cpu(os.getpid()) - c
             rows = res.rows
             print(f"  spark    {t_spark:7.1f} s  {rows / t_spark:>10,.0f} records/s  {n / t_spark:>10,.0f} datagrams/s"
                   f"  ({rows:,} records, {len(res.splits)} byte ranges)")
@@ -255,9 +288,10 @@ def main() -> None:
                       f"{os.getloadavg()[0]:.1f}")
             entry = {"n": n, "rows": rows, "spark": t_spark}
             if not args.no_baseline and time.monotonic() < deadline:
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 b = baseline(cap, work / f"base-{n}")
                 t_base = time.perf_counter() - t
+                cpu_base = time.process_time() - c
                 entry["baseline"] = t_base
                 print(f"  baseline {t_base:7.1f} s  {b['rows'] / t_base:>10,.0f} records/s  "
                       "(" + ", ".join(f"{k} {v:.1f}s" for k, v in b["times"].items()) + ")")
@@ -279,6 +313,10 @@ def main() -> None:
                 print(f"  spark / baseline time: {t_spark / t_base:.2f} (below 1: Spark faster); "
                       f"analyses only: {an_spark:.1f} s / {an_base:.1f} s = {an_spark / an_base:.2f}; "
                       f"results agree: {same}")
+                print(f"  CPU seconds (every process, however busy the machine): spark {cpu_spark:.1f}, "
+                      f"baseline {cpu_base:.1f} ({cpu_spark / cpu_base:.2f}); on 2 free cores the Spark job "
+                      f"needs at least {cpu_spark / 2:.1f} s = {cpu_spark / 2 / cpu_base:.2f} of the baseline's "
+                      f"CPU time; load average {os.getloadavg()[0]:.1f}")
                 if not same:
                     print("  baseline: " + ", ".join(f"{k}={v}" for k, v in b.items() if k != "times"))
                     print("  spark:    " + ", ".join(f"{k}={s[k]}" for k in (
