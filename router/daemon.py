@@ -521,6 +521,8 @@ class Router:
 
     def _link_events(self, link: Link, items: list) -> bool:
         """Handle connection events and frames; True when the link is finished."""
+        if items and self.hub is not None and link is self.link:
+            self.hub.heard(self)
         for it in items:
             if isinstance(it, P.Connected):
                 if link.handshake is not None:  # an incoming link: the first to get here wins

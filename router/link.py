@@ -40,6 +40,11 @@ log = logging.getLogger("lbmr-router")
 
 CONNECT_TIMEOUT = 5.0  # seconds to connect to a real source (far side) or to the peer
 READ_SIZE = 256 << 10  # bytes per read from the link and from relayed TCP streams
+# Control frames (interest, advertisements, route info ...) queued for a peer before the
+# link is closed as hopelessly behind: room for the interest and advertisements of tens of
+# thousands of topics at once (a link coming up with 10,000 topics queues that many of
+# each), about 100 bytes each.
+MAX_CONTROL_FRAMES = 250_000
 RAW_LIMIT = 1 << 20  # bytes of the connection's own answers (keepalive acks, ...) held unsent
 FLUSH_TIMEOUT = 1.0  # seconds to write a link's last frames (e.g. DISCONNECT_OK) before closing
 # Per-stream flow control: how many bytes a peer may send on one stream before
@@ -145,7 +150,7 @@ class Link:
         self._scratch: bytearray | None = None
         self.spliced_in = 0  # payload bytes spliced from the link / into it
         self.spliced_out = 0
-        self.outq = P.OutQueue(max_data_bytes=max_queue)
+        self.outq = P.OutQueue(max_control=MAX_CONTROL_FRAMES, max_data_bytes=max_queue)
         self.raw = bytearray()  # bytes the connection produced (handshake, acks)
         self.raw_taken = trio.Event()  # set (and replaced) whenever the writer takes ``raw``
         self.handshake: trio.CancelScope | None = None  # an incoming link until its handshake completes

@@ -218,6 +218,10 @@ class MultiRouter:
         self._send(self.transit.link_down(name))
         self._routes_changed()
 
+    def heard(self, unit: Router) -> None:
+        """Frames arrived on ``unit``'s link (see :meth:`Routing.heard_from`)."""
+        self.routing.heard_from(self._link_name(unit), trio.current_time())
+
     def topology(self, unit: Router, frame: P.Topology) -> None:
         self._send(self.routing.on_topology(self._link_name(unit), frame, trio.current_time()))
         self._routes_changed()

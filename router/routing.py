@@ -118,6 +118,14 @@ class Routing:
             return self._announce(now)
         return []
 
+    def heard_from(self, link: str, now: float) -> None:
+        """Frames arrived on ``link``: the router at its other end is alive,
+        however late its route info (it may wait behind a burst of interest or
+        advertisements on the link). A link that stays silent lets it time out."""
+        got = self._links.get(link)
+        if got is not None:
+            self.map.touch(got[0], now)
+
     def next_deadline(self) -> float:
         return min(self._next_announce, self.map.next_deadline())
 

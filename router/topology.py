@@ -107,6 +107,12 @@ class TopologyMap:
             self._changed()
         return changed
 
+    def touch(self, router_id: str, now: float) -> None:
+        """``router_id`` is known to be alive at ``now`` (a connected link to it
+        answers keepalives): not forgotten while its announcements queue up."""
+        if router_id in self._heard:
+            self._heard[router_id] = max(self._heard[router_id], now)
+
     def expire(self, now: float) -> list[str]:
         """Forget the routers not heard of for ``timeout``; their ids."""
         gone = [r for r, t in self._heard.items() if now - t >= self.timeout]

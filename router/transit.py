@@ -154,6 +154,10 @@ class Transit:
     def _sync_key(self, key: Key) -> list[SendOnLink]:
         holders = self._held.get(key, set())
         want = set()
+        if holders and self.routing.origin_router(key[2]) is None:
+            # the map does not know the interest's router (yet, or for a moment):
+            # keep what was sent rather than cancel it and send it all again later
+            return []
         if holders:
             links = self.routing.links()
             want = {lk for lk in self.routing.children_links(key[2]) if lk not in holders and lk in links}
