@@ -49,6 +49,22 @@ def setup_logging(logfile: str | None, fmt: str, level: int = logging.INFO, name
     root.propagate = False
 
 
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise this process's soft limit of open descriptors to its hard limit
+    (a daemon that holds a socket per proxy or client should get all it may);
+    returns (old soft limit, new soft limit)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY or soft >= hard:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        return soft, soft
+    return soft, hard
+
+
 def run_daemon(fn, logger: logging.Logger) -> int:
     """``trio.run(fn)`` with the daemons' exit codes: 0 for a stop, 3 for a
     socket error, 4 for anything else (trio wraps task errors in groups)."""

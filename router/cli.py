@@ -15,7 +15,13 @@ from functools import partial
 import trio
 
 from lbmr_runtime.netif import InterfaceError
-from lbmr_runtime.process import EXIT_CONFIG, EXIT_USAGE, run_daemon, setup_logging
+from lbmr_runtime.process import (
+    EXIT_CONFIG,
+    EXIT_USAGE,
+    raise_open_files_limit,
+    run_daemon,
+    setup_logging,
+)
 
 from .daemon import tls_context
 from .logs import log_handler, stats_line
@@ -92,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ssl.SSLError, OSError) as e:
         log.error("TLS setup failed: %s", e)
         return EXIT_CONFIG
+    old, new = raise_open_files_limit()
+    if new != old:
+        log.info("open files limit raised from %d to %d (a descriptor per proxy and per relayed session)",
+                 old, new)
     log.info("lbmr-router %s starting: endpoints %s, peers %s", cfg.name,
              ", ".join(f"{e.name} (domain {e.domain_id})" for e in cfg.endpoints),
              ", ".join(f"{p.name} ({p.role})" for p in cfg.peers) or "none (direct link)")

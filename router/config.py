@@ -66,6 +66,7 @@ from .config_model import (
     DEFAULT_KEEPALIVE_INTERVAL_MS,
     DEFAULT_KEEPALIVE_TIMEOUT_MS,
     DEFAULT_LBMRD_PORT,
+    DEFAULT_MAX_PROXIES,
     DEFAULT_MAX_QUEUE,
     DEFAULT_MULTICAST_GROUP,
     DEFAULT_MULTICAST_PORT,
@@ -486,6 +487,8 @@ def _endpoint(c: _Checker, ep: etree._Element) -> EndpointConfig:
     tr = _topic_resolution(c, ep.find("topic-resolution"))
     relay_el = ep.find("relay")
     relay = RelayConfig(tr.interface, DEFAULT_RELAY_PORTS)
+    max_proxies = c.attr_int(relay_el, "max-proxies", DEFAULT_MAX_PROXIES,
+                             "a number of proxies 1..1000000", 1, 1_000_000)
     if relay_el is not None:
         iface = c.attr_interface(relay_el, "interface")
         ports = c.port_range(relay_el, "port-low", "port-high", DEFAULT_RELAY_PORTS, "TCP")
@@ -497,7 +500,7 @@ def _endpoint(c: _Checker, ep: etree._Element) -> EndpointConfig:
                              "range of at least 2 ports")
     return EndpointConfig(
         name=name, domain_id=domain_id, topic_resolution=tr, relay=relay,
-        source_deletion_delay_ms=delay, cost=cost,
+        source_deletion_delay_ms=delay, cost=cost, max_proxies=max_proxies,
         remote_topic=_remote(c, ep.find("remote-topic"), "max-topics"),
         remote_pattern=_remote(c, ep.find("remote-pattern"), "max-patterns"),
         line=ep.sourceline or 0,

@@ -866,3 +866,11 @@ def test_bad_costs_and_route_info_name_the_line(tmp_path):
     expect_error(tmp_path, "ri.xml", doc(daemon=daemon), "<route-info", "timeout 1000 ms must be greater")
     daemon = DAEMON.replace("  </daemon>", '    <route-info max-hop-count="300"/>\n  </daemon>')
     expect_error(tmp_path, "hops.xml", doc(daemon=daemon), "<route-info", "1..255")
+
+
+def test_relay_max_proxies(tmp_path):
+    ep = endpoint(extra='      <relay port-low="15000" port-high="25000" max-proxies="12000"/>\n')
+    assert expect_ok(tmp_path, "mp.xml", doc(portals=ep + peer())).endpoint.max_proxies == 12000
+    assert expect_ok(tmp_path, "d.xml", doc()).endpoint.max_proxies == 4096
+    ep = endpoint(extra='      <relay max-proxies="0"/>\n')
+    expect_error(tmp_path, "mp0.xml", doc(portals=ep + peer()), "<relay", "max-proxies", "1..1000000")
