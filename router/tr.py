@@ -819,6 +819,10 @@ class PortalTR:
             if ck is not None:
                 if not ck.queue:
                     ck.next = max(ck.next, now + ck.check.check_interval)
+                elif len(ck.queue) > 2 * len(self._rint) + 1024:
+                    # cancelled interests leave stale entries: a peer that adds and
+                    # cancels in a loop must not grow the queue without bound
+                    ck.queue = collections.deque(e for e in ck.queue if self._rint.get(e[0]) is e[1])
                 ck.queue.append((key, q))
                 self._arm(ck)
             if pattern_type != PATTERN_TOPIC:

@@ -730,3 +730,16 @@ async def test_receiver_that_left_is_noticed_by_use_queries_and_its_proxy_withdr
                     finals += any(getattr(o, "cost", None) == -1 for o in t.options or ())
         assert finals >= 1
         n.cancel_scope.cancel()
+
+
+def test_a_peer_adding_and_cancelling_in_a_loop_keeps_the_check_queue_bounded():
+    from router.tr import RemoteCheck
+
+    tr = portal(remote_topic=RemoteCheck(90.0, 100, 300.0))
+    tr.add_remote_interest("kept", 0.0)
+    for i in range(50_000):
+        tr.add_remote_interest("churn", float(i))
+        tr.cancel_remote_interest("churn", float(i))
+    ck = tr._checkers[0]
+    assert len(ck.queue) <= 2 * 1 + 1024 + 1
+    assert ("kept" in [k[1] for k, _ in ck.queue])
