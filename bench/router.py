@@ -3,8 +3,8 @@ copy data paths, plain and TLS peer links) against a minimal splice relay and
 direct loopback, LBT-RU datagram throughput and loss, and topic resolution
 convergence across the routers.
 
-    python bench/router.py [--mbytes 200] [--runs 3] [--topics 8] [--ru-count 100000]
-                           [--ru-rates 50000,100000] [--no-tls] [--no-ru]
+    python bench/router.py [--mbytes 200] [--runs 3] [--topics 8] [--ru-count 30000]
+                           [--ru-rates 10000,30000] [--no-tls] [--no-ru]
                            [--profile auto|py-spy|cprofile|none] [--no-inprocess]
 
 Everything runs on loopback (127.0.0.0/8) and stops by itself (a hard limit
@@ -46,11 +46,17 @@ TLS links always take the copy path).
    "in-process" number.
 
 2. LBT-RU. A source of the LBT-RU-like protocol (lbmr_tools.sim.dataplane,
-   RU_SIZE-byte datagrams, each verified) on 127.0.1.5 in TRD1, advertised in
-   the zero-copy deployment; a receiver in TRD2 takes --ru-count datagrams,
-   paced by the source at each of --ru-rates datagrams per second, once
-   straight from the source and once through the routers' proxy. Printed:
-   datagrams received and lost, the achieved rate, and routed/direct.
+   RU_SIZE-byte datagrams) in a process of its own on 127.0.1.5 in TRD1,
+   advertised in the zero-copy deployment; a receiver in TRD2 (this process)
+   takes --ru-count datagrams, each verified, paced by the source at each of
+   --ru-rates datagrams per second, once straight from the source and once
+   through the routers' proxy. Printed: datagrams received and lost, the
+   achieved rate, routed/direct, and how many UDP datagrams the kernel
+   dropped at full socket receive buffers meanwhile (/proc/net/snmp
+   RcvbufErrors, whole machine: on a busy machine the receiver, which is
+   Python, falls behind the bursts a relay re-emits after a pause). Both ends
+   are Python: at high rates they, not the routers, are the limit: compare
+   with "direct".
 
 3. Convergence. For each of --topics new topic names and each order:
    * receiver first: a receiver context starts querying (UM receiver timing:
@@ -246,9 +252,9 @@ def resolve(topic: str, lbmrd2, timeout: float = 15.0) -> tuple[str, int]:
 class Advertiser:
     """A source context advertising one topic in TRD1 every 0.5 s (keeps the proxy alive)."""
 
-    def __init__(self, topic: str, lbmrd1, src_port: int, index: int = 1) -> None:
+    def __init__(self, topic: str, lbmrd1, src_port: int, index: int = 1, packet: bytes | None = None) -> None:
         self.sock = udp(SRC_IP)
-        self.pkt = tir_packet(topic, SRC_IP, src_port, index)
+        self.pkt = packet if packet is not None else tir_packet(topic, SRC_IP, src_port, index)
         self.lbmrd1 = lbmrd1
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -623,59 +629,71 @@ def throughput_paths(paths: dict[str, tuple[str, int]], source: DataSource, runs
     return {"best": best, "cpu": cpu_best}
 
 
+# An LBT-RU-like source (lbmr_tools.sim.dataplane.RuDataSource) in a process of its own:
+# argv ip, count, seed, rate, size; prints its port, serves every receiver that says HELLO.
+RU_SOURCE_CODE = r"""
+import sys, trio
+from lbmr_tools.sim.dataplane import RuDataSource
+ip, count, seed, rate, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+async def main():
+    src = RuDataSource(ip, count=count, seed=seed, rate=rate, datagram_size=size, max_burst=64,
+                       snd_buf=8 << 20)
+    async with trio.open_nursery() as n:
+        addr = await n.start(src.serve)
+        print(addr[1], flush=True)
+trio.run(main)
+"""
+
+
+def udp_rcvbuf_errors() -> int:
+    """UDP datagrams the kernel dropped for a full socket receive buffer (whole machine)."""
+    with open("/proc/net/snmp") as f:
+        rows = [line.split() for line in f if line.startswith("Udp:")]
+    return int(dict(zip(rows[0][1:], rows[1][1:], strict=False)).get("RcvbufErrors", 0))
+
+
 def lbtru_throughput(dep, count: int, rates: list[float]) -> list[dict]:
-    """For each rate: a new LBT-RU-like source (RuDataSource on SRC_IP, advertised in
-    ``dep``'s TRD1), and ``count`` verified datagrams taken once straight from it and
-    once through router B's proxy (RuDataReceiver on RCV_IP)."""
+    """For each rate: a new LBT-RU-like source process (RU_SOURCE_CODE on SRC_IP, advertised
+    in ``dep``'s TRD1 with a TIR every 0.5 s), and ``count`` verified datagrams taken once
+    straight from it and once through router B's proxy (RuDataReceiver on RCV_IP, in this
+    process)."""
     import trio
 
     from lbmr_proto.um import synthesize_otid
-    from lbmr_tools.sim.dataplane import RuDataReceiver, RuDataSource
+    from lbmr_tools.sim.dataplane import RuDataReceiver
 
     out: list[dict] = []
     tag = random.Random().randrange(1 << 30)
-
-    async def one(nursery, rate: float, index: int) -> None:
+    for i, rate in enumerate(rates):
+        index = 1000 + i
         topic = f"{RU_TOPIC}.{tag}.{index}"
         seed = random.Random(index).randrange(1 << 63)
-        src = RuDataSource(SRC_IP, count=count, seed=seed, rate=rate, datagram_size=RU_SIZE,
-                           max_burst=64, snd_buf=8 << 20)
-        sip, sport = await nursery.start(src.serve)
-        transport = L.LbtruTransport(sip, sport)
-        tir = L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, transport, 60, index, [
-            L.OtidOption(0x8000, synthesize_otid(transport, index))])]))
-        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        await sock.bind((SRC_IP, 0))
-
-        async def advertise() -> None:
-            while True:
-                await sock.sendto(tir, dep.lbmrd1)
-                await trio.sleep(0.5)
-
-        with sock:
-            async with trio.open_nursery() as adv_nursery:
-                adv_nursery.start_soon(advertise)
-                await measure(sip, sport, seed, topic, rate)
-                adv_nursery.cancel_scope.cancel()
-
-    async def measure(sip: str, sport: int, seed: int, topic: str, rate: float) -> None:
-        proxy = await trio.to_thread.run_sync(resolve, topic, dep.lbmrd2)
-        row: dict = {"rate": rate}
-        for path, (ip, port) in (("direct", (sip, sport)), ("routed", proxy)):
-            r = await RuDataReceiver(ip, port, seed=seed, expect_count=count, bind_ip=RCV_IP,
-                                     idle_timeout=2.0, timeout=IO_TIMEOUT_S + count / rate).run()
-            if r.corrupt or r.error:
-                raise RuntimeError(f"LBT-RU {path}: {r.corrupt} corrupt datagrams, error {r.error}")
-            row[path] = r
-        out.append(row)
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            for i, rate in enumerate(rates):
-                await one(nursery, rate, 1000 + i)
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+        proc = subprocess.Popen(PY + [RU_SOURCE_CODE, SRC_IP, str(count), str(seed), str(rate), str(RU_SIZE)],
+                                cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        try:
+            sport = int(proc.stdout.readline())
+            transport = L.LbtruTransport(SRC_IP, sport)
+            tir = L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, transport, 60, index, [
+                L.OtidOption(0x8000, synthesize_otid(transport, index))])]))
+            adv = Advertiser(topic, dep.lbmrd1, sport, index, packet=tir)
+            try:
+                proxy = resolve(topic, dep.lbmrd2)
+                row: dict = {"rate": rate}
+                for path, (ip, port) in (("direct", (SRC_IP, sport)), ("routed", proxy)):
+                    before = udp_rcvbuf_errors()
+                    r = trio.run(RuDataReceiver(ip, port, seed=seed, expect_count=count, bind_ip=RCV_IP,
+                                                idle_timeout=2.0, timeout=IO_TIMEOUT_S + count / rate).run)
+                    if r.corrupt or r.error:
+                        raise RuntimeError(f"LBT-RU {path}: {r.corrupt} corrupt datagrams, error {r.error}")
+                    row[path] = r
+                    row[path + " drops"] = udp_rcvbuf_errors() - before
+                out.append(row)
+            finally:
+                adv.close()
+        finally:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
     return out
 
 
@@ -688,7 +706,8 @@ def print_lbtru(rows: list[dict], count: int) -> None:
             got[path] = r
             print(f"    {path:7s} received {r.received:9,d}  lost {count - r.received:7,d} "
                   f"({100 * (count - r.received) / count:5.2f}%)  {r.datagrams_per_s:10,.0f} datagrams/s "
-                  f"{r.bytes_per_s / 1e6:7.1f} MB/s")
+                  f"{r.bytes_per_s / 1e6:7.1f} MB/s  (machine: {row[path + ' drops']:,} datagrams dropped "
+                  "at full socket buffers)")
         d, rt = got["direct"], got["routed"]
         if d.received and d.datagrams_per_s:
             print(f"    ratio routed/direct: datagrams received {rt.received / d.received:.3f}x, "
@@ -937,8 +956,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-inprocess", action="store_true", help="skip the in-process throughput")
     ap.add_argument("--no-tls", action="store_true", help="skip the TLS-link deployment")
     ap.add_argument("--no-ru", action="store_true", help="skip the LBT-RU measurement")
-    ap.add_argument("--ru-count", type=int, default=100_000, help="LBT-RU datagrams per measurement")
-    ap.add_argument("--ru-rates", default="50000,100000",
+    ap.add_argument("--ru-count", type=int, default=30_000, help="LBT-RU datagrams per measurement")
+    ap.add_argument("--ru-rates", default="10000,30000",
                     help="LBT-RU source rates to measure, datagrams per second, comma-separated")
     ap.add_argument("--top", type=int, default=12, help="profile lines per list")
     args = ap.parse_args(argv)

@@ -59,7 +59,8 @@ STREAM_FRAME = 256 << 10
 # (bench/router.py measures both paths).
 SPLICE_FRAME = P.MAX_PAYLOAD - 4
 SPLICE_MIN = 16 << 10
-PEEK_SIZE = 16 << 10
+PEEK_SIZE = 64 << 10  # bytes peeked: whole bursts of control frames and datagrams at a time ...
+PEEK_AFTER_SPLICE = 4 << 10  # ... but after a spliced frame, likely followed by another, less
 RX_PIPES = 4  # pipes one stream may fill before its bytes take the copy path (4 MiB: its window)
 ZERO_COPY = os.environ.get("LBMR_ROUTER_ZERO_COPY", "1") != "0"
 _DATA_HEAD = P.HEADER_SIZE + 4  # header and stream id of a STREAM_DATA frame
@@ -145,6 +146,7 @@ class Link:
                                      max_frame=SPLICE_FRAME if self.zero_copy else STREAM_FRAME)
         self._head = b""  # consumed from the socket, not yet given to the connection (< 16 bytes)
         self._frame_left = 0  # bytes of a frame being passed to the connection piecewise
+        self._peek_size = PEEK_SIZE
         self._left = 0  # payload bytes still to come of the frame being spliced
         self._waited = False  # the last move waited for the socket instead of probing it
         self._scratch: bytearray | None = None
@@ -219,6 +221,13 @@ class Link:
                         if type(f) is S.HeldData:
                             await self._write_held(f, parts, now)
                             parts = []
+                        elif type(f) is S.DatagramBatch:
+                            if self.conn.can_send(P.Datagram(f.stream_id, b"")):
+                                data = f.encode()
+                                parts.append(self.conn.data_to_send())  # anything before it
+                                parts.append(data)
+                                self.conn.stats.frames_sent += len(f.datagrams)
+                                self.conn.stats.bytes_sent += len(data)
                         elif self.conn.can_send(f):
                             parts.append(self.conn.send(f, now))
                     if self.outq:
@@ -323,7 +332,7 @@ class Link:
                 self._frame_left -= len(data)
                 return self._feed(data), False
             try:
-                peek = self._sock.recv(PEEK_SIZE, socket.MSG_PEEK)
+                peek = self._sock.recv(self._peek_size, socket.MSG_PEEK)
             except (BlockingIOError, InterruptedError):
                 await self._wait(trio.lowlevel.wait_readable)
                 continue
@@ -370,13 +379,20 @@ class Link:
             magic, ver, ftype, _, _, length = P.HEADER.unpack_from(view, pos)
             if magic != P.MAGIC or ver != P.WIRE_VERSION or length > max_payload:
                 return self._feed(self._take(n))  # the connection refuses it
+            if (ftype == P.FrameType.DATAGRAM and 4 <= length and pos + P.HEADER_SIZE + length <= n
+                    and self._may_datagram()):
+                if pos:
+                    break
+                return self._receive_datagrams(view)
             if (ftype == P.FrameType.STREAM_DATA and length - 4 >= SPLICE_MIN
                     and self._may_splice()):
                 if pos:
                     break
                 if n < _DATA_HEAD:
                     return self._need(n)
+                self._peek_size = PEEK_AFTER_SPLICE
                 return await self._receive_held(self._take(_DATA_HEAD), length - 4)
+            self._peek_size = PEEK_SIZE
             total = P.HEADER_SIZE + length
             if pos + total > n:
                 if pos:
@@ -393,6 +409,50 @@ class Link:
         (consumed, so that the next wake-up means new bytes) and wait for more."""
         self._head = self._take(n)
         return None
+
+    def _may_datagram(self) -> bool:
+        return (self.conn.state is P.State.CONNECTED
+                and bool(self.conn.capabilities & P.Capability.DATAGRAMS))
+
+    def _receive_datagrams(self, view: bytes) -> list | None:
+        """The run of whole DATAGRAM frames at the start of ``view``, straight to their
+        streams (no frame objects, no events): the connection sees the first one's head,
+        as an empty DATAGRAM, for its checks and liveness; the stream table checks each."""
+        n = len(view)
+        pos = count = 0
+        while pos + P.HEADER_SIZE <= n:
+            magic, ver, ftype, _, _, length = P.HEADER.unpack_from(view, pos)
+            if (ftype != P.FrameType.DATAGRAM or magic != P.MAGIC or ver != P.WIRE_VERSION
+                    or not 4 <= length <= self.conn.max_payload or pos + P.HEADER_SIZE + length > n):
+                break
+            pos += P.HEADER_SIZE + length
+            count += 1
+        data = self._take(pos)  # at least one (checked by the caller)
+        items = self._feed(data[:8] + _LEN4 + data[12:16])
+        last = items[-1] if items else None
+        if not (isinstance(last, P.Datagram) and not last.data and self.conn.state is P.State.CONNECTED):
+            return items  # refused by the connection: the link ends
+        items.pop()
+        stats = self.conn.stats
+        stats.frames_received += count - 1
+        stats.bytes_received += pos - _DATA_HEAD
+        table, states = self.streams, self.state
+        woken: set[StreamState] = set()
+        mv = memoryview(data)
+        pos = 0
+        while pos < len(data):
+            length = int.from_bytes(mv[pos + 8:pos + 12], "big")
+            sid = int.from_bytes(mv[pos + 12:pos + 16], "big")
+            end = pos + P.HEADER_SIZE + length
+            if table.receive_datagram(sid, length - 4) is not None:
+                st = states.get(sid)
+                if st is not None:
+                    st.incoming.append(bytes(mv[pos + 16:end]))
+                    woken.add(st)
+            pos = end
+        for st in woken:
+            st.incoming_ready.set()
+        return items
 
     async def _recv(self, nbytes: int) -> bytes:
         while True:

@@ -238,6 +238,7 @@ class Relay:
                 if link is None:
                     continue
                 now = trio.current_time()
+                batches: dict[StreamState, list[bytes]] = {}
                 for data, addr in [first, *more]:
                     st = by_addr.get(addr)
                     if st is None or st.closed:
@@ -255,19 +256,19 @@ class Relay:
                         n.start_soon(self._ru_downstream, link, st, by_addr)
                     st.last_active = now
                     if st.accepted.is_set():
-                        self._send_datagram(link, st, data, flush=False)
+                        batches.setdefault(st, []).append(data)
                     elif len(st.incoming) < RU_BACKLOG:
                         st.incoming.append(data)  # held until accepted (then sent in order)
+                for st, batch in batches.items():
+                    self._send_datagrams(link, st, batch)
                 link.flush_streams()
 
-    def _send_datagram(self, link: Link, st: StreamState, data: bytes, *, flush: bool = True) -> None:
+    def _send_datagrams(self, link: Link, st: StreamState, batch: list[bytes]) -> None:
+        """Datagrams of one stream to the peer as one queued batch (flush_streams to send)."""
         try:
-            link.streams.send_datagram(st.sid, data)
+            link.streams.send_datagrams(st.sid, batch)
         except S.LocalStreamError:
-            self.counters["ru_send_closed"] += 1
-            return
-        if flush:
-            link.flush_streams()
+            self.counters["ru_send_closed"] += len(batch)
 
     async def _ru_downstream(self, link: Link, st: StreamState, by_addr: dict) -> None:
         """Near LBT-RU: when accepted flush the backlog; then datagrams from the
@@ -279,8 +280,9 @@ class Relay:
                 return
             held = list(st.incoming)
             st.incoming.clear()
-            for d in held:
-                self._send_datagram(link, st, d)
+            if held:
+                self._send_datagrams(link, st, held)
+                link.flush_streams()
             addr = st.ru_addr
             await self._ru_deliver(link, st, lambda d: st.sock.raw.sendto(d, addr),
                                    lambda d: st.sock.sendto(d, addr))
@@ -444,8 +446,7 @@ class Relay:
                 batch, err = [], e
             if batch:
                 st.last_active = trio.current_time()
-                for data in batch:
-                    self._send_datagram(link, st, data, flush=False)
+                self._send_datagrams(link, st, batch)
                 link.flush_streams()
             if err is not None:  # e.g. ICMP port unreachable from a source that went away
                 self.counters["ru_recv_error"] += 1

@@ -322,8 +322,9 @@ async def link_pair(n, rng, read_sink: bool = True):
                         if isinstance(ev, S.StreamOpened):
                             link.streams.accept(ev.stream_id)
                             st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
-                            st.sock = sink_out
-                            n.start_soon(relay._pump_down, link, st, trio.CancelScope())
+                            if ev.kind == P.StreamKind.TCP:
+                                st.sock = sink_out
+                                n.start_soon(relay._pump_down, link, st, trio.CancelScope())
                         else:
                             relay.stream_event(link, ev)
                     link.flush_streams()
@@ -379,6 +380,52 @@ async def test_reader_splices_frames_arriving_in_arbitrary_fragments():
         assert link.spliced_in > total // 4  # the big frames were spliced
         with trio.fail_after(5):
             while peer.acks() < keepalives:
+                await trio.sleep(0.01)
+        assert link.conn.state is P.State.CONNECTED
+        n.cancel_scope.cancel()
+
+
+async def test_datagram_bursts_reach_their_stream_in_order():
+    """Bursts of DATAGRAM frames (taken by the reader as runs, no frame objects) of every
+    size from empty to 60 KB, mixed with keepalives and with data on a TCP stream, cut
+    into random pieces: every datagram reaches its stream, whole and in order; one for
+    a stream that is not open is counted and dropped."""
+    rng = random.Random(21)
+    async with trio.open_nursery() as n:
+        link, peer, sid, sink, _ = await link_pair(n, rng)
+        ru = peer.table.open(8, P.StreamKind.LBTRU)
+        await peer.stream.send_all(peer.encode(peer.table.frames_to_send()))
+        with trio.fail_after(5):
+            while peer.table.get(ru).state is not S.StreamState.OPEN:
+                await trio.sleep(0.01)
+        sent, tcp = [], bytearray()
+        refused0 = link.streams.refused_frames
+        for burst in range(30):
+            frames = []
+            for _ in range(rng.randint(1, 80)):
+                d = rng.randbytes(rng.choice([0, 1, 17, 1400, 1400, 1400, 9000, 60_000]))
+                sent.append(d)
+                peer.table.send_datagram(ru, d)
+            frames += peer.table.frames_to_send()
+            if burst % 7 == 0:
+                frames.insert(rng.randrange(len(frames)), P.Keepalive(burst + 1, 0))
+                chunk = rng.randbytes(rng.choice([10, SPLICE_MIN + 5]))
+                if not peer.table.send(sid, chunk):
+                    tcp += chunk
+                frames.insert(rng.randrange(len(frames)), peer.table.frames_to_send()[0])
+            if burst == 20:
+                frames.insert(rng.randrange(len(frames)), P.Datagram(ru + 1000, b"nobody"))
+            await peer.write(peer.encode(frames), rng.choice([4096, 70_000]))
+        st = link.state[ru]
+        with trio.fail_after(20):
+            while len(st.incoming) < len(sent) or len(sink) < len(tcp):
+                await trio.sleep(0.01)
+        assert list(st.incoming) == sent
+        assert bytes(sink) == bytes(tcp)
+        assert link.streams.get(ru).datagrams_received == len(sent)
+        assert link.streams.refused_frames == refused0 + 1
+        with trio.fail_after(5):
+            while peer.acks() < 5:  # bursts 0, 7, 14, 21, 28
                 await trio.sleep(0.01)
         assert link.conn.state is P.State.CONNECTED
         n.cancel_scope.cancel()

@@ -11,7 +11,7 @@ from .frames import (
     OutQueueOverflow,
     StreamData,
 )
-from .streams import HeldData
+from .streams import DatagramBatch, HeldData
 
 # --------------------------------------------------------------------------- writer queue
 
@@ -26,7 +26,7 @@ class OutQueue:
       ``max_control`` queued, beyond that :meth:`put` raises :class:`OutQueueOverflow`
       (the link is hopeless and should be closed);
     * data -- STREAM_DATA (also :class:`router.peerlink.streams.HeldData`, whose bytes the
-      I/O layer holds) and DATAGRAM: at most ``max_data_bytes`` of encoded frames queued.
+      I/O layer holds) and DATAGRAM (also :class:`router.peerlink.streams.DatagramBatch`): at most ``max_data_bytes`` of encoded frames queued.
       When full, a DATAGRAM is dropped and counted (LBT-RU recovers by itself); a STREAM_DATA
       is refused (``put`` returns False) so the caller keeps the bytes and waits: size
       writes with :meth:`data_space` (``StreamTable.send(limit=...)``) to never be refused.
@@ -47,7 +47,7 @@ class OutQueue:
 
     @staticmethod
     def is_data(frame: Frame) -> bool:
-        return isinstance(frame, StreamData | Datagram | HeldData)
+        return isinstance(frame, StreamData | Datagram | HeldData | DatagramBatch)
 
     def __len__(self) -> int:
         return len(self._q)
@@ -66,6 +66,9 @@ class OutQueue:
             if self.data_bytes + size > self.max_data_bytes:
                 if isinstance(frame, Datagram):
                     self.dropped_datagrams += 1
+                    self.dropped_datagram_bytes += size
+                elif isinstance(frame, DatagramBatch):
+                    self.dropped_datagrams += len(frame.datagrams)
                     self.dropped_datagram_bytes += size
                 else:
                     self.refused_stream_data += 1

@@ -38,11 +38,15 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .frames import (
+    HEADER,
     HEADER_SIZE,
+    MAGIC,
     MAX_PAYLOAD,
+    WIRE_VERSION,
     CloseCode,
     Datagram,
     Frame,
+    FrameType,
     LocalProtocolError,
     RefuseCode,
     StreamAccept,
@@ -58,7 +62,8 @@ __all__ = [
     "INITIAL_WINDOW", "MAX_FRAME_DATA", "STREAM_DATA_OVERHEAD", "STREAM_FRAMES", "StreamState",
     "LocalStreamError", "StreamClosedError", "StreamEvent", "StreamOpened", "StreamAccepted",
     "StreamRefused", "DataReceived", "DatagramReceived", "CreditAvailable", "StreamClosed",
-    "DataRefused", "StreamError", "DataArriving", "HeldData", "Stream", "StreamTable",
+    "DataRefused", "StreamError", "DataArriving", "HeldData", "DatagramBatch", "Stream",
+    "StreamTable",
 ]
 
 INITIAL_WINDOW = 256 * 1024  # credit each receiver grants a new stream
@@ -179,6 +184,25 @@ class HeldData:
 
     def wire_size(self) -> int:
         return STREAM_DATA_OVERHEAD + self.nbytes
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DatagramBatch:
+    """Several DATAGRAM frames of one stream, queued as one item (one queue operation and
+    one encoding pass for a burst of LBT-RU datagrams): on the wire they are the same
+    DATAGRAM frames, one per datagram, in order."""
+
+    stream_id: int
+    datagrams: tuple[bytes, ...]
+
+    def wire_size(self) -> int:
+        return STREAM_DATA_OVERHEAD * len(self.datagrams) + sum(map(len, self.datagrams))
+
+    def encode(self) -> bytes:
+        head = HEADER.pack
+        sid = self.stream_id.to_bytes(4, "big")
+        return b"".join(head(MAGIC, WIRE_VERSION, FrameType.DATAGRAM, 0, 0, 4 + len(d)) + sid + d
+                        for d in self.datagrams)
 
 
 # --------------------------------------------------------------------------- table
@@ -319,6 +343,32 @@ class StreamTable:
             raise LocalStreamError(f"datagram of {len(data)} bytes (at most {self.max_datagram})")
         st.datagrams_sent += 1
         self._outbox.append(Datagram(stream_id, bytes(data)))
+
+    def send_datagrams(self, stream_id: int, datagrams: list[bytes]) -> DatagramBatch:
+        """Several DATAGRAMs on an open stream as one :class:`DatagramBatch` (in the outbox,
+        and returned)."""
+        st = self._sendable(stream_id)
+        if st.state is not StreamState.OPEN:
+            raise LocalStreamError(f"stream {stream_id} is not open yet")
+        for d in datagrams:
+            if len(d) > self.max_datagram:
+                raise LocalStreamError(f"datagram of {len(d)} bytes (at most {self.max_datagram})")
+        st.datagrams_sent += len(datagrams)
+        batch = DatagramBatch(stream_id, tuple(datagrams))
+        self._outbox.append(batch)
+        return batch
+
+    def receive_datagram(self, stream_id: int, nbytes: int) -> Stream | None:
+        """``receive(Datagram)`` without the frame object and event (the I/O layer's fast
+        path for bursts): the open stream it is for, or None if it is refused (unknown,
+        closed or not open: counted like :class:`DataRefused`)."""
+        st = self.streams.get(stream_id)
+        if st is None or st.state is not StreamState.OPEN:
+            self.refused_frames += 1
+            self.refused_bytes += nbytes
+            return None
+        st.datagrams_received += 1
+        return st
 
     def send_credit(self, stream_id: int) -> int:
         """Data bytes that may be sent on the stream now (0 if it is not open)."""
