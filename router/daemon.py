@@ -55,7 +55,8 @@ MAX_HANDSHAKES = 4  # incoming connections in their handshake at once (the oldes
 
 def tls_context(tls, server_side: bool) -> ssl.SSLContext:
     """A peer link's TLS context from its :class:`router.config_model.TlsConfig`:
-    mutual authentication, our certificate, and the peer's must chain to the CA."""
+    mutual authentication, our certificate, and the peer's must chain to the CA;
+    TLS 1.2 or later, exactly 1.2 when ``cipher_suites`` restricts the suites."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server_side else ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(tls.certificate, tls.certificate_key, password=tls.certificate_key_password)
@@ -66,7 +67,10 @@ def tls_context(tls, server_side: bool) -> ssl.SSLContext:
     ctx.check_hostname = False  # peers are identified by their certificate chain, not a host name
     ctx.verify_mode = ssl.CERT_REQUIRED
     if tls.cipher_suites:
+        # an OpenSSL cipher list chooses among TLS 1.2 suites only (TLS 1.3 has its
+        # own fixed set): with one given, the link is TLS 1.2, so the list decides
         ctx.set_ciphers(tls.cipher_suites)
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
     return ctx
 
 

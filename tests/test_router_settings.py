@@ -789,3 +789,44 @@ async def test_source_deletion_delay_is_the_configured_one(autojump_clock):
         assert 5.0 <= waited < 6.0, waited
         assert ra.counters["sources_ended"] == 1
         n.cancel_scope.cancel()
+
+
+# ------------------------------------------------ <tls><cipher-suites>
+
+
+async def test_cipher_suites_decide_the_links_cipher(tmp_path):
+    from router.config_model import TlsConfig
+
+    from .test_router_faults import _ca, _certs
+
+    ca_key, ca = _ca(tmp_path, "ca")
+    a_crt, a_key = _certs(tmp_path, "a", ca_key, ca)
+    b_crt, b_key = _certs(tmp_path, "b", ca_key, ca)
+    suite, other = "ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-RSA-AES256-GCM-SHA384"
+
+    async def link(a_suites, b_suites):
+        async with trio.open_nursery() as n:
+            _, trd1 = await start_lbmrd(n, "127.0.1.1")
+            _, trd2 = await start_lbmrd(n, "127.0.2.1")
+            rb = Router("routerB", lbmrd_endpoint("B", 2, [trd2], interface="127.0.2.1"),
+                        acceptor_peer("B-to-A", 0, interface="127.0.0.1",
+                                      tls=TlsConfig(b_crt, b_key, trusted_certificates=ca,
+                                                    cipher_suites=b_suites)))
+            addr = await n.start(rb.run)
+            ra = Router("routerA", lbmrd_endpoint("A", 1, [trd1], interface="127.0.1.1"),
+                        initiator_peer("A-to-B", "127.0.0.1", addr["peer"][1], reconnect_interval_ms=200,
+                                       tls=TlsConfig(a_crt, a_key, trusted_certificates=ca,
+                                                     cipher_suites=a_suites)))
+            await n.start(ra.run)
+            with trio.fail_after(10):
+                while not (rb.link is not None and rb.link.connected) and not rb.counters["tls_failed"]:
+                    await trio.sleep(0.05)
+            got = rb.link.stream.cipher() if rb.link is not None and rb.link.connected else None
+            n.cancel_scope.cancel()
+            return got, rb.counters["tls_failed"]
+
+    (name, version, _), failed = await link(suite, f"{other}:{suite}")
+    assert (name, version, failed) == (suite, "TLSv1.2", 0)
+    (name, version, _), _ = await link(None, None)  # no list: TLS 1.3 and its own suites
+    assert version == "TLSv1.3"
+    assert await link(suite, other) == (None, 1)  # nothing in common: refused
