@@ -830,3 +830,31 @@ async def test_cipher_suites_decide_the_links_cipher(tmp_path):
     (name, version, _), _ = await link(None, None)  # no list: TLS 1.3 and its own suites
     assert version == "TLSv1.3"
     assert await link(suite, other) == (None, 1)  # nothing in common: refused
+
+
+# ------------------------------------------------ <port-range>, <max-queue>
+
+
+async def test_tr_socket_binds_the_first_free_port_of_its_range_and_max_queue_bounds_the_link():
+    from router.config_model import PortRange
+
+    base = free_port(ip="127.0.2.1")
+    busy = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    busy.bind(("127.0.2.1", base))
+    try:
+        async with trio.open_nursery() as n:
+            _, trd1 = await start_lbmrd(n, "127.0.1.1")
+            _, trd2 = await start_lbmrd(n, "127.0.2.1")
+            rb = Router("routerB", lbmrd_endpoint("B", 2, [trd2], interface="127.0.2.1",
+                                                  tr_ports=PortRange(base, base + 3)),
+                        acceptor_peer("B-to-A", 0, interface="127.0.0.1", max_queue=100_000))
+            b = await n.start(rb.run)
+            assert base < b["tr"][1] <= base + 3  # the first port was taken
+            ra = Router("routerA", lbmrd_endpoint("A", 1, [trd1], interface="127.0.1.1"),
+                        initiator_peer("A-to-B", "127.0.0.1", b["peer"][1], max_queue=70_000))
+            await n.start(ra.run)
+            await wait_connected(ra, rb)
+            assert rb.link.outq.max_data_bytes == 100_000 and ra.link.outq.max_data_bytes == 70_000
+            n.cancel_scope.cancel()
+    finally:
+        busy.close()
