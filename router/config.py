@@ -84,6 +84,7 @@ from .config_model import (
     InterestPacing,
     KeepaliveConfig,
     LbmrdAddress,
+    LbtrmConfig,
     LogConfig,
     MulticastResolver,
     PeerConfig,
@@ -122,6 +123,7 @@ __all__ = [
     "RemoteInterest",
     "TopicResolution",
     "RelayConfig",
+    "LbtrmConfig",
     "EndpointConfig",
     "InitiatorConfig",
     "AcceptorConfig",
@@ -498,13 +500,46 @@ def _endpoint(c: _Checker, ep: etree._Element) -> EndpointConfig:
             c.warn(relay_el, f"<relay> has a single port ({ports.low}): the portal can relay "
                              "only one transport session into its TRD at a time; give a "
                              "range of at least 2 ports")
+    rm_el = ep.find("lbt-rm")
+    lbtrm = LbtrmConfig() if rm_el is None else _lbtrm(c, rm_el)
     return EndpointConfig(
-        name=name, domain_id=domain_id, topic_resolution=tr, relay=relay,
+        name=name, domain_id=domain_id, topic_resolution=tr, relay=relay, lbtrm=lbtrm,
         source_deletion_delay_ms=delay, cost=cost, max_proxies=max_proxies,
         remote_topic=_remote(c, ep.find("remote-topic"), "max-topics"),
         remote_pattern=_remote(c, ep.find("remote-pattern"), "max-patterns"),
         line=ep.sourceline or 0,
     )
+
+
+def _lbtrm(c: _Checker, el: etree._Element) -> LbtrmConfig:
+    """``<lbt-rm group-low group-high destination-port same-group/>``."""
+    d = LbtrmConfig()
+    groups = []
+    for attr, default in (("group-low", d.group_low), ("group-high", d.group_high)):
+        text = el.get(attr)
+        if text is None:
+            groups.append(default)
+            continue
+        try:
+            ip = _ipv4(text, "a multicast group")
+            if not ipaddress.IPv4Address(ip).is_multicast:
+                raise ValueError(f'"{text}" is not a multicast address (224.0.0.0/4)')
+            groups.append(ip)
+        except ValueError as e:
+            c.error(el, f"<lbt-rm> {attr} {e}")
+            groups.append(default)
+    low, high = (int(ipaddress.IPv4Address(g)) for g in groups)
+    if high < low:
+        c.error(el, f"<lbt-rm> group-low {groups[0]} is above group-high {groups[1]}: the range is reversed")
+        groups = [d.group_low, d.group_high]
+    elif high - low >= 1 << 16:
+        c.error(el, f"<lbt-rm> {groups[0]}..{groups[1]} is {high - low + 1} groups: at most 65536")
+        groups = [d.group_low, d.group_high]
+    port = c.attr_port(el, "destination-port", d.destination_port, "UDP")
+    same = el.get("same-group", "no").strip()
+    if same not in ("yes", "no"):
+        c.error(el, f'<lbt-rm> same-group "{same}": write "yes" or "no"')
+    return LbtrmConfig(groups[0], groups[1], port, same == "yes", el.sourceline or 0)
 
 
 def _tls(c: _Checker, el: etree._Element) -> TlsConfig | None:

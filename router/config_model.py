@@ -75,6 +75,10 @@ class PortRange:
 DEFAULT_TR_PORTS = PortRange(14402, 14406)
 #: UM transport_tcp_port_low/high: ports of the relay (proxy source) listeners.
 DEFAULT_RELAY_PORTS = PortRange(14371, 14390)
+#: UM transport_lbtrm_multicast_address_low/high and transport_lbtrm_destination_port:
+#: the groups and port of LBT-RM proxy sources
+DEFAULT_LBTRM_GROUPS = ("224.10.10.10", "224.10.10.14")
+DEFAULT_LBTRM_DEST_PORT = 14400
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +186,20 @@ class RelayConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LbtrmConfig:
+    """``<lbt-rm>``: the multicast groups ``group_low`` .. ``group_high`` and the
+    destination port of the LBT-RM proxy sources this portal creates in its TRD
+    (:mod:`router.lbtrm`); ``same_group``: the origin source's own group and
+    port instead, whenever its OTID tells them (the TRDs are separate networks)."""
+
+    group_low: str = DEFAULT_LBTRM_GROUPS[0]
+    group_high: str = DEFAULT_LBTRM_GROUPS[1]
+    destination_port: int = DEFAULT_LBTRM_DEST_PORT
+    same_group: bool = False
+    line: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointConfig:
     """An ``<endpoint>`` portal: attaches the router to one TRD.
 
@@ -202,6 +220,7 @@ class EndpointConfig:
     ru_idle_timeout_ms: int = DEFAULT_RU_IDLE_TIMEOUT_MS
     ru_max_streams: int = DEFAULT_RU_MAX_STREAMS
     max_proxies: int = DEFAULT_MAX_PROXIES
+    lbtrm: LbtrmConfig = LbtrmConfig()
     cost: int = 1  # <cost>: what routes through this portal cost (positive)
 
     # ------------------------------------------------ what the runtime reads
@@ -258,6 +277,23 @@ class EndpointConfig:
     @property
     def relay_port_high(self) -> int:
         return self.relay.ports.high if self.relay.ports is not None else 0
+
+    @property
+    def lbtrm_group_low(self) -> str:
+        """First multicast group of the LBT-RM proxy sources."""
+        return self.lbtrm.group_low
+
+    @property
+    def lbtrm_group_high(self) -> str:
+        return self.lbtrm.group_high
+
+    @property
+    def lbtrm_dest_port(self) -> int:
+        return self.lbtrm.destination_port
+
+    @property
+    def lbtrm_same_group(self) -> bool:
+        return self.lbtrm.same_group
 
     @property
     def source_deletion_delay(self) -> float:

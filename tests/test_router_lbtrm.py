@@ -125,3 +125,34 @@ def test_datagram_queue_is_bounded():
         q.append(bytes([i]))
     assert list(q) == [b"\x00", b"\x01", b"\x02"] and c["lbtrm_queue_full"] == 7
 
+
+# --------------------------------------------------------------------------- <lbt-rm> in the file
+
+
+def test_lbtrm_config_element(tmp_path):
+    from router.config import LbtrmConfig
+
+    from .test_router_config import doc, endpoint, expect_ok, peer
+
+    cfg = expect_ok(tmp_path, "r.xml", doc(portals=endpoint(extra='      <lbt-rm group-low="239.1.1.1" '
+                                                                  'group-high="239.1.1.4" destination-port="15400" '
+                                                                  'same-group="yes"/>\n') + peer()))
+    (ep,) = cfg.endpoints
+    assert ep.lbtrm == LbtrmConfig("239.1.1.1", "239.1.1.4", 15400, True)
+    assert (ep.lbtrm_group_low, ep.lbtrm_group_high, ep.lbtrm_dest_port, ep.lbtrm_same_group) == (
+        "239.1.1.1", "239.1.1.4", 15400, True)
+    assert expect_ok(tmp_path, "d.xml", doc()).endpoints[0].lbtrm == LbtrmConfig()
+
+
+@pytest.mark.parametrize("attrs, needle", [
+    ('group-low="10.0.0.1"', "not a multicast address"),
+    ('group-low="239.1.1.9" group-high="239.1.1.1"', "reversed"),
+    ('group-low="224.0.0.0" group-high="239.255.255.255"', "at most 65536"),
+    ('destination-port="0"', "destination-port"),
+    ('same-group="maybe"', "same-group"),
+])
+def test_lbtrm_config_errors(tmp_path, attrs, needle):
+    from .test_router_config import doc, endpoint, expect_error, peer
+
+    expect_error(tmp_path, "r.xml", doc(portals=endpoint(extra=f"      <lbt-rm {attrs}/>\n") + peer()),
+                 "<lbt-rm", needle)
