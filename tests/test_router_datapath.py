@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 from collections import Counter
 from types import SimpleNamespace
 
@@ -285,11 +286,12 @@ class RawPeer:
         return self.conn.stats.unmatched_acks
 
 
-async def link_pair(n, rng, read_sink: bool = True):
+async def link_pair(n, rng, read_sink: bool = True, sink_read: int = 1 << 20, sink_pause: float = 0.2):
     """A zero-copy Link (acceptor, running its reader and writer like the router does)
     and a RawPeer connected to it over loopback TCP; a TCP stream accepted on the link
-    whose bytes go to a sink socket (read unless ``read_sink`` is false). Returns (link,
-    peer, sid, sink bytearray, items)."""
+    whose bytes go to a sink socket (read unless ``read_sink`` is false, ``sink_read``
+    bytes at a time, pausing 2 ms after a read with probability ``sink_pause``). Returns
+    (link, peer, sid, sink bytearray, items)."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     client = await trio.open_tcp_stream("127.0.0.1", listeners[0].socket.getsockname()[1])
     server = await listeners[0].accept()
@@ -306,9 +308,9 @@ async def link_pair(n, rng, read_sink: bool = True):
     sink = bytearray()
 
     async def sink_reader():
-        while chunk := await sink_in.receive_some(1 << 20):
+        while chunk := await sink_in.receive_some(sink_read):
             sink.extend(chunk)
-            if rng.random() < 0.2:
+            if rng.random() < sink_pause:
                 await trio.sleep(0.002)  # a consumer that is sometimes slow: pipe full, copy path
 
     async def reader():
@@ -357,7 +359,9 @@ async def test_reader_splices_frames_arriving_in_arbitrary_fragments():
     total = 16 << 20
     data = random.Random(5).randbytes(total)
     async with trio.open_nursery() as n:
-        link, peer, sid, sink, items = await link_pair(n, rng)
+        # a consumer often slower than the link: its socket fills, bytes wait in pipes and
+        # in the copy path, the reader passes some on itself: the order must hold throughout
+        link, peer, sid, sink, items = await link_pair(n, rng, sink_read=64 << 10, sink_pause=0.5)
         pos = keepalives = 0
         while pos < total:
             credit = peer.table.send_credit(sid)
@@ -497,3 +501,43 @@ def test_outqueue_counts_held_data_and_hands_it_back():
     assert q.put(P.Keepalive(1, 1))
     assert q.take_all() == [h, P.Keepalive(1, 1)]
     assert len(q) == 0 and q.data_space() == 100_000
+
+
+async def test_pipe_bytes_never_overtake_copied_bytes_being_sent():
+    """The stream's pump is in the middle of sending copied bytes to a full socket; the
+    receiver makes room and more bytes of the stream arrive in its pipe at that moment:
+    the reader must not pass them on ahead of the rest of the copied bytes."""
+    rng = random.Random(4)
+    async with trio.open_nursery() as n:
+        link, _, _, _, _ = await link_pair(n, rng)
+        sink_l = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        out = await trio.open_tcp_stream("127.0.0.1", sink_l[0].socket.getsockname()[1])
+        inn = await sink_l[0].accept()
+        st = link.state[999] = StreamState(999, P.StreamKind.TCP)
+        st.sock = out
+        copied = random.Random(1).randbytes(16 << 20)
+        st.incoming.append(copied)
+        relay = Relay(SimpleNamespace(relay_ip="127.0.0.1", relay_port_low=0, relay_port_high=0), Counter(),
+                      lambda kind, detail: None, lambda: link, lambda aid: None)
+        n.start_soon(relay._pump_down, link, st, trio.CancelScope())
+        await trio.sleep(0.2)  # the pump has filled the socket and waits in the middle of the bytes
+        got = bytearray()
+        raw = socket.socket(fileno=os.dup(inn.socket.fileno()))
+        raw.setblocking(False)
+        with raw:  # the receiver makes room (no checkpoint: the pump does not run) ...
+            while len(got) < 1 << 20:
+                try:
+                    got += raw.recv(1 << 20)
+                except BlockingIOError:
+                    break
+        assert got
+        pipe = link.pipes.acquire()
+        assert pipe is not None
+        os.write(pipe.w, b"P" * 1000)  # ... and the next bytes arrive in the stream's pipe
+        st.rx_pipe, st.rx_pipes = pipe, 1
+        link._pipe_in(st, pipe, 1000)
+        with trio.fail_after(20):
+            while len(got) < len(copied) + 1000:
+                got += await inn.receive_some(1 << 20)
+        assert bytes(got) == copied + b"P" * 1000
+        n.cancel_scope.cancel()
