@@ -41,8 +41,8 @@ Rules (unchanged from the router's first version):
   gets an advert id, stable for its (topic, OTID) while the link lasts, and an
   ADVERTISEMENT; :class:`SourceGone` sends the withdrawal, and so does an
   INTEREST CANCEL that leaves the source's topic wanted by no interest of the
-  peer (``adverts_withdrawn_uninterested``). Only TCP and LBT-RU
-  sources are advertised (``unrelayable_transport`` otherwise).
+  peer (``adverts_withdrawn_uninterested``). Only TCP, LBT-RU and
+  LBT-RM sources are advertised (``unrelayable_transport`` otherwise).
 * **Near side: proxies.** An ADVERTISEMENT from the peer starts a proxy
   (:class:`StartProxy`) unless it is already proxied (a re-send), names our
   own domain (``adverts_own_domain``: loop prevention, one hop only), a
@@ -96,7 +96,7 @@ __all__ = ["Bridge", "SendFrame", "StartProxy", "StopProxy", "Notice", "RELAYED_
 log = logging.getLogger("lbmr-router")
 
 Addr = tuple[str, int]
-RELAYED_TRANSPORTS = (P.StreamKind.TCP, P.StreamKind.LBTRU)  # TIR transport codes the relay carries
+RELAYED_TRANSPORTS = (P.StreamKind.TCP, P.StreamKind.LBTRU, P.StreamKind.LBTRM)  # TIR transport codes relayed
 
 
 # --------------------------------------------------------------------------- outputs
@@ -246,14 +246,15 @@ class Bridge:
             raise TypeError(f"not a bridge frame: {frame!r}")
         self._portal_events()
 
-    def proxy_listening(self, advert_id: int, address: Addr, now: float) -> bool:
+    def proxy_listening(self, advert_id: int, address: Addr, now: float, transport_body=None) -> bool:
         """The listener of proxy ``advert_id`` is bound at ``address``: advertise
         it in the TRD. False if the proxy was stopped meanwhile (nothing done)."""
         f = self._proxies.get(advert_id)
         if f is None:
             return False
         self._proxy_addr[advert_id] = address
-        body = relay_transport(f.transport, address[0], address[1])
+        # transport_body: what to advertise when the address alone does not say it (LBT-RM's group)
+        body = transport_body or relay_transport(f.transport, address[0], address[1])
         self.portal.add_proxy(ProxySource(f.advert_id, f.topic, body, f.origin_domain, f.otid), now)
         self._portal_events()
         return True

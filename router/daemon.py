@@ -43,7 +43,7 @@ from .config_model import EndpointConfig, PeerConfig
 from .link import CONNECT_TIMEOUT, RAW_LIMIT, Link
 from .peerlink import streams as S
 from .relay import PortPool, Relay
-from .tr import PortalTR, RemoteCheck, UseQuery, relay_transport
+from .tr import PortalTR, RemoteCheck, UseQuery
 
 log = logging.getLogger("lbmr-router")
 
@@ -391,10 +391,11 @@ class Router:
                 addr = await n.start(self.relay.serve_proxy, f)
                 if addr is None:
                     return
-                if self.bridge.proxy_listening(f.advert_id, addr, trio.current_time()):
+                body = self.relay.proxy_transport(f, addr)
+                if self.bridge.proxy_listening(f.advert_id, addr, trio.current_time(), body):
                     self.event("proxy_added", f"{f.topic} advert {f.advert_id} at {addr[0]}:{addr[1]}")
                     if self.hub is not None:
-                        self.hub.proxy_up(self, f, relay_transport(f.transport, addr[0], addr[1]))
+                        self.hub.proxy_up(self, f, body)
                 self._apply()
 
     # ---------------------------------------------------------------- peer

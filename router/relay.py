@@ -18,9 +18,11 @@ from collections.abc import Callable, Iterator
 import trio
 
 from . import peerlink as P
+from .lbtrm_relay import LBTRM, RmRelay
 from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
 from .peerlink import streams as S
 from .splice import splice
+from .tr import relay_transport
 
 RU_BACKLOG = 64  # datagrams held per LBT-RU stream until the far side accepts
 # LBT-RU relay sockets: 4 MiB buffers (the loopback walk-through lost hundreds of
@@ -112,6 +114,7 @@ class Relay:
         self._released: dict[int, float] = {}  # relay port -> when its proxy gave it up
         self._next_port = 0  # where the round robin over the range goes on
         self._in_use: set[int] = set()  # relay ports our proxies hold
+        self.lbtrm = RmRelay(endpoint, counters, event, current_link)  # LBT-RM proxies and sources
 
     def share_ports(self, pool: PortPool) -> None:
         """Use ``pool``'s in-use and quarantine tables (shared with other relays)."""
@@ -191,7 +194,17 @@ class Relay:
             return trio.socket.from_stdlib_socket(raw) if tcp else ru_socket(raw)
         return None
 
+    def proxy_transport(self, f: P.Advertisement, address):
+        """The transport a proxy for ``f`` bound at ``address`` advertises: the
+        relay address, and for LBT-RM the proxy's group, port and session id."""
+        body = self.lbtrm.proxy_body(f.advert_id) if f.transport == LBTRM else None
+        return body if body is not None else relay_transport(f.transport, address[0], address[1])
+
     async def _serve_proxy_socket(self, f: P.Advertisement, sock, tcp: bool, task_status) -> None:
+        if f.transport == LBTRM:
+            with sock:
+                await self.lbtrm.serve_proxy(f, sock, task_status)
+            return
         with sock:
             if tcp:
                 sock.listen(64)
@@ -348,6 +361,9 @@ class Relay:
             if body is None:
                 link.streams.refuse(ev.stream_id, P.RefuseCode.REFUSED, "unknown or withdrawn advertisement")
                 self.counters["streams_refused"] += 1
+                return
+            if ev.kind == LBTRM:
+                self.lbtrm.open_far(link, ev, body)
                 return
             if ev.kind == P.StreamKind.LBTRU and link.ru_streams_far >= self.ru_max_streams:
                 link.streams.refuse(ev.stream_id, P.RefuseCode.TOO_MANY_STREAMS,

@@ -236,7 +236,7 @@ class StreamTable:
     def __init__(self, role: str, *, initial_window: int = INITIAL_WINDOW,
                  max_frame: int = MAX_FRAME_DATA, max_streams: int = 4096,
                  max_datagram: int = MAX_PAYLOAD - 4,
-                 kinds: tuple[int, ...] = (StreamKind.TCP, StreamKind.LBTRU)) -> None:
+                 kinds: tuple[int, ...] = (StreamKind.TCP, StreamKind.LBTRU, StreamKind.LBTRM)) -> None:
         if role not in ("initiator", "acceptor"):
             raise ValueError(f"role must be 'initiator' or 'acceptor', not {role!r}")
         if not 0 < initial_window <= 0xFFFFFFFF or max_frame <= 0:
