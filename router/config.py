@@ -61,6 +61,8 @@ from lbmr_runtime.xmlconfig import (
     refuse_entities_and_xinclude,
 )
 
+from .acl import OPEN, PortalAcl
+from .acl_config import parse_acl
 from .config_grammar import DTD_TEXT, dtd_errors
 from .config_model import (
     DEFAULT_KEEPALIVE_INTERVAL_MS,
@@ -507,7 +509,7 @@ def _endpoint(c: _Checker, ep: etree._Element) -> EndpointConfig:
         source_deletion_delay_ms=delay, cost=cost, max_proxies=max_proxies,
         remote_topic=_remote(c, ep.find("remote-topic"), "max-topics"),
         remote_pattern=_remote(c, ep.find("remote-pattern"), "max-patterns"),
-        line=ep.sourceline or 0,
+        line=ep.sourceline or 0, acl=_acl(c, ep, name),
     )
 
 
@@ -540,6 +542,12 @@ def _lbtrm(c: _Checker, el: etree._Element) -> LbtrmConfig:
     if same not in ("yes", "no"):
         c.error(el, f'<lbt-rm> same-group "{same}": write "yes" or "no"')
     return LbtrmConfig(groups[0], groups[1], port, same == "yes", el.sourceline or 0)
+
+
+def _acl(c: _Checker, portal: etree._Element, name: str) -> PortalAcl:
+    """The portal's ``<acl>`` (:mod:`router.acl_config`), OPEN without one."""
+    el = portal.find("acl")
+    return OPEN if el is None else parse_acl(el, name, c.error, c.warn)
 
 
 def _tls(c: _Checker, el: etree._Element) -> TlsConfig | None:
@@ -651,6 +659,7 @@ def _peer(c: _Checker, peer: etree._Element) -> PeerConfig:
         receive_buffer=rcv, send_buffer=snd,
         tcp_keepalive=st.find("keepalive") is not None, nodelay=st.find("nodelay") is not None,
         tls=tls, keepalive=keepalive, max_queue=max_queue, line=peer.sourceline or 0, cost=cost,
+        acl=_acl(c, peer, name),
     )
 
 

@@ -10,6 +10,8 @@ from lxml import etree
 
 from lbmr_runtime.xmlconfig import Grammar
 
+from .acl_config import ACL_SESSION_ELEMENTS, ACL_TOPIC_ELEMENTS
+
 #: The DTD printed by ``lbmr-router -d`` (package data ``router/router.dtd``).
 DTD_TEXT: str = resources.files(__package__ or "router").joinpath("router.dtd").read_text(encoding="utf-8")
 
@@ -20,15 +22,21 @@ _CONTENT = {
     "daemon": "<name>, then optionally <log>, <metrics>, <stats-interval>, <route-info/>, in this order",
     "portals": "one or more <endpoint> and <peer> elements",
     "endpoint": ("<name>, <domain-id>, optionally <cost>, <source-deletion-delay>, then "
-                 "<topic-resolution>, then optionally <relay/>, <lbt-rm/>, <remote-topic/>, "
-                 "<remote-pattern/>, in this order"),
+                 "<topic-resolution>, then optionally <relay/>, <lbt-rm/>, <acl>, "
+                 "<remote-topic/>, <remote-pattern/>, in this order"),
     "topic-resolution": ("either <multicast/>, or an optional <interface>, one or more "
                          "<lbmrd/> and an optional <port-range/>; then optionally "
                          f"{_TIMING}, in this order"),
-    "peer": ("<name>, <single-tcp>, then optionally <max-queue>, <gateway-keepalive/>, in this "
+    "peer": ("<name>, <single-tcp>, then optionally <max-queue>, <acl>, <gateway-keepalive/>, in this "
              "order (and optionally <cost> right after <name>)"),
     "single-tcp": ("optionally <interface>, <receive-buffer>, <send-buffer>, <keepalive/>, "
                    "<nodelay/>, <tls>, in this order, then exactly one <initiator> or <acceptor>"),
+    "acl": "optionally <inbound>, then optionally <outbound>",
+    "inbound": "one or more <ace> entries",
+    "outbound": "one or more <ace> entries",
+    "ace": ("one or more conditions: <topic>, <pcre-pattern>, <regex-pattern>, and (inbound "
+            "only) <transport/>, <source-ip/>, <multicast-group/>, <udp-source-port/>, "
+            "<udp-destination-port/>, <tcp-source-port/>, <xport-id/>"),
     "initiator": "<address> followed by <port>",
     "acceptor": "<listen-port>",
     "tls": ("<certificate>, <certificate-key>, then optionally <certificate-key-password>, "
@@ -73,7 +81,6 @@ _DRO_HINTS = {
     "publishing-interval": "use <metrics> and <stats-interval> in <daemon>",
     "compression": "compression of the peer link is not supported (yet): remove it on both routers",
     "udp": "the UDP peer link is not supported: lbmr-router's peer link is TCP only",
-    "acl": "access control lists are not supported (yet)",
     "tcp": "the DRO's dual-TCP <tcp> peer was removed in UM 6.10: use <single-tcp>",
     "companion": "the DRO's dual-TCP <tcp> peer was removed in UM 6.10: use <single-tcp>",
     **{name: _UNSUPPORTED for name in (
@@ -104,7 +111,9 @@ def _found(el: etree._Element) -> str:
     return ", ".join(items) or "nothing"
 
 
-_REPEATABLE = {("portals", "endpoint"), ("portals", "peer"), ("topic-resolution", "lbmrd")}
+_REPEATABLE = {("portals", "endpoint"), ("portals", "peer"), ("topic-resolution", "lbmrd"),
+               ("inbound", "ace"), ("outbound", "ace"),
+               *(("ace", c) for c in ACL_TOPIC_ELEMENTS + ACL_SESSION_ELEMENTS)}
 
 
 def _content_message(el: etree._Element) -> str:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 from lbmr_runtime.netif import resolve_interface
 
+from .acl import OPEN, PortalAcl
+
 DEFAULT_STATS_INTERVAL_MS = 60000
 DEFAULT_MULTICAST_GROUP = "224.9.10.11"  # UM resolver_multicast_address
 DEFAULT_MULTICAST_PORT = 12965  # UM resolver_multicast_port
@@ -220,6 +222,7 @@ class EndpointConfig:
     ru_idle_timeout_ms: int = DEFAULT_RU_IDLE_TIMEOUT_MS
     ru_max_streams: int = DEFAULT_RU_MAX_STREAMS
     max_proxies: int = DEFAULT_MAX_PROXIES
+    acl: PortalAcl = OPEN  # <acl>: inbound/outbound lists (router.acl)
     lbtrm: LbtrmConfig = LbtrmConfig()
     cost: int = 1  # <cost>: what routes through this portal cost (positive)
 
@@ -387,6 +390,7 @@ class PeerConfig:
     keepalive: KeepaliveConfig = KeepaliveConfig()
     max_queue: int = DEFAULT_MAX_QUEUE
     line: int = field(default=0, compare=False)
+    acl: PortalAcl = OPEN  # <acl>: inbound/outbound lists (router.acl)
     cost: int = 1  # <cost>: what routes through this portal cost (positive)
 
     @property

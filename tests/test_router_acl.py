@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
+from pathlib import Path
 
 import pytest
 from lxml import etree
@@ -36,9 +37,11 @@ from router.acl import (
 )
 from router.acl_config import parse_acl
 from router.bridge import Bridge, Notice, SendFrame, StartProxy
+from router.config import ConfigError, load_config
 from router.tr import PortalTR
 
 from .test_router_bridge import APP, GROUP, OTID, advert, dgram, source_tir
+from .test_router_config import doc, endpoint, expect_error, expect_ok, peer
 
 ACCEPT, REJECT = Action.ACCEPT, Action.REJECT
 
@@ -538,3 +541,97 @@ def test_portal_acl_is_a_value():
     assert a == b and hash(a) == hash(b) and a != OPEN
     assert a.named("y").portal == "y" and a.named("y").inbound is a.inbound and a.named("x") is a
     assert a.summary() == {"inbound": 1, "outbound": 0} and OPEN.summary() == {"inbound": 0, "outbound": 0}
+
+
+# --------------------------------------------------------------------------- the configuration file
+
+ENDPOINT_ACL = """\
+      <acl>
+        <inbound>
+          <ace match="accept"><topic>md.ru</topic><transport value="lbtru" comparison="equal"/></ace>
+          <ace match="reject"><pcre-pattern>^md\\.test\\.</pcre-pattern></ace>
+          <ace match="accept"><pcre-pattern>^md\\.</pcre-pattern><topic>health_check</topic></ace>
+        </inbound>
+        <outbound>
+          <ace match="reject"><topic>md.internal</topic></ace>
+          <ace match="accept"><pcre-pattern>.*</pcre-pattern></ace>
+        </outbound>
+      </acl>
+"""
+PEER_ACL = """\
+      <acl>
+        <inbound>
+          <ace match="accept"><source-ip value="10.0.0.0" comparison="ge"/><transport value="tcp" comparison="eq"/></ace>
+        </inbound>
+      </acl>
+"""
+
+
+def test_config_acl_on_endpoint_and_peer(tmp_path):
+    text = doc(portals=endpoint(extra=ENDPOINT_ACL) + peer(after=PEER_ACL))
+    cfg = expect_ok(tmp_path, "acl.xml", text)
+    ep, pe = cfg.endpoints[0].acl, cfg.peers[0].acl
+    assert ep.portal == "ep" and pe.portal == "pe"
+    assert ep.summary() == {"inbound": 3, "outbound": 2} and pe.summary() == {"inbound": 1, "outbound": 0}
+    assert ep.allows_source_in("md.ru", RU) and ep.allows_source_in("md.ru", TCP)  # TCP: by ^md\\.
+    assert not ep.allows_source_in("other", TCP)
+    assert ep.allows_source_in("health_check", TCP) and not ep.allows_source_in("md.test.1", TCP)
+    assert not ep.allows_source_out("md.internal") and ep.allows_source_out("x")
+    assert pe.allows_source_in("x", Session.of("tcp")) and not pe.allows_source_in("x", Session.of("lbtru"))
+    assert ep.line == text.splitlines().index("      <acl>") + 1
+    assert cfg.warnings == ()
+
+
+def test_config_without_acl_is_open(tmp_path):
+    cfg = expect_ok(tmp_path, "open.xml", doc())
+    assert cfg.endpoints[0].acl == OPEN and cfg.peers[0].acl == OPEN
+
+
+def test_config_acl_in_the_wrong_place(tmp_path):
+    # after <remote-topic>: the DRO's element order
+    text = doc(portals=endpoint(extra='      <remote-topic/>\n' + ENDPOINT_ACL) + peer())
+    expect_error(tmp_path, "order.xml", text, "<endpoint>", "<acl>, <remote-topic/>", "found",
+                 "<remote-topic>, <acl>")
+
+
+@pytest.mark.parametrize(("acl_text", "marker", "needles"), [
+    ('<acl><inbound><ace match="accept"><pcre-pattern>(?&lt;=a)b</pcre-pattern></ace></inbound></acl>',
+     "<acl>", ("<pcre-pattern>", "refused")),
+    ('<acl><inbound><ace match="accept"><pcre-pattern>(a{100}){100}</pcre-pattern></ace></inbound></acl>',
+     "<acl>", ("too large",)),
+    ('<acl><outbound><ace match="accept"><topic>a</topic><source-ip value="1.2.3.4" comparison="eq"/></ace>'
+     '</outbound></acl>', "<acl>", ("<source-ip>", "only works in <inbound>")),
+    ('<acl><inbound><ace match="maybe"><topic>a</topic></ace></inbound></acl>', "<acl>", ("match",)),
+    ('<acl><inbound><ace><topic>a</topic></ace></inbound></acl>', "<acl>", ("match",)),
+    ('<acl><inbound><ace match="accept"><transport value="pgm" comparison="eq"/></ace></inbound></acl>',
+     "<acl>", ("transport",)),
+    ('<acl><inbound><ace match="accept"><tcp-source-port value="99999" comparison="eq"/></ace></inbound></acl>',
+     "<acl>", ("not a port 0..65535",)),
+    ('<acl><inbound><ace match="accept"><source-ip value="10.1" comparison="eq"/></ace></inbound></acl>',
+     "<acl>", ("not a full IPv4 address",)),
+    ('<acl><inbound/></acl>', "<acl>", ("<inbound>",)),
+    ('<acl><inbound><ace match="accept"/></inbound></acl>', "<acl>", ("<ace>",)),
+])
+def test_config_bad_acl_names_file_and_line(tmp_path, acl_text, marker, needles):
+    text = doc(portals=endpoint(extra=f"      {acl_text}\n") + peer())
+    err = expect_error(tmp_path, "bad.xml", text, marker, *needles)
+    assert isinstance(err, ConfigError) and str(err).startswith(str(tmp_path / "bad.xml") + ":")
+
+
+def test_config_bad_acl_on_a_peer(tmp_path):
+    bad = '      <acl><outbound><ace match="accept"><xport-id value="1" comparison="eq"/></ace></outbound></acl>\n'
+    text = doc(portals=endpoint() + peer(after=bad))
+    expect_error(tmp_path, "peer.xml", text, "<xport-id", "only works in <inbound>")
+
+
+def test_shipped_acl_example(tmp_path):
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "router-acl.xml")
+    assert cfg.warnings == ()
+    trd1, trd2 = (e.acl for e in cfg.endpoints)
+    assert trd1.allows_source_in("md.eq.IBM", TCP) and trd1.allows_source_in("health_check", TCP)
+    assert not trd1.allows_source_in("md.test.1", TCP) and not trd1.allows_source_in("orders", TCP)
+    assert not trd2.allows_source_out("md.internal.x") and trd2.allows_source_out("md.eq.IBM")
+    back_office = Session.of("tcp", source_ip="127.0.2.7", tcp_source_port=14371)
+    assert trd2.allows_source_in("anything", back_office)
+    assert not trd2.allows_source_in("anything", Session.of("lbtru", source_ip="127.0.2.7"))
+    assert not trd2.allows_source_in("anything", Session.of("tcp", source_ip="127.0.1.7"))
