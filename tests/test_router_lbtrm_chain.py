@@ -1,0 +1,89 @@
+"""An LBT-RM source across two hops (chain r1 - r2 - r3), run inside one
+network namespace the test creates (its loopback carries the multicast):
+TRD1, TRD2 and TRD3 are in-process lbmrds on 127.0.d.1, each router's LBT-RM
+proxies use groups of their own range. r2 proxies the source into TRD2 and
+r3's link joins that proxy's group; a receiver in TRD3 discards every 25th
+datagram and recovers it by NAK through both hops, byte-exact."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tests import netns
+
+netns_factory = netns.netns_factory
+
+SCRIPT = r'''
+import json, trio
+import lbmr_proto as L
+from lbmr_tools.sim.dataplane import RmDataReceiver, RmDataSource
+from router.config_model import LbtrmConfig, RouteInfoConfig, acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
+from router.multi import MultiRouter
+from tests.test_router_e2e import resolve, start_lbmrd, udp
+
+IPS = {d: f"127.0.{d}.1" for d in (1, 2, 3)}
+RI = RouteInfoConfig(propagation_interval_ms=500, timeout_ms=2000)
+COUNT, TOPIC = 2000, "chain.rm"
+
+def router(name, d, trd, peers):
+    ep = lbmrd_endpoint(f"T{d}", d, [trd], interface=IPS[d],
+                        lbtrm=LbtrmConfig(f"239.192.{d}.1", f"239.192.{d}.2", 15000 + d))
+    return MultiRouter(router_config(name, [ep], peers, route_info=RI))
+
+async def main():
+    out = {}
+    async with trio.open_nursery() as n:
+        trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2, 3)}
+        r2 = router("r2", 2, trds[2], [acceptor_peer("2-1", 0, interface="127.0.0.1"),
+                                       acceptor_peer("2-3", 0, interface="127.0.0.1")])
+        p21, p23 = (lk["peer"] for lk in (await n.start(r2.run))["links"])
+        r1 = router("r1", 1, trds[1], [initiator_peer("1-2", p21[0], p21[1], reconnect_interval_ms=200)])
+        r3 = router("r3", 3, trds[3], [initiator_peer("3-2", p23[0], p23[1], reconnect_interval_ms=200)])
+        await n.start(r1.run)
+        await n.start(r3.run)
+        src = RmDataSource("127.0.1.5", 0, group="239.192.9.9", dest_port=15009, session_id=0x5151,
+                           count=COUNT, seed=11, rate=1000)
+        sip, sport = await n.start(src.serve)
+        tir = L.encode(L.Packet(0, 1, tirs=[L.TIR(TOPIC, L.LbtrmTransport(sip, "239.192.9.9", 0x5151, 15009, sport), 60, 3)]))
+        ctx = udp("127.0.1.6")
+
+        async def advertise():
+            while True:
+                await ctx.sendto(tir, trds[1])
+                await trio.sleep(0.5)
+
+        n.start_soon(advertise)
+        t = await resolve(udp("127.0.3.9"), trds[3], timeout=20, topic=TOPIC)
+        b = t.transport
+        out["transport"] = [b.ip, b.mcast_group, b.dest_port, b.src_ucast_port]
+        rx = RmDataReceiver(b.ip, b.src_ucast_port, b.session_id, b.mcast_group, b.dest_port,
+                            iface_ip="127.0.3.9", seed=11, expect_count=COUNT, drop_every=25, timeout=40)
+        out["rx"] = (await rx.run()).as_dict()
+        out["r2"] = {}
+        for link in r2.status()["links"]:  # summed over r2's two links
+            for k, v in link["counters"].items():
+                if k.startswith("lbtrm"):
+                    out["r2"][k] = out["r2"].get(k, 0) + v
+        n.cancel_scope.cancel()
+    print(json.dumps(out))
+
+trio.run(main)
+'''
+
+
+def test_lbtrm_source_across_two_hops(netns_factory):
+    ns = netns_factory()
+    r = ns.run([sys.executable, "-c", SCRIPT], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    ip, group, port, _ = out["transport"]
+    assert (ip, group, port) == ("127.0.3.1", "239.192.3.1", 15003), out  # r3's proxy, r3's range
+    rx = out["rx"]
+    assert rx["ok"] and rx["received"] == 2000 and rx["dropped_on_purpose"] == 80, rx
+    assert rx["recovered"] >= 80, rx
+    # r2 in between: its proxy in TRD2 re-emitted the session and took r3's NAKs (the link
+    # to r3 joined the proxy's group and passed the NAKs to it)
+    c = out["r2"]
+    assert c["lbtrm_datagrams_emitted"] >= 2000 and c["lbtrm_datagrams_relayed"] >= 2000, c
+    assert c["lbtrm_naks_from_receivers"] >= 80 and c["lbtrm_naks_to_source"] >= 80, c
