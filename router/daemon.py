@@ -269,7 +269,9 @@ class Router:
                            source_timeout=e.source_timeout, requery_interval=e.requery_interval,
                            requery_jitter=0.2, now=now, **portal_timing(e))
         self.bridge = Bridge(self.tr, self.counters, max_proxies=proxy_bound(e.max_proxies),
-                             require_interest=True, advert_ids=self._advert_ids)
+                             require_interest=True, advert_ids=self._advert_ids,
+                             acl=e.acl.named(e.name), link_acl=self.peer.acl.named(self.peer.name),
+                             count_link_acl=self.owner is None)  # frames of a shared link: counted once
         if self.hub is not None:
             self.hub.attach_bridge(self)
         try:

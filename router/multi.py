@@ -83,6 +83,7 @@ class MultiRouter:
         self._advert_ids = itertools.count(1)  # one numbering for the router: unique on every link
         self._nursery: trio.Nursery | None = None
         self.counters: Counter[str] = Counter()  # routing and transit
+        self._acl_rejected: Counter[str] = Counter()  # transit frames refused by a peer portal's ACL
         self.routing: Routing | None = None
         self.transit: Transit | None = None
         self._owners: dict[str, Router] = {}  # peer link name -> the unit that runs it
@@ -174,6 +175,8 @@ class MultiRouter:
         for o in outputs:
             unit = self._owners.get(o.link)
             link = unit.link if unit is not None else None
+            if unit is not None and not self._acl_lets_out(unit, o.frame):
+                continue
             if link is not None and link.connected:
                 link.put(o.frame)
                 self.counters[f"sent_{o.frame.TYPE.name.lower()}"] += 1
@@ -227,7 +230,26 @@ class MultiRouter:
         self._routes_changed()
 
     def interest(self, unit: Router, frame: P.Interest) -> None:
+        # the link's ACL (its refusals are counted by the link's own bridge)
+        if not unit.peer.acl.allows_interest_in(frame.topic, int(frame.pattern_type)):
+            return
         self._send(self.transit.on_interest(self._link_name(unit), frame))
+
+    def _acl_lets_out(self, unit: Router, frame) -> bool:
+        """May transit send ``frame`` on ``unit``'s peer link (its outbound list,
+        and for interest its inbound list: where the data would come back)?"""
+        acl = unit.peer.acl
+        if not acl.configured:
+            return True
+        if isinstance(frame, P.Interest) and frame.action != P.InterestAction.CANCEL:
+            ok = acl.allows_interest_out(frame.topic, int(frame.pattern_type))
+        elif isinstance(frame, P.Advertisement) and not frame.withdraw:
+            ok = acl.allows_source_out(frame.topic)
+        else:
+            return True
+        if not ok and not (isinstance(frame, P.Interest) and frame.action == P.InterestAction.REFRESH):
+            self._acl_rejected[unit.peer.name] += 1
+        return ok
 
     def proxy_up(self, unit: Router, advert: P.Advertisement, body: object) -> None:
         if unit.owner is None:
@@ -277,7 +299,25 @@ class MultiRouter:
                 "proxies": proxies, "adverts": adverts,
                 "drops": {k: v for k, v in counters.items() if k in _DROPS and v},
                 "counters": dict(counters), "tr": dict(tr_stats),
+                "acl_rejected": self.acl_rejected().get(e.name, 0),
             })
+        return out
+
+    def acl_rejected(self) -> Counter[str]:
+        """Refusals by each portal's ACL (endpoints and peers), over all links."""
+        total: Counter[str] = Counter(self._acl_rejected)
+        for r in self.links:
+            if r.bridge is not None:
+                total.update(r.bridge.acl_rejected)
+        return total
+
+    def acl_status(self) -> dict:
+        """Per portal with an ACL or a refusal: its lists' entry counts and refusals."""
+        rejected = self.acl_rejected()
+        out = {}
+        for portal in (*self.config.endpoints, *self.config.peers):
+            if portal.acl.configured or rejected.get(portal.name):
+                out[portal.name] = {**portal.acl.summary(), "rejected": rejected.get(portal.name, 0)}
         return out
 
     def status(self) -> dict:
@@ -289,7 +329,7 @@ class MultiRouter:
         if self.transit is not None:
             routing["transit"] = self.transit.status()
         routing["counters"] = dict(self.counters)
-        return {**first, "name": self.config.name, "portals": self.portal_summary(),
+        return {**first, "name": self.config.name, "portals": self.portal_summary(), "acl": self.acl_status(),
                 "topology": routing, "links": [r.status() for r in self.links]}
 
     def prometheus_text(self) -> str:
@@ -314,6 +354,9 @@ class MultiRouter:
         for s in summary:
             for k, v in sorted(s["drops"].items()):
                 p.sample("lbmr_router_portal_drops_total", v, {"portal": s["name"], "kind": k})
+        p.by_label("lbmr_router_portal_acl_rejected_total", "counter", "portal",
+                   {name: v["rejected"] for name, v in self.acl_status().items()},
+                   "Interest, sources and advertisements refused by each portal's ACL.")
         p.metric("lbmr_router_proxies", "gauge", sum(x["proxies"] for x in summary))
         p.metric("lbmr_router_adverts", "gauge", sum(x["adverts"] for x in summary))
         p.metric("lbmr_router_streams", "gauge", sum(len(r.link.state) for r in self.links if r.link))

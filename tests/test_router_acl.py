@@ -7,9 +7,11 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
+import socket
 from pathlib import Path
 
 import pytest
+import trio
 from lxml import etree
 
 from lbmr_proto import Packet, SourceIdOption, WcTQR, encode
@@ -38,10 +40,14 @@ from router.acl import (
 from router.acl_config import parse_acl
 from router.bridge import Bridge, Notice, SendFrame, StartProxy
 from router.config import ConfigError, load_config
+from router.multi import MultiRouter
 from router.tr import PortalTR
 
+from .helpers import free_port, write
 from .test_router_bridge import APP, GROUP, OTID, advert, dgram, source_tir
 from .test_router_config import doc, endpoint, expect_error, expect_ok, peer
+from .test_router_e2e import advertise_forever, pattern, resolve, start_lbmrd, tcp_source, udp
+from .test_router_faults import fetch
 
 ACCEPT, REJECT = Action.ACCEPT, Action.REJECT
 
@@ -635,3 +641,115 @@ def test_shipped_acl_example(tmp_path):
     assert trd2.allows_source_in("anything", back_office)
     assert not trd2.allows_source_in("anything", Session.of("lbtru", source_ip="127.0.2.7"))
     assert not trd2.allows_source_in("anything", Session.of("tcp", source_ip="127.0.1.7"))
+
+
+# --------------------------------------------------------------------------- end to end
+
+ROUTER_A = """<?xml version="1.0"?>
+<lbmr-router version="1.0">
+  <daemon><name>acl-a</name></daemon>
+  <portals>
+    <endpoint>
+      <name>A-TRD1</name>
+      <domain-id>1</domain-id>
+      <topic-resolution>
+        <interface>127.0.1.1</interface>
+        <lbmrd address="127.0.1.1" port="{trd1}"/>
+        <port-range low="{tr_a}" high="{tr_a_hi}"/>
+      </topic-resolution>
+      <relay interface="127.0.1.1" port-low="{relay_a}" port-high="{relay_a_hi}"/>
+      <acl>
+        <inbound>
+          <ace match="accept"><topic>md.ru</topic><transport value="lbt-ru" comparison="eq"/></ace>
+          <ace match="reject"><topic>md.secret</topic><topic>md.ru</topic></ace>
+          <ace match="accept"><pcre-pattern>.*</pcre-pattern></ace>
+        </inbound>
+      </acl>
+    </endpoint>
+    <peer>
+      <name>A-to-B</name>
+      <single-tcp>
+        <interface>127.0.0.1</interface>
+        <acceptor><listen-port>{peer}</listen-port></acceptor>
+      </single-tcp>
+      <acl>
+        <outbound>
+          <ace match="reject"><topic>md.internal</topic></ace>
+          <ace match="accept"><pcre-pattern>.*</pcre-pattern></ace>
+        </outbound>
+      </acl>
+    </peer>
+  </portals>
+</lbmr-router>
+"""
+
+ROUTER_B = """<?xml version="1.0"?>
+<lbmr-router version="1.0">
+  <daemon><name>acl-b</name></daemon>
+  <portals>
+    <endpoint>
+      <name>B-TRD2</name>
+      <domain-id>2</domain-id>
+      <topic-resolution>
+        <interface>127.0.2.1</interface>
+        <lbmrd address="127.0.2.1" port="{trd2}"/>
+        <port-range low="{tr_b}" high="{tr_b_hi}"/>
+      </topic-resolution>
+      <relay interface="127.0.2.1" port-low="{relay_b}" port-high="{relay_b_hi}"/>
+    </endpoint>
+    <peer>
+      <name>B-to-A</name>
+      <single-tcp>
+        <initiator reconnect-interval="200"><address>127.0.0.1</address><port>{peer}</port></initiator>
+      </single-tcp>
+    </peer>
+  </portals>
+</lbmr-router>
+"""
+
+
+def _ports(kind, ip, n=5):
+    low = free_port(kind, ip)
+    return low, min(low + n - 1, 65535)
+
+
+async def test_e2e_acl_rejects_a_topic(tmp_path):
+    """Two routers loaded from files, lbmrds on 127.0.1.1 (TRD1, sources) and
+    127.0.2.1 (TRD2, receiver). Router A's endpoint accepts md.ru only over
+    LBT-RU and rejects md.secret; its peer portal does not send md.internal
+    out. The receiver gets md.public byte-exact; the other three never
+    resolve, and A counts each refusal against the portal that refused."""
+    total = 1 << 20
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        tr_a, tr_a_hi = _ports(socket.SOCK_DGRAM, "127.0.1.1")
+        tr_b, tr_b_hi = _ports(socket.SOCK_DGRAM, "127.0.2.1")
+        relay_a, relay_a_hi = _ports(socket.SOCK_STREAM, "127.0.1.1")
+        relay_b, relay_b_hi = _ports(socket.SOCK_STREAM, "127.0.2.1")
+        peer = free_port(socket.SOCK_STREAM)
+        cfg_a = load_config(write(tmp_path, "a.xml", ROUTER_A.format(**locals() | {"trd1": trd1[1]})))
+        cfg_b = load_config(write(tmp_path, "b.xml", ROUTER_B.format(**locals() | {"trd2": trd2[1]})))
+        assert cfg_a.endpoints[0].acl.inbound is not None and cfg_a.peers[0].acl.outbound is not None
+        ra, rb = MultiRouter(cfg_a), MultiRouter(cfg_b)
+        await n.start(ra.run)
+        await n.start(rb.run)
+        for topic in ("md.public", "md.secret", "md.internal", "md.ru"):
+            src = await tcp_source(n, "127.0.1.5", total)
+            n.start_soon(advertise_forever, udp("127.0.1.5"), trd1, *src, topic)
+        rcv = udp("127.0.2.9")
+        tir = await resolve(rcv, trd2, topic="md.public")
+        assert tir.transport.ip == "127.0.2.1"
+        assert await fetch(tir.transport.ip, tir.transport.port) == pattern(total)
+        for topic in ("md.secret", "md.internal", "md.ru"):
+            with pytest.raises(trio.TooSlowError):
+                await resolve(rcv, trd2, timeout=2.0, topic=topic)
+        acl_a = ra.status()["acl"]
+        assert acl_a["A-TRD1"]["rejected"] >= 2  # md.secret's interest, md.ru's TCP source
+        assert acl_a["A-to-B"]["rejected"] >= 1  # md.internal's interest
+        assert (acl_a["A-TRD1"]["inbound"], acl_a["A-TRD1"]["outbound"]) == (3, 0)
+        assert rb.status()["acl"] == {}
+        text = ra.prometheus_text()
+        assert 'lbmr_router_portal_acl_rejected_total{portal="A-to-B"}' in text
+        assert [t for t, _ in ra.links[0].tr.remote_interests()].count("md.internal") == 0
+        n.cancel_scope.cancel()
