@@ -401,10 +401,11 @@ class Processes:
                 block = (f"<tls><certificate>{self.tls[r + '.pem']}</certificate>"
                          f"<certificate-key>{self.tls[r + '.key']}</certificate-key>"
                          f"<trusted-certificates>{self.tls['ca.pem']}</trusted-certificates></tls>")
-                anchor = f"<single-tcp>\n        <interface>{ip}</interface>"
-                if anchor not in text:
-                    raise RuntimeError(f"configs/{name}: {anchor!r} not found (the shipped file changed)")
-                text = text.replace(anchor, anchor + block)
+                # <tls> comes last before <initiator>/<acceptor> (the DTD's order)
+                anchor = "        <initiator" if "        <initiator" in text else "        <acceptor>"
+                if text.count(anchor) != 1:
+                    raise RuntimeError(f"configs/{name}: one {anchor!r} expected (the shipped file changed)")
+                text = text.replace(anchor, block + anchor)
             for old, new in (("26123", str(peer)),
                              (f'{ip}" port="15380', f'{ip}" port="{lbmrd_port}'),
                              (metrics_old, str(metrics)),
