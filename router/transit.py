@@ -38,9 +38,12 @@ from . import peerlink as P
 from .routing import Routing
 from .wildcard import Matcher, PatternError
 
-__all__ = ["SendOnLink", "Transit", "MAX_TRANSIT_INTERESTS"]
+__all__ = ["SendOnLink", "Transit", "MAX_TRANSIT_INTERESTS", "MAX_TRANSIT_PATTERNS"]
 
 MAX_TRANSIT_INTERESTS = 100_000  # interests (topic or pattern, type, origin) held for other links
+# patterns among them: every advertisement is matched against each (bounded work per
+# advertisement whatever a peer sends)
+MAX_TRANSIT_PATTERNS = 1000
 MAX_MATCHERS = 4096  # compiled patterns kept
 
 Key = tuple[str, int, int]  # (topic or pattern, pattern type, origin domain)
@@ -102,7 +105,8 @@ class Transit:
                 self._forget(key)
             return self._sync_key(key)
         if holders is None:
-            if len(self._held) >= self.max_interests:
+            if len(self._held) >= self.max_interests or (
+                    key[1] != P.PatternType.TOPIC and len(self._patterns) >= MAX_TRANSIT_PATTERNS):
                 self.counters["transit_interest_full"] += 1
                 return []
             holders = self._held[key] = set()

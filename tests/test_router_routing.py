@@ -239,3 +239,19 @@ def test_triangle_a_router_off_the_path_does_not_carry_an_advert_on():
     n.want("C", "t")
     assert n.t["C"].on_proxy("C-B", P.Advertisement("t", 2, OTID, 0, 5), object()) == []
     assert not n.t["C"].wants("C-B", "t", 2)
+
+
+def test_a_peer_cannot_make_every_advert_cost_more_than_the_pattern_bound():
+    from router.transit import MAX_TRANSIT_PATTERNS
+
+    n = Net("ABC")
+    n.link("A", "B")
+    n.link("B", "C")
+    t = n.t["B"]
+    for i in range(MAX_TRANSIT_PATTERNS + 50):
+        t.on_interest("B-C", P.Interest(P.InterestAction.ADD, f"^p{i}\\.", 3, P.PatternType.PCRE))
+    assert t.counters["transit_interest_full"] == 50
+    assert len(t._patterns) == MAX_TRANSIT_PATTERNS
+    # exact topics still pass while patterns are full
+    t.on_interest("B-C", P.Interest(P.InterestAction.ADD, "exact", 3))
+    assert t.wants("B-A", "exact", 1)
