@@ -219,15 +219,9 @@ def convergence_once(topic: str, src_trd: tuple, rcv_trd: tuple, src_ip: str, rc
         next_tir, next_q = t0 + 0.5, t0 + 0.05
         deadline = t0 + 10
         while time.perf_counter() < deadline:
-            r, _, _ = select.select([rcv, src], [], [], 0.002)
-            for s in r:
-                while True:
-                    try:
-                        data, _ = s.recvfrom(65536)
-                    except BlockingIOError:
-                        break
-                    if s is rcv and any(t.topic == topic and t.transport.ip == expect_ip for t in tirs_of(data)):
-                        return (time.perf_counter() - t0) * 1000
+            for data in received(rcv, [src], 0.002):
+                if any(t.topic == topic and t.transport.ip == expect_ip for t in tirs_of(data)):
+                    return (time.perf_counter() - t0) * 1000
             now = time.perf_counter()
             if now >= next_q:
                 rcv.sendto(tqr, rcv_trd)
@@ -239,6 +233,20 @@ def convergence_once(topic: str, src_trd: tuple, rcv_trd: tuple, src_ip: str, rc
     finally:
         src.close()
         rcv.close()
+
+
+def received(rcv: socket.socket, others: list[socket.socket], timeout: float):
+    """The datagrams ``rcv`` has (waiting at most ``timeout`` seconds for the
+    first); what the ``others`` got meanwhile is read and dropped."""
+    r, _, _ = select.select([rcv, *others], [], [], timeout)
+    for s in r:
+        while True:
+            try:
+                data, _ = s.recvfrom(65536)
+            except BlockingIOError:
+                break
+            if s is rcv:
+                yield data
 
 
 def _drain(s: socket.socket) -> None:
@@ -286,29 +294,12 @@ def bench_convergence(tmp: Path, hops: int, n: int) -> None:
 def bench_reroute() -> None:
     import trio
 
-    from tests.test_router_e2e import advertise_forever, resolve, start_lbmrd, tcp_source, udp
-    from tests.test_router_multihop import (
-        IPS,
-        ROUTE_INFO,
-        Cuttable,
-        acc,
-        converged,
-        ini,
-        router,
-    )
+    from tests.test_router_e2e import advertise_forever, resolve, tcp_source, udp
+    from tests.test_router_multihop import ROUTE_INFO, start_loop
 
     async def main() -> float:
         async with trio.open_nursery() as n:
-            trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2, 3)}
-            r2 = router("r2", 2, trds[2], [acc("2-1"), acc("2-3")])
-            p21, p23 = (lk["peer"] for lk in (await n.start(r2.run))["links"])
-            r3 = router("r3", 3, trds[3], [acc("3-1", cost=5), ini("3-2", p23)])
-            p31 = (await n.start(r3.run))["links"][0]["peer"]
-            fwd = Cuttable(p21)
-            via = await n.start(fwd.serve)
-            r1 = router("r1", 1, trds[1], [ini("1-2", via), ini("1-3", p31, cost=5)])
-            await n.start(r1.run)
-            await converged((r1, r2, r3), (1, 2, 3))
+            _, trds, fwd = await start_loop(n)
             sip, sport = await tcp_source(n, "127.0.1.5", 1000)
             n.start_soon(advertise_forever, udp("127.0.1.5"), trds[1], sip, sport, "loop.tcp")
             rcv = udp("127.0.3.9")
@@ -350,17 +341,10 @@ def resolve_all(topics: list[str], src_trd, rcv_trd, src_ip, rcv_ip, expect_ip, 
                 for i in range(0, len(ask), 200):
                     rcv.sendto(L.encode(L.Packet(0, 1, tqrs=[L.TQR(t) for t in ask[i:i + 200]])), rcv_trd)
                 next_round = now + 1.0
-            r, _, _ = select.select([rcv, src], [], [], 0.01)
-            for s in r:
-                while True:
-                    try:
-                        data, _ = s.recvfrom(65536)
-                    except BlockingIOError:
-                        break
-                    if s is rcv:
-                        for t in tirs_of(data):
-                            if t.transport.ip == expect_ip:
-                                left.discard(t.topic)
+            for data in received(rcv, [src], 0.01):
+                for t in tirs_of(data):
+                    if t.transport.ip == expect_ip:
+                        left.discard(t.topic)
         if left:
             print(f"    ({len(topics) - len(left)} of {len(topics)} resolved after {limit_s:.0f} s)")
         return None if left else time.perf_counter() - t0

@@ -158,22 +158,30 @@ async def _pump(src, dst):
         await trio.aclose_forcefully(dst)
 
 
+async def start_loop(n):
+    """A loop of three routers, one TRD each: r1 - r2 - r3 the cheap way (cost 2
+    a link), r1 - r3 direct the dear one (cost 10), the r1-r2 link through a
+    :class:`Cuttable` forwarder. Returns (routers, trds, forwarder) once the
+    routes have converged."""
+    trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2, 3)}
+    r2 = router("r2", 2, trds[2], [acc("2-1"), acc("2-3")])
+    p21, p23 = (lk["peer"] for lk in (await n.start(r2.run))["links"])
+    r3 = router("r3", 3, trds[3], [acc("3-1", cost=5), ini("3-2", p23)])
+    p31 = (await n.start(r3.run))["links"][0]["peer"]
+    fwd = Cuttable(p21)
+    via = await n.start(fwd.serve)
+    r1 = router("r1", 1, trds[1], [ini("1-2", via), ini("1-3", p31, cost=5)])
+    await n.start(r1.run)
+    await converged((r1, r2, r3), (1, 2, 3))
+    return (r1, r2, r3), trds, fwd
+
+
 async def test_loop_of_three_survives_a_cut_of_the_cheapest_link():
-    """r1 (source) - r2 - r3 (receiver) is the cheap way (cost 2 a link), r1 - r3
-    direct the dear one (cost 10). The r1-r2 link is cut while a stream runs:
-    r3's proxy on the old path is withdrawn, and a new stream flows over r1-r3
-    within the route timeout."""
+    """r1 (source) - r2 - r3 (receiver) is the cheap way, r1 - r3 direct the dear
+    one. The r1-r2 link is cut while a stream runs: r3's proxy on the old path
+    is withdrawn, and a new stream flows over r1-r3 within the route timeout."""
     async with trio.open_nursery() as n:
-        trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2, 3)}
-        r2 = router("r2", 2, trds[2], [acc("2-1"), acc("2-3")])
-        p21, p23 = (lk["peer"] for lk in (await n.start(r2.run))["links"])
-        r3 = router("r3", 3, trds[3], [acc("3-1", cost=5), ini("3-2", p23)])
-        p31 = (await n.start(r3.run))["links"][0]["peer"]
-        fwd = Cuttable(p21)
-        via = await n.start(fwd.serve)
-        r1 = router("r1", 1, trds[1], [ini("1-2", via), ini("1-3", p31, cost=5)])
-        await n.start(r1.run)
-        await converged((r1, r2, r3), (1, 2, 3))
+        (r1, r2, r3), trds, fwd = await start_loop(n)
         assert r3.status()["topology"]["routes"]["1"]["path"] == ["r3", "r2", "r1"]
         total = 50_000_000
         sip, sport = await tcp_source(n, "127.0.1.5", total)
