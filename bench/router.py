@@ -78,6 +78,9 @@ TLS links always take the copy path).
    in epoll, socket syscalls and Python, with the functions where it goes.
    Without py-spy (or with --profile cprofile) a fresh pair of router
    processes runs one routed transfer under cProfile instead.
+
+Over 600 lines because it is one self-contained script (deployment,
+baselines, load, report) meant to be read and run on its own.
 """
 
 from __future__ import annotations

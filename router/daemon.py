@@ -15,6 +15,9 @@ for (:meth:`Router._apply`); the portal task, which alone ticks the bridge,
 is woken through its queue (:class:`TRDatagram`, :class:`Wake`) whenever
 another task gave the bridge something to do.
 
+Over 600 lines because one portal link's tasks (portal, peer link, proxies,
+status) share its bridge, relay and counters.
+
 Times are seconds (trio's clock).
 """
 

@@ -4,6 +4,10 @@ writer queue, the reader (:meth:`Link.receive`) and the writer task. The
 state of each relayed stream on either end of the link is a
 :class:`StreamState`.
 
+Over 600 lines because the reader and the writer of the zero-copy path share
+the link's pipes, queue and stream states; splitting them would spread one
+ordering rule (no byte overtakes another of its stream) over two modules.
+
 Zero copy (a plain TCP link; not TLS, not the in-process socket pair of a
 direct link): large STREAM_DATA payloads never enter Python (see
 :mod:`router.splice`). The reader peeks at what the socket holds, hands

@@ -7,6 +7,9 @@ for one of the peer's advertisements; every TCP connection, and every LBT-RU
 receiver address, opens a stream on the current link. Far side: a stream the
 peer opens (:meth:`Relay.stream_event`) connects to the real source of our
 advertisement; a source that cannot be reached refuses the stream.
+
+Over 600 lines because the near and far sides of TCP, LBT-RU and LBT-RM
+relaying share the port pool, the stream states and the pumps.
 """
 
 from __future__ import annotations

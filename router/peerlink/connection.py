@@ -1,6 +1,10 @@
 """The peer-link connection state machine, sans-IO: :class:`PeerConnection`
 (handshake, keepalive/RTT, dead-peer detection, graceful disconnect, which frame
-may be sent when) and the events it returns."""
+may be sent when) and the events it returns.
+
+About 600 lines: one state machine (handshake, keepalives, disconnect,
+errors) with its events.
+"""
 
 from __future__ import annotations
 
