@@ -264,30 +264,13 @@ async def test_dead_source_is_withdrawn_after_the_source_deletion_delay():
     """Defect: a source's proxy was withdrawn 16 s (the source timeout) after
     the source died; the DRO deletes it source-deletion-delay (1 s) after the
     end of session."""
-    from .test_router_e2e import advertise_forever
+    from .test_router_e2e import endless_source
 
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
         ra, rb = await start_routers(n, trd1, trd2)
-        source = trio.CancelScope()
-
-        async def handler(stream):
-            async with stream:
-                while True:
-                    await stream.send_all(b"x" * 1000)
-                    await trio.sleep(0.01)
-
-        listeners = await trio.open_tcp_listeners(0, host="127.0.1.5")
-        addr = listeners[0].socket.getsockname()
-
-        async def run_source():
-            with source:
-                async with trio.open_nursery() as sn:
-                    sn.start_soon(trio.serve_listeners, handler, listeners)
-                    sn.start_soon(advertise_forever, udp("127.0.1.5"), trd1, *addr)
-
-        n.start_soon(run_source)
+        source = await endless_source(n, trd1)
         t = await resolve(udp("127.0.2.9"), trd2)
         rcv = await trio.open_tcp_stream(t.transport.ip, t.transport.port)
         with trio.fail_after(5):

@@ -57,6 +57,31 @@ async def tcp_source(nursery, ip, total):
     return listeners[0].socket.getsockname()
 
 
+async def endless_source(nursery, trd, ip="127.0.1.5", topic=TOPIC) -> trio.CancelScope:
+    """A TCP source at ``ip`` that sends to every connection until it dies, and
+    advertises itself in ``trd``; cancelling the returned scope kills it (its
+    sockets close, it advertises no more)."""
+    scope = trio.CancelScope()
+
+    async def handler(stream):
+        async with stream:
+            while True:
+                await stream.send_all(b"x" * 1000)
+                await trio.sleep(0.01)
+
+    listeners = await trio.open_tcp_listeners(0, host=ip)
+    addr = listeners[0].socket.getsockname()
+
+    async def run():
+        with scope:
+            async with trio.open_nursery() as sn:
+                sn.start_soon(trio.serve_listeners, handler, listeners)
+                sn.start_soon(advertise_forever, udp(ip), trd, *addr, topic)
+
+    nursery.start_soon(run)
+    return scope
+
+
 def tir_packet(ip, port, topic=TOPIC):
     otid = synthesize_otid(L.TcpTransport(ip, port), 7)
     return L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, L.TcpTransport(ip, port), 60, 7,
