@@ -169,6 +169,8 @@ class Bridge:
         # and does another link want a topic (a transit source is proxied here then)?
         self.interest_filter: Callable[[], bool] | None = None
         self.transit_wants: Callable[[str, int], bool] | None = None
+        # the cost of the route from our TRD to a domain (multi-hop routing), or None
+        self.route_cost: Callable[[int], int | None] | None = None
         self._sent_interest: set[tuple[str, int]] = set()  # (topic, pattern type) sent ADD
 
     # ------------------------------------------------------------------ outputs
@@ -255,7 +257,12 @@ class Bridge:
         self._proxy_addr[advert_id] = address
         # transport_body: what to advertise when the address alone does not say it (LBT-RM's group)
         body = transport_body or relay_transport(f.transport, address[0], address[1])
-        self.portal.add_proxy(ProxySource(f.advert_id, f.topic, body, f.origin_domain, f.otid), now)
+        # hop count and cost of the proxy's TIRs (the DRO's convention: each proxy adds a
+        # hop; the cost is the route's, or the hop count where no route is known)
+        hops = f.hop_count + 1
+        cost = self.route_cost(f.origin_domain) if self.route_cost is not None else None
+        self.portal.add_proxy(ProxySource(f.advert_id, f.topic, body, f.origin_domain, f.otid,
+                                          hop_count=hops, cost=hops if cost is None else cost), now)
         self._portal_events()
         return True
 

@@ -206,6 +206,11 @@ class MultiRouter:
                                                or name in self.routing.children_links(domain))
         if unit.owner is None:
             unit.bridge.transit_wants = lambda topic, origin: self.transit.wants(name, topic, origin)
+        unit.bridge.route_cost = self._route_cost
+
+    def _route_cost(self, domain: int) -> int | None:
+        route = self.routing.map.route(domain)
+        return None if route is None else route.cost
 
     def link_up(self, unit: Router, peer: P.PeerInfo, capabilities: int) -> None:
         if not capabilities & P.Capability.ROUTING:

@@ -126,7 +126,7 @@ Rules this module chose (the issue leaves them open):
 * **Final advertisements.** :meth:`~PortalTR.remove_proxy` stops the normal
   advertisements and the TQR answers at once, then sends ``final_adverts``
   (default 3; 0 = none) final TIRs at the initial advertisement gaps (0, 10,
-  30 ms): the same TIR plus CostOption(hop 1, cost -1), the "infinite cost =
+  30 ms): the same TIR with CostOption(its hop count, cost -1), the "infinite cost =
   withdrawn" marker (the public TRsniffer reading; UM's own encoding of a
   final advertisement is not public). Receivers that do not read it just see
   one more TIR of a source that is about to disappear.
@@ -234,6 +234,8 @@ class ProxySource:
     origin_domain: int
     otid: bytes
     topic_index: int | None = None
+    hop_count: int = 1  # peer links between the source's TRD and this one (1: one hop)
+    cost: int = 0  # what the route from this TRD to the source's costs (sum of portal costs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -882,10 +884,13 @@ class PortalTR:
         if index is None:
             index = otid_topic_index(proxy.otid) or 0
         opts = [OtidOption(0x8000, bytes(proxy.otid)), DomainIdOption(0x8000, proxy.origin_domain)]
+        hops = max(1, min(255, proxy.hop_count))
+        cost = max(0, min(2**31 - 1, proxy.cost))
         try:
-            record = TIR(proxy.topic, proxy.transport_body, TIR_TTL, index, opts).encode()
+            record = TIR(proxy.topic, proxy.transport_body, TIR_TTL, index,
+                         opts + [CostOption(0, hops, cost)]).encode()
             final = TIR(proxy.topic, proxy.transport_body, TIR_TTL, index,
-                        opts + [CostOption(0x80, 1, -1)]).encode()
+                        opts + [CostOption(0x80, hops, -1)]).encode()
         except (LBMREncodeError, AttributeError, struct.error) as e:
             raise ValueError(f"cannot advertise proxy {proxy!r}: {e}") from None
         if old is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import trio
 
+import lbmr_proto as L
 from router.config_model import (
     RouteInfoConfig,
     acceptor_peer,
@@ -62,6 +63,9 @@ async def test_chain_tcp_from_trd1_reaches_trd3_through_two_hops():
         n.start_soon(advertise_forever, udp("127.0.1.5"), trds[1], sip, sport, "chain.tcp")
         tir = await resolve(udp("127.0.3.9"), trds[3], topic="chain.tcp")
         assert tir.transport.ip == IPS[3]  # r3's proxy
+        # its TIRs say how far the source is: two hops, at the cost of r3's route to TRD1
+        (cost,) = [o for o in tir.options if isinstance(o, L.CostOption)]
+        assert (cost.hop_count, cost.cost) == (2, r3.status()["topology"]["routes"]["1"]["cost"]) == (2, 5)
         assert await fetch_tcp(tir, 3_000_000) == pattern(3_000_000)
         # r2 carried it: a proxy of its own (advertised in TRD2 too) and a transit advert to r3
         assert r2.status()["topology"]["transit"]["adverts"] == 1
