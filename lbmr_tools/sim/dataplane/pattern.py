@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
+from dataclasses import asdict
 
 Addr = tuple[str, int]
 
@@ -103,3 +104,22 @@ def topic_seed(topic: str | bytes, seed: int = 0) -> int:
 
 def rate_of(n: int, seconds: float) -> float:
     return n / seconds if seconds > 0 else 0.0
+
+
+class ReceiveRates:
+    """Rates and the report dict of a receiver's result dataclass (fields
+    ``received``, ``bytes_received``, ``data_elapsed`` seconds, property ``ok``)."""
+
+    @property
+    def datagrams_per_s(self) -> float:
+        return rate_of(self.received, self.data_elapsed)
+
+    @property
+    def bytes_per_s(self) -> float:
+        return rate_of(self.bytes_received, self.data_elapsed)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(ok=self.ok, datagrams_per_s=round(self.datagrams_per_s, 1),
+                 bytes_per_s=round(self.bytes_per_s, 1))
+        return d

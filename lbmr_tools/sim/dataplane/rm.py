@@ -33,14 +33,14 @@ from __future__ import annotations
 
 import math
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import trio
 
 from lbmr_proto import lbtrm as RM
 from lbmr_runtime.netif import open_multicast_socket
 
-from .pattern import check_seed, pattern, rate_of
+from .pattern import ReceiveRates, check_seed, pattern
 
 Addr = tuple[str, int]
 
@@ -212,7 +212,7 @@ class RmDataSource:
 
 
 @dataclass
-class RmReceiveResult:
+class RmReceiveResult(ReceiveRates):
     """What an :class:`RmDataReceiver` saw. ``ok``: every sequence of
     ``0 .. expect_count-1`` received and verified, nothing corrupt."""
 
@@ -240,20 +240,6 @@ class RmReceiveResult:
     def ok(self) -> bool:
         return (self.done and self.error is None and self.missing == 0 and self.corrupt == 0
                 and self.received == self.expect_count)
-
-    @property
-    def datagrams_per_s(self) -> float:
-        return rate_of(self.received, self.data_elapsed)
-
-    @property
-    def bytes_per_s(self) -> float:
-        return rate_of(self.bytes_received, self.data_elapsed)
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d.update(ok=self.ok, datagrams_per_s=round(self.datagrams_per_s, 1),
-                 bytes_per_s=round(self.bytes_per_s, 1))
-        return d
 
 
 class RmDataReceiver:

@@ -7,11 +7,11 @@ import errno
 import math
 import socket
 import struct
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 import trio
 
-from .pattern import Pattern, check_seed, pattern, rate_of
+from .pattern import Pattern, ReceiveRates, check_seed, pattern
 
 Addr = tuple[str, int]
 
@@ -237,7 +237,7 @@ class RuDataSource:
 
 
 @dataclass
-class RuReceiveResult:
+class RuReceiveResult(ReceiveRates):
     """What an :class:`RuDataReceiver` saw. ``ok``: END seen, its count as
     expected (when given), every sequence received once, nothing corrupt."""
 
@@ -264,20 +264,6 @@ class RuReceiveResult:
         return (self.done and self.error is None and self.end_count is not None
                 and (self.expect_count is None or self.end_count == self.expect_count)
                 and self.missing == 0 and self.corrupt == 0 and self.duplicates == 0)
-
-    @property
-    def datagrams_per_s(self) -> float:
-        return rate_of(self.received, self.data_elapsed)
-
-    @property
-    def bytes_per_s(self) -> float:
-        return rate_of(self.bytes_received, self.data_elapsed)
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d.update(ok=self.ok, datagrams_per_s=round(self.datagrams_per_s, 1),
-                 bytes_per_s=round(self.bytes_per_s, 1))
-        return d
 
 
 class RuDataReceiver:
