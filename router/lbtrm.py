@@ -64,6 +64,15 @@ def otid_group(otid: bytes) -> tuple[str, int] | None:
     return group, port
 
 
+
+def _decoded(decode, data: bytes, counters):
+    """``decode(data)``, or None with ``lbtrm_malformed`` counted."""
+    try:
+        return decode(data)
+    except RM.LbtrmDecodeError:
+        counters["lbtrm_malformed"] += 1
+        return None
+
 class GroupPool:
     """Multicast groups for proxy sources on one side: ``low`` .. ``high``
     (inclusive) round robin, the least used first; with ``same`` the origin's
@@ -147,10 +156,8 @@ class RmOrigin:
         """Does a datagram received on the source's group belong to the relayed
         session (to be sent over the link as it is)?"""
         c = self.counters
-        try:
-            h = RM.parse_header(data)
-        except RM.LbtrmDecodeError:
-            c["lbtrm_malformed"] += 1
+        h = _decoded(RM.parse_header, data, c)
+        if h is None:
             return False
         b = self.body
         if (h.session_id != b.session_id or h.ucast_port != b.src_ucast_port
@@ -168,10 +175,8 @@ class RmOrigin:
         its header (send it to :attr:`nak_address`); None if it is not a
         well-formed NAK (counted)."""
         c = self.counters
-        try:
-            m = RM.decode(data)
-        except RM.LbtrmDecodeError:
-            c["lbtrm_malformed"] += 1
+        m = _decoded(RM.decode, data, c)
+        if m is None:
             return None
         if not isinstance(m, RM.Nak) or not m.sqns:
             c["lbtrm_unexpected_type"] += 1
@@ -208,10 +213,8 @@ class RmProxy:
         """A datagram from the peer, rewritten for the receivers (multicast it
         to the proxy's group); None if it is not a DATA, SM or NCF (counted)."""
         c = self.counters
-        try:
-            h = RM.parse_header(data)
-        except RM.LbtrmDecodeError:
-            c["lbtrm_malformed"] += 1
+        h = _decoded(RM.parse_header, data, c)
+        if h is None:
             return None
         if h.type not in _FORWARDED:
             c["lbtrm_unexpected_type"] += 1
@@ -224,10 +227,8 @@ class RmProxy:
         NAK for the proxy's session within the NAK rate (to be sent over the
         link as it is)?"""
         c = self.counters
-        try:
-            h = RM.parse_header(data)
-        except RM.LbtrmDecodeError:
-            c["lbtrm_malformed"] += 1
+        h = _decoded(RM.parse_header, data, c)
+        if h is None:
             return False
         if h.type != RM.NAK or h.session_id != self.session_id:
             c["lbtrm_unexpected_type" if h.type != RM.NAK else "lbtrm_other_session"] += 1
