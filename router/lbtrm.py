@@ -64,7 +64,6 @@ def otid_group(otid: bytes) -> tuple[str, int] | None:
     return group, port
 
 
-
 def _decoded(decode, data: bytes, counters):
     """``decode(data)``, or None with ``lbtrm_malformed`` counted."""
     try:
@@ -72,6 +71,7 @@ def _decoded(decode, data: bytes, counters):
     except RM.LbtrmDecodeError:
         counters["lbtrm_malformed"] += 1
         return None
+
 
 class GroupPool:
     """Multicast groups for proxy sources on one side: ``low`` .. ``high``
