@@ -43,15 +43,22 @@ Rules (unchanged from the router's first version):
   INTEREST CANCEL that leaves the source's topic wanted by no interest of the
   peer (``adverts_withdrawn_uninterested``). Only TCP, LBT-RU and
   LBT-RM sources are advertised (``unrelayable_transport`` otherwise).
-* **Near side: proxies.** An ADVERTISEMENT from the peer starts a proxy
-  (:class:`StartProxy`) unless it is already proxied (a re-send), names our
-  own domain (``adverts_own_domain``: loop prevention, one hop only), a
-  transport the relay cannot carry, a topic no receiver of our TRD wants
-  (``adverts_unwanted``, with ``require_interest``: the peer only advertises
-  what we asked for) or ``max_proxies`` already run (``proxies_full``): a
-  peer's advertisements never bind more listeners than that. Once its listener is bound the portal
-  advertises it at the relay address; a withdrawal stops it
-  (:class:`StopProxy`) and the portal sends its final advertisements.
+* **Near side: proxies.** The peer's advertisements are served by one proxy
+  per transport session (:mod:`router.sessions`: those with the same
+  transport and ``session`` share it). An ADVERTISEMENT of a new session
+  starts a proxy (:class:`StartProxy`); one of a session whose listener is
+  bound is advertised at once. Refused: an advertisement already proxied (a
+  re-send), one naming our own domain (``adverts_own_domain``: loop
+  prevention, one hop only), a transport the relay cannot carry, a topic no
+  receiver of our TRD wants (``adverts_unwanted``, with ``require_interest``:
+  the peer only advertises what we asked for), a new session when
+  ``max_proxies`` listeners run or any advertisement when
+  ``max_proxy_topics`` are served (``proxies_full``): a peer's advertisements
+  never bind more listeners than that. Once its listener is bound the portal
+  advertises every topic of the session at the relay address (each with its
+  own topic index); a withdrawal removes that topic (:class:`ProxyDown`), and
+  the last one of a session stops the proxy (:class:`StopProxy`); the portal
+  sends the final advertisements.
 * **Link down.** Every proxy is stopped, the advert ids are forgotten, the
   remote interests are cancelled and the portal's proxies removed.
 * **ACLs** (:mod:`router.acl`): ``acl`` is the endpoint portal's, ``link_acl``
@@ -78,6 +85,7 @@ from dataclasses import dataclass
 
 from . import peerlink as P
 from .acl import OPEN, PortalAcl, Session
+from .sessions import ProxySession, ProxySessions, SourceAdverts
 from .tr import (
     LocalInterest,
     LocalInterestGone,
@@ -91,12 +99,16 @@ from .tr import (
     relay_transport,
 )
 
-__all__ = ["Bridge", "SendFrame", "StartProxy", "StopProxy", "Notice", "RELAYED_TRANSPORTS"]
+__all__ = ["Bridge", "SendFrame", "StartProxy", "StopProxy", "ProxyUp", "ProxyDown", "Notice",
+           "RELAYED_TRANSPORTS", "MAX_PROXY_TOPICS"]
 
 log = logging.getLogger("lbmr-router")
 
 Addr = tuple[str, int]
 RELAYED_TRANSPORTS = (P.StreamKind.TCP, P.StreamKind.LBTRU, P.StreamKind.LBTRM)  # TIR transport codes relayed
+# the peer's advertisements proxied at once (all sessions): each is a proxy TIR our
+# TRD hears, and a few hundred bytes here
+MAX_PROXY_TOPICS = 100_000
 
 
 # --------------------------------------------------------------------------- outputs
@@ -119,7 +131,24 @@ class StartProxy:
 
 @dataclass(frozen=True, slots=True)
 class StopProxy:
-    """Close the listener of proxy ``advert_id`` and its streams."""
+    """Close the listener of proxy ``proxy_id`` (the advert id it was started for)
+    and its streams: no advertisement of its session is served any more."""
+
+    proxy_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyUp:
+    """The peer's ``advert`` is advertised in our TRD with transport ``body`` (a
+    proxy's relay address): for multi-hop routing, which passes it on."""
+
+    advert: P.Advertisement
+    body: object
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyDown:
+    """The peer's advertisement ``advert_id`` is no longer advertised in our TRD."""
 
     advert_id: int
 
@@ -140,7 +169,8 @@ class Bridge:
     the bridge counts what it does (the router's counters)."""
 
     def __init__(self, portal: PortalTR, counters: Counter[str] | None = None, *,
-                 max_proxies: int = 4096, require_interest: bool = False,
+                 max_proxies: int = 4096, max_proxy_topics: int = MAX_PROXY_TOPICS,
+                 require_interest: bool = False,
                  advert_ids: Iterator[int] | None = None, acl: PortalAcl = OPEN,
                  link_acl: PortalAcl = OPEN, count_link_acl: bool = True) -> None:
         self.portal = portal
@@ -148,21 +178,22 @@ class Bridge:
         # the link's frames are counted by another bridge that gets the same frames)
         self.acl, self.link_acl, self.count_link_acl = acl, link_acl, count_link_acl
         self.acl_rejected: Counter[str] = Counter()  # refusals by portal name
-        self.max_proxies = max_proxies
+        self.max_proxies = max_proxies  # listeners (the peer's transport sessions)
+        self.max_proxy_topics = max_proxy_topics  # advertisements served by them
         self.require_interest = require_interest
         self.domain_id = portal.domain_id
         self.counters: Counter[str] = counters if counters is not None else Counter()
         self.is_link_up = False
-        self._out: list[SendFrame | StartProxy | StopProxy | Notice] = []
+        self._out: list[SendFrame | StartProxy | StopProxy | ProxyUp | ProxyDown | Notice] = []
         # far side: advertisements we sent -> the real source
         # advert ids: shared by the bridges of one router that share a link (unique on it)
         self._advert_ids = advert_ids if advert_ids is not None else itertools.count(1)
         # remote interest, by (topic, pattern type): the peer's domains that want it
         self._wanted_by: dict[tuple[str, int], set[int]] = {}
-        self._adverts: dict[tuple[str, bytes], int] = {}  # (topic, otid) -> advert id
-        self._advert_source: dict[int, object] = {}  # advert id -> transport body
-        # near side: the peer's advertisements we proxy -> their listeners' addresses
-        self._proxies: dict[int, P.Advertisement] = {}
+        self._adverts = SourceAdverts()  # (topic, otid) <-> advert id -> transport body, session
+        # near side: the peer's advertisements we proxy, grouped by transport session
+        # (one listener each); those advertised in our TRD -> their listener's address
+        self._sessions = ProxySessions()
         self._proxy_addr: dict[int, Addr] = {}
         # routing (set by a router with multi-hop routing, None = one hop): may the local
         # interest of our domain go on this link (is the peer our child in our tree)?
@@ -175,7 +206,7 @@ class Bridge:
 
     # ------------------------------------------------------------------ outputs
 
-    def outputs(self) -> list[SendFrame | StartProxy | StopProxy | Notice]:
+    def outputs(self) -> list[SendFrame | StartProxy | StopProxy | ProxyUp | ProxyDown | Notice]:
         """Everything produced since the last call, in order; empties the list."""
         out, self._out = self._out, []
         return out
@@ -226,10 +257,10 @@ class Bridge:
         """The peer link is gone: stop every proxy, forget the advert ids, cancel
         the remote interests."""
         self.is_link_up = False
-        for aid in list(self._proxies):
-            self._drop_proxy(aid, now)
+        for ps in self._sessions.sessions():
+            for aid in list(ps.adverts):
+                self._drop_proxy(aid, now)
         self._adverts.clear()
-        self._advert_source.clear()
         tr = self.portal
         for topic, ptype in tr.remote_interests():
             tr.cancel_remote_interest(topic, now, pattern_type=ptype)
@@ -248,61 +279,76 @@ class Bridge:
             raise TypeError(f"not a bridge frame: {frame!r}")
         self._portal_events()
 
-    def proxy_listening(self, advert_id: int, address: Addr, now: float, transport_body=None) -> bool:
-        """The listener of proxy ``advert_id`` is bound at ``address``: advertise
-        it in the TRD. False if the proxy was stopped meanwhile (nothing done)."""
-        f = self._proxies.get(advert_id)
-        if f is None:
+    def proxy_listening(self, proxy_id: int, address: Addr, now: float, transport_body=None) -> bool:
+        """The listener of proxy ``proxy_id`` is bound at ``address``: advertise
+        every topic of its session in the TRD (``transport_body``: what they
+        advertise when the address alone does not say it, LBT-RM's group). False
+        if the proxy was stopped meanwhile (nothing done)."""
+        ps = self._sessions.proxy(proxy_id)
+        if ps is None:
             return False
-        self._proxy_addr[advert_id] = address
-        # transport_body: what to advertise when the address alone does not say it (LBT-RM's group)
-        body = transport_body or relay_transport(f.transport, address[0], address[1])
-        # hop count and cost of the proxy's TIRs (the DRO's convention: each proxy adds a
-        # hop; the cost is the route's, or the hop count where no route is known)
-        hops = f.hop_count + 1
-        cost = self.route_cost(f.origin_domain) if self.route_cost is not None else None
-        self.portal.add_proxy(ProxySource(f.advert_id, f.topic, body, f.origin_domain, f.otid,
-                                          hop_count=hops, cost=hops if cost is None else cost), now)
+        ps.address = address
+        ps.body = transport_body or relay_transport(ps.transport, address[0], address[1])
+        for f in list(ps.adverts.values()):
+            self._advertise_proxy(ps, f, now)
         self._portal_events()
         return True
 
-    def _advert_key(self, advert_id: int) -> tuple[str, bytes] | None:
-        for key, aid in self._adverts.items():
-            if aid == advert_id:
-                return key
-        return None
+    def _advertise_proxy(self, ps: ProxySession, f: P.Advertisement, now: float) -> None:
+        """Advertise the peer's ``f`` in our TRD at its proxy's relay address, with
+        the DRO's hop count and cost (each proxy adds a hop; the cost is the
+        route's, or the hop count where no route is known)."""
+        self._proxy_addr[f.advert_id] = ps.address
+        hops = f.hop_count + 1
+        cost = self.route_cost(f.origin_domain) if self.route_cost is not None else None
+        self.portal.add_proxy(ProxySource(f.advert_id, f.topic, ps.body, f.origin_domain, f.otid,
+                                          hop_count=hops, cost=hops if cost is None else cost), now)
+        self._out.append(ProxyUp(f, ps.body))
+
+    def proxy_advert(self, proxy_id: int) -> int | None:
+        """The advert id a new stream of proxy ``proxy_id`` names on the link (a live
+        advertisement of its session), or None if it serves none any more."""
+        return self._sessions.advert_of(proxy_id)
 
     def session_ended(self, advert_id: int, now: float) -> None:
         """The source behind our advertisement ``advert_id`` ended (or refused) a
-        relayed session: the portal queries its topic at once to hear whether
-        it is still there."""
-        key = self._advert_key(advert_id)
-        if key is not None:
+        relayed session: the portal queries the topics of its transport session
+        at once to hear whether they are still there."""
+        for aid in self._adverts.session_of(advert_id):
+            key = self._adverts.key(aid)
             self.portal.requery(key[0], now)
 
     def source_ended(self, advert_id: int, since: float, now: float) -> bool:
-        """No TIR of the source behind ``advert_id`` arrived since its session
-        ended at ``since``: forget it in the portal, which withdraws the
-        advertisement. False if it was heard meanwhile (or is gone already)."""
-        key = self._advert_key(advert_id)
-        if key is None or not self.portal.drop_source(key[0], key[1], now, silent_since=since):
-            return False
-        self._portal_events()
-        return True
+        """No TIR of a source of ``advert_id``'s transport session arrived since
+        its session ended at ``since``: forget those in the portal, which
+        withdraws their advertisements. False if all were heard meanwhile (or
+        are gone already)."""
+        dropped = False
+        for aid in self._adverts.session_of(advert_id):
+            key = self._adverts.key(aid)
+            if self.portal.drop_source(key[0], key[1], now, silent_since=since):
+                dropped = True
+        if dropped:
+            self._portal_events()
+        return dropped
 
     # ------------------------------------------------------------------ views
 
     def advert_source(self, advert_id: int):
         """The transport body of the source behind our advertisement ``advert_id``
         (where a stream the peer opens for it connects), or None."""
-        return self._advert_source.get(advert_id)
+        return self._adverts.body(advert_id)
 
     def advert_sources(self) -> dict[int, object]:
-        return dict(self._advert_source)
+        return self._adverts.bodies()
 
     def proxies(self) -> dict[int, P.Advertisement]:
         """The peer's advertisements proxied here, by advert id."""
-        return dict(self._proxies)
+        return {aid: f for ps in self._sessions.sessions() for aid, f in ps.adverts.items()}
+
+    def proxy_listeners(self) -> int:
+        """Proxy listeners running or starting (one per transport session of the peer)."""
+        return len(self._sessions)
 
     def proxy_addresses(self) -> dict[int, Addr]:
         """The proxies whose listener is bound, by advert id: their relay address."""
@@ -349,13 +395,15 @@ class Bridge:
             return False
         return True
 
-    def _advertise(self, aid: int, topic: str, otid: bytes, transport: int, *, withdraw: bool) -> None:
+    def _advertise(self, aid: int, topic: str, otid: bytes, transport: int, *, withdraw: bool,
+                   session: int = 0) -> None:
         if not self.is_link_up:
             return
         if transport not in RELAYED_TRANSPORTS:
             self.counters["unrelayable_transport"] += 1
             return
-        self._send(P.Advertisement(topic, self.domain_id, bytes(otid), transport, aid, withdraw))
+        self._send(P.Advertisement(topic, self.domain_id, bytes(otid), transport, aid, withdraw,
+                                   session=session))
         self.counters["adverts_withdrawn" if withdraw else "adverts_sent"] += 1
 
     def _portal_events(self) -> None:
@@ -387,16 +435,17 @@ class Bridge:
                     continue
                 aid = self._adverts.get(key)
                 if aid is None:
-                    aid = self._adverts[key] = next(self._advert_ids)
-                self._advert_source[aid] = ev.transport_body
-                self._advertise(aid, ev.topic, ev.otid, ev.transport_body.TYPE, withdraw=False)
+                    aid = next(self._advert_ids)
+                session = self._adverts.set(key, aid, ev.transport_body)
+                self._advertise(aid, ev.topic, ev.otid, ev.transport_body.TYPE, withdraw=False,
+                                session=session)
             elif isinstance(ev, SourceGone):
                 self._portal_events_gone(ev.topic, ev.otid)
 
     def _portal_events_gone(self, topic: str, otid: bytes) -> None:
-        aid = self._adverts.pop((topic, bytes(otid)), None)
-        if aid is not None:
-            body = self._advert_source.pop(aid, None)
+        got = self._adverts.pop((topic, bytes(otid)))
+        if got is not None:
+            aid, body = got
             self._advertise(aid, topic, otid, body.TYPE if body is not None else 0, withdraw=True)
             self._out.append(Notice("source_gone", f"{topic} advert {aid}"))
 
@@ -441,7 +490,7 @@ class Bridge:
             keys = [(s.topic, bytes(s.otid)) for s in self.portal.known_sources(topic)]
             keys = [k for k in keys if k in self._adverts]
         else:
-            keys = list(self._adverts)
+            keys = self._adverts.keys()
         for topic, otid in [k for k in keys if not self.portal.wants_source(k[0])]:
             self.counters["adverts_withdrawn_uninterested"] += 1
             self._portal_events_gone(topic, otid)
@@ -451,7 +500,7 @@ class Bridge:
             self.counters["withdrawals_received"] += 1
             self._drop_proxy(f.advert_id, now)
             return
-        if f.advert_id in self._proxies:
+        if f.advert_id in self._sessions:
             return  # already proxied (a re-send)
         if f.origin_domain == self.domain_id:
             self.counters["adverts_own_domain"] += 1
@@ -467,17 +516,32 @@ class Bridge:
                 and not (self.transit_wants is not None and self.transit_wants(f.topic, f.origin_domain)):
             self.counters["adverts_unwanted"] += 1
             return
-        if len(self._proxies) >= self.max_proxies:
+        ps = self._sessions.find(f)
+        if ps is None and len(self._sessions) >= self.max_proxies \
+                or self._sessions.adverts() >= self.max_proxy_topics:
             if not self.counters["proxies_full"]:
-                self._out.append(Notice("proxies_full", f"{self.max_proxies} proxies run: "
-                                        f"{f.topic} advert {f.advert_id} not proxied"))
+                self._out.append(Notice("proxies_full", f"{len(self._sessions)} proxies for "
+                                        f"{self._sessions.adverts()} topics run: {f.topic} advert "
+                                        f"{f.advert_id} not proxied"))
             self.counters["proxies_full"] += 1
             return
-        self._proxies[f.advert_id] = f
-        self._out.append(StartProxy(f))
+        got = self._sessions.add(f)
+        if got is None:
+            self.counters["bad_advert"] += 1
+            return
+        ps, new = got
+        if new:
+            self._out.append(StartProxy(f))
+        elif ps.address is not None:  # its session's listener is bound: advertise at once
+            self._advertise_proxy(ps, f, now)
 
     def _drop_proxy(self, aid: int, now: float) -> None:
-        if self._proxies.pop(aid, None) is not None:
-            self._proxy_addr.pop(aid, None)
-            self._out.append(StopProxy(aid))
-            self.portal.remove_proxy(aid, now)
+        got = self._sessions.remove(aid)
+        if got is None:
+            return
+        ps, _, last = got
+        if self._proxy_addr.pop(aid, None) is not None:
+            self._out.append(ProxyDown(aid))
+        if last:
+            self._out.append(StopProxy(ps.proxy_id))
+        self.portal.remove_proxy(aid, now)

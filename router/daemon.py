@@ -41,7 +41,7 @@ from lbmr_runtime.http import PrometheusText, serve_http
 from lbmr_runtime.netif import open_multicast_socket
 
 from . import peerlink as P
-from .bridge import Bridge, Notice, SendFrame, StartProxy, StopProxy
+from .bridge import Bridge, Notice, ProxyDown, ProxyUp, SendFrame, StartProxy, StopProxy
 from .config_model import EndpointConfig, PeerConfig
 from .link import CONNECT_TIMEOUT, RAW_LIMIT, Link
 from .peerlink import streams as S
@@ -201,7 +201,7 @@ class Router:
         self.link: Link | None = None
         self.counters: Counter[str] = Counter()
         self.events = EventRing(1000)
-        self._proxy_scopes: dict[int, trio.CancelScope] = {}  # proxy listeners, by advert id
+        self._proxy_scopes: dict[int, trio.CancelScope] = {}  # proxy listeners, by proxy id
         self._handshakes: dict[trio.CancelScope, Link | None] = {}  # incoming links not yet connected
         self._dying: set[int] = set()  # adverts whose source ended, withdrawn after the deletion delay
         # hub: the router's multi-hop routing (router.multi.MultiRouter) for a unit on a
@@ -336,9 +336,13 @@ class Router:
                 self._proxy_scopes[out.advert.advert_id] = scope
                 self._nursery.start_soon(self._proxy, out.advert, scope)
             elif isinstance(out, StopProxy):
-                scope = self._proxy_scopes.pop(out.advert_id, None)
+                scope = self._proxy_scopes.pop(out.proxy_id, None)
                 if scope is not None:
                     scope.cancel()
+            elif isinstance(out, ProxyUp):
+                if self.hub is not None:
+                    self.hub.proxy_up(self, out.advert, out.body)
+            elif isinstance(out, ProxyDown):
                 if self.hub is not None:
                     self.hub.proxy_down(self, out.advert_id)
             elif isinstance(out, Notice):
@@ -389,18 +393,20 @@ class Router:
     # -------------------------------------------------- near side: proxies
 
     async def _proxy(self, f: P.Advertisement, scope: trio.CancelScope) -> None:
-        """A proxy source: its listener (:meth:`Relay.serve_proxy`) reports its
-        address, which the bridge then advertises in our TRD."""
+        """A proxy for the transport session of the peer's advertisement ``f``
+        (proxy id: ``f``'s advert id): its listener (:meth:`Relay.serve_proxy`)
+        reports its address, where the bridge then advertises every topic of
+        the session in our TRD. A stream of a receiver names a live
+        advertisement of the session (:meth:`Bridge.proxy_advert`)."""
+        pid = f.advert_id
         with scope:
             async with trio.open_nursery() as n:
-                addr = await n.start(self.relay.serve_proxy, f)
+                addr = await n.start(self.relay.serve_proxy, f, partial(self.bridge.proxy_advert, pid))
                 if addr is None:
                     return
                 body = self.relay.proxy_transport(f, addr)
-                if self.bridge.proxy_listening(f.advert_id, addr, trio.current_time(), body):
-                    self.event("proxy_added", f"{f.topic} advert {f.advert_id} at {addr[0]}:{addr[1]}")
-                    if self.hub is not None:
-                        self.hub.proxy_up(self, f, body)
+                if self.bridge.proxy_listening(pid, addr, trio.current_time(), body):
+                    self.event("proxy_added", f"{f.topic} advert {pid} at {addr[0]}:{addr[1]}")
                 self._apply()
 
     # ---------------------------------------------------------------- peer
@@ -620,6 +626,8 @@ class Router:
         p = PrometheusText()
         p.metric("lbmr_router_peer_up", "gauge", up, "1 while the peer link is connected.")
         p.metric("lbmr_router_proxies", "gauge", len(self.bridge.proxy_addresses()) if self.bridge else 0)
+        p.metric("lbmr_router_proxy_listeners", "gauge", self.bridge.proxy_listeners() if self.bridge else 0,
+                 "Proxy listeners (one per transport session of the peer's sources).")
         p.metric("lbmr_router_adverts", "gauge", len(self.bridge.advert_sources()) if self.bridge else 0)
         p.metric("lbmr_router_streams", "gauge", len(link.state) if link else 0)
         p.by_label("lbmr_router_events_total", "counter", "kind", self.counters, "Router events, by kind.")

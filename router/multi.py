@@ -287,7 +287,7 @@ class MultiRouter:
             remote: set[str] = set()
             counters: Counter[str] = Counter()
             tr_stats: Counter[str] = Counter()
-            proxies = adverts = 0
+            proxies = adverts = listeners = 0
             for r in units:
                 counters.update(r.counters)
                 if r.tr is not None:
@@ -296,12 +296,13 @@ class MultiRouter:
                     remote.update(t for t, _ in r.tr.remote_interests())
                 if r.bridge is not None:
                     proxies += len(r.bridge.proxy_addresses())
+                    listeners += r.bridge.proxy_listeners()
                     adverts += len(r.bridge.advert_sources())
             out.append({
                 "name": e.name, "domain_id": e.domain_id, "mode": e.mode,
                 "links": [{"name": r.peer.name, "state": _state(r)} for r in units],
                 "local_interest": sorted(local), "remote_interest": sorted(remote),
-                "proxies": proxies, "adverts": adverts,
+                "proxies": proxies, "proxy_listeners": listeners, "adverts": adverts,
                 "drops": {k: v for k, v in counters.items() if k in _DROPS and v},
                 "counters": dict(counters), "tr": dict(tr_stats),
                 "acl_rejected": self.acl_rejected().get(e.name, 0),
@@ -344,7 +345,7 @@ class MultiRouter:
         p.metric("lbmr_router_peer_up", "gauge", min(ups.values(), default=0),
                  "1 while every link is connected.")
         summary = self.portal_summary()
-        for what in ("proxies", "adverts"):
+        for what in ("proxies", "proxy_listeners", "adverts"):
             p.by_label(f"lbmr_router_portal_{what}", "gauge", "portal",
                        {s["name"]: s[what] for s in summary})
         p.by_label("lbmr_router_portal_local_interest", "gauge", "portal",
@@ -392,7 +393,7 @@ class MultiRouter:
 
 
 # counters that are something dropped or refused
-_DROPS = frozenset({"peer_refused_duplicate", "bad_interest", "adverts_unwanted", "adverts_own_domain", "proxies_full",
+_DROPS = frozenset({"peer_refused_duplicate", "bad_interest", "bad_advert", "adverts_unwanted", "adverts_own_domain", "proxies_full",
                     "unrelayable_transport", "relay_ports_exhausted", "streams_refused",
                     "ru_streams_full", "peer_refused_busy", "handshakes_dropped", "portal_queue_full",
                     "tr_send_error", "ru_send_error", "peer_not_reading"})

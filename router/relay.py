@@ -149,11 +149,17 @@ class Relay:
                 yield p
         yield from [p for p in released if p in ports]
 
-    async def serve_proxy(self, f: P.Advertisement, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def serve_proxy(self, f: P.Advertisement, advert_of: Callable[[], int | None] | None = None, *,
+                          task_status=trio.TASK_STATUS_IGNORED) -> None:
         """A proxy source: a listener at the relay address for the peer's
-        advertisement ``f``. Reports its (ip, port) through ``task_status``
-        once bound (None when no relay port is free; it then returns), then
-        relays every receiver that connects (TCP) or registers (LBT-RU)."""
+        advertisement ``f`` (and the other topics of its transport session).
+        Reports its (ip, port) through ``task_status`` once bound (None when no
+        relay port is free; it then returns), then relays every receiver that
+        connects (TCP) or registers (LBT-RU). ``advert_of()`` is the advert id a
+        new stream names (a live advertisement of the session; None: refuse the
+        receiver); by default ``f``'s."""
+        if advert_of is None:
+            advert_of = lambda: f.advert_id  # noqa: E731
         e = self.endpoint
         tcp = f.transport == 0x00
         sock = self._bind_relay(tcp)
@@ -164,7 +170,7 @@ class Relay:
             return
         bound = sock.getsockname()[1]
         try:
-            await self._serve_proxy_socket(f, sock, tcp, task_status)
+            await self._serve_proxy_socket(f, sock, tcp, task_status, advert_of)
         finally:
             self._in_use.discard(bound)
             if e.relay_port_low:
@@ -203,7 +209,8 @@ class Relay:
         body = self.lbtrm.proxy_body(f.advert_id) if f.transport == LBTRM else None
         return body if body is not None else relay_transport(f.transport, address[0], address[1])
 
-    async def _serve_proxy_socket(self, f: P.Advertisement, sock, tcp: bool, task_status) -> None:
+    async def _serve_proxy_socket(self, f: P.Advertisement, sock, tcp: bool, task_status,
+                                  advert_of: Callable[[], int | None]) -> None:
         if f.transport == LBTRM:
             with sock:
                 await self.lbtrm.serve_proxy(f, sock, task_status)
@@ -217,13 +224,14 @@ class Relay:
                 async with trio.open_nursery() as n:
                     while True:
                         conn = await listener.accept()
-                        n.start_soon(self._near_tcp, f.advert_id, conn)
+                        n.start_soon(self._near_tcp, advert_of, conn)
             else:
-                await self._near_ru(f.advert_id, sock)
+                await self._near_ru(advert_of, sock)
 
-    async def _near_tcp(self, aid: int, conn) -> None:
+    async def _near_tcp(self, advert_of: Callable[[], int | None], conn) -> None:
         link = self.current_link()
-        if link is None:
+        aid = advert_of()
+        if link is None or aid is None:
             await conn.aclose()
             return
         sid = link.streams.open(aid, P.StreamKind.TCP)
@@ -236,7 +244,7 @@ class Relay:
         finally:
             await trio.aclose_forcefully(conn)
 
-    async def _near_ru(self, aid: int, sock) -> None:
+    async def _near_ru(self, advert_of: Callable[[], int | None], sock) -> None:
         """Datagrams from receivers of this proxy: one stream per receiver address
         (at most ``ru_max_streams`` on the link; each ends after ``ru_idle_timeout``
         of silence either way)."""
@@ -260,6 +268,9 @@ class Relay:
                     if st is None or st.closed:
                         if link.ru_streams >= self.ru_max_streams:
                             self.counters["ru_streams_full"] += 1
+                            continue
+                        aid = advert_of()
+                        if aid is None:
                             continue
                         sid = link.streams.open(aid, P.StreamKind.LBTRU)
                         st = link.state[sid] = StreamState(sid, P.StreamKind.LBTRU)

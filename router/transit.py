@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from . import peerlink as P
 from .routing import Routing
+from .sessions import session_key
 from .wildcard import Matcher, PatternError
 
 __all__ = ["SendOnLink", "Transit", "MAX_TRANSIT_INTERESTS", "MAX_TRANSIT_PATTERNS"]
@@ -262,8 +263,9 @@ class Transit:
         self._down_by_source[skey] = aid
         self._down_by_topic.setdefault(f.topic, set()).add((link, aid))
         self.counters["transit_adverts_sent"] += 1
+        # the session: our proxy's (the topics of one session upstream share a proxy here)
         return [SendOnLink(link, P.Advertisement(f.topic, f.origin_domain, f.otid, f.transport, aid,
-                                                 False, f.hop_count + 1))]
+                                                 False, f.hop_count + 1, session_key(up.body)))]
 
     def _withdraw(self, link: str, aid: int) -> SendOnLink:
         ukey = self._down.pop((link, aid))

@@ -22,7 +22,8 @@ from lbmr_proto import (
     encode,
 )
 from router import peerlink as P
-from router.bridge import Bridge, Notice, SendFrame, StartProxy, StopProxy
+from router.bridge import Bridge, Notice, ProxyDown, ProxyUp, SendFrame, StartProxy, StopProxy
+from router.sessions import session_key
 from router.tr import PortalTR
 
 GROUP = ("239.192.1.1", 12965)
@@ -82,7 +83,8 @@ def test_peer_interest_queries_the_trd_and_advertises_what_it_finds():
     assert frames(b) == [] and TOPIC in sent_tqrs(b, 0.0)  # the portal queries at once
     b.on_datagram(dgram(tirs=[source_tir()]), APP, 0.05)
     (adv,) = frames(b)
-    assert adv == P.Advertisement(TOPIC, 1, OTID, P.StreamKind.TCP, 1, False)
+    assert adv == P.Advertisement(TOPIC, 1, OTID, P.StreamKind.TCP, 1, False,
+                                  session=session_key(source_tir().transport))
     assert b.advert_source(1) == TcpTransport("10.1.0.5", 14371)
     assert b.counters["adverts_sent"] == 1
     # the same source again is no news; a second interest re-advertises under the same id
@@ -116,6 +118,7 @@ def test_an_advertisement_becomes_a_proxy_at_the_relay_address():
     assert b.outputs() == [StartProxy(advert())]
     assert sent_tirs(b, 0.0) == []  # nothing advertised before the listener is bound
     assert b.proxy_listening(11, RELAY, 0.01)
+    assert b.outputs() == [ProxyUp(advert(), TcpTransport(*RELAY))]
     (tir,) = sent_tirs(b, 0.01)
     assert (tir.topic, tir.transport) == (TOPIC, TcpTransport(*RELAY))
     assert OtidOption(0x8000, OTID) in tir.options and DomainIdOption(0x8000, 2) in tir.options
@@ -135,7 +138,7 @@ def test_withdrawal_stops_the_proxy_and_sends_final_advertisements():
     b.tick(0.0)
     b.outputs()
     b.peer_frame(advert(withdraw=True), 1.0)
-    assert b.outputs() == [StopProxy(11)]
+    assert b.outputs() == [ProxyDown(11), StopProxy(11)]
     assert b.proxies() == {} and b.proxy_addresses() == {} and b.counters["withdrawals_received"] == 1
     finals = [t for now in (1.0, 1.01, 1.03, 2.0) for t in sent_tirs(b, now)]
     assert len(finals) == 3 and all(CostOption(0x80, 1, -1) in t.options for t in finals)
@@ -187,7 +190,9 @@ def test_link_down_stops_every_proxy_and_forgets_the_peer():
     b.proxy_listening(11, RELAY, 0.0)
     b.outputs()
     b.link_down(1.0)
-    assert sorted(o.advert_id for o in b.outputs() if isinstance(o, StopProxy)) == [11, 12]
+    out = b.outputs()
+    assert sorted(o.proxy_id for o in out if isinstance(o, StopProxy)) == [11, 12]
+    assert [o.advert_id for o in out if isinstance(o, ProxyDown)] == [11]  # 12 was never advertised
     assert b.proxies() == {} and b.advert_sources() == {} and b.portal.proxies() == []
     assert b.portal.remote_interests() == []
     b.on_datagram(dgram(tqrs=["md.new"]), APP, 1.1)
@@ -297,3 +302,95 @@ def test_bridges_sharing_a_link_number_their_adverts_together():
         b.on_datagram(dgram(tirs=[source_tir()]), APP, 0.2)
     aids = [f.advert_id for b in (b1, b2) for f in frames(b) if isinstance(f, P.Advertisement)]
     assert len(aids) == 2 and len(set(aids)) == 2
+
+
+def session_advert(aid, topic, session, index, transport=P.StreamKind.TCP, withdraw=False):
+    otid = bytes([0]) + bytes(range(1, 7)) + index.to_bytes(4, "big") + bytes(21)  # topic index at 7
+    return P.Advertisement(topic, 2, otid, transport, aid, withdraw, 0, session)
+
+
+def test_the_topics_of_one_peer_session_share_one_proxy():
+    """One listener per transport session of the peer (not per topic): every topic
+    of the session is advertised at its relay address with its own topic index;
+    the listener goes when the session's last topic goes, and a new stream names a
+    live topic of the session."""
+    b = bridge()
+    b.link_up(0.0)
+    b.peer_frame(session_advert(11, "md.s.a", 77, 1), 0.0)
+    b.peer_frame(session_advert(12, "md.s.b", 77, 2), 0.0)
+    out = b.outputs()
+    assert out == [StartProxy(session_advert(11, "md.s.a", 77, 1))]  # one listener for both
+    assert b.proxy_listeners() == 1 and sorted(b.proxies()) == [11, 12]
+    assert b.proxy_listening(11, RELAY, 0.01)
+    ups = b.outputs()
+    assert [(o.advert.advert_id, o.body) for o in ups] == [(11, TcpTransport(*RELAY)), (12, TcpTransport(*RELAY))]
+    tirs = sorted(sent_tirs(b, 0.01), key=lambda t: t.topic)
+    assert [(t.topic, t.transport, t.index) for t in tirs] == [
+        ("md.s.a", TcpTransport(*RELAY), 1), ("md.s.b", TcpTransport(*RELAY), 2)]
+    # a later topic of the session is advertised at once, at the same address
+    b.peer_frame(session_advert(13, "md.s.c", 77, 3), 0.1)
+    assert b.outputs() == [ProxyUp(session_advert(13, "md.s.c", 77, 3), TcpTransport(*RELAY))]
+    assert b.proxy_addresses() == {11: RELAY, 12: RELAY, 13: RELAY}
+    # another session, or the same number with another transport: a proxy of its own
+    b.peer_frame(session_advert(14, "md.t.a", 78, 1), 0.1)
+    b.peer_frame(session_advert(15, "md.u.a", 77, 1, transport=P.StreamKind.LBTRU), 0.1)
+    assert [o.advert.advert_id for o in b.outputs() if isinstance(o, StartProxy)] == [14, 15]
+    assert b.proxy_listeners() == 3
+    # the topic the listener was started for goes: the listener stays, streams name another
+    assert b.proxy_advert(11) == 11
+    b.peer_frame(session_advert(11, "md.s.a", 77, 1, withdraw=True), 0.2)
+    assert b.outputs() == [ProxyDown(11)] and b.proxy_advert(11) == 12
+    b.peer_frame(session_advert(12, "md.s.b", 77, 2, withdraw=True), 0.2)
+    b.peer_frame(session_advert(13, "md.s.c", 77, 3, withdraw=True), 0.2)
+    assert b.outputs() == [ProxyDown(12), ProxyDown(13), StopProxy(11)] and b.proxy_advert(11) is None
+    # a peer that re-uses advert id 14 (its proxy still runs) for another session: refused
+    b.peer_frame(session_advert(16, "md.t.b", 78, 2), 0.3)
+    b.peer_frame(session_advert(14, "md.t.a", 78, 1, withdraw=True), 0.3)
+    b.outputs()
+    b.peer_frame(session_advert(14, "md.v.a", 79, 1), 0.3)
+    assert b.outputs() == [] and b.counters["bad_advert"] == 1
+
+
+def test_proxies_are_bounded_by_sessions_and_by_topics():
+    tr = PortalTR("A", 1, src_id=b"A" * 8, mode="multicast", multicast=GROUP, now=0.0)
+    b = Bridge(tr, max_proxies=2, max_proxy_topics=5)
+    b.link_up(0.0)
+    for i in range(4):  # session 1: four topics, one listener
+        b.peer_frame(session_advert(1 + i, f"md.a.{i}", 1, i), 0.0)
+    b.peer_frame(session_advert(10, "md.b.0", 2, 0), 0.0)
+    b.peer_frame(session_advert(20, "md.c.0", 3, 0), 0.0)  # a third session: over max_proxies
+    b.peer_frame(session_advert(11, "md.b.1", 2, 1), 0.0)  # a sixth topic: over max_proxy_topics
+    assert [o.advert.advert_id for o in b.outputs() if isinstance(o, StartProxy)] == [1, 10]
+    assert b.proxy_listeners() == 2 and len(b.proxies()) == 5 and b.counters["proxies_full"] == 2
+
+
+def test_the_far_side_names_sessions_and_an_ended_session_concerns_all_its_topics():
+    b = bridge()
+    b.link_up(0.0)
+    topics = ["md.x", "md.y", "md.z"]
+    for t in topics:
+        b.peer_frame(P.Interest(P.InterestAction.ADD, t, 2), 0.0)
+    b.outputs()
+    otid = [bytes([0]) + bytes(6) + i.to_bytes(4, "big") + bytes(21) for i in range(3)]
+    tirs = [source_tir("md.x", 14371, otid[0]), source_tir("md.y", 14371, otid[1]),
+            source_tir("md.z", 14372, otid[2])]  # x and y: one session; z: another port
+    b.on_datagram(dgram(tirs=tirs), APP, 0.1)
+    adverts = {f.topic: f for f in frames(b)}
+    assert adverts["md.x"].session == adverts["md.y"].session != adverts["md.z"].session != 0
+    assert adverts["md.x"].session == session_key(TcpTransport("10.1.0.5", 14371))
+    # the session of md.x ended: both of its topics are queried, and withdrawn if silent
+    b.session_ended(adverts["md.x"].advert_id, 1.0)
+    assert sorted(sent_tqrs(b, 1.0)) == ["md.x", "md.y"]
+    assert b.source_ended(adverts["md.x"].advert_id, 1.0, 5.0)
+    gone = sorted(f.topic for f in frames(b) if f.withdraw)
+    assert gone == ["md.x", "md.y"] and b.advert_source(adverts["md.z"].advert_id) is not None
+
+
+def test_session_names_are_distinct_per_session_and_zero_for_lbtrm():
+    from lbmr_proto import LbtrmTransport, LbtruTransport, TcpSessionTransport
+    names = {session_key(TcpTransport("10.0.0.1", p)) for p in range(1000)}
+    names |= {session_key(LbtruTransport("10.0.0.1", p)) for p in range(1000)}
+    names |= {session_key(TcpSessionTransport("10.0.0.1", s, 5)) for s in range(1000)}
+    assert len(names) == 3000 and 0 not in names
+    assert session_key(TcpTransport("10.0.0.1", 7)) == session_key(TcpTransport("10.0.0.1", 7))
+    assert session_key(LbtrmTransport()) == 0

@@ -208,3 +208,54 @@ async def test_short_streams_are_delivered_before_the_close():
             await stream.aclose()
             assert got == pattern(100)
         n.cancel_scope.cancel()
+
+
+async def test_the_topics_of_one_source_session_share_one_proxy_and_one_stream():
+    """UM puts many topics on one transport session, and a receiver context
+    connects to a session once. The router serves the topics of a session with
+    one proxy: their proxy TIRs name one relay address (each with its topic's
+    index), and one receiver connection is one connection to the source."""
+    total = 4 * 1024 * 1024
+    topics = [f"md.session.{i}" for i in range(3)]
+    connections = []
+    data = pattern(total)
+
+    async def handler(stream):
+        connections.append(stream)
+        try:
+            await stream.send_all(data)
+        except trio.BrokenResourceError:
+            pass
+        await stream.aclose()
+
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        ra, rb = await start_routers(n, trd1, trd2)
+        listeners = await trio.open_tcp_listeners(0, host="127.0.1.5")
+        n.start_soon(trio.serve_listeners, handler, listeners)
+        ip, port = listeners[0].socket.getsockname()
+        body = L.TcpTransport(ip, port)
+        tirs = [L.TIR(t, body, 60, 10 + i, [L.OtidOption(0x8000, synthesize_otid(body, 10 + i))])
+                for i, t in enumerate(topics)]
+        packet = L.encode(L.Packet(0, 1, tirs=tirs))
+
+        async def advertise(sock):
+            while True:
+                await sock.sendto(packet, trd1)
+                await trio.sleep(0.5)
+
+        n.start_soon(advertise, udp(ip))
+        rcv_ctx = udp("127.0.2.9")
+        got_tirs = [await resolve(rcv_ctx, trd2, topic=t) for t in topics]
+        relay = {(t.transport.ip, t.transport.port) for t in got_tirs}
+        assert len(relay) == 1 and next(iter(relay))[0] == "127.0.2.1"
+        assert [t.index for t in got_tirs] == [10, 11, 12]
+        assert rb.bridge.proxy_listeners() == 1 and len(rb.bridge.proxies()) == 3
+        stream = await trio.open_tcp_stream(*next(iter(relay)))
+        got = bytearray()
+        with trio.fail_after(60):
+            while chunk := await stream.receive_some(1 << 16):
+                got += chunk
+        assert bytes(got) == data and len(connections) == 1
+        n.cancel_scope.cancel()

@@ -157,6 +157,32 @@ def test_handshake_both_sides_get_connected(a_caps, b_caps):
     assert math.isfinite(a.next_deadline()) and math.isfinite(b.next_deadline())
 
 
+def test_an_advertisement_names_its_session_only_to_a_peer_with_sessions():
+    f = Advertisement("md.a", 1, bytes(32), 0, 7, session=0x0123456789ABCDEF)
+    assert decode(encode(f)) == f and encode(decode(encode(f))) == encode(f)
+    plain = Advertisement("md.a", 1, bytes(32), 0, 7)
+    assert len(encode(f)) == len(encode(plain)) + 8 and decode(encode(plain)).session == 0
+    # the trailer is never 0 (0 is said by leaving it out), nor of another length
+    with pytest.raises(FrameDecodeError, match="session 0"):
+        decode(_with_payload(plain, plain.payload() + bytes(8)))
+    with pytest.raises(FrameDecodeError):
+        decode(_with_payload(plain, plain.payload() + b"\x01\x02\x03"))
+    # negotiated: carried; a peer without SESSIONS: left out when sending, an error when received
+    a, b = pair()
+    handshake(a, b)
+    assert a.capabilities & Capability.SESSIONS
+    assert b.receive_data(a.send(f, 1.0), 1.0) == [f]
+    a, b = pair(RouterIdentity("router-a", (1,), Capability.STREAMS), B_ID)
+    handshake(a, b)
+    assert b.receive_data(a.send(f, 1.0), 1.0) == [plain]
+    evs = a.receive_data(encode(f), 1.0)
+    assert isinstance(evs[0], ProtocolError) and "SESSIONS was not negotiated" in evs[0].reason
+
+
+def _with_payload(f, payload: bytes) -> bytes:
+    return encode_raw(int(f.TYPE), payload)
+
+
 def test_frames_of_a_capability_not_negotiated_are_refused():
     a, b = pair(RouterIdentity("router-a", (1,), Capability.STREAMS), B_ID)
     handshake(a, b)
@@ -1099,5 +1125,6 @@ async def test_loopback_tcp_handshake_interest_and_graceful_disconnect():
             nursery.start_soon(initiator)
     await listeners[0].aclose()
     assert [type(e) for e in la] == [Connected, Closed] and la[-1].initiated_by == "local"
-    assert lb == [Connected(lb[0].peer, 3), interest, DisconnectRequested("test over"),
+    assert lb == [Connected(lb[0].peer, int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS)),
+                  interest, DisconnectRequested("test over"),
                   Closed("test over", "peer")]

@@ -8,6 +8,7 @@ errors) with its events.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 import struct
@@ -273,8 +274,11 @@ class PeerConnection:
 
     def send(self, frame: Frame, now: float) -> bytes:
         """Encode an application frame (or DisconnectRequest / DisconnectResponse) and return
-        all pending outgoing bytes. :class:`LocalProtocolError` if not allowed now."""
+        all pending outgoing bytes. :class:`LocalProtocolError` if not allowed now. An
+        ADVERTISEMENT's session goes only to a peer that has capability SESSIONS."""
         self._check_send(frame)
+        if type(frame) is Advertisement and frame.session and not self.capabilities & Capability.SESSIONS:
+            frame = dataclasses.replace(frame, session=0)
         self._emit(frame, now)
         if isinstance(frame, DisconnectRequest):
             self._req_sent, self._req_reason = True, frame.reason
@@ -580,6 +584,8 @@ class PeerConnection:
             cap = _NEEDS_CAPABILITY.get(type(frame))
             if cap is not None and not self.capabilities & cap:
                 raise FrameDecodeError(f"{name} but capability {cap.name} was not negotiated")
+            if type(frame) is Advertisement and frame.session and not self.capabilities & Capability.SESSIONS:
+                raise FrameDecodeError("ADVERTISEMENT with a session but capability SESSIONS was not negotiated")
             if peer_done and not isinstance(frame, _RECEIVE_SIDE):
                 raise FrameDecodeError(f"{name} after the peer's DISCONNECT_"
                                        f"{'REQUEST' if self._peer_req else 'RESPONSE'}")

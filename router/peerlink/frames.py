@@ -101,9 +101,10 @@ class Capability(IntFlag):
     STREAMS = 0x01  # STREAM_* frames (TCP transport relay)
     DATAGRAMS = 0x02  # DATAGRAM frames (LBT-RU relay)
     ROUTING = 0x04  # TOPOLOGY frames (multi-hop routing)
+    SESSIONS = 0x08  # ADVERTISEMENT frames name the source's transport session
 
 
-DEFAULT_CAPABILITIES = int(Capability.STREAMS | Capability.DATAGRAMS)  # a router adds ROUTING
+DEFAULT_CAPABILITIES = int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS)  # a router adds ROUTING
 MAX_TOPOLOGY_ENTRIES = 4096  # domains, and peers, in one TOPOLOGY frame
 MAX_ROUTER_ID = 255  # bytes of a router id (its name) in a TOPOLOGY frame
 
@@ -411,7 +412,10 @@ class Advertisement(Frame):
     """A source of ``topic`` exists in ``origin_domain`` (``withdraw``: it is gone).
 
     ``transport`` is the LBMR TIR transport code; ``advert_id`` names the advertisement on this
-    link (STREAM_OPEN refers to it); ``hop_count`` counts routers already crossed."""
+    link (STREAM_OPEN refers to it); ``hop_count`` counts routers already crossed. ``session``
+    (capability SESSIONS; 0 = not said) names the source's transport session: advertisements
+    with the same transport and non-zero session are topics of one session, which the receiving
+    router serves with one proxy (one listener, one stream per receiver connection)."""
 
     TYPE: ClassVar[FrameType] = FrameType.ADVERTISEMENT
     topic: str
@@ -421,21 +425,31 @@ class Advertisement(Frame):
     advert_id: int
     withdraw: bool = False
     hop_count: int = 0
+    session: int = 0
 
     def payload(self) -> bytes:
         if not isinstance(self.otid, bytes | bytearray) or len(self.otid) != 32:
             raise FrameEncodeError(f"ADVERTISEMENT: OTID must be 32 bytes, not {self.otid!r}")
         flags = ADVERT_WITHDRAW if self.withdraw else 0
-        return (_pack(">IIBBH", self.origin_domain, self.advert_id, self.transport, flags,
-                      self.hop_count, what="ADVERTISEMENT")
-                + bytes(self.otid) + _str(self.topic, "topic"))
+        out = (_pack(">IIBBH", self.origin_domain, self.advert_id, self.transport, flags,
+                     self.hop_count, what="ADVERTISEMENT")
+               + bytes(self.otid) + _str(self.topic, "topic"))
+        if self.session:  # the optional trailer (capability SESSIONS)
+            out += _pack(">Q", self.session, what="ADVERTISEMENT session")
+        return out
 
     @classmethod
     def _parse(cls, r: PayloadReader):
         domain, advert_id, transport, flags, hops = r.u32(), r.u32(), r.u8(), r.u8(), r.u16()
         otid = r.raw(32)
-        return cls(r.string(), domain, otid, transport, advert_id, bool(flags & ADVERT_WITHDRAW),
-                   hops)
+        topic = r.string()
+        session = 0
+        if r.pos < len(r.buf):  # the optional trailer
+            session = r.u64()
+            if not session:
+                raise FrameDecodeError("ADVERTISEMENT: session 0 is said by leaving the field out")
+        return cls(topic, domain, otid, transport, advert_id, bool(flags & ADVERT_WITHDRAW),
+                   hops, session)
 
 
 @_frame
