@@ -697,16 +697,19 @@ def _cross_checks(c: _Checker, endpoints: list[EndpointConfig], peers: list[Peer
                                          "to the same router; one link per pair of routers")
         else:
             targets[key] = peer
-    ports: dict[int, PeerConfig] = {}
+    ports: dict[int, list[PeerConfig]] = {}
     for peer in peers:
         if peer.acceptor is None or not peer.acceptor.listen_port:
             continue
         port = peer.acceptor.listen_port
-        if port in ports:
+        # one port on two interfaces is fine; on the same one (or on any address) it is not
+        clash = [o for o in ports.get(port, ()) if not o.interface or not peer.interface
+                 or o.interface == peer.interface]
+        if clash:
             c.error(peer.acceptor.line, f'listen-port {port} of peer "{peer.name}" is already '
-                                        f'used by peer "{ports[port].name}" (line '
-                                        f"{ports[port].line})")
-        ports[port] = peer
+                                        f'used by peer "{clash[0].name}" (line '
+                                        f"{clash[0].line}) on the same interface")
+        ports.setdefault(port, []).append(peer)
         for ep in endpoints:
             if port in ep.relay.ports:
                 c.warn(peer.acceptor.line, f"listen-port {port} is inside the relay range "

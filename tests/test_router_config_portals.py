@@ -104,3 +104,21 @@ def test_tr_port_range_too_small_for_the_links(tmp_path):
     text = doc(portals=endpoint(tr) + peer(name="p1") + peer(INITIATOR2, name="p2"))
     expect_error(tmp_path, "narrow.xml", text, "<topic-resolution>", 'endpoint "ep" has 2 links',
                  "widen it to at least 2")
+
+
+def test_two_acceptors_on_one_port(tmp_path):
+    """One listen port for two acceptors: an error on the same interface (or with
+    one on any address); fine on two interfaces (a router in the middle of two
+    sites, one link address each)."""
+    text = doc(portals=endpoint() + peer(ACCEPTOR, name="p1") + peer(ACCEPTOR, name="p2"))
+    lines = [i + 1 for i, ln in enumerate(text.splitlines()) if "<acceptor>" in ln]
+    err = expect_error(tmp_path, "twoacc.xml", text, "<name>p2</name>",
+                       'listen-port 26123 of peer "p2" is already used by peer "p1"', offset=2)
+    assert err.line == lines[1] and f"(line {line_of(text, '<name>p1</name>') - 1})" in err.message
+    head = "        <interface>{}</interface>\n"
+    two = doc(portals=endpoint() + peer(ACCEPTOR, name="p1", tcp_head=head.format("127.0.0.1"))
+              + peer(ACCEPTOR, name="p2", tcp_head=head.format("127.0.0.2")))
+    assert [p.interface for p in expect_ok(tmp_path, "two.xml", two).peers] == ["127.0.0.1", "127.0.0.2"]
+    one_any = doc(portals=endpoint() + peer(ACCEPTOR, name="p1", tcp_head=head.format("127.0.0.1"))
+                  + peer(ACCEPTOR, name="p2"))
+    expect_error(tmp_path, "oneany.xml", one_any, "<name>p2</name>", "already used", offset=2)
