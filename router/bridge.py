@@ -69,7 +69,9 @@ Rules (unchanged from the router's first version):
   link's outbound and the endpoint's inbound lists can; a source of the TRD
   is advertised only if the endpoint's inbound (topic and transport
   session) and the link's outbound lists accept it, an ADVERTISEMENT is
-  proxied only if the link's inbound and the endpoint's outbound lists do.
+  proxied only if the link's inbound list does, and advertised in our TRD
+  only if the endpoint's outbound list does too (a topic that list rejects
+  may still be proxied for another link that wants it, unadvertised here).
   Each refusal counts ``acl_rejected`` (and :attr:`Bridge.acl_rejected` by
   portal), with an ``acl_rejected`` notice at the 1st, 2nd, 4th ... of a
   portal.
@@ -195,6 +197,8 @@ class Bridge:
         # (one listener each); those advertised in our TRD -> their listener's address
         self._sessions = ProxySessions()
         self._proxy_addr: dict[int, Addr] = {}
+        # proxied for other links only: our TRD's outbound ACL rejects their topics
+        self._transit_only: set[int] = set()
         # routing (set by a router with multi-hop routing, None = one hop): may the local
         # interest of our domain go on this link (is the peer our child in our tree)?
         # and does another link want a topic (a transit source is proxied here then)?
@@ -301,8 +305,9 @@ class Bridge:
         self._proxy_addr[f.advert_id] = ps.address
         hops = f.hop_count + 1
         cost = self.route_cost(f.origin_domain) if self.route_cost is not None else None
-        self.portal.add_proxy(ProxySource(f.advert_id, f.topic, ps.body, f.origin_domain, f.otid,
-                                          hop_count=hops, cost=hops if cost is None else cost), now)
+        if f.advert_id not in self._transit_only:
+            self.portal.add_proxy(ProxySource(f.advert_id, f.topic, ps.body, f.origin_domain, f.otid,
+                                              hop_count=hops, cost=hops if cost is None else cost), now)
         self._out.append(ProxyUp(f, ps.body))
 
     def proxy_advert(self, proxy_id: int) -> int | None:
@@ -509,11 +514,15 @@ class Bridge:
             self.counters["unrelayable_transport"] += 1
             return
         if not self._acl_ok(f.topic, "advertisement", True,
-                            (self.link_acl, self.link_acl.allows_source_in(f.topic, Session(f.transport))),
-                            (self.acl, self.acl.allows_source_out(f.topic))):
+                            (self.link_acl, self.link_acl.allows_source_in(f.topic, Session(f.transport)))):
             return
-        if self.require_interest and not self.portal.wants_proxy(f.topic) \
-                and not (self.transit_wants is not None and self.transit_wants(f.topic, f.origin_domain)):
+        transit = self.transit_wants is not None and self.transit_wants(f.topic, f.origin_domain)
+        # our TRD's outbound list keeps the topic out of our TRD only: another link may
+        # still want it through us (a proxy then runs for it, unadvertised here)
+        local = self._acl_ok(f.topic, "advertisement", True, (self.acl, self.acl.allows_source_out(f.topic)))
+        if not local and not transit:
+            return
+        if self.require_interest and not (local and self.portal.wants_proxy(f.topic)) and not transit:
             self.counters["adverts_unwanted"] += 1
             return
         ps = self._sessions.find(f)
@@ -530,6 +539,8 @@ class Bridge:
             self.counters["bad_advert"] += 1
             return
         ps, new = got
+        if not local:
+            self._transit_only.add(f.advert_id)
         if new:
             self._out.append(StartProxy(f))
         elif ps.address is not None:  # its session's listener is bound: advertise at once
@@ -540,6 +551,7 @@ class Bridge:
         if got is None:
             return
         ps, _, last = got
+        self._transit_only.discard(aid)
         if self._proxy_addr.pop(aid, None) is not None:
             self._out.append(ProxyDown(aid))
         if last:

@@ -794,3 +794,40 @@ async def test_e2e_acl_on_a_transit_router():
         assert r2.status()["acl"]["2-3"]["rejected"] >= 1
         assert r3.status()["acl"] == {}
         n.cancel_scope.cancel()
+
+
+async def test_e2e_endpoint_acl_of_a_transit_router_does_not_stop_transit():
+    """Chain r1 (TRD1, sources) - r2 (TRD2) - r3 (TRD3, receiver): r2's endpoint
+    portal rejects chain.hidden outbound (TRD2 must not see it). The topic still
+    passes through r2 to TRD3, by a proxy of r2 that is not advertised in TRD2;
+    a receiver in TRD2 never resolves it."""
+    from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
+
+    from .test_router_multihop import IPS, ROUTE_INFO, converged
+
+    hidden = PortalAcl("T2", outbound=acl(reject(TopicIs("chain.hidden")), accept(TopicPattern(".*")),
+                                          direction=Direction.OUTBOUND))
+
+    def router(name, d, trd, peers, **kw):
+        return MultiRouter(router_config(name, [lbmrd_endpoint(f"T{d}", d, [trd], interface=IPS[d], **kw)],
+                                         peers, route_info=ROUTE_INFO))
+
+    async with trio.open_nursery() as n:
+        trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2, 3)}
+        r2 = router("r2", 2, trds[2], [acceptor_peer("2-1", 0, interface="127.0.0.1"),
+                                       acceptor_peer("2-3", 0, interface="127.0.0.1")], acl=hidden)
+        p21, p23 = (lk["peer"] for lk in (await n.start(r2.run))["links"])
+        r1 = router("r1", 1, trds[1], [initiator_peer("1-2", *p21, reconnect_interval_ms=200)])
+        r3 = router("r3", 3, trds[3], [initiator_peer("3-2", *p23, reconnect_interval_ms=200)])
+        await n.start(r1.run)
+        await n.start(r3.run)
+        await converged((r1, r2, r3), (1, 2, 3))
+        src = await tcp_source(n, "127.0.1.5", 100_000)
+        n.start_soon(advertise_forever, udp("127.0.1.5"), trds[1], *src, "chain.hidden")
+        tir = await resolve(udp("127.0.3.9"), trds[3], topic="chain.hidden")
+        assert tir.transport.ip == IPS[3]
+        assert await fetch(tir.transport.ip, tir.transport.port) == pattern(100_000)
+        with pytest.raises(trio.TooSlowError):
+            await resolve(udp("127.0.2.9"), trds[2], timeout=2.0, topic="chain.hidden")
+        assert r2.status()["acl"]["T2"]["rejected"] >= 1
+        n.cancel_scope.cancel()
