@@ -39,7 +39,7 @@ DEFAULT_SOURCE_TIMEOUT_MS = 16000  # a proxied source with no TIR for this long 
 DEFAULT_REQUERY_INTERVAL_MS = 5000  # the portal queries its remote interest again this often
 DEFAULT_RU_IDLE_TIMEOUT_MS = 10000  # an LBT-RU stream ends after this long without a datagram
 DEFAULT_RU_MAX_STREAMS = 1024  # LBT-RU streams per link and side (the rest is for TCP)
-DEFAULT_MAX_PROXIES = 4096  # the peer's advertisements proxied at once (also bounded by the fd limit)
+DEFAULT_MAX_PROXIES = 4096  # proxies (one per source transport session) at once (also bounded by the fd limit)
 
 
 @functools.lru_cache(maxsize=256)
