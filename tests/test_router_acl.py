@@ -48,6 +48,7 @@ from .test_router_bridge import APP, GROUP, OTID, advert, dgram, source_tir
 from .test_router_config import doc, endpoint, expect_error, expect_ok, peer
 from .test_router_e2e import advertise_forever, pattern, resolve, start_lbmrd, tcp_source, udp
 from .test_router_faults import fetch
+from .test_router_multihop import IPS, ROUTE_INFO, converged
 
 ACCEPT, REJECT = Action.ACCEPT, Action.REJECT
 
@@ -755,32 +756,39 @@ async def test_e2e_acl_rejects_a_topic(tmp_path):
         n.cancel_scope.cancel()
 
 
+async def start_chain(n, *, link23_acl=None, endpoint2_acl=None):
+    """Chain r1 (TRD1) - r2 (TRD2) - r3 (TRD3) on loopback, converged: the lbmrds
+    by domain and the routers; ``link23_acl``: r2's peer portal towards r3,
+    ``endpoint2_acl``: r2's endpoint portal."""
+    from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
+
+    def router(name, d, trd, peers, **kw):
+        return MultiRouter(router_config(name, [lbmrd_endpoint(f"T{d}", d, [trd], interface=IPS[d], **kw)],
+                                         peers, route_info=ROUTE_INFO))
+
+    trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2, 3)}
+    more = {"acl": endpoint2_acl} if endpoint2_acl is not None else {}
+    link23 = {"acl": link23_acl} if link23_acl is not None else {}
+    r2 = router("r2", 2, trds[2], [acceptor_peer("2-1", 0, interface="127.0.0.1"),
+                                   acceptor_peer("2-3", 0, interface="127.0.0.1", **link23)], **more)
+    p21, p23 = (lk["peer"] for lk in (await n.start(r2.run))["links"])
+    r1 = router("r1", 1, trds[1], [initiator_peer("1-2", *p21, reconnect_interval_ms=200)])
+    r3 = router("r3", 3, trds[3], [initiator_peer("3-2", *p23, reconnect_interval_ms=200)])
+    await n.start(r1.run)
+    await n.start(r3.run)
+    await converged((r1, r2, r3), (1, 2, 3))
+    return trds, (r1, r2, r3)
+
+
 async def test_e2e_acl_on_a_transit_router():
     """Chain r1 (TRD1, sources) - r2 (TRD2) - r3 (TRD3, receiver): r2's peer
     portal towards r3 rejects chain.secret outbound. The receiver in TRD3 gets
     chain.ok through two hops; chain.secret never reaches TRD3 (r2 does not
     pass its interest on), though a receiver in TRD2 still gets it."""
-    from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
-
-    from .test_router_multihop import IPS, ROUTE_INFO, converged
-
     no_secret = PortalAcl("2-3", outbound=acl(reject(TopicIs("chain.secret")), accept(TopicPattern(".*")),
                                              direction=Direction.OUTBOUND))
-
-    def router(name, d, trd, peers):
-        return MultiRouter(router_config(name, [lbmrd_endpoint(f"T{d}", d, [trd], interface=IPS[d])], peers,
-                                         route_info=ROUTE_INFO))
-
     async with trio.open_nursery() as n:
-        trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2, 3)}
-        r2 = router("r2", 2, trds[2], [acceptor_peer("2-1", 0, interface="127.0.0.1"),
-                                       acceptor_peer("2-3", 0, interface="127.0.0.1", acl=no_secret)])
-        p21, p23 = (lk["peer"] for lk in (await n.start(r2.run))["links"])
-        r1 = router("r1", 1, trds[1], [initiator_peer("1-2", *p21, reconnect_interval_ms=200)])
-        r3 = router("r3", 3, trds[3], [initiator_peer("3-2", *p23, reconnect_interval_ms=200)])
-        await n.start(r1.run)
-        await n.start(r3.run)
-        await converged((r1, r2, r3), (1, 2, 3))
+        trds, (r1, r2, r3) = await start_chain(n, link23_acl=no_secret)
         for topic in ("chain.ok", "chain.secret"):
             src = await tcp_source(n, "127.0.1.5", 100_000)
             n.start_soon(advertise_forever, udp("127.0.1.5"), trds[1], *src, topic)
@@ -801,27 +809,10 @@ async def test_e2e_endpoint_acl_of_a_transit_router_does_not_stop_transit():
     portal rejects chain.hidden outbound (TRD2 must not see it). The topic still
     passes through r2 to TRD3, by a proxy of r2 that is not advertised in TRD2;
     a receiver in TRD2 never resolves it."""
-    from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
-
-    from .test_router_multihop import IPS, ROUTE_INFO, converged
-
     hidden = PortalAcl("T2", outbound=acl(reject(TopicIs("chain.hidden")), accept(TopicPattern(".*")),
                                           direction=Direction.OUTBOUND))
-
-    def router(name, d, trd, peers, **kw):
-        return MultiRouter(router_config(name, [lbmrd_endpoint(f"T{d}", d, [trd], interface=IPS[d], **kw)],
-                                         peers, route_info=ROUTE_INFO))
-
     async with trio.open_nursery() as n:
-        trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2, 3)}
-        r2 = router("r2", 2, trds[2], [acceptor_peer("2-1", 0, interface="127.0.0.1"),
-                                       acceptor_peer("2-3", 0, interface="127.0.0.1")], acl=hidden)
-        p21, p23 = (lk["peer"] for lk in (await n.start(r2.run))["links"])
-        r1 = router("r1", 1, trds[1], [initiator_peer("1-2", *p21, reconnect_interval_ms=200)])
-        r3 = router("r3", 3, trds[3], [initiator_peer("3-2", *p23, reconnect_interval_ms=200)])
-        await n.start(r1.run)
-        await n.start(r3.run)
-        await converged((r1, r2, r3), (1, 2, 3))
+        trds, (r1, r2, r3) = await start_chain(n, endpoint2_acl=hidden)
         src = await tcp_source(n, "127.0.1.5", 100_000)
         n.start_soon(advertise_forever, udp("127.0.1.5"), trds[1], *src, "chain.hidden")
         tir = await resolve(udp("127.0.3.9"), trds[3], topic="chain.hidden")
