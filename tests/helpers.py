@@ -12,6 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: lbmrd as a process, from this checkout (no installed script needed)
 LBMRD = [sys.executable, "-c", "import sys; from lbmrd.cli import main; sys.exit(main(sys.argv[1:]))"]
+#: lbmr-router and lbmr-sim the same way
+ROUTER = [sys.executable, "-c", "import sys; from router.cli import main; sys.exit(main(sys.argv[1:]))"]
+SIM = [sys.executable, "-m", "lbmr_tools.sim"]
 
 
 def free_port(kind=socket.SOCK_DGRAM, ip: str = "127.0.0.1") -> int:

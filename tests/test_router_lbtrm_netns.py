@@ -17,13 +17,11 @@ import sys
 import time
 
 from tests import netns
+from tests.helpers import LBMRD, ROUTER, SIM
 
 netns_factory = netns.netns_factory  # the fixture
 
 PY = sys.executable
-LBMRD = [PY, "-c", "import sys; from lbmrd.cli import main; sys.exit(main(sys.argv[1:]))"]
-ROUTER = [PY, "-c", "import sys; from router.cli import main; sys.exit(main(sys.argv[1:]))"]
-SIM = [PY, "-m", "lbmr_tools.sim"]
 COUNT = 3000
 
 ROUTER_XML = """<?xml version="1.0" encoding="UTF-8" ?>
