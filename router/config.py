@@ -80,6 +80,7 @@ from .config_model import (
     DEFAULT_TR_PORTS,
     MIN_MAX_QUEUE,
     AcceptorConfig,
+    DomainRoute,
     EndpointConfig,
     InitialRequest,
     InitiatorConfig,
@@ -91,6 +92,7 @@ from .config_model import (
     MulticastResolver,
     PeerConfig,
     PortRange,
+    RateLimit,
     RelayConfig,
     RemoteInterest,
     RouteInfoConfig,
@@ -122,6 +124,8 @@ __all__ = [
     "InitialRequest",
     "UseQuery",
     "InterestPacing",
+    "RateLimit",
+    "DomainRoute",
     "RemoteInterest",
     "TopicResolution",
     "RelayConfig",
@@ -140,6 +144,7 @@ __all__ = [
 
 
 _INT_MAX = 2**31 - 1  # timers and buffer sizes, as C ints in UM
+_BPS_MAX = 10**12  # <rate-limit bps>: a terabit a second is more than any link
 _DOMAIN_ID_MAX = 2**32 - 1  # u32 on the peer link, 0 invalid
 _NAME_MAX = 255  # characters in router and portal names
 _PEM_MAX = 1 << 20  # bytes read from a TLS file
@@ -388,25 +393,65 @@ def _daemon(c: _Checker, daemon: etree._Element) -> tuple[str, LogConfig, tuple[
     return name, log, metrics, stats
 
 
+def _rate_limit(c: _Checker, parent: etree._Element, default: RateLimit, what: str) -> RateLimit:
+    """The ``<rate-limit>`` child of a timing element (DRO units: bits a second,
+    objects a second; an attribute left out keeps the DRO's default for
+    ``parent``; 0 = no limit of that kind)."""
+    el = parent.find("rate-limit")
+    if el is None:
+        return default
+    limit = RateLimit(
+        c.attr_int(el, "bps", default.bps,
+                   f"bits a second 0..{_BPS_MAX} (0 = no limit by bits)", 0, _BPS_MAX),
+        c.attr_int(el, "objects-per-second", default.objects_per_second,
+                   f"{what} a second 0..{_INT_MAX} (0 = no limit by count)", 0, _INT_MAX))
+    if limit == RateLimit(0, 0) and parent.tag != "domain-route":
+        c.warn(el, f"<rate-limit> of <{parent.tag}> has bps 0 and objects-per-second 0: "
+                   f"{what} are not paced at all (a burst of them goes out at once)")
+    return limit
+
+
 def _use_query(c: _Checker, el: etree._Element | None) -> UseQuery:
     d = UseQuery()
     if el is None:
         return d
     return UseQuery(c.attr_ms(el, "timeout", d.timeout_ms),
                     c.attr_int(el, "max", d.max, f"a count 1..{_INT_MAX}", 1, _INT_MAX),
-                    c.attr_ms(el, "periodic-interval", d.periodic_interval_ms))
+                    c.attr_ms(el, "periodic-interval", d.periodic_interval_ms),
+                    _rate_limit(c, el, d.rate_limit, "use queries"))
+
+
+def _interval_pair(c: _Checker, el: etree._Element, lo_default: int,
+                   hi_default: int) -> tuple[int, int] | None:
+    lo = c.attr_ms(el, "min-interval", lo_default)
+    hi = c.attr_ms(el, "max-interval", hi_default)
+    if hi < lo:
+        c.error(el, f"<{el.tag}> min-interval {lo} is greater than max-interval {hi}")
+        return None
+    return lo, hi
 
 
 def _pacing(c: _Checker, el: etree._Element | None) -> InterestPacing:
     d = InterestPacing()
     if el is None:
         return d
-    lo = c.attr_ms(el, "min-interval", d.min_interval_ms)
-    hi = c.attr_ms(el, "max-interval", d.max_interval_ms)
-    if hi < lo:
-        c.error(el, f"<{el.tag}> min-interval {lo} is greater than max-interval {hi}")
-        return d
-    return InterestPacing(lo, hi)
+    pair = _interval_pair(c, el, d.min_interval_ms, d.max_interval_ms)
+    limit = _rate_limit(c, el, d.rate_limit, "interest refreshes")
+    return d if pair is None else InterestPacing(*pair, limit)
+
+
+def _domain_route(c: _Checker, el: etree._Element | None) -> DomainRoute | None:
+    """``<domain-route>``: values checked, then ignored with a warning."""
+    if el is None:
+        return None
+    d = DomainRoute()
+    pair = _interval_pair(c, el, d.min_interval_ms, d.max_interval_ms)
+    limit = _rate_limit(c, el, d.rate_limit, "domain route messages")
+    c.warn(el, "<domain-route> is ignored: lbmr-router sends no domain route messages (the "
+               "DRO's records that tell UM contexts which domains a router reaches, for "
+               "request/response and unicast immediate messages across domains)")
+    lo, hi = pair if pair is not None else (d.min_interval_ms, d.max_interval_ms)
+    return DomainRoute(lo, hi, limit, line=el.sourceline or 0)
 
 
 def _remote(c: _Checker, el: etree._Element | None, max_attr: str) -> RemoteInterest:
@@ -472,6 +517,7 @@ def _topic_resolution(c: _Checker, tr: etree._Element) -> TopicResolution:
         remote_topic_interest=_pacing(c, tr.find("remote-topic-interest")),
         remote_pattern_interest=_pacing(c, tr.find("remote-pattern-interest")),
         line=tr.sourceline or 0,
+        domain_route=_domain_route(c, tr.find("domain-route")),
     )
 
 

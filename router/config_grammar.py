@@ -15,8 +15,10 @@ from .acl_config import ACL_SESSION_ELEMENTS, ACL_TOPIC_ELEMENTS
 #: The DTD printed by ``lbmr-router -d`` (package data ``router/router.dtd``).
 DTD_TEXT: str = resources.files(__package__ or "router").joinpath("router.dtd").read_text(encoding="utf-8")
 
-_TIMING = ("<initial-request/>, <topic-use-query/>, <pattern-use-query/>, "
-           "<remote-topic-interest/>, <remote-pattern-interest/>")
+_TIMING = ("<initial-request/>, <topic-use-query>, <pattern-use-query>, "
+           "<remote-topic-interest>, <remote-pattern-interest>, <domain-route>")
+_TIMING_ELEMENTS = ("initial-request", "topic-use-query", "pattern-use-query",
+                    "remote-topic-interest", "remote-pattern-interest", "domain-route")
 _CONTENT = {
     "lbmr-router": "<daemon> followed by <portals>",
     "daemon": "<name>, then optionally <log>, <metrics>, <stats-interval>, <route-info/>, in this order",
@@ -39,6 +41,9 @@ _CONTENT = {
             "<udp-destination-port/>, <tcp-source-port/>, <xport-id/>"),
     "initiator": "<address> followed by <port>",
     "acceptor": "<listen-port>",
+    **{name: "at most one <rate-limit bps=\"..\" objects-per-second=\"..\"/>" for name in (
+        "topic-use-query", "pattern-use-query", "remote-topic-interest",
+        "remote-pattern-interest", "domain-route")},
     "tls": ("<certificate>, <certificate-key>, then optionally <certificate-key-password>, "
             "<trusted-certificates>, <cipher-suites>, in this order"),
 }
@@ -87,7 +92,7 @@ _DRO_HINTS = {
         "hotlink-index", "smart-batch", "batching", "sourcemap", "max-datagram",
         "sqn-window", "route-recalculation", "topicmap", "patternmap", "uid",
         "gid", "pidfile", "lbm-license-file", "context-query", "source-context-name",
-        "receiver-context-name", "domain-route", "rate-limit", "propagation-delay")},
+        "receiver-context-name", "propagation-delay")},
     **{name: _NO_FUNCTION for name in (
         "topic-purge", "topic-interest-generate", "topic-domain-activity", "pattern-purge",
         "pattern-interest-generate", "pattern-domain-activity", "topic-use-check",
@@ -141,6 +146,11 @@ def _content_message(el: etree._Element) -> str:
         if "multicast" not in where and "lbmrd" not in where:
             return ("<topic-resolution> needs <multicast group=\"..\" port=\"..\"/> or at "
                     'least one <lbmrd address=".." port=".."/>')
+        timing = [k.tag for k in kids if k.tag in _TIMING_ELEMENTS]
+        if "initial-request" in timing[1:] and timing.count("initial-request") == 1:
+            return (f"<initial-request> (line {where['initial-request'][0]}) must come before "
+                    f"the other timing elements of <topic-resolution> (the DRO's file has it "
+                    f"last): it must contain {_CONTENT['topic-resolution']}")
     want = _CONTENT.get(name, "other content")
     for need in _REQUIRED.get(name, ()):
         if need not in where:

@@ -125,20 +125,50 @@ class InitialRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimit:
+    """``<rate-limit>`` of a timing element, in the DRO's units: at most ``bps``
+    *bits* a second and ``objects_per_second`` messages (use queries, interest
+    refreshes) a second; 0 = no limit of that kind."""
+
+    bps: int
+    objects_per_second: int
+
+
+#: The DRO's defaults: use queries 500,000 bits and 500 queries a second, interest
+#: messages 500,000 bits a second (any number of them), domain route messages 50 a second.
+USE_QUERY_RATE_LIMIT = RateLimit(500_000, 500)
+INTEREST_RATE_LIMIT = RateLimit(500_000, 0)
+DOMAIN_ROUTE_RATE_LIMIT = RateLimit(0, 50)
+
+
+@dataclass(frozen=True, slots=True)
 class UseQuery:
-    """``<topic-use-query>`` / ``<pattern-use-query>``."""
+    """``<topic-use-query>`` / ``<pattern-use-query>`` (and its ``<rate-limit>``)."""
 
     timeout_ms: int = 3000
     max: int = 5
     periodic_interval_ms: int = 300000
+    rate_limit: RateLimit = USE_QUERY_RATE_LIMIT
 
 
 @dataclass(frozen=True, slots=True)
 class InterestPacing:
-    """``<remote-topic-interest>`` / ``<remote-pattern-interest>``."""
+    """``<remote-topic-interest>`` / ``<remote-pattern-interest>`` (and its ``<rate-limit>``)."""
 
     min_interval_ms: int = 1000
     max_interval_ms: int = 60000
+    rate_limit: RateLimit = INTEREST_RATE_LIMIT
+
+
+@dataclass(frozen=True, slots=True)
+class DomainRoute:
+    """``<domain-route>``: accepted for DRO files and ignored with a warning
+    (lbmr-router sends no domain route messages); kept to show what was read."""
+
+    min_interval_ms: int = 100
+    max_interval_ms: int = 1000
+    rate_limit: RateLimit = DOMAIN_ROUTE_RATE_LIMIT
+    line: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +200,7 @@ class TopicResolution:
     remote_topic_interest: InterestPacing = InterestPacing()
     remote_pattern_interest: InterestPacing = InterestPacing()
     line: int = field(default=0, compare=False)
+    domain_route: DomainRoute | None = None  # given in the file (and ignored), else None
 
     @property
     def kind(self) -> str:

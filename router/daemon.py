@@ -115,8 +115,10 @@ async def open_peer_stream(peer: PeerConfig) -> trio.SocketStream:
 
 
 def portal_timing(e: EndpointConfig) -> dict:
-    """The endpoint's ``<topic-resolution>`` timing, ``<remote-topic>`` and
-    ``<remote-pattern>`` as :class:`router.tr.PortalTR` arguments (seconds)."""
+    """The endpoint's ``<topic-resolution>`` timing (with the ``<rate-limit>``s of
+    its elements), ``<remote-topic>`` and ``<remote-pattern>`` as
+    :class:`router.tr.PortalTR` arguments (seconds; rate limits as (bits a
+    second, objects a second))."""
     tr = e.topic_resolution
 
     def uq(u) -> UseQuery:
@@ -125,10 +127,16 @@ def portal_timing(e: EndpointConfig) -> dict:
     def rc(r) -> RemoteCheck:
         return RemoteCheck(r.check_interval_ms / 1000.0, r.max, r.timeout_ms / 1000.0)
 
+    def rl(timing) -> tuple[float, float]:
+        return float(timing.rate_limit.bps), float(timing.rate_limit.objects_per_second)
+
     ir = tr.initial_request
     return dict(
         initial_request=(ir.periodic_interval_ms / 1000.0, float(ir.duration_s)),
         use_query=uq(tr.topic_use_query), pattern_use_query=uq(tr.pattern_use_query),
+        use_query_limit=rl(tr.topic_use_query), pattern_use_query_limit=rl(tr.pattern_use_query),
+        refresh_limit=rl(tr.remote_topic_interest),
+        pattern_refresh_limit=rl(tr.remote_pattern_interest),
         refresh_pacing=(tr.remote_topic_interest.min_interval_ms / 1000.0,
                         tr.remote_topic_interest.max_interval_ms / 1000.0),
         pattern_refresh_pacing=(tr.remote_pattern_interest.min_interval_ms / 1000.0,

@@ -83,8 +83,8 @@ Rules this module chose (the issue leaves them open):
   is how receivers that left while resolved (and so went quiet) are noticed.
   A use response ("in use", flag 0x80), a TQR or a WC-TQR answers; a
   leave-topic record makes the interest due for a use query at once. Use
-  queries are paced (``use_query_rate``, the DRO's 500 a second) and
-  batched. Without use queries (embedding default): it ends once
+  queries are paced (``use_query_limit``: the DRO's ``<rate-limit>``, 500 a
+  second and 500,000 bits a second by default in the router) and batched. Without use queries (embedding default): it ends once
   ``interest_timeout`` seconds have passed with neither a TQR for it nor a
   proxy advertised here for it (while we advertise a proxy the interest is
   held; the countdown starts again when the last such proxy is removed).
@@ -194,7 +194,8 @@ from .wildcard import Matcher, PatternError
 __all__ = [
     "Addr", "Outgoing", "ProxySource", "LocalInterest", "LocalInterestGone", "SourceSeen",
     "SourceGone", "LocalInterestRefresh", "RemoteInterestExpired", "UseQuery", "PortalTR", "Timing", "PATTERN_TOPIC", "PATTERN_PCRE", "PATTERN_REGEX",
-    "synthesize_otid", "otid_topic_index", "relay_transport",
+    "synthesize_otid", "otid_topic_index", "relay_transport", "interest_frame_size",
+    "INTEREST_FRAME_OVERHEAD",
 ]
 
 Addr = tuple[str, int]
@@ -382,6 +383,67 @@ class _Proxy(_Timer):
         return self.sched.next
 
 
+#: Bytes of an LBRP INTEREST frame besides its topic's UTF-8 bytes: the 12-byte
+#: frame header, action, pattern type, domain id (4) and the topic's 2-byte length
+#: (:class:`router.peerlink.Interest`; a test checks the two agree).
+INTEREST_FRAME_OVERHEAD = 20
+
+
+_TMB_HEADER = 8  # a TOPIC_MGMT datagram: packet header (4), TMB header (4), records, trailer
+
+
+def interest_frame_size(topic: str) -> int:
+    """Bytes of the INTEREST frame for ``topic`` (what a refresh costs on the link)."""
+    return INTEREST_FRAME_OVERHEAD + len(topic.encode("utf-8", "surrogateescape"))
+
+
+class _RatePacer:
+    """The DRO's ``<rate-limit>``: at most ``per_second`` objects and ``bps`` bits
+    a second (0: no limit of that kind).
+
+    One virtual clock per limit (the generic cell rate algorithm): an object
+    advances it by its cost (``1/per_second`` seconds, or its bits / ``bps``);
+    an object may go once every clock has reached now; a clock never lags now
+    by more than its slack, which bounds a burst to ``burst`` objects and to a
+    tenth of a second's bits (at least ``burst_bytes``, one datagram)."""
+
+    __slots__ = ("gap", "obj_slack", "obj_next", "bit_time", "bit_slack", "bit_next")
+
+    def __init__(self, limit: tuple[float, float], burst: int, burst_bytes: int) -> None:
+        bps, per_second = limit
+        if not (0 <= bps < math.inf and 0 <= per_second < math.inf):
+            raise ValueError(f"rate limit (bps, per second) must be >= 0 and finite, not {limit!r}")
+        self.gap = 1.0 / per_second if per_second else 0.0
+        self.obj_slack = burst * self.gap
+        self.obj_next = -math.inf
+        self.bit_time = 1.0 / bps if bps else 0.0  # seconds a bit
+        self.bit_slack = max(0.1, 8 * burst_bytes * self.bit_time) if bps else 0.0
+        self.bit_next = -math.inf
+
+    def reserve(self, now: float, nbytes: int, deferred_extra: int = 0) -> float:
+        """Charge one object of ``nbytes`` bytes (``deferred_extra`` more if it
+        must wait: it will go alone, in a datagram of its own) and return when
+        it may go (``<= now + EPS``: at once; later: the slot now reserved for it)."""
+        at = -math.inf
+        if self.gap:
+            at = max(self.obj_next, now - self.obj_slack)
+        if self.bit_time:
+            at = max(at, self.bit_next, now - self.bit_slack)
+        t = max(at, now)
+        if self.gap:
+            self.obj_next = max(self.obj_next, t - self.obj_slack) + self.gap
+        if self.bit_time:
+            if at > now + EPS:
+                nbytes += deferred_extra
+            self.bit_next = max(self.bit_next, t - self.bit_slack) + 8 * nbytes * self.bit_time
+        return at
+
+    def charge(self, now: float, nbytes: int) -> None:
+        """Charge ``nbytes`` more bytes sent at ``now`` (bits only: datagram headers)."""
+        if self.bit_time:
+            self.bit_next = max(self.bit_next, now - self.bit_slack) + 8 * nbytes * self.bit_time
+
+
 class _Pacer:
     """At most ``rate`` events a second, in bursts of at most ``burst``."""
 
@@ -440,7 +502,7 @@ class _Interest(_Timer):
     queries ``uq``) and the pacing of its INTEREST REFRESHes."""
 
     __slots__ = ("key", "refreshed", "timeout", "uq", "unanswered", "last_query", "slot",
-                 "next_refresh", "refresh_gap")
+                 "next_refresh", "refresh_gap", "refresh_slot")
 
     def __init__(self, key: tuple[int, str], now: float, timeout: float, uq: UseQuery | None,
                  refresh_gap: float) -> None:
@@ -454,6 +516,7 @@ class _Interest(_Timer):
         self.slot: float | None = None  # paced time reserved for the next use query
         self.refresh_gap = refresh_gap
         self.next_refresh = now + refresh_gap
+        self.refresh_slot = False  # next_refresh is a slot reserved by the refresh rate limit
 
     def expiry_due(self) -> float:
         uq = self.uq
@@ -528,9 +591,19 @@ class PortalTR:
     a proxy holds it, and is dropped after ``max`` unanswered ones; a use
     response, a TQR (WC-TQR) or a leave-topic notice followed by an answer
     keeps it; at most ``use_query_rate`` use queries a second (bursts of 50).
+    ``use_query_limit`` / ``pattern_use_query_limit``: the DRO's
+    ``<rate-limit>`` of the use queries of topics / patterns, ``(bps,
+    per_second)``: at most ``bps`` bits a second (of the TOPIC_MGMT datagrams,
+    headers included) and ``per_second`` use queries a second, 0 = no limit of
+    that kind (None: ``(0, use_query_rate)``).
     ``refresh_pacing`` / ``pattern_refresh_pacing``: ``(min, max)`` seconds:
     each live local interest yields :class:`LocalInterestRefresh` after
-    ``min``, then at doubling gaps up to ``max``. ``remote_topic`` /
+    ``min``, then at doubling gaps up to ``max``; ``refresh_limit`` /
+    ``pattern_refresh_limit`` (``(bps, per_second)`` as above, None = none)
+    bound them: at most ``bps`` bits a second of INTEREST REFRESH frames
+    (:func:`interest_frame_size`) and ``per_second`` refreshes a second, a
+    refresh over the limit waits for the next free slot. Bursts: at most 50
+    objects and a tenth of a second's bits (at least one datagram). ``remote_topic`` /
     ``remote_pattern`` (:class:`RemoteCheck`): remote interest not refreshed
     for ``timeout`` is dropped (:class:`RemoteInterestExpired`).
     ``initial_request``: ``(period, duration)`` seconds: a TR request
@@ -548,8 +621,12 @@ class PortalTR:
                  query_rate: float = 5000.0, max_remote_interests: int = 20_000,
                  use_query: UseQuery | None = None, pattern_use_query: UseQuery | None = None,
                  use_query_rate: float = 500.0,
+                 use_query_limit: tuple[float, float] | None = None,
+                 pattern_use_query_limit: tuple[float, float] | None = None,
                  refresh_pacing: tuple[float, float] | None = None,
                  pattern_refresh_pacing: tuple[float, float] | None = None,
+                 refresh_limit: tuple[float, float] | None = None,
+                 pattern_refresh_limit: tuple[float, float] | None = None,
                  remote_topic: RemoteCheck | None = None, remote_pattern: RemoteCheck | None = None,
                  initial_request: tuple[float, float] | None = None,
                  now: float) -> None:
@@ -611,7 +688,14 @@ class PortalTR:
         self._query_pacer = _Pacer(query_rate, 500)
         self.max_remote_interests = max_remote_interests
         self.use_query, self.pattern_use_query = use_query, pattern_use_query
-        self._use_pacer = _Pacer(use_query_rate, 50)
+        # the DRO's <rate-limit>s: use queries of topics / patterns, INTEREST REFRESHes
+        use_default = (0.0, float(use_query_rate))
+        self._use_pacers = (
+            _RatePacer(use_query_limit or use_default, 50, max_datagram),
+            _RatePacer(pattern_use_query_limit or use_default, 50, max_datagram))
+        self._refresh_pacers = tuple(
+            None if lim is None or not any(lim) else _RatePacer(lim, 50, max_datagram)
+            for lim in (refresh_limit, pattern_refresh_limit))
         self.refresh_pacing, self.pattern_refresh_pacing = refresh_pacing, pattern_refresh_pacing
         self._checkers = {PATTERN_TOPIC: _RemoteChecker(remote_topic, now) if remote_topic else None,
                           PATTERN_PCRE: _RemoteChecker(remote_pattern, now) if remote_pattern else None}
@@ -625,7 +709,9 @@ class PortalTR:
         self._targets = Targets(self.daemons, self.multicast, self.timing, now,
                                 last_tx=now - self.timing.keepalive_interval)
         self._out: list[Outgoing] = []
-        self._tmrs: list[bytes] = []  # use queries due (encoded TMRs), sent at the end of tick
+        # use queries due (encoded TMRs, and the pacer that pays the headers of the
+        # datagram each opens: None = paid already), sent at the end of tick
+        self._tmrs: list[tuple[bytes, _RatePacer | None]] = []
         self._events: list = []
         self._st: Counter[str] = Counter()
         self._heap: list[tuple[float, int, _Timer]] = []
@@ -1056,16 +1142,34 @@ class PortalTR:
             tm.next = now + tm.period
 
     def _fire_interest(self, li: _Interest, now: float) -> None:
+        """Expiry and use queries first, then (if the interest lives on) its refresh."""
+        limit = now + EPS
+        if li.expiry_due() <= limit:
+            self._expire_or_use_query(li, now)
+            if not li.alive:
+                return  # no refresh for an interest that ends at this instant
+        if li.next_refresh > limit:
+            return
+        pt, topic = li.key
+        pacer = self._refresh_pacers[pt != PATTERN_TOPIC]
+        at = -math.inf
+        if pacer is not None and not li.refresh_slot:
+            at = pacer.reserve(now, interest_frame_size(topic))
+        if at > limit:  # over the rate limit: wait for the slot reserved
+            li.next_refresh = at
+            li.refresh_slot = True
+            self._st["interest_refreshes_deferred"] += 1
+            return
+        li.refresh_slot = False
+        self._events.append(LocalInterestRefresh(topic, pt != PATTERN_TOPIC, pt))
+        pace = self.refresh_pacing if pt == PATTERN_TOPIC else self.pattern_refresh_pacing
+        li.refresh_gap = min(li.refresh_gap * 2.0, pace[1])
+        li.next_refresh = now + li.refresh_gap
+
+    def _expire_or_use_query(self, li: _Interest, now: float) -> None:
         st = self._st
         pt, topic = li.key
         limit = now + EPS
-        if li.next_refresh <= limit:
-            self._events.append(LocalInterestRefresh(topic, pt != PATTERN_TOPIC, pt))
-            pace = self.refresh_pacing if pt == PATTERN_TOPIC else self.pattern_refresh_pacing
-            li.refresh_gap = min(li.refresh_gap * 2.0, pace[1])
-            li.next_refresh = now + li.refresh_gap
-        if li.expiry_due() > limit:
-            return
         uq = li.uq
         if uq is None:  # no use queries: held by a proxy, else gone after interest_timeout
             if self._pinned(li.key):
@@ -1073,21 +1177,25 @@ class PortalTR:
                 return
             self._drop_interest(li, "local_interest_expired")
             return
+        flags = 0 if pt == PATTERN_TOPIC else (TMR_PCRE if pt == PATTERN_PCRE else TMR_REGEX)
+        record = TMR(topic, TMR_TOPIC_USE, flags).encode()
+        pacer = self._use_pacers[pt != PATTERN_TOPIC]
         if li.slot is None:
             if li.refreshed >= li.last_query:
                 li.unanswered = 0  # answered (or heard from) since the last use query
             if li.unanswered >= uq.max:
                 self._drop_interest(li, "local_interest_unanswered")
                 return
-            at = self._use_pacer.free_at(now)
-            self._use_pacer.next = at + self._use_pacer.gap
+            # one that waits goes in a datagram of its own: its headers are paid now
+            at = pacer.reserve(now, len(record), _TMB_HEADER + len(self.trailer))
             if at > limit:
                 li.slot = at
                 st["use_queries_deferred"] += 1
                 return
-        li.slot = None
-        flags = 0 if pt == PATTERN_TOPIC else (TMR_PCRE if pt == PATTERN_PCRE else TMR_REGEX)
-        self._tmrs.append(TMR(topic, TMR_TOPIC_USE, flags).encode())
+            self._tmrs.append((record, pacer))  # headers paid by the datagram it opens
+        else:
+            li.slot = None
+            self._tmrs.append((record, None))  # paid in full when its slot was reserved
         li.unanswered += 1
         li.last_query = now
         st["use_queries_sent"] += 1
@@ -1123,16 +1231,21 @@ class PortalTR:
         batch: list[bytes] = []
         size = 0
         st = self._st
-        for i, rec in enumerate(tmrs + [b""]):
+        opener = None  # the pacer of a datagram's first record pays its headers
+        for i, (rec, pacer) in enumerate(tmrs + [(b"", None)]):
             if batch and (i == len(tmrs) or size + len(rec) > room):
                 body = b"".join(batch)
                 data = (bytes((_V1_OPTIONS | PacketType.TOPIC_MGMT, 0, 0, 0))
                         + struct.pack("!HH", 4 + len(body), len(batch)) + body + self.trailer)
                 self._out.append(Outgoing(data, dest))
+                if opener is not None:
+                    opener.charge(now, len(data) - len(body))
                 st["datagrams_sent"] += 1
                 st["bytes_sent"] += len(data)
                 st["use_query_datagrams_sent"] += 1
                 batch, size = [], 0
+            if not batch:
+                opener = pacer
             batch.append(rec)
             size += len(rec)
 
