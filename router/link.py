@@ -67,6 +67,11 @@ PEEK_SIZE = 64 << 10  # bytes peeked: whole bursts of control frames and datagra
 PEEK_AFTER_SPLICE = 4 << 10  # ... but after a spliced frame, likely followed by another, less
 RX_PIPES = 4  # pipes one stream may fill before its bytes take the copy path (4 MiB: its window)
 ZERO_COPY = os.environ.get("LBMR_ROUTER_ZERO_COPY", "1") != "0"
+# Zero-copy writer: encoded frames taken from the queue at a time (before one held frame),
+# and bytes written by one drain before the writer lets other tasks run.
+TX_BATCH = 256 << 10
+DRAIN_BUDGET = 8 << 20
+_DONE, _BLOCKED, _MORE = "done", "blocked", "more"
 _DATA_HEAD = P.HEADER_SIZE + 4  # header and stream id of a STREAM_DATA frame
 _LEN4 = struct.pack(">I", 4)
 
@@ -156,6 +161,13 @@ class Link:
         self._scratch: bytearray | None = None
         self.spliced_in = 0  # payload bytes spliced from the link / into it
         self.spliced_out = 0
+        # zero-copy writer: bytes taken from the queue and not yet written, then the held
+        # frame whose payload follows them (``_tx_left`` bytes of it still in its pipe)
+        self._tx: memoryview | None = None
+        self._tx_held: S.HeldData | None = None
+        self._tx_left = 0
+        self._draining = False
+        self.tx_blocked = 0  # times the zero-copy writer found the socket full mid-frame
         self.outq = P.OutQueue(max_control=MAX_CONTROL_FRAMES, max_data_bytes=max_queue)
         self.raw = bytearray()  # bytes the connection produced (handshake, acks)
         self.raw_taken = trio.Event()  # set (and replaced) whenever the writer takes ``raw``
@@ -174,19 +186,45 @@ class Link:
     def connected(self) -> bool:
         return self.conn.state is P.State.CONNECTED
 
-    def put(self, frame: P.Frame) -> bool:
+    def put(self, frame: P.Frame, wake: bool = True) -> bool:
         try:
             ok = self.outq.put(frame)
         except P.OutQueueOverflow as e:
             log.error("peer %s: %s; closing the link", self.peer_name, e)
             self.closed = True
             ok = False
-        self.wake_writer.set()
+        if wake:
+            self.wake_writer.set()
         return ok
 
-    def flush_streams(self) -> None:
-        for f in self.streams.frames_to_send():
-            self.put(f)
+    def flush_streams(self, direct: bool = False) -> None:
+        """Queue the stream table's frames for the writer. ``direct`` (the data pumps, after
+        queueing a frame of their own): on a zero-copy link whose writer is not in the middle
+        of a frame, write what the socket takes now, from this task (no scheduler round trip
+        to the writer per frame); the writer task does the rest."""
+        frames = self.streams.frames_to_send()
+        if not direct or self._sock is None:
+            for f in frames:
+                self.put(f)
+            return
+        for f in frames:
+            self.put(f, wake=False)
+        self.send_now()
+
+    def send_now(self) -> None:
+        """Write what is queued, as far as the socket takes it at once (zero-copy links; the
+        writer task otherwise). Never waits, never raises: a failing socket is the writer's
+        to find."""
+        if (self._sock is None or self._tx is not None or self._tx_held is not None
+                or self.closed or self._draining):
+            self.wake_writer.set()
+            return
+        try:
+            done = self._drain(trio.current_time()) is _DONE
+        except OSError:
+            done = False
+        if not done:
+            self.wake_writer.set()
 
     def push_raw(self, data: bytes) -> None:
         if data:
@@ -202,6 +240,9 @@ class Link:
         scope.cancel()
 
     async def writer(self) -> None:
+        if self._sock is not None:
+            await self._writer_zero_copy()
+            return
         popped: list = []  # taken from the queue, not yet written (their pipes, on the way out)
         i = 0
         try:
@@ -245,6 +286,143 @@ class Link:
             for f in popped[i:]:
                 if type(f) is S.HeldData:
                     self._drop_held(f)
+
+    # --------------------------------------------- writing, zero-copy links
+
+    async def _writer_zero_copy(self) -> None:
+        """The writer of a zero-copy link: :meth:`_drain` (also called by the data pumps
+        through :meth:`send_now`) writes without waiting; this task waits for the socket
+        when it is full, and for work when everything is written."""
+        try:
+            while not self.closed:
+                if self.closing and not self.raw and self._tx is None and self._tx_held is None:
+                    self.writer_done.set()
+                    return
+                self.wake_writer = trio.Event()  # work queued from here on wakes us
+                got = self._drain(trio.current_time())
+                if got is _BLOCKED:
+                    await self._wait(trio.lowlevel.wait_writable)
+                elif got is _MORE:
+                    await trio.lowlevel.checkpoint()
+                elif not self.closing:  # (closing: everything is written, the top ends it)
+                    await self.wake_writer.wait()
+        finally:
+            held, self._tx_held = self._tx_held, None
+            self._tx = None
+            if held is not None:
+                self._drop_held(held)
+
+    def _drain(self, now: float) -> object:
+        """Write the frame in progress, then the connection's own bytes and the queued frames,
+        until everything is written (``_DONE``), the socket is full (``_BLOCKED``) or
+        DRAIN_BUDGET bytes went (``_MORE``: the rest after a checkpoint)."""
+        budget = DRAIN_BUDGET
+        self._draining = True
+        try:
+            while True:
+                if self._tx is not None or self._tx_held is not None:
+                    sent = self._write_tx()
+                    if sent < 0:
+                        self.tx_blocked += 1
+                        return _BLOCKED
+                    budget -= sent
+                if budget <= 0:
+                    return _MORE if (self.raw or self.outq) else _DONE
+                if not self._next_tx(now):
+                    return _DONE
+        finally:
+            self._draining = False
+
+    def _write_tx(self) -> int:
+        """Write ``_tx`` (with MSG_MORE when a held frame's payload follows) and then that
+        payload from its pipe: the bytes written, or -1 when the socket is full first."""
+        sock = self._sock
+        sent = 0
+        tx = self._tx
+        held = self._tx_held
+        while tx is not None:
+            try:
+                k = sock.send(tx, socket.MSG_MORE if held is not None else 0)
+            except (BlockingIOError, InterruptedError):
+                self._tx = tx
+                return -1
+            sent += k
+            tx = tx[k:] if k < len(tx) else None
+        self._tx = None
+        if held is None:
+            return sent
+        pipe = held.holder.pipe
+        fd = sock.fileno()
+        left = self._tx_left
+        while left:
+            try:
+                k = splice(pipe.r, fd, left)
+            except (BlockingIOError, InterruptedError):
+                self._tx_left = left
+                return -1
+            if k == 0:
+                raise OSError(f"pipe of stream {held.stream_id} ran dry with {left} bytes to go")
+            left -= k
+            pipe.held -= k
+            sent += k
+        self._tx_left = 0
+        self._tx_held = None
+        self.spliced_out += held.nbytes
+        self._drop_held(held)
+        return sent
+
+    def _next_tx(self, now: float) -> bool:
+        """Take the next bytes to write: the connection's own bytes, then queued frames
+        (encoded, up to TX_BATCH bytes) up to and including one HeldData frame, whose
+        payload is then spliced from its pipe. False when there is nothing to write."""
+        parts: list = []
+        if self.raw:
+            parts.append(bytes(self.raw))
+            self.raw.clear()
+            self.raw_taken.set()
+            self.raw_taken = trio.Event()
+        freed = False
+        state = self.conn.state
+        if state is P.State.CONNECTED or state is P.State.DISCONNECTING:
+            outq = self.outq
+            size = 0
+            while outq and size < TX_BATCH:
+                f = outq.pop()
+                if type(f) is S.HeldData:
+                    freed = True
+                    empty = P.StreamData(f.stream_id, b"")
+                    if not self.conn.can_send(empty):
+                        self._drop_held(f)
+                        continue
+                    head = bytearray(self.conn.send(empty, now))
+                    struct.pack_into(">I", head, len(head) - 8, 4 + f.nbytes)
+                    self.conn.stats.bytes_sent += f.nbytes
+                    parts.append(head)
+                    self._tx_held = f
+                    self._tx_left = f.nbytes
+                    break
+                if type(f) is S.DatagramBatch:
+                    freed = True
+                    if self.conn.can_send(P.Datagram(f.stream_id, b"")):
+                        data = f.encode()
+                        parts.append(self.conn.data_to_send())  # anything before it
+                        parts.append(data)
+                        self.conn.stats.frames_sent += len(f.datagrams)
+                        self.conn.stats.bytes_sent += len(data)
+                        size += len(data)
+                elif self.conn.can_send(f):
+                    data = self.conn.send(f, now)
+                    parts.append(data)
+                    size += len(data)
+                    freed = freed or type(f) is P.StreamData
+        if freed:
+            for st in self.state.values():
+                st.credit.set()  # queue space freed: writers may retry
+        if not parts:
+            return self._tx_held is not None
+        out = b"".join(parts)
+        self._tx = memoryview(out) if out else None
+        return self._tx is not None or self._tx_held is not None
 
     async def _send(self, data: bytes, more: bool = False) -> None:
         if self._sock is None:
@@ -608,7 +786,7 @@ class Link:
             return True
         finally:
             if moved:
-                self.flush_streams()
+                self.flush_streams(direct=True)
 
     def pipe_out(self, st: StreamState, seg: PipeSeg, k: int) -> None:
         """``k`` bytes of the head segment ``seg`` went to the stream's socket: account
@@ -666,6 +844,10 @@ class Link:
     def down(self) -> None:
         """The link has ended: close every stream's state and socket, release every pipe."""
         self.closed = True
+        held, self._tx_held = self._tx_held, None
+        self._tx = None
+        if held is not None:
+            self._drop_held(held)
         for f in self.outq.take_all():
             if isinstance(f, S.HeldData):
                 self._drop_held(f)

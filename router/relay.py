@@ -490,12 +490,14 @@ class Relay:
     async def _pump(self, link: Link, st: StreamState) -> None:
         """Both directions of a TCP stream; returns when either side ends.
         The stream is closed towards the peer however it ends (even cancelled)."""
+        link.pipes.stream_started()
         try:
             async with trio.open_nursery() as n:
                 n.start_soon(self._pump_up, link, st, n.cancel_scope)
                 n.start_soon(self._pump_down, link, st, n.cancel_scope)
         finally:
             self._close_stream(link, st)
+            link.pipes.stream_ended()
 
     async def _pump_up(self, link: Link, st: StreamState, scope) -> None:
         """Socket -> peer link, within the stream's credit and the queue's space."""
@@ -590,7 +592,7 @@ class Relay:
                 chunk.done = True
                 link.pipes.release(pipe)
                 return False
-            link.flush_streams()
+            link.flush_streams(direct=True)
 
     async def _pump_down(self, link: Link, st: StreamState, scope) -> None:
         """Peer link -> socket; consumed bytes are returned to the peer as credit. The

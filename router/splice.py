@@ -17,8 +17,9 @@ A relayed TCP stream over a plain TCP peer link moves its bytes like this
 
 Pipes are bounded: one :class:`PipePool` per process hands out at most
 ``limit`` pipes (two descriptors each, ``capacity`` bytes each); when none is
-free the bytes take the copy path, which is always correct. A pipe is
-closed when given back (or kept for reuse, up to ``idle``, if it is empty). Every pipe
+free the bytes take the copy path, which is always correct. A pipe given back
+is kept for reuse if it is empty (up to ``idle`` of them, within ``limit``, and only
+while some stream runs: the last stream to end closes them), else closed. Every pipe
 descriptor is read from the :class:`Pipe` at the moment of each call and set
 to -1 when closed, so a stale task can never splice into a recycled
 descriptor (trio runs the tasks of a router in one thread).
@@ -37,10 +38,12 @@ SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK"
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 PIPE_CAPACITY = 1 << 20  # bytes asked per pipe (Linux default pipe-max-size)
-# Empty pipes kept open for reuse: none by default, so that descriptors come back as soon
-# as the streams that used them end (a pipe costs 5 system calls to make and close: noise
-# next to the megabyte it carries).
-POOL_IDLE = 0
+# Empty pipes kept open for reuse (within the pool's limit: kept pipes count against it):
+# a relayed stream takes a pipe per frame of up to a megabyte, and making and closing one
+# costs 5 system calls (F_SETPIPE_SZ allocates its ring), a tenth of the routers' system
+# time at a gigabyte per second. An empty pipe holds no data pages, only its ring and two
+# descriptors.
+POOL_IDLE = 8
 
 
 def splice_supported() -> bool:
@@ -94,8 +97,9 @@ def _default_limit() -> int:
 
 
 class PipePool:
-    """At most ``limit`` pipes in use at once (two descriptors each); :meth:`acquire`
-    gives None beyond that (the caller copies instead). Counters: ``created``,
+    """At most ``limit`` pipes open at once, in use or kept empty for reuse (two
+    descriptors each; at most ``idle`` kept); :meth:`acquire` gives None beyond that
+    (the caller copies instead). Counters: ``created``,
     ``exhausted`` (acquires refused), ``closed_full`` (pipes closed with bytes in them)."""
 
     def __init__(self, limit: int | None = None, capacity: int = PIPE_CAPACITY,
@@ -105,6 +109,7 @@ class PipePool:
         self.idle_max = idle
         self._idle: list[Pipe] = []
         self.in_use = 0
+        self.streams = 0  # streams running (stream_started, not yet ended)
         self.created = 0
         self.exhausted = 0
         self.closed_full = 0
@@ -139,12 +144,24 @@ class PipePool:
         self.in_use -= 1
         if pipe.closed:
             return
-        if pipe.held == 0 and len(self._idle) < self.idle_max:
+        if (pipe.held == 0 and self.streams and len(self._idle) < self.idle_max
+                and self.in_use + len(self._idle) < self.limit):
             self._idle.append(pipe)
             return
         if pipe.held:
             self.closed_full += 1
         pipe.close()
+
+    def stream_started(self) -> None:
+        """A stream that may use pipes began (empty pipes are kept for reuse only while
+        some stream runs)."""
+        self.streams += 1
+
+    def stream_ended(self) -> None:
+        """A stream of :meth:`stream_started` ended; with the last one the kept pipes close."""
+        self.streams = max(0, self.streams - 1)
+        if not self.streams:
+            self.close_idle()
 
     @property
     def idle(self) -> int:

@@ -248,11 +248,13 @@ class RawPeer:
     """The initiator end of a link, sans-IO over a plain socket: writes whatever bytes it
     is given, in fragments of random sizes."""
 
-    def __init__(self, stream, rng: random.Random) -> None:
+    def __init__(self, stream, rng: random.Random, read_pause: float = 0.0,
+                 window: int = S.INITIAL_WINDOW) -> None:
         self.stream = stream
+        self.read_pause = read_pause  # probability of a 2 ms pause after each read
         self.conn = P.PeerConnection("initiator", P.RouterIdentity("raw", (2,)), keepalive_interval=0,
                                      dead_after=0)
-        self.table = S.StreamTable("initiator", max_frame=P.MAX_PAYLOAD - 4)
+        self.table = S.StreamTable("initiator", initial_window=window, max_frame=P.MAX_PAYLOAD - 4)
         self.rng = rng
         self.frames: list = []
 
@@ -274,6 +276,8 @@ class RawPeer:
                 self.frames.append(item)
                 if isinstance(item, S.STREAM_FRAMES):
                     self.table.receive(item)
+            if self.read_pause and self.rng.random() < self.read_pause:
+                await trio.sleep(0.002)  # a slow peer: the link's socket fills up
 
     def encode(self, frames) -> bytes:
         now = trio.current_time()
@@ -286,11 +290,14 @@ class RawPeer:
         return self.conn.stats.unmatched_acks
 
 
-async def link_pair(n, rng, read_sink: bool = True, sink_read: int = 1 << 20, sink_pause: float = 0.2):
+async def link_pair(n, rng, read_sink: bool = True, sink_read: int = 1 << 20, sink_pause: float = 0.2,
+                    peer_pause: float = 0.0, peer_window: int = S.INITIAL_WINDOW):
     """A zero-copy Link (acceptor, running its reader and writer like the router does)
     and a RawPeer connected to it over loopback TCP; a TCP stream accepted on the link
     whose bytes go to a sink socket (read unless ``read_sink`` is false, ``sink_read``
-    bytes at a time, pausing 2 ms after a read with probability ``sink_pause``). Returns
+    bytes at a time, pausing 2 ms after a read with probability ``sink_pause``; the peer
+    pauses after a read of the link with probability ``peer_pause`` and grants streams
+    ``peer_window`` bytes of credit). Returns
     (link, peer, sid, sink bytearray, items)."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     client = await trio.open_tcp_stream("127.0.0.1", listeners[0].socket.getsockname()[1])
@@ -298,7 +305,7 @@ async def link_pair(n, rng, read_sink: bool = True, sink_read: int = 1 << 20, si
     link = Link(P.PeerConnection("acceptor", P.RouterIdentity("x", (1,)), keepalive_interval=0, dead_after=0),
                 server, peer_name="raw", max_queue=8 << 20, zero_copy=True)
     assert link.zero_copy
-    peer = RawPeer(client, rng)
+    peer = RawPeer(client, rng, peer_pause, peer_window)
     items: list = []
     relay = Relay(SimpleNamespace(relay_ip="127.0.0.1", relay_port_low=0, relay_port_high=0), Counter(),
                   lambda kind, detail: None, lambda: link, lambda aid: None)
@@ -503,6 +510,40 @@ def test_outqueue_counts_held_data_and_hands_it_back():
     assert len(q) == 0 and q.data_space() == 100_000
 
 
+def test_pipe_pool_keeps_empty_pipes_only_while_streams_run_and_within_its_limit():
+    from router.splice import PipePool
+
+    pool = PipePool(limit=3, idle=2)
+    a = pool.acquire()
+    pool.release(a)
+    assert a.closed and pool.idle == 0  # no stream runs: closed at once
+    pool.stream_started()
+    pipes = [pool.acquire() for _ in range(3)]
+    assert pool.acquire() is None and pool.exhausted == 1  # the limit
+    for p in pipes:
+        pool.release(p)
+    assert pool.idle == 2 and [p.closed for p in pipes] == [False, False, True]  # at most idle
+    again = [pool.acquire(), pool.acquire()]
+    assert {id(p) for p in again} == {id(pipes[0]), id(pipes[1])} and pool.created == 4  # reused
+    extra = pool.acquire()
+    assert pool.acquire() is None  # kept pipes count against the limit: 3 open in all
+    for p in again:
+        pool.release(p)
+    assert pool.idle == 2
+    full = pool.acquire()
+    assert pool.idle == 1
+    os.write(full.w, b"x")
+    full.held = 1
+    pool.release(full)
+    assert full.closed and pool.closed_full == 1  # a pipe with bytes in it is never kept
+    pool.stream_started()
+    pool.stream_ended()
+    assert pool.idle == 1  # another stream still runs
+    pool.release(extra)
+    pool.stream_ended()  # the last one: the kept pipes close
+    assert pool.idle == 0 and pool.in_use == 0 and extra.closed
+
+
 async def test_pipe_bytes_never_overtake_copied_bytes_being_sent():
     """The stream's pump is in the middle of sending copied bytes to a full socket; the
     receiver makes room and more bytes of the stream arrive in its pipe at that moment:
@@ -540,4 +581,58 @@ async def test_pipe_bytes_never_overtake_copied_bytes_being_sent():
             while len(got) < len(copied) + 1000:
                 got += await inn.receive_some(1 << 20)
         assert bytes(got) == copied + b"P" * 1000
+        n.cancel_scope.cancel()
+
+
+async def test_writer_resumes_frames_cut_by_a_full_socket_in_order():
+    """Zero copy, sending: the stream's pump writes its frames itself while the link's
+    socket takes them and leaves the rest to the writer when it is full (a slow peer);
+    control frames queued meanwhile follow whole frames. The peer gets every byte in
+    order, every control frame, and the writer found the socket full on the way."""
+    rng = random.Random(8)
+    total = 24 << 20
+    data = random.Random(9).randbytes(total)
+    async with trio.open_nursery() as n:
+        link, peer, sid, _, _ = await link_pair(n, rng, peer_pause=0.3, peer_window=8 << 20)
+        src_l = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        src_out = await trio.open_tcp_stream("127.0.0.1", src_l[0].socket.getsockname()[1])
+        src_in = await src_l[0].accept()
+        st = link.state[sid]
+        st.sock = src_in  # what is written to src_out goes to the peer on the stream
+        st.accepted.set()
+        relay = Relay(SimpleNamespace(relay_ip="127.0.0.1", relay_port_low=0, relay_port_high=0), Counter(),
+                      lambda kind, detail: None, lambda: link, lambda aid: None)
+        n.start_soon(relay._pump_up, link, st, trio.CancelScope())
+        got = bytearray()
+
+        async def credit_back():
+            seen = 0
+            while len(got) < total:
+                for f in peer.frames[seen:]:
+                    if isinstance(f, P.StreamData) and f.stream_id == sid:
+                        got.extend(f.data)
+                        peer.table.consumed(sid, len(f.data))
+                seen = len(peer.frames)
+                out = peer.table.frames_to_send()
+                if out:
+                    await peer.stream.send_all(peer.encode(out))
+                await trio.sleep(0.001)
+
+        async def control():
+            for i in range(2000):
+                link.put(P.Interest(P.InterestAction.ADD, f"topic.{i}", 1))
+                if i % 10 == 9:
+                    await trio.sleep(0.001)
+
+        blocked0, spliced0 = link.tx_blocked, link.spliced_out
+        with trio.fail_after(20):
+            async with trio.open_nursery() as m:
+                m.start_soon(credit_back)
+                m.start_soon(control)
+                await src_out.send_all(data)
+        assert bytes(got) == data
+        topics = [f.topic for f in peer.frames if isinstance(f, P.Interest)]
+        assert topics == [f"topic.{i}" for i in range(2000)]
+        assert link.tx_blocked > blocked0  # the socket was full in the middle of frames
+        assert link.spliced_out - spliced0 > total // 2  # and the frames were spliced
         n.cancel_scope.cancel()
