@@ -17,7 +17,19 @@ A router not heard of for ``timeout`` seconds is forgotten.
 Unlike the DRO we recompute routes at once on every change instead of after
 a ``route-recalculation`` back-off of 5 s: the map is small and the
 computation cached, and a link cut then moves traffic within the time the
-far side takes to notice.
+far side takes to notice. Peers may lie or flap, so the map is bounded
+(:mod:`router.topology`) and its recomputation paced: the steps it takes
+(:attr:`TopologyMap.work`) draw on a budget of :data:`RECALC_BURST` steps
+refilled at :data:`RECALC_RATE` a second; while the budget is spent, changed
+announcements are held (still passed on at once) and applied together when
+it has refilled. A small network never waits; a peer that keeps changing a
+large map costs at most about a seventh of a core.
+
+A router's own announcement, heard on the link to it, is what counts for it:
+the first one after the link comes up is taken whatever its sequence number
+(the router may have restarted with a smaller one, its clock set back), and
+copies of a connected peer's announcement passed on by other routers are
+ignored (we hear it first hand, and nobody else can speak for it here).
 
 Inputs take ``now`` (seconds, any monotonic clock); outputs are
 :class:`SendTopology` items (a frame for one link) returned by each call.
@@ -26,16 +38,21 @@ Inputs take ``now`` (seconds, any monotonic clock); outputs are
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from . import peerlink as P
 from .topology import NodeInfo, TopologyMap
 
-__all__ = ["Routing", "SendTopology"]
+__all__ = ["Routing", "SendTopology", "RECALC_BURST", "RECALC_RATE"]
 
 DEFAULT_PROPAGATION_INTERVAL = 1.0  # seconds (DRO <route-info propagation-interval="1000">)
 DEFAULT_ROUTE_TIMEOUT = 4.0  # seconds (DRO <route-info timeout="4000">)
 DEFAULT_MAX_HOP_COUNT = 100  # DRO <route-info max-hop-count="100">
+# route computation budget, in steps (TopologyMap.work, about 1.4 us each on a 2-core
+# host): a burst, then a rate (14% of a core)
+RECALC_BURST = 300_000
+RECALC_RATE = 100_000.0  # steps per second
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,15 +72,23 @@ class Routing:
     def __init__(self, me: str, domains: dict[int, int], *, now: float, seq_base: int = 1,
                  propagation_interval: float = DEFAULT_PROPAGATION_INTERVAL,
                  timeout: float = DEFAULT_ROUTE_TIMEOUT,
-                 max_hop_count: int = DEFAULT_MAX_HOP_COUNT) -> None:
+                 max_hop_count: int = DEFAULT_MAX_HOP_COUNT, **bounds) -> None:
         self.me = me
         self.domains = dict(domains)
         self.propagation_interval = propagation_interval
         self.max_hop_count = max_hop_count
         self._seq = seq_base
         self._links: dict[str, tuple[str, int]] = {}  # link name -> (peer router id, portal cost)
-        self.map = TopologyMap(self._own(), max_hop_count=max_hop_count, timeout=timeout)
+        self.map = TopologyMap(self._own(), max_hop_count=max_hop_count, timeout=timeout, **bounds)
         self._frames: dict[str, P.Topology] = {}  # newest announcement of each other router
+        self.counters: Counter[str] = Counter()
+        self._fresh: set[str] = set()  # peers whose link came up: their next own announcement counts
+        # changed announcements not applied yet (the budget is spent): router -> (frame, hops crossed)
+        self._held: dict[str, tuple[P.Topology, int]] = {}
+        self._budget = float(RECALC_BURST)
+        self._budget_at = now
+        self._work_seen = 0
+        self._charged = 0  # steps of work the routes' users reported (charge)
         self._next_announce = now + propagation_interval
         self.version = 0  # grows whenever the routes (of any router) may have changed
         self._children: dict[int, list[str]] = {}  # children_links cache, by domain
@@ -77,6 +102,7 @@ class Routing:
         link portal's cost. Announces us everywhere and tells the new link
         everything we know."""
         self._links[link] = (peer_id, cost)
+        self._fresh.add(peer_id)
         self._link_changes += 1
         out = [SendTopology(link, f) for f in self._frames.values()
                if f.router_id != peer_id and f.hops + 2 <= self.max_hop_count]
@@ -84,25 +110,53 @@ class Routing:
         return self._announce(now) + out
 
     def link_down(self, link: str, now: float) -> list[SendTopology]:
-        if self._links.pop(link, None) is None:
+        got = self._links.pop(link, None)
+        if got is None:
             return []
+        self._fresh.discard(got[0])
         self._link_changes += 1
         return self._announce(now)
 
     def on_topology(self, link: str, frame: P.Topology, now: float) -> list[SendTopology]:
         """A TOPOLOGY frame from ``link``: update the map; pass it on if newer."""
-        if frame.router_id == self.me or link not in self._links:
+        got = self._links.get(link)
+        if got is None:
+            return []
+        rid = frame.router_id
+        if rid == self.me:
+            if (dict(frame.domains), dict(frame.peers)) != (self.domains, self._own().peers):
+                self.counters["topology_own_id"] += 1  # another router has our name
+            return []
+        direct = rid == got[0]
+        if not direct and any(rid == peer for peer, _ in self._links.values()):
+            self.counters["topology_peer_relayed"] += 1  # we hear it first hand
             return []
         crossed = frame.hops + 1  # peer links the announcement has crossed to reach us
         if crossed > self.max_hop_count:
             return []
-        old = self._frames.get(frame.router_id)
-        if old is not None and frame.seq <= old.seq:
-            if frame.seq == old.seq:
+        old = self._frames.get(rid)
+        fresh = direct and rid in self._fresh
+        if old is not None and frame.seq <= old.seq and not fresh:
+            if frame.seq == old.seq and rid not in self._held:
                 self.map.update(_info(frame), crossed, now)  # a repeat: heard again
             return []
-        self._frames[frame.router_id] = frame
-        self.map.update(_info(frame), crossed, now)
+        info = _info(frame)
+        if not self.map.fits(info):
+            self.map.refused += 1
+            self.counters["topology_refused"] += 1
+            return []
+        self._fresh.discard(rid)
+        self._frames[rid] = frame
+        known = self.map.node(rid)
+        if known is not None and (known.domains, known.peers) == (info.domains, info.peers):
+            self._held.pop(rid, None)  # back to what the map holds: a held change is void
+            self.map.update(info, crossed, now, replace=fresh)  # nothing to recompute
+        elif rid in self._held or not self._can_recompute(now):
+            self._held[rid] = (frame, crossed)
+            self.map.touch(rid, now)
+            self.counters["topology_held"] += 1
+        else:
+            self.map.update(info, crossed, now, replace=fresh)
         self._recheck()
         if crossed + 1 > self.max_hop_count:
             return []
@@ -110,9 +164,15 @@ class Routing:
         return [SendTopology(other, fwd) for other in self._links if other != link]
 
     def tick(self, now: float) -> list[SendTopology]:
-        """Forget silent routers; announce again when the interval is up."""
+        """Apply held announcements once the budget allows; forget silent
+        routers; announce again when the interval is up."""
+        if self._held and self._can_recompute(now):
+            held, self._held = self._held, {}
+            for frame, crossed in held.values():
+                self.map.update(_info(frame), crossed, now, replace=True)
         for gone in self.map.expire(now):
             self._frames.pop(gone, None)
+            self._held.pop(gone, None)
         self._recheck()
         if now >= self._next_announce:
             return self._announce(now)
@@ -127,7 +187,25 @@ class Routing:
             self.map.touch(got[0], now)
 
     def next_deadline(self) -> float:
-        return min(self._next_announce, self.map.next_deadline())
+        held = self._budget_at + max(0.0, -self._spend(self._budget_at)) / RECALC_RATE if self._held else float("inf")
+        return min(self._next_announce, self.map.next_deadline(), held)
+
+    def _spend(self, now: float) -> float:
+        """The recomputation budget left at ``now`` (negative: overdrawn)."""
+        self._budget = min(float(RECALC_BURST), self._budget + (now - self._budget_at) * RECALC_RATE)
+        work = self.map.work + self._charged
+        self._budget -= work - self._work_seen
+        self._work_seen = work
+        self._budget_at = max(self._budget_at, now)
+        return self._budget
+
+    def charge(self, steps: int) -> None:
+        """Work done because the routes changed (e.g. transit interest brought
+        in line), in route computation steps: it draws on the same budget."""
+        self._charged += steps
+
+    def _can_recompute(self, now: float) -> bool:
+        return self._spend(now) >= 0
 
     # ------------------------------------------------------------------ views
 
@@ -173,6 +251,8 @@ class Routing:
                           "peers": dict(n.peers)} for r, n in sorted(self.map.nodes().items())},
             "routes": {str(d): {"path": list(r.path), "cost": r.cost, "hops": r.hops,
                                 "next_hop": r.next_hop} for d, r in sorted(self.map.routes().items())},
+            "route_info": {"held": len(self._held), "refused": self.map.refused,
+                           "route_steps": self.map.work + self._charged, **self.counters},
         }
 
     # ------------------------------------------------------------------ internals

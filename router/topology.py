@@ -20,6 +20,16 @@ section 4):
 * a path of more than ``max_hop_count`` peer links is not used, and an
   announcement that travelled more hops is ignored.
 
+Bounds (route info comes from peers, which may lie): at most ``max_routers``
+routers (:data:`MAX_ROUTERS`) and, summed over them, ``max_entries``
+(:data:`MAX_MAP_ENTRIES`) announced peers and as many domains; an
+announcement that would take the map past them is refused (counted in
+:attr:`TopologyMap.refused`). A route computation costs about a microsecond
+per announced peer entry, once for our own tree and once per root whose tree
+is asked for (each origin router of interest passed on): at most
+``max_routers`` x ``max_entries`` steps; :attr:`TopologyMap.work` counts
+them (heap pushes) so :mod:`router.routing` can pace recomputation.
+
 Times are seconds on any monotonic clock; nothing here reads one.
 """
 
@@ -28,7 +38,10 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-__all__ = ["NodeInfo", "Route", "TopologyMap"]
+__all__ = ["NodeInfo", "Route", "TopologyMap", "MAX_ROUTERS", "MAX_MAP_ENTRIES"]
+
+MAX_ROUTERS = 128  # routers in the map, this one included
+MAX_MAP_ENTRIES = 2048  # announced peers (and, separately, domains) summed over the map
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +80,18 @@ class Route:
 class TopologyMap:
     """The map as seen from router ``me`` (see the module doc)."""
 
-    def __init__(self, me: NodeInfo, *, max_hop_count: int = 100, timeout: float = 4.0) -> None:
+    def __init__(self, me: NodeInfo, *, max_hop_count: int = 100, timeout: float = 4.0,
+                 max_routers: int = MAX_ROUTERS, max_entries: int = MAX_MAP_ENTRIES) -> None:
         if max_hop_count < 1:
             raise ValueError("max_hop_count must be at least 1")
         self.me = me.router_id
         self.max_hop_count = max_hop_count
         self.timeout = timeout
+        self.max_routers, self.max_entries = max_routers, max_entries
+        self.refused = 0  # announcements refused for the bounds
+        self.work = 0  # route computation steps (heap pushes) so far
+        self._peer_entries = len(me.peers)
+        self._domain_entries = len(me.domains)
         self._nodes: dict[str, NodeInfo] = {me.router_id: me}
         self._heard: dict[str, float] = {}
         self._routes: dict[int, Route] | None = None
@@ -87,25 +106,51 @@ class TopologyMap:
             raise ValueError(f"not this router: {info.router_id!r}")
         old = self._nodes[self.me]
         self._nodes[self.me] = info
+        self._peer_entries += len(info.peers) - len(old.peers)
+        self._domain_entries += len(info.domains) - len(old.domains)
         if (old.domains, old.peers) != (info.domains, info.peers):
             self._changed()
 
-    def update(self, info: NodeInfo, hops: int, now: float) -> bool:
+    def update(self, info: NodeInfo, hops: int, now: float, *, replace: bool = False) -> bool:
         """An announcement that crossed ``hops`` peer links; True when the map
-        changed (a new router, or a newer ``seq`` with other contents)."""
+        changed (a new router, or a newer ``seq`` with other contents).
+        ``replace``: take it even if its ``seq`` is not newer (what a router
+        says of itself on a link to it that just came up: it may have
+        restarted with a smaller one). Refused (False, :attr:`refused`) if it
+        would take the map past its bounds."""
         if info.router_id == self.me or hops > self.max_hop_count:
             return False
         old = self._nodes.get(info.router_id)
-        if old is not None and info.seq <= old.seq:
+        if old is not None and info.seq <= old.seq and not replace:
             if info.seq == old.seq:
                 self._heard[info.router_id] = now
             return False
+        if not self.fits(info):
+            self.refused += 1
+            return False
         self._heard[info.router_id] = now
         self._nodes[info.router_id] = info
+        self._account(old, info)
         changed = old is None or (old.domains, old.peers) != (info.domains, info.peers)
         if changed:
             self._changed()
         return changed
+
+    def fits(self, info: NodeInfo) -> bool:
+        """Would ``info`` (replacing what we hold of its router) keep the map
+        within its bounds?"""
+        old = self._nodes.get(info.router_id)
+        if old is None and len(self._nodes) >= self.max_routers:
+            return False
+        was_p, was_d = (0, 0) if old is None else (len(old.peers), len(old.domains))
+        return (self._peer_entries - was_p + len(info.peers) <= self.max_entries
+                and self._domain_entries - was_d + len(info.domains) <= self.max_entries)
+
+    def _account(self, old: NodeInfo | None, new: NodeInfo | None) -> None:
+        for n, sign in ((old, -1), (new, 1)):
+            if n is not None:
+                self._peer_entries += sign * len(n.peers)
+                self._domain_entries += sign * len(n.domains)
 
     def touch(self, router_id: str, now: float) -> None:
         """``router_id`` is known to be alive at ``now`` (a connected link to it
@@ -118,7 +163,7 @@ class TopologyMap:
         gone = [r for r, t in self._heard.items() if now - t >= self.timeout]
         for r in gone:
             del self._heard[r]
-            del self._nodes[r]
+            self._account(self._nodes.pop(r), None)
         if gone:
             self._changed()
         return gone
@@ -136,6 +181,9 @@ class TopologyMap:
 
     def nodes(self) -> dict[str, NodeInfo]:
         return dict(self._nodes)
+
+    def node(self, router_id: str) -> NodeInfo | None:
+        return self._nodes.get(router_id)
 
     def routes(self) -> dict[int, Route]:
         """The lowest-cost route to every reachable domain, by domain id."""
@@ -201,6 +249,7 @@ class TopologyMap:
                     continue
                 c = self._link_cost(here, nxt)
                 if c is not None:
+                    self.work += 1
                     heapq.heappush(heap, (cost + c, (*path, nxt)))
         return best
 

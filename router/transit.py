@@ -41,9 +41,9 @@ from .wildcard import Matcher, PatternError
 
 __all__ = ["SendOnLink", "Transit", "MAX_TRANSIT_INTERESTS", "MAX_TRANSIT_PATTERNS"]
 
-MAX_TRANSIT_INTERESTS = 100_000  # interests (topic or pattern, type, origin) held for other links
-# patterns among them: every advertisement is matched against each (bounded work per
-# advertisement whatever a peer sends)
+MAX_TRANSIT_INTERESTS = 100_000  # interests (topic or pattern, type, origin) held for each link
+# patterns among them (per link): every advertisement is matched against each (bounded
+# work per advertisement and link whatever a peer sends)
 MAX_TRANSIT_PATTERNS = 1000
 MAX_MATCHERS = 4096  # compiled patterns kept
 
@@ -78,6 +78,10 @@ class Transit:
         self.counters: Counter[str] = counters if counters is not None else Counter()
         self.max_interests = max_interests
         self._held: dict[Key, set[str]] = {}  # interest from peer links -> the links that sent it
+        self._per_link: Counter[str] = Counter()  # interests each link holds (each has its bound)
+        self._per_link_patterns: Counter[str] = Counter()  # patterns among them
+        self._by_domain: dict[int, set[Key]] = {}  # held keys by origin domain
+        self._trees_seen: dict[int, tuple] = {}  # origin domain -> (root, children links) last synced
         self._by_topic: dict[str, set[Key]] = {}  # exact-topic keys of _held, by topic
         self._patterns: set[Key] = set()  # pattern keys of _held
         self._sent: dict[str, set[Key]] = {}  # interest we passed on, by link
@@ -101,16 +105,17 @@ class Transit:
         if f.action == P.InterestAction.CANCEL:
             if holders is None or link not in holders:
                 return []
-            holders.discard(link)
-            if not holders:
-                self._forget(key)
+            self._unhold(key, link)
             return self._sync_key(key)
-        if holders is None:
-            if len(self._held) >= self.max_interests or (
-                    key[1] != P.PatternType.TOPIC and len(self._patterns) >= MAX_TRANSIT_PATTERNS):
+        if holders is None or link not in holders:
+            # each link has its own bound: a busy or hostile peer cannot starve the others
+            if self._per_link[link] >= self.max_interests or (
+                    key[1] != P.PatternType.TOPIC and self._per_link_patterns[link] >= MAX_TRANSIT_PATTERNS):
                 self.counters["transit_interest_full"] += 1
                 return []
+        if holders is None:
             holders = self._held[key] = set()
+            self._by_domain.setdefault(key[2], set()).add(key)
             if key[1] == P.PatternType.TOPIC:
                 self._by_topic.setdefault(key[0], set()).add(key)
             else:
@@ -124,6 +129,9 @@ class Transit:
             return [SendOnLink(lk, P.Interest(P.InterestAction.REFRESH, key[0], key[2], P.PatternType(key[1])))
                     for lk, sent in self._sent.items() if key in sent]
         holders.add(link)
+        self._per_link[link] += 1
+        if key[1] != P.PatternType.TOPIC:
+            self._per_link_patterns[link] += 1
         out = self._sync_key(key)
         return out + self._advertise_to(link, key)
 
@@ -146,14 +154,27 @@ class Transit:
         return path is not None and r.me in path
 
     def resync(self) -> list[SendOnLink]:
-        """The routes changed: bring the interest sent on every link in line."""
+        """The routes changed: bring the interest sent on every link in line.
+        Only the interest of domains whose tree changed here (its root, or our
+        children in it) is looked at: a change elsewhere in the map costs a
+        look per origin domain, not per interest (the work is charged to the
+        routing's recomputation budget)."""
         out: list[SendOnLink] = []
-        for key in list(self._held):
-            out += self._sync_key(key)
-        for sent in list(self._sent.values()):
-            for key in list(sent):
-                if key not in self._held:
-                    out += self._sync_key(key)
+        r = self.routing
+        steps = len(self._by_domain)
+        for domain in list(self._by_domain):
+            root = r.origin_router(domain)
+            tree = (root, tuple(r.children_links(domain)) if root is not None else ())
+            if self._trees_seen.get(domain) == tree:
+                continue
+            self._trees_seen[domain] = tree
+            keys = list(self._by_domain[domain])
+            steps += 4 * len(keys)
+            for key in keys:
+                out += self._sync_key(key)
+        for domain in [d for d in self._trees_seen if d not in self._by_domain]:
+            del self._trees_seen[domain]
+        r.charge(steps)
         return out
 
     def _sync_key(self, key: Key) -> list[SendOnLink]:
@@ -224,10 +245,14 @@ class Transit:
     def link_down(self, link: str) -> list[SendOnLink]:
         """Peer link ``link`` is gone: its interest and our adverts on it are forgotten."""
         self._sent.pop(link, None)
+        self._trees_seen.clear()  # what was sent on the link is forgotten: sync everything
+        out: list[SendOnLink] = []
         for key in [k for k, h in self._held.items() if link in h]:
-            self._held[key].discard(link)
-            if not self._held[key]:
-                self._forget(key)
+            self._unhold(key, link)
+            if key not in self._held:  # nobody else wants it: cancel it where it went
+                out += self._sync_key(key)
+        self._per_link.pop(link, None)
+        self._per_link_patterns.pop(link, None)
         for dkey in [d for d in self._down if d[0] == link]:
             ukey = self._down.pop(dkey)
             up = self._up.get(ukey)
@@ -235,7 +260,7 @@ class Transit:
                 self._untopic(up.advert.topic, dkey)
         for skey in [s for s in self._down_by_source if s[0] == link]:
             del self._down_by_source[skey]
-        return self.resync()
+        return out + self.resync()
 
     def _advertise_to(self, link: str, key: Key) -> list[SendOnLink]:
         """``link`` now holds interest ``key``: our proxies it covers go to it."""
@@ -303,8 +328,22 @@ class Transit:
 
     # ------------------------------------------------------------------ matching
 
+    def _unhold(self, key: Key, link: str) -> None:
+        holders = self._held[key]
+        holders.discard(link)
+        self._per_link[link] -= 1
+        if key[1] != P.PatternType.TOPIC:
+            self._per_link_patterns[link] -= 1
+        if not holders:
+            self._forget(key)
+
     def _forget(self, key: Key) -> None:
         del self._held[key]
+        keys = self._by_domain.get(key[2])
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_domain[key[2]]
         keys = self._by_topic.get(key[0])
         if keys is not None:
             keys.discard(key)

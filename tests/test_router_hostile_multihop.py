@@ -1,0 +1,168 @@
+"""Multi-hop routing against lying, flapping and busy peers, sans-IO
+(router/routing.py, router/topology.py, router/transit.py): route info that
+outlives a restart, a peer speaking for a router it is not, a map blown up
+with made-up routers, a peer that changes its announcement on every frame,
+one link's interest starving the others. Work is counted in route
+computation steps (TopologyMap.work), never timed."""
+
+from __future__ import annotations
+
+import itertools
+
+from router import peerlink as P
+from router.routing import RECALC_BURST, RECALC_RATE, Routing
+from router.topology import MAX_MAP_ENTRIES, MAX_ROUTERS
+from router.transit import MAX_TRANSIT_PATTERNS, Transit
+
+
+def _pair(**kw):
+    """Router A with links to B and C (B and C announce a link back to A)."""
+    a = Routing("A", {1: 1}, now=0.0, seq_base=1000, **kw)
+    a.link_up("A-B", "B", 1, 0.0)
+    a.link_up("A-C", "C", 1, 0.0)
+    a.on_topology("A-B", P.Topology("B", 5000, 0, ((2, 1),), (("A", 1),)), 0.0)
+    a.on_topology("A-C", P.Topology("C", 7000, 0, ((3, 1),), (("A", 1),)), 0.0)
+    return a
+
+
+def test_a_peer_restarted_with_a_smaller_sequence_number_is_heard():
+    """B restarts with its clock set back: its sequence numbers are smaller than
+    the ones A holds. A kept B's old announcement alive (the link answers) and
+    ignored the new ones for ever: B's new domain was never routed."""
+    a = _pair()
+    assert a.map.route(2).path == ("A", "B")
+    a.link_down("A-B", 0.5)
+    a.link_up("A-B", "B", 1, 1.0)
+    for t in range(1, 10):
+        a.heard_from("A-B", float(t))
+        a.heard_from("A-C", float(t))
+        a.on_topology("A-B", P.Topology("B", 100 + t, 0, ((7, 1),), (("A", 1),)), float(t))
+        a.on_topology("A-C", P.Topology("C", 7000 + t, 0, ((3, 1),), (("A", 1),)), float(t))
+        a.tick(float(t))
+    assert a.map.route(7) is not None and a.map.route(7).path == ("A", "B")
+    assert a.map.route(2) is None
+    # an old announcement of B still held elsewhere does not bring the old B back
+    assert a.on_topology("A-C", P.Topology("B", 5000, 1, ((2, 1),), (("A", 1),)), 9.5) == []
+    assert a.map.route(2) is None
+
+
+def test_a_peer_cannot_speak_for_a_router_we_are_linked_to():
+    """C passes on an announcement of B (A's neighbour) with a huge sequence
+    number and made-up contents: A hears B first hand and ignores it (before:
+    B's own announcements were ignored from then on, B's routes were lost)."""
+    a = _pair()
+    lie = P.Topology("B", 2**64 - 1, 1, ((9, 1),), ())
+    assert a.on_topology("A-C", lie, 1.0) == []
+    assert a.map.route(9) is None and a.map.route(2).path == ("A", "B")
+    a.on_topology("A-B", P.Topology("B", 5001, 0, ((2, 1), (4, 1)), (("A", 1),)), 1.5)
+    assert a.map.route(4).path == ("A", "B")
+    assert a.status()["route_info"]["topology_peer_relayed"] == 1
+
+
+def test_another_router_with_our_name_is_counted():
+    a = _pair()
+    a.on_topology("A-B", P.Topology("A", 10**12, 1, ((5, 1),), ()), 1.0)
+    assert a.status()["route_info"]["topology_own_id"] == 1
+    assert a.map.route(5) is None
+
+
+def _fakes(a, n, per, link="A-B", seq=10):
+    """n made-up routers behind B, each linked to B and to ``per`` of the
+    others (links announced by both ends, so they count), each with a domain."""
+    names = [f"f{i:05d}" for i in range(n)]
+    frames = [P.Topology("B", 6000 + seq, 0, ((2, 1),), tuple([("A", 1)] + [(x, 1) for x in names]))]
+    for i, x in enumerate(names):
+        peers = [("B", 1)] + [(names[(i + j) % n], 1) for j in range(-(per // 2), per // 2 + 1) if j]
+        frames.append(P.Topology(x, seq, 1, ((1000 + i, 1),), tuple(peers)))
+    for f in frames:
+        a.on_topology(link, f, 0.1)
+    return frames
+
+
+def test_made_up_routers_cannot_grow_the_map_without_bound():
+    """A peer announcing thousands of routers with thousands of links each
+    (before: all kept, a million-entry map and seconds per route computation)."""
+    a = _pair()
+    _fakes(a, 600, 40)
+    nodes = a.map.nodes()
+    assert len(nodes) <= MAX_ROUTERS
+    assert sum(len(n.peers) for n in nodes.values()) <= MAX_MAP_ENTRIES
+    assert a.status()["route_info"]["refused"] > 0 and a.status()["route_info"]["topology_refused"] > 0
+    # the real routers are still routed, and one route computation is bounded
+    before = a.map.work
+    assert a.map.route(3).path == ("A", "C")
+    assert a.map.work - before <= MAX_MAP_ENTRIES
+
+
+def test_a_flapping_peer_cannot_make_every_frame_recompute_everything():
+    """B keeps changing the announcement of a made-up router of a large map
+    while A passes on interest of every made-up domain (a tree per root).
+    Before: every frame recomputed every tree (hundreds of thousands of steps
+    per frame). Now the work within one moment stays within the budget plus
+    one recomputation, and what was held is applied once it has refilled."""
+    a = _pair(timeout=1000.0)
+    t = Transit(a, itertools.count(1))
+    frames = _fakes(a, MAX_ROUTERS - 3, 14)
+    for i in range(MAX_ROUTERS - 3):
+        t.on_interest("A-C", P.Interest(P.InterestAction.ADD, f"t{i}", 1000 + i))
+    a.tick(10.0)  # budget refilled
+    t.resync()
+    start = a.map.work
+    victim = frames[5]
+    one = None
+    for s in range(201):
+        peers = victim.peers[:-1] if s % 2 == 0 else victim.peers
+        a.on_topology("A-B", P.Topology(victim.router_id, 100 + s, 1, victim.domains, peers), 10.0)
+        t.resync()
+        if one is None:
+            one = a.map.work - start  # one full recomputation
+    assert one > 1000  # a real cost: a tree for each root
+    assert a.map.work - start <= RECALC_BURST + 2 * one
+    assert a.status()["route_info"]["held"] == 1
+    # the last announcement is applied once the budget allows
+    a.tick(10.0 + (RECALC_BURST + 2 * one) / RECALC_RATE)
+    got = a.map.node(victim.router_id)
+    assert got.seq == 300 and got.peers == dict(victim.peers[:-1])
+    assert a.status()["route_info"]["held"] == 0
+
+
+def test_route_changes_elsewhere_do_not_resync_every_interest():
+    """100,000 interests held for C; B toggles a made-up peer in its own
+    announcement on every frame. Before: each frame looked at every interest
+    again (600 ms a frame). Now only domains whose tree changed are looked at."""
+    a = _pair()
+    t = Transit(a, itertools.count(1))
+    n = 20_000
+    for i in range(n):
+        t.on_interest("A-C", P.Interest(P.InterestAction.ADD, f"topic.{i}", 3))
+    t.resync()
+    steps = a.status()["route_info"]["route_steps"]
+    for s in range(50):
+        extra = (("Z", 1),) if s % 2 else ()
+        a.on_topology("A-B", P.Topology("B", 6000 + s, 0, ((2, 1),), (("A", 1),) + extra), 1.0)
+        out = t.resync()
+        assert out == []
+    assert a.status()["route_info"]["route_steps"] - steps < 50 * 100
+
+
+def test_one_links_interest_cannot_starve_another():
+    """B fills the transit interest bound (topics and patterns); C's interest
+    still passes (before: the bound was shared, C's was refused)."""
+    a = _pair()
+    a.link_up("A-D", "D", 1, 0.0)
+    a.on_topology("A-D", P.Topology("D", 9000, 0, ((4, 1),), (("A", 1),)), 0.0)
+    t = Transit(a, itertools.count(1), max_interests=500)
+    for i in range(600):
+        t.on_interest("A-B", P.Interest(P.InterestAction.ADD, f"junk.{i}", 2))
+    for i in range(MAX_TRANSIT_PATTERNS + 10):
+        t.on_interest("A-B", P.Interest(P.InterestAction.ADD, f"^junk{i}", 2, P.PatternType.PCRE))
+    assert t.counters["transit_interest_full"] == 100 + MAX_TRANSIT_PATTERNS + 10
+    out = t.on_interest("A-C", P.Interest(P.InterestAction.ADD, "md.x", 3))
+    out += t.on_interest("A-C", P.Interest(P.InterestAction.ADD, "^md\\.", 3, P.PatternType.PCRE))
+    assert {(o.link, o.frame.topic) for o in out} >= {("A-D", "md.x"), ("A-D", "^md\\.")}
+    # B's link goes down: its interest is cancelled where it went, C's stays
+    gone = t.link_down("A-B")
+    cancels = {o.frame.topic for o in gone if isinstance(o.frame, P.Interest)
+               and o.frame.action == P.InterestAction.CANCEL}
+    assert "junk.0" in cancels and "md.x" not in cancels
+    assert t.status()["interest_held"] == 2
