@@ -64,7 +64,7 @@ STREAM_FRAME = 256 << 10
 SPLICE_FRAME = P.MAX_PAYLOAD - 4
 SPLICE_MIN = 16 << 10
 PEEK_SIZE = 64 << 10  # bytes peeked: whole bursts of control frames and datagrams at a time ...
-PEEK_AFTER_SPLICE = 4 << 10  # ... but after a spliced frame, likely followed by another, less
+PEEK_AFTER_SPLICE = 16  # ... but after a spliced frame, likely followed by another: its head
 RX_PIPES = 4  # pipes one stream may fill before its bytes take the copy path (4 MiB: its window)
 ZERO_COPY = os.environ.get("LBMR_ROUTER_ZERO_COPY", "1") != "0"
 # Zero-copy writer: encoded frames taken from the queue at a time (before one held frame),
@@ -156,6 +156,7 @@ class Link:
         self._head = b""  # consumed from the socket, not yet given to the connection (< 16 bytes)
         self._frame_left = 0  # bytes of a frame being passed to the connection piecewise
         self._peek_size = PEEK_SIZE
+        self._rx_waited = False  # the reader waited for the socket since receive() last began
         self._left = 0  # payload bytes still to come of the frame being spliced
         self._waited = False  # the last move waited for the socket instead of probing it
         self._scratch: bytearray | None = None
@@ -444,6 +445,8 @@ class Link:
         sock = self.stream.socket
         if sock.fileno() < 0:
             raise trio.ClosedResourceError("the peer link's socket was closed")
+        if waiter is trio.lowlevel.wait_readable:
+            self._rx_waited = True  # the reader let the others run (no checkpoint needed)
         await waiter(sock)
 
     def _drop_held(self, f: S.HeldData) -> None:
@@ -503,7 +506,9 @@ class Link:
         if self._sock is None:
             data = await self.stream.receive_some(READ_SIZE)
             return self.conn.receive_data(data, trio.current_time()), not data
-        await trio.lowlevel.checkpoint()  # fairness: a busy link never starves the pumps
+        if not self._rx_waited:
+            await trio.lowlevel.checkpoint()  # fairness: a busy link never starves the pumps
+        self._rx_waited = False
         while True:
             if self.stream.socket.fileno() < 0:
                 raise trio.ClosedResourceError("the peer link's socket was closed")
