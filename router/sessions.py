@@ -22,6 +22,7 @@ import hashlib
 import secrets
 from dataclasses import dataclass, field
 
+from lbmr_proto import TQR, LBMREncodeError
 from lbmr_proto.records import Transport
 
 from . import peerlink as P
@@ -44,6 +45,15 @@ def session_key(body) -> int:
     ident = f"{int(body.TYPE)}/{body.ip}/{body.port}/{getattr(body, 'session_id', '-')}".encode()
     k = int.from_bytes(hashlib.blake2b(ident, digest_size=8, key=_KEY).digest(), "big")
     return k or 1
+
+
+def carried(topic: str) -> bool:
+    """Can a TIR (a TQR) carry ``topic``? UM's names: at most 255 bytes, no NUL."""
+    try:
+        TQR(topic).encode()
+    except LBMREncodeError:
+        return False
+    return True
 
 
 @dataclass(slots=True, eq=False)
@@ -96,7 +106,11 @@ class ProxySessions:
         """Serve ``f``: with the proxy of its session, or a new one (True) named by
         ``f``'s advert id. None if that name is taken by a proxy that still runs
         (an advert id the peer used before, withdrawn, while its session lives:
-        the far side numbers advertisements afresh, so only a broken peer does)."""
+        the far side numbers advertisements afresh, so only a broken peer does),
+        or if no TIR can carry ``f``'s topic (over 255 bytes, a NUL byte: only a
+        broken or hostile peer sends one; proxied, its TIR could not be built)."""
+        if not carried(f.topic):
+            return None
         key = self._key(f)
         ps = self._by_key.get(key)
         new = ps is None

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from . import peerlink as P
 from .routing import Routing
-from .sessions import session_key
+from .sessions import carried, session_key
 from .wildcard import Matcher, PatternError
 
 __all__ = ["SendOnLink", "Transit", "MAX_TRANSIT_INTERESTS", "MAX_TRANSIT_PATTERNS"]
@@ -99,6 +99,9 @@ class Transit:
         """An INTEREST frame from peer link ``link``."""
         if f.domain_id in self.routing.domains:
             self.counters["transit_interest_own_domain"] += 1  # ours, come back: not passed on
+            return []
+        if f.pattern_type == P.PatternType.TOPIC and not carried(f.topic):
+            self.counters["transit_interest_bad"] += 1  # no TRD can ask for it: not passed on
             return []
         key = (f.topic, int(f.pattern_type), f.domain_id)
         holders = self._held.get(key)

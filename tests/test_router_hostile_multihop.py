@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import itertools
 
+from lbmr_proto import Packet, SourceIdOption, SourceTypeOption, WcTQR, encode
 from router import peerlink as P
+from router.bridge import Bridge, StartProxy
 from router.routing import RECALC_BURST, RECALC_RATE, Routing
 from router.topology import MAX_MAP_ENTRIES, MAX_ROUTERS
+from router.tr import PortalTR
 from router.transit import MAX_TRANSIT_PATTERNS, Transit
 
 
@@ -166,3 +169,33 @@ def test_one_links_interest_cannot_starve_another():
                and o.frame.action == P.InterestAction.CANCEL}
     assert "junk.0" in cancels and "md.x" not in cancels
     assert t.status()["interest_held"] == 2
+
+
+def test_a_topic_no_tir_can_carry_is_refused_not_a_crash():
+    """A wildcard receiver in our TRD (WC-TQR ``^md\\.``) wants what the peer
+    advertises; the peer advertises topics no TIR can carry (over 255 bytes, a
+    NUL byte). Before: proxied, then advertising the bound proxy raised
+    ValueError out of the proxy task (the router exited). Now refused and
+    counted; transit interest in such a topic is not passed on either."""
+    tr = PortalTR("A", 1, src_id=b"A" * 8, mode="multicast", multicast=("239.192.1.1", 12965),
+                  source_timeout=3.0, requery_interval=1.0, now=0.0)
+    b = Bridge(tr, require_interest=True)
+    b.link_up(0.0)
+    opts = [SourceIdOption(0x8000, b"APPCTX01"), SourceTypeOption(0x80, 0)]
+    b.on_datagram(encode(Packet(type=1, version=1, wc_tqrs=[WcTQR(r"^md\.", 1)], options=opts)),
+                  ("10.1.0.5", 12965), 0.0)
+    b.outputs()
+    for aid, topic in ((11, "md." + "x" * 300), (12, "md.a\x00b")):
+        b.peer_frame(P.Advertisement(topic, 2, bytes(32), P.StreamKind.TCP, aid, False), 0.1)
+        started = [o for o in b.outputs() if isinstance(o, StartProxy)]
+        for o in started:
+            b.proxy_listening(o.advert.advert_id, ("10.1.0.1", 24000), 0.2)
+        assert started == []
+    assert b.counters["bad_advert"] == 2 and b.proxy_listeners() == 0
+    # a good one still goes
+    b.peer_frame(P.Advertisement("md.ok", 2, bytes(32), P.StreamKind.TCP, 13, False), 0.3)
+    assert [o.advert.topic for o in b.outputs() if isinstance(o, StartProxy)] == ["md.ok"]
+    a = _pair()
+    t = Transit(a, itertools.count(1))
+    assert t.on_interest("A-C", P.Interest(P.InterestAction.ADD, "x" * 300, 3)) == []
+    assert t.counters["transit_interest_bad"] == 1 and t.status()["interest_held"] == 0
