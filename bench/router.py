@@ -613,24 +613,45 @@ def certificates(tmp: Path) -> dict[str, str] | None:
 
 
 def throughput_paths(paths: dict[str, tuple[str, int]], source: DataSource, runs: int,
-                     cpu_dep, cpu_path: str) -> dict:
+                     cpu_dep, cpu_path: str, relays: dict[str, RelayChain] | None = None) -> dict:
     """Best transfer time of each path (name -> address to connect to): every round
     measures each path once, the order rotating; the CPU use over the best ``cpu_path``
-    transfer (``cpu_dep``'s routers)."""
+    transfer (``cpu_dep``'s routers); and, over all rounds, the user and system
+    CPU-seconds per GB moved of the processes in the middle of each path: ``cpu_dep``'s
+    routers for ``cpu_path``, the relay processes of ``relays[name]`` for those paths."""
     names = list(paths)
     best = dict.fromkeys(names, float("inf"))
     cpu_best: dict[str, float] = {}
+    relays = relays or {}
+    middle = {cpu_path: [cpu_dep.pid(r) for r in ("a", "b")]} if hasattr(cpu_dep, "pid") else {}
+    middle.update({name: [p.pid for p in chain.procs] for name, chain in relays.items()})
+    spent = {name: [0.0, 0.0] for name in middle}
     for i in range(runs):
         k = i % len(names)
         for name in names[k:] + names[:k]:
+            pids = middle.get(name, [])
+            t0 = [_cpu_user_sys(p) for p in pids]
             before = cpu_snapshot(cpu_dep)
             dt = receive(paths[name], source.total)
             after = cpu_snapshot(cpu_dep)
+            for p, (u0, s0) in zip(pids, t0, strict=True):
+                u1, s1 = _cpu_user_sys(p)
+                spent[name][0] += u1 - u0
+                spent[name][1] += s1 - s0
             if dt < best[name]:
                 best[name] = dt
                 if name == cpu_path:
                     cpu_best = {c: (after[c] - before[c]) / dt for c in after}
-    return {"best": best, "cpu": cpu_best}
+    gb = runs * source.total / 1e9
+    per_gb = {name: (u / gb, s_ / gb) for name, (u, s_) in spent.items()}
+    return {"best": best, "cpu": cpu_best, "cpu_per_gb": per_gb}
+
+
+def _cpu_user_sys(pid: int) -> tuple[float, float]:
+    """CPU-seconds of a process so far: (user, system)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
 # An LBT-RU-like source (lbmr_tools.sim.dataplane.RuDataSource) in a process of its own:
@@ -950,6 +971,19 @@ def print_cpu(c: dict) -> None:
         print("    WARNING: other processes competed for the CPUs during this run; the numbers are low")
 
 
+def print_cpu_per_gb(per_gb: dict) -> None:
+    """CPU-seconds per GB of the processes in the middle of the routed path and of the
+    splice relay path (all rounds), and what they imply on a host whose CPUs are the limit."""
+    if "routed" not in per_gb or "splice" not in per_gb:
+        return
+    (ru, rs), (su, ss) = per_gb["routed"], per_gb["splice"]
+    print(f"    CPU-seconds per GB moved (all rounds): routers A+B {ru + rs:.3f} (user {ru:.3f}, system "
+          f"{rs:.3f}); splice relays {su + ss:.3f} (user {su:.3f}, system {ss:.3f}); "
+          f"routers / relays {(ru + rs) / max(su + ss, 1e-9):.2f}x")
+    print(f"    (on {os.cpu_count()} CPUs shared with the source and the receiver, whichever path costs "
+          "less CPU per byte moves more bytes once the CPUs are the limit)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mbytes", type=float, default=200, help="MB (10^6 bytes) per transfer")
@@ -1002,9 +1036,10 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(a.close)
         paths = {"direct": (SRC_IP, source.port)}
         labels = {"direct": "direct loopback TCP"}
+        chains = {}
         for mode, what in (("splice", "splice relay: 2 processes, os.splice through a pipe"),
                            ("copy", f"copy relay: 2 processes, recv_into/sendall of {CHUNK // 1024} KiB")):
-            chain = RelayChain(source, mode)
+            chain = chains[mode] = RelayChain(source, mode)
             stack.callback(chain.stop)
             paths[mode], labels[mode] = chain.addr, what
         for key, d, what in (("routed", dep, "routed, plain TCP link, zero copy"),
@@ -1012,7 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
                              ("routed-tls", tls_dep, "routed, TLS link (copy path)")):
             if d is not None:
                 paths[key], labels[key] = resolve(TPUT_TOPIC, d.lbmrd2), what
-        res = throughput_paths(paths, source, args.runs, dep, "routed")
+        res = throughput_paths(paths, source, args.runs, dep, "routed", {"splice": chains["splice"]})
         best = res["best"]
         for key in paths:
             print(f"    {labels[key]:56s} {mb / best[key]:8.1f} MB/s  ({best[key]:.3f} s)")
@@ -1028,6 +1063,7 @@ def main(argv: list[str] | None = None) -> int:
             print("    TLS link: not measured (--no-tls, or openssl missing)")
         print(f"    ratio copy relay / splice relay          {best['splice'] / best['copy']:6.3f}x")
         print_cpu(res["cpu"])
+        print_cpu_per_gb(res["cpu_per_gb"])
         if not args.no_inprocess:
             inproc = InProcess()
             try:

@@ -848,6 +848,82 @@ def test_stream_open_accept_send_within_credit_and_grant():
     assert len(L.ta.send(sid, rest)) == 0
 
 
+def _grow_link(window, max_window, budget, streams=1):
+    """A Link whose tables grow windows from ``window`` to ``max_window`` within ``budget``;
+    ``streams`` streams opened by a and accepted by b (their ids)."""
+    L = Link(initial_window=window, max_window=max_window, window_budget=budget, max_frame=window)
+    sids = [L.ta.open(advert_id=i) for i in range(streams)]
+    L.flush("a")
+    for sid in sids:
+        L.tb.accept(sid)
+    L.flush("b")
+    return L, sids
+
+
+def _send_and_consume(L, sid, nbytes):
+    """a sends ``nbytes`` on ``sid`` (within its credit); b consumes all it holds."""
+    assert len(L.ta.send(sid, bytes(nbytes))) == 0
+    L.flush("a")
+    L.tb.consumed(sid, L.tb.get(sid).unconsumed)
+    L.flush("b")
+
+
+def test_window_grows_while_the_consumer_keeps_up_and_never_beyond_its_bounds():
+    L, (sid,) = _grow_link(1000, 8000, 100_000)
+    windows = []
+    for _ in range(8):  # a consumer that keeps up: each grant doubles the window, up to 8000
+        _send_and_consume(L, sid, L.ta.send_credit(sid))
+        windows.append(L.tb.get(sid).window)
+        assert L.ta.send_credit(sid) == L.tb.get(sid).recv_window == L.tb.get(sid).window
+    assert windows == [2000, 4000, 8000, 8000, 8000, 8000, 8000, 8000]
+    assert L.tb.window_grown == 7000
+    # the peer can never send more than the window, however large it grew
+    st = L.tb.get(sid)
+    evs = L.tb.receive(StreamData(sid, bytes(st.window + 1)))
+    assert isinstance(evs[0], StreamError) and "credit" in evs[0].reason
+
+
+def test_window_does_not_grow_for_a_consumer_that_falls_behind():
+    L, (sid,) = _grow_link(1000, 8000, 100_000)
+    for _ in range(6):
+        # the consumer passes on 600 of the 1000 bytes it holds: a grant is due (>= half a
+        # window consumed) but 400 > a quarter of the window are still unconsumed
+        credit = L.ta.send_credit(sid)
+        assert len(L.ta.send(sid, bytes(credit))) == 0
+        L.flush("a")
+        st = L.tb.get(sid)
+        L.tb.consumed(sid, max(0, st.unconsumed - 400))
+        L.flush("b")
+        assert st.window == 1000 and st.recv_window + st.unconsumed <= 1000
+    assert L.tb.window_grown == 0
+
+
+def test_window_growth_shares_one_budget_per_link_and_closing_returns_it():
+    L, (s1, s2) = _grow_link(1000, 8000, 3000, streams=2)
+    for _ in range(4):
+        _send_and_consume(L, s1, L.ta.send_credit(s1))
+    assert L.tb.get(s1).window == 4000 and L.tb.window_grown == 3000  # 1000 + 2000 of the 3000
+    for _ in range(4):
+        _send_and_consume(L, s2, L.ta.send_credit(s2))
+    assert L.tb.get(s2).window == 1000  # nothing left in the budget
+    total = sum(L.tb.get(s).recv_window + L.tb.get(s).unconsumed for s in (s1, s2))
+    assert total <= 2 * 1000 + 3000  # initial windows plus the budget, in flight or held
+    L.ta.close(s1)
+    L.flush("a")
+    L.flush("b")
+    assert s1 not in L.tb and L.tb.window_grown == 0  # s1's growth is back in the budget
+    for _ in range(4):
+        _send_and_consume(L, s2, L.ta.send_credit(s2))
+    assert L.tb.get(s2).window == 4000 and L.tb.window_grown == 3000
+
+
+def test_window_stays_fixed_without_a_max_window():
+    L, (sid,) = _grow_link(1000, None, 100_000)
+    for _ in range(4):
+        _send_and_consume(L, sid, L.ta.send_credit(sid))
+    assert L.tb.get(sid).window == 1000 and L.tb.window_grown == 0
+
+
 def test_data_for_unknown_or_closed_streams_is_refused_as_an_event():
     t = StreamTable("acceptor")
     assert t.receive(StreamData(7, b"abc")) == [DataRefused(7, 3, "unknown or closed stream")]

@@ -219,6 +219,7 @@ class Stream:
     recv_window: int = 0  # bytes the peer may still send
     unconsumed: int = 0  # received, not yet reported consumed
     ungranted: int = 0  # consumed, not yet returned to the peer as credit
+    window: int = 0  # our receive window (the initial one, grown while the consumer keeps up)
     bytes_sent: int = 0
     bytes_received: int = 0
     datagrams_sent: int = 0
@@ -234,6 +235,7 @@ class StreamTable:
     automatically)."""
 
     def __init__(self, role: str, *, initial_window: int = INITIAL_WINDOW,
+                 max_window: int | None = None, window_budget: int = 0,
                  max_frame: int = MAX_FRAME_DATA, max_streams: int = 4096,
                  max_datagram: int = MAX_PAYLOAD - 4,
                  kinds: tuple[int, ...] = (StreamKind.TCP, StreamKind.LBTRU, StreamKind.LBTRM)) -> None:
@@ -243,6 +245,11 @@ class StreamTable:
             raise ValueError("initial_window must be 1..2**32-1 and max_frame positive")
         self.role = role
         self.initial_window = initial_window
+        # receive windows grow from initial_window up to max_window while their consumer
+        # keeps up, by at most window_budget bytes over all the streams of the table
+        self.max_window = max(initial_window, max_window or initial_window)
+        self.window_budget = window_budget
+        self.window_grown = 0  # bytes the open streams' windows have grown, in all
         self.max_frame = max_frame
         self.max_streams = max_streams
         self.max_datagram = max_datagram
@@ -280,7 +287,7 @@ class StreamTable:
             raise LocalStreamError("stream ids exhausted on this connection: reconnect")
         self._next_id += 2
         self.streams[sid] = Stream(sid, advert_id, int(kind), True, StreamState.OPENING,
-                                   recv_window=self.initial_window)
+                                   recv_window=self.initial_window, window=self.initial_window)
         self._outbox.append(StreamOpen(sid, advert_id, kind, self.initial_window))
         return sid
 
@@ -293,7 +300,7 @@ class StreamTable:
     def accept(self, stream_id: int) -> None:
         st = self._pending(stream_id)
         st.state = StreamState.OPEN
-        st.recv_window = self.initial_window
+        st.recv_window = st.window = self.initial_window
         self._outbox.append(StreamAccept(stream_id, self.initial_window))
 
     def refuse(self, stream_id: int, code: int = RefuseCode.REFUSED, reason: str = "") -> None:
@@ -391,8 +398,15 @@ class StreamTable:
 
     def consumed(self, stream_id: int, nbytes: int) -> None:
         """The application passed on ``nbytes`` received bytes; grants the peer more credit
-        (STREAM_CREDIT) once at least half a window has been consumed. Ignored for streams
-        that are gone."""
+        (STREAM_CREDIT) once at least half the stream's window has been consumed. Ignored for
+        streams that are gone.
+
+        Window growth (``max_window`` above ``initial_window``): when a grant is due and the
+        consumer keeps up (what it has not consumed yet is at most a quarter of the window),
+        the window doubles (up to ``max_window``, and as far as ``window_budget``, shared by
+        all the streams of the table, allows) and the grant carries the increase. A stream
+        therefore never has more than ``max_window`` bytes in flight or held here, and the
+        table never more than its streams' initial windows plus ``window_budget``."""
         st = self.streams.get(stream_id)
         if st is None or st.state is not StreamState.OPEN:
             return
@@ -401,9 +415,17 @@ class StreamTable:
                 f"stream {stream_id}: consumed {nbytes} bytes but only {st.unconsumed} are unconsumed")
         st.unconsumed -= nbytes
         st.ungranted += nbytes
-        if st.ungranted >= max(1, self.initial_window // 2):
-            self._outbox.append(StreamCredit(stream_id, st.ungranted))
-            st.recv_window += st.ungranted
+        window = st.window
+        if st.ungranted >= max(1, window // 2):
+            grant = st.ungranted
+            if window < self.max_window and st.unconsumed <= window // 4:
+                extra = min(window, self.max_window - window, self.window_budget - self.window_grown)
+                if extra > 0:
+                    st.window = window + extra
+                    self.window_grown += extra
+                    grant += extra
+            self._outbox.append(StreamCredit(stream_id, grant))
+            st.recv_window += grant
             st.ungranted = 0
 
     def close(self, stream_id: int, code: int = CloseCode.NORMAL) -> bool:
@@ -538,6 +560,8 @@ class StreamTable:
         if st is None:
             self.ignored_frames += 1
             return []
+        if st.window:
+            self.window_grown -= st.window - self.initial_window
         if st.state is StreamState.CLOSING:
             return []  # the answer to our close (or a crossing close): the id is free
         self._outbox.append(StreamClose(f.stream_id, CloseCode.NORMAL))
