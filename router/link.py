@@ -80,7 +80,7 @@ STREAM_FRAME = 256 << 10
 SPLICE_FRAME = P.MAX_PAYLOAD - 4
 SPLICE_MIN = 16 << 10
 PEEK_SIZE = 64 << 10  # bytes peeked: whole bursts of control frames and datagrams at a time ...
-PEEK_AFTER_SPLICE = 16  # ... but after a spliced frame, likely followed by another: its head
+PEEK_AFTER_SPLICE = 16  # ... but after a spliced frame, likely followed by another: its head (read)
 # pipes one stream may fill before its bytes take the copy path (4 MiB: its initial window;
 # a stream whose window grew has a consumer that keeps up, so its pipes rarely fill)
 RX_PIPES = 4
@@ -537,13 +537,20 @@ class Link:
                     return self._eof()
                 self._frame_left -= len(data)
                 return self._feed(data), False
+            after_splice = self._peek_size == PEEK_AFTER_SPLICE and len(self._head) < _DATA_HEAD
             try:
-                peek = self._sock.recv(self._peek_size, socket.MSG_PEEK)
+                if after_splice:  # most likely the head of the next data frame: read it outright
+                    peek = self._sock.recv(_DATA_HEAD - len(self._head))
+                else:
+                    peek = self._sock.recv(self._peek_size, socket.MSG_PEEK)
             except (BlockingIOError, InterruptedError):
                 await self._wait(trio.lowlevel.wait_readable)
                 continue
             if not peek:
                 return self._eof()
+            if after_splice:  # consumed: it is part of the head now (_cut takes from there)
+                self._head += peek
+                peek = b""
             view = self._head + peek if self._head else peek
             got = await self._cut(view)
             if got is not None:
