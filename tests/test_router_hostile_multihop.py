@@ -199,3 +199,39 @@ def test_a_topic_no_tir_can_carry_is_refused_not_a_crash():
     t = Transit(a, itertools.count(1))
     assert t.on_interest("A-C", P.Interest(P.InterestAction.ADD, "x" * 300, 3)) == []
     assert t.counters["transit_interest_bad"] == 1 and t.status()["interest_held"] == 0
+
+
+def test_hostile_patterns_cost_at_most_the_state_bound_and_never_their_own_adverts(monkeypatch):
+    """C holds patterns built to keep every NFA state alive ((.?){990}x: about
+    2000 states, a tenth of a second per 255-byte topic); each advertisement
+    passing through was searched against all of them, several times over
+    (before: 2.4 s per advertisement for ten, four minutes for the 1000
+    allowed). Now a link's patterns are bounded by their states summed, each
+    (pattern, topic) is searched once, and a link's own advertisements are
+    never searched against its own patterns."""
+    from router.transit import MAX_TRANSIT_PATTERN_STATES
+    from router.wildcard import Matcher
+
+    searches: list[int] = []
+    real = Matcher.search
+    monkeypatch.setattr(Matcher, "search", lambda self, text: searches.append(self.size) or real(self, text))
+    a = _pair()
+    t = Transit(a, itertools.count(100))
+    for k in range(10):
+        t.on_interest("A-C", P.Interest(P.InterestAction.ADD, f"(.?){{990}}x{k}", 3, P.PatternType.PCRE))
+    assert t.counters["transit_interest_full"] == 9
+    assert sum(t._pattern_size[k] for k in t._link_patterns["A-C"]) <= MAX_TRANSIT_PATTERN_STATES
+    # a pattern we cannot match is not held (it would cost and never match)
+    t.on_interest("A-C", P.Interest(P.InterestAction.ADD, "(a)\\1", 3, P.PatternType.PCRE))
+    assert t.counters["transit_interest_bad"] == 1
+    # C's own advertisements: its patterns are not searched
+    for i in range(50):
+        assert not t.wants("A-C", f"c.{i}", 3)
+        t.on_proxy("A-C", P.Advertisement(f"c.{i}", 3, bytes(32), 0, 1000 + i), object())
+    assert searches == []
+    # B's: one search per (pattern, topic), however often it is asked
+    topic = "a" * 254 + "!"
+    for _ in range(3):
+        t.wants("A-B", topic, 2)
+    t.on_proxy("A-B", P.Advertisement(topic, 2, bytes(32), 0, 7), object())
+    assert len(searches) == 1 and sum(searches) <= MAX_TRANSIT_PATTERN_STATES

@@ -242,16 +242,21 @@ def test_triangle_a_router_off_the_path_does_not_carry_an_advert_on():
 
 
 def test_a_peer_cannot_make_every_advert_cost_more_than_the_pattern_bound():
-    from router.transit import MAX_TRANSIT_PATTERNS
+    from router.transit import MAX_TRANSIT_PATTERN_STATES, MAX_TRANSIT_PATTERNS
+    from router.wildcard import Matcher
 
     n = Net("ABC")
     n.link("A", "B")
     n.link("B", "C")
     t = n.t["B"]
+    sizes = [Matcher(f"^p{i}\\.").size for i in range(MAX_TRANSIT_PATTERNS + 50)]
     for i in range(MAX_TRANSIT_PATTERNS + 50):
         t.on_interest("B-C", P.Interest(P.InterestAction.ADD, f"^p{i}\\.", 3, P.PatternType.PCRE))
-    assert t.counters["transit_interest_full"] == 50
-    assert len(t._patterns) == MAX_TRANSIT_PATTERNS
+    # bounded by count and by NFA states summed (each search costs up to its states per character)
+    fit = next(k for k in range(len(sizes) + 1) if k == len(sizes) or sum(sizes[:k + 1]) > MAX_TRANSIT_PATTERN_STATES)
+    fit = min(fit, MAX_TRANSIT_PATTERNS)
+    assert t.counters["transit_interest_full"] == MAX_TRANSIT_PATTERNS + 50 - fit
+    assert len(t._patterns) == fit and sum(sizes[:fit]) <= MAX_TRANSIT_PATTERN_STATES
     # exact topics still pass while patterns are full
     t.on_interest("B-C", P.Interest(P.InterestAction.ADD, "exact", 3))
     assert t.wants("B-A", "exact", 1)
