@@ -94,6 +94,8 @@ class Routing:
         self._children: dict[int, list[str]] = {}  # children_links cache, by domain
         self._children_at: tuple[int, int] = (-1, -1)  # (map changes, links changes) it was made at
         self._link_changes = 0
+        self._origins: dict[int, str | None] = {}  # origin_router cache, by domain
+        self._origins_at = -1  # the map changes it was made at
 
     # ------------------------------------------------------------------ inputs
 
@@ -224,8 +226,15 @@ class Routing:
         endpoint portal in it."""
         if domain in self.domains:
             return self.me
-        routers = self.map.routers_of(domain)
-        return routers[0] if routers else None
+        if self._origins_at != self.map.changes:
+            self._origins.clear()
+            self._origins_at = self.map.changes
+        if domain not in self._origins:
+            if len(self._origins) >= 65536:
+                self._origins.clear()
+            routers = self.map.routers_of(domain)
+            self._origins[domain] = routers[0] if routers else None
+        return self._origins[domain]
 
     def children_links(self, domain: int) -> list[str]:
         """Our connected links to the routers that get ``domain``'s interest

@@ -49,6 +49,10 @@ MAX_TRANSIT_INTERESTS = 100_000  # interests (topic or pattern, type, origin) he
 # of 2000 states against a 255-byte topic: about 0.1 s on a 2-core host)
 MAX_TRANSIT_PATTERNS = 1000
 MAX_TRANSIT_PATTERN_STATES = 2000
+# a pattern newly held is searched against every topic we proxy for transit: refused if
+# that could take more than this many matcher steps (its states times the characters of
+# the topics its literal prefix lets through; about 0.23 us a step: at most ~5 s)
+MAX_PATTERN_SCAN_STEPS = 20_000_000
 MAX_MATCHERS = 4096  # compiled patterns kept
 MAX_MATCH_CACHE = 1 << 18  # (pattern, topic) answers kept
 
@@ -72,6 +76,33 @@ class _Upstream:
     body: object  # the proxy's transport body (where a stream for it connects)
 
 
+_LITERAL = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-/:@#%=,;<>!\"'~&")
+_ESCAPED = frozenset(".-_/:@#%=,;<>!\"'~&$^*+?()[]{}|\\")
+
+
+def literal_prefix(pattern: str) -> str:
+    """What every topic ``pattern`` matches starts with ("" when that is not
+    plain from the pattern): the literal run after a leading ``^``, for a
+    pattern without ``|`` or flags. A cheap test before the matcher."""
+    if not pattern.startswith("^") or "|" in pattern or "(?" in pattern:
+        return ""
+    out: list[str] = []
+    i = 1
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch in _LITERAL:
+            out.append(ch)
+            i += 1
+        elif ch == "\\" and i + 1 < len(pattern) and pattern[i + 1] in _ESCAPED:
+            out.append(pattern[i + 1])
+            i += 2
+        else:
+            break
+    if out and i < len(pattern) and pattern[i] in "*?{+":
+        out.pop()  # the last one is repeated, maybe zero times
+    return "".join(out)
+
+
 class Transit:
     """See the module doc. ``advert_ids``: the router's advert id numbering
     (unique on every link)."""
@@ -88,6 +119,8 @@ class Transit:
         self._link_states: Counter[str] = Counter()  # and their NFA states summed
         self._pattern_size: dict[Key, int] = {}
         self._hits: dict[tuple[int, str, str], bool] = {}  # (type, pattern, topic) -> matches
+        self._prefixes: dict[str, str] = {}  # pattern -> what every topic it matches starts with
+        self._up_chars = 0  # characters (plus one each) of the topics of _up_by_topic
         self._by_domain: dict[int, set[Key]] = {}  # held keys by origin domain
         self._trees_seen: dict[int, tuple] = {}  # origin domain -> (root, children links) last synced
         self._by_topic: dict[str, set[Key]] = {}  # exact-topic keys of _held, by topic
@@ -131,6 +164,9 @@ class Transit:
                     len(self._link_patterns.get(link, ())) >= MAX_TRANSIT_PATTERNS
                     or self._link_states[link] + size > MAX_TRANSIT_PATTERN_STATES):
                 self.counters["transit_interest_full"] += 1
+                return []
+            if size and self._scan_cost(key, size) > MAX_PATTERN_SCAN_STEPS:
+                self.counters["transit_pattern_costly"] += 1
                 return []
         if holders is None:
             holders = self._held[key] = set()
@@ -231,8 +267,14 @@ class Transit:
     def on_proxy(self, link: str, advert: P.Advertisement, body: object) -> list[SendOnLink]:
         """Our proxy for ``advert`` (advertised to us on ``link``) listens; its
         transport body is ``body``. Advertise it where interest wants it."""
-        self._up[(link, advert.advert_id)] = _Upstream(link, advert, body)
-        self._up_by_topic.setdefault(advert.topic, set()).add((link, advert.advert_id))
+        ukey = (link, advert.advert_id)
+        old = self._up.get(ukey)
+        if old is not None and old.advert.topic != advert.topic:
+            self._untrack(old.advert.topic, ukey)
+        if advert.topic not in self._up_by_topic:
+            self._up_chars += len(advert.topic) + 1
+        self._up_by_topic.setdefault(advert.topic, set()).add(ukey)
+        self._up[ukey] = _Upstream(link, advert, body)
         out = []
         for other in self.routing.links():
             if other != link:
@@ -248,12 +290,16 @@ class Transit:
             if up == (link, advert_id):
                 out.append(self._withdraw(dlink, aid))
         up = self._up.pop((link, advert_id))
-        keys = self._up_by_topic.get(up.advert.topic)
-        if keys is not None:
-            keys.discard((link, advert_id))
-            if not keys:
-                del self._up_by_topic[up.advert.topic]
+        self._untrack(up.advert.topic, (link, advert_id))
         return out
+
+    def _untrack(self, topic: str, ukey: tuple[str, int]) -> None:
+        keys = self._up_by_topic.get(topic)
+        if keys is not None:
+            keys.discard(ukey)
+            if not keys:
+                del self._up_by_topic[topic]
+                self._up_chars -= len(topic) + 1
 
     def advert_source(self, link: str, advert_id: int) -> object | None:
         """Where a stream the peer on ``link`` opens for our advert ``advert_id``
@@ -290,7 +336,13 @@ class Transit:
         if key[1] == P.PatternType.TOPIC:
             ukeys = list(self._up_by_topic.get(key[0], ()))
         else:
-            ukeys = [u for t, us in self._up_by_topic.items() if self._matches(key, t) for u in us]
+            # only the proxies that could go to the link are searched (not its own, and
+            # only where we are on the path), cheapest tests first
+            ukeys = []
+            for t, us in self._up_by_topic.items():
+                cands = [u for u in us if u[0] != link and self._on_path(key, self._up[u].advert.origin_domain)]
+                if cands and self._matches(key, t):
+                    ukeys += cands
         out = []
         for ukey in ukeys:
             if self._up[ukey].link != link:
@@ -396,6 +448,15 @@ class Transit:
         return any(link in self._held[k] and self._on_path(k, origin_domain)
                    for k in self._keys_for(topic, (link,)))
 
+    def _scan_cost(self, key: Key, size: int) -> int:
+        """At most how many matcher steps searching pattern ``key`` (``size``
+        states) against the topics we proxy would take."""
+        if size * self._up_chars <= MAX_PATTERN_SCAN_STEPS:
+            return size * self._up_chars  # cheap: no need to look closer
+        prefix = literal_prefix(key[0])
+        return size * sum(len(t) + 1 for t in self._up_by_topic if t.startswith(prefix)
+                          and (key[1], key[0], t) not in self._hits)
+
     def _matcher(self, key: Key) -> Matcher | None:
         mkey = (key[1], key[0])
         if mkey not in self._matchers:
@@ -417,7 +478,12 @@ class Transit:
         got = self._hits.get(hkey)
         if got is None:
             m = self._matcher(key)
-            got = m is not None and m.search(topic)
+            prefix = self._prefixes.get(pattern)
+            if prefix is None:
+                prefix = self._prefixes[pattern] = literal_prefix(pattern)
+                if len(self._prefixes) >= MAX_MATCHERS:
+                    self._prefixes.clear()
+            got = m is not None and topic.startswith(prefix) and m.search(topic)
             if len(self._hits) >= MAX_MATCH_CACHE:
                 self._hits.clear()
             self._hits[hkey] = got

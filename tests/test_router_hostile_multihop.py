@@ -235,3 +235,56 @@ def test_hostile_patterns_cost_at_most_the_state_bound_and_never_their_own_adver
         t.wants("A-B", topic, 2)
     t.on_proxy("A-B", P.Advertisement(topic, 2, bytes(32), 0, 7), object())
     assert len(searches) == 1 and sum(searches) <= MAX_TRANSIT_PATTERN_STATES
+
+
+def test_a_pattern_is_searched_only_against_topics_it_could_match(monkeypatch):
+    """A pattern interest arriving is searched against every proxy we run for
+    transit (before: each search up to the pattern's states per character:
+    ``(.?){990}y`` over 5000 topics took 31 s). An anchored pattern's literal
+    prefix is tested first (a string comparison); the link's own proxies are
+    not searched."""
+    import re
+
+    from router.transit import literal_prefix
+    from router.wildcard import Matcher
+
+    for pat, topic in [(r"^md\.quotes\..*", "md.quotes.x"), (r"^ab*c", "ac"), (r"^ab+", "ab"),
+                       (r"^md\\x", "md\\x1"), (r"^a{2}", "aa"), (r"^x|y", "y"), (r"(?i)^MD", "md"),
+                       (r"^md\$", "md$"), (r"^a\d", "a1"), (r"quotes", "x.quotes")]:
+        assert re.search(pat, topic) and topic.startswith(literal_prefix(pat)), pat
+    assert literal_prefix(r"^md\.q\.0000") == "md.q.0000" and literal_prefix("q.x") == ""
+
+    searches: list[str] = []
+    real = Matcher.search
+    monkeypatch.setattr(Matcher, "search", lambda self, text: searches.append(text) or real(self, text))
+    a = _pair()
+    a.link_up("A-D", "D", 1, 0.0)
+    a.on_topology("A-D", P.Topology("D", 9000, 0, ((4, 1),), (("A", 1),)), 0.0)
+    t = Transit(a, itertools.count(10**6))
+    t.on_interest("A-D", P.Interest(P.InterestAction.ADD, "^md\\.", 4, P.PatternType.PCRE))
+    n = 2000
+    for i in range(n):
+        t.on_proxy("A-B", P.Advertisement(f"md.q.{i:06d}.x", 2, i.to_bytes(32, "big"), 0, i + 1), object())
+    searches.clear()
+    out = t.on_interest("A-C", P.Interest(P.InterestAction.ADD, r"^md\.q\.0000", 3, P.PatternType.PCRE))
+    assert len([o for o in out if isinstance(o.frame, P.Advertisement)]) == 100
+    assert len(searches) == 100  # only the topics with its prefix
+    searches.clear()
+    # B's own proxies are not searched for B's pattern
+    t.on_interest("A-B", P.Interest(P.InterestAction.ADD, "q", 2, P.PatternType.PCRE))
+    assert searches == []
+    # a pattern whose search over every transit topic could cost more than the
+    # scan bound is refused (before: (.?){990}y over 5000 topics froze 31 s)
+    from router.transit import MAX_PATTERN_SCAN_STEPS
+
+    searches.clear()
+    t.on_interest("A-C", P.Interest(P.InterestAction.ADD, "(.?){990}y", 3, P.PatternType.PCRE))
+    assert t.counters["transit_pattern_costly"] == 1 and searches == []
+    assert Matcher("(.?){990}y").size * sum(len(f"md.q.{i:06d}.x") + 1 for i in range(n)) > MAX_PATTERN_SCAN_STEPS
+    # a cheap unanchored one over the same topics is not
+    t.on_interest("A-C", P.Interest(P.InterestAction.ADD, r"q\.\d+\.x$", 3, P.PatternType.PCRE))
+    assert t.counters["transit_pattern_costly"] == 1 and len(searches) == n
+    # the bookkeeping of the topics' characters follows the proxies
+    for i in range(n):
+        t.on_proxy_gone("A-B", i + 1)
+    assert t._up_chars == 0 and not t._up_by_topic
