@@ -185,6 +185,20 @@ class TopologyMap:
     def node(self, router_id: str) -> NodeInfo | None:
         return self._nodes.get(router_id)
 
+    @property
+    def routers(self) -> int:
+        """Routers in the map, this one included."""
+        return len(self._nodes)
+
+    @property
+    def peer_entries(self) -> int:
+        """Announced peers summed over the map (bounded by ``max_entries``)."""
+        return self._peer_entries
+
+    @property
+    def domain_entries(self) -> int:
+        return self._domain_entries
+
     def routes(self) -> dict[int, Route]:
         """The lowest-cost route to every reachable domain, by domain id."""
         if self._routes is None:
