@@ -84,10 +84,18 @@ def literal_prefix(pattern: str) -> str:
     """What every topic ``pattern`` matches starts with ("" when that is not
     plain from the pattern): the literal run after a leading ``^``, for a
     pattern without ``|`` or flags. A cheap test before the matcher."""
-    if not pattern.startswith("^") or "|" in pattern or "(?" in pattern:
+    if not pattern.startswith("^"):
+        return ""
+    return literal_run(pattern, 1)
+
+
+def literal_run(pattern: str, i: int = 0) -> str:
+    """The literal characters ``pattern`` starts with at ``i`` (each required
+    once, in order: a repeated last one is left out); "" for a pattern with
+    ``|`` or flags (whose parts need not all hold)."""
+    if "|" in pattern or "(?" in pattern:
         return ""
     out: list[str] = []
-    i = 1
     while i < len(pattern):
         ch = pattern[i]
         if ch in _LITERAL:
@@ -119,7 +127,8 @@ class Transit:
         self._link_states: Counter[str] = Counter()  # and their NFA states summed
         self._pattern_size: dict[Key, int] = {}
         self._hits: dict[tuple[int, str, str], bool] = {}  # (type, pattern, topic) -> matches
-        self._prefixes: dict[str, str] = {}  # pattern -> what every topic it matches starts with
+        # pattern -> (what every topic it matches starts with, a part every such topic holds)
+        self._prefixes: dict[str, tuple[str, str]] = {}
         self._up_chars = 0  # characters (plus one each) of the topics of _up_by_topic
         self._by_domain: dict[int, set[Key]] = {}  # held keys by origin domain
         self._trees_seen: dict[int, tuple] = {}  # origin domain -> (root, children links) last synced
@@ -478,12 +487,13 @@ class Transit:
         got = self._hits.get(hkey)
         if got is None:
             m = self._matcher(key)
-            prefix = self._prefixes.get(pattern)
-            if prefix is None:
-                prefix = self._prefixes[pattern] = literal_prefix(pattern)
+            need = self._prefixes.get(pattern)
+            if need is None:
                 if len(self._prefixes) >= MAX_MATCHERS:
                     self._prefixes.clear()
-            got = m is not None and topic.startswith(prefix) and m.search(topic)
+                need = self._prefixes[pattern] = (literal_prefix(pattern), literal_run(pattern))
+            got = (m is not None and topic.startswith(need[0]) and need[1] in topic
+                   and m.search(topic))
             if len(self._hits) >= MAX_MATCH_CACHE:
                 self._hits.clear()
             self._hits[hkey] = got

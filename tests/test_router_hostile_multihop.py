@@ -248,14 +248,19 @@ def test_a_pattern_is_searched_only_against_topics_it_could_match(monkeypatch):
     not searched."""
     import re
 
-    from router.transit import literal_prefix
+    from router.transit import literal_prefix, literal_run
     from router.wildcard import Matcher
 
     for pat, topic in [(r"^md\.quotes\..*", "md.quotes.x"), (r"^ab*c", "ac"), (r"^ab+", "ab"),
                        (r"^md\\x", "md\\x1"), (r"^a{2}", "aa"), (r"^x|y", "y"), (r"(?i)^MD", "md"),
                        (r"^md\$", "md$"), (r"^a\d", "a1"), (r"quotes", "x.quotes")]:
         assert re.search(pat, topic) and topic.startswith(literal_prefix(pat)), pat
+        assert literal_run(pat) in topic, pat
+    for pat, topic in [(r"q\.\d+\.x$", "md.q.12.x"), ("ab*c", "xac"), ("ab+", "ab"), ("a|b", "b"),
+                       (r"zz1\.x", "a.zz1.x"), ("(.?){3}y", "y")]:
+        assert re.search(pat, topic) and literal_run(pat) in topic, pat
     assert literal_prefix(r"^md\.q\.0000") == "md.q.0000" and literal_prefix("q.x") == ""
+    assert literal_run(r"zz1\.x") == "zz1.x" and literal_run(r"q\.\d+") == "q."
 
     searches: list[str] = []
     real = Matcher.search
