@@ -418,10 +418,9 @@ class Relay:
                         self.session_ended(st.advert_id)
                     return
                 st.sock = conn
-                link.streams.accept(st.sid)
-                link.flush_streams()
-                st.accepted.set()
-                self.counters["streams_accepted"] += 1
+                if not self._accept(link, st):
+                    await trio.aclose_forcefully(conn)
+                    return
                 try:
                     await self._pump(link, st)
                 finally:
@@ -441,11 +440,9 @@ class Relay:
                 try:
                     with s:
                         st.sock = s
-                        link.streams.accept(st.sid)
-                        link.flush_streams()
-                        st.accepted.set()
+                        if not self._accept(link, st):
+                            return
                         st.last_active = trio.current_time()
-                        self.counters["streams_accepted"] += 1
                         async with trio.open_nursery() as n:
                             n.start_soon(self._far_ru_up, link, st)
                             await self._ru_deliver(link, st, s.raw.send, s.send)
@@ -455,6 +452,23 @@ class Relay:
                     self._end_ru(link, st)
         finally:
             link.state.pop(st.sid, None)
+
+    def _accept(self, link: Link, st: StreamState) -> bool:
+        """Accept the peer's stream now that the source is connected; False if the
+        peer closed it meanwhile (a STREAM_CLOSE right behind the STREAM_OPEN):
+        the connection to the source is dropped then."""
+        if st.closed:
+            self.counters["streams_closed_before_accept"] += 1
+            return False
+        try:
+            link.streams.accept(st.sid)
+        except S.LocalStreamError:
+            self.counters["streams_closed_before_accept"] += 1
+            return False
+        link.flush_streams()
+        st.accepted.set()
+        self.counters["streams_accepted"] += 1
+        return True
 
     def _refuse(self, link: Link, st: StreamState, reason: str) -> None:
         self.counters["streams_refused"] += 1

@@ -408,3 +408,35 @@ async def test_twenty_thousand_advertisements_from_the_peer_bind_nothing_unwante
         assert rb.status()["peer"]["state"] == "CONNECTED"  # and the router lives on
         await stream.aclose()
         n.cancel_scope.cancel()
+
+
+async def test_a_stream_closed_before_the_source_answers_does_not_kill_the_router():
+    """Defect (hostile peer, or a receiver that goes at once): STREAM_OPEN and
+    STREAM_CLOSE in one write; once the far side had connected to the source,
+    accepting the stream it no longer knew raised out of the link and the
+    router exited. The connection is dropped and the router lives."""
+    from router import peerlink as P
+
+    from .test_router_e2e import endless_source
+
+    async with trio.open_nursery() as n:
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        rb = acceptor(trd2)
+        addr = await n.start(rb.run)
+        await endless_source(n, trd2, ip="127.0.2.5")
+        stream, conn = await handshake(addr["peer"], name="evil", domain=1)
+        await stream.send_all(P.encode(P.Interest(P.InterestAction.ADD, TOPIC, 1)))
+        aid = None
+        with trio.fail_after(10):
+            while aid is None:
+                for f in conn.receive_data(await stream.receive_some(65536), trio.current_time()):
+                    if isinstance(f, P.Advertisement) and not f.withdraw:
+                        aid = f.advert_id
+        for i in range(20):  # bounded: 20 open/close pairs, each in one write
+            sid = 2 * i + 1
+            await stream.send_all(P.encode(P.StreamOpen(sid, aid, P.StreamKind.TCP, 65536))
+                                  + P.encode(P.StreamClose(sid, P.CloseCode.CANCELLED)))
+            await trio.sleep(0.05)
+        await trio.sleep(0.5)
+        assert rb.status()["peer"]["state"] == "CONNECTED"
+        n.cancel_scope.cancel()
