@@ -193,6 +193,7 @@ class Bridge:
         # remote interest, by (topic, pattern type): the peer's domains that want it
         self._wanted_by: dict[tuple[str, int], set[int]] = {}
         self._adverts = SourceAdverts()  # (topic, otid) <-> advert id -> transport body, session
+        self._ending: set[tuple[int, int]] = set()  # sessions whose end is being checked
         # near side: the peer's advertisements we proxy, grouped by transport session
         # (one listener each); those advertised in our TRD -> their listener's address
         self._sessions = ProxySessions()
@@ -265,6 +266,7 @@ class Bridge:
             for aid in list(ps.adverts):
                 self._drop_proxy(aid, now)
         self._adverts.clear()
+        self._ending.clear()
         tr = self.portal
         for topic, ptype in tr.remote_interests():
             tr.cancel_remote_interest(topic, now, pattern_type=ptype)
@@ -315,21 +317,29 @@ class Bridge:
         advertisement of its session), or None if it serves none any more."""
         return self._sessions.advert_of(proxy_id)
 
-    def session_ended(self, advert_id: int, now: float) -> None:
+    def session_ended(self, advert_id: int, now: float) -> tuple[int, int] | None:
         """The source behind our advertisement ``advert_id`` ended (or refused) a
         relayed session: the portal queries the topics of its transport session
-        at once to hear whether they are still there."""
-        for aid in self._adverts.session_of(advert_id):
-            key = self._adverts.key(aid)
-            self.portal.requery(key[0], now)
+        at once to hear whether they are still there. Returns the session's name
+        for :meth:`source_ended`, or None if that session's end is already being
+        checked (many streams of one session end together: its topics are
+        queried once, not once a stream) or the advertisement is unknown."""
+        name = self._adverts.session_name(advert_id)
+        if name is None or name in self._ending:
+            return None
+        self._ending.add(name)
+        for aid in self._adverts.adverts_named(name):
+            self.portal.requery(self._adverts.key(aid)[0], now)
+        return name
 
-    def source_ended(self, advert_id: int, since: float, now: float) -> bool:
-        """No TIR of a source of ``advert_id``'s transport session arrived since
-        its session ended at ``since``: forget those in the portal, which
-        withdraws their advertisements. False if all were heard meanwhile (or
-        are gone already)."""
+    def source_ended(self, name: tuple[int, int], since: float, now: float) -> bool:
+        """No TIR of a source of the transport session ``name`` (from
+        :meth:`session_ended`) arrived since its session ended at ``since``:
+        forget those in the portal, which withdraws their advertisements. False
+        if all were heard meanwhile (or are gone already)."""
+        self._ending.discard(name)
         dropped = False
-        for aid in self._adverts.session_of(advert_id):
+        for aid in self._adverts.adverts_named(name):
             key = self._adverts.key(aid)
             if self.portal.drop_source(key[0], key[1], now, silent_since=since):
                 dropped = True

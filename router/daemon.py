@@ -211,7 +211,6 @@ class Router:
         self.events = EventRing(1000)
         self._proxy_scopes: dict[int, trio.CancelScope] = {}  # proxy listeners, by proxy id
         self._handshakes: dict[trio.CancelScope, Link | None] = {}  # incoming links not yet connected
-        self._dying: set[int] = set()  # adverts whose source ended, withdrawn after the deletion delay
         # hub: the router's multi-hop routing (router.multi.MultiRouter) for a unit on a
         # peer link; None = one hop (a lone portal link, or a link between two endpoints)
         self.hub = hub
@@ -238,26 +237,25 @@ class Router:
 
     def _session_ended(self, advert_id: int) -> None:
         """A source of ours ended a relayed session or refused one (UM's end of
-        session). The portal queries its topic at once; if no TIR of the source
+        session). The portal queries the topics of its transport session at
+        once (once for all the streams of the session); if no TIR of a source
         arrives within the source-deletion delay, it is withdrawn (the DRO
         deletes a proxy source that long after the end of session)."""
-        if advert_id in self._dying or self._nursery is None:
+        if self._nursery is None:
             return
-        self._dying.add(advert_id)
-        self.counters["sessions_ended"] += 1
         now = trio.current_time()
-        self.bridge.session_ended(advert_id, now)
+        name = self.bridge.session_ended(advert_id, now)
+        if name is None:
+            return
+        self.counters["sessions_ended"] += 1
         self._apply()
-        self._nursery.start_soon(self._withdraw_if_silent, advert_id, now)
+        self._nursery.start_soon(self._withdraw_if_silent, name, now)
 
-    async def _withdraw_if_silent(self, advert_id: int, since: float) -> None:
-        try:
-            await trio.sleep(self.endpoint.source_deletion_delay)
-            if self.bridge.source_ended(advert_id, since, trio.current_time()):
-                self.counters["sources_ended"] += 1
-                self._apply()
-        finally:
-            self._dying.discard(advert_id)
+    async def _withdraw_if_silent(self, name: tuple[int, int], since: float) -> None:
+        await trio.sleep(self.endpoint.source_deletion_delay)
+        if self.bridge.source_ended(name, since, trio.current_time()):
+            self.counters["sources_ended"] += 1
+            self._apply()
 
     def _advert_source(self, advert_id: int):
         """Where a stream the peer opens for our advert ``advert_id`` connects: a
@@ -422,6 +420,12 @@ class Router:
     async def _peer_loop(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         p = self.peer
         if self.owner is not None:  # the owner runs the link
+            link = self.owner.link
+            if self.link is None and link is not None and link.up.is_set() and not link.closed:
+                # it came up before this unit started (its Connected found no bridge here)
+                self.link = link
+                self.bridge.link_up(trio.current_time())
+                self._apply()
             task_status.started(None)
             return
         if self.stream is not None:  # an in-process link: runs once, for the router's life
@@ -565,6 +569,8 @@ class Router:
                 self.bridge.link_up(trio.current_time())
                 self._apply()
                 for u in self.attached:
+                    if u.bridge is None:
+                        continue  # not started yet: it joins the link when it starts
                     u.link = link
                     u.bridge.link_up(trio.current_time())
                     u._apply()
@@ -575,8 +581,9 @@ class Router:
                 link.put(P.DisconnectResponse())
             elif isinstance(it, P.Interest | P.Advertisement):
                 for u in (self, *self.attached):
-                    u.bridge.peer_frame(it, trio.current_time())
-                    u._apply()
+                    if u.bridge is not None:
+                        u.bridge.peer_frame(it, trio.current_time())
+                        u._apply()
                 if self.hub is not None and isinstance(it, P.Interest):
                     self.hub.interest(self, it)
             elif isinstance(it, P.Topology):
@@ -594,8 +601,9 @@ class Router:
             return  # an incoming connection that never became the link
         for u in (self, *self.attached):
             u.link = None
-            u.bridge.link_down(trio.current_time())
-            u._apply()
+            if u.bridge is not None:
+                u.bridge.link_down(trio.current_time())
+                u._apply()
         if self.hub is not None:
             self.hub.link_down(self)
 
@@ -605,7 +613,7 @@ class Router:
         only touch the link's stream states)."""
         if isinstance(ev, S.StreamOpened):
             for u in self.attached:
-                if u.bridge.advert_source(ev.advert_id) is not None:
+                if u.bridge is not None and u.bridge.advert_source(ev.advert_id) is not None:
                     return u.relay
         return self.relay
 

@@ -217,6 +217,20 @@ class SourceAdverts:
     def key(self, advert_id: int) -> tuple[str, bytes] | None:
         return self._key.get(advert_id)
 
+    def session_name(self, advert_id: int) -> tuple[int, int] | None:
+        """A name for ``advert_id``'s transport session that outlives the advert id:
+        (session, 0), or (0, advert_id) for an ungrouped transport; None if unknown."""
+        s = self._session.get(advert_id)
+        if s is None:
+            return None
+        return (s, 0) if s else (0, advert_id)
+
+    def adverts_named(self, name: tuple[int, int]) -> list[int]:
+        """The advert ids of the session :meth:`session_name` called ``name`` now."""
+        if name[0]:
+            return sorted(self._by_session.get(name[0], ()))
+        return [name[1]] if name[1] in self._key else []
+
     def session_of(self, advert_id: int) -> list[int]:
         """The advert ids of ``advert_id``'s transport session (itself included;
         just itself for an ungrouped transport); [] if unknown."""

@@ -379,9 +379,11 @@ def test_the_far_side_names_sessions_and_an_ended_session_concerns_all_its_topic
     assert adverts["md.x"].session == adverts["md.y"].session != adverts["md.z"].session != 0
     assert adverts["md.x"].session == session_key(TcpTransport("10.1.0.5", 14371))
     # the session of md.x ended: both of its topics are queried, and withdrawn if silent
-    b.session_ended(adverts["md.x"].advert_id, 1.0)
+    name = b.session_ended(adverts["md.x"].advert_id, 1.0)
     assert sorted(sent_tqrs(b, 1.0)) == ["md.x", "md.y"]
-    assert b.source_ended(adverts["md.x"].advert_id, 1.0, 5.0)
+    # the streams of the session end together: its topics are queried once, not once a stream
+    assert b.session_ended(adverts["md.y"].advert_id, 1.0) is None and sent_tqrs(b, 1.0) == []
+    assert b.source_ended(name, 1.0, 5.0)
     gone = sorted(f.topic for f in frames(b) if f.withdraw)
     assert gone == ["md.x", "md.y"] and b.advert_source(adverts["md.z"].advert_id) is not None
 
@@ -394,3 +396,32 @@ def test_session_names_are_distinct_per_session_and_zero_for_lbtrm():
     assert len(names) == 3000 and 0 not in names
     assert session_key(TcpTransport("10.0.0.1", 7)) == session_key(TcpTransport("10.0.0.1", 7))
     assert session_key(LbtrmTransport()) == 0
+
+
+def test_an_ended_session_of_many_topics_costs_its_topics_once():
+    """Hostile trial: a peer opened one stream per advert id of a session whose
+    source refuses; each end of session queried, and later checked, every topic
+    of the session: N streams, N x N portal calls (90,000 for 300 topics)."""
+    from collections import Counter
+
+    n = 300
+    b = bridge()
+    b.link_up(0.0)
+    tirs = []
+    for i in range(n):
+        otid = bytes([0]) + bytes(range(1, 7)) + i.to_bytes(4, "big") + bytes(21)
+        b.peer_frame(P.Interest(P.InterestAction.ADD, f"t.{i}", 2), 0.0)
+        tirs.append(TIR(f"t.{i}", TcpTransport("10.1.0.5", 14371), 60, i, [OtidOption(0x8000, otid)]))
+    for k in range(0, n, 50):
+        b.on_datagram(dgram(tirs=tirs[k:k + 50]), APP, 0.05)
+    adverts = [f for f in frames(b) if isinstance(f, P.Advertisement)]
+    assert len(adverts) == n and len({f.session for f in adverts}) == 1
+    calls: Counter[str] = Counter()
+    requery, drop = b.portal.requery, b.portal.drop_source
+    b.portal.requery = lambda *a, **kw: (calls.update(["requery"]), requery(*a, **kw))[1]
+    b.portal.drop_source = lambda *a, **kw: (calls.update(["drop"]), drop(*a, **kw))[1]
+    names = [b.session_ended(f.advert_id, 1.0) for f in adverts]
+    (name,) = [x for x in names if x is not None]
+    assert b.source_ended(name, 1.0, 2.0)
+    assert calls == {"requery": n, "drop": n}
+    assert sum(f.withdraw for f in frames(b)) == n  # all withdrawn, each once
