@@ -449,6 +449,12 @@ class Bridge:
                         self._portal_events_gone(ev.topic, ev.otid)
                     continue
                 aid = self._adverts.get(key)
+                if aid is not None and self._adverts.body(aid) != ev.transport_body:
+                    # the source moved to another transport session: a new advert id, so
+                    # that no stream for the old one reaches the new session (the peer's
+                    # proxy of the old session would relay it to that session's receivers)
+                    self._portal_events_gone(ev.topic, ev.otid)
+                    aid = None
                 if aid is None:
                     aid = next(self._advert_ids)
                 session = self._adverts.set(key, aid, ev.transport_body)

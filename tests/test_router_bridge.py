@@ -425,3 +425,25 @@ def test_an_ended_session_of_many_topics_costs_its_topics_once():
     assert b.source_ended(name, 1.0, 2.0)
     assert calls == {"requery": n, "drop": n}
     assert sum(f.withdraw for f in frames(b)) == n  # all withdrawn, each once
+
+
+def test_a_source_that_moves_to_another_session_gets_a_new_advert_id():
+    """Hostile trial: a source whose TIR changed transport session kept its advert
+    id; the peer, which had proxied that id with its old session's topics,
+    ignored the re-sent advertisement, and a stream for it on the old session's
+    proxy reached the new session. Now the old id is withdrawn and a new one
+    advertised with the new session."""
+    b = bridge()
+    b.link_up(0.0)
+    b.peer_frame(P.Interest(P.InterestAction.ADD, TOPIC, 2), 0.0)
+    b.on_datagram(dgram(tirs=[source_tir(port=14371)]), APP, 0.1)
+    (first,) = frames(b)
+    b.on_datagram(dgram(tirs=[source_tir(port=14371)]), APP, 0.5)  # the same again: nothing new
+    assert [f for f in frames(b) if not f.withdraw and f.advert_id != first.advert_id] == []
+    b.on_datagram(dgram(tirs=[source_tir(port=14999)]), APP, 1.0)
+    gone, new = frames(b)
+    assert gone.withdraw and gone.advert_id == first.advert_id
+    assert not new.withdraw and new.advert_id != first.advert_id
+    assert new.session == session_key(TcpTransport("10.1.0.5", 14999)) != first.session
+    assert b.advert_source(first.advert_id) is None
+    assert b.advert_source(new.advert_id) == TcpTransport("10.1.0.5", 14999)
