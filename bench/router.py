@@ -887,7 +887,8 @@ def _short(frame: str) -> str:
 
 def report_pyspy(path: Path, top: int) -> None:
     """Wall-time breakdown: waiting in epoll, in socket syscalls (trio's
-    _nonblocking_helper is the Python frame around send/recv), Python."""
+    _nonblocking_helper is the Python frame around send/recv, router/splice.py's splice
+    the one around os.splice), Python."""
     selfc: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
     total = idle = sys_ = 0
@@ -903,8 +904,8 @@ def report_pyspy(path: Path, top: int) -> None:
         leaf = frames[-1]
         if leaf.startswith(("EpollIOManager.get_events", "EpollIOManager._epoll_wait")):
             idle += n
-        elif leaf.startswith("_SocketType._nonblocking_helper"):
-            sys_ += n
+        elif leaf.startswith(("_SocketType._nonblocking_helper", "splice (router/splice.py")):
+            sys_ += n  # (router/splice.py's splice is the os.splice system call)
         selfc[leaf] += n
         for f in set(frames):
             incl[f] += n
@@ -913,7 +914,7 @@ def report_pyspy(path: Path, top: int) -> None:
         return
     py = total - idle - sys_
     print(f"      {total} samples (wall time): waiting in epoll {100 * idle / total:.0f}%, socket "
-          f"send/recv syscalls {100 * sys_ / total:.0f}%, Python (framing, trio) {100 * py / total:.0f}%")
+          f"send/recv/splice syscalls {100 * sys_ / total:.0f}%, Python (framing, trio) {100 * py / total:.0f}%")
     print(f"      self time, % of wall time (top {top}):")
     for f, n in selfc.most_common(top):
         print(f"        {100 * n / total:5.1f}%  {f}")
