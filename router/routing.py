@@ -242,19 +242,26 @@ class Routing:
         return {name: peer for name, (peer, _) in self._links.items()}
 
     def origin_router(self, domain: int) -> str | None:
-        """The router that brings ``domain``'s interest into the network: us
-        if it is one of our domains, else the first router (by id) with an
-        endpoint portal in it."""
-        if domain in self.domains:
-            return self.me
+        """The router that brings ``domain``'s interest into the network: the
+        first router (by id) we can reach with an endpoint portal in it, us
+        included. Every router of a connected network names the same one, also
+        for a TRD with several routers: its interest then travels along one tree
+        and reaches each router once (each router of the TRD passes on what its
+        own receivers want along that tree). A lying peer that claims our domain
+        under a smaller id can draw that interest (route info is not
+        authenticated: it can as well claim any other domain)."""
         if self._origins_at != self.map.changes:
             self._origins.clear()
             self._origins_at = self.map.changes
         if domain not in self._origins:
             if len(self._origins) >= 65536:
                 self._origins.clear()
-            routers = self.map.routers_of(domain)
-            self._origins[domain] = routers[0] if routers else None
+            mine = domain in self.domains
+            routers = [r for r in self.map.routers_of(domain)
+                       if r == self.me or self.map.path(self.me, r) is not None]
+            if mine and self.me not in routers:
+                routers.append(self.me)
+            self._origins[domain] = min(routers) if routers else None
         return self._origins[domain]
 
     def children_links(self, domain: int) -> list[str]:

@@ -260,3 +260,17 @@ def test_a_peer_cannot_make_every_advert_cost_more_than_the_pattern_bound():
     # exact topics still pass while patterns are full
     t.on_interest("B-C", P.Interest(P.InterestAction.ADD, "exact", 3))
     assert t.wants("B-A", "exact", 1)
+
+
+def test_a_trd_with_two_routers_sends_its_interest_along_one_tree():
+    """Hostile trial: routers C and Z both serve TRD 3 (chain C - A - B - Z). Each
+    rooted its own domain's interest at itself, so B got TRD 3's interest twice
+    and its source was proxied into TRD 3 twice. Now every router roots a
+    domain's interest at the first router (by id) of that domain: B gets it once."""
+    n = Net("CABZ", domains={"C": {3: 1}, "A": {1: 1}, "B": {2: 1}, "Z": {3: 1}})
+    n.link("C", "A")
+    n.link("A", "B")
+    n.link("B", "Z")
+    n.want("C", "t")
+    n.want("Z", "t")
+    assert n.adds("t")["B"] == 1, n.adds("t")
