@@ -208,6 +208,8 @@ class Bridge:
         # the cost of the route from our TRD to a domain (multi-hop routing), or None
         self.route_cost: Callable[[int], int | None] | None = None
         self._sent_interest: set[tuple[str, int]] = set()  # (topic, pattern type) sent ADD
+        # interest_filter()'s answer at the last resync (None: none since the link came up)
+        self._resynced_as: bool | None = None
 
     # ------------------------------------------------------------------ outputs
 
@@ -238,6 +240,7 @@ class Bridge:
         """The peer link is connected: tell the peer every live local interest."""
         self.is_link_up = True
         self._sent_interest.clear()
+        self._resynced_as = None
         for li in self.portal.local_interests():
             self._send_interest(li, P.InterestAction.ADD, count=False)
 
@@ -247,6 +250,9 @@ class Bridge:
         if not self.is_link_up:
             return
         ok = self.interest_filter is None or self.interest_filter()
+        if ok == self._resynced_as:
+            return  # what the link carries depends only on this: still in line
+        self._resynced_as = ok
         live = {}
         for li in self.portal.local_interests():
             live[(li.topic, li.pattern_type)] = li
