@@ -291,20 +291,34 @@ class Bridge:
             raise TypeError(f"not a bridge frame: {frame!r}")
         self._portal_events()
 
-    def proxy_listening(self, proxy_id: int, address: Addr, now: float, transport_body=None) -> bool:
+    def proxy_listening(self, proxy_id: int, address: Addr, now: float, transport_body=None, *,
+                        limit: int | None = None) -> bool:
         """The listener of proxy ``proxy_id`` is bound at ``address``: advertise
         every topic of its session in the TRD (``transport_body``: what they
-        advertise when the address alone does not say it, LBT-RM's group). False
-        if the proxy was stopped meanwhile (nothing done)."""
+        advertise when the address alone does not say it, LBT-RM's group), at
+        most ``limit`` of them now (the rest by :meth:`advertise_pending`).
+        False if the proxy was stopped meanwhile (nothing done)."""
         ps = self._sessions.proxy(proxy_id)
         if ps is None:
             return False
         ps.address = address
         ps.body = transport_body or relay_transport(ps.transport, address[0], address[1])
-        for f in list(ps.adverts.values()):
+        ps.pending = dict(ps.adverts)
+        self.advertise_pending(proxy_id, now, limit)
+        return True
+
+    def advertise_pending(self, proxy_id: int, now: float, limit: int | None = None) -> int:
+        """Advertise at most ``limit`` (None: all) more topics of proxy
+        ``proxy_id``'s session at its bound listener; how many still wait."""
+        ps = self._sessions.proxy(proxy_id)
+        if ps is None or ps.address is None:
+            return 0
+        n = len(ps.pending) if limit is None else min(limit, len(ps.pending))
+        for _ in range(n):
+            f = ps.pending.pop(next(iter(ps.pending)))  # oldest first
             self._advertise_proxy(ps, f, now)
         self._portal_events()
-        return True
+        return len(ps.pending)
 
     def _advertise_proxy(self, ps: ProxySession, f: P.Advertisement, now: float) -> None:
         """Advertise the peer's ``f`` in our TRD at its proxy's relay address, with
@@ -565,8 +579,11 @@ class Bridge:
             self._transit_only.add(f.advert_id)
         if new:
             self._out.append(StartProxy(f))
-        elif ps.address is not None:  # its session's listener is bound: advertise at once
-            self._advertise_proxy(ps, f, now)
+        elif ps.address is not None:  # its session's listener is bound: advertise it
+            if ps.pending:
+                ps.pending[f.advert_id] = f  # after those still waiting
+            else:
+                self._advertise_proxy(ps, f, now)
 
     def _drop_proxy(self, aid: int, now: float) -> None:
         got = self._sessions.remove(aid)

@@ -53,6 +53,7 @@ log = logging.getLogger("lbmr-router")
 _LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 PORTAL_QUEUE = 1000  # datagrams (and wake-ups) queued for the portal task
 TR_SOCKET_BUFFER = 4 << 20  # the portal's TR socket: receive and send buffers
+ADVERTISE_CHUNK = 500  # topics of one session advertised at its new proxy before the loop runs again
 MAX_HANDSHAKES = 4  # incoming connections in their handshake at once (the oldest is dropped)
 
 
@@ -411,8 +412,13 @@ class Router:
                 if addr is None:
                     return
                 body = self.relay.proxy_transport(f, addr)
-                if self.bridge.proxy_listening(pid, addr, trio.current_time(), body):
+                if self.bridge.proxy_listening(pid, addr, trio.current_time(), body, limit=ADVERTISE_CHUNK):
                     self.event("proxy_added", f"{f.topic} advert {pid} at {addr[0]}:{addr[1]}")
+                self._apply()
+                # a session of many topics: a chunk at a time, the other tasks running between
+                while self.bridge.advertise_pending(pid, trio.current_time(), ADVERTISE_CHUNK):
+                    self._apply()
+                    await trio.sleep(0)
                 self._apply()
 
     # ---------------------------------------------------------------- peer

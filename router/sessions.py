@@ -61,13 +61,16 @@ class ProxySession:
     """One proxy listener (``proxy_id``: the advert id it was started for) and
     the peer's advertisements it serves, by advert id, oldest first.
     ``address`` and ``body`` (its relay address and the transport body its
-    topics advertise) are set once the listener is bound."""
+    topics advertise) are set once the listener is bound; ``pending`` holds
+    the advertisements not yet advertised at it (a session of thousands of
+    topics is advertised a chunk at a time, the event loop running between)."""
 
     proxy_id: int
     transport: int
     adverts: dict[int, P.Advertisement] = field(default_factory=dict)
     address: tuple[str, int] | None = None
     body: object = None
+    pending: dict[int, P.Advertisement] = field(default_factory=dict)
 
 
 class ProxySessions:
@@ -129,6 +132,7 @@ class ProxySessions:
         if ps is None:
             return None
         f = ps.adverts.pop(advert_id)
+        ps.pending.pop(advert_id, None)
         if ps.adverts:
             return ps, f, False
         del self._by_proxy[ps.proxy_id]

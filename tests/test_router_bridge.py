@@ -472,3 +472,24 @@ def test_a_route_change_that_leaves_the_link_as_it_was_costs_no_walk_over_the_in
     allowed[0] = True
     b.resync_interest(0.6)
     assert len(walks) == 3 and len([f for f in frames(b) if f.action == P.InterestAction.ADD]) == 100
+
+
+def test_a_session_of_many_topics_is_advertised_a_chunk_at_a_time():
+    """Hostile trial: the listener of a session of 20,000 topics advertised them
+    all in one go (0.5 s without the event loop). They go a chunk at a time,
+    oldest first; a topic that joins meanwhile waits its turn, and one withdrawn
+    meanwhile is never advertised."""
+    b = bridge()
+    b.link_up(0.0)
+    for i in range(5):
+        b.peer_frame(session_advert(11 + i, f"md.c.{i}", 5, i), 0.0)
+    b.outputs()
+    assert b.proxy_listening(11, RELAY, 0.1, limit=2)
+    assert [o.advert.advert_id for o in b.outputs() if isinstance(o, ProxyUp)] == [11, 12]
+    b.peer_frame(session_advert(20, "md.c.late", 5, 9), 0.1)  # joins behind the three waiting
+    b.peer_frame(session_advert(14, "md.c.3", 5, 3, withdraw=True), 0.1)  # goes before its turn
+    assert [o for o in b.outputs() if isinstance(o, ProxyUp)] == []
+    assert b.advertise_pending(11, 0.2, limit=2) == 1
+    assert b.advertise_pending(11, 0.3, limit=2) == 0
+    assert [o.advert.advert_id for o in b.outputs() if isinstance(o, ProxyUp)] == [13, 15, 20]
+    assert sorted(t.topic for t in sent_tirs(b, 0.3)) == ["md.c.0", "md.c.1", "md.c.2", "md.c.4", "md.c.late"]
