@@ -72,6 +72,11 @@ FLUSH_TIMEOUT = 1.0  # seconds to write a link's last frames (e.g. DISCONNECT_OK
 STREAM_WINDOW = 4 << 20
 STREAM_WINDOW_MAX = 32 << 20
 LINK_WINDOW_BUDGET = 128 << 20
+# The initial windows of a link's open streams total at most LINK_INITIAL_BUDGET: past
+# it a new stream starts at 64 KiB (and grows while its consumer keeps up). A TRD's
+# receivers that open thousands of streams and never read hold at most this, plus 64 KiB
+# a stream beyond it, plus LINK_WINDOW_BUDGET (4096 such streams: 16 GiB before).
+LINK_INITIAL_BUDGET = 128 << 20
 STREAM_FRAME = 256 << 10
 # Zero-copy path (plain TCP links): frames of up to a pipe's worth (MAX_PAYLOAD less the
 # stream id); payloads from SPLICE_MIN bytes on are spliced, smaller ones copied; the reader
@@ -170,6 +175,7 @@ class Link:
             self._sock.setblocking(False)
         self.zero_copy = self._sock is not None
         self.streams = S.StreamTable(conn.role, initial_window=STREAM_WINDOW, max_window=STREAM_WINDOW_MAX,
+                                     initial_budget=LINK_INITIAL_BUDGET,
                                      window_budget=LINK_WINDOW_BUDGET,
                                      max_frame=SPLICE_FRAME if self.zero_copy else STREAM_FRAME)
         self._head = b""  # consumed from the socket, not yet given to the connection (< 16 bytes)

@@ -69,6 +69,7 @@ from router.peerlink import (
 from router.peerlink.streams import (
     INITIAL_WINDOW,
     MAX_FRAME_DATA,
+    MIN_INITIAL_WINDOW,
     STREAM_FRAMES,
     CreditAvailable,
     DatagramReceived,
@@ -915,6 +916,42 @@ def test_window_growth_shares_one_budget_per_link_and_closing_returns_it():
     for _ in range(4):
         _send_and_consume(L, s2, L.ta.send_credit(s2))
     assert L.tb.get(s2).window == 4000 and L.tb.window_grown == 3000
+
+
+def test_initial_windows_share_one_budget_per_link_and_closing_returns_it():
+    """Receivers that open thousands of streams and never read held 4 MiB each
+    (16 GiB for the 4096 streams of a link). The initial windows of a table's
+    open streams now total at most initial_budget; past it a stream starts at
+    MIN_INITIAL_WINDOW, still grows while its consumer keeps up, and a closed
+    stream gives its window back."""
+    big = 4 * MIN_INITIAL_WINDOW
+    L = Link(initial_window=big, max_window=4 * big, window_budget=10 * big,
+             initial_budget=2 * big + MIN_INITIAL_WINDOW // 2, max_frame=big)
+    sids = [L.ta.open(advert_id=i) for i in range(5)]
+    opens = [f for f in L.ta.frames_to_send()]
+    assert [f.initial_credit for f in opens] == [big, big, MIN_INITIAL_WINDOW, MIN_INITIAL_WINDOW, MIN_INITIAL_WINDOW]
+    L.flush("a", frames=opens)
+    for sid in sids:  # b accepts: its windows follow its own budget the same way
+        L.tb.accept(sid)
+    L.flush("b")
+    assert [L.tb.get(s).window for s in sids] == [big, big, MIN_INITIAL_WINDOW, MIN_INITIAL_WINDOW,
+                                                  MIN_INITIAL_WINDOW]
+    assert [L.ta.send_credit(s) for s in sids] == [L.tb.get(s).window for s in sids]
+    assert L.tb.initial_committed == 2 * big + 3 * MIN_INITIAL_WINDOW
+    # a small stream whose consumer keeps up grows as any other
+    for _ in range(3):
+        _send_and_consume(L, sids[2], L.ta.send_credit(sids[2]))
+    assert L.tb.get(sids[2]).window == 8 * MIN_INITIAL_WINDOW
+    for sid in sids[:2]:
+        L.ta.close(sid)
+    L.flush("a")
+    L.flush("b")
+    assert L.tb.initial_committed == 3 * MIN_INITIAL_WINDOW
+    new = L.ta.open(advert_id=9)  # the budgets are back: full windows both ways
+    L.flush("a")
+    L.tb.accept(new)
+    L.flush("b")
+    assert L.ta.get(new).window == L.tb.get(new).window == L.ta.send_credit(new) == big
 
 
 def test_window_stays_fixed_without_a_max_window():

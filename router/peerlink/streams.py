@@ -59,7 +59,7 @@ from .frames import (
 )
 
 __all__ = [
-    "INITIAL_WINDOW", "MAX_FRAME_DATA", "STREAM_DATA_OVERHEAD", "STREAM_FRAMES", "StreamState",
+    "INITIAL_WINDOW", "MIN_INITIAL_WINDOW", "MAX_FRAME_DATA", "STREAM_DATA_OVERHEAD", "STREAM_FRAMES", "StreamState",
     "LocalStreamError", "StreamClosedError", "StreamEvent", "StreamOpened", "StreamAccepted",
     "StreamRefused", "DataReceived", "DatagramReceived", "CreditAvailable", "StreamClosed",
     "DataRefused", "StreamError", "DataArriving", "HeldData", "DatagramBatch", "Stream",
@@ -67,6 +67,7 @@ __all__ = [
 ]
 
 INITIAL_WINDOW = 256 * 1024  # credit each receiver grants a new stream
+MIN_INITIAL_WINDOW = 64 * 1024  # the smallest initial window under an initial_budget
 MAX_FRAME_DATA = 64 * 1024  # data bytes per STREAM_DATA frame
 STREAM_DATA_OVERHEAD = HEADER_SIZE + 4  # header + stream id
 MAX_STREAM_ID = 0xFFFFFFFF
@@ -220,6 +221,7 @@ class Stream:
     unconsumed: int = 0  # received, not yet reported consumed
     ungranted: int = 0  # consumed, not yet returned to the peer as credit
     window: int = 0  # our receive window (the initial one, grown while the consumer keeps up)
+    base: int = 0  # our initial receive window (what the table's initial_budget counts)
     bytes_sent: int = 0
     bytes_received: int = 0
     datagrams_sent: int = 0
@@ -235,7 +237,7 @@ class StreamTable:
     automatically)."""
 
     def __init__(self, role: str, *, initial_window: int = INITIAL_WINDOW,
-                 max_window: int | None = None, window_budget: int = 0,
+                 max_window: int | None = None, window_budget: int = 0, initial_budget: int = 0,
                  max_frame: int = MAX_FRAME_DATA, max_streams: int = 4096,
                  max_datagram: int = MAX_PAYLOAD - 4,
                  kinds: tuple[int, ...] = (StreamKind.TCP, StreamKind.LBTRU, StreamKind.LBTRM)) -> None:
@@ -250,6 +252,11 @@ class StreamTable:
         self.max_window = max(initial_window, max_window or initial_window)
         self.window_budget = window_budget
         self.window_grown = 0  # bytes the open streams' windows have grown, in all
+        # the initial windows of the open streams total at most initial_budget (0: no bound)
+        # beyond MIN_INITIAL_WINDOW each: a stream opened when the budget is spent starts
+        # smaller (and grows while its consumer keeps up, within window_budget)
+        self.initial_budget = initial_budget
+        self.initial_committed = 0
         self.max_frame = max_frame
         self.max_streams = max_streams
         self.max_datagram = max_datagram
@@ -286,10 +293,26 @@ class StreamTable:
         if sid > MAX_STREAM_ID:
             raise LocalStreamError("stream ids exhausted on this connection: reconnect")
         self._next_id += 2
+        w = self._take_initial()
         self.streams[sid] = Stream(sid, advert_id, int(kind), True, StreamState.OPENING,
-                                   recv_window=self.initial_window, window=self.initial_window)
-        self._outbox.append(StreamOpen(sid, advert_id, kind, self.initial_window))
+                                   recv_window=w, window=w, base=w)
+        self._outbox.append(StreamOpen(sid, advert_id, kind, w))
         return sid
+
+    def _take_initial(self) -> int:
+        """The initial receive window of a new stream: ``initial_window``, less
+        when the open streams' initial windows have spent ``initial_budget``."""
+        w = self.initial_window
+        if self.initial_budget:
+            w = min(w, max(MIN_INITIAL_WINDOW, self.initial_budget - self.initial_committed))
+        self.initial_committed += w
+        return w
+
+    def _forget(self, st: Stream) -> None:
+        """``st`` is gone: its initial window and its growth return to the budgets."""
+        if st.window:
+            self.window_grown -= st.window - st.base
+            self.initial_committed -= st.base
 
     def _pending(self, stream_id: int) -> Stream:
         st = self.streams.get(stream_id)
@@ -300,8 +323,8 @@ class StreamTable:
     def accept(self, stream_id: int) -> None:
         st = self._pending(stream_id)
         st.state = StreamState.OPEN
-        st.recv_window = st.window = self.initial_window
-        self._outbox.append(StreamAccept(stream_id, self.initial_window))
+        st.recv_window = st.window = st.base = self._take_initial()
+        self._outbox.append(StreamAccept(stream_id, st.base))
 
     def refuse(self, stream_id: int, code: int = RefuseCode.REFUSED, reason: str = "") -> None:
         self._pending(stream_id)
@@ -488,6 +511,7 @@ class StreamTable:
             self.ignored_frames += 1
             return []
         del self.streams[f.stream_id]
+        self._forget(st)
         if st.state is StreamState.CLOSING:
             return []
         return [StreamRefused(f.stream_id, f.code, f.reason)]
@@ -560,8 +584,7 @@ class StreamTable:
         if st is None:
             self.ignored_frames += 1
             return []
-        if st.window:
-            self.window_grown -= st.window - self.initial_window
+        self._forget(st)
         if st.state is StreamState.CLOSING:
             return []  # the answer to our close (or a crossing close): the id is free
         self._outbox.append(StreamClose(f.stream_id, CloseCode.NORMAL))
