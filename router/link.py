@@ -293,12 +293,7 @@ class Link:
                             await self._write_held(f, parts, now)
                             parts = []
                         elif type(f) is S.DatagramBatch:
-                            if self.conn.can_send(P.Datagram(f.stream_id, b"")):
-                                data = f.encode()
-                                parts.append(self.conn.data_to_send())  # anything before it
-                                parts.append(data)
-                                self.conn.stats.frames_sent += len(f.datagrams)
-                                self.conn.stats.bytes_sent += len(data)
+                            self._encode_datagrams(f, parts)
                         elif self.conn.can_send(f):
                             parts.append(self.conn.send(f, now))
                     if self.outq:
@@ -312,6 +307,19 @@ class Link:
             for f in popped[i:]:
                 if type(f) is S.HeldData:
                     self._drop_held(f)
+
+    def _encode_datagrams(self, f: S.DatagramBatch, parts: list) -> int:
+        """Append a batch of DATAGRAM frames (after the connection's own pending
+        bytes) to ``parts``, counted in the connection's stats; their size (0 if
+        the connection may not send DATAGRAM now)."""
+        if not self.conn.can_send(P.Datagram(f.stream_id, b"")):
+            return 0
+        data = f.encode()
+        parts.append(self.conn.data_to_send())  # anything before it
+        parts.append(data)
+        self.conn.stats.frames_sent += len(f.datagrams)
+        self.conn.stats.bytes_sent += len(data)
+        return len(data)
 
     # --------------------------------------------- writing, zero-copy links
 
@@ -429,13 +437,7 @@ class Link:
                     break
                 if type(f) is S.DatagramBatch:
                     freed = True
-                    if self.conn.can_send(P.Datagram(f.stream_id, b"")):
-                        data = f.encode()
-                        parts.append(self.conn.data_to_send())  # anything before it
-                        parts.append(data)
-                        self.conn.stats.frames_sent += len(f.datagrams)
-                        self.conn.stats.bytes_sent += len(data)
-                        size += len(data)
+                    size += self._encode_datagrams(f, parts)
                 elif self.conn.can_send(f):
                     data = self.conn.send(f, now)
                     parts.append(data)
