@@ -309,10 +309,4 @@ class RmRelay:
     @staticmethod
     def _close(link: Link, st: StreamState) -> None:
         st.closed = True
-        if not link.closed:
-            try:
-                if link.streams.close(st.sid):
-                    link.flush_streams()
-            except S.LocalStreamError:
-                pass
-        link.state.pop(st.sid, None)
+        link.close_stream(st)

@@ -871,6 +871,19 @@ class Link:
 
     # ------------------------------------------------------------- streams
 
+    def close_stream(self, st: StreamState) -> None:
+        """Close stream ``st`` towards the peer (unless it is closed already), forget it
+        and give back its pipes."""
+        if not self.closed:
+            try:
+                if self.streams.close(st.sid):
+                    self.flush_streams()
+            except S.LocalStreamError:
+                pass
+        if self.state.get(st.sid) is st:
+            del self.state[st.sid]
+        self.release_stream(st)
+
     def release_stream(self, st: StreamState) -> None:
         """A stream is over: give back its pipes (closed if they still hold bytes)."""
         if st.rx_splicing:

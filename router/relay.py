@@ -351,20 +351,8 @@ class Relay:
         st.closed = True
         if link.state.get(st.sid) is st and st.ru_addr is not None:
             link.ru_streams -= 1
-        self._close_stream(link, st)
+        link.close_stream(st)
 
-    @staticmethod
-    def _close_stream(link: Link, st: StreamState) -> None:
-        """Close a stream towards the peer (unless it is already closed) and forget it."""
-        if not link.closed:
-            try:
-                if link.streams.close(st.sid):
-                    link.flush_streams()
-            except S.LocalStreamError:
-                pass
-        if link.state.get(st.sid) is st:
-            del link.state[st.sid]
-        link.release_stream(st)
 
     # ------------------------------------------------- far side: sources
 
@@ -510,7 +498,7 @@ class Relay:
                 n.start_soon(self._pump_up, link, st, n.cancel_scope)
                 n.start_soon(self._pump_down, link, st, n.cancel_scope)
         finally:
-            self._close_stream(link, st)
+            link.close_stream(st)
             link.pipes.stream_ended()
 
     async def _pump_up(self, link: Link, st: StreamState, scope) -> None:
