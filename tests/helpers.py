@@ -64,3 +64,47 @@ def drive(ctx, until: float) -> list:
             return out
         out += [(t, d) for d in ctx.tick(t)]
     raise AssertionError("too many deadlines")
+
+
+# ---------------------------------------------------------------- lbmr-router configuration files
+
+
+def router_xml(name: str, endpoints: list[str], peers: list[str] = (), *, daemon: str = "") -> str:
+    """A whole lbmr-router file: ``<daemon>`` (name, console log, ``daemon``: more
+    elements) and the ``<portals>`` given (from :func:`endpoint_xml`, :func:`peer_xml`)."""
+    return (f'<?xml version="1.0" encoding="UTF-8" ?>\n<lbmr-router version="1.0">\n'
+            f'  <daemon><name>{name}</name><log type="console"/>{daemon}</daemon>\n  <portals>\n'
+            + "".join(endpoints) + "".join(peers) + "  </portals>\n</lbmr-router>\n")
+
+
+def endpoint_xml(name: str, domain: int, ip: str, *, tr: str | None = None,
+                 relay: tuple[int, int] = (14371, 14390), extra: str = "") -> str:
+    """An endpoint portal: topic resolution by the lbmrd at ``ip``:15380 (or ``tr``, a
+    ``<topic-resolution>`` element), proxies at ``ip`` on the ``relay`` ports; ``extra``:
+    more elements (e.g. ``<lbt-rm>``)."""
+    tr = tr or (f'<topic-resolution>\n        <interface>{ip}</interface>\n'
+                f'        <lbmrd address="{ip}" port="15380"/>\n      </topic-resolution>')
+    return (f"    <endpoint>\n      <name>{name}</name>\n      <domain-id>{domain}</domain-id>\n"
+            f"      {tr}\n"
+            f'      <relay interface="{ip}" port-low="{relay[0]}" port-high="{relay[1]}"/>\n'
+            + (f"      {extra}\n" if extra else "") + "    </endpoint>\n")
+
+
+def peer_xml(name: str, link_ip: str, role: str, *, cost: int | None = None,
+             keepalive: tuple[int, int] = (1000, 3000)) -> str:
+    """A peer portal on ``link_ip`` (``role``: :func:`initiator_xml` or
+    :func:`acceptor_xml`); keepalive (interval, timeout) in milliseconds."""
+    cost_el = f"      <cost>{cost}</cost>\n" if cost is not None else ""
+    return (f"    <peer>\n      <name>{name}</name>\n{cost_el}      <single-tcp>\n"
+            f"        <interface>{link_ip}</interface>\n        {role}\n      </single-tcp>\n"
+            f'      <gateway-keepalive idle="yes" interval="{keepalive[0]}" timeout="{keepalive[1]}"/>\n'
+            f"    </peer>\n")
+
+
+def initiator_xml(address: str, port: int, reconnect_ms: int = 500) -> str:
+    return (f'<initiator reconnect-interval="{reconnect_ms}"><address>{address}</address>'
+            f"<port>{port}</port></initiator>")
+
+
+def acceptor_xml(port: int) -> str:
+    return f"<acceptor><listen-port>{port}</listen-port></acceptor>"

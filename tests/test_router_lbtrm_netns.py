@@ -17,39 +17,27 @@ import sys
 import time
 
 from tests import netns
-from tests.helpers import LBMRD, ROUTER, SIM
+from tests.helpers import (
+    LBMRD,
+    ROUTER,
+    SIM,
+    acceptor_xml,
+    endpoint_xml,
+    initiator_xml,
+    peer_xml,
+    router_xml,
+)
 
 netns_factory = netns.netns_factory  # the fixture
 
 PY = sys.executable
 COUNT = 3000
 
-ROUTER_XML = """<?xml version="1.0" encoding="UTF-8" ?>
-<lbmr-router version="1.0">
-  <daemon><name>{name}</name><log type="console"/>
-    <metrics>{trd_ip}:{web}</metrics></daemon>
-  <portals>
-    <endpoint>
-      <name>{name}-trd</name>
-      <domain-id>{domain}</domain-id>
-      <topic-resolution>
-        <interface>{trd_ip}</interface>
-        <lbmrd address="{trd_ip}" port="15380"/>
-      </topic-resolution>
-      <relay interface="{trd_ip}" port-low="24371" port-high="24390"/>
-      {lbtrm}
-    </endpoint>
-    <peer>
-      <name>{name}-peer</name>
-      <single-tcp>
-        <interface>{link_ip}</interface>
-        {role}
-      </single-tcp>
-      <gateway-keepalive idle="yes" interval="1000" timeout="3000"/>
-    </peer>
-  </portals>
-</lbmr-router>
-"""
+def rm_router_xml(name: str, domain: int, trd_ip: str, link_ip: str, role: str, lbtrm: str = "") -> str:
+    """One router of the pair, its /status at ``trd_ip``:18080; ``lbtrm``: its ``<lbt-rm>``."""
+    return router_xml(name, [endpoint_xml(f"{name}-trd", domain, trd_ip, relay=(24371, 24390), extra=lbtrm)],
+                      [peer_xml(f"{name}-peer", link_ip, role)],
+                      daemon=f"\n    <metrics>{trd_ip}:18080</metrics>")
 
 
 def _status(ns, ip: str, port: int) -> dict:
@@ -63,14 +51,11 @@ def test_lbtrm_source_across_one_hop_with_naks_through_the_routers(netns_factory
     a, b = netns_factory(), netns_factory()
     netns.veth(a, "198.18.0.1/24", b, "198.18.0.2/24")
     cfg_a = tmp_path / "a.xml"
-    cfg_a.write_text(ROUTER_XML.format(
-        name="router-a", domain=1, trd_ip="127.0.1.1", link_ip="198.18.0.1", web=18080, lbtrm="",
-        role='<initiator reconnect-interval="500"><address>198.18.0.2</address><port>26123</port></initiator>'))
+    cfg_a.write_text(rm_router_xml("router-a", 1, "127.0.1.1", "198.18.0.1", initiator_xml("198.18.0.2", 26123)))
     cfg_b = tmp_path / "b.xml"
-    cfg_b.write_text(ROUTER_XML.format(
-        name="router-b", domain=2, trd_ip="127.0.2.1", link_ip="198.18.0.2", web=18080,
-        lbtrm='<lbt-rm group-low="239.192.5.1" group-high="239.192.5.2" destination-port="15400"/>',
-        role="<acceptor><listen-port>26123</listen-port></acceptor>"))
+    cfg_b.write_text(rm_router_xml(
+        "router-b", 2, "127.0.2.1", "198.18.0.2", acceptor_xml(26123),
+        lbtrm='<lbt-rm group-low="239.192.5.1" group-high="239.192.5.2" destination-port="15400"/>'))
     logs = {k: open(tmp_path / f"{k}.log", "w") for k in ("la", "lb", "ra", "rb", "src", "rcv")}
     common = ["--topics", "1", "--topic-prefix", "md.rm.", "--transport", "lbtrm",
               "--data-datagrams", str(COUNT), "--json"]

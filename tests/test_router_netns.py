@@ -12,36 +12,25 @@ import sys
 import time
 
 from tests import netns
-from tests.helpers import LBMRD, ROUTER, SIM
+from tests.helpers import (
+    LBMRD,
+    ROUTER,
+    SIM,
+    acceptor_xml,
+    endpoint_xml,
+    initiator_xml,
+    peer_xml,
+    router_xml,
+)
 
 netns_factory = netns.netns_factory  # the fixture
 
 PY = sys.executable
 
-ROUTER_XML = """<?xml version="1.0" encoding="UTF-8" ?>
-<lbmr-router version="1.0">
-  <daemon><name>{name}</name><log type="console"/></daemon>
-  <portals>
-    <endpoint>
-      <name>{name}-trd</name>
-      <domain-id>{domain}</domain-id>
-      <topic-resolution>
-        <interface>{trd_ip}</interface>
-        <lbmrd address="{trd_ip}" port="15380"/>
-      </topic-resolution>
-      <relay interface="{trd_ip}" port-low="14371" port-high="14390"/>
-    </endpoint>
-    <peer>
-      <name>{name}-peer</name>
-      <single-tcp>
-        <interface>{link_ip}</interface>
-        {role}
-      </single-tcp>
-      <gateway-keepalive idle="yes" interval="1000" timeout="3000"/>
-    </peer>
-  </portals>
-</lbmr-router>
-"""
+def pair_xml(name: str, domain: int, trd_ip: str, link_ip: str, role: str, tr: str | None = None) -> str:
+    """One router of a pair: an endpoint on ``trd_ip`` and a peer on ``link_ip``."""
+    return router_xml(name, [endpoint_xml(f"{name}-trd", domain, trd_ip, tr=tr)],
+                      [peer_xml(f"{name}-peer", link_ip, role)])
 
 
 MC_TR = """<topic-resolution>
@@ -55,13 +44,9 @@ def test_router_pair_across_namespaces(netns_factory, tmp_path):
     # no route from A to TRD2 (127.0.2.1 is B's loopback) and vice versa
     assert a.run(["ip", "route", "get", "127.0.2.1"]).stdout.count("dev lo") == 1  # stays in A
     cfg_a = tmp_path / "a.xml"
-    cfg_a.write_text(ROUTER_XML.format(
-        name="router-a", domain=1, trd_ip="127.0.1.1", link_ip="198.18.0.1",
-        role="<initiator reconnect-interval=\"500\"><address>198.18.0.2</address><port>26123</port></initiator>"))
+    cfg_a.write_text(pair_xml("router-a", 1, "127.0.1.1", "198.18.0.1", initiator_xml("198.18.0.2", 26123)))
     cfg_b = tmp_path / "b.xml"
-    cfg_b.write_text(ROUTER_XML.format(
-        name="router-b", domain=2, trd_ip="127.0.2.1", link_ip="198.18.0.2",
-        role="<acceptor><listen-port>26123</listen-port></acceptor>"))
+    cfg_b.write_text(pair_xml("router-b", 2, "127.0.2.1", "198.18.0.2", acceptor_xml(26123)))
     logs = {k: open(tmp_path / f"{k}.log", "w") for k in ("la", "lb", "ra", "rb", "src")}
     try:
         a.popen(LBMRD + ["-i", "127.0.1.1", "--stats-interval", "0"], stdout=logs["la"], stderr=logs["la"])
@@ -95,17 +80,11 @@ def test_multicast_trd_bridged_to_an_lbmrd_trd(netns_factory, tmp_path):
     context in multicast mode; the receiver in TRD2 verifies the data."""
     a, b = netns_factory(), netns_factory()
     netns.veth(a, "198.18.0.1/24", b, "198.18.0.2/24")
-    text_a = ROUTER_XML.format(
-        name="router-a", domain=1, trd_ip="127.0.1.1", link_ip="198.18.0.1",
-        role="<initiator reconnect-interval=\"500\"><address>198.18.0.2</address><port>26123</port></initiator>")
-    start = text_a.index("<topic-resolution>")
-    end = text_a.index("</topic-resolution>") + len("</topic-resolution>")
     cfg_a = tmp_path / "a.xml"
-    cfg_a.write_text(text_a[:start] + MC_TR + text_a[end:])
+    cfg_a.write_text(pair_xml("router-a", 1, "127.0.1.1", "198.18.0.1", initiator_xml("198.18.0.2", 26123),
+                              tr=MC_TR))
     cfg_b = tmp_path / "b.xml"
-    cfg_b.write_text(ROUTER_XML.format(
-        name="router-b", domain=2, trd_ip="127.0.2.1", link_ip="198.18.0.2",
-        role="<acceptor><listen-port>26123</listen-port></acceptor>"))
+    cfg_b.write_text(pair_xml("router-b", 2, "127.0.2.1", "198.18.0.2", acceptor_xml(26123)))
     logs = {k: open(tmp_path / f"{k}.log", "w") for k in ("lb", "ra", "rb", "src")}
     try:
         b.popen(LBMRD + ["-i", "127.0.2.1", "--stats-interval", "0"], stdout=logs["lb"], stderr=logs["lb"])
@@ -130,28 +109,8 @@ def test_multicast_trd_bridged_to_an_lbmrd_trd(netns_factory, tmp_path):
             f.close()
 
 
-DIRECT_XML = """<?xml version="1.0" encoding="UTF-8" ?>
-<lbmr-router version="1.0">
-  <daemon><name>direct</name><log type="console"/></daemon>
-  <portals>
-    <endpoint>
-      <name>mc-trd</name>
-      <domain-id>1</domain-id>
-      """ + MC_TR + """
-      <relay interface="127.0.1.1" port-low="14371" port-high="14390"/>
-    </endpoint>
-    <endpoint>
-      <name>lbmrd-trd</name>
-      <domain-id>2</domain-id>
-      <topic-resolution>
-        <interface>127.0.2.1</interface>
-        <lbmrd address="127.0.2.1" port="15380"/>
-      </topic-resolution>
-      <relay interface="127.0.2.1" port-low="14371" port-high="14390"/>
-    </endpoint>
-  </portals>
-</lbmr-router>
-"""
+DIRECT_XML = router_xml("direct", [endpoint_xml("mc-trd", 1, "127.0.1.1", tr=MC_TR),
+                                    endpoint_xml("lbmrd-trd", 2, "127.0.2.1")])
 
 
 def test_direct_link_router_between_a_multicast_and_an_lbmrd_trd(netns_factory, tmp_path):

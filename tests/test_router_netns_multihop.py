@@ -13,7 +13,16 @@ import sys
 import time
 
 from tests import netns
-from tests.helpers import LBMRD, ROUTER, SIM
+from tests.helpers import (
+    LBMRD,
+    ROUTER,
+    SIM,
+    acceptor_xml,
+    endpoint_xml,
+    initiator_xml,
+    peer_xml,
+    router_xml,
+)
 
 netns_factory = netns.netns_factory  # the fixture
 
@@ -22,51 +31,26 @@ METRICS_PORT = 9392
 PEER_PORT = 26200
 
 
-def router_xml(d: int, peers: list[str]) -> str:
+def site_router_xml(d: int, peers: list[str]) -> str:
     """Router ``d`` of TRD ``d`` (domain id d, lbmrd at 127.0.d.1:15380), with
     ``peers`` (``<peer>`` elements) and its /status on 127.0.0.1:METRICS_PORT.
-    Route info every 200 ms, routers forgotten after 1.5 s; peer keepalives
-    every 250 ms, a link given up after 1 s of silence."""
-    trd = f"127.0.{d}.1"
-    return f"""<?xml version="1.0" encoding="UTF-8" ?>
-<lbmr-router version="1.0">
-  <daemon><name>r{d}</name><log type="console"/><metrics>127.0.0.1:{METRICS_PORT}</metrics>
-    <route-info propagation-interval="200" timeout="1500"/></daemon>
-  <portals>
-    <endpoint>
-      <name>trd{d}</name>
-      <domain-id>{d}</domain-id>
-      <topic-resolution>
-        <interface>{trd}</interface>
-        <lbmrd address="{trd}" port="15380"/>
-      </topic-resolution>
-      <relay interface="{trd}" port-low="14371" port-high="14470"/>
-    </endpoint>
-{"".join(peers)}  </portals>
-</lbmr-router>
-"""
+    Route info every 200 ms, routers forgotten after 1.5 s."""
+    return router_xml(f"r{d}", [endpoint_xml(f"trd{d}", d, f"127.0.{d}.1", relay=(14371, 14470))], peers,
+                      daemon=f"<metrics>127.0.0.1:{METRICS_PORT}</metrics>\n"
+                             '    <route-info propagation-interval="200" timeout="1500"/>')
 
 
 def peer(name: str, link_ip: str, role: str, cost: int = 1) -> str:
-    return f"""    <peer>
-      <name>{name}</name>
-      <cost>{cost}</cost>
-      <single-tcp>
-        <interface>{link_ip}</interface>
-        {role}
-      </single-tcp>
-      <gateway-keepalive idle="yes" interval="250" timeout="1000"/>
-    </peer>
-"""
+    """A peer portal: keepalives every 250 ms, the link given up after 1 s of silence."""
+    return peer_xml(name, link_ip, role, cost=cost, keepalive=(250, 1000))
 
 
 def initiator(address: str) -> str:
-    return (f'<initiator reconnect-interval="300"><address>{address}</address>'
-            f"<port>{PEER_PORT}</port></initiator>")
+    return initiator_xml(address, PEER_PORT, reconnect_ms=300)
 
 
 def acceptor() -> str:
-    return f"<acceptor><listen-port>{PEER_PORT}</listen-port></acceptor>"
+    return acceptor_xml(PEER_PORT)
 
 
 class Sites:
@@ -87,7 +71,7 @@ class Sites:
             ns.popen(LBMRD + ["-i", f"127.0.{d}.1", "--stats-interval", "0"], stdout=f, stderr=f)
         for d, ns in self.ns.items():
             cfg = self.tmp / f"r{d}.xml"
-            cfg.write_text(router_xml(d, peers[d]))
+            cfg.write_text(site_router_xml(d, peers[d]))
             f = self.log(f"r{d}")
             ns.popen(ROUTER + [str(cfg)], stdout=f, stderr=f)
 
