@@ -95,6 +95,17 @@ async def wait_pipes_back(limit: float = 10) -> None:
             await trio.sleep(0.02)
 
 
+async def fds_settled(before: Counter[str]) -> Counter[str]:
+    """Once every pipe is back (idle ones closed) and the sockets are down to
+    ``before``'s count (at most 5 s): the descriptors by kind."""
+    await wait_pipes_back()
+    PIPE_POOL.close_idle()
+    with trio.move_on_after(5):
+        while fd_kinds()["socket"] > before["socket"]:
+            await trio.sleep(0.05)
+    return fd_kinds()
+
+
 async def test_zero_copy_transfer_is_byte_exact_and_spliced():
     total = 48 << 20
     async with trio.open_nursery() as n:
@@ -184,12 +195,7 @@ async def test_link_cut_mid_stream_releases_pipes_and_routers_recover():
         tir = await resolve(udp("127.0.2.9"), trd2)
         proxy = (tir.transport.ip, tir.transport.port)
         assert await fetch_prefix(proxy, 1 << 20) == pattern(1 << 20)
-        await wait_pipes_back()
-        PIPE_POOL.close_idle()
-        with trio.move_on_after(5):  # the routers notice the receivers that left
-            while fd_kinds()["socket"] > before["socket"]:
-                await trio.sleep(0.05)
-        after = fd_kinds()
+        after = await fds_settled(before)  # the routers notice the receivers that left
         assert after["pipe"] == before["pipe"]
         assert after["socket"] <= before["socket"], (before, after)
         assert ra.status()["counters"]["peer_connects"] >= 2
@@ -231,12 +237,7 @@ async def test_no_descriptor_leak_after_streams_end():
         for _ in range(5):  # receivers that leave early
             await fetch_prefix(proxy, 100_000)
         assert results == [True] * 6
-        await wait_pipes_back()
-        PIPE_POOL.close_idle()
-        with trio.move_on_after(5):  # the far side notices the closed receivers
-            while fd_kinds()["socket"] > before["socket"]:
-                await trio.sleep(0.05)
-        after = fd_kinds()
+        after = await fds_settled(before)  # the far side notices the closed receivers
         assert after["pipe"] == before["pipe"] and after["socket"] == before["socket"], (before, after)
         n.cancel_scope.cancel()
 
