@@ -234,11 +234,3 @@ class SourceAdverts:
         if name[0]:
             return sorted(self._by_session.get(name[0], ()))
         return [name[1]] if name[1] in self._key else []
-
-    def session_of(self, advert_id: int) -> list[int]:
-        """The advert ids of ``advert_id``'s transport session (itself included;
-        just itself for an ungrouped transport); [] if unknown."""
-        s = self._session.get(advert_id)
-        if s is None:
-            return []
-        return sorted(self._by_session[s]) if s else [advert_id]
