@@ -1,0 +1,353 @@
+"""An LBT-RM session re-published as an LBT-RU source, sans-IO: the proxy of
+an LBT-RM origin in a TRD without multicast (the endpoint's
+``<lbt-rm transport="lbt-ru"/>``). The trio shell that owns the proxy's
+socket is :mod:`router.lbtrm_relay`; the datagrams are
+:mod:`lbmr_proto.lbtru` (UM's LBT-RU) towards the receivers and
+:mod:`lbmr_proto.lbtrm` (as the origin sent them) from the peer.
+
+The proxy's TIR advertises an LBT-RU transport: the relay address and port
+and a session id of the proxy's own. Then:
+
+* **connecting**: a receiver sends a CREQ (SYN) with that session id; the
+  proxy makes it a client (a client id of its own; at most ``max_clients``,
+  the oldest client that has not acknowledged yet is replaced when the
+  table is full) and answers with a session message with SYN (lead and
+  trail sequence, the client id). A CREQ from a client is answered again;
+* **data**: every original DATA of the origin (payload untouched, sequence
+  number the origin's) goes to every *confirmed* client as an LBT-RU DATA
+  with the proxy's session id. A client is confirmed by its first ACK or
+  NAK: a CREQ alone never makes the router send data to an address, so a
+  spoofed CREQ costs one 32-byte session message (one datagram for one: no
+  amplification). Data the client missed meanwhile it NAKs, like any loss;
+* **retransmission**: the last ``window`` datagrams (and at most
+  ``window_bytes`` of payload) are kept. A NAK from a client is answered
+  from them (DATA with the retransmission flag, at most ``rx_rate`` a second
+  per client in bursts of ``rx_burst``, else an NCF "shed"); a sequence the
+  proxy never got (lost on the way) is NAKed towards the origin over the
+  link (an LBT-RM NAK, each sequence at most once per ``nak_ignore``) and
+  the client gets an NCF "retransmit delay"; the origin's retransmission
+  then goes to the clients waiting for it. A sequence older than the window
+  gets an NCF "do not retry";
+* **session messages**: while data flows none; when it stops, an SM (lead,
+  trail) to every confirmed client after ``sm_min``, the interval doubling
+  up to ``sm_max`` (UM's transport_lbtru_sm_minimum/maximum_interval);
+* **liveness**: a client that has sent nothing for ``client_timeout`` (UM's
+  transport_lbtru_client_activity_timeout, 10 s) is dropped with an RST; an
+  unconfirmed one after ``connect_timeout``. A datagram from an address
+  that is not a client gets an RST (so a receiver whose entry expired
+  connects again); :meth:`RuFanout.close` resets every client.
+
+What is kept of the origin: original and retransmitted DATA (its LBT-RM
+session messages only move the lead sequence; its NCFs are the origin's
+answer to the router and go no further). A DATA datagram with LBT-RM option
+headers is dropped (counted): its payload cannot be told from them.
+Sequence numbers are the origin's (u32, not expected to wrap in a
+session's life: at 100,000 datagrams a second they wrap after 12 hours).
+
+Which datagram carries which option (inferred; the dissector shows both on
+every type): the proxy puts its session id on everything it sends except
+RSTs (see :mod:`lbmr_proto.lbtru`) and the client id on session messages;
+it reads the session id of a client's datagram when there is one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from lbmr_proto import lbtrm as RM
+from lbmr_proto import lbtru as RU
+
+__all__ = ["RuFanout", "RuClient", "MAX_CLIENTS", "WINDOW", "WINDOW_BYTES"]
+
+MAX_CLIENTS = 256  # receivers of one proxy
+WINDOW = 4096  # datagrams kept for retransmission ...
+WINDOW_BYTES = 8 << 20  # ... and at most this many payload bytes
+CLIENT_TIMEOUT = 10.0  # seconds (UM's transport_lbtru_client_activity_timeout)
+CONNECT_TIMEOUT = 2.0  # seconds an unconfirmed client is kept
+SM_MIN, SM_MAX = 0.2, 10.0  # seconds (UM's transport_lbtru_sm_minimum/maximum_interval)
+NAK_IGNORE = 0.2  # seconds between two NAKs of one sequence towards the origin
+RX_RATE, RX_BURST = 2000.0, 500  # retransmissions per client a second, burst
+MAX_PENDING = 65536  # (sequence, client) pairs waiting for the origin's retransmission
+
+Addr = tuple[str, int]
+Out = list[tuple[bytes, Addr]]
+
+
+@dataclass(slots=True)
+class RuClient:
+    """One receiver of the proxy: ``addr``, ``client_id``, when it connected
+    and was last heard from (seconds), whether it confirmed (ACK or NAK),
+    its retransmission tokens."""
+
+    addr: Addr
+    client_id: int
+    since: float
+    heard: float
+    confirmed: bool = False
+    tokens: float = float(RX_BURST)
+    tokens_at: float = 0.0
+
+
+class RuFanout:
+    """The LBT-RU source of one proxy (module doc). ``session_id``: the proxy's
+    (advertised) session id; ``nak_port`` / ``nak_session``: what the header of
+    the LBT-RM NAKs it sends towards the origin carries (the peer rewrites
+    them for the origin). Every method takes the time ``now`` in seconds and
+    returns datagrams for the receivers as (bytes, address) pairs; NAKs for the
+    peer collect in :attr:`naks_up` (take them with :meth:`take_naks_up`)."""
+
+    def __init__(self, session_id: int, counters: Counter[str] | None = None, *, nak_port: int = 0,
+                 nak_session: int = 0, max_clients: int = MAX_CLIENTS, window: int = WINDOW,
+                 window_bytes: int = WINDOW_BYTES, client_timeout: float = CLIENT_TIMEOUT,
+                 connect_timeout: float = CONNECT_TIMEOUT, sm_min: float = SM_MIN, sm_max: float = SM_MAX,
+                 nak_ignore: float = NAK_IGNORE, rx_rate: float = RX_RATE, rx_burst: int = RX_BURST) -> None:
+        if not (max_clients >= 1 and window >= 1 and window_bytes >= 1 and 0 < sm_min <= sm_max
+                and client_timeout > 0 and connect_timeout > 0 and rx_rate > 0 and rx_burst >= 1):
+            raise ValueError("LBT-RU fan-out: bounds and intervals must be positive")
+        self.session_id = session_id & 0xFFFFFFFF
+        self.counters: Counter[str] = counters if counters is not None else Counter()
+        self.nak_port, self.nak_session = nak_port, nak_session & 0xFFFFFFFF
+        self.max_clients, self.window, self.window_bytes = max_clients, window, window_bytes
+        self.client_timeout, self.connect_timeout = client_timeout, connect_timeout
+        self.sm_min, self.sm_max, self.nak_ignore = sm_min, sm_max, nak_ignore
+        self.rx_rate, self.rx_burst = rx_rate, rx_burst
+        self.clients: dict[Addr, RuClient] = {}
+        self.lead: int | None = None  # newest sequence known (data or the origin's SM)
+        self.trail = 0  # oldest sequence that may still be in the buffer
+        self.buffer: dict[int, bytes] = {}  # sequence -> payload
+        self.buffer_bytes = 0
+        self.pending: dict[int, set[Addr]] = {}  # sequence -> clients waiting for it
+        self._pending_n = 0
+        self._naked_up: dict[int, float] = {}  # sequence -> when last NAKed towards the origin
+        self.naks_up: list[bytes] = []
+        self._next_id = 1
+        self._sm_sqn = 0
+        self._sm_interval = sm_min
+        self._sm_at = math.inf
+
+    # ------------------------------------------------------------ the origin
+
+    def from_peer(self, data: bytes, now: float) -> Out:
+        """An LBT-RM datagram of the origin's session from the link."""
+        c = self.counters
+        try:
+            m = RM.decode(data)
+        except RM.LbtrmDecodeError:
+            c["lbtru_rm_malformed"] += 1
+            return []
+        if isinstance(m, RM.SessionMessage):
+            self._advance(m.lead_sqn, now, data_seen=False)
+            return []
+        if not isinstance(m, RM.Data):
+            c["lbtru_rm_not_data"] += 1  # the origin's NCFs, or a NAK that has no business here
+            return []
+        if m.header.next_hdr:
+            c["lbtru_rm_options_dropped"] += 1
+            return []
+        q = m.sqn
+        if self.lead is not None and q < self.trail:
+            c["lbtru_rm_too_old"] += 1
+            return []
+        self._advance(q, now, data_seen=True)
+        if q in self.buffer:
+            c["lbtru_rm_duplicate"] += 1
+            return []
+        self.buffer[q] = m.payload
+        self.buffer_bytes += len(m.payload)
+        self._evict()
+        waiting = self.pending.pop(q, set())
+        self._pending_n -= len(waiting)
+        self._naked_up.pop(q, None)
+        if m.retransmission:
+            targets = [a for a in waiting if a in self.clients]
+            out = RU.encode_data(q, self.trail, m.payload, session_id=self.session_id, retransmission=True)
+            c["lbtru_retransmissions"] += len(targets)
+        else:
+            targets = [cl.addr for cl in self.clients.values() if cl.confirmed]
+            out = RU.encode_data(q, self.trail, m.payload, session_id=self.session_id)
+            c["lbtru_datagrams_sent"] += len(targets)
+        if targets:
+            self._sm_interval, self._sm_at = self.sm_min, now + self.sm_min
+        return [(out, a) for a in targets]
+
+    def _advance(self, q: int, now: float, *, data_seen: bool) -> None:
+        """Sequence ``q`` exists at the origin (a DATA or an SM's lead)."""
+        if self.lead is None or q > self.lead + self.window:
+            # the first one, or a jump past the whole window: start over there
+            if self.lead is not None:
+                self.counters["lbtru_rm_sequence_jump"] += 1
+            self.buffer.clear()
+            self.buffer_bytes = 0
+            self.pending.clear()
+            self._pending_n = 0
+            self._naked_up.clear()
+            self.trail = q if data_seen else q + 1
+            self.lead = q
+            if self._sm_at == math.inf:
+                self._sm_at = now + self.sm_min
+            return
+        self.lead = max(self.lead, q)
+
+    def _evict(self) -> None:
+        """Keep at most ``window`` sequences and ``window_bytes`` bytes."""
+        assert self.lead is not None
+        while self.buffer and (self.lead - self.trail + 1 > self.window or self.buffer_bytes > self.window_bytes):
+            p = self.buffer.pop(self.trail, None)
+            if p is not None:
+                self.buffer_bytes -= len(p)
+            gone = self.pending.pop(self.trail, None)
+            if gone:
+                self._pending_n -= len(gone)
+            self._naked_up.pop(self.trail, None)
+            self.trail += 1
+        if not self.buffer and self.lead - self.trail + 1 > self.window:
+            self.trail = self.lead - self.window + 1
+
+    # -------------------------------------------------------------- receivers
+
+    def from_client(self, data: bytes, addr: Addr, now: float) -> Out:
+        """A datagram a receiver sent to the proxy's port."""
+        c = self.counters
+        try:
+            m = RU.decode(data)
+        except RU.LbtruDecodeError:
+            c["lbtru_malformed"] += 1
+            return []
+        sid = m.header.session_id
+        if sid is not None and sid != self.session_id:
+            c["lbtru_other_session"] += 1
+            return []
+        cl = self.clients.get(addr)
+        if isinstance(m, RU.Creq):
+            return self._connect(cl, addr, now)
+        if not isinstance(m, RU.Ack | RU.Nak):
+            c["lbtru_unexpected_type"] += 1
+            return []
+        if cl is None:
+            c["lbtru_unknown_client"] += 1
+            return [(RU.encode_rst(), addr)]
+        cl.heard = now
+        if not cl.confirmed:
+            cl.confirmed = True
+            c["lbtru_clients_confirmed"] += 1
+        if isinstance(m, RU.Ack):
+            return []
+        c["lbtru_naks_from_clients"] += 1
+        return self._nak(cl, m.sqns, now)
+
+    def _connect(self, cl: RuClient | None, addr: Addr, now: float) -> Out:
+        c = self.counters
+        if cl is None:
+            if len(self.clients) >= self.max_clients:
+                old = min((x for x in self.clients.values() if not x.confirmed), key=lambda x: x.since,
+                          default=None)
+                if old is None:
+                    c["lbtru_clients_full"] += 1
+                    return []
+                del self.clients[old.addr]
+                c["lbtru_clients_replaced"] += 1
+            cl = self.clients[addr] = RuClient(addr, self._next_id, now, now, tokens_at=now,
+                                               tokens=float(self.rx_burst))
+            self._next_id = self._next_id % 0xFFFFFFFF + 1
+            c["lbtru_clients_connected"] += 1
+        else:
+            cl.heard = now
+            c["lbtru_creq_repeated"] += 1
+        lead = self.lead if self.lead is not None else 0
+        trail = self.trail if self.lead is not None else 0
+        self._sm_sqn += 1
+        return [(RU.encode_sm(self._sm_sqn - 1, lead, trail, syn=True, session_id=self.session_id,
+                              client_id=cl.client_id), addr)]
+
+    def _nak(self, cl: RuClient, sqns, now: float) -> Out:
+        c = self.counters
+        out: Out = []
+        no_retry, delay, shed = [], [], []
+        cl.tokens = min(float(self.rx_burst), cl.tokens + (now - cl.tokens_at) * self.rx_rate)
+        cl.tokens_at = now
+        up = []
+        for q in dict.fromkeys(sqns):
+            if self.lead is None or q > self.lead:
+                c["lbtru_naks_ahead"] += 1
+                continue
+            if q < self.trail:
+                no_retry.append(q)
+                continue
+            p = self.buffer.get(q)
+            if p is not None:
+                if cl.tokens < 1.0:
+                    shed.append(q)
+                    c["lbtru_retransmissions_limited"] += 1
+                    continue
+                cl.tokens -= 1.0
+                out.append((RU.encode_data(q, self.trail, p, session_id=self.session_id, retransmission=True),
+                            cl.addr))
+                c["lbtru_retransmissions"] += 1
+                continue
+            waiting = self.pending.setdefault(q, set())
+            if cl.addr not in waiting:
+                if self._pending_n >= MAX_PENDING:
+                    shed.append(q)
+                    c["lbtru_pending_full"] += 1
+                    if not waiting:
+                        del self.pending[q]
+                    continue
+                waiting.add(cl.addr)
+                self._pending_n += 1
+            delay.append(q)
+            if now - self._naked_up.get(q, -math.inf) >= self.nak_ignore:
+                self._naked_up[q] = now
+                up.append(q)
+        for i in range(0, len(up), RM.MAX_NAKS):
+            self.naks_up.append(RM.encode_nak(self.nak_port, self.nak_session, up[i:i + RM.MAX_NAKS]))
+            c["lbtru_naks_up"] += 1
+        for reason, qs in ((RU.NCF_NO_RETRY, no_retry), (RU.NCF_RX_DELAY, delay), (RU.NCF_SHED, shed)):
+            for i in range(0, len(qs), RU.MAX_NAKS):
+                out.append((RU.encode_ncf(self.trail, qs[i:i + RU.MAX_NAKS], reason=reason,
+                                          session_id=self.session_id), cl.addr))
+                c["lbtru_ncfs_sent"] += 1
+        return out
+
+    def take_naks_up(self) -> list[bytes]:
+        """The LBT-RM NAKs for the origin collected so far (then forgotten)."""
+        naks, self.naks_up = self.naks_up, []
+        return naks
+
+    # ------------------------------------------------------------------ time
+
+    def tick(self, now: float) -> tuple[Out, float]:
+        """Session messages and expiries due at ``now``; and when to call again."""
+        c = self.counters
+        out: Out = []
+        for cl in list(self.clients.values()):
+            limit = self.client_timeout if cl.confirmed else self.connect_timeout
+            if now - cl.heard >= limit:
+                del self.clients[cl.addr]
+                for waiting in self.pending.values():
+                    if cl.addr in waiting:
+                        waiting.discard(cl.addr)
+                        self._pending_n -= 1
+                c["lbtru_clients_expired"] += 1
+                if cl.confirmed:
+                    out.append((RU.encode_rst(), cl.addr))
+        if self._sm_at <= now and self.lead is not None:
+            sm = RU.encode_sm(self._sm_sqn, self.lead, self.trail, session_id=self.session_id)
+            targets = [cl.addr for cl in self.clients.values() if cl.confirmed]
+            if targets:
+                self._sm_sqn += 1
+                c["lbtru_sms_sent"] += len(targets)
+                out.extend((sm, a) for a in targets)
+            self._sm_interval = min(self._sm_interval * 2, self.sm_max)
+            self._sm_at = now + self._sm_interval
+        nxt = self._sm_at
+        for cl in self.clients.values():
+            nxt = min(nxt, cl.heard + (self.client_timeout if cl.confirmed else self.connect_timeout))
+        return out, nxt
+
+    def close(self) -> Out:
+        """The proxy ends: an RST to every confirmed client."""
+        out = [(RU.encode_rst(), cl.addr) for cl in self.clients.values() if cl.confirmed]
+        self.clients.clear()
+        return out

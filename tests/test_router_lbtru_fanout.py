@@ -1,0 +1,199 @@
+"""router.lbtru_fanout: an LBT-RM session re-published as an LBT-RU source,
+sans-IO (no sockets, time passed in)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lbmr_proto import lbtrm as RM
+from lbmr_proto import lbtru as RU
+from router.lbtru_fanout import RuFanout
+
+SID = 0x5E55
+A, B = ("10.0.0.5", 14360), ("10.0.0.6", 14361)
+
+
+def rm_data(q: int, payload: bytes = b"", *, rx: bool = False) -> bytes:
+    flags = RM.FLAG_UNICAST_NAKS | (RM.FLAG_RETRANSMISSION if rx else 0)
+    return RM.encode_data(14400, 77, q, 0, payload or q.to_bytes(4, "big") * 8, flags=flags)
+
+
+def decoded(out):
+    return [(RU.decode(b), a) for b, a in out]
+
+
+def connect(f: RuFanout, addr, now: float = 0.0, *, confirm: bool = True):
+    (syn, to), = decoded(f.from_client(RU.encode_creq(session_id=SID), addr, now))
+    assert to == addr and isinstance(syn, RU.SessionMessage) and syn.syn
+    if confirm:
+        assert f.from_client(RU.encode_ack(0, session_id=SID, client_id=syn.header.client_id), addr, now) == []
+    return syn
+
+
+def test_connect_then_data_only_after_the_first_ack():
+    f = RuFanout(SID, nak_port=1, nak_session=2)
+    f.from_peer(rm_data(10), 0.0)  # before anyone connects: kept
+    syn = connect(f, A, 0.1, confirm=False)
+    assert (syn.lead_sqn, syn.trail_sqn, syn.header.session_id, syn.header.client_id) == (10, 10, SID, 1)
+    assert f.from_peer(rm_data(11), 0.2) == []  # unconfirmed: nothing (a CREQ may be spoofed)
+    f.from_client(RU.encode_ack(0, session_id=SID), A, 0.3)
+    ((d, to),) = decoded(f.from_peer(rm_data(12, b"payload"), 0.4))
+    assert to == A and isinstance(d, RU.Data) and (d.sqn, d.trail_sqn, d.payload) == (12, 10, b"payload")
+    assert d.header.session_id == SID and not d.retransmission
+    # what it missed meanwhile it NAKs, and gets from the buffer
+    out = decoded(f.from_client(RU.encode_nak([11], session_id=SID), A, 0.5))
+    assert [(m.sqn, m.retransmission, m.payload) for m, _ in out] == [(11, True, (11).to_bytes(4, "big") * 8)]
+    assert f.counters["lbtru_clients_connected"] == 1 and f.counters["lbtru_retransmissions"] == 1
+
+
+def test_a_repeated_creq_is_answered_again_with_the_same_client_id():
+    f = RuFanout(SID)
+    s1 = connect(f, A)
+    s2 = connect(f, A)
+    s3 = connect(f, B)
+    assert s1.header.client_id == s2.header.client_id == 1 and s3.header.client_id == 2
+    assert s2.sm_sqn == s1.sm_sqn + 1 and len(f.clients) == 2
+
+
+def test_a_sequence_lost_on_the_way_is_naked_towards_the_origin_once():
+    f = RuFanout(SID, nak_port=4321, nak_session=0xABC, nak_ignore=0.2)
+    connect(f, A)
+    connect(f, B)
+    f.from_peer(rm_data(1), 0.0)
+    f.from_peer(rm_data(3), 0.0)  # 2 never came
+    (ncf, to), = decoded(f.from_client(RU.encode_nak([2], session_id=SID), A, 0.01))
+    assert isinstance(ncf, RU.Ncf) and ncf.reason == RU.NCF_RX_DELAY and ncf.sqns == (2,) and to == A
+    (nak,) = f.take_naks_up()
+    m = RM.decode(nak)
+    assert isinstance(m, RM.Nak) and m.sqns == (2,) and (m.header.ucast_port, m.header.session_id) == (4321, 0xABC)
+    f.from_client(RU.encode_nak([2], session_id=SID), B, 0.05)  # within nak_ignore: not again
+    assert f.take_naks_up() == []
+    f.from_client(RU.encode_nak([2], session_id=SID), B, 0.30)  # later: again
+    assert len(f.take_naks_up()) == 1
+    # the origin's retransmission goes to the two clients waiting, as a retransmission
+    out = decoded(f.from_peer(rm_data(2, b"two", rx=True), 0.4))
+    assert sorted(to for _, to in out) == [A, B]
+    assert all(m.retransmission and m.sqn == 2 and m.payload == b"two" for m, _ in out)
+    assert f.pending == {} and f.from_peer(rm_data(2, b"two", rx=True), 0.5) == []  # a duplicate
+
+
+def test_naks_older_than_the_window_ahead_of_the_lead_and_rate_limited():
+    f = RuFanout(SID, window=4, rx_burst=2, rx_rate=1.0)
+    connect(f, A)
+    for q in range(10):
+        f.from_peer(rm_data(q), 0.0)
+    assert sorted(f.buffer) == [6, 7, 8, 9] and f.trail == 6
+    out = decoded(f.from_client(RU.encode_nak([1, 6, 7, 8, 50], session_id=SID), A, 0.0))
+    data = [m.sqn for m, _ in out if isinstance(m, RU.Data)]
+    ncfs = {m.reason: m.sqns for m, _ in out if isinstance(m, RU.Ncf)}
+    assert data == [6, 7] and ncfs == {RU.NCF_NO_RETRY: (1,), RU.NCF_SHED: (8,)}
+    assert f.counters["lbtru_naks_ahead"] == 1 and f.counters["lbtru_retransmissions_limited"] == 1
+
+
+def test_the_window_is_bounded_in_bytes_and_a_jump_starts_over():
+    f = RuFanout(SID, window=1000, window_bytes=100)
+    for q in range(10):
+        f.from_peer(rm_data(q, b"x" * 30), 0.0)
+    assert f.buffer_bytes <= 100 and sorted(f.buffer) == [7, 8, 9]
+    f.from_peer(rm_data(2**32 - 1, b"y"), 0.0)  # far past the window: a new start
+    assert list(f.buffer) == [2**32 - 1] and f.trail == 2**32 - 1
+    assert f.counters["lbtru_rm_sequence_jump"] == 1
+    g = RuFanout(SID, window=1000)
+    g.from_peer(rm_data(0), 0.0)
+    g.from_peer(RM.encode_sm(1, 2, 0, 5000, 0), 0.0)  # an SM's lead as well
+    assert g.buffer == {} and (g.trail, g.lead) == (5001, 5000)
+
+
+def test_session_messages_back_off_while_no_data_flows():
+    f = RuFanout(SID, sm_min=0.2, sm_max=1.0)
+    connect(f, A)
+    connect(f, B, confirm=False)
+    f.from_peer(rm_data(5), 0.0)
+    times = []
+    now = 0.0
+    for _ in range(7):
+        out, nxt = f.tick(now)
+        if out:
+            times.append(round(now, 3))
+            assert {to for _, to in out} == {A}  # confirmed clients only
+            f.from_client(RU.encode_ack(5, session_id=SID), A, now)
+        now = nxt
+    assert times == [0.2, 0.6, 1.4, 2.4, 3.4]  # B (unconfirmed) expired at 2.0 meanwhile
+    (sm, _), = decoded(f.tick(3.4 + 1.0)[0])
+    assert isinstance(sm, RU.SessionMessage) and not sm.syn and sm.lead_sqn == 5
+    assert B not in f.clients and f.counters["lbtru_clients_expired"] == 1
+
+
+def test_silent_clients_expire_with_an_rst_and_unknown_ones_get_one():
+    f = RuFanout(SID, client_timeout=10.0, connect_timeout=2.0)
+    connect(f, A, 0.0)
+    connect(f, B, 0.0, confirm=False)
+    out, _ = f.tick(2.0)
+    assert out == [] and set(f.clients) == {A}  # the unconfirmed one: silently
+    f.from_client(RU.encode_ack(0, session_id=SID), A, 5.0)
+    assert f.tick(14.9)[0] == [] and A in f.clients
+    out, _ = f.tick(15.0)
+    assert [(type(m), to) for m, to in decoded(out)] == [(RU.Rst, A)] and not f.clients
+    (rst, to), = decoded(f.from_client(RU.encode_ack(0, session_id=SID), A, 16.0))
+    assert isinstance(rst, RU.Rst) and to == A and f.counters["lbtru_unknown_client"] == 1
+
+
+def test_the_client_table_is_bounded_and_spoofed_creqs_only_replace_unconfirmed_clients():
+    f = RuFanout(SID, max_clients=3)
+    connect(f, A)
+    sent = 0
+    for i in range(100):  # a CREQ flood from spoofed addresses
+        out = f.from_client(RU.encode_creq(session_id=SID), ("10.9.0.1", 1000 + i), i * 0.001)
+        assert len(out) == 1 and len(out[0][0]) <= 32
+        sent += len(out)
+    assert len(f.clients) == 3 and A in f.clients and sent == 100
+    assert f.counters["lbtru_clients_replaced"] == 98
+    # and nothing but the real client gets data
+    assert [to for _, to in f.from_peer(rm_data(1), 1.0)] == [A]
+    connect(f, B)
+    connect(f, ("10.0.0.7", 1))
+    out = f.from_client(RU.encode_creq(session_id=SID), ("10.0.0.8", 1), 1.0)
+    assert out == [] and f.counters["lbtru_clients_full"] == 1  # all three confirmed
+
+
+def test_foreign_and_malformed_datagrams_are_counted_and_dropped():
+    f = RuFanout(SID)
+    connect(f, A)
+    assert f.from_client(b"\x00", A, 0) == []
+    assert f.from_client(RU.encode_ack(0, session_id=SID + 1), A, 0) == []
+    assert f.from_client(RU.encode_data(1, 0, b"x", session_id=SID), A, 0) == []
+    assert f.from_peer(b"junk", 0) == []
+    assert f.from_peer(RM.encode_ncf(1, 2, 0, [1]), 0) == []
+    opt = bytearray(rm_data(1))
+    opt[1] = 1  # an LBT-RM option header: the payload cannot be told
+    assert f.from_peer(bytes(opt), 0) == [] and f.buffer == {}
+    c = f.counters
+    assert (c["lbtru_malformed"], c["lbtru_other_session"], c["lbtru_unexpected_type"], c["lbtru_rm_malformed"],
+            c["lbtru_rm_not_data"], c["lbtru_rm_options_dropped"]) == (1, 1, 1, 1, 1, 1)
+
+
+def test_close_resets_the_confirmed_clients():
+    f = RuFanout(SID)
+    connect(f, A)
+    connect(f, B, confirm=False)
+    assert [(type(m), to) for m, to in decoded(f.close())] == [(RU.Rst, A)] and not f.clients
+
+
+def test_bad_bounds():
+    with pytest.raises(ValueError):
+        RuFanout(SID, max_clients=0)
+
+
+@given(st.lists(st.tuples(st.booleans(), st.binary(max_size=60)), max_size=40))
+def test_any_input_is_handled(items):
+    f = RuFanout(SID, counters=Counter(), window=16)
+    connect(f, A)
+    for i, (from_peer, data) in enumerate(items):
+        out = f.from_peer(data, i * 0.01) if from_peer else f.from_client(data, A, i * 0.01)
+        assert all(isinstance(b, bytes) for b, _ in out)
+        f.tick(i * 0.01)
+    assert len(f.buffer) <= 16
