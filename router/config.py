@@ -587,7 +587,18 @@ def _lbtrm(c: _Checker, el: etree._Element) -> LbtrmConfig:
     same = el.get("same-group", "no").strip()
     if same not in ("yes", "no"):
         c.error(el, f'<lbt-rm> same-group "{same}": write "yes" or "no"')
-    return LbtrmConfig(groups[0], groups[1], port, same == "yes", el.sourceline or 0)
+    transport = el.get("transport", "lbt-rm").strip().lower()
+    transport = {"lbtrm": "lbt-rm", "lbtru": "lbt-ru"}.get(transport, transport)
+    if transport not in ("lbt-rm", "lbt-ru"):
+        c.error(el, f'<lbt-rm> transport "{el.get("transport")}": write "lbt-rm" (multicast) or "lbt-ru" '
+                    "(unicast to each receiver)")
+        transport = "lbt-rm"
+    if transport == "lbt-ru":
+        given = [a for a in ("group-low", "group-high", "destination-port", "same-group") if el.get(a) is not None]
+        if given:
+            c.warn(el, f'<lbt-rm transport="lbt-ru"> ignores {", ".join(given)}: its proxies are unicast')
+    max_clients = c.attr_int(el, "max-clients", d.max_clients, "a number of receivers 1..4096", 1, 4096)
+    return LbtrmConfig(groups[0], groups[1], port, same == "yes", el.sourceline or 0, transport, max_clients)
 
 
 def _acl(c: _Checker, portal: etree._Element, name: str) -> PortalAcl:

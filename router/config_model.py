@@ -223,13 +223,18 @@ class LbtrmConfig:
     """``<lbt-rm>``: the multicast groups ``group_low`` .. ``group_high`` and the
     destination port of the LBT-RM proxy sources this portal creates in its TRD
     (:mod:`router.lbtrm`); ``same_group``: the origin source's own group and
-    port instead, whenever its OTID tells them (the TRDs are separate networks)."""
+    port instead, whenever its OTID tells them (the TRDs are separate networks).
+    ``transport`` "lbt-ru": the proxy sources are LBT-RU sources instead, sending
+    unicast to each receiver that connects (a TRD without multicast;
+    :mod:`router.lbtru_fanout`), at most ``max_clients`` receivers each."""
 
     group_low: str = DEFAULT_LBTRM_GROUPS[0]
     group_high: str = DEFAULT_LBTRM_GROUPS[1]
     destination_port: int = DEFAULT_LBTRM_DEST_PORT
     same_group: bool = False
     line: int = field(default=0, compare=False)
+    transport: str = "lbt-rm"
+    max_clients: int = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +333,16 @@ class EndpointConfig:
     @property
     def lbtrm_same_group(self) -> bool:
         return self.lbtrm.same_group
+
+    @property
+    def lbtrm_proxy_transport(self) -> str:
+        """"lbt-rm" (multicast proxies) or "lbt-ru" (unicast to each receiver)."""
+        return self.lbtrm.transport
+
+    @property
+    def lbtrm_max_clients(self) -> int:
+        """Receivers of one LBT-RU proxy of an LBT-RM origin."""
+        return self.lbtrm.max_clients
 
     @property
     def source_deletion_delay(self) -> float:

@@ -32,10 +32,12 @@ from collections.abc import Callable
 
 import trio
 
+from lbmr_proto import LbtruSessionTransport
 from lbmr_runtime.netif import open_multicast_socket
 
 from . import peerlink as P
 from .lbtrm import DatagramQueue, GroupPool, RmOrigin, RmProxy
+from .lbtru_fanout import RuFanout
 from .link import Link, StreamState
 from .peerlink import streams as S
 
@@ -127,6 +129,9 @@ class RmRelay:
         at the relay address, with ``raw``); reports its address through
         ``task_status`` once its advertised transport is known."""
         e = self.endpoint
+        if getattr(e, "lbtrm_proxy_transport", "lbt-rm") == "lbt-ru":
+            await self._serve_fanout(f, sock, task_status)
+            return
         raw = sock.raw
         raw.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(e.relay_ip))
         raw.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
@@ -193,6 +198,111 @@ class RmRelay:
                 out = proxy.to_receivers(st.incoming.popleft())
                 if out is not None:
                     await _send(sock, out, dest, self.counters)
+
+    # ------------------------------------------- near side, unicast (LBT-RU)
+
+    async def _serve_fanout(self, f: P.Advertisement, sock, task_status) -> None:
+        """The proxy as an LBT-RU source (:class:`router.lbtru_fanout.RuFanout`):
+        receivers connect to ``sock`` and get the session unicast. Its
+        clients are served (connections, NAKs answered from the window) even
+        while the link is down; the stream is opened as for a multicast proxy."""
+        ip, port = sock.getsockname()[:2]
+        fan = RuFanout(secrets.randbits(32), self.counters, nak_port=port, nak_session=secrets.randbits(32),
+                       max_clients=getattr(self.endpoint, "lbtrm_max_clients", 256))
+        self.bodies[f.advert_id] = LbtruSessionTransport(ip, fan.session_id, port)
+        up: list = [None]  # (link, stream) while the stream runs: where NAKs for the origin go
+        timer = [trio.CancelScope()]  # the timer task's current wait
+        try:
+            task_status.started((ip, port))
+            async with trio.open_nursery() as n:
+                n.start_soon(self._fanout_clients, fan, sock, up, timer)
+                n.start_soon(self._fanout_timer, fan, sock, timer)
+                while True:
+                    link = self.current_link()
+                    if link is not None and link.connected and not link.closed:
+                        await self._fanout_stream(link, f.advert_id, fan, sock, up, timer)
+                    await trio.sleep(self.retry_interval)
+        finally:
+            self._send_now(sock, fan.close())
+            self.bodies.pop(f.advert_id, None)
+
+    def _send_now(self, sock, out) -> None:
+        """Datagrams to receivers, without waiting: a full socket buffer drops
+        (counted; LBT-RU receivers NAK what they miss)."""
+        raw = sock.raw
+        for data, addr in out:
+            try:
+                raw.sendto(data, addr)
+            except BlockingIOError:
+                self.counters["lbtru_send_dropped"] += 1
+            except OSError:
+                self.counters["lbtru_send_error"] += 1
+
+    @staticmethod
+    def _rearm(fan: RuFanout, timer: list) -> None:
+        """Bring the timer's wake-up forward if the fan-out now has something due earlier."""
+        due = fan.next_due()
+        if due < timer[0].deadline:
+            timer[0].deadline = due
+
+    async def _fanout_timer(self, fan: RuFanout, sock, timer: list) -> None:
+        """Session messages and client expiry, when due (``timer[0]``: the
+        cancel scope of the current wait, which :meth:`_rearm` moves)."""
+        while True:
+            out, due = fan.tick(trio.current_time())
+            self._send_now(sock, out)
+            timer[0] = trio.CancelScope(deadline=due)
+            with timer[0]:
+                await trio.sleep_forever()
+
+    async def _fanout_clients(self, fan: RuFanout, sock, up: list, timer) -> None:
+        """Datagrams from receivers: connections, ACKs, NAKs."""
+        while True:
+            batch = await _receive(sock, self.counters)
+            if batch is None:
+                return
+            now = trio.current_time()
+            for data, addr in batch:
+                self._send_now(sock, fan.from_client(data, addr[:2], now))
+            naks = fan.take_naks_up()
+            if naks:
+                cur = up[0]
+                if cur is None or cur[1].closed or cur[0].closed:
+                    self.counters["lbtru_naks_no_link"] += len(naks)
+                else:
+                    sent = False
+                    for nak in naks:
+                        sent = self._datagram(cur[0], cur[1], nak) or sent
+                    if sent:
+                        cur[0].flush_streams()
+            self._rearm(fan, timer)
+
+    async def _fanout_stream(self, link: Link, aid: int, fan: RuFanout, sock, up: list, timer) -> None:
+        try:
+            sid = link.streams.open(aid, LBTRM)
+        except S.LocalStreamError:
+            return
+        st = self._state(link, sid)
+        link.flush_streams()
+        self.counters["lbtrm_streams_opened"] += 1
+        try:
+            await st.accepted.wait()
+            if st.refused is not None:
+                self.counters["lbtrm_streams_refused"] += 1
+            if st.refused is not None or st.closed:
+                return
+            up[0] = (link, st)
+            while not (st.closed or link.closed):
+                await st.incoming_ready.wait()
+                st.incoming_ready = trio.Event()
+                now = trio.current_time()
+                while st.incoming:
+                    self._send_now(sock, fan.from_peer(st.incoming.popleft(), now))
+                self._rearm(fan, timer)
+        finally:
+            up[0] = None
+            self.counters["lbtrm_streams_ended"] += 1
+            self._close(link, st)
 
     # ------------------------------------------------------------- far side
 

@@ -12,7 +12,8 @@ and a session id of the proxy's own. Then:
   proxy makes it a client (a client id of its own; at most ``max_clients``,
   the oldest client that has not acknowledged yet is replaced when the
   table is full) and answers with a session message with SYN (lead and
-  trail sequence, the client id). A CREQ from a client is answered again;
+  trail sequence -- trail above lead while the window is empty -- and the
+  client id). A CREQ from a client is answered again;
 * **data**: every original DATA of the origin (payload untouched, sequence
   number the origin's) goes to every *confirmed* client as an LBT-RU DATA
   with the proxy's session id. A client is confirmed by its first ACK or
@@ -27,7 +28,10 @@ and a session id of the proxy's own. Then:
   link (an LBT-RM NAK, each sequence at most once per ``nak_ignore``) and
   the client gets an NCF "retransmit delay"; the origin's retransmission
   then goes to the clients waiting for it. A sequence older than the window
-  gets an NCF "do not retry";
+  gets an NCF "do not retry". The window starts, with the first datagram of
+  the origin, as far back as the origin's trail sequence allows (at most
+  ``window``), so a receiver can recover what was sent before the router
+  joined, through the origin;
 * **session messages**: while data flows none; when it stops, an SM (lead,
   trail) to every confirmed client after ``sm_min``, the interval doubling
   up to ``sm_max`` (UM's transport_lbtru_sm_minimum/maximum_interval);
@@ -115,7 +119,7 @@ class RuFanout:
         self.rx_rate, self.rx_burst = rx_rate, rx_burst
         self.clients: dict[Addr, RuClient] = {}
         self.lead: int | None = None  # newest sequence known (data or the origin's SM)
-        self.trail = 0  # oldest sequence that may still be in the buffer
+        self.trail = 0  # oldest sequence served: from the buffer, or asked of the origin
         self.buffer: dict[int, bytes] = {}  # sequence -> payload
         self.buffer_bytes = 0
         self.pending: dict[int, set[Addr]] = {}  # sequence -> clients waiting for it
@@ -138,7 +142,7 @@ class RuFanout:
             c["lbtru_rm_malformed"] += 1
             return []
         if isinstance(m, RM.SessionMessage):
-            self._advance(m.lead_sqn, now, data_seen=False)
+            self._advance(m.lead_sqn, now, min(m.trail_sqn, m.lead_sqn + 1))
             return []
         if not isinstance(m, RM.Data):
             c["lbtru_rm_not_data"] += 1  # the origin's NCFs, or a NAK that has no business here
@@ -150,7 +154,7 @@ class RuFanout:
         if self.lead is not None and q < self.trail:
             c["lbtru_rm_too_old"] += 1
             return []
-        self._advance(q, now, data_seen=True)
+        self._advance(q, now, min(m.trail_sqn, q))
         if q in self.buffer:
             c["lbtru_rm_duplicate"] += 1
             return []
@@ -172,8 +176,12 @@ class RuFanout:
             self._sm_interval, self._sm_at = self.sm_min, now + self.sm_min
         return [(out, a) for a in targets]
 
-    def _advance(self, q: int, now: float, *, data_seen: bool) -> None:
-        """Sequence ``q`` exists at the origin (a DATA or an SM's lead)."""
+    def _advance(self, q: int, now: float, origin_trail: int) -> None:
+        """Sequence ``q`` exists at the origin (a DATA or an SM's lead), which
+        can retransmit from ``origin_trail`` on. The first time (and after a
+        jump past the window) the window starts as far back as the origin
+        can still retransmit, at most ``window`` sequences: a receiver's NAK
+        for what the router never saw is then asked of the origin."""
         if self.lead is None or q > self.lead + self.window:
             # the first one, or a jump past the whole window: start over there
             if self.lead is not None:
@@ -183,7 +191,7 @@ class RuFanout:
             self.pending.clear()
             self._pending_n = 0
             self._naked_up.clear()
-            self.trail = q if data_seen else q + 1
+            self.trail = max(0, q - self.window + 1, origin_trail)
             self.lead = q
             if self._sm_at == math.inf:
                 self._sm_at = now + self.sm_min
@@ -255,8 +263,9 @@ class RuFanout:
         else:
             cl.heard = now
             c["lbtru_creq_repeated"] += 1
+        # nothing from the origin yet: trail above lead (an empty window)
         lead = self.lead if self.lead is not None else 0
-        trail = self.trail if self.lead is not None else 0
+        trail = self.trail if self.lead is not None else 1
         self._sm_sqn += 1
         return [(RU.encode_sm(self._sm_sqn - 1, lead, trail, syn=True, session_id=self.session_id,
                               client_id=cl.client_id), addr)]
@@ -341,10 +350,14 @@ class RuFanout:
                 out.extend((sm, a) for a in targets)
             self._sm_interval = min(self._sm_interval * 2, self.sm_max)
             self._sm_at = now + self._sm_interval
-        nxt = self._sm_at
+        return out, self.next_due()
+
+    def next_due(self) -> float:
+        """When :meth:`tick` has something to do next (seconds; inf: nothing)."""
+        nxt = self._sm_at if self.lead is not None else math.inf
         for cl in self.clients.values():
             nxt = min(nxt, cl.heard + (self.client_timeout if cl.confirmed else self.connect_timeout))
-        return out, nxt
+        return nxt
 
     def close(self) -> Out:
         """The proxy ends: an RST to every confirmed client."""

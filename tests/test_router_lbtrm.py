@@ -142,6 +142,10 @@ def test_lbtrm_config_element(tmp_path):
     assert (ep.lbtrm_group_low, ep.lbtrm_group_high, ep.lbtrm_dest_port, ep.lbtrm_same_group) == (
         "239.1.1.1", "239.1.1.4", 15400, True)
     assert expect_ok(tmp_path, "d.xml", doc()).endpoints[0].lbtrm == LbtrmConfig()
+    ru = expect_ok(tmp_path, "u.xml", doc(portals=endpoint(extra='      <lbt-rm transport="lbtru" '
+                                                                 'max-clients="12"/>\n') + peer()))
+    assert (ru.endpoints[0].lbtrm_proxy_transport, ru.endpoints[0].lbtrm_max_clients) == ("lbt-ru", 12)
+    assert expect_ok(tmp_path, "d.xml", doc()).endpoints[0].lbtrm_proxy_transport == "lbt-rm"
 
 
 @pytest.mark.parametrize("attrs, needle", [
@@ -150,6 +154,8 @@ def test_lbtrm_config_element(tmp_path):
     ('group-low="224.0.0.0" group-high="239.255.255.255"', "at most 65536"),
     ('destination-port="0"', "destination-port"),
     ('same-group="maybe"', "same-group"),
+    ('transport="tcp"', "transport"),
+    ('transport="lbt-ru" max-clients="0"', "max-clients"),
 ])
 def test_lbtrm_config_errors(tmp_path, attrs, needle):
     from .test_router_config import doc, endpoint, expect_error, peer

@@ -38,11 +38,11 @@ def test_connect_then_data_only_after_the_first_ack():
     f = RuFanout(SID, nak_port=1, nak_session=2)
     f.from_peer(rm_data(10), 0.0)  # before anyone connects: kept
     syn = connect(f, A, 0.1, confirm=False)
-    assert (syn.lead_sqn, syn.trail_sqn, syn.header.session_id, syn.header.client_id) == (10, 10, SID, 1)
+    assert (syn.lead_sqn, syn.trail_sqn, syn.header.session_id, syn.header.client_id) == (10, 0, SID, 1)
     assert f.from_peer(rm_data(11), 0.2) == []  # unconfirmed: nothing (a CREQ may be spoofed)
     f.from_client(RU.encode_ack(0, session_id=SID), A, 0.3)
     ((d, to),) = decoded(f.from_peer(rm_data(12, b"payload"), 0.4))
-    assert to == A and isinstance(d, RU.Data) and (d.sqn, d.trail_sqn, d.payload) == (12, 10, b"payload")
+    assert to == A and isinstance(d, RU.Data) and (d.sqn, d.trail_sqn, d.payload) == (12, 0, b"payload")
     assert d.header.session_id == SID and not d.retransmission
     # what it missed meanwhile it NAKs, and gets from the buffer
     out = decoded(f.from_client(RU.encode_nak([11], session_id=SID), A, 0.5))
@@ -81,6 +81,18 @@ def test_a_sequence_lost_on_the_way_is_naked_towards_the_origin_once():
     assert f.pending == {} and f.from_peer(rm_data(2, b"two", rx=True), 0.5) == []  # a duplicate
 
 
+def test_what_the_router_never_saw_is_asked_of_the_origin_back_to_its_trail():
+    f = RuFanout(SID, window=100)
+    connect(f, A)
+    f.from_peer(RM.encode_data(1, 2, 50, 30, b"x"), 0.0)  # joined late: the origin keeps 30..
+    assert f.trail == 30
+    out = decoded(f.from_client(RU.encode_nak([29, 30, 49], session_id=SID), A, 0.0))
+    assert {m.reason: m.sqns for m, _ in out} == {RU.NCF_NO_RETRY: (29,), RU.NCF_RX_DELAY: (30, 49)}
+    assert RM.decode(f.take_naks_up()[0]).sqns == (30, 49)
+    ((d, _),) = decoded(f.from_peer(rm_data(30, b"old", rx=True), 0.1))
+    assert d.sqn == 30 and d.retransmission and d.payload == b"old"
+
+
 def test_naks_older_than_the_window_ahead_of_the_lead_and_rate_limited():
     f = RuFanout(SID, window=4, rx_burst=2, rx_rate=1.0)
     connect(f, A)
@@ -100,12 +112,12 @@ def test_the_window_is_bounded_in_bytes_and_a_jump_starts_over():
         f.from_peer(rm_data(q, b"x" * 30), 0.0)
     assert f.buffer_bytes <= 100 and sorted(f.buffer) == [7, 8, 9]
     f.from_peer(rm_data(2**32 - 1, b"y"), 0.0)  # far past the window: a new start
-    assert list(f.buffer) == [2**32 - 1] and f.trail == 2**32 - 1
+    assert list(f.buffer) == [2**32 - 1] and f.trail == 2**32 - 1000
     assert f.counters["lbtru_rm_sequence_jump"] == 1
     g = RuFanout(SID, window=1000)
     g.from_peer(rm_data(0), 0.0)
     g.from_peer(RM.encode_sm(1, 2, 0, 5000, 0), 0.0)  # an SM's lead as well
-    assert g.buffer == {} and (g.trail, g.lead) == (5001, 5000)
+    assert g.buffer == {} and (g.trail, g.lead) == (4001, 5000)  # what it may ask of the origin
 
 
 def test_session_messages_back_off_while_no_data_flows():

@@ -154,7 +154,7 @@ def config_from_params(params: dict) -> SimConfig:
         data_datagrams=params["data_datagrams"], data_seed=params["data_seed"],
         data_rate=params["data_rate"], data_datagram_size=params["data_datagram_size"],
         data_rate_limit=params["data_rate_limit"], verify_data=params["verify_data"],
-        data_drop_every=params["data_drop_every"])
+        data_drop_every=params["data_drop_every"], lbtru_wire=params["lbtru_wire"])
     check_config(cfg)
     cfg.source_ip = source_ip_of(cfg)
     return cfg
@@ -227,8 +227,11 @@ def config_from_params(params: dict) -> SimConfig:
               default=RU_MAX_DATAGRAM, show_default=True, metavar="BYTES",
               help="Size of each LBT-RU/LBT-RM data datagram (UDP payload).")
 @click.option("--data-drop-every", type=click.IntRange(min=0), default=0, metavar="N",
-              help="LBT-RM receivers discard the first copy of every N-th datagram on purpose "
-                   "and recover it by NAK (0: none).")
+              help="LBT-RM (and UM LBT-RU) receivers discard the first copy of every N-th datagram "
+                   "on purpose and recover it by NAK (0: none).")
+@click.option("--lbtru-wire", type=click.Choice(["sim", "um"]), default="sim", show_default=True,
+              help="Protocol of LBT-RU receivers: the simulator's LBT-RU-like one (its own sources), "
+                   "or UM's LBT-RU (an lbmr-router's LBT-RU proxy of an LBT-RM source).")
 @click.option("--data-rate-limit", metavar="BYTES/S[K|M|G]", callback=_size_cb,
               help="TCP receivers read at most this many bytes per second (slow receivers).")
 def main(as_json: bool, **params) -> None:

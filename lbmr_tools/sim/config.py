@@ -77,7 +77,10 @@ class SimConfig:
     receiver that registers, and LBT-RM sources multicast that many to
     their group and port once (real LBT-RM datagrams; they answer NAKs with
     retransmissions; the interface needs multicast, e.g. lo inside a network
-    namespace). LBT-RM receivers with ``data_drop_every`` n > 0 discard the
+    namespace). With ``lbtru_wire`` "um" receivers of LBT-RU sources speak UM's
+    own LBT-RU protocol (:mod:`.dataplane.umru`: for a router's LBT-RU proxy
+    of an LBT-RM source; the payload is checked as an LBT-RM source's) instead
+    of the simulator's LBT-RU-like one. LBT-RM (and UM LBT-RU) receivers with ``data_drop_every`` n > 0 discard the
     first copy of every n-th datagram on purpose and recover it by NAK. Each source binds its data socket on its
     context's address and the port it advertises (a kernel-chosen one, then
     advertised, when that port is taken). The stream of topic T is keyed by
@@ -116,6 +119,7 @@ class SimConfig:
     data_rate_limit: float | None = None
     verify_data: bool = False
     data_drop_every: int = 0
+    lbtru_wire: str = "sim"
 
 
 def daemon_list(cfg: SimConfig) -> list[Addr]:
@@ -225,6 +229,8 @@ def check_data_config(cfg: SimConfig) -> None:
     low = RM_MIN_DATAGRAM if cfg.transport == "lbtrm" else RU_MIN_DATAGRAM
     if not low <= cfg.data_datagram_size <= RU_MAX_DATAGRAM:
         raise ValueError(f"data datagram size must be {low}..{RU_MAX_DATAGRAM} bytes")
+    if cfg.lbtru_wire not in ("sim", "um"):
+        raise ValueError(f"lbtru_wire {cfg.lbtru_wire!r}: sim or um")
     if cfg.data_drop_every < 0:
         raise ValueError("data drop interval must be >= 0")
     if cfg.data_rate_limit is not None and not (cfg.data_rate_limit > 0

@@ -15,6 +15,7 @@ from .dataplane import (
     RmReceiveResult,
     RuReceiveResult,
     TcpDataSource,
+    UmRuReceiveResult,
 )
 
 Addr = tuple[str, int]
@@ -144,7 +145,8 @@ def data_outcome(rx) -> dict:
     if not res.done:
         error = f"the run ended (--duration) before the data did: {error}"
     ru = isinstance(res, RuReceiveResult | RmReceiveResult)
-    kind = "lbtrm" if isinstance(res, RmReceiveResult) else "lbtru" if ru else "tcp"
+    kind = ("lbtru" if isinstance(res, UmRuReceiveResult) else "lbtrm" if isinstance(res, RmReceiveResult)
+            else "lbtru" if ru else "tcp")
     return {"kind": kind, "ok": res.ok, "bytes": res.bytes_received,
             "datagrams": res.received if ru else None, "error": error,
             "bytes_per_s": round(res.bytes_per_s, 1), "elapsed_s": round(res.elapsed, 6),

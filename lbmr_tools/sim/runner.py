@@ -33,6 +33,7 @@ from .dataplane import (
     RuDataSource,
     TcpDataReceiver,
     TcpDataSource,
+    UmRuDataReceiver,
     topic_seed,
 )
 from .netif import multicast_interface, open_multicast_socket
@@ -81,6 +82,10 @@ def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str):
     if name == "LBTRU":
         if cfg.data_datagrams is None:
             return "resolved an LBT-RU source but --data-datagrams is not given"
+        if cfg.lbtru_wire == "um":
+            return UmRuDataReceiver(transport.ip, transport.port, getattr(transport, "session_id", None),
+                                    bind_ip=local_ip, seed=seed, expect_count=cfg.data_datagrams,
+                                    drop_every=cfg.data_drop_every, timeout=cfg.duration)
         return RuDataReceiver(transport.ip, transport.port, seed=seed,
                               expect_count=cfg.data_datagrams, bind_ip=local_ip,
                               timeout=cfg.duration)

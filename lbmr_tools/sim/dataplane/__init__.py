@@ -74,6 +74,13 @@ Real LBT-RM datagrams (:mod:`lbmr_proto.lbtrm`) carrying the pattern:
 NAKs with an NCF and retransmissions; :class:`RmDataReceiver` joins the
 group, verifies, finds gaps and recovers them by NAK, optionally discarding
 the first copy of some sequences on purpose (:mod:`.rm`).
+
+UM's LBT-RU
+-----------
+:class:`UmRuDataReceiver` (:mod:`.umru`) speaks UM's own LBT-RU
+(:mod:`lbmr_proto.lbtru`: CREQ, SM with SYN, DATA, ACK, NAK, NCF, RST) to a
+source that does -- an lbmr-router's LBT-RU proxy of an LBT-RM source -- and
+verifies and recovers like the LBT-RM receiver.
 """
 
 from .pattern import (
@@ -127,6 +134,7 @@ from .tcp import (
     TcpDataSource,
     TcpReceiveResult,
 )
+from .umru import UmRuDataReceiver, UmRuReceiveResult
 
 __all__ = [
     "PATTERN_LEN", "STAMP_INTERVAL", "RU_SEQ_SPACING", "RU_MAX_DATAGRAM", "RU_MIN_DATAGRAM",
@@ -135,5 +143,5 @@ __all__ = [
     "RuDataSource", "RuSession", "RuDataReceiver", "RuReceiveResult",
     "encode_hello", "encode_data", "encode_end", "encode_status", "parse_datagram",
     "RM_MAX_DATAGRAM", "RM_MIN_DATAGRAM", "RM_SEQ_SPACING", "RmDataSource", "RmDataReceiver",
-    "RmReceiveResult", "encode_rm_data",
+    "RmReceiveResult", "encode_rm_data", "UmRuDataReceiver", "UmRuReceiveResult",
 ]
