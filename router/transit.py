@@ -373,8 +373,8 @@ class Transit:
         self._down_by_topic.setdefault(f.topic, set()).add((link, aid))
         self.counters["transit_adverts_sent"] += 1
         # the session: our proxy's (the topics of one session upstream share a proxy here)
-        return [SendOnLink(link, P.Advertisement(f.topic, f.origin_domain, f.otid, f.transport, aid,
-                                                 False, f.hop_count + 1, session_key(up.body)))]
+        return [SendOnLink(link, P.Advertisement(f.topic, f.origin_domain, f.otid, _proxy_transport(up),
+                                                 aid, False, f.hop_count + 1, session_key(up.body)))]
 
     def _withdraw(self, link: str, aid: int) -> SendOnLink:
         ukey = self._down.pop((link, aid))
@@ -386,7 +386,7 @@ class Transit:
         topic, origin, otid, transport = ("", 0, bytes(32), 0)  # the peer knows it by its id
         if up is not None:
             f = up.advert
-            topic, origin, otid, transport = f.topic, f.origin_domain, f.otid, f.transport
+            topic, origin, otid, transport = f.topic, f.origin_domain, f.otid, _proxy_transport(up)
         return SendOnLink(link, P.Advertisement(topic, origin, otid, transport, aid, True))
 
     def _untopic(self, topic: str, down: tuple[str, int]) -> None:
@@ -505,3 +505,10 @@ class Transit:
         return {"interest_held": len(self._held),
                 "interest_sent": {lk: len(s) for lk, s in sorted(self._sent.items())},
                 "proxies": len(self._up), "adverts": len(self._down)}
+
+
+def _proxy_transport(up: _Upstream) -> int:
+    """The transport code advertised on for an upstream source: our proxy's,
+    which a stream of the next router joins (an LBT-RM origin re-published
+    here as LBT-RU goes on as LBT-RU), else the origin's."""
+    return getattr(up.body, "TYPE", None) or up.advert.transport

@@ -3,7 +3,11 @@ network namespace the test creates (its loopback carries the multicast):
 TRD1, TRD2 and TRD3 are in-process lbmrds on 127.0.d.1, each router's LBT-RM
 proxies use groups of their own range. r2 proxies the source into TRD2 and
 r3's link joins that proxy's group; a receiver in TRD3 discards every 25th
-datagram and recovers it by NAK through both hops, byte-exact."""
+datagram and recovers it by NAK through both hops, byte-exact.
+
+With r2's endpoint re-publishing LBT-RM as LBT-RU (``transport="lbt-ru"``)
+the session goes on from r2 as LBT-RU: r3's proxy relays UM LBT-RU datagrams
+to r2's proxy, and a UM LBT-RU receiver in TRD3 connects through both."""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ netns_factory = netns.netns_factory
 SCRIPT = r'''
 import json, trio
 import lbmr_proto as L
-from lbmr_tools.sim.dataplane import RmDataReceiver, RmDataSource
+import sys
+from lbmr_tools.sim.dataplane import RmDataReceiver, RmDataSource, UmRuDataReceiver
 from router.config_model import LbtrmConfig, RouteInfoConfig, acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
 from router.multi import MultiRouter
 from tests.test_router_e2e import resolve, start_lbmrd, udp
@@ -26,9 +31,12 @@ IPS = {d: f"127.0.{d}.1" for d in (1, 2, 3)}
 RI = RouteInfoConfig(propagation_interval_ms=500, timeout_ms=2000)
 COUNT, TOPIC = 2000, "chain.rm"
 
+R2_TRANSPORT = sys.argv[1]  # what r2 re-publishes LBT-RM sources as
+
 def router(name, d, trd, peers):
     ep = lbmrd_endpoint(f"T{d}", d, [trd], interface=IPS[d],
-                        lbtrm=LbtrmConfig(f"239.192.{d}.1", f"239.192.{d}.2", 15000 + d))
+                        lbtrm=LbtrmConfig(f"239.192.{d}.1", f"239.192.{d}.2", 15000 + d,
+                                          transport=R2_TRANSPORT if d == 2 else "lbt-rm"))
     return MultiRouter(router_config(name, [ep], peers, route_info=RI))
 
 async def main():
@@ -56,14 +64,18 @@ async def main():
         n.start_soon(advertise)
         t = await resolve(udp("127.0.3.9"), trds[3], timeout=20, topic=TOPIC)
         b = t.transport
-        out["transport"] = [b.ip, b.mcast_group, b.dest_port, b.src_ucast_port]
-        rx = RmDataReceiver(b.ip, b.src_ucast_port, b.session_id, b.mcast_group, b.dest_port,
-                            iface_ip="127.0.3.9", seed=11, expect_count=COUNT, drop_every=25, timeout=40)
+        out["transport"] = [b.NAME, b.ip, getattr(b, "mcast_group", None), getattr(b, "dest_port", None)]
+        if b.NAME == "LBTRM":
+            rx = RmDataReceiver(b.ip, b.src_ucast_port, b.session_id, b.mcast_group, b.dest_port,
+                                iface_ip="127.0.3.9", seed=11, expect_count=COUNT, drop_every=25, timeout=40)
+        else:
+            rx = UmRuDataReceiver(b.ip, b.port, getattr(b, "session_id", None), bind_ip="127.0.3.9", seed=11,
+                                  expect_count=COUNT, drop_every=25, timeout=40)
         out["rx"] = (await rx.run()).as_dict()
         out["r2"] = {}
         for link in r2.status()["links"]:  # summed over r2's two links
             for k, v in link["counters"].items():
-                if k.startswith("lbtrm"):
+                if k.startswith(("lbtrm", "lbtru", "ru_")):
                     out["r2"][k] = out["r2"].get(k, 0) + v
         n.cancel_scope.cancel()
     print(json.dumps(out))
@@ -74,11 +86,10 @@ trio.run(main)
 
 def test_lbtrm_source_across_two_hops(netns_factory):
     ns = netns_factory()
-    r = ns.run([sys.executable, "-c", SCRIPT], timeout=120)
+    r = ns.run([sys.executable, "-c", SCRIPT, "lbt-rm"], timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     out = json.loads(r.stdout)
-    ip, group, port, _ = out["transport"]
-    assert (ip, group, port) == ("127.0.3.1", "239.192.3.1", 15003), out  # r3's proxy, r3's range
+    assert out["transport"] == ["LBTRM", "127.0.3.1", "239.192.3.1", 15003], out  # r3's proxy, r3's range
     rx = out["rx"]
     assert rx["ok"] and rx["received"] == 2000 and rx["dropped_on_purpose"] == 80, rx
     assert rx["recovered"] >= 80, rx
@@ -87,3 +98,20 @@ def test_lbtrm_source_across_two_hops(netns_factory):
     c = out["r2"]
     assert c["lbtrm_datagrams_emitted"] >= 2000 and c["lbtrm_datagrams_relayed"] >= 2000, c
     assert c["lbtrm_naks_from_receivers"] >= 80 and c["lbtrm_naks_to_source"] >= 80, c
+
+
+def test_lbtrm_source_republished_as_lbtru_in_the_middle_goes_on_as_lbtru(netns_factory):
+    ns = netns_factory()
+    r = ns.run([sys.executable, "-c", SCRIPT, "lbt-ru"], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["transport"] == ["LBTRU", "127.0.3.1", None, None], out  # r3's proxy: an LBT-RU relay
+    rx = out["rx"]
+    assert rx["ok"] and rx["received"] == 2000 and rx["dropped_on_purpose"] == 80, rx
+    assert rx["recovered"] >= 80 and rx["client_id"] is not None, rx
+    c = out["r2"]
+    # r2's LBT-RU proxy served r3's relay as its one client (what went before the receiver
+    # connected: as retransmissions), and re-emitted nothing by multicast
+    assert c["lbtru_clients_connected"] == 1 and c["lbtru_retransmissions"] >= 80, c
+    assert c["lbtru_datagrams_sent"] + c["lbtru_retransmissions"] >= 2000, c
+    assert c.get("lbtrm_datagrams_emitted", 0) == 0, c
