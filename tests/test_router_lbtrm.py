@@ -147,8 +147,8 @@ def test_lbtrm_config_element(tmp_path):
     assert (ru.endpoints[0].lbtrm_proxy_transport, ru.endpoints[0].lbtrm_max_clients) == ("lbt-ru", 12)
     assert expect_ok(tmp_path, "d.xml", doc()).endpoints[0].lbtrm_proxy_transport == "lbt-rm"
     w = expect_ok(tmp_path, "w.xml", doc(portals=endpoint(extra='      <lbt-rm transport="lbt-ru" '
-                                                                'group-low="239.1.1.1"/>\n') + peer()))
-    assert [m for _, m in w.warnings] == ['<lbt-rm transport="lbt-ru"> ignores group-low: its proxies are unicast']
+                                                                'destination-port="15400"/>\n') + peer()))
+    assert [m for _, m in w.warnings] == ['<lbt-rm transport="lbt-ru"> ignores destination-port: its proxies are unicast']
 
 
 @pytest.mark.parametrize("attrs, needle", [
