@@ -23,7 +23,9 @@ and a session id of the proxy's own. Then:
 * **retransmission**: the last ``window`` datagrams (and at most
   ``window_bytes`` of payload) are kept. A NAK from a client is answered
   from them (DATA with the retransmission flag, at most ``rx_rate`` a second
-  per client in bursts of ``rx_burst``, else an NCF "shed"); a sequence the
+  per client in bursts of ``rx_burst``, else an NCF "shed"; a client's NAK
+  datagrams beyond 200 a second, bursts of 50, are dropped, and a NAK's
+  sequences beyond :data:`lbmr_proto.lbtru.MAX_NAKS` ignored); a sequence the
   proxy never got (lost on the way) is NAKed towards the origin over the
   link (an LBT-RM NAK, each sequence at most once per ``nak_ignore``) and
   the client gets an NCF "retransmit delay"; the origin's retransmission
@@ -73,6 +75,7 @@ CONNECT_TIMEOUT = 2.0  # seconds an unconfirmed client is kept
 SM_MIN, SM_MAX = 0.2, 10.0  # seconds (UM's transport_lbtru_sm_minimum/maximum_interval)
 NAK_IGNORE = 0.2  # seconds between two NAKs of one sequence towards the origin
 RX_RATE, RX_BURST = 2000.0, 500  # retransmissions per client a second, burst
+NAK_RATE, NAK_BURST = 200.0, 50  # NAK datagrams per client a second, burst (more are dropped)
 MAX_PENDING = 65536  # (sequence, client) pairs waiting for the origin's retransmission
 
 Addr = tuple[str, int]
@@ -92,6 +95,7 @@ class RuClient:
     confirmed: bool = False
     tokens: float = float(RX_BURST)
     tokens_at: float = 0.0
+    nak_tokens: float = float(NAK_BURST)
 
 
 class RuFanout:
@@ -118,6 +122,7 @@ class RuFanout:
         self.sm_min, self.sm_max, self.nak_ignore = sm_min, sm_max, nak_ignore
         self.rx_rate, self.rx_burst = rx_rate, rx_burst
         self.clients: dict[Addr, RuClient] = {}
+        self._unconfirmed: dict[Addr, None] = {}  # in the order they connected
         self.lead: int | None = None  # newest sequence known (data or the origin's SM)
         self.trail = 0  # oldest sequence served: from the buffer, or asked of the origin
         self.buffer: dict[int, bytes] = {}  # sequence -> payload
@@ -239,25 +244,37 @@ class RuFanout:
         cl.heard = now
         if not cl.confirmed:
             cl.confirmed = True
+            self._unconfirmed.pop(addr, None)
             c["lbtru_clients_confirmed"] += 1
         if isinstance(m, RU.Ack):
             return []
+        dt, cl.tokens_at = max(0.0, now - cl.tokens_at), now
+        cl.tokens = min(float(self.rx_burst), cl.tokens + dt * self.rx_rate)
+        cl.nak_tokens = min(float(NAK_BURST), cl.nak_tokens + dt * NAK_RATE)
+        if cl.nak_tokens < 1.0:
+            c["lbtru_naks_rate_limited"] += 1
+            return []
+        cl.nak_tokens -= 1.0
         c["lbtru_naks_from_clients"] += 1
-        return self._nak(cl, m.sqns, now)
+        sqns = m.sqns
+        if len(sqns) > RU.MAX_NAKS:
+            c["lbtru_nak_truncated"] += 1
+            sqns = sqns[:RU.MAX_NAKS]
+        return self._nak(cl, sqns, now)
 
     def _connect(self, cl: RuClient | None, addr: Addr, now: float) -> Out:
         c = self.counters
         if cl is None:
             if len(self.clients) >= self.max_clients:
-                old = min((x for x in self.clients.values() if not x.confirmed), key=lambda x: x.since,
-                          default=None)
+                old = next(iter(self._unconfirmed), None)
                 if old is None:
                     c["lbtru_clients_full"] += 1
                     return []
-                del self.clients[old.addr]
+                del self.clients[old], self._unconfirmed[old]
                 c["lbtru_clients_replaced"] += 1
             cl = self.clients[addr] = RuClient(addr, self._next_id, now, now, tokens_at=now,
                                                tokens=float(self.rx_burst))
+            self._unconfirmed[addr] = None
             self._next_id = self._next_id % 0xFFFFFFFF + 1
             c["lbtru_clients_connected"] += 1
         else:
@@ -274,8 +291,6 @@ class RuFanout:
         c = self.counters
         out: Out = []
         no_retry, delay, shed = [], [], []
-        cl.tokens = min(float(self.rx_burst), cl.tokens + (now - cl.tokens_at) * self.rx_rate)
-        cl.tokens_at = now
         up = []
         for q in dict.fromkeys(sqns):
             if self.lead is None or q > self.lead:
@@ -334,6 +349,7 @@ class RuFanout:
             limit = self.client_timeout if cl.confirmed else self.connect_timeout
             if now - cl.heard >= limit:
                 del self.clients[cl.addr]
+                self._unconfirmed.pop(cl.addr, None)
                 for waiting in self.pending.values():
                     if cl.addr in waiting:
                         waiting.discard(cl.addr)
@@ -363,4 +379,5 @@ class RuFanout:
         """The proxy ends: an RST to every confirmed client."""
         out = [(RU.encode_rst(), cl.addr) for cl in self.clients.values() if cl.confirmed]
         self.clients.clear()
+        self._unconfirmed.clear()
         return out

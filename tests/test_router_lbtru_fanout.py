@@ -209,3 +209,20 @@ def test_any_input_is_handled(items):
         assert all(isinstance(b, bytes) for b, _ in out)
         f.tick(i * 0.01)
     assert len(f.buffer) <= 16
+
+
+def test_a_nak_flood_from_a_client_is_cut_and_long_naks_truncated():
+    f = RuFanout(SID, window=100)
+    connect(f, A)
+    for q in range(10):
+        f.from_peer(rm_data(q), 0.0)
+    answered = 0
+    for _ in range(200):  # at one instant: the burst of 50 passes, the rest is dropped
+        answered += bool(f.from_client(RU.encode_nak([1], session_id=SID), A, 1.0))
+    assert answered == 50 and f.counters["lbtru_naks_rate_limited"] == 150
+    # a NAK far longer than a UM NAK (a 64 KiB datagram): only its first MAX_NAKS sequences count
+    n = RU.MAX_NAKS + 1000
+    huge = bytes([RU.NAK, 0, 0, 0]) + RU.NAK_HDR.pack(n, 0) + (50).to_bytes(4, "big") * n
+    assert len(RU.decode(huge).sqns) == n
+    f.from_client(huge, A, 2.0)
+    assert f.counters["lbtru_nak_truncated"] == 1 and f.counters["lbtru_naks_ahead"] == 1
