@@ -49,6 +49,7 @@ MAX_STREAMS = 256  # far side: LBT-RM streams (joined groups) per link
 RETRY_INTERVAL = 1.0  # seconds before a proxy opens its stream again
 BATCH = 64  # datagrams read from a socket at one wake-up
 SOCKET_BUFFER = 4 << 20
+FANOUT_YIELD = 512  # datagrams an LBT-RU proxy sends to its receivers before it lets other tasks run
 
 
 def _drain(raw, n: int = BATCH) -> list:
@@ -296,8 +297,15 @@ class RmRelay:
                 await st.incoming_ready.wait()
                 st.incoming_ready = trio.Event()
                 now = trio.current_time()
+                sends = 0
                 while st.incoming:
-                    self._send_now(sock, fan.from_peer(st.incoming.popleft(), now))
+                    out = fan.from_peer(st.incoming.popleft(), now)
+                    self._send_now(sock, out)
+                    sends += len(out)
+                    if sends >= FANOUT_YIELD:  # many receivers: let the other tasks run
+                        sends = 0
+                        await trio.sleep(0)
+                        now = trio.current_time()
                 self._rearm(fan, timer)
         finally:
             up[0] = None
