@@ -13,16 +13,17 @@ direct link): large STREAM_DATA payloads never enter Python (see
 :mod:`router.splice`). The reader peeks at what the socket holds, hands
 whole frames to the connection as usual and, when a STREAM_DATA frame of at
 least SPLICE_MIN data bytes is next, consumes only its 16-byte head: the
-connection sees that head as an empty STREAM_DATA (its checks, liveness and
-statistics apply), the stream table accounts the real size
+connection checks and counts that head
+(:meth:`~router.peerlink.PeerConnection.receive_data_head`: the checks,
+liveness and statistics of a STREAM_DATA), the stream table accounts the real size
 (:meth:`~router.peerlink.streams.StreamTable.receive_held`) and the payload
 is spliced from the socket into the stream's pipe, to be spliced on into its
 socket at once as far as that socket takes it, the rest by the stream's pump
 (``StreamState.incoming`` holds :class:`PipeSeg` items between the ``bytes``
 of the copy path, in order). The writer
-writes a :class:`~router.peerlink.streams.HeldData` frame as the
-connection's empty STREAM_DATA with the length filled in, then splices the
-pipe. When no pipe is free, or the stream's pipe is full, bytes take the copy
+writes a :class:`~router.peerlink.streams.HeldData` frame's head from the
+connection (:meth:`~router.peerlink.PeerConnection.send_data_head`), then
+splices the pipe. When no pipe is free, or the stream's pipe is full, bytes take the copy
 path: correct either way, and bounded by the stream's credit.
 
 Writing on a zero-copy link never waits in the middle of Python: :meth:`Link._drain`
@@ -184,6 +185,7 @@ class Link:
         self._rx_waited = False  # the reader waited for the socket since receive() last began
         self._left = 0  # payload bytes still to come of the frame being spliced
         self._waited = False  # the last move waited for the socket instead of probing it
+        self._pipe_full = False  # the last move most likely filled the stream's pipe
         self._scratch: bytearray | None = None
         self.spliced_in = 0  # payload bytes spliced from the link / into it
         self.spliced_out = 0
@@ -229,6 +231,8 @@ class Link:
         of a frame, write what the socket takes now, from this task (no scheduler round trip
         to the writer per frame); the writer task does the rest."""
         frames = self.streams.frames_to_send()
+        if not frames:
+            return  # (what is queued already is the writer's, woken when it was queued)
         if not direct or self._sock is None:
             for f in frames:
                 self.put(f)
@@ -424,14 +428,12 @@ class Link:
                 f = outq.pop()
                 if type(f) is S.HeldData:
                     freed = True
-                    empty = P.StreamData(f.stream_id, b"")
-                    if not self.conn.can_send(empty):
+                    try:
+                        parts.append(self.conn.send_data_head(f.stream_id, f.nbytes, now))
+                    except P.LocalProtocolError:
                         self._drop_held(f)
                         continue
-                    head = bytearray(self.conn.send(empty, now))
-                    struct.pack_into(">I", head, len(head) - 8, 4 + f.nbytes)
                     self.conn.stats.bytes_sent += f.nbytes
-                    parts.append(head)
                     self._tx_held = f
                     self._tx_left = f.nbytes
                     break
@@ -490,13 +492,11 @@ class Link:
         """One HeldData frame: everything before it and its header, then its pipe."""
         chunk = f.holder
         try:
-            empty = P.StreamData(f.stream_id, b"")
-            if not self.conn.can_send(empty):
+            try:
+                parts.append(self.conn.send_data_head(f.stream_id, f.nbytes, now))
+            except P.LocalProtocolError:
                 return
-            head = bytearray(self.conn.send(empty, now))
-            struct.pack_into(">I", head, len(head) - 8, 4 + f.nbytes)
             self.conn.stats.bytes_sent += f.nbytes
-            parts.append(head)
             out = b"".join(parts)
             pipe = chunk.pipe
             if self._sock is None:  # not a zero-copy link: read the pipe (not normally used)
@@ -586,8 +586,7 @@ class Link:
         return head + data
 
     def _may_splice(self) -> bool:
-        return (self.conn.state is P.State.CONNECTED
-                and bool(self.conn.capabilities & P.Capability.STREAMS))
+        return self.conn.state is P.State.CONNECTED and self.conn.has_streams
 
     async def _cut(self, view: bytes) -> list | None:
         """Consume the whole frames at the start of ``view`` (the head and the bytes
@@ -685,12 +684,15 @@ class Link:
     async def _receive_held(self, head: bytes, nbytes: int) -> list:
         """A STREAM_DATA frame of ``nbytes`` data bytes whose 16-byte head was consumed."""
         sid = int.from_bytes(head[12:16], "big")
-        items = self._feed(head[:8] + _LEN4 + head[12:16])
-        last = items[-1] if items else None
-        if not (isinstance(last, P.StreamData) and last.stream_id == sid and not last.data
-                and self.conn.state is P.State.CONNECTED):
-            return items  # refused by the connection: the link ends, the payload stays unread
-        items.pop()
+        items = self.conn.receive_data_head(head, trio.current_time())
+        if items is None:
+            items = []  # accepted (the connection's fast path)
+        else:
+            last = items[-1] if items else None
+            if not (isinstance(last, P.StreamData) and last.stream_id == sid and not last.data
+                    and self.conn.state is P.State.CONNECTED):
+                return items  # refused by the connection: the link ends, the payload stays unread
+            items.pop()
         self.conn.stats.bytes_received += nbytes
         events = self.streams.receive_held(sid, nbytes)
         st = self.state.get(sid)
@@ -744,7 +746,8 @@ class Link:
         (No SO_RCVLOWAT to wake less often: a low-water mark above what the receive
         window lets in would stall the link.)"""
         left = self._left
-        pipe = self._fill_pipe(st, False) if tcp else None
+        pipe = self._fill_pipe(st, self._pipe_full) if tcp else None
+        self._pipe_full = False
         if pipe is not None:
             try:
                 k = splice(self._sock.fileno(), pipe.w, left)
@@ -756,6 +759,10 @@ class Link:
                 self._waited = False
                 self._left = left - k
                 self._pipe_in(st, pipe, k)
+                # Short, and the pipe holds half its size: most likely full (a pipe slot
+                # holds at most a page, so a pipe of payload spliced from TCP fills at about
+                # 60 %): the next move takes a new pipe without a splice to find out.
+                self._pipe_full = k < left and pipe.held >= pipe.capacity // 2
                 return
             if pipe.held >= pipe.capacity // 2 or self._waited:  # full, or nothing to be had
                 if self._fill_pipe(st, True) is not None:

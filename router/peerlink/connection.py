@@ -2,8 +2,10 @@
 (handshake, keepalive/RTT, dead-peer detection, graceful disconnect, which frame
 may be sent when) and the events it returns.
 
-About 600 lines: one state machine (handshake, keepalives, disconnect,
-errors) with its events.
+About 650 lines: one state machine (handshake, keepalives, disconnect,
+errors) with its events, and the zero-copy fast paths for STREAM_DATA heads
+(:meth:`PeerConnection.send_data_head`, :meth:`PeerConnection.receive_data_head`),
+which must apply the same checks.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from .frames import (
     DEFAULT_CAPABILITIES,
     FLAG_IGNORABLE,
     FRAME_TYPES,
+    MAGIC,
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
     U64,
+    WIRE_VERSION,
     Advertisement,
     Capability,
     ConnectCode,
@@ -40,6 +44,8 @@ from .frames import (
     DisconnectResponse,
     Frame,
     FrameDecodeError,
+    FrameEncodeError,
+    FrameType,
     Interest,
     Keepalive,
     KeepaliveAck,
@@ -189,6 +195,9 @@ _NEEDS_CAPABILITY = {cls: Capability.STREAMS for cls in (
     StreamOpen, StreamAccept, StreamRefuse, StreamData, StreamCredit, StreamClose)}
 _NEEDS_CAPABILITY[Datagram] = Capability.DATAGRAMS
 _NEEDS_CAPABILITY[Topology] = Capability.ROUTING
+_DATA_HEAD = struct.Struct(">4sBBBBII")  # a STREAM_DATA frame's header and stream id
+_LEN4 = struct.pack(">I", 4)
+U32 = 0xFFFFFFFF
 
 AcceptFn = Callable[[PeerInfo], tuple[bool, str]]
 
@@ -225,6 +234,7 @@ class PeerConnection:
         self.state = State.IDLE
         self.peer: PeerInfo | None = None
         self.capabilities = 0  # negotiated, once connected
+        self.has_streams = False  # capability STREAMS negotiated (with ``capabilities``)
         self.rtt = RttStats()
         self.stats = LinkStats()
         self.close_reason: str | None = None
@@ -288,6 +298,49 @@ class PeerConnection:
             self._resp_sent = True
             self._resp_deadline = now + self.disconnect_timeout
         return self.data_to_send()
+
+    def send_data_head(self, stream_id: int, nbytes: int, now: float) -> bytes:
+        """Zero copy: the pending outgoing bytes and then the 16-byte head (header and stream
+        id, big-endian) of a STREAM_DATA frame of ``nbytes`` data bytes that the caller
+        writes right after it. Checked and counted as ``send(StreamData(...))`` of those
+        bytes would be (:class:`LocalProtocolError` if not allowed now, FrameEncodeError
+        beyond ``max_payload``), without building the frame."""
+        if self.state is not State.CONNECTED or not self.has_streams:
+            self._check_send(StreamData(stream_id, b""))
+        if not 0 <= stream_id <= U32 or not 0 <= nbytes <= self.max_payload - 4:
+            raise FrameEncodeError(f"STREAM_DATA of {nbytes} bytes for stream {stream_id}: "
+                                   f"not encodable (payload limit {self.max_payload})")
+        head = _DATA_HEAD.pack(MAGIC, WIRE_VERSION, FrameType.STREAM_DATA, 0, 0, 4 + nbytes, stream_id)
+        self._last_sent = now
+        st = self.stats
+        st.frames_sent += 1
+        st.bytes_sent += _DATA_HEAD.size
+        if not self._out:
+            return head
+        self._out += head
+        return self.data_to_send()
+
+    def receive_data_head(self, head: bytes, now: float) -> list[Frame | Event] | None:
+        """Zero copy: the 16-byte head (header and stream id) of a STREAM_DATA frame whose
+        data bytes the caller moves itself. None when the frame is accepted: counted, and
+        the peer's liveness updated, as ``receive_data`` of that frame would (its data bytes
+        are the caller's to count in ``stats.bytes_received``); otherwise what
+        ``receive_data`` returns for the head as an empty STREAM_DATA (a refusal, which ends
+        the connection, or the empty frame when the connection is not connected)."""
+        if len(head) != _DATA_HEAD.size:
+            return self.receive_data(head, now)
+        magic, ver, ftype, _, _, length, _ = _DATA_HEAD.unpack(head)
+        if not 4 <= length <= self.max_payload:
+            return self.receive_data(head, now)  # refused at the header
+        if (self.state is State.CONNECTED and self.has_streams and not self._reader.buffered
+                and magic == MAGIC and ver == WIRE_VERSION and ftype == FrameType.STREAM_DATA):
+            self._last_recv = now
+            st = self.stats
+            st.bytes_received += _DATA_HEAD.size
+            st.frames_received += 1
+            st.by_type_received["STREAM_DATA"] = st.by_type_received.get("STREAM_DATA", 0) + 1
+            return None
+        return self.receive_data(head[:8] + _LEN4 + head[12:], now)
 
     def can_send(self, frame: Frame) -> bool:
         try:
@@ -506,6 +559,7 @@ class PeerConnection:
         self._last_ka = max(self._last_sent, self._last_recv)
         self._hs_deadline = math.inf
         self.capabilities = self.identity.capabilities & self.peer.capabilities
+        self.has_streams = bool(self.capabilities & Capability.STREAMS)
         events.append(Connected(self.peer, self.capabilities))
 
     def _response(self, code: int, reason: str) -> ConnectResponse:
