@@ -271,6 +271,8 @@ class RmDataReceiver:
         self._missing: dict[int, list] = {}  # sequence -> [next NAK at, NAKs sent]
         self._known = 0  # sequences below it are received or missing
         self._naked: set[int] = set()
+        self._expect_n: int | None = None  # the payload size of the first datagram
+        self._first: float | None = None  # when the first datagram came
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> RmReceiveResult:
         r = self.result
@@ -326,10 +328,10 @@ class RmDataReceiver:
                 st[1] += 1
                 st[0] = now + self.nak_interval
             nxt = min(nxt, st[0])
-        for i in range(0, len(due), RM.MAX_NAKS):
-            chunk = due[i:i + RM.MAX_NAKS]
+        for i in range(0, len(due), self.MAX_NAKS):
+            chunk = due[i:i + self.MAX_NAKS]
             try:
-                await uc.sendto(RM.encode_nak(self.source[1], self.session_id, chunk), self.source)
+                await uc.sendto(self._nak_datagram(chunk), self.source)
             except OSError:
                 continue
             r.naks_sent += 1
@@ -337,11 +339,63 @@ class RmDataReceiver:
             self._naked.update(chunk)
         return nxt
 
+    MAX_NAKS = RM.MAX_NAKS  # sequences in one NAK
+
+    def _nak_datagram(self, sqns: list[int]) -> bytes:
+        """The NAK for ``sqns`` to send to the source."""
+        return RM.encode_nak(self.source[1], self.session_id, sqns)
+
+    def _ncf(self, sqns, now: float) -> None:
+        """The source confirmed NAKs for ``sqns``: the next NAK for each waits."""
+        for q in sqns:
+            st = self._missing.get(q)
+            if st is not None:
+                st[0] = max(st[0], now + self.nak_interval)
+
+    def _data(self, q: int, payload, now: float, pat) -> float:
+        """A DATA datagram of sequence ``q``: verify and keep it, or count it
+        (dropped on purpose, duplicate, corrupt); when a NAK is due next
+        because of it (inf: none)."""
+        r = self.result
+        n = len(payload)
+        if q >= self.expect_count:
+            r.corrupt += 1
+            r.error = r.error or f"sequence {q} beyond the {self.expect_count} expected"
+            return math.inf
+        if (self.drop_every and q % self.drop_every == self.drop_every - 1
+                and q not in self._dropped and not self._seen[q]):
+            self._dropped.add(q)
+            r.dropped_on_purpose += 1
+            return self._gap_to(q + 1, now)
+        if self._seen[q]:
+            r.duplicates += 1
+            return math.inf
+        bad = None
+        if self._expect_n is not None and n != self._expect_n:
+            bad = f"payload of {n} bytes, earlier ones had {self._expect_n}"
+        else:
+            i = pat.check(q * RM_SEQ_SPACING, payload)
+            if i is not None:
+                bad = f"payload byte {i} wrong"
+        if bad is not None:
+            r.corrupt += 1
+            r.error = r.error or f"corrupt datagram (sequence {q}): {bad}"
+            return math.inf
+        self._expect_n = n
+        nak_at = self._gap_to(q, now)
+        self._known = max(self._known, q + 1)
+        self._seen[q] = 1
+        if self._missing.pop(q, None) is not None and q in self._naked:
+            r.recovered += 1
+        r.received += 1
+        r.bytes_received += n
+        self._first = now if self._first is None else self._first
+        r.data_elapsed = now - self._first
+        return nak_at
+
     async def _loop(self, mc, uc) -> None:
         r = self.result
         pat = pattern(self.seed)
-        expect_n = None
-        first = last = None
         last_rx = trio.current_time()
         nak_at = math.inf
         while r.received < self.expect_count:
@@ -376,44 +430,6 @@ class RmDataReceiver:
                     nak_at = min(nak_at, self._gap_to(msg.lead_sqn + 1, now))
                 elif isinstance(msg, RM.Ncf):
                     r.ncfs += 1
-                    for q in msg.sqns:
-                        st = self._missing.get(q)
-                        if st is not None:
-                            st[0] = max(st[0], now + self.nak_interval)
+                    self._ncf(msg.sqns, now)
                 elif isinstance(msg, RM.Data):
-                    q, n = msg.sqn, len(msg.payload)
-                    if q >= self.expect_count:
-                        r.corrupt += 1
-                        r.error = r.error or f"sequence {q} beyond the {self.expect_count} expected"
-                        continue
-                    if (self.drop_every and q % self.drop_every == self.drop_every - 1
-                            and q not in self._dropped and not self._seen[q]):
-                        self._dropped.add(q)
-                        r.dropped_on_purpose += 1
-                        nak_at = min(nak_at, self._gap_to(q + 1, now))
-                        continue
-                    if self._seen[q]:
-                        r.duplicates += 1
-                        continue
-                    bad = None
-                    if expect_n is not None and n != expect_n:
-                        bad = f"payload of {n} bytes, earlier ones had {expect_n}"
-                    else:
-                        i = pat.check(q * RM_SEQ_SPACING, msg.payload)
-                        if i is not None:
-                            bad = f"payload byte {i} wrong"
-                    if bad is not None:
-                        r.corrupt += 1
-                        r.error = r.error or f"corrupt datagram (sequence {q}): {bad}"
-                        continue
-                    expect_n = n
-                    nak_at = min(nak_at, self._gap_to(q, now))
-                    self._known = max(self._known, q + 1)
-                    self._seen[q] = 1
-                    if self._missing.pop(q, None) is not None and q in self._naked:
-                        r.recovered += 1
-                    r.received += 1
-                    r.bytes_received += n
-                    first = now if first is None else first
-                    last = now
-                    r.data_elapsed = last - first
+                    nak_at = min(nak_at, self._data(msg.sqn, msg.payload, now, pat))

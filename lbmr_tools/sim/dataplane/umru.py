@@ -33,7 +33,7 @@ import trio
 from lbmr_proto import lbtru as RU
 
 from .pattern import pattern
-from .rm import RM_SEQ_SPACING, RmDataReceiver, RmReceiveResult
+from .rm import RmDataReceiver, RmReceiveResult
 
 __all__ = ["UmRuDataReceiver", "UmRuReceiveResult"]
 
@@ -99,27 +99,10 @@ class UmRuDataReceiver(RmDataReceiver):
             return False
         return True
 
-    async def _send_naks(self, uc, now: float) -> float:
-        r = self.result
-        due, nxt = [], math.inf
-        for q, st in list(self._missing.items()):
-            if st[0] <= now:
-                if st[1] >= self.nak_attempts:
-                    del self._missing[q]
-                    r.unrecoverable += 1
-                    r.error = r.error or f"sequence {q} unrecoverable after {st[1]} NAKs"
-                    continue
-                due.append(q)
-                st[1] += 1
-                st[0] = now + self.nak_interval
-            nxt = min(nxt, st[0])
-        for i in range(0, len(due), RU.MAX_NAKS):
-            chunk = due[i:i + RU.MAX_NAKS]
-            if await self._send(uc, RU.encode_nak(chunk, session_id=self.sid, client_id=self._client_id)):
-                r.naks_sent += 1
-                r.nak_sqns += len(chunk)
-                self._naked.update(chunk)
-        return nxt
+    MAX_NAKS = RU.MAX_NAKS
+
+    def _nak_datagram(self, sqns: list[int]) -> bytes:
+        return RU.encode_nak(sqns, session_id=self.sid, client_id=self._client_id)
 
     def _in_order(self) -> int:
         """The highest sequence below which everything was received (for ACKs)."""
@@ -131,8 +114,6 @@ class UmRuDataReceiver(RmDataReceiver):
     async def _run_ru(self, uc) -> None:
         r = self.result
         pat = pattern(self.seed)
-        expect_n = None
-        first = None
         connected = False
         now = trio.current_time()
         creq_at, ack_at, nak_at = now, math.inf, math.inf
@@ -203,52 +184,15 @@ class UmRuDataReceiver(RmDataReceiver):
                         nak_at = min(nak_at, self._gap_to(msg.lead_sqn + 1, now))
                 elif isinstance(msg, RU.Ncf):
                     r.ncfs += 1
+                    if msg.reason != RU.NCF_NO_RETRY:
+                        self._ncf(msg.sqns, now)
+                        continue
                     for q in msg.sqns:
-                        st = self._missing.get(q)
-                        if st is None:
-                            continue
-                        if msg.reason == RU.NCF_NO_RETRY:
-                            del self._missing[q]
+                        if self._missing.pop(q, None) is not None:
                             r.given_up += 1
                             r.unrecoverable += 1
                             r.error = r.error or f"sequence {q}: the source cannot retransmit it"
-                        else:
-                            st[0] = max(st[0], now + self.nak_interval)
                 elif isinstance(msg, RU.Data):
-                    q, n = msg.sqn, len(msg.payload)
-                    if q >= self.expect_count:
-                        r.corrupt += 1
-                        r.error = r.error or f"sequence {q} beyond the {self.expect_count} expected"
-                        continue
-                    if (self.drop_every and q % self.drop_every == self.drop_every - 1
-                            and q not in self._dropped and not self._seen[q]):
-                        self._dropped.add(q)
-                        r.dropped_on_purpose += 1
-                        nak_at = min(nak_at, self._gap_to(q + 1, now))
-                        continue
-                    if self._seen[q]:
-                        r.duplicates += 1
-                        continue
-                    bad = None
-                    if expect_n is not None and n != expect_n:
-                        bad = f"payload of {n} bytes, earlier ones had {expect_n}"
-                    else:
-                        i = pat.check(q * RM_SEQ_SPACING, msg.payload)
-                        if i is not None:
-                            bad = f"payload byte {i} wrong"
-                    if bad is not None:
-                        r.corrupt += 1
-                        r.error = r.error or f"corrupt datagram (sequence {q}): {bad}"
-                        continue
-                    expect_n = n
-                    nak_at = min(nak_at, self._gap_to(q, now))
-                    self._known = max(self._known, q + 1)
-                    self._seen[q] = 1
-                    if self._missing.pop(q, None) is not None and q in self._naked:
-                        r.recovered += 1
-                    r.received += 1
-                    r.bytes_received += n
-                    first = now if first is None else first
-                    r.data_elapsed = now - first
+                    nak_at = min(nak_at, self._data(msg.sqn, msg.payload, now, pat))
                 else:
                     r.foreign += 1
