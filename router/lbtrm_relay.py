@@ -29,6 +29,7 @@ import secrets
 import socket
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 
 import trio
 
@@ -146,13 +147,15 @@ class RmRelay:
             while True:
                 link = self.current_link()
                 if link is not None and link.connected and not link.closed:
-                    await self._near_stream(link, f.advert_id, proxy, sock)
+                    await self._near_stream(link, f.advert_id, partial(self._multicast, link, proxy, sock))
                 await trio.sleep(self.retry_interval)
         finally:
             self.bodies.pop(f.advert_id, None)
             self.pool.give(group)
 
-    async def _near_stream(self, link: Link, aid: int, proxy: RmProxy, sock) -> None:
+    async def _near_stream(self, link: Link, aid: int, serve) -> None:
+        """Open an LBT-RM stream on ``link`` for advert ``aid`` and, once the
+        peer accepts it, run ``await serve(st)`` until the session ends."""
         try:
             sid = link.streams.open(aid, LBTRM)
         except S.LocalStreamError:
@@ -166,13 +169,18 @@ class RmRelay:
                 self.counters["lbtrm_streams_refused"] += 1
             if st.refused is not None or st.closed:
                 return
-            async with trio.open_nursery() as n:
-                n.start_soon(self._naks_up, link, st, proxy, sock, n.cancel_scope)
-                await self._emit(link, st, proxy, sock)
-                n.cancel_scope.cancel()
+            await serve(st)
         finally:
             self.counters["lbtrm_streams_ended"] += 1
             self._close(link, st)
+
+    async def _multicast(self, link: Link, proxy: RmProxy, sock, st: StreamState) -> None:
+        """A multicast proxy's session: the peer's datagrams to the group,
+        receivers' NAKs to the peer."""
+        async with trio.open_nursery() as n:
+            n.start_soon(self._naks_up, link, st, proxy, sock, n.cancel_scope)
+            await self._emit(link, st, proxy, sock)
+            n.cancel_scope.cancel()
 
     async def _naks_up(self, link: Link, st: StreamState, proxy: RmProxy, sock, scope) -> None:
         """NAKs from receivers to the peer."""
@@ -221,7 +229,7 @@ class RmRelay:
                 while True:
                     link = self.current_link()
                     if link is not None and link.connected and not link.closed:
-                        await self._fanout_stream(link, f.advert_id, fan, sock, up, timer)
+                        await self._near_stream(link, f.advert_id, partial(self._fanout, link, fan, sock, up, timer))
                     await trio.sleep(self.retry_interval)
         finally:
             self._send_now(sock, fan.close())
@@ -278,21 +286,11 @@ class RmRelay:
                         cur[0].flush_streams()
             self._rearm(fan, timer)
 
-    async def _fanout_stream(self, link: Link, aid: int, fan: RuFanout, sock, up: list, timer) -> None:
+    async def _fanout(self, link: Link, fan: RuFanout, sock, up: list, timer: list, st: StreamState) -> None:
+        """An LBT-RU proxy's session: the peer's datagrams to the receivers;
+        ``up[0]`` is where the fan-out's NAKs for the origin go meanwhile."""
+        up[0] = (link, st)
         try:
-            sid = link.streams.open(aid, LBTRM)
-        except S.LocalStreamError:
-            return
-        st = self._state(link, sid)
-        link.flush_streams()
-        self.counters["lbtrm_streams_opened"] += 1
-        try:
-            await st.accepted.wait()
-            if st.refused is not None:
-                self.counters["lbtrm_streams_refused"] += 1
-            if st.refused is not None or st.closed:
-                return
-            up[0] = (link, st)
             while not (st.closed or link.closed):
                 await st.incoming_ready.wait()
                 st.incoming_ready = trio.Event()
@@ -309,8 +307,6 @@ class RmRelay:
                 self._rearm(fan, timer)
         finally:
             up[0] = None
-            self.counters["lbtrm_streams_ended"] += 1
-            self._close(link, st)
 
     # ------------------------------------------------------------- far side
 
