@@ -108,3 +108,23 @@ def initiator_xml(address: str, port: int, reconnect_ms: int = 500) -> str:
 
 def acceptor_xml(port: int) -> str:
     return f"<acceptor><listen-port>{port}</listen-port></acceptor>"
+
+
+def pair_xml(name: str, domain: int, trd_ip: str, link_ip: str, role: str, *, tr: str | None = None,
+             relay: tuple[int, int] = (14371, 14390), extra: str = "", metrics: bool = False) -> str:
+    """One router of a pair: an endpoint on ``trd_ip`` (``tr``, ``relay``, ``extra`` as
+    :func:`endpoint_xml`) and a peer on ``link_ip`` (``role``: :func:`initiator_xml` or
+    :func:`acceptor_xml`); with ``metrics`` its /status at ``trd_ip``:18080."""
+    return router_xml(name, [endpoint_xml(f"{name}-trd", domain, trd_ip, tr=tr, relay=relay, extra=extra)],
+                      [peer_xml(f"{name}-peer", link_ip, role)],
+                      daemon=f"\n    <metrics>{trd_ip}:18080</metrics>" if metrics else "")
+
+
+def ns_status(ns, ip: str, port: int = 18080) -> dict:
+    """A router's /status at ``ip``:``port``, fetched inside the namespace ``ns``."""
+    import json
+
+    r = ns.run([sys.executable, "-c", f"import urllib.request,sys; sys.stdout.write(urllib.request.urlopen("
+                                      f"'http://{ip}:{port}/status', timeout=5).read().decode())"], timeout=20)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)

@@ -13,49 +13,26 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
 from tests import netns
-from tests.helpers import (
-    LBMRD,
-    ROUTER,
-    SIM,
-    acceptor_xml,
-    endpoint_xml,
-    initiator_xml,
-    peer_xml,
-    router_xml,
-)
+from tests.helpers import LBMRD, ROUTER, SIM, acceptor_xml, initiator_xml, ns_status, pair_xml
 
 netns_factory = netns.netns_factory  # the fixture
 
-PY = sys.executable
 COUNT = 3000
-
-def rm_router_xml(name: str, domain: int, trd_ip: str, link_ip: str, role: str, lbtrm: str = "") -> str:
-    """One router of the pair, its /status at ``trd_ip``:18080; ``lbtrm``: its ``<lbt-rm>``."""
-    return router_xml(name, [endpoint_xml(f"{name}-trd", domain, trd_ip, relay=(24371, 24390), extra=lbtrm)],
-                      [peer_xml(f"{name}-peer", link_ip, role)],
-                      daemon=f"\n    <metrics>{trd_ip}:18080</metrics>")
-
-
-def _status(ns, ip: str, port: int) -> dict:
-    r = ns.run([PY, "-c", f"import urllib.request,sys; sys.stdout.write(urllib.request.urlopen("
-                          f"'http://{ip}:{port}/status', timeout=5).read().decode())"], timeout=20)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+RELAY = {"relay": (24371, 24390), "metrics": True}
 
 
 def test_lbtrm_source_across_one_hop_with_naks_through_the_routers(netns_factory, tmp_path):
     a, b = netns_factory(), netns_factory()
     netns.veth(a, "198.18.0.1/24", b, "198.18.0.2/24")
     cfg_a = tmp_path / "a.xml"
-    cfg_a.write_text(rm_router_xml("router-a", 1, "127.0.1.1", "198.18.0.1", initiator_xml("198.18.0.2", 26123)))
+    cfg_a.write_text(pair_xml("router-a", 1, "127.0.1.1", "198.18.0.1", initiator_xml("198.18.0.2", 26123), **RELAY))
     cfg_b = tmp_path / "b.xml"
-    cfg_b.write_text(rm_router_xml(
-        "router-b", 2, "127.0.2.1", "198.18.0.2", acceptor_xml(26123),
-        lbtrm='<lbt-rm group-low="239.192.5.1" group-high="239.192.5.2" destination-port="15400"/>'))
+    cfg_b.write_text(pair_xml(
+        "router-b", 2, "127.0.2.1", "198.18.0.2", acceptor_xml(26123), **RELAY,
+        extra='<lbt-rm group-low="239.192.5.1" group-high="239.192.5.2" destination-port="15400"/>'))
     logs = {k: open(tmp_path / f"{k}.log", "w") for k in ("la", "lb", "ra", "rb", "src", "rcv")}
     common = ["--topics", "1", "--topic-prefix", "md.rm.", "--transport", "lbtrm",
               "--data-datagrams", str(COUNT), "--json"]
@@ -75,7 +52,7 @@ def test_lbtrm_source_across_one_hop_with_naks_through_the_routers(netns_factory
                        "--duration", "60", "--keep-running"] + common,
                 stdout=logs["src"], stderr=logs["src"])
         out, _ = rcv.communicate(timeout=60)
-        st_a, st_b = _status(a, "127.0.1.1", 18080), _status(b, "127.0.2.1", 18080)
+        st_a, st_b = ns_status(a, "127.0.1.1"), ns_status(b, "127.0.2.1")
         for f in logs.values():
             f.flush()
         detail = "\n".join(f"--- {k}\n" + (tmp_path / f"{k}.log").read_text()[-2000:] for k in logs)
@@ -97,7 +74,7 @@ def test_lbtrm_source_across_one_hop_with_naks_through_the_routers(netns_factory
         ra.kill()
         deadline = time.monotonic() + 20
         while True:
-            st_b = _status(b, "127.0.2.1", 18080)
+            st_b = ns_status(b, "127.0.2.1")
             if st_b["peer"]["state"] != "CONNECTED" and not st_b["proxies"]:
                 break
             assert time.monotonic() < deadline, st_b

@@ -15,48 +15,25 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
 from tests import netns
-from tests.helpers import (
-    LBMRD,
-    ROUTER,
-    SIM,
-    acceptor_xml,
-    endpoint_xml,
-    initiator_xml,
-    peer_xml,
-    router_xml,
-)
+from tests.helpers import LBMRD, ROUTER, SIM, acceptor_xml, initiator_xml, ns_status, pair_xml
 
 netns_factory = netns.netns_factory  # the fixture
 
-PY = sys.executable
 COUNT = 3000
-
-
-def _router_xml(name: str, domain: int, trd_ip: str, link_ip: str, role: str, lbtrm: str = "") -> str:
-    return router_xml(name, [endpoint_xml(f"{name}-trd", domain, trd_ip, relay=(24371, 24390), extra=lbtrm)],
-                      [peer_xml(f"{name}-peer", link_ip, role)],
-                      daemon=f"\n    <metrics>{trd_ip}:18080</metrics>")
-
-
-def _status(ns, ip: str, port: int) -> dict:
-    r = ns.run([PY, "-c", f"import urllib.request,sys; sys.stdout.write(urllib.request.urlopen("
-                          f"'http://{ip}:{port}/status', timeout=5).read().decode())"], timeout=20)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+RELAY = {"relay": (24371, 24390), "metrics": True}
 
 
 def test_lbtrm_source_reaches_a_trd_without_multicast_as_lbtru(netns_factory, tmp_path):
     a, b = netns_factory(), netns_factory(multicast=False)
     netns.veth(a, "198.18.0.1/24", b, "198.18.0.2/24")
     cfg_a = tmp_path / "a.xml"
-    cfg_a.write_text(_router_xml("router-a", 1, "127.0.1.1", "198.18.0.1", initiator_xml("198.18.0.2", 26123)))
+    cfg_a.write_text(pair_xml("router-a", 1, "127.0.1.1", "198.18.0.1", initiator_xml("198.18.0.2", 26123), **RELAY))
     cfg_b = tmp_path / "b.xml"
-    cfg_b.write_text(_router_xml("router-b", 2, "127.0.2.1", "198.18.0.2", acceptor_xml(26123),
-                                 lbtrm='<lbt-rm transport="lbt-ru" max-clients="8"/>'))
+    cfg_b.write_text(pair_xml("router-b", 2, "127.0.2.1", "198.18.0.2", acceptor_xml(26123), **RELAY,
+                              extra='<lbt-rm transport="lbt-ru" max-clients="8"/>'))
     logs = {k: open(tmp_path / f"{k}.log", "w") for k in ("la", "lb", "ra", "rb", "src", "rcv")}
     common = ["--topics", "1", "--topic-prefix", "md.rm.", "--transport", "lbtrm",
               "--data-datagrams", str(COUNT), "--json"]
@@ -77,8 +54,8 @@ def test_lbtrm_source_reaches_a_trd_without_multicast_as_lbtru(netns_factory, tm
                              "--lbtru-wire", "um", "--data-drop-every", "20", "--duration", "40"] + common,
                       stdout=subprocess.PIPE, stderr=logs["rcv"], text=True)
         out, _ = rcv.communicate(timeout=60)
-        st_b = _status(b, "127.0.2.1", 18080)
-        st_a = _status(a, "127.0.1.1", 18080)
+        st_b = ns_status(b, "127.0.2.1")
+        st_a = ns_status(a, "127.0.1.1")
         for f in logs.values():
             f.flush()
         detail = "\n".join(f"--- {k}\n" + (tmp_path / f"{k}.log").read_text()[-2000:] for k in logs)

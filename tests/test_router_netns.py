@@ -19,19 +19,13 @@ from tests.helpers import (
     acceptor_xml,
     endpoint_xml,
     initiator_xml,
-    peer_xml,
+    pair_xml,
     router_xml,
 )
 
 netns_factory = netns.netns_factory  # the fixture
 
 PY = sys.executable
-
-def pair_xml(name: str, domain: int, trd_ip: str, link_ip: str, role: str, tr: str | None = None) -> str:
-    """One router of a pair: an endpoint on ``trd_ip`` and a peer on ``link_ip``."""
-    return router_xml(name, [endpoint_xml(f"{name}-trd", domain, trd_ip, tr=tr)],
-                      [peer_xml(f"{name}-peer", link_ip, role)])
-
 
 MC_TR = """<topic-resolution>
         <multicast group="224.9.10.11" port="12965" interface="127.0.1.1"/>
