@@ -31,6 +31,7 @@ LBMC message headers. The minimal honest form of UM's reliability:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import socket
 from dataclasses import dataclass
@@ -274,23 +275,37 @@ class RmDataReceiver:
         self._expect_n: int | None = None  # the payload size of the first datagram
         self._first: float | None = None  # when the first datagram came
 
+    async def _open(self) -> list:
+        """The sockets, the one to report (its address) last: the group's and
+        a unicast one for NAKs."""
+        mc = trio.socket.from_stdlib_socket(open_multicast_socket(
+            self.group, self.dest_port, 0, self.iface_ip, self.iface_ip, 1, buffer=self.rcv_buf))
+        try:
+            uc = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            await uc.bind((self.iface_ip, 0))
+        except BaseException:
+            mc.close()
+            raise
+        return [mc, uc]
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> RmReceiveResult:
+        """Receive until everything arrived, the session stalls or ``timeout``;
+        reports the unicast socket's address through ``task_status``."""
         r = self.result
         t0 = trio.current_time()
         try:
-            mc = trio.socket.from_stdlib_socket(open_multicast_socket(
-                self.group, self.dest_port, 0, self.iface_ip, self.iface_ip, 1, buffer=self.rcv_buf))
-            uc = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            await uc.bind((self.iface_ip, 0))
+            socks = await self._open()
         except OSError as e:
             r.error, r.done = f"socket error: {e.strerror or e}", True
             task_status.started(None)
             return r
         try:
-            with mc, uc:
-                task_status.started(uc.getsockname()[:2])
+            with contextlib.ExitStack() as stack:
+                for s in socks:
+                    stack.enter_context(s)
+                task_status.started(socks[-1].getsockname()[:2])
                 with trio.move_on_after(self.timeout) as scope:
-                    await self._loop(mc, uc)
+                    await self._loop(*socks)
                 if scope.cancelled_caught and r.error is None:
                     r.error = f"timeout after {self.timeout:g} s ({r.received} of {self.expect_count})"
         finally:

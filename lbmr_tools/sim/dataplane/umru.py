@@ -68,29 +68,15 @@ class UmRuDataReceiver(RmDataReceiver):
                                         r.expect_count)
         self._client_id: int | None = None
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> UmRuReceiveResult:
-        r = self.result
-        t0 = trio.current_time()
+    async def _open(self) -> list:
+        uc = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            uc = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             uc.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcv_buf)
             await uc.bind((self.iface_ip, 0))
-        except OSError as e:
-            r.error, r.done = f"socket error: {e.strerror or e}", True
-            task_status.started(None)
-            return r
-        try:
-            with uc:
-                task_status.started(uc.getsockname()[:2])
-                with trio.move_on_after(self.timeout) as scope:
-                    await self._run_ru(uc)
-                if scope.cancelled_caught and r.error is None:
-                    r.error = f"timeout after {self.timeout:g} s ({r.received} of {self.expect_count})"
-        finally:
-            r.missing = self.expect_count - r.received
-            r.elapsed = trio.current_time() - t0
-            r.done = True
-        return r
+        except BaseException:
+            uc.close()
+            raise
+        return [uc]
 
     async def _send(self, uc, data: bytes) -> bool:
         try:
@@ -111,7 +97,7 @@ class UmRuDataReceiver(RmDataReceiver):
             q += 1
         return q - 1 if q else 0
 
-    async def _run_ru(self, uc) -> None:
+    async def _loop(self, uc) -> None:
         r = self.result
         pat = pattern(self.seed)
         connected = False
