@@ -47,8 +47,13 @@ What is kept of the origin: original and retransmitted DATA (its LBT-RM
 session messages only move the lead sequence; its NCFs are the origin's
 answer to the router and go no further). A DATA datagram with LBT-RM option
 headers is dropped (counted): its payload cannot be told from them.
-Sequence numbers are the origin's (u32, not expected to wrap in a
-session's life: at 100,000 datagrams a second they wrap after 12 hours).
+Sequence numbers are the origin's (u32; at 100,000 datagrams a second they
+wrap after 12 hours): a DATA more than ``window`` sequences behind the
+trail (the origin wrapped, or restarted) or past the window ahead starts
+the window over there (counted ``lbtru_rm_sequence_jump``), so one stray
+sequence does not shut the session out; one less far behind is too old.
+A client's expiry costs its own pending NAKs (:attr:`RuClient.waiting`),
+not the whole table.
 
 Which datagram carries which option (inferred; the dissector shows both on
 every type): the proxy puts its session id on everything it sends except
@@ -60,7 +65,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lbmr_proto import lbtrm as RM
 from lbmr_proto import lbtru as RU
@@ -86,7 +91,8 @@ Out = list[tuple[bytes, Addr]]
 class RuClient:
     """One receiver of the proxy: ``addr``, ``client_id``, when it connected
     and was last heard from (seconds), whether it confirmed (ACK or NAK),
-    its retransmission tokens."""
+    its retransmission tokens, the sequences it waits for from the origin
+    (its entries in :attr:`RuFanout.pending`)."""
 
     addr: Addr
     client_id: int
@@ -96,6 +102,7 @@ class RuClient:
     tokens: float = float(RX_BURST)
     tokens_at: float = 0.0
     nak_tokens: float = float(NAK_BURST)
+    waiting: set[int] = field(default_factory=set)
 
 
 class RuFanout:
@@ -156,8 +163,8 @@ class RuFanout:
             c["lbtru_rm_options_dropped"] += 1
             return []
         q = m.sqn
-        if self.lead is not None and q < self.trail:
-            c["lbtru_rm_too_old"] += 1
+        if self.lead is not None and self.trail - self.window <= q < self.trail:
+            c["lbtru_rm_too_old"] += 1  # (further behind: the origin wrapped or restarted, see _advance)
             return []
         self._advance(q, now, min(m.trail_sqn, q))
         if q in self.buffer:
@@ -166,8 +173,7 @@ class RuFanout:
         self.buffer[q] = m.payload
         self.buffer_bytes += len(m.payload)
         self._evict()
-        waiting = self.pending.pop(q, set())
-        self._pending_n -= len(waiting)
+        waiting = self._unpend(q)
         self._naked_up.pop(q, None)
         if m.retransmission:
             targets = [a for a in waiting if a in self.clients]
@@ -184,10 +190,12 @@ class RuFanout:
     def _advance(self, q: int, now: float, origin_trail: int) -> None:
         """Sequence ``q`` exists at the origin (a DATA or an SM's lead), which
         can retransmit from ``origin_trail`` on. The first time (and after a
-        jump past the window) the window starts as far back as the origin
-        can still retransmit, at most ``window`` sequences: a receiver's NAK
-        for what the router never saw is then asked of the origin."""
-        if self.lead is None or q > self.lead + self.window:
+        jump past the window, ahead or more than a window behind the trail:
+        the origin's u32 wrapped, or it restarted) the window starts as far
+        back as the origin can still retransmit, at most ``window``
+        sequences: a receiver's NAK for what the router never saw is then
+        asked of the origin."""
+        if self.lead is None or q > self.lead + self.window or q < self.trail - self.window:
             # the first one, or a jump past the whole window: start over there
             if self.lead is not None:
                 self.counters["lbtru_rm_sequence_jump"] += 1
@@ -195,6 +203,8 @@ class RuFanout:
             self.buffer_bytes = 0
             self.pending.clear()
             self._pending_n = 0
+            for cl in self.clients.values():
+                cl.waiting.clear()
             self._naked_up.clear()
             self.trail = max(0, q - self.window + 1, origin_trail)
             self.lead = q
@@ -210,13 +220,33 @@ class RuFanout:
             p = self.buffer.pop(self.trail, None)
             if p is not None:
                 self.buffer_bytes -= len(p)
-            gone = self.pending.pop(self.trail, None)
-            if gone:
-                self._pending_n -= len(gone)
+            self._unpend(self.trail)
             self._naked_up.pop(self.trail, None)
             self.trail += 1
         if not self.buffer and self.lead - self.trail + 1 > self.window:
             self.trail = self.lead - self.window + 1
+
+    def _unpend(self, q: int) -> set[Addr]:
+        """Sequence ``q`` is no longer waited for: the clients that were."""
+        waiting = self.pending.pop(q, set())
+        self._pending_n -= len(waiting)
+        for a in waiting:
+            cl = self.clients.get(a)
+            if cl is not None:
+                cl.waiting.discard(q)
+        return waiting
+
+    def _forget(self, cl: RuClient) -> None:
+        """``cl`` leaves: its entries in :attr:`pending` go (its own only)."""
+        self._unconfirmed.pop(cl.addr, None)
+        for q in cl.waiting:
+            waiting = self.pending.get(q)
+            if waiting is not None and cl.addr in waiting:
+                waiting.discard(cl.addr)
+                self._pending_n -= 1
+                if not waiting:
+                    del self.pending[q]
+        cl.waiting.clear()
 
     # -------------------------------------------------------------- receivers
 
@@ -270,7 +300,7 @@ class RuFanout:
                 if old is None:
                     c["lbtru_clients_full"] += 1
                     return []
-                del self.clients[old], self._unconfirmed[old]
+                self._forget(self.clients.pop(old))
                 c["lbtru_clients_replaced"] += 1
             cl = self.clients[addr] = RuClient(addr, self._next_id, now, now, tokens_at=now,
                                                tokens=float(self.rx_burst))
@@ -319,6 +349,7 @@ class RuFanout:
                         del self.pending[q]
                     continue
                 waiting.add(cl.addr)
+                cl.waiting.add(q)
                 self._pending_n += 1
             delay.append(q)
             if now - self._naked_up.get(q, -math.inf) >= self.nak_ignore:
@@ -349,11 +380,7 @@ class RuFanout:
             limit = self.client_timeout if cl.confirmed else self.connect_timeout
             if now - cl.heard >= limit:
                 del self.clients[cl.addr]
-                self._unconfirmed.pop(cl.addr, None)
-                for waiting in self.pending.values():
-                    if cl.addr in waiting:
-                        waiting.discard(cl.addr)
-                        self._pending_n -= 1
+                self._forget(cl)
                 c["lbtru_clients_expired"] += 1
                 if cl.confirmed:
                     out.append((RU.encode_rst(), cl.addr))

@@ -226,3 +226,59 @@ def test_a_nak_flood_from_a_client_is_cut_and_long_naks_truncated():
     assert len(RU.decode(huge).sqns) == n
     f.from_client(huge, A, 2.0)
     assert f.counters["lbtru_nak_truncated"] == 1 and f.counters["lbtru_naks_ahead"] == 1
+
+
+class _NoScan(dict):
+    """A pending table that must not be scanned whole (one client's expiry
+    touches that client's own entries only)."""
+
+    def values(self):
+        raise AssertionError("the whole pending table scanned")
+
+    def items(self):
+        raise AssertionError("the whole pending table scanned")
+
+    def __iter__(self):
+        raise AssertionError("the whole pending table scanned")
+
+
+def test_an_expiring_client_forgets_its_own_pending_naks_without_scanning_all():
+    f = RuFanout(SID, window=1000, client_timeout=10.0)
+    f.from_peer(RM.encode_data(1, 2, 999, 0, b"x"), 0.0)  # joined late: 0..998 can be asked of the origin
+    connect(f, A)
+    connect(f, B)
+    f.from_client(RU.encode_nak(list(range(0, 300)), session_id=SID), A, 0.0)
+    f.from_client(RU.encode_nak(list(range(200, 400)), session_id=SID), B, 0.0)
+    assert f._pending_n == 500 and len(f.pending) == 400
+    f.pending = _NoScan(f.pending)
+    f.from_client(RU.encode_ack(0, session_id=SID), B, 5.0)
+    f.tick(10.0)  # A expires, B stays
+    assert set(f.clients) == {B} and f.counters["lbtru_clients_expired"] == 1
+    assert f._pending_n == 200 and sorted(dict(f.pending)) == list(range(200, 400))
+    assert all(v == {B} for v in dict.values(f.pending))
+    # the origin's retransmission goes to B alone, and leaves nothing pending
+    assert [to for _, to in f.from_peer(rm_data(250, rx=True), 10.1)] == [B]
+    assert f._pending_n == 199 and f.clients[B].waiting == set(range(200, 400)) - {250}
+
+
+def test_a_sequence_that_wraps_or_restarts_far_behind_starts_the_window_over():
+    f = RuFanout(SID, window=100)
+    connect(f, A)
+    sent = list(range(2**32 - 16, 2**32)) + list(range(0, 10))  # the origin's u32 wraps
+    got = [RU.decode(b).sqn for q in sent for b, _ in f.from_peer(rm_data(q), 0.0)]
+    assert got == sent and f.counters["lbtru_rm_sequence_jump"] == 1 and (f.trail, f.lead) == (0, 9)
+    # one stray datagram far ahead does not shut out the rest of the session
+    g = RuFanout(SID, window=100)
+    connect(g, A)
+    for q in range(50):
+        g.from_peer(rm_data(q), 0.0)
+    g.from_peer(rm_data(2**31), 0.0)
+    got = [RU.decode(b).sqn for q in range(50, 60) for b, _ in g.from_peer(rm_data(q), 0.0)]
+    assert got == list(range(50, 60)) and g.counters["lbtru_rm_sequence_jump"] == 2
+    # a late retransmission just behind the window is still too old, not a restart
+    h = RuFanout(SID, window=100)
+    for q in range(200):
+        h.from_peer(rm_data(q), 0.0)
+    h.from_peer(rm_data(50, rx=True), 0.0)
+    assert h.counters["lbtru_rm_too_old"] == 1 and (h.trail, h.lead) == (100, 199)
+    assert h.counters["lbtru_rm_sequence_jump"] == 0
