@@ -271,8 +271,15 @@ class RmRelay:
             if batch is None:
                 return
             now = trio.current_time()
+            sends = 0
             for data, addr in batch:
-                self._send_now(sock, fan.from_client(data, addr[:2], now))
+                out = fan.from_client(data, addr[:2], now)
+                self._send_now(sock, out)
+                sends += len(out)
+                if sends >= FANOUT_YIELD:  # NAKs answered from the window: let the other tasks run
+                    sends = 0
+                    await trio.sleep(0)
+                    now = trio.current_time()
             naks = fan.take_naks_up()
             if naks:
                 cur = up[0]
