@@ -90,6 +90,10 @@ PEEK_AFTER_SPLICE = 16  # ... but after a spliced frame, likely followed by anot
 # pipes one stream may fill before its bytes take the copy path (4 MiB: its initial window;
 # a stream whose window grew has a consumer that keeps up, so its pipes rarely fill)
 RX_PIPES = 4
+# The reader lets the other tasks run after each read that did not wait, except between
+# spliced STREAM_DATA frames: after RX_YIELD bytes of them (each such pause costs a round of
+# the scheduler and an epoll_wait, a few percent of a router's CPU at one frame a pause).
+RX_YIELD = 4 << 20
 ZERO_COPY = os.environ.get("LBMR_ROUTER_ZERO_COPY", "1") != "0"
 # Zero-copy writer: encoded frames taken from the queue at a time (before one held frame),
 # and bytes written by one drain before the writer lets other tasks run.
@@ -183,6 +187,8 @@ class Link:
         self._frame_left = 0  # bytes of a frame being passed to the connection piecewise
         self._peek_size = PEEK_SIZE
         self._rx_waited = False  # the reader waited for the socket since receive() last began
+        self._rx_unyielded = 0  # spliced bytes received since the reader last let others run
+        self._rx_charge = RX_YIELD  # what the last receive() adds to it
         self._left = 0  # payload bytes still to come of the frame being spliced
         self._waited = False  # the last move waited for the socket instead of probing it
         self._pipe_full = False  # the last move most likely filled the stream's pipe
@@ -195,6 +201,7 @@ class Link:
         self._tx_held: S.HeldData | None = None
         self._tx_left = 0
         self._draining = False
+        self._tx_full = False  # a pump's drain found the socket full: the writer waits first
         self.tx_blocked = 0  # times the zero-copy writer found the socket full mid-frame
         self.outq = P.OutQueue(max_control=MAX_CONTROL_FRAMES, max_data_bytes=max_queue)
         self.raw = bytearray()  # bytes the connection produced (handshake, acks)
@@ -250,10 +257,11 @@ class Link:
             self.wake_writer.set()
             return
         try:
-            done = self._drain(trio.current_time()) is _DONE
+            got = self._drain(trio.current_time())
         except OSError:
-            done = False
-        if not done:
+            got = None
+        if got is not _DONE:
+            self._tx_full = got is _BLOCKED
             self.wake_writer.set()
 
     def push_raw(self, data: bytes) -> None:
@@ -336,6 +344,10 @@ class Link:
                 if self.closing and not self.raw and self._tx is None and self._tx_held is None:
                     self.writer_done.set()
                     return
+                if self._tx_full:  # no write to find out again
+                    self._tx_full = False
+                    await self._wait(trio.lowlevel.wait_writable)
+                    continue
                 self.wake_writer = trio.Event()  # work queued from here on wakes us
                 got = self._drain(trio.current_time())
                 if got is _BLOCKED:
@@ -400,9 +412,12 @@ class Link:
                 return -1
             if k == 0:
                 raise OSError(f"pipe of stream {held.stream_id} ran dry with {left} bytes to go")
-            left -= k
             pipe.held -= k
             sent += k
+            if k < left:  # the socket took less: it is full (no splice to find out)
+                self._tx_left = left - k
+                return -1
+            left = 0
         self._tx_left = 0
         self._tx_held = None
         self.spliced_out += held.nbytes
@@ -533,8 +548,14 @@ class Link:
         if self._sock is None:
             data = await self.stream.receive_some(READ_SIZE)
             return self.conn.receive_data(data, trio.current_time()), not data
-        if not self._rx_waited:
-            await trio.lowlevel.checkpoint()  # fairness: a busy link never starves the pumps
+        # fairness: a busy link never starves the pumps; it lets them run after every call
+        # that did not wait, except in a run of spliced data frames: after RX_YIELD bytes
+        unyielded = 0 if self._rx_waited else self._rx_unyielded + self._rx_charge
+        if unyielded >= RX_YIELD:
+            unyielded = 0
+            await trio.lowlevel.checkpoint()
+        self._rx_unyielded = unyielded
+        self._rx_charge = RX_YIELD  # (a spliced frame charges its size instead)
         self._rx_waited = False
         while True:
             if self.stream.socket.fileno() < 0:
@@ -694,6 +715,7 @@ class Link:
                 return items  # refused by the connection: the link ends, the payload stays unread
             items.pop()
         self.conn.stats.bytes_received += nbytes
+        self._rx_charge = nbytes
         events = self.streams.receive_held(sid, nbytes)
         st = self.state.get(sid)
         if not (events and isinstance(events[0], S.DataArriving)) or st is None or st.closed:
@@ -813,7 +835,7 @@ class Link:
         Credit is returned for what went."""
         inc = st.incoming
         fd = st.sock.socket.fileno()
-        moved = False
+        moved = 0
         try:
             while inc and type(inc[0]) is PipeSeg:
                 seg = inc[0]
@@ -827,23 +849,27 @@ class Link:
                 if k <= 0:
                     st.sink_broken = True
                     return False
-                moved = True
+                moved += k
                 self.pipe_out(st, seg, k)
             return True
         finally:
             if moved:
+                self._consumed(st, moved)
                 self.flush_streams(direct=True)
+
+    def _consumed(self, st: StreamState, nbytes: int) -> None:
+        try:
+            self.streams.consumed(st.sid, nbytes)
+        except S.LocalStreamError:
+            pass
 
     def pipe_out(self, st: StreamState, seg: PipeSeg, k: int) -> None:
         """``k`` bytes of the head segment ``seg`` went to the stream's socket: account
-        them (credit for the peer), drop the segment when done, give back drained pipes."""
+        them (the caller returns their credit), drop the segment when done, give back
+        drained pipes."""
         seg.nbytes -= k
         pipe = seg.pipe
         pipe.held -= k
-        try:
-            self.streams.consumed(st.sid, k)
-        except S.LocalStreamError:
-            pass
         if seg.nbytes:
             return
         st.incoming.popleft()
