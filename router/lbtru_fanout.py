@@ -23,7 +23,10 @@ and a session id of the proxy's own. Then:
 * **retransmission**: the last ``window`` datagrams (and at most
   ``window_bytes`` of payload) are kept. A NAK from a client is answered
   from them (DATA with the retransmission flag, at most ``rx_rate`` a second
-  per client in bursts of ``rx_burst``, else an NCF "shed"; a client's NAK
+  per client in bursts of ``rx_burst`` and ``rx_total_rate`` a second for
+  all clients together in bursts of ``rx_total_burst`` -- many confirmed
+  clients NAKing the window cannot make the proxy send max_clients times
+  ``rx_rate`` -- else an NCF "shed"; a client's NAK
   datagrams beyond 200 a second, bursts of 50, are dropped, and a NAK's
   sequences beyond :data:`lbmr_proto.lbtru.MAX_NAKS` ignored); a sequence the
   proxy never got (lost on the way) is NAKed towards the origin over the
@@ -80,6 +83,7 @@ CONNECT_TIMEOUT = 2.0  # seconds an unconfirmed client is kept
 SM_MIN, SM_MAX = 0.2, 10.0  # seconds (UM's transport_lbtru_sm_minimum/maximum_interval)
 NAK_IGNORE = 0.2  # seconds between two NAKs of one sequence towards the origin
 RX_RATE, RX_BURST = 2000.0, 500  # retransmissions per client a second, burst
+RX_TOTAL_RATE, RX_TOTAL_BURST = 20000.0, 5000  # retransmissions of the proxy (all clients) a second, burst
 NAK_RATE, NAK_BURST = 200.0, 50  # NAK datagrams per client a second, burst (more are dropped)
 MAX_PENDING = 65536  # (sequence, client) pairs waiting for the origin's retransmission
 
@@ -117,9 +121,11 @@ class RuFanout:
                  nak_session: int = 0, max_clients: int = MAX_CLIENTS, window: int = WINDOW,
                  window_bytes: int = WINDOW_BYTES, client_timeout: float = CLIENT_TIMEOUT,
                  connect_timeout: float = CONNECT_TIMEOUT, sm_min: float = SM_MIN, sm_max: float = SM_MAX,
-                 nak_ignore: float = NAK_IGNORE, rx_rate: float = RX_RATE, rx_burst: int = RX_BURST) -> None:
+                 nak_ignore: float = NAK_IGNORE, rx_rate: float = RX_RATE, rx_burst: int = RX_BURST,
+                 rx_total_rate: float = RX_TOTAL_RATE, rx_total_burst: int = RX_TOTAL_BURST) -> None:
         if not (max_clients >= 1 and window >= 1 and window_bytes >= 1 and 0 < sm_min <= sm_max
-                and client_timeout > 0 and connect_timeout > 0 and rx_rate > 0 and rx_burst >= 1):
+                and client_timeout > 0 and connect_timeout > 0 and rx_rate > 0 and rx_burst >= 1
+                and rx_total_rate > 0 and rx_total_burst >= 1):
             raise ValueError("LBT-RU fan-out: bounds and intervals must be positive")
         self.session_id = session_id & 0xFFFFFFFF
         self.counters: Counter[str] = counters if counters is not None else Counter()
@@ -128,6 +134,8 @@ class RuFanout:
         self.client_timeout, self.connect_timeout = client_timeout, connect_timeout
         self.sm_min, self.sm_max, self.nak_ignore = sm_min, sm_max, nak_ignore
         self.rx_rate, self.rx_burst = rx_rate, rx_burst
+        self.rx_total_rate, self.rx_total_burst = rx_total_rate, rx_total_burst
+        self._rx_tokens, self._rx_tokens_at = float(rx_total_burst), -math.inf
         self.clients: dict[Addr, RuClient] = {}
         self._unconfirmed: dict[Addr, None] = {}  # in the order they connected
         self.lead: int | None = None  # newest sequence known (data or the origin's SM)
@@ -286,6 +294,10 @@ class RuFanout:
             return []
         cl.nak_tokens -= 1.0
         c["lbtru_naks_from_clients"] += 1
+        if now > self._rx_tokens_at:  # the proxy's tokens (full at the start: -inf)
+            self._rx_tokens = min(float(self.rx_total_burst),
+                                  self._rx_tokens + (now - self._rx_tokens_at) * self.rx_total_rate)
+            self._rx_tokens_at = now
         sqns = m.sqns
         if len(sqns) > RU.MAX_NAKS:
             c["lbtru_nak_truncated"] += 1
@@ -331,11 +343,12 @@ class RuFanout:
                 continue
             p = self.buffer.get(q)
             if p is not None:
-                if cl.tokens < 1.0:
+                if cl.tokens < 1.0 or self._rx_tokens < 1.0:
                     shed.append(q)
-                    c["lbtru_retransmissions_limited"] += 1
+                    c["lbtru_retransmissions_limited" if cl.tokens < 1.0 else "lbtru_retransmissions_proxy_limited"] += 1
                     continue
                 cl.tokens -= 1.0
+                self._rx_tokens -= 1.0
                 out.append((RU.encode_data(q, self.trail, p, session_id=self.session_id, retransmission=True),
                             cl.addr))
                 c["lbtru_retransmissions"] += 1

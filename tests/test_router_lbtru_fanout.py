@@ -282,3 +282,23 @@ def test_a_sequence_that_wraps_or_restarts_far_behind_starts_the_window_over():
     h.from_peer(rm_data(50, rx=True), 0.0)
     assert h.counters["lbtru_rm_too_old"] == 1 and (h.trail, h.lead) == (100, 199)
     assert h.counters["lbtru_rm_sequence_jump"] == 0
+
+
+def test_retransmissions_are_bounded_for_the_proxy_as_a_whole():
+    f = RuFanout(SID, window=1000, max_clients=64)
+    for q in range(1000):
+        f.from_peer(rm_data(q), 0.0)
+    addrs = [("10.0.1.1", 2000 + i) for i in range(30)]
+    for a in addrs:
+        connect(f, a)
+    nak = RU.encode_nak(range(0, RU.MAX_NAKS), session_id=SID)
+
+    def sent(now):
+        return sum(isinstance(m, RU.Data) for a in addrs for m, _ in decoded(f.from_client(nak, a, now)))
+
+    # 30 clients at one instant, each within its own burst of 500: 5000 for them all, the rest shed
+    assert sent(1.0) == 5000
+    assert f.counters["lbtru_retransmissions_proxy_limited"] == 30 * RU.MAX_NAKS - 5000
+    assert f.counters["lbtru_retransmissions_limited"] == 0
+    assert sent(1.1) == 2000  # then 20000 a second
+    assert f.counters["lbtru_retransmissions"] == 7000
