@@ -10,7 +10,7 @@ and a session id of the proxy's own. Then:
 
 * **connecting**: a receiver sends a CREQ (SYN) with that session id; the
   proxy makes it a client (a client id of its own; at most ``max_clients``,
-  the oldest client that has not acknowledged yet is replaced when the
+  the unconfirmed client heard from longest ago is replaced when the
   table is full) and answers with a session message with SYN (lead and
   trail sequence -- trail above lead while the window is empty -- and the
   client id). A CREQ from a client is answered again;
@@ -67,7 +67,7 @@ it reads the session id of a client's datagram when there is one.
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from lbmr_proto import lbtrm as RM
@@ -137,7 +137,10 @@ class RuFanout:
         self.rx_total_rate, self.rx_total_burst = rx_total_rate, rx_total_burst
         self._rx_tokens, self._rx_tokens_at = float(rx_total_burst), -math.inf
         self.clients: dict[Addr, RuClient] = {}
-        self._unconfirmed: dict[Addr, None] = {}  # in the order they connected
+        # the clients in the order they were last heard from (oldest first), so that
+        # expiry, the next wake-up and the data's targets cost O(1) per client concerned
+        self._confirmed: OrderedDict[Addr, None] = OrderedDict()
+        self._unconfirmed: OrderedDict[Addr, None] = OrderedDict()
         self.lead: int | None = None  # newest sequence known (data or the origin's SM)
         self.trail = 0  # oldest sequence served: from the buffer, or asked of the origin
         self.buffer: dict[int, bytes] = {}  # sequence -> payload
@@ -188,7 +191,7 @@ class RuFanout:
             out = RU.encode_data(q, self.trail, m.payload, session_id=self.session_id, retransmission=True)
             c["lbtru_retransmissions"] += len(targets)
         else:
-            targets = [cl.addr for cl in self.clients.values() if cl.confirmed]
+            targets = list(self._confirmed)
             out = RU.encode_data(q, self.trail, m.payload, session_id=self.session_id)
             c["lbtru_datagrams_sent"] += len(targets)
         if targets:
@@ -211,8 +214,8 @@ class RuFanout:
             self.buffer_bytes = 0
             self.pending.clear()
             self._pending_n = 0
-            for cl in self.clients.values():
-                cl.waiting.clear()
+            for a in self._confirmed:  # (only confirmed clients NAK)
+                self.clients[a].waiting.clear()
             self._naked_up.clear()
             self.trail = max(0, q - self.window + 1, origin_trail)
             self.lead = q
@@ -247,6 +250,7 @@ class RuFanout:
     def _forget(self, cl: RuClient) -> None:
         """``cl`` leaves: its entries in :attr:`pending` go (its own only)."""
         self._unconfirmed.pop(cl.addr, None)
+        self._confirmed.pop(cl.addr, None)
         for q in cl.waiting:
             waiting = self.pending.get(q)
             if waiting is not None and cl.addr in waiting:
@@ -279,11 +283,11 @@ class RuFanout:
         if cl is None:
             c["lbtru_unknown_client"] += 1
             return [(RU.encode_rst(), addr)]
-        cl.heard = now
         if not cl.confirmed:
             cl.confirmed = True
             self._unconfirmed.pop(addr, None)
             c["lbtru_clients_confirmed"] += 1
+        self._heard(cl, now)
         if isinstance(m, RU.Ack):
             return []
         dt, cl.tokens_at = max(0.0, now - cl.tokens_at), now
@@ -304,6 +308,12 @@ class RuFanout:
             sqns = sqns[:RU.MAX_NAKS]
         return self._nak(cl, sqns, now)
 
+    def _heard(self, cl: RuClient, now: float) -> None:
+        cl.heard = now
+        order = self._confirmed if cl.confirmed else self._unconfirmed
+        order[cl.addr] = None
+        order.move_to_end(cl.addr)
+
     def _connect(self, cl: RuClient | None, addr: Addr, now: float) -> Out:
         c = self.counters
         if cl is None:
@@ -320,7 +330,7 @@ class RuFanout:
             self._next_id = self._next_id % 0xFFFFFFFF + 1
             c["lbtru_clients_connected"] += 1
         else:
-            cl.heard = now
+            self._heard(cl, now)
             c["lbtru_creq_repeated"] += 1
         # nothing from the origin yet: trail above lead (an empty window)
         lead = self.lead if self.lead is not None else 0
@@ -389,9 +399,11 @@ class RuFanout:
         """Session messages and expiries due at ``now``; and when to call again."""
         c = self.counters
         out: Out = []
-        for cl in list(self.clients.values()):
-            limit = self.client_timeout if cl.confirmed else self.connect_timeout
-            if now - cl.heard >= limit:
+        for order, limit in ((self._confirmed, self.client_timeout), (self._unconfirmed, self.connect_timeout)):
+            while order:
+                cl = self.clients[next(iter(order))]
+                if now - cl.heard < limit:
+                    break
                 del self.clients[cl.addr]
                 self._forget(cl)
                 c["lbtru_clients_expired"] += 1
@@ -399,7 +411,7 @@ class RuFanout:
                     out.append((RU.encode_rst(), cl.addr))
         if self._sm_at <= now and self.lead is not None:
             sm = RU.encode_sm(self._sm_sqn, self.lead, self.trail, session_id=self.session_id)
-            targets = [cl.addr for cl in self.clients.values() if cl.confirmed]
+            targets = list(self._confirmed)
             if targets:
                 self._sm_sqn += 1
                 c["lbtru_sms_sent"] += len(targets)
@@ -411,13 +423,15 @@ class RuFanout:
     def next_due(self) -> float:
         """When :meth:`tick` has something to do next (seconds; inf: nothing)."""
         nxt = self._sm_at if self.lead is not None else math.inf
-        for cl in self.clients.values():
-            nxt = min(nxt, cl.heard + (self.client_timeout if cl.confirmed else self.connect_timeout))
+        for order, limit in ((self._confirmed, self.client_timeout), (self._unconfirmed, self.connect_timeout)):
+            if order:
+                nxt = min(nxt, self.clients[next(iter(order))].heard + limit)
         return nxt
 
     def close(self) -> Out:
         """The proxy ends: an RST to every confirmed client."""
-        out = [(RU.encode_rst(), cl.addr) for cl in self.clients.values() if cl.confirmed]
+        out = [(RU.encode_rst(), a) for a in self._confirmed]
         self.clients.clear()
         self._unconfirmed.clear()
+        self._confirmed.clear()
         return out

@@ -302,3 +302,39 @@ def test_retransmissions_are_bounded_for_the_proxy_as_a_whole():
     assert f.counters["lbtru_retransmissions_limited"] == 0
     assert sent(1.1) == 2000  # then 20000 a second
     assert f.counters["lbtru_retransmissions"] == 7000
+
+
+class _NoScanClients(dict):
+    """A client table that must not be scanned whole."""
+
+    def values(self):
+        raise AssertionError("the whole client table scanned")
+
+    def __iter__(self):
+        raise AssertionError("the whole client table scanned")
+
+
+def test_unconfirmed_clients_cost_nothing_per_datagram_or_timer_wake_up():
+    """A CREQ flood fills the table with unconfirmed clients (each kept
+    connect_timeout): data, the timer and its next wake-up look at the
+    confirmed clients and at the clients due to expire only."""
+    f = RuFanout(SID, max_clients=2000, connect_timeout=2.0, client_timeout=10.0)
+    connect(f, A, 0.0)
+    for i in range(1000):
+        f.from_client(RU.encode_creq(session_id=SID), ("10.9.0.1", 1000 + i), i * 0.001)
+    f.from_client(RU.encode_ack(0, session_id=SID), A, 1.5)
+    f.clients = _NoScanClients(f.clients)
+    assert [to for _, to in f.from_peer(rm_data(1), 1.5)] == [A]
+    assert f.next_due() == 1.7  # the SM (sm_min after the data); then the first CREQ's expiry at 2.0
+    out, due = f.tick(1.7)
+    assert [to for _, to in out] == [A] and due == 2.0
+    out, due = f.tick(2.0005)  # the first one expired (silently)
+    assert out == [] and due == pytest.approx(2.001) and len(f.clients) == 1000
+    assert f.counters["lbtru_clients_expired"] == 1
+    # a repeated CREQ keeps an unconfirmed client for another connect_timeout
+    f.from_client(RU.encode_creq(session_id=SID), ("10.9.0.1", 1001), 2.0008)
+    f.tick(2.0025)
+    assert ("10.9.0.1", 1001) in f.clients and ("10.9.0.1", 1002) not in f.clients
+    assert f.next_due() == pytest.approx(2.003) and f.counters["lbtru_clients_expired"] == 2
+    f.tick(5.0)
+    assert list(dict.keys(f.clients)) == [A] and f.counters["lbtru_clients_expired"] == 1000
