@@ -618,7 +618,8 @@ def throughput_paths(paths: dict[str, tuple[str, int]], source: DataSource, runs
     measures each path once, the order rotating; the CPU use over the best ``cpu_path``
     transfer (``cpu_dep``'s routers); and, over all rounds, the user and system
     CPU-seconds per GB moved of the processes in the middle of each path: ``cpu_dep``'s
-    routers for ``cpu_path``, the relay processes of ``relays[name]`` for those paths."""
+    routers for ``cpu_path``, the relay processes of ``relays[name]`` for those paths, and
+    of this process (the source and the receiver) for every path."""
     names = list(paths)
     best = dict.fromkeys(names, float("inf"))
     cpu_best: dict[str, float] = {}
@@ -626,6 +627,7 @@ def throughput_paths(paths: dict[str, tuple[str, int]], source: DataSource, runs
     middle = {cpu_path: [cpu_dep.pid(r) for r in ("a", "b")]} if hasattr(cpu_dep, "pid") else {}
     middle.update({name: [p.pid for p in chain.procs] for name, chain in relays.items()})
     spent = {name: [0.0, 0.0] for name in middle}
+    ends = dict.fromkeys(names, 0.0)  # CPU-seconds of this process (source + receiver)
     for i in range(runs):
         k = i % len(names)
         for name in names[k:] + names[:k]:
@@ -634,6 +636,7 @@ def throughput_paths(paths: dict[str, tuple[str, int]], source: DataSource, runs
             before = cpu_snapshot(cpu_dep)
             dt = receive(paths[name], source.total)
             after = cpu_snapshot(cpu_dep)
+            ends[name] += after["self"] - before["self"]
             for p, (u0, s0) in zip(pids, t0, strict=True):
                 u1, s1 = _cpu_user_sys(p)
                 spent[name][0] += u1 - u0
@@ -644,7 +647,8 @@ def throughput_paths(paths: dict[str, tuple[str, int]], source: DataSource, runs
                     cpu_best = {c: (after[c] - before[c]) / dt for c in after}
     gb = runs * source.total / 1e9
     per_gb = {name: (u / gb, s_ / gb) for name, (u, s_) in spent.items()}
-    return {"best": best, "cpu": cpu_best, "cpu_per_gb": per_gb}
+    return {"best": best, "cpu": cpu_best, "cpu_per_gb": per_gb,
+            "ends_per_gb": {name: v / gb for name, v in ends.items()}}
 
 
 def _cpu_user_sys(pid: int) -> tuple[float, float]:
@@ -972,15 +976,19 @@ def print_cpu(c: dict) -> None:
         print("    WARNING: other processes competed for the CPUs during this run; the numbers are low")
 
 
-def print_cpu_per_gb(per_gb: dict) -> None:
+def print_cpu_per_gb(per_gb: dict, ends: dict | None = None) -> None:
     """CPU-seconds per GB of the processes in the middle of the routed path and of the
-    splice relay path (all rounds), and what they imply on a host whose CPUs are the limit."""
+    splice relay path (all rounds), of the source and the receiver at their ends, and what
+    they imply on a host whose CPUs are the limit."""
     if "routed" not in per_gb or "splice" not in per_gb:
         return
     (ru, rs), (su, ss) = per_gb["routed"], per_gb["splice"]
     print(f"    CPU-seconds per GB moved (all rounds): routers A+B {ru + rs:.3f} (user {ru:.3f}, system "
           f"{rs:.3f}); splice relays {su + ss:.3f} (user {su:.3f}, system {ss:.3f}); "
           f"routers / relays {(ru + rs) / max(su + ss, 1e-9):.2f}x")
+    if ends and "routed" in ends and "splice" in ends:
+        print(f"    source + receiver (this process) at the ends: {ends['routed']:.3f} CPU-seconds per GB "
+              f"routed, {ends['splice']:.3f} through the splice relays")
     print(f"    (on {os.cpu_count()} CPUs shared with the source and the receiver, whichever path costs "
           "less CPU per byte moves more bytes once the CPUs are the limit)")
 
@@ -1064,7 +1072,7 @@ def main(argv: list[str] | None = None) -> int:
             print("    TLS link: not measured (--no-tls, or openssl missing)")
         print(f"    ratio copy relay / splice relay          {best['splice'] / best['copy']:6.3f}x")
         print_cpu(res["cpu"])
-        print_cpu_per_gb(res["cpu_per_gb"])
+        print_cpu_per_gb(res["cpu_per_gb"], res["ends_per_gb"])
         if not args.no_inprocess:
             inproc = InProcess()
             try:
