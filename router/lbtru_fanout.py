@@ -23,10 +23,12 @@ and a session id of the proxy's own. Then:
 * **retransmission**: the last ``window`` datagrams (and at most
   ``window_bytes`` of payload) are kept. A NAK from a client is answered
   from them (DATA with the retransmission flag, at most ``rx_rate`` a second
-  per client in bursts of ``rx_burst`` and ``rx_total_rate`` a second for
-  all clients together in bursts of ``rx_total_burst`` -- many confirmed
-  clients NAKing the window cannot make the proxy send max_clients times
-  ``rx_rate`` -- else an NCF "shed"; a client's NAK
+  per client in bursts of ``rx_burst``, and with many clients NAKing (within
+  the last second) ``rx_total_rate`` and ``rx_total_burst`` shared out
+  evenly among them --
+  many clients NAKing the window cannot make the proxy send max_clients
+  times ``rx_rate``, nor take the others' share -- else an NCF "shed"; a
+  client's NAK
   datagrams beyond 200 a second, bursts of 50, are dropped, and a NAK's
   sequences beyond :data:`lbmr_proto.lbtru.MAX_NAKS` ignored); a sequence the
   proxy never got (lost on the way) is NAKed towards the origin over the
@@ -83,7 +85,8 @@ CONNECT_TIMEOUT = 2.0  # seconds an unconfirmed client is kept
 SM_MIN, SM_MAX = 0.2, 10.0  # seconds (UM's transport_lbtru_sm_minimum/maximum_interval)
 NAK_IGNORE = 0.2  # seconds between two NAKs of one sequence towards the origin
 RX_RATE, RX_BURST = 2000.0, 500  # retransmissions per client a second, burst
-RX_TOTAL_RATE, RX_TOTAL_BURST = 20000.0, 5000  # retransmissions of the proxy (all clients) a second, burst
+RX_TOTAL_RATE, RX_TOTAL_BURST = 20000.0, 5000  # ... and of all clients together, shared out evenly
+NAKER_WINDOW = 1.0  # seconds: the clients that NAKed within it share the proxy's retransmissions
 NAK_RATE, NAK_BURST = 200.0, 50  # NAK datagrams per client a second, burst (more are dropped)
 MAX_PENDING = 65536  # (sequence, client) pairs waiting for the origin's retransmission
 
@@ -135,12 +138,12 @@ class RuFanout:
         self.sm_min, self.sm_max, self.nak_ignore = sm_min, sm_max, nak_ignore
         self.rx_rate, self.rx_burst = rx_rate, rx_burst
         self.rx_total_rate, self.rx_total_burst = rx_total_rate, rx_total_burst
-        self._rx_tokens, self._rx_tokens_at = float(rx_total_burst), -math.inf
         self.clients: dict[Addr, RuClient] = {}
         # the clients in the order they were last heard from (oldest first), so that
         # expiry, the next wake-up and the data's targets cost O(1) per client concerned
         self._confirmed: OrderedDict[Addr, None] = OrderedDict()
         self._unconfirmed: OrderedDict[Addr, None] = OrderedDict()
+        self._nakers: OrderedDict[Addr, float] = OrderedDict()  # when each last NAKed, oldest first
         self.lead: int | None = None  # newest sequence known (data or the origin's SM)
         self.trail = 0  # oldest sequence served: from the buffer, or asked of the origin
         self.buffer: dict[int, bytes] = {}  # sequence -> payload
@@ -251,6 +254,7 @@ class RuFanout:
         """``cl`` leaves: its entries in :attr:`pending` go (its own only)."""
         self._unconfirmed.pop(cl.addr, None)
         self._confirmed.pop(cl.addr, None)
+        self._nakers.pop(cl.addr, None)
         for q in cl.waiting:
             waiting = self.pending.get(q)
             if waiting is not None and cl.addr in waiting:
@@ -291,17 +295,20 @@ class RuFanout:
         if isinstance(m, RU.Ack):
             return []
         dt, cl.tokens_at = max(0.0, now - cl.tokens_at), now
-        cl.tokens = min(float(self.rx_burst), cl.tokens + dt * self.rx_rate)
+        nakers = self._nakers  # the proxy's retransmissions shared out evenly among them
+        nakers[cl.addr] = now
+        nakers.move_to_end(cl.addr)
+        while now - next(iter(nakers.values())) > NAKER_WINDOW:
+            nakers.popitem(last=False)
+        n = len(nakers)
+        cl.tokens = min(min(float(self.rx_burst), max(1.0, self.rx_total_burst / n)),
+                        cl.tokens + dt * min(self.rx_rate, self.rx_total_rate / n))
         cl.nak_tokens = min(float(NAK_BURST), cl.nak_tokens + dt * NAK_RATE)
         if cl.nak_tokens < 1.0:
             c["lbtru_naks_rate_limited"] += 1
             return []
         cl.nak_tokens -= 1.0
         c["lbtru_naks_from_clients"] += 1
-        if now > self._rx_tokens_at:  # the proxy's tokens (full at the start: -inf)
-            self._rx_tokens = min(float(self.rx_total_burst),
-                                  self._rx_tokens + (now - self._rx_tokens_at) * self.rx_total_rate)
-            self._rx_tokens_at = now
         sqns = m.sqns
         if len(sqns) > RU.MAX_NAKS:
             c["lbtru_nak_truncated"] += 1
@@ -353,12 +360,11 @@ class RuFanout:
                 continue
             p = self.buffer.get(q)
             if p is not None:
-                if cl.tokens < 1.0 or self._rx_tokens < 1.0:
+                if cl.tokens < 1.0:
                     shed.append(q)
-                    c["lbtru_retransmissions_limited" if cl.tokens < 1.0 else "lbtru_retransmissions_proxy_limited"] += 1
+                    c["lbtru_retransmissions_limited"] += 1
                     continue
                 cl.tokens -= 1.0
-                self._rx_tokens -= 1.0
                 out.append((RU.encode_data(q, self.trail, p, session_id=self.session_id, retransmission=True),
                             cl.addr))
                 c["lbtru_retransmissions"] += 1
@@ -434,4 +440,5 @@ class RuFanout:
         self.clients.clear()
         self._unconfirmed.clear()
         self._confirmed.clear()
+        self._nakers.clear()
         return out

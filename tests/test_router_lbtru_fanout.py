@@ -284,24 +284,30 @@ def test_a_sequence_that_wraps_or_restarts_far_behind_starts_the_window_over():
     assert h.counters["lbtru_rm_sequence_jump"] == 0
 
 
-def test_retransmissions_are_bounded_for_the_proxy_as_a_whole():
+def test_retransmissions_are_bounded_for_the_proxy_as_a_whole_and_shared_out_evenly():
     f = RuFanout(SID, window=1000, max_clients=64)
     for q in range(1000):
         f.from_peer(rm_data(q), 0.0)
-    addrs = [("10.0.1.1", 2000 + i) for i in range(30)]
+    addrs = [("10.0.1.1", 2000 + i) for i in range(40)]
     for a in addrs:
         connect(f, a)
     nak = RU.encode_nak(range(0, RU.MAX_NAKS), session_id=SID)
 
-    def sent(now):
-        return sum(isinstance(m, RU.Data) for a in addrs for m, _ in decoded(f.from_client(nak, a, now)))
+    def sent(clients, now):
+        return [sum(isinstance(m, RU.Data) for m, _ in decoded(f.from_client(nak, a, now))) for a in clients]
 
-    # 30 clients at one instant, each within its own burst of 500: 5000 for them all, the rest shed
-    assert sent(1.0) == 5000
-    assert f.counters["lbtru_retransmissions_proxy_limited"] == 30 * RU.MAX_NAKS - 5000
-    assert f.counters["lbtru_retransmissions_limited"] == 0
-    assert sent(1.1) == 2000  # then 20000 a second
-    assert f.counters["lbtru_retransmissions"] == 7000
+    # 39 clients NAK at one instant: beyond ten NAKing, each gets 5000 shared by the clients
+    # NAKing so far, not its own burst of 500 (with 361 asked: the first 13 all)
+    first = sent(addrs[:-1], 1.0)
+    assert first[:13] == [361] * 13 and first[13:] == [min(361, 5000 // n) for n in range(14, 40)]
+    assert sum(first) == 10051 and f.counters["lbtru_retransmissions_limited"] == 39 * 361 - 10051
+    # ... the 40th still gets its share
+    assert sent(addrs[-1:], 1.0) == [125]
+    # ... then all of them 20000 a second together (what is left of the bursts spent at 1.1)
+    sent(addrs, 1.1)
+    assert sum(sent(addrs, 1.2)) <= 2000
+    # when the others have stopped NAKing (for a second), a client gets its whole burst again
+    assert sent(addrs[:5], 3.0) == [361] * 5
 
 
 class _NoScanClients(dict):
