@@ -38,7 +38,7 @@ from lbmr_runtime.netif import open_multicast_socket
 
 from . import peerlink as P
 from .lbtrm import DatagramQueue, GroupPool, RmOrigin, RmProxy
-from .lbtru_fanout import RuFanout
+from .lbtru_fanout import RuFanout, WindowBudget
 from .link import Link, StreamState
 from .peerlink import streams as S
 
@@ -118,6 +118,7 @@ class RmRelay:
         self.max_streams = getattr(endpoint, "lbtrm_max_streams", MAX_STREAMS)
         self.retry_interval = RETRY_INTERVAL
         self.bodies: dict[int, object] = {}  # advert id -> the proxy's advertised transport
+        self.window_budget = WindowBudget()  # the LBT-RU proxies' retransmission windows, together
         self._far: dict[int, dict[int, int]] = {}  # id(link) -> advert id -> far streams
 
     def proxy_body(self, advert_id: int):
@@ -217,6 +218,7 @@ class RmRelay:
         while the link is down; the stream is opened as for a multicast proxy."""
         ip, port = sock.getsockname()[:2]
         fan = RuFanout(secrets.randbits(32), self.counters, nak_port=port, nak_session=secrets.randbits(32),
+                       budget=self.window_budget,
                        max_clients=getattr(self.endpoint, "lbtrm_max_clients", 256))
         self.bodies[f.advert_id] = LbtruSessionTransport(ip, fan.session_id, port)
         up: list = [None]  # (link, stream) while the stream runs: where NAKs for the origin go

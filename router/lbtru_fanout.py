@@ -21,7 +21,9 @@ and a session id of the proxy's own. Then:
   spoofed CREQ costs one 32-byte session message (one datagram for one: no
   amplification). Data the client missed meanwhile it NAKs, like any loss;
 * **retransmission**: the last ``window`` datagrams (and at most
-  ``window_bytes`` of payload) are kept. A NAK from a client is answered
+  ``window_bytes`` of payload; all the proxies of an endpoint together
+  within their :class:`WindowBudget`, each cut to a fair share while they
+  are over it) are kept. A NAK from a client is answered
   from them (DATA with the retransmission flag, at most ``rx_rate`` a second
   per client in bursts of ``rx_burst``, and with many clients NAKing (within
   the last second) ``rx_total_rate`` and ``rx_total_burst`` shared out
@@ -75,11 +77,13 @@ from dataclasses import dataclass, field
 from lbmr_proto import lbtrm as RM
 from lbmr_proto import lbtru as RU
 
-__all__ = ["RuFanout", "RuClient", "MAX_CLIENTS", "WINDOW", "WINDOW_BYTES"]
+__all__ = ["RuFanout", "RuClient", "WindowBudget", "MAX_CLIENTS", "WINDOW", "WINDOW_BYTES",
+           "ENDPOINT_WINDOW_BYTES"]
 
 MAX_CLIENTS = 256  # receivers of one proxy
 WINDOW = 4096  # datagrams kept for retransmission ...
 WINDOW_BYTES = 8 << 20  # ... and at most this many payload bytes
+ENDPOINT_WINDOW_BYTES = 256 << 20  # payload bytes all the proxies of one endpoint keep
 CLIENT_TIMEOUT = 10.0  # seconds (UM's transport_lbtru_client_activity_timeout)
 CONNECT_TIMEOUT = 2.0  # seconds an unconfirmed client is kept
 SM_MIN, SM_MAX = 0.2, 10.0  # seconds (UM's transport_lbtru_sm_minimum/maximum_interval)
@@ -92,6 +96,41 @@ MAX_PENDING = 65536  # (sequence, client) pairs waiting for the origin's retrans
 
 Addr = tuple[str, int]
 Out = list[tuple[bytes, Addr]]
+
+
+class WindowBudget:
+    """The payload bytes the LBT-RU proxies of one endpoint keep, together:
+    at most ``limit``, or ``MIN_SHARE`` a proxy when there are so many that
+    that is more. While they are over, each is cut to its fair share (the
+    limit over the number of proxies): the one adding data first, then the
+    others above their share, oldest data first. ``used``: bytes kept now."""
+
+    MIN_SHARE = 64 << 10  # bytes a proxy may always keep
+
+    def __init__(self, limit: int = ENDPOINT_WINDOW_BYTES) -> None:
+        if limit < 1:
+            raise ValueError("window budget must be positive")
+        self.limit = limit
+        self.used = 0
+        self.members: list[RuFanout] = []
+        self._cursor = 0
+
+    def fair(self) -> int:
+        """The bytes one proxy may keep while the budget is over."""
+        return max(self.MIN_SHARE, self.limit // max(1, len(self.members)))
+
+    def reclaim(self) -> None:
+        """Trim the proxies above their fair share (round robin, each proxy
+        looked at once per call) until the budget holds."""
+        fair = self.fair()
+        for _ in range(len(self.members)):
+            if self.used <= self.limit:
+                return
+            self._cursor %= len(self.members)
+            m = self.members[self._cursor]
+            self._cursor += 1
+            while m.buffer and m.buffer_bytes > fair and self.used > self.limit:
+                m.evict_oldest()
 
 
 @dataclass(slots=True)
@@ -125,7 +164,8 @@ class RuFanout:
                  window_bytes: int = WINDOW_BYTES, client_timeout: float = CLIENT_TIMEOUT,
                  connect_timeout: float = CONNECT_TIMEOUT, sm_min: float = SM_MIN, sm_max: float = SM_MAX,
                  nak_ignore: float = NAK_IGNORE, rx_rate: float = RX_RATE, rx_burst: int = RX_BURST,
-                 rx_total_rate: float = RX_TOTAL_RATE, rx_total_burst: int = RX_TOTAL_BURST) -> None:
+                 rx_total_rate: float = RX_TOTAL_RATE, rx_total_burst: int = RX_TOTAL_BURST,
+                 budget: WindowBudget | None = None) -> None:
         if not (max_clients >= 1 and window >= 1 and window_bytes >= 1 and 0 < sm_min <= sm_max
                 and client_timeout > 0 and connect_timeout > 0 and rx_rate > 0 and rx_burst >= 1
                 and rx_total_rate > 0 and rx_total_burst >= 1):
@@ -148,6 +188,9 @@ class RuFanout:
         self.trail = 0  # oldest sequence served: from the buffer, or asked of the origin
         self.buffer: dict[int, bytes] = {}  # sequence -> payload
         self.buffer_bytes = 0
+        self.budget = budget
+        if budget is not None:
+            budget.members.append(self)
         self.pending: dict[int, set[Addr]] = {}  # sequence -> clients waiting for it
         self._pending_n = 0
         self._naked_up: dict[int, float] = {}  # sequence -> when last NAKed towards the origin
@@ -185,7 +228,7 @@ class RuFanout:
             c["lbtru_rm_duplicate"] += 1
             return []
         self.buffer[q] = m.payload
-        self.buffer_bytes += len(m.payload)
+        self._bytes(len(m.payload))
         self._evict()
         waiting = self._unpend(q)
         self._naked_up.pop(q, None)
@@ -214,7 +257,7 @@ class RuFanout:
             if self.lead is not None:
                 self.counters["lbtru_rm_sequence_jump"] += 1
             self.buffer.clear()
-            self.buffer_bytes = 0
+            self._bytes(-self.buffer_bytes)
             self.pending.clear()
             self._pending_n = 0
             for a in self._confirmed:  # (only confirmed clients NAK)
@@ -227,18 +270,34 @@ class RuFanout:
             return
         self.lead = max(self.lead, q)
 
+    def _bytes(self, n: int) -> None:
+        """``n`` payload bytes more (or fewer) in the buffer, and in the budget."""
+        self.buffer_bytes += n
+        if self.budget is not None:
+            self.budget.used += n
+
     def _evict(self) -> None:
-        """Keep at most ``window`` sequences and ``window_bytes`` bytes."""
+        """Keep at most ``window`` sequences and ``window_bytes`` bytes; while
+        the proxies sharing :attr:`budget` are over it, at most our fair share,
+        and then trim the others above theirs (:meth:`WindowBudget.reclaim`)."""
         assert self.lead is not None
-        while self.buffer and (self.lead - self.trail + 1 > self.window or self.buffer_bytes > self.window_bytes):
-            p = self.buffer.pop(self.trail, None)
-            if p is not None:
-                self.buffer_bytes -= len(p)
-            self._unpend(self.trail)
-            self._naked_up.pop(self.trail, None)
-            self.trail += 1
+        b = self.budget
+        while self.buffer and (self.lead - self.trail + 1 > self.window or self.buffer_bytes > self.window_bytes
+                               or (b is not None and b.used > b.limit and self.buffer_bytes > b.fair())):
+            self.evict_oldest()
         if not self.buffer and self.lead - self.trail + 1 > self.window:
             self.trail = self.lead - self.window + 1
+        if b is not None and b.used > b.limit:
+            b.reclaim()
+
+    def evict_oldest(self) -> None:
+        """Forget the oldest sequence of the window (and step past it)."""
+        p = self.buffer.pop(self.trail, None)
+        if p is not None:
+            self._bytes(-len(p))
+        self._unpend(self.trail)
+        self._naked_up.pop(self.trail, None)
+        self.trail += 1
 
     def _unpend(self, q: int) -> set[Addr]:
         """Sequence ``q`` is no longer waited for: the clients that were."""
@@ -435,7 +494,12 @@ class RuFanout:
         return nxt
 
     def close(self) -> Out:
-        """The proxy ends: an RST to every confirmed client."""
+        """The proxy ends: an RST to every confirmed client (and its window
+        given back to the budget)."""
+        self.buffer.clear()
+        self._bytes(-self.buffer_bytes)
+        if self.budget is not None and self in self.budget.members:
+            self.budget.members.remove(self)
         out = [(RU.encode_rst(), a) for a in self._confirmed]
         self.clients.clear()
         self._unconfirmed.clear()

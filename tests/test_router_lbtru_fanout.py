@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from lbmr_proto import lbtrm as RM
 from lbmr_proto import lbtru as RU
-from router.lbtru_fanout import RuFanout
+from router.lbtru_fanout import RuFanout, WindowBudget
 
 SID = 0x5E55
 A, B = ("10.0.0.5", 14360), ("10.0.0.6", 14361)
@@ -344,3 +344,21 @@ def test_unconfirmed_clients_cost_nothing_per_datagram_or_timer_wake_up():
     assert f.next_due() == pytest.approx(2.003) and f.counters["lbtru_clients_expired"] == 2
     f.tick(5.0)
     assert list(dict.keys(f.clients)) == [A] and f.counters["lbtru_clients_expired"] == 1000
+
+
+def test_the_proxies_of_an_endpoint_share_one_window_budget(monkeypatch):
+    monkeypatch.setattr(WindowBudget, "MIN_SHARE", 100)
+    budget = WindowBudget(1000)
+    f, g = RuFanout(SID, budget=budget), RuFanout(SID + 1, budget=budget)
+    for q in range(20):
+        f.from_peer(rm_data(q, b"f" * 100), 0.0)
+    assert 900 <= budget.used <= 1000 and f.buffer_bytes == budget.used  # f alone (g empty): the budget
+    for q in range(8):
+        g.from_peer(rm_data(q, b"g" * 100), 0.0)
+    # g adds data while they are over: each is cut to its fair share (500), f's oldest first
+    assert budget.used <= 1000 and f.buffer_bytes == 500 and g.buffer_bytes == 500
+    assert sorted(f.buffer) == [15, 16, 17, 18, 19] and sorted(g.buffer) == [3, 4, 5, 6, 7]
+    f.close()
+    assert budget.used == g.buffer_bytes and f.buffer_bytes == 0 and budget.members == [g]
+    g.close()
+    assert budget.used == 0 and budget.members == []
