@@ -739,6 +739,7 @@ class Link:
         stream's socket takes at once goes on at once (:meth:`forward`)."""
         self._left = nbytes
         self._waited = False
+        self._pipe_full = False
         tcp = st.kind == P.StreamKind.TCP and isinstance(st.sock, trio.SocketStream)
         while self._left:
             await self._splice_step(st, tcp)
