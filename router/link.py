@@ -87,8 +87,11 @@ SPLICE_FRAME = P.MAX_PAYLOAD - 4
 SPLICE_MIN = 16 << 10
 PEEK_SIZE = 64 << 10  # bytes peeked: whole bursts of control frames and datagrams at a time ...
 PEEK_AFTER_SPLICE = 16  # ... but after a spliced frame, likely followed by another: its head (read)
-# pipes one stream may fill before its bytes take the copy path (4 MiB: its initial window;
-# a stream whose window grew has a consumer that keeps up, so its pipes rarely fill)
+# pipes one stream may be filling at once before its bytes take the copy path. Full pipes
+# waiting for the stream's socket to drain them (rx_retired) are not counted: a stream holds
+# at most its receive window in pipes (bytes the peer may send it), and a router at most its
+# PipePool's limit (256 pipes of 1 MiB) in all; a stream whose window grew has a consumer
+# that keeps up, so its pipes rarely wait long
 RX_PIPES = 4
 # The reader lets the other tasks run after each read that did not wait, except between
 # spliced STREAM_DATA frames: after RX_YIELD bytes of them (each such pause costs a round of
