@@ -305,6 +305,10 @@ def test_groups_cross_a_veth_only_with_ttl_1(netns_factory):
 def test_netns_helper_cleans_up(netns_factory):
     ns = netns_factory()
     p = ns.popen(["sleep", "60"])
+    # `ip netns exec` enters the namespace after the fork: give it a moment on a busy host
+    deadline = time.monotonic() + 10
+    while p.pid not in ns.pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert ns.name in NetNS.list_names() and p.pid in ns.pids()
     assert "MULTICAST" in ns.ip("link", "show", "lo") and "224.0.0.0/4" in ns.ip("route")
     ns.close()
