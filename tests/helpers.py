@@ -128,3 +128,14 @@ def ns_status(ns, ip: str, port: int = 18080) -> dict:
                                       f"'http://{ip}:{port}/status', timeout=5).read().decode())"], timeout=20)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+
+
+def start_pair(a, b, cfg_a, cfg_b, logs: dict) -> tuple:
+    """lbmrds on 127.0.1.1 (in namespace ``a``) and 127.0.2.1 (in ``b``), then router
+    B (``cfg_b``) and router A (``cfg_a``), each writing to ``logs[la|lb|ra|rb]``;
+    returns the two routers' processes (A, B)."""
+    a.popen(LBMRD + ["-i", "127.0.1.1", "--stats-interval", "0"], stdout=logs["la"], stderr=logs["la"])
+    b.popen(LBMRD + ["-i", "127.0.2.1", "--stats-interval", "0"], stdout=logs["lb"], stderr=logs["lb"])
+    rb = b.popen(ROUTER + [str(cfg_b)], stdout=logs["rb"], stderr=logs["rb"])
+    ra = a.popen(ROUTER + [str(cfg_a)], stdout=logs["ra"], stderr=logs["ra"])
+    return ra, rb

@@ -121,6 +121,29 @@ async def advertise_forever(sock, daemon, ip, port, topic=TOPIC):
         await trio.sleep(0.5)
 
 
+async def rm_source(nursery, trd, topic, *, count, rate, size=1400, ip="127.0.1.5", ctx_ip="127.0.1.6",
+                    group=("239.192.9.9", 15009), session_id=0x5151, seed=11):
+    """An LBT-RM source (lbmr-sim's RmDataSource: ``count`` datagrams of ``size``
+    bytes at ``rate`` a second to ``group``) at ``ip``, advertised for ``topic``
+    in the lbmrd ``trd`` from ``ctx_ip`` every 0.5 s; returns the source."""
+    from lbmr_tools.sim.dataplane import RmDataSource
+
+    src = RmDataSource(ip, 0, group=group[0], dest_port=group[1], session_id=session_id, count=count,
+                       seed=seed, rate=rate, datagram_size=size)
+    sip, sport = await nursery.start(src.serve)
+    tir = L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, L.LbtrmTransport(sip, group[0], session_id, group[1], sport),
+                                              60, 3)]))
+    ctx = udp(ctx_ip)
+
+    async def advertise():
+        while True:
+            await ctx.sendto(tir, trd)
+            await trio.sleep(0.5)
+
+    nursery.start_soon(advertise)
+    return src
+
+
 def udp(ip):
     s = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
     s._sock.bind((ip, 0))

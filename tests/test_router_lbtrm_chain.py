@@ -20,12 +20,11 @@ netns_factory = netns.netns_factory
 
 SCRIPT = r'''
 import json, trio
-import lbmr_proto as L
 import sys
-from lbmr_tools.sim.dataplane import RmDataReceiver, RmDataSource, UmRuDataReceiver
+from lbmr_tools.sim.dataplane import RmDataReceiver, UmRuDataReceiver
 from router.config_model import LbtrmConfig, RouteInfoConfig, acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
 from router.multi import MultiRouter
-from tests.test_router_e2e import resolve, start_lbmrd, udp
+from tests.test_router_e2e import resolve, rm_source, start_lbmrd, udp
 
 IPS = {d: f"127.0.{d}.1" for d in (1, 2, 3)}
 RI = RouteInfoConfig(propagation_interval_ms=500, timeout_ms=2000)
@@ -50,18 +49,7 @@ async def main():
         r3 = router("r3", 3, trds[3], [initiator_peer("3-2", p23[0], p23[1], reconnect_interval_ms=200)])
         await n.start(r1.run)
         await n.start(r3.run)
-        src = RmDataSource("127.0.1.5", 0, group="239.192.9.9", dest_port=15009, session_id=0x5151,
-                           count=COUNT, seed=11, rate=1000)
-        sip, sport = await n.start(src.serve)
-        tir = L.encode(L.Packet(0, 1, tirs=[L.TIR(TOPIC, L.LbtrmTransport(sip, "239.192.9.9", 0x5151, 15009, sport), 60, 3)]))
-        ctx = udp("127.0.1.6")
-
-        async def advertise():
-            while True:
-                await ctx.sendto(tir, trds[1])
-                await trio.sleep(0.5)
-
-        n.start_soon(advertise)
+        await rm_source(n, trds[1], TOPIC, count=COUNT, rate=1000)
         t = await resolve(udp("127.0.3.9"), trds[3], timeout=20, topic=TOPIC)
         b = t.transport
         out["transport"] = [b.NAME, b.ip, getattr(b, "mcast_group", None), getattr(b, "dest_port", None)]

@@ -16,7 +16,7 @@ import subprocess
 import time
 
 from tests import netns
-from tests.helpers import LBMRD, ROUTER, SIM, acceptor_xml, initiator_xml, ns_status, pair_xml
+from tests.helpers import SIM, acceptor_xml, initiator_xml, ns_status, pair_xml, start_pair
 
 netns_factory = netns.netns_factory  # the fixture
 
@@ -37,10 +37,7 @@ def test_lbtrm_source_across_one_hop_with_naks_through_the_routers(netns_factory
     common = ["--topics", "1", "--topic-prefix", "md.rm.", "--transport", "lbtrm",
               "--data-datagrams", str(COUNT), "--json"]
     try:
-        a.popen(LBMRD + ["-i", "127.0.1.1", "--stats-interval", "0"], stdout=logs["la"], stderr=logs["la"])
-        b.popen(LBMRD + ["-i", "127.0.2.1", "--stats-interval", "0"], stdout=logs["lb"], stderr=logs["lb"])
-        rb = b.popen(ROUTER + [str(cfg_b)], stdout=logs["rb"], stderr=logs["rb"])
-        ra = a.popen(ROUTER + [str(cfg_a)], stdout=logs["ra"], stderr=logs["ra"])
+        ra, rb = start_pair(a, b, cfg_a, cfg_b, logs)
         time.sleep(0.5)
         rcv = b.popen(SIM + ["--daemon", "127.0.2.1:15380", "--bind-base", "127.0.2.10", "--contexts", "1",
                              "--sources-per-topic", "0", "--receivers-per-context", "1", "--verify-data",

@@ -18,7 +18,7 @@ import subprocess
 import time
 
 from tests import netns
-from tests.helpers import LBMRD, ROUTER, SIM, acceptor_xml, initiator_xml, ns_status, pair_xml
+from tests.helpers import SIM, acceptor_xml, initiator_xml, ns_status, pair_xml, start_pair
 
 netns_factory = netns.netns_factory  # the fixture
 
@@ -38,10 +38,7 @@ def test_lbtrm_source_reaches_a_trd_without_multicast_as_lbtru(netns_factory, tm
     common = ["--topics", "1", "--topic-prefix", "md.rm.", "--transport", "lbtrm",
               "--data-datagrams", str(COUNT), "--json"]
     try:
-        a.popen(LBMRD + ["-i", "127.0.1.1", "--stats-interval", "0"], stdout=logs["la"], stderr=logs["la"])
-        b.popen(LBMRD + ["-i", "127.0.2.1", "--stats-interval", "0"], stdout=logs["lb"], stderr=logs["lb"])
-        rb = b.popen(ROUTER + [str(cfg_b)], stdout=logs["rb"], stderr=logs["rb"])
-        a.popen(ROUTER + [str(cfg_a)], stdout=logs["ra"], stderr=logs["ra"])
+        _, rb = start_pair(a, b, cfg_a, cfg_b, logs)
         time.sleep(0.5)
         # the source first: its session is under way before router B's proxy exists
         a.popen(SIM + ["--daemon", "127.0.1.1:15380", "--bind-base", "127.0.1.10", "--source-ip", "bind",

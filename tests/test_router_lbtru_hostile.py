@@ -15,13 +15,12 @@ netns_factory = netns.netns_factory
 
 PRELUDE = r'''
 import json, socket, trio
-import lbmr_proto as L
 from lbmr_proto import lbtru as RU
-from lbmr_tools.sim.dataplane import RmDataSource, UmRuDataReceiver
+from lbmr_tools.sim.dataplane import UmRuDataReceiver
 from router import lbtrm_relay
 from router.config_model import LbtrmConfig, RouteInfoConfig, acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
 from router.multi import MultiRouter
-from tests.test_router_e2e import resolve, start_lbmrd, udp
+from tests.test_router_e2e import resolve, rm_source, start_lbmrd, udp
 
 IPS = {1: "127.0.1.1", 2: "127.0.2.1"}
 RI = RouteInfoConfig(propagation_interval_ms=500, timeout_ms=2000)
@@ -40,19 +39,7 @@ async def setup(n, count, *, rate=5000, size=200, max_clients=256):
     r1 = MultiRouter(router_config("r1", [ep1], [initiator_peer("1-2", p21[0], p21[1], reconnect_interval_ms=200)],
                                    route_info=RI))
     await n.start(r1.run)
-    src = RmDataSource("127.0.1.5", 0, group="239.192.9.9", dest_port=15009, session_id=0x5151, count=count,
-                       seed=11, rate=rate, datagram_size=size)
-    sip, sport = await n.start(src.serve)
-    tir = L.encode(L.Packet(0, 1, tirs=[L.TIR(TOPIC, L.LbtrmTransport(sip, "239.192.9.9", 0x5151, 15009, sport),
-                                              60, 3)]))
-    ctx = udp("127.0.1.6")
-
-    async def advertise():
-        while True:
-            await ctx.sendto(tir, trds[1])
-            await trio.sleep(0.5)
-
-    n.start_soon(advertise)
+    await rm_source(n, trds[1], TOPIC, count=count, rate=rate, size=size)
     return (await resolve(udp("127.0.2.9"), trds[2], timeout=20, topic=TOPIC)).transport, r2
 
 
