@@ -9,8 +9,8 @@ socket and timers, shared by every link of the endpoint), the peer link
 (connect or accept, handshake, reader, writer, timers; reconnect every
 ``reconnect_interval``), one proxy listener per advertised proxy source and
 one task per relayed stream (:mod:`router.relay`). The protocol logic is
-sans-IO: :class:`router.bridge.Bridge` (the link's view of the endpoint's
-topic resolution, :class:`router.endpoint_portal.PortalView`, joined to the
+sans-IO: :class:`router.core.bridge.Bridge` (the link's view of the endpoint's
+topic resolution, :class:`router.core.endpoint_portal.PortalView`, joined to the
 peer: advert ids, proxies, interest), :class:`router.peerlink.PeerConnection`
 (the link) and :class:`router.peerlink.streams.StreamTable` (streams and
 credit). The tasks call the bridge directly (its methods never wait) and
@@ -39,14 +39,14 @@ from lbmr_runtime.events import EventRing
 from lbmr_runtime.http import PrometheusText, serve_http
 
 from . import peerlink as P
-from .bridge import Bridge, Notice, ProxyDown, ProxyUp, SendFrame, StartProxy, StopProxy
 from .config_model import EndpointConfig, PeerConfig
-from .endpoint_portal import PortalView
+from .core.bridge import Bridge, Notice, ProxyDown, ProxyUp, SendFrame, StartProxy, StopProxy
+from .core.endpoint_portal import PortalView
+from .core.tr import RemoteCheck, UseQuery
 from .link import CONNECT_TIMEOUT, RAW_LIMIT, Link
 from .peerlink import streams as S
 from .portal_task import PortalTask
 from .relay import PortPool, Relay
-from .tr import RemoteCheck, UseQuery
 
 log = logging.getLogger("lbmr-router")
 
@@ -116,7 +116,7 @@ async def open_peer_stream(peer: PeerConfig) -> trio.SocketStream:
 def portal_timing(e: EndpointConfig) -> dict:
     """The endpoint's ``<topic-resolution>`` timing (with the ``<rate-limit>``s of
     its elements), ``<remote-topic>`` and ``<remote-pattern>`` as
-    :class:`router.tr.PortalTR` arguments (seconds; rate limits as (bits a
+    :class:`router.core.tr.PortalTR` arguments (seconds; rate limits as (bits a
     second, objects a second))."""
     tr = e.topic_resolution
 

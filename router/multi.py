@@ -19,10 +19,10 @@ directly, one hop).
 
 Each endpoint portal is one UM context in its TRD, as the DRO's is: one TR
 socket, one source id and one topic resolution
-(:class:`router.portal_task.PortalTask`, :mod:`router.endpoint_portal`),
+(:class:`router.portal_task.PortalTask`, :mod:`router.core.endpoint_portal`),
 shared by all the portal links of the endpoint, and one set of relay ports
 (one quarantine). Loop prevention is the portal's single-hop rule
-(:mod:`router.tr`): what a router advertises into a TRD (source type TNWGD,
+(:mod:`router.core.tr`): what a router advertises into a TRD (source type TNWGD,
 another domain's id) is never bridged again, by any portal link of any
 router, so a topic is advertised once per TRD for each TRD that has a
 source of it.
@@ -32,9 +32,9 @@ link already reaches (same name, or a domain id in common): its TRDs would
 be bridged twice.
 
 Multi-hop: the router is the *hub* of its peer links' portal links. It runs
-the route info protocol (:class:`router.routing.Routing`: TOPOLOGY frames,
+the route info protocol (:class:`router.core.routing.Routing`: TOPOLOGY frames,
 the topology map, every router's lowest-cost tree) and passes interest and
-advertisements between peer links (:class:`router.transit.Transit`); the
+advertisements between peer links (:class:`router.core.transit.Transit`); the
 bridges send their TRD's interest only on the links the routes give it
 (``interest_filter``) and proxy a source that another link wants
 (``transit_wants``). Routes are recomputed on every change of the map (a link
@@ -58,11 +58,11 @@ from lbmr_runtime.http import PrometheusText, serve_http
 
 from . import peerlink as P
 from .config_model import EndpointConfig, PeerConfig, RouterConfig, acceptor_peer, initiator_peer
+from .core.routing import Routing
+from .core.transit import Transit
 from .daemon import Router, portal_timing, serve_signals
 from .portal_task import PortalTask
 from .relay import PortPool
-from .routing import Routing
-from .transit import Transit
 
 __all__ = ["MultiRouter"]
 

@@ -1,9 +1,9 @@
 """One endpoint portal's task on trio: its TR socket and its shared topic
-resolution (:class:`router.endpoint_portal.EndpointPortal`), serving every
+resolution (:class:`router.core.endpoint_portal.EndpointPortal`), serving every
 link of the endpoint (one UM context in the TRD, as the DRO's portal is).
 
 The endpoint's links (:class:`router.daemon.Router` units) each get a
-:class:`router.endpoint_portal.PortalView` (:meth:`PortalTask.view`) and
+:class:`router.core.endpoint_portal.PortalView` (:meth:`PortalTask.view`) and
 register with :meth:`PortalTask.serve`; after every datagram and timer the
 task has each of them act on its events (``portal_changed()``), and a link
 that gave its view work calls :meth:`PortalTask.wake`. Times are seconds
@@ -22,8 +22,8 @@ import trio
 from lbmr_runtime.netif import open_multicast_socket
 
 from .config_model import EndpointConfig
-from .endpoint_portal import EndpointPortal, PortalView
-from .tr import PortalTR
+from .core.endpoint_portal import EndpointPortal, PortalView
+from .core.tr import PortalTR
 
 __all__ = ["PortalTask", "PORTAL_QUEUE", "TR_SOCKET_BUFFER"]
 
@@ -49,7 +49,7 @@ class Wake:
 class PortalTask:
     """``await nursery.start(task.run)`` reports the TR socket's address; then
     :meth:`view` and :meth:`serve` for each link. ``endpoint``: the portal's
-    settings; ``timing``: :class:`router.tr.PortalTR` keyword arguments (the
+    settings; ``timing``: :class:`router.core.tr.PortalTR` keyword arguments (the
     endpoint's ``<topic-resolution>``); ``counters``: where drops are counted."""
 
     def __init__(self, endpoint: EndpointConfig, timing: dict, counters) -> None:

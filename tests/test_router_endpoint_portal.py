@@ -1,5 +1,5 @@
 """One endpoint portal, one UM context in its TRD, shared by its links
-(router/endpoint_portal.py sans-IO; router/portal_task.py and router/multi.py
+(router/core/endpoint_portal.py sans-IO; router/portal_task.py and router/multi.py
 on real sockets): remote interest per link, sources to the links that want
 them, proxies of several links with the same advert ids, each link's share of
 the interest limit, and one TR socket and one source id per endpoint."""
@@ -13,11 +13,10 @@ import trio
 
 import lbmr_proto as L
 from router import peerlink as P
-from router.bridge import Bridge, SendFrame
 from router.config_model import acceptor_peer, initiator_peer
-from router.endpoint_portal import EndpointPortal
-from router.multi import MultiRouter
-from router.tr import (
+from router.core.bridge import Bridge, SendFrame
+from router.core.endpoint_portal import EndpointPortal
+from router.core.tr import (
     PortalTR,
     ProxySource,
     RemoteCheck,
@@ -25,6 +24,7 @@ from router.tr import (
     SourceGone,
     SourceSeen,
 )
+from router.multi import MultiRouter
 from tests.test_router_bridge import APP, GROUP, OTID, TOPIC, advert, dgram, source_tir
 from tests.test_router_e2e import start_lbmrd, udp
 from tests.test_router_portals import ep, router_config

@@ -1278,7 +1278,7 @@ class PortalTR:
         except KeyError:
             pass
         try:
-            rx = Matcher(key[1])  # from the wire: never backtracks (router.wildcard)
+            rx = Matcher(key[1])  # from the wire: never backtracks (router.core.wildcard)
         except PatternError:
             rx = None
         if len(self._regexes) >= 4096:

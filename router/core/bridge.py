@@ -1,6 +1,6 @@
 """The router's bridge, sans-IO: one endpoint portal joined to one peer link.
 
-A :class:`Bridge` owns the portal's topic resolution (:class:`router.tr.PortalTR`)
+A :class:`Bridge` owns the portal's topic resolution (:class:`router.core.tr.PortalTR`)
 and the tables that tie it to the peer: the advertisement ids it gives the
 sources of its TRD that the peer wants (far side), and the proxies it runs for
 the sources the peer advertises (near side). It translates portal TR events
@@ -16,9 +16,9 @@ Inputs (method calls, made serially):
   :meth:`Bridge.link_down`;
 * from the I/O shell: :meth:`Bridge.proxy_listening` (a proxy's listener is
   bound at its relay address), and :meth:`Bridge.drain_portal` when the
-  portal is an endpoint's shared one (:class:`router.endpoint_portal.PortalView`)
+  portal is an endpoint's shared one (:class:`router.core.endpoint_portal.PortalView`)
   and something other than this bridge gave it work: the TRD's datagrams and
-  timers are then the endpoint's (:class:`router.endpoint_portal.EndpointPortal`),
+  timers are then the endpoint's (:class:`router.core.endpoint_portal.EndpointPortal`),
   not the bridge's.
 
 Outputs accumulate in order and :meth:`Bridge.outputs` drains them:
@@ -48,7 +48,7 @@ Rules (unchanged from the router's first version):
   peer (``adverts_withdrawn_uninterested``). Only TCP, LBT-RU and
   LBT-RM sources are advertised (``unrelayable_transport`` otherwise).
 * **Near side: proxies.** The peer's advertisements are served by one proxy
-  per transport session (:mod:`router.sessions`: those with the same
+  per transport session (:mod:`router.core.sessions`: those with the same
   transport and ``session`` share it). An ADVERTISEMENT of a new session
   starts a proxy (:class:`StartProxy`); one of a session whose listener is
   bound is advertised at once. Refused: an advertisement already proxied (a
@@ -65,7 +65,7 @@ Rules (unchanged from the router's first version):
   sends the final advertisements.
 * **Link down.** Every proxy is stopped, the advert ids are forgotten, the
   remote interests are cancelled and the portal's proxies removed.
-* **ACLs** (:mod:`router.acl`): ``acl`` is the endpoint portal's, ``link_acl``
+* **ACLs** (:mod:`router.core.acl`): ``acl`` is the endpoint portal's, ``link_acl``
   the peer portal's (OPEN for a link between two endpoints of one router:
   the far endpoint's bridge applies its own). Local interest goes to the
   link only if the endpoint's outbound and the link's inbound lists can
@@ -89,7 +89,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from . import peerlink as P
+from .. import peerlink as P
 from .acl import OPEN, PortalAcl, Session
 from .endpoint_portal import PortalView
 from .sessions import ProxySession, ProxySessions, SourceAdverts

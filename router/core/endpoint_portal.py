@@ -1,10 +1,10 @@
 """One endpoint portal's topic resolution shared by all the links it serves, sans-IO.
 
 An endpoint portal is one UM context in its TRD, as the DRO's is: one TR
-socket, one source id (SourceIdOption), one :class:`router.tr.PortalTR`,
+socket, one source id (SourceIdOption), one :class:`router.core.tr.PortalTR`,
 however many links (peer links, other endpoints of the router) it serves.
 :class:`EndpointPortal` owns that PortalTR; each link's
-:class:`router.bridge.Bridge` gets a :class:`PortalView` of it, with the
+:class:`router.core.bridge.Bridge` gets a :class:`PortalView` of it, with the
 calls and answers of a PortalTR of its own:
 
 * **Local interest** (the TRD's TQRs) is the portal's: its events
@@ -179,7 +179,7 @@ class PortalView:
 
 class EndpointPortal:
     """The shared topic resolution of one endpoint portal (module doc):
-    ``tr`` is its :class:`router.tr.PortalTR` (its ``max_remote_interests`` is
+    ``tr`` is its :class:`router.core.tr.PortalTR` (its ``max_remote_interests`` is
     each link's share)."""
 
     def __init__(self, tr: PortalTR) -> None:
