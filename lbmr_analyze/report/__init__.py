@@ -17,7 +17,7 @@ from .files import replace, write_tables
 from .page import HTML_ROWS, SERIES
 from .plots import write_plots
 
-__all__ = ["HTML_ROWS", "SERIES", "write_report", "write_tables", "write_plots"]
+__all__ = ["HTML_ROWS", "SERIES", "html_page", "write_report", "write_tables", "write_plots"]
 
 #: A table left out of the page when another one shown before it holds the same rows.
 DUPLICATES = {"contexts": "top_talkers"}
@@ -48,13 +48,21 @@ def _tables_html(tables: dict[str, list[dict]], clock: CaptureClock, top: int) -
 
 
 def write_report(out: Path, tables: dict[str, list[dict]], summary: dict, *, top: int = 20) -> None:
-    """The plots and ``out/report.html``.  ``tables`` maps each table's name to its
-    rows (the page shows them in that order); ``summary`` holds the totals (files,
-    datagrams, records, bytes, topics, contexts, first_seen and last_seen as ISO
-    times, storm_threshold); ``top`` is the length of the top-N tables (``--top``):
-    a table of at most that many rows that repeats one of them is left out."""
+    """The plots and ``out/report.html`` (see :func:`html_page`)."""
     clock = CaptureClock(summary["first_seen"])
     plots = write_plots(out, tables, summary.get("storm_threshold", 0), clock)
+    replace(out / "report.html", html_page(tables, summary, plots, top=top))
+
+
+def html_page(tables: dict[str, list[dict]], summary: dict, plots: list[tuple[str, str]], *,
+              top: int = 20) -> str:
+    """The page.  ``tables`` maps each table's name to its rows (the page shows
+    them in that order); ``summary`` holds the totals (files, datagrams, records,
+    bytes, topics, contexts, first_seen and last_seen as ISO times); ``plots`` are
+    the (file name, description) of the plots beside it; ``top`` is the length of
+    the top-N tables (``--top``): a table of at most that many rows that repeats one
+    of them is left out."""
+    clock = CaptureClock(summary["first_seen"])
     toc = " &middot; ".join(f'<a href="#{n}">{html.escape(n)}</a>' for n in tables if n != "findings")
     body = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -73,4 +81,4 @@ def write_report(out: Path, tables: dict[str, list[dict]], summary: dict, *, top
                 '<code>records/</code> (Parquet, partitioned by hour; schema in lbmr-analyze(1)).</p>')
     body.append(f"<script>{page.JS}</script>")
     body.append("</body></html>")
-    replace(out / "report.html", "\n".join(body) + "\n")
+    return "\n".join(body) + "\n"
