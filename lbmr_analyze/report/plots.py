@@ -53,8 +53,8 @@ def _time_axis(span_s: float) -> tuple[float, str]:
 
 
 def plot_load(load: list[dict], threshold: int, clock: CaptureClock):
-    """Datagrams per second (per-minute means for spans over two hours), all kinds
-    and per record kind, on a log scale with the storm threshold drawn.  None when
+    """Datagrams per second (per-minute means for spans over two hours) as steps,
+    all kinds and per record kind, on a log scale with the storm threshold drawn.  None when
     there is no traffic."""
     if not load:
         return None
@@ -73,12 +73,14 @@ def plot_load(load: list[dict], threshold: int, clock: CaptureClock):
     for kind in sorted(series, key=lambda k: (k != "ALL", k)):
         d = series[kind]
         pts = [(b, d.get(b, 0)) for b in range(first, last + step, step)] if dense else sorted(d.items())
+        pts.append((pts[-1][0] + step, pts[-1][1]))                # the last bucket's end
         xs = [clock.offset_s(t) / unit for t, _ in pts]
         ys = [v / step if v else float("nan") for _, v in pts]     # log scale: gaps for idle buckets
-        ax.plot(xs, ys, marker="." if len(xs) < 120 else None, linewidth=2 if kind == "ALL" else 0.8,
-                label=kind, color="black" if kind == "ALL" else None, zorder=3 if kind == "ALL" else 2)
+        ax.step(xs, ys, where="post", linewidth=2 if kind == "ALL" else 0.9, label=kind,
+                color="black" if kind == "ALL" else None, zorder=3 if kind == "ALL" else 2)
     ax.axhline(threshold, color="red", linestyle="--", linewidth=1, label=f"storm threshold ({threshold}/s)")
     ax.set_yscale("log")
+    ax.set_xlim(0, clock.offset_s(last + step) / unit)     # the first bucket starts before the first datagram
     ax.set_ylabel("datagrams per second" + (" (per-minute mean)" if step > 1 else ""))
     ax.set_xlabel(f"{unit_name} after capture start")
     _legend_outside(ax)
