@@ -13,6 +13,7 @@ unfold, no console error and no request other than file://.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ from lbmr_analyze.report.page import finding_groups
 
 from . import report_tables as RT
 
-CHROMIUM = "/usr/bin/chromium"           # Debian's package (scripts/test installs it)
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"   # Debian's package (scripts/test installs it)
 REAL_CAPTURE = Path(__file__).resolve().parents[2] / "shared" / "captures" / "um614-multicast-tr.pcap"
 WIDTH = 1400
 
