@@ -99,13 +99,18 @@ async def test_a_flipped_byte_and_a_cut_are_reported():
     assert cutr.error == "truncated: the stream ended after 3000 of 50000 payload bytes"
 
 
-async def _skipping_proxy(upstream, skip: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Relay one connection, dropping the first ``skip`` bytes downstream."""
+async def _one_connection(upstream, task_status) -> tuple[trio.SocketStream, trio.SocketStream]:
+    """Listen, report the address, accept one client and connect it upstream: (client, server)."""
     (listener,) = await trio.open_tcp_listeners(0, host=LO)
     async with listener:
         task_status.started(listener.socket.getsockname()[:2])
         client = await listener.accept()
-    server = await trio.open_tcp_stream(*upstream)
+    return client, await trio.open_tcp_stream(*upstream)
+
+
+async def _skipping_proxy(upstream, skip: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Relay one connection, dropping the first ``skip`` bytes downstream."""
+    client, server = await _one_connection(upstream, task_status)
     async with client, server:
         while data := await server.receive_some(65536):
             cut = min(skip, len(data))
@@ -138,11 +143,7 @@ async def test_a_gap_is_reported():
 
 async def _dropping_proxy(upstream, nth: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Relay one connection message by message, dropping the ``nth`` (0-based)."""
-    (listener,) = await trio.open_tcp_listeners(0, host=LO)
-    async with listener:
-        task_status.started(listener.socket.getsockname()[:2])
-        client = await listener.accept()
-    server = await trio.open_tcp_stream(*upstream)
+    client, server = await _one_connection(upstream, task_status)
     framer, i = lbmc.StreamFramer(), 0
     async with client, server:
         while data := await server.receive_some(65536):

@@ -103,22 +103,28 @@ def _walk_marks(node: Any, experts: list[str]) -> bool:
     return malformed
 
 
-def run_tshark(pcap_path: str | Path, port: int, *, extra_args: Iterable[str] = ()) -> list[Frame]:
-    """Dissect ``pcap_path`` with UDP ``port`` decoded as LBMR; one :class:`Frame` per frame."""
-    cmd = [tshark_path(), "-r", str(pcap_path), "-d", f"udp.port=={port},lbmr",
-           "-T", "json", "--no-duplicate-keys", *extra_args]
+def tshark_frames(pcap_path: str | Path, decode_as: str, extra_args: Iterable[str] = ()):
+    """Run tshark once over a pcap (``-d decode_as -T json``); yield per frame
+    (frame number, layers, expert messages, malformed mark)."""
+    cmd = [tshark_path(), "-r", str(pcap_path), "-d", decode_as, "-T", "json", "--no-duplicate-keys",
+           *extra_args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    out = []
     for entry in json.loads(proc.stdout or "[]"):
         layers = entry["_source"]["layers"]
         experts: list[str] = []
         malformed = _walk_marks(layers, experts)
+        yield int(layers["frame"]["frame.number"]), layers, experts, malformed
+
+
+def run_tshark(pcap_path: str | Path, port: int, *, extra_args: Iterable[str] = ()) -> list[Frame]:
+    """Dissect ``pcap_path`` with UDP ``port`` decoded as LBMR; one :class:`Frame` per frame."""
+    out = []
+    for number, layers, experts, malformed in tshark_frames(pcap_path, f"udp.port=={port},lbmr", extra_args):
         lbmr = layers.get("lbmr")
         if isinstance(lbmr, list):  # two LBMR layers in one frame: never expected
             raise AssertionError(f"frame has {len(lbmr)} lbmr layers")
-        number = int(layers["frame"]["frame.number"])
         out.append(Frame(number, lbmr, experts, malformed))
     return out
 
@@ -964,23 +970,13 @@ def run_tshark_lbmc(pcap_path: str | Path, *, port: int = LBTTCP_SOURCE_PORT,
     protocol's heuristic may take a segment first: SMPP does, for a data message
     whose first four bytes read as the segment's length); one :class:`LbmcFrame`
     per frame."""
-    cmd = [tshark_path(), "-r", str(pcap_path), "-d", f"tcp.port=={port},lbttcp", "-T", "json",
-           "--no-duplicate-keys", *extra_args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
     out = []
-    for entry in json.loads(proc.stdout or "[]"):
-        layers = entry["_source"]["layers"]
-        experts: list[str] = []
-        malformed = _walk_marks(layers, experts)
-        experts = [e for e in experts if not e.startswith(_TCP_CHAT)]
-
-        def as_list(v):
-            return [] if v is None else v if isinstance(v, list) else [v]
-
-        out.append(LbmcFrame(int(layers["frame"]["frame.number"]), as_list(layers.get("lbmc")),
-                             experts, malformed))
+    for number, layers, experts, malformed in tshark_frames(pcap_path, f"tcp.port=={port},lbttcp", extra_args):
+        lbmc_layers = layers.get("lbmc")
+        if not isinstance(lbmc_layers, list):
+            lbmc_layers = [] if lbmc_layers is None else [lbmc_layers]
+        out.append(LbmcFrame(number, lbmc_layers, [e for e in experts if not e.startswith(_TCP_CHAT)],
+                             malformed))
     return out
 
 

@@ -266,7 +266,64 @@ class _Mismatch(Exception):
     """The stream broke a rule: the message says which."""
 
 
-class TcpDataReceiver:
+class StreamReceiver:
+    """What the TCP receivers share: connect from ``bind_ip`` to ``addr``
+    within ``timeout`` and hand the stream to ``_read(stream, t0)``, keeping
+    ``result`` (``peer``, ``error``, ``connected``, ``done``, ``elapsed``,
+    ``bytes_received``) up to date."""
+
+    addr: Addr
+    bind_ip: str | None
+    timeout: float
+    result: object
+
+    async def _read(self, stream: trio.SocketStream, t0: float) -> None:
+        raise NotImplementedError
+
+    async def _connect(self) -> trio.SocketStream:
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            if self.bind_ip is not None:
+                await sock.bind((self.bind_ip, 0))
+            await sock.connect(self.addr)
+        except BaseException:
+            sock.close()
+            raise
+        return trio.SocketStream(sock)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) :
+        """Connect, verify until done or a bound is hit; reports the local
+        (ip, port) through ``task_status.started`` once connected (or None
+        when the connection failed); returns ``result``."""
+        r = self.result
+        t0 = trio.current_time()
+        try:
+            with trio.move_on_after(self.timeout) as scope:
+                try:
+                    stream = await self._connect()
+                except OSError as e:
+                    r.error = f"connect to {r.peer} failed: {e.strerror or e}"
+                    task_status.started(None)
+                    r.done = True
+                    return r
+                r.connected = True
+                t0 = trio.current_time()
+                async with stream:
+                    task_status.started(stream.socket.getsockname()[:2])
+                    await self._read(stream, t0)
+            if scope.cancelled_caught and r.error is None:
+                r.error = f"timeout after {self.timeout:g} s at {r.bytes_received} bytes"
+            r.done = True
+        except trio.Cancelled:
+            if r.error is None:
+                r.error = f"cancelled at {r.bytes_received} bytes"
+            raise
+        finally:
+            r.elapsed = trio.current_time() - t0
+        return r
+
+
+class TcpDataReceiver(StreamReceiver):
     """Connect to a :class:`TcpDataSource` (or whatever relays one) and verify
     its live stream of ``seed``: whole LBMC messages from the first byte,
     data messages with consecutive sequence numbers from the first one
@@ -304,48 +361,6 @@ class TcpDataReceiver:
         self.read_size = read_size
         self.max_bytes = max_bytes
         self.result = TcpReceiveResult(f"{connect_ip}:{port}", expect_bytes)
-
-    async def _connect(self) -> trio.SocketStream:
-        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            if self.bind_ip is not None:
-                await sock.bind((self.bind_ip, 0))
-            await sock.connect(self.addr)
-        except BaseException:
-            sock.close()
-            raise
-        return trio.SocketStream(sock)
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> TcpReceiveResult:
-        """Connect, verify until done or a bound is hit; reports the local
-        (ip, port) through ``task_status.started`` once connected (or None
-        when the connection failed)."""
-        r = self.result
-        t0 = trio.current_time()
-        try:
-            with trio.move_on_after(self.timeout) as scope:
-                try:
-                    stream = await self._connect()
-                except OSError as e:
-                    r.error = f"connect to {r.peer} failed: {e.strerror or e}"
-                    task_status.started(None)
-                    r.done = True
-                    return r
-                r.connected = True
-                t0 = trio.current_time()
-                async with stream:
-                    task_status.started(stream.socket.getsockname()[:2])
-                    await self._read(stream, t0)
-            if scope.cancelled_caught and r.error is None:
-                r.error = f"timeout after {self.timeout:g} s at {r.bytes_received} bytes"
-            r.done = True
-        except trio.Cancelled:
-            if r.error is None:
-                r.error = f"cancelled at {r.bytes_received} bytes"
-            raise
-        finally:
-            r.elapsed = trio.current_time() - t0
-        return r
 
     def _enough(self) -> bool:
         r = self.result

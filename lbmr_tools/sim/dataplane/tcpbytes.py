@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 import trio
 
 from .pattern import PATTERN_LEN, check_seed, pattern, rate_of
+from .tcp import StreamReceiver
 
 Addr = tuple[str, int]
 
@@ -155,7 +156,7 @@ class TcpByteReceiveResult:
         return d
 
 
-class TcpByteReceiver:
+class TcpByteReceiver(StreamReceiver):
     """Connect to a :class:`TcpByteSource` (or whatever relays one) and
     verify the stream of ``seed``.
 
@@ -188,48 +189,6 @@ class TcpByteReceiver:
         self.read_size = min(read_size, PATTERN_LEN)
         self.max_bytes = max_bytes
         self.result = TcpByteReceiveResult(f"{connect_ip}:{port}", expect_bytes)
-
-    async def _connect(self) -> trio.SocketStream:
-        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            if self.bind_ip is not None:
-                await sock.bind((self.bind_ip, 0))
-            await sock.connect(self.addr)
-        except BaseException:
-            sock.close()
-            raise
-        return trio.SocketStream(sock)
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> TcpByteReceiveResult:
-        """Connect, verify until the stream ends or a bound is hit; reports
-        the local (ip, port) through ``task_status.started`` once connected
-        (or None when the connection failed)."""
-        r = self.result
-        t0 = trio.current_time()
-        try:
-            with trio.move_on_after(self.timeout) as scope:
-                try:
-                    stream = await self._connect()
-                except OSError as e:
-                    r.error = f"connect to {r.peer} failed: {e.strerror or e}"
-                    task_status.started(None)
-                    r.done = True
-                    return r
-                r.connected = True
-                t0 = trio.current_time()
-                async with stream:
-                    task_status.started(stream.socket.getsockname()[:2])
-                    await self._read(stream, t0)
-            if scope.cancelled_caught and r.error is None:
-                r.error = f"timeout after {self.timeout:g} s at {r.bytes_received} bytes"
-            r.done = True
-        except trio.Cancelled:
-            if r.error is None:
-                r.error = f"cancelled at {r.bytes_received} bytes"
-            raise
-        finally:
-            r.elapsed = trio.current_time() - t0
-        return r
 
     async def _read(self, stream: trio.SocketStream, t0: float) -> None:
         r = self.result
