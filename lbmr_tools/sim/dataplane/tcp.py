@@ -3,7 +3,6 @@ UM LBT-TCP source sends it (see :mod:`lbmr_tools.sim.dataplane`)."""
 
 from __future__ import annotations
 
-import math
 import socket
 from dataclasses import asdict, dataclass
 
@@ -11,26 +10,24 @@ import trio
 
 from lbmr_proto import lbmc
 
-from .pattern import check_seed, pattern, rate_of
+from .live import (
+    DEFAULT_MESSAGE_RATE,
+    DEFAULT_MESSAGE_SIZE,
+    MAX_PAYLOAD,
+    LiveMessages,
+    MessageClock,
+    StreamMismatch,
+    data_message,
+    message_payload,
+    verify_message,
+)
+from .pattern import check_seed, rate_of
+
+__all__ = ["TcpDataSource", "TcpConnStats", "TcpDataReceiver", "TcpReceiveResult", "StreamReceiver",
+           "DEFAULT_MESSAGE_RATE", "DEFAULT_MESSAGE_SIZE", "MAX_PAYLOAD", "data_message",
+           "message_payload"]
 
 Addr = tuple[str, int]
-
-MSG_SPACING = 65536  # the payload of sequence q is the pattern at q * 65536 (> any payload)
-MAX_PAYLOAD = lbmc.MAX_MSGLEN - lbmc.DATA_HEADER.size
-DEFAULT_MESSAGE_SIZE = 8192  # payload bytes per message
-DEFAULT_MESSAGE_RATE = 10000.0  # messages per second
-
-
-def message_payload(seed: int, sqn: int, size: int) -> bytearray:
-    """The ``size`` payload bytes of message ``sqn`` of the stream of ``seed``."""
-    return pattern(seed).bytes_at(sqn * MSG_SPACING, size)
-
-
-def data_message(seed: int, tidx: int, sqn: int, size: int) -> bytes:
-    """One LBMC data message of the stream (topic index ``tidx``; the
-    sequence number wraps at 2**32, as on the wire)."""
-    sqn &= 0xFFFFFFFF
-    return lbmc.data_message(tidx, sqn, message_payload(seed, sqn, size))
 
 
 @dataclass
@@ -83,30 +80,28 @@ class TcpDataSource:
                  message_size: int = DEFAULT_MESSAGE_SIZE, max_burst: int = 8,
                  max_messages: int | None = None, max_receivers: int = 1024,
                  stall_timeout: float = 10.0, backlog: int = 128) -> None:
-        if not (rate > 0 and math.isfinite(rate)):
-            raise ValueError("rate must be a positive number of messages per second")
         if not 1 <= message_size <= MAX_PAYLOAD:
             raise ValueError(f"message_size must be 1..{MAX_PAYLOAD}")
-        if max_burst < 1 or max_receivers < 1 or not stall_timeout > 0:
-            raise ValueError("max_burst, max_receivers and stall_timeout must be positive")
-        if max_messages is not None and max_messages < 0:
-            raise ValueError("max_messages must be >= 0 or None")
+        if max_receivers < 1 or not stall_timeout > 0:
+            raise ValueError("max_receivers and stall_timeout must be positive")
+        self.clock = MessageClock(rate, max_burst, max_messages)
         self.bind_ip, self.port, self.backlog = bind_ip, port, backlog
         self.seed = check_seed(seed)
         self.tidx = tidx
         self.session_id = session_id
-        self.rate = float(rate)
         self.message_size = message_size
-        self.max_burst = max_burst
-        self.max_messages = max_messages
         self.max_receivers = max_receivers
         self.stall_timeout = stall_timeout
         self.address: Addr | None = None
         self.connections: list[TcpConnStats] = []
-        self.next_sqn = 0  # the clock: messages made so far
         self.dropped = 0  # messages made while no receiver was connected
         self.refused = 0  # connections beyond max_receivers
         self._live: list[_Conn] = []
+
+    @property
+    def next_sqn(self) -> int:
+        """Messages the clock made so far."""
+        return self.clock.next_sqn
 
     @property
     def bytes_sent(self) -> int:
@@ -183,26 +178,19 @@ class TcpDataSource:
         c.stream.socket.close()
 
     async def _clock(self) -> None:
-        t0 = trio.current_time()
-        rate, last = self.rate, self.max_messages
-        while last is None or self.next_sqn < last:
-            sqn = self.next_sqn
-            # + 1e-6: waking at t0 + sqn / rate must make sqn due despite float rounding
-            due = math.floor((trio.current_time() - t0) * rate + 1e-6) + 1
-            if last is not None:
-                due = min(due, last)
-            if due <= sqn:
-                await trio.sleep_until(t0 + sqn / rate)
-                continue
-            n = min(due - sqn, self.max_burst)
+        clock = self.clock
+        clock.start()
+        while True:
+            sqn, n = await clock.next_batch()
+            if not n:
+                return
             if not self._live:
                 self.dropped += n
-            else:
-                batch = b"".join([data_message(self.seed, self.tidx, q, self.message_size)
-                                  for q in range(sqn, sqn + n)])
-                for c in list(self._live):
-                    await self._send(c, batch, sqn, n)
-            self.next_sqn = sqn + n
+                continue
+            batch = b"".join([data_message(self.seed, self.tidx, q, self.message_size)
+                              for q in range(sqn, sqn + n)])
+            for c in list(self._live):
+                await self._send(c, batch, sqn, n)
 
     async def _send(self, c: _Conn, batch: bytes, sqn: int, n: int) -> None:
         data = c.prefix + batch if c.prefix else batch
@@ -224,23 +212,16 @@ class TcpDataSource:
 
 
 @dataclass
-class TcpReceiveResult:
+class TcpReceiveResult(LiveMessages):
     """What a :class:`TcpDataReceiver` saw. ``bytes_received``: verified
     payload bytes; ``stream_bytes``: every byte the connection carried;
     ``messages``: verified data messages, consecutive from ``first_sqn`` to
     ``last_sqn``; ``ok``: done, no error, and ``expect_bytes`` payload bytes
     verified (some, when None)."""
 
-    peer: str
-    expect_bytes: int | None
-    bytes_received: int = 0
+    peer: str = ""
+    expect_bytes: int | None = None
     stream_bytes: int = 0
-    messages: int = 0
-    control_messages: int = 0
-    first_sqn: int | None = None
-    last_sqn: int | None = None
-    tidx: int | None = None
-    session_id: int | None = None  # from a TCP_SID control message
     connected: bool = False
     eof: bool = False
     error: str | None = None  # the first problem, readable
@@ -260,10 +241,6 @@ class TcpReceiveResult:
         d = asdict(self)
         d.update(ok=self.ok, bytes_per_s=round(self.bytes_per_s, 1))
         return d
-
-
-class _Mismatch(Exception):
-    """The stream broke a rule: the message says which."""
 
 
 class StreamReceiver:
@@ -360,7 +337,7 @@ class TcpDataReceiver(StreamReceiver):
         self.bind_ip = bind_ip
         self.read_size = read_size
         self.max_bytes = max_bytes
-        self.result = TcpReceiveResult(f"{connect_ip}:{port}", expect_bytes)
+        self.result = TcpReceiveResult(peer=f"{connect_ip}:{port}", expect_bytes=expect_bytes)
 
     def _enough(self) -> bool:
         r = self.result
@@ -397,33 +374,11 @@ class TcpDataReceiver(StreamReceiver):
                     self._check(m)
                     if self._enough():
                         return
-            except (lbmc.LbmcDecodeError, _Mismatch) as e:
-                r.error = str(e) if isinstance(e, _Mismatch) else f"not an LBMC stream: {e}"
+            except (lbmc.LbmcDecodeError, StreamMismatch) as e:
+                r.error = str(e) if isinstance(e, StreamMismatch) else f"not an LBMC stream: {e}"
                 return
             if rate is not None:
                 await trio.sleep_until(t0 + r.stream_bytes / rate)
 
     def _check(self, raw: bytes) -> None:
-        r = self.result
-        m = lbmc.decode(raw)
-        if m.kind in lbmc.CONTROL_KINDS:
-            r.control_messages += 1
-            sid = m.header(lbmc.TcpSidHeader)
-            if sid is not None:
-                r.session_id = sid.session_id
-            return
-        if m.kind != lbmc.MESSAGE:
-            raise _Mismatch(f"a {lbmc.KIND_NAMES[m.kind]} message (sequence {m.sqn}) in a live stream")
-        want_tidx = self.tidx if r.tidx is None else r.tidx
-        if want_tidx is not None and m.tidx != want_tidx:
-            raise _Mismatch(f"topic index {m.tidx} (sequence {m.sqn}), expected {want_tidx}")
-        if r.last_sqn is not None and m.sqn != (r.last_sqn + 1) & 0xFFFFFFFF:
-            raise _Mismatch(f"sequence {m.sqn} after {r.last_sqn}: "
-                            f"{'a gap' if m.sqn > r.last_sqn else 'out of order'}")
-        if message_payload(self.seed, m.sqn, len(m.payload)) != m.payload:
-            raise _Mismatch(f"payload of sequence {m.sqn} ({len(m.payload)} bytes) is not the stream's")
-        if r.first_sqn is None:
-            r.first_sqn, r.tidx = m.sqn, m.tidx
-        r.last_sqn = m.sqn
-        r.messages += 1
-        r.bytes_received += len(m.payload)
+        verify_message(self.result, lbmc.decode(raw), self.seed, self.tidx)
