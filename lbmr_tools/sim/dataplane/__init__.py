@@ -135,6 +135,15 @@ from .ru import (
     encode_status,
     parse_datagram,
 )
+from .rulive import (
+    LIVE_RU_MAX_DATAGRAM,
+    LIVE_RU_MIN_DATAGRAM,
+    RuClient,
+    RuLiveReceiver,
+    RuLiveReceiveResult,
+    RuLiveSource,
+    live_ru_payload,
+)
 from .tcp import (
     DEFAULT_MESSAGE_RATE,
     DEFAULT_MESSAGE_SIZE,
@@ -159,4 +168,6 @@ __all__ = [
     "encode_hello", "encode_data", "encode_end", "encode_status", "parse_datagram",
     "RM_MAX_DATAGRAM", "RM_MIN_DATAGRAM", "RM_SEQ_SPACING", "RmDataSource", "RmDataReceiver",
     "RmReceiveResult", "encode_rm_data", "UmRuDataReceiver", "UmRuReceiveResult",
+    "RuLiveSource", "RuClient", "RuLiveReceiver", "RuLiveReceiveResult", "LIVE_RU_MIN_DATAGRAM",
+    "LIVE_RU_MAX_DATAGRAM", "live_ru_payload",
 ]
