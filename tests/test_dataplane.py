@@ -13,6 +13,7 @@ import json
 import random
 import socket
 import time
+from collections import Counter
 
 import click
 import pytest
@@ -530,6 +531,9 @@ async def test_sim_tcp_sources_serve_and_receivers_verify_through_lbmrd():
 
 
 async def test_sim_lbtru_sources_serve_and_receivers_verify_through_lbmrd():
+    """LBT-RU sources send one live session each (UM LBT-RU datagrams of LBMC
+    messages with the advertised topic index); every receiver verifies 500
+    consecutive messages from the first it gets."""
     async with trio.open_nursery() as nursery:
         _, addr = await _daemon(nursery)
         cfg = SimConfig(daemons=[addr], contexts=2, topics=2, transport="lbtru",
@@ -538,12 +542,17 @@ async def test_sim_lbtru_sources_serve_and_receivers_verify_through_lbmrd():
         res = await run_sim(cfg)
         nursery.cancel_scope.cancel()
     assert res.all_resolved and res.all_data_verified and sim.exit_status(res) == 0
+    tidx = {s.topic: s.index for c in res.contexts for s in c.sources}
     for r in res.receivers:
         assert r.transport.startswith("LBTRU 127.0.0.1:")
         assert r.data["kind"] == "lbtru" and r.data["datagrams"] == 500 and r.data["ok"]
-        assert r.data["bytes"] == 500 * (600 - 17)
+        assert r.data["bytes"] == 500 * (600 - 32)  # LBT-RU header, session id option, LBMC header
+        detail = r.data["detail"]
+        assert detail["tidx"] == tidx[r.topic] and detail["last_sqn"] - detail["first_sqn"] == 499
+    receivers = Counter(r.topic for r in res.receivers)
     for d in res.data_sources:
-        assert d["datagrams_sent"] == 500 and d["status_received"] >= 1 and d["complete"] == 1
+        assert d["receivers"] == receivers[d["topic"]] == d["complete"]
+        assert d["datagrams_sent"] >= 500 * d["receivers"] and d["status_received"] >= d["receivers"]
     assert "data OK: 500/500 datagrams" in render(res)
 
 
@@ -633,6 +642,7 @@ def test_sim_data_options_parse():
     ["--data-bytes", "0"],
     ["--data-bytes", "lots"],
     ["--data-datagram-size", "1401"],
+    ["--transport", "lbtru", "--data-datagrams", "10", "--data-datagram-size", "32"],  # no payload left
     ["--data-bytes", "1M", "--data-message-size", "65524"],  # more than an LBMC message holds
     ["--data-bytes", "1M", "--data-message-size", "0"],
     ["--data-rate", "0"],

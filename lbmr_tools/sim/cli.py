@@ -30,8 +30,8 @@ from .context import DEFAULT_DAEMON
 from .dataplane import (
     DEFAULT_MESSAGE_SIZE,
     MAX_PAYLOAD,
+    RM_MIN_DATAGRAM,
     RU_MAX_DATAGRAM,
-    RU_MIN_DATAGRAM,
 )
 from .netif import check_group, check_loopback
 from .report import exit_status, render
@@ -216,9 +216,10 @@ def config_from_params(params: dict) -> SimConfig:
                    "to the address they advertise (never replayed: a receiver starts at the next "
                    "message); with --verify-data, the payload bytes each receiver verifies.")
 @click.option("--data-datagrams", type=click.IntRange(1, MAX_DATA_DATAGRAMS), metavar="N",
-              help="LBT-RU sources send N numbered datagrams to each receiver that registers "
-                   "(our simplified LBT-RU-like protocol); LBT-RM sources multicast N datagrams "
-                   "(real LBT-RM, answering NAKs); with --verify-data, what receivers expect.")
+              help="LBT-RU sources send one live session of LBMC messages, one per UM LBT-RU "
+                   "datagram, to every receiver connected (a receiver starts at the next message), "
+                   "and receivers verify N of them; LBT-RM sources multicast N datagrams (real "
+                   "LBT-RM, answering NAKs); with --verify-data, what receivers expect.")
 @click.option("--verify-data", is_flag=True,
               help="Receivers, once resolved, fetch the data from the address they resolved and "
                    "verify it; the report gives each one's result and throughput.")
@@ -226,9 +227,8 @@ def config_from_params(params: dict) -> SimConfig:
               metavar="N", help="Key of the data streams (simulators exchanging data must agree).")
 @click.option("--data-rate", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_DATA_RATE,
               show_default=True, metavar="N/S",
-              help="LBT-RU datagrams per second, per receiver (LBT-RM: per source); TCP messages "
-                   "per second, per source.")
-@click.option("--data-datagram-size", type=click.IntRange(RU_MIN_DATAGRAM, RU_MAX_DATAGRAM),
+              help="Messages (TCP, LBT-RU) or datagrams (LBT-RM) per second, per source.")
+@click.option("--data-datagram-size", type=click.IntRange(RM_MIN_DATAGRAM, RU_MAX_DATAGRAM),
               default=RU_MAX_DATAGRAM, show_default=True, metavar="BYTES",
               help="Size of each LBT-RU/LBT-RM data datagram (UDP payload).")
 @click.option("--data-message-size", type=click.IntRange(1, MAX_PAYLOAD), default=DEFAULT_MESSAGE_SIZE,
@@ -238,8 +238,9 @@ def config_from_params(params: dict) -> SimConfig:
               help="LBT-RM (and UM LBT-RU) receivers discard the first copy of every N-th datagram "
                    "on purpose and recover it by NAK (0: none).")
 @click.option("--lbtru-wire", type=click.Choice(["sim", "um"]), default="sim", show_default=True,
-              help="Protocol of LBT-RU receivers: the simulator's LBT-RU-like one (its own sources), "
-                   "or UM's LBT-RU (an lbmr-router's LBT-RU proxy of an LBT-RM source).")
+              help="What LBT-RU receivers verify (both speak UM's LBT-RU): the simulator's own "
+                   "live sessions of LBMC messages, or numbered datagrams (an lbmr-router's LBT-RU "
+                   "proxy of an LBT-RM source).")
 @click.option("--data-rate-limit", metavar="BYTES/S[K|M|G]", callback=_size_cb,
               help="TCP receivers read at most this many bytes per second (slow receivers).")
 def main(as_json: bool, **params) -> None:

@@ -29,8 +29,8 @@ from .context import Context, Datagram
 from .dataplane import (
     RmDataReceiver,
     RmDataSource,
-    RuDataReceiver,
-    RuDataSource,
+    RuLiveReceiver,
+    RuLiveSource,
     TcpDataReceiver,
     TcpDataSource,
     UmRuDataReceiver,
@@ -56,8 +56,8 @@ async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic:
             server = RmDataSource(ip, p, group=LBTRM_GROUP, dest_port=LBTRM_DEST_PORT,
                                   count=cfg.data_datagrams, seed=seed, datagram_size=cfg.data_datagram_size,
                                   rate=cfg.data_rate, ttl=max(cfg.mc_ttl, 1) if cfg.multicast else 1)
-        else:
-            server = RuDataSource(ip, p, count=cfg.data_datagrams, seed=seed,
+        else:  # LBT-RU: sends with the advertised topic index once build_contexts chose it
+            server = RuLiveSource(ip, p, seed=seed, session_id=seed & 0xFFFFFFFF,
                                   datagram_size=cfg.data_datagram_size, rate=cfg.data_rate)
         try:
             addr = await nursery.start(server.serve)
@@ -87,8 +87,8 @@ def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str):
             return UmRuDataReceiver(transport.ip, transport.port, getattr(transport, "session_id", None),
                                     bind_ip=local_ip, seed=seed, expect_count=cfg.data_datagrams,
                                     drop_every=cfg.data_drop_every, timeout=cfg.duration)
-        return RuDataReceiver(transport.ip, transport.port, seed=seed,
-                              expect_count=cfg.data_datagrams, bind_ip=local_ip,
+        return RuLiveReceiver(transport.ip, transport.port, expect_count=cfg.data_datagrams, seed=seed,
+                              session_id=getattr(transport, "session_id", None), bind_ip=local_ip,
                               timeout=cfg.duration)
     if name == "LBTRM":
         if cfg.data_datagrams is None:
@@ -161,7 +161,7 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                     (src,) = [s for s in ctxs[ci].sources if s.topic == topic
                               and s.transport.src_ucast_port == server.address[1]]
                     server.set_session(src.transport.session_id)
-                elif isinstance(server, TcpDataSource):  # and the advertised topic index
+                else:  # TCP and LBT-RU: the advertised topic index
                     (src,) = [s for s in ctxs[ci].sources if s.topic == topic
                               and s.transport.port == server.address[1]]
                     server.tidx = src.index
