@@ -214,3 +214,22 @@ async def test_tshark_decodes_a_session_as_lbtru_with_lbmc_inside_and_no_expert(
     assert len(data) >= 40 and all("lbtru" in layers for layers, _ in data)
     for layers, t in data:
         assert compare_lbmc(layers["lbmc"], lbmc.decode(t.payload)) == []
+
+
+async def test_a_churn_of_receivers_keeps_a_bounded_history(autojump_clock):
+    """Receivers that connect and go silent, over and over: at most
+    max_clients live, at most four times as many remembered."""
+    async with trio.open_nursery() as nursery:
+        src = RuLiveSource(LO, 0, seed=8, rate=10, datagram_size=100, client_timeout=1.0, max_clients=2)
+        addr = await nursery.start(src.serve)
+        for _ in range(10):
+            socks = [_udp() for _ in range(2)]
+            for s in socks:
+                await s.bind((LO, 0))
+                await _connect(s, addr)
+            await trio.sleep(1.5)  # silent: both forgotten at the next tick
+            for s in socks:
+                s.close()
+        nursery.cancel_scope.cancel()
+    assert len(src.clients) <= 8 and not src.refused
+    assert max(c.client_id for c in src.clients.values()) == 20

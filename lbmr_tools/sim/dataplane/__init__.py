@@ -1,5 +1,7 @@
-"""Simple TCP and LBT-RU-like data endpoints that send verifiable numbered data
-(:mod:`.pattern`, :mod:`.tcp`, :mod:`.ru`; everything is importable from here).
+"""Data endpoints that send verifiable numbered data: live TCP and LBT-RU
+sources of LBMC messages and their receivers, LBT-RM, and older per-receiver
+stand-ins (:mod:`.pattern`, :mod:`.live`, :mod:`.tcp`, :mod:`.rulive`,
+:mod:`.ru`, :mod:`.rm`, :mod:`.umru`; everything is importable from here).
 
 They stand in for Ultra Messaging data transports in end-to-end tests (of
 ``lbmr-sim`` and of the TRD router, which relays TCP streams and LBT-RU
@@ -39,10 +41,25 @@ receiver. :mod:`.tcpbytes` keeps the older raw byte stream from offset 0 per
 connection (:class:`TcpByteSource`, :class:`TcpByteReceiver`) for tests about
 byte-transparent relays.
 
+LBT-RU
+------
+:class:`RuLiveSource` (:mod:`.rulive`) is a live UM LBT-RU source
+(:mod:`lbmr_proto.lbtru`): a receiver's CREQ gets a session message with
+SYN (session id, client id), then the DATA of every message the clock makes
+(:class:`.live.MessageClock`), each carrying one LBMC data message of the
+stream as the TCP source makes it, to every confirmed receiver; nothing is
+replayed, NAKs in a window get retransmissions, older ones an NCF, and the
+source ends the session with an RST to each receiver. :class:`RuLiveReceiver`
+connects, ACKs, and verifies whole messages and consecutive sequence numbers
+from its first (the check :func:`.live.verify_message` the TCP receiver
+uses). ``lbmr-sim`` uses these for LBT-RU.
+
 The LBT-RU-like datagram protocol
 ---------------------------------
-Real LBT-RU framing is proprietary; this is a simplified protocol of our
-own, over UDP, unicast, one source socket serving any number of receivers.
+The older, simplified protocol of our own, over UDP, unicast, one source
+socket serving any number of receivers, one session per receiver from
+sequence 0 (:class:`RuDataSource`, :class:`RuDataReceiver`; kept for the
+router's tests and benchmarks of per-receiver datagram relaying).
 All integers are big-endian; every datagram starts with an ASCII tag.
 
 =============  ===================================================  =========

@@ -5,7 +5,7 @@ clock that makes them due, and the check of one received message."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import trio
 
@@ -91,6 +91,12 @@ class LiveMessages:
     last_sqn: int | None = None
     tidx: int | None = None
     session_id: int | None = None
+
+    def as_dict(self) -> dict:
+        """The fields, plus the subclass's ``ok`` and ``bytes_per_s`` properties."""
+        d = asdict(self)
+        d.update(ok=self.ok, bytes_per_s=round(self.bytes_per_s, 1))
+        return d
 
 
 def verify_message(r: LiveMessages, m: lbmc.Message, seed: int, tidx: int | None) -> None:

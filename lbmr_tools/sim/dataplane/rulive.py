@@ -77,7 +77,8 @@ class RuLiveSource:
     older ones an NCF "do not retry". ACKs are counted. A receiver silent
     for ``client_timeout`` seconds (no CREQ, ACK or NAK) is forgotten, at
     most ``max_clients`` are served at once (more are counted in
-    ``refused``). After ``max_messages`` (None: never), or when cancelled,
+    ``refused``) and ``clients`` keeps at most four times as many (the
+    oldest gone ones are dropped). After ``max_messages`` (None: never), or when cancelled,
     the source sends every receiver an RST: the session ends with the
     source. ``clients`` holds a :class:`RuClient` per receiver ever
     confirmed; ``counters`` the rest.
@@ -109,6 +110,7 @@ class RuLiveSource:
         self._live: dict[Addr, RuClient] = {}
         self._sock = None
         self._sm_sqn = 0
+        self._next_client_id = 0
 
     @property
     def next_sqn(self) -> int:
@@ -246,15 +248,23 @@ class RuLiveSource:
                 self.refused += 1
                 return
             key = f"{src[0]}:{src[1]}"
-            c = RuClient(key, client_id=len(self.clients) + 1, started=now)
+            self._next_client_id += 1
+            c = RuClient(key, client_id=self._next_client_id, started=now)
             self.clients[f"{key}#{c.client_id}"] = c
             self._live[src] = c
+            self._trim_history()
         c.creqs += 1
         c.last_heard = now
         self._sm_sqn += 1
         lead = (self.clock.next_sqn - 1) & 0xFFFFFFFF
         await self._send(c, src, RU.encode_sm(self._sm_sqn, lead, self.trail_sqn, syn=True,
                                               session_id=self.session_id, client_id=c.client_id))
+
+    def _trim_history(self) -> None:
+        """Keep at most ``4 * max_clients`` receivers in ``clients``: the oldest gone ones go."""
+        extra = len(self.clients) - 4 * self.max_clients
+        for key in [k for k, c in self.clients.items() if c.finished is not None][:max(extra, 0)]:
+            del self.clients[key]
 
     async def _answer_nak(self, c: RuClient, src: Addr, sqns) -> None:
         trail, top = self.trail_sqn, self.clock.next_sqn
@@ -302,11 +312,6 @@ class RuLiveReceiveResult(LiveMessages):
     @property
     def bytes_per_s(self) -> float:
         return rate_of(self.bytes_received, self.data_elapsed)
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d.update(ok=self.ok, bytes_per_s=round(self.bytes_per_s, 1))
-        return d
 
 
 class RuLiveReceiver:

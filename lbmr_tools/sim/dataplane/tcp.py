@@ -237,11 +237,6 @@ class TcpReceiveResult(LiveMessages):
     def bytes_per_s(self) -> float:
         return rate_of(self.bytes_received, self.elapsed)
 
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d.update(ok=self.ok, bytes_per_s=round(self.bytes_per_s, 1))
-        return d
-
 
 class StreamReceiver:
     """What the TCP receivers share: connect from ``bind_ip`` to ``addr``
