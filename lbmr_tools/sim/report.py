@@ -14,8 +14,6 @@ from .dataplane import (
     RmDataSource,
     RmReceiveResult,
     RuLiveReceiveResult,
-    RuLiveSource,
-    RuReceiveResult,
     TcpDataSource,
     UmRuReceiveResult,
 )
@@ -146,7 +144,7 @@ def data_outcome(rx) -> dict:
     error = res.error
     if not res.done:
         error = f"the run ended (--duration) before the data did: {error}"
-    ru = isinstance(res, RuReceiveResult | RmReceiveResult | RuLiveReceiveResult)
+    ru = isinstance(res, RmReceiveResult | RuLiveReceiveResult)
     kind = ("lbtru" if isinstance(res, UmRuReceiveResult) else "lbtrm" if isinstance(res, RmReceiveResult)
             else "lbtru" if ru else "tcp")
     return {"kind": kind, "ok": res.ok, "bytes": res.bytes_received,
@@ -170,19 +168,13 @@ def data_source_report(ctx_index: int, topic: str, server) -> dict:
                 "bytes_sent": server.datagrams_sent * server.datagram_size,
                 "datagrams_sent": server.datagrams_sent, "status_received": None,
                 "complete": int(server.next_seq >= server.count), "counters": dict(server.counters)}
-    if isinstance(server, RuLiveSource):  # one live session; receivers ACK ("status")
-        return {"context": ctx_index, "topic": topic, "kind": "lbtru", "address": f"{ip}:{port}",
-                "receivers": len(server.clients), "bytes_sent": server.bytes_sent,
-                "datagrams_sent": server.datagrams_sent, "status_received": server.counters["acks"],
-                "messages": server.next_sqn, "dropped": server.dropped,
-                "complete": sum(c.send_errors == 0 for c in server.clients.values()),
-                "counters": dict(server.counters, refused=server.refused)}
+    # LBT-RU: one live session; receivers ACK ("status")
     return {"context": ctx_index, "topic": topic, "kind": "lbtru", "address": f"{ip}:{port}",
-            "receivers": len(server.sessions),
-            "bytes_sent": sum(s.bytes_sent for s in server.sessions.values()),
-            "datagrams_sent": server.datagrams_sent, "status_received": server.status_received,
-            "complete": sum(s.complete for s in server.sessions.values()),
-            "counters": dict(server.counters)}
+            "receivers": len(server.clients), "bytes_sent": server.bytes_sent,
+            "datagrams_sent": server.datagrams_sent, "status_received": server.counters["acks"],
+            "messages": server.next_sqn, "dropped": server.dropped,
+            "complete": sum(c.send_errors == 0 for c in server.clients.values()),
+            "counters": dict(server.counters, refused=server.refused)}
 
 
 
