@@ -18,6 +18,10 @@ findings).  Definitions (see lbmr-analyze(1) for the full text):
   by lbmrd: its context is named ``[src_id] via lbmrd ip:port``.  Contexts -- and so
   queriers -- are told apart by (ip, port, src_id): the queries lbmrd relays from
   several contexts, all from lbmrd's ip:port, are as many queriers as src_ids.
+* *context identity* (:func:`context_key`): what a claim about one context, or
+  about several different ones, rests on -- the src_id of a relayed datagram, the
+  ip:port and src_id of a direct one.  Relayed TIRs without src_id may come from
+  any number of publishers: no conflict or "one context" row counts them.
 * *transport identity*: the ``transport_id`` text of a TIR (see
   :func:`lbmr_analyze.rows.transport_identity`).
 * *time to resolve* for (querier, topic), the querier a context as above: from
@@ -336,6 +340,23 @@ def _label(f: Fact | Flow) -> str:
     return context_label(f.src, f.sport, f.context_id)
 
 
+def context_key(src: str | None, sport: int | None, src_id: str | None) -> tuple | None:
+    """What tells the context of a datagram apart: (``ip:port``, src_id) of a direct
+    sender; (None, src_id) of a datagram relayed by lbmrd (the src_id names the
+    context, whichever lbmrd relayed it); None for a relayed datagram without
+    src_id (lbmrd's address names no one context)."""
+    if sport != LBMRD_PORT:
+        return (f"{src}:{sport}", src_id)
+    return (None, src_id) if src_id else None
+
+
+def count_contexts(keys: set) -> int:
+    """How many contexts the :func:`context_key` keys (None left out) surely are: a
+    relayed key (None, x) is the direct sender of src_id x where one was seen."""
+    direct = {cid for a, cid in keys if a is not None}
+    return sum(1 for a, cid in keys if a is not None or cid not in direct)
+
+
 # --------------------------------------------------------------------------- topics
 
 @dataclass
@@ -439,12 +460,17 @@ class TransportUse:
 
     tally: Tally = field(default_factory=Tally)
     contexts: set = field(default_factory=set)
+    #: :func:`context_key` of the contexts told apart
+    keys: set = field(default_factory=set)
     topics: set = field(default_factory=set)
     transports: set = field(default_factory=set)
 
     def add(self, f: Fact) -> None:
         self.tally.fact(f)
         self.contexts.add(_label(f))
+        k = context_key(f.src, f.sport, f.context_id)
+        if k is not None:
+            self.keys.add(k)
         self.topics.add(f.topic)
         self.transports.add(f.transport_id)
 
@@ -461,13 +487,15 @@ class TransportConflictRow(NamedTuple):
 
 
 def transport_conflicts(tirs: list[Fact]) -> list[TransportConflictRow]:
-    """Transport identities advertised by more than one context."""
+    """Transport identities advertised by more than one context (contexts told apart
+    by :func:`context_key`; ``contexts`` names every sender, ``n_contexts`` counts
+    the contexts surely distinct)."""
     per: dict[str, TransportUse] = defaultdict(TransportUse)
     for f in tirs:
         per[f.transport_id].add(f)
-    rows = [TransportConflictRow(k, len(x.contexts), " | ".join(sorted(x.contexts)), len(x.topics),
+    rows = [TransportConflictRow(k, count_contexts(x.keys), " | ".join(sorted(x.contexts)), len(x.topics),
                                  _join(x.topics), x.tally.n, iso_us(x.tally.first), iso_us(x.tally.last))
-            for k, x in per.items() if len(x.contexts) > 1]
+            for k, x in per.items() if count_contexts(x.keys) > 1]
     rows.sort(key=lambda x: (-x.n_contexts, x.transport_id))
     return rows
 
@@ -483,14 +511,15 @@ class OtidCollisionRow(NamedTuple):
 
 
 def otid_collisions(tirs: list[Fact]) -> list[OtidCollisionRow]:
-    """OTIDs advertised for more than one topic or by more than one context."""
+    """OTIDs advertised for more than one topic or by more than one context
+    (counted as in :func:`transport_conflicts`)."""
     per: dict[str, TransportUse] = defaultdict(TransportUse)
     for f in tirs:
         if f.otid is not None:
             per[f.otid].add(f)
-    rows = [OtidCollisionRow(k, len(o.topics), _join(o.topics), len(o.contexts), " | ".join(sorted(o.contexts)),
-                             _join(o.transports), o.tally.n)
-            for k, o in per.items() if len(o.topics) > 1 or len(o.contexts) > 1]
+    rows = [OtidCollisionRow(k, len(o.topics), _join(o.topics), count_contexts(o.keys),
+                             " | ".join(sorted(o.contexts)), _join(o.transports), o.tally.n)
+            for k, o in per.items() if len(o.topics) > 1 or count_contexts(o.keys) > 1]
     rows.sort(key=lambda x: (-(x.n_topics + x.n_contexts), x.otid))
     return rows
 
@@ -507,14 +536,22 @@ class MultiTransportRow(NamedTuple):
 
 
 def multi_transport_topics(tirs: list[Fact]) -> list[MultiTransportRow]:
-    """A context advertising one topic on more than one transport identity."""
+    """A context advertising one topic on more than one transport identity; only
+    contexts told apart (:func:`context_key`): TIRs relayed by lbmrd without src_id
+    may come from several publishers.  ``context`` names the sender (``ip:port``,
+    or ``via lbmrd ip:port`` for each lbmrd that relayed the context's TIRs), the
+    src_id is a column of its own."""
     per: dict[tuple, TransportUse] = defaultdict(TransportUse)
+    senders: dict[tuple, set] = defaultdict(set)
     for f in tirs:
-        per[(f.src, f.sport, f.context_id, f.topic)].add(f)
-    rows = [MultiTransportRow(context_label(s, p, cid), cid, t, len(y.transports), _join(y.transports),
-                              y.tally.n, iso_us(y.tally.first), iso_us(y.tally.last))
-            for (s, p, cid, t), y in per.items() if len(y.transports) > 1]
-    rows.sort(key=lambda x: (-x.n_transports, x.context, x.topic))
+        k = context_key(f.src, f.sport, f.context_id)
+        if k is not None:
+            per[(k, f.topic)].add(f)
+            senders[(k, f.topic)].add(context_label(f.src, f.sport, None))
+    rows = [MultiTransportRow(" | ".join(sorted(senders[(k, t)])), k[1], t, len(y.transports),
+                              _join(y.transports), y.tally.n, iso_us(y.tally.first), iso_us(y.tally.last))
+            for (k, t), y in per.items() if len(y.transports) > 1]
+    rows.sort(key=lambda x: (-x.n_transports, x.context, x.topic, x.src_id or ""))
     return rows
 
 

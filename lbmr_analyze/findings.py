@@ -1,18 +1,29 @@
 """Findings: the report's first section, built from the result tables.
 
 Each finding is a dict: ``severity`` (``critical``, ``high``, ``medium``, ``low``),
-``kind``, ``finding`` (one sentence naming topics, contexts and times),
-``topics``, ``contexts``, ``first_seen``, ``last_seen`` and ``table`` (the table
-with the details).  They are sorted most severe first, then by kind, then by size.
-At most :data:`PER_KIND` findings of one kind are listed; one more finding says how
-many others the table holds.
+``kind``, ``finding`` (one sentence naming topics and contexts; times in it are
+seconds from the capture's first datagram, ``+12.345 s``), ``topics``,
+``contexts`` (context names, `` | `` between them), ``first_seen``, ``last_seen``
+(ISO times) and ``table`` (the table with the details).  They are sorted most
+severe first, then by kind, then by size.  At most :data:`PER_KIND` findings of
+one kind are listed; one more finding says how many others the table holds.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
+from .analyses import context_label
+
 SEVERITIES = ("critical", "high", "medium", "low")
 #: Findings listed per kind before "and N more".
 PER_KIND = 10
+#: A topic last advertised less than this before the capture's last datagram may
+#: simply not have been advertised again yet (or its publisher exited): queries
+#: after that advertisement are noted "at capture end" and ranked low; seconds.
+CAPTURE_END_S = 5
+#: A storm's top senders named in its finding.
+STORM_TOP = 3
 
 
 def _f(severity, kind, text, table, *, topics="", contexts="", first=None, last=None, size=0) -> dict:
@@ -25,10 +36,63 @@ def _few(items: list[str], n: int = 3) -> str:
     return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
+def _name(addr: str, src_id: str | None) -> str:
+    """The context name (:func:`lbmr_analyze.analyses.context_label`) of an
+    ``ip:port`` column and a src_id column."""
+    ip, _, port = addr.rpartition(":")
+    return context_label(ip, int(port) if port.isdigit() else None, src_id)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _us(iso: str | None) -> int | None:
+    """An ISO time of the tables (``...Z``) -> epoch microseconds."""
+    if not iso:
+        return None
+    return (datetime.fromisoformat(iso) - _EPOCH) // timedelta(microseconds=1)
+
+
+class _Clock:
+    """Times in finding sentences: seconds from the capture's first datagram, to the ms."""
+
+    def __init__(self, summary: dict) -> None:
+        self.start = _us(summary.get("first_seen"))
+        self.end = _us(summary.get("last_seen"))
+
+    def at(self, iso: str | None) -> str:
+        us = _us(iso)
+        if us is None or self.start is None:
+            return iso or "?"
+        return f"+{(us - self.start) / 1e6:.3f} s"
+
+
+def _share(n: float, total: float) -> str:
+    pct = 100 * n / total if total else 0.0
+    return "<0.1 %" if 0 < pct < 0.1 else f"{pct:.1f} %"
+
+
+def _storm_senders(top: list[tuple[str, int]], total: int, secs: int) -> str:
+    """Who sent a storm: "sent mostly by X: 43/s, 87.0 % of 50/s" when one context
+    sent at least half of it, else the top few with their shares."""
+    if not top:
+        return "no sender known"
+    rate = f"{total / secs:,.0f}/s"
+    if 2 * top[0][1] >= total:
+        name, n = top[0]
+        return f"sent mostly by {name}: {n / secs:,.0f}/s, {_share(n, total)} of {rate}"
+    named = top[:STORM_TOP]
+    rest = f"; {len(top) - len(named)} other context(s) sent the rest" if len(top) > len(named) else ""
+    return ("no context sent most: top senders "
+            + ", ".join(f"{c} {n / secs:,.0f}/s ({_share(n, total)})" for c, n in named)
+            + f", {_share(sum(n for _c, n in named), total)} of {rate} together{rest}")
+
+
 def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
     """Every finding, most severe first."""
     out: list[dict] = []
     T = tables
+    clock = _Clock(summary)
     for x in T["transport_conflicts"]:
         out.append(_f("critical", "transport conflict",
                       f"Transport {x['transport_id']} is advertised by {x['n_contexts']} different contexts "
@@ -45,21 +109,26 @@ def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
     for x in T["unresolved_topics"]:
         by_topic.setdefault(x["topic"], []).append(x)
     for topic, rows in by_topic.items():
-        qs = [f"{r['querier']}" + (f" [{r['src_id']}]" if r["src_id"] else "") + f" ({r['queries']} queries, "
-              f"{r['first_query']} .. {r['last_query']})" for r in rows]
+        names = [_name(r["querier"], r["src_id"]) for r in rows]
+        qs = [f"{q} ({r['queries']} queries from {clock.at(r['first_query'])})" for q, r in zip(names, rows, strict=True)]
         out.append(_f("high", "never advertised",
                       f"Topic '{topic}' was queried {sum(r['queries'] for r in rows)} time(s) and never "
                       f"advertised in the capture; queriers: {_few(qs)}.", "unresolved_topics",
-                      topics=topic, contexts=" ".join(r["querier"] for r in rows),
+                      topics=topic, contexts=" | ".join(names),
                       first=min(r["first_query"] for r in rows), last=max(r["last_query"] for r in rows),
                       size=sum(r["queries"] for r in rows)))
     for x in T["stale_queries"]:
-        who = x["querier"] + (f" [{x['src_id']}]" if x["src_id"] else "")
-        out.append(_f("high", "querying after last advertisement",
+        who = _name(x["querier"], x["src_id"])
+        last_adv = _us(x["last_advertised"])
+        at_end = clock.end is not None and last_adv is not None and clock.end - last_adv < CAPTURE_END_S * 1e6
+        why = (f"at capture end: the topic was last advertised less than {CAPTURE_END_S} s before the capture "
+               f"stopped (its publisher may have exited, or advertised again later)" if at_end else
+               "the source went silent or this receiver does not hear it")
+        out.append(_f("low" if at_end else "high", "querying after last advertisement",
                       f"{who} still queried topic '{x['topic']}' {x['queries_after']} time(s) after its last "
-                      f"advertisement at {x['last_advertised']} (until {x['last_query']}): the source went "
-                      f"silent or this receiver does not hear it.", "stale_queries", topics=x["topic"],
-                      contexts=x["querier"], first=x["first_query_after"], last=x["last_query"],
+                      f"advertisement at {clock.at(x['last_advertised'])} (last query "
+                      f"{clock.at(x['last_query'])}): {why}.", "stale_queries", topics=x["topic"],
+                      contexts=who, first=x["first_query_after"], last=x["last_query"],
                       size=x["queries_after"]))
     # storms: contiguous storm seconds form an episode
     eps: list[list[dict]] = []
@@ -75,17 +144,17 @@ def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
         tot: dict[tuple, int] = {}
         for x in ep:
             for c in per_sec.get(x["second"], []):
-                k = (c["context"], c["src_id"])
+                k = _name(c["context"], c["src_id"])
                 tot[k] = tot.get(k, 0) + c["packets"]
-        top = sorted(tot.items(), key=lambda kv: -kv[1])
+        top = sorted(tot.items(), key=lambda kv: (-kv[1], kv[0]))
         secs = len(ep)
         peak = max(x["packets"] for x in ep)
-        who = [f"{c}" + (f" [{s}]" if s else "") + f" {n / secs:.0f}/s" for (c, s), n in top]
+        total = sum(x["packets"] for x in ep)
         out.append(_f("high", "storm",
-                      f"Storm of {secs} s from {ep[0]['time']} (peak {peak} datagrams/s, threshold "
-                      f"{summary.get('storm_threshold')}); sent mostly by {_few(who)}.", "storms",
-                      contexts=" ".join(c for (c, _s), _n in top[:5]), first=ep[0]["time"],
-                      last=ep[-1]["time"], size=sum(x["packets"] for x in ep)))
+                      f"Storm of {secs} s from {clock.at(ep[0]['time'])} (peak {peak:,} datagrams/s, threshold "
+                      f"{summary.get('storm_threshold')}); {_storm_senders(top, total, secs)}.", "storms",
+                      contexts=" | ".join(c for c, _n in top[:STORM_TOP]), first=ep[0]["time"],
+                      last=ep[-1]["time"], size=total))
     for x in T["nat_audit"]:
         via = " (relayed by lbmrd)" if x["via_lbmrd"] else ""
         out.append(_f("high", "unreachable address",
@@ -95,21 +164,22 @@ def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
                       contexts=x["advertiser"], first=x["first_seen"], last=x["last_seen"],
                       size=x["advertisements"]))
     for x in T["multi_transport_topics"]:
+        who = f"[{x['src_id']}] {x['context']}" if x["src_id"] else x["context"]
         out.append(_f("medium", "one context, several transports",
-                      f"Context {x['context']} advertises topic '{x['topic']}' on {x['n_transports']} "
+                      f"Context {who} advertises topic '{x['topic']}' on {x['n_transports']} "
                       f"transports ({x['transports']}).", "multi_transport_topics", topics=x["topic"],
-                      contexts=x["context"], first=x["first_seen"], last=x["last_seen"],
+                      contexts=who, first=x["first_seen"], last=x["last_seen"],
                       size=x["advertisements"]))
     for x in T["client_changes"]:
-        who = x["client"] + (f" [{x['src_id']}]" if x["src_id"] else "")
+        who = _name(x["client"], x["src_id"])
         if x["event"] == "vanished":
             out.append(_f("medium", "lbmrd client vanished",
-                          f"lbmrd client {who} went silent at {x['time']} ({x['silent_s']} s before the end "
-                          f"of the capture).", "client_changes", contexts=x["client"], first=x["time"],
+                          f"lbmrd client {who} went silent at {clock.at(x['time'])} ({x['silent_s']} s before "
+                          f"the end of the capture).", "client_changes", contexts=who, first=x["time"],
                           last=x["time"], size=x["datagrams"]))
         else:
-            out.append(_f("low", "lbmrd client joined", f"lbmrd client {who} was first heard at {x['time']}.",
-                          "client_changes", contexts=x["client"], first=x["time"], last=x["time"],
+            out.append(_f("low", "lbmrd client joined", f"lbmrd client {who} was first heard at "
+                          f"{clock.at(x['time'])}.", "client_changes", contexts=who, first=x["time"], last=x["time"],
                           size=x["datagrams"]))
     if T["capture_errors"]:
         files = sorted({e["file"] for e in T["capture_errors"]})
@@ -120,7 +190,7 @@ def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
         srcs = sorted({f"{e['src']}:{e['sport']}" for e in T["decode_errors"]})
         out.append(_f("low", "undecodable datagrams",
                       f"{len(T['decode_errors'])} datagram(s) on LBMR ports are not valid LBMR, from {_few(srcs)}.",
-                      "decode_errors", contexts=" ".join(srcs), size=len(T["decode_errors"])))
+                      "decode_errors", contexts=" | ".join(srcs), size=len(T["decode_errors"])))
     bad = [p for p in T["wildcard_patterns"] if p["error"]]
     for p in bad:
         out.append(_f("low", "invalid wildcard pattern",

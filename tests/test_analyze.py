@@ -228,6 +228,15 @@ def ctx_label(src, sport, cid) -> str:
     return f"{src}:{sport} [{cid}]" if cid else f"{src}:{sport}"
 
 
+def ctx_ids(rs) -> int:
+    """How many contexts TIRs ``rs`` surely come from: a direct sender is its ip:port
+    and src_id; a relayed one (port 15380) its src_id, the same context as a direct
+    sender with that src_id; relayed without src_id, anyone (not counted)."""
+    direct = {(r["q"], r["cid"]) for r in rs if r["sport"] != 15380}
+    relayed = {r["cid"] for r in rs if r["sport"] == 15380 and r["cid"]}
+    return len(direct) + len(relayed - {c for _, c in direct})
+
+
 def _reachable(ip: str, hosts: set[str]) -> bool:
     """The NAT rule of thumb: a host seen in the same /24, or in the same private block."""
     import ipaddress
@@ -313,25 +322,28 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
         by_tid[r["tid"]].append(r)
         if r["otid"]:
             by_otid[r["otid"]].append(r)
-        by_ct[(r["src"], r["sport"], r["cid"], r["topic"])].append(r)
+        if r["sport"] != 15380:
+            by_ct[(r["q"], r["cid"], r["topic"])].append(r)
+        elif r["cid"]:                                   # relayed: the src_id is the context
+            by_ct[(None, r["cid"], r["topic"])].append(r)
     T["transport_conflicts"] = sorted(
-        (dict(transport_id=tid, n_contexts=len({lab(r) for r in rs}), contexts=" | ".join(sorted({lab(r) for r in rs})),
+        (dict(transport_id=tid, n_contexts=ctx_ids(rs), contexts=" | ".join(sorted({lab(r) for r in rs})),
               n_topics=len({r["topic"] for r in rs}), topics=_set(r["topic"] for r in rs), advertisements=len(rs),
               first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)))
-         for tid, rs in by_tid.items() if len({lab(r) for r in rs}) > 1),
+         for tid, rs in by_tid.items() if ctx_ids(rs) > 1),
         key=lambda x: (-x["n_contexts"], x["transport_id"]))
     T["otid_collisions"] = sorted(
         (dict(otid=o, n_topics=len({r["topic"] for r in rs}), topics=_set(r["topic"] for r in rs),
-              n_contexts=len({lab(r) for r in rs}), contexts=" | ".join(sorted({lab(r) for r in rs})),
+              n_contexts=ctx_ids(rs), contexts=" | ".join(sorted({lab(r) for r in rs})),
               transports=_set(r["tid"] for r in rs), advertisements=len(rs))
-         for o, rs in by_otid.items() if len({r["topic"] for r in rs}) > 1 or len({lab(r) for r in rs}) > 1),
+         for o, rs in by_otid.items() if len({r["topic"] for r in rs}) > 1 or ctx_ids(rs) > 1),
         key=lambda x: (-(x["n_topics"] + x["n_contexts"]), x["otid"]))
     T["multi_transport_topics"] = sorted(
-        (dict(context=ctx_label(s, p, c), src_id=c, topic=t, n_transports=len({r["tid"] for r in rs}),
-              transports=_set(r["tid"] for r in rs), advertisements=len(rs),
+        (dict(context=" | ".join(sorted({ctx_label(r["src"], r["sport"], None) for r in rs})), src_id=c, topic=t,
+              n_transports=len({r["tid"] for r in rs}), transports=_set(r["tid"] for r in rs), advertisements=len(rs),
               first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)))
-         for (s, p, c, t), rs in by_ct.items() if len({r["tid"] for r in rs}) > 1),
-        key=lambda x: (-x["n_transports"], x["context"], x["topic"]))
+         for (_q, c, t), rs in by_ct.items() if len({r["tid"] for r in rs}) > 1),
+        key=lambda x: (-x["n_transports"], x["context"], x["topic"], x["src_id"] or ""))
     # load
     load = defaultdict(lambda: [0, 0, 0])
     for r in recs:
@@ -880,8 +892,8 @@ def test_lbmrd_client_capture_findings(spark, tmp_path):
     # a relayed TIR carries the original source's address: only R's 172.16.9.9 is unreachable
     assert [(r["advertised_ip"], r["topic"], r["advertiser"], r["via_lbmrd"]) for r in t["nat_audit"]] == \
         [("172.16.9.9", "R", f"[{'11' * 8}] {via}", True)]
-    assert [(r["context"], r["topic"], r["n_transports"]) for r in t["multi_transport_topics"]] == \
-        [(f"[{'22' * 8}] {via}", "M", 2)]
+    assert [(r["context"], r["src_id"], r["topic"], r["n_transports"]) for r in t["multi_transport_topics"]] == \
+        [(via, "22" * 8, "M", 2)]
     assert [(r["topics"], r["n_contexts"]) for r in t["otid_collisions"]] == [("N1 N2", 1)]
     assert t["transport_conflicts"] == []        # N1 and N2 share one transport in one context: normal
     # two contexts query U through lbmrd: told apart by their src_id
@@ -896,11 +908,16 @@ def test_lbmrd_client_capture_findings(spark, tmp_path):
     assert [(r["client"], r["event"], r["silent_s"]) for r in t["client_changes"]] == \
         [("10.1.1.6:14402", "vanished", 29.5)]
     kinds = [(f["severity"], f["kind"]) for f in t["findings"]]
-    assert kinds == [("critical", "OTID collision"), ("high", "never advertised"),
-                     ("high", "querying after last advertisement"), ("high", "unreachable address"),
-                     ("medium", "one context, several transports"), ("medium", "lbmrd client vanished")]
-    assert f"[{'88' * 8}]" in t["findings"][2]["finding"] and "'P'" in t["findings"][2]["finding"]
-    assert "172.16.9.9" in t["findings"][3]["finding"] and "relayed by lbmrd" in t["findings"][3]["finding"]
+    # P was last advertised at +37 s, 3 s before the capture's end: its stale querier is "at capture end"
+    assert kinds == [("critical", "OTID collision"), ("high", "never advertised"), ("high", "unreachable address"),
+                     ("medium", "one context, several transports"), ("medium", "lbmrd client vanished"),
+                     ("low", "querying after last advertisement")]
+    assert "at capture end" in t["findings"][5]["finding"] and "'P'" in t["findings"][5]["finding"]
+    assert t["findings"][5]["contexts"] == f"[{'88' * 8}] via lbmrd 10.0.0.1:15380"
+    assert t["findings"][3]["finding"].startswith(f"Context [{'22' * 8}] via lbmrd 10.0.0.1:15380 advertises")
+    assert "172.16.9.9" in t["findings"][2]["finding"] and "relayed by lbmrd" in t["findings"][2]["finding"]
+    # the two relayed queriers of U are named apart
+    assert t["findings"][1]["contexts"] == f"[{'66' * 8}] via lbmrd 10.0.0.1:15380 | [{'55' * 8}] {via}"
 
 
 # ============================================================== cluster safety (local mode)
