@@ -407,7 +407,7 @@ class TopicRow(NamedTuple):
 def topic_inventory(stats: dict[str, TopicStats]) -> list[TopicRow]:
     """Every topic: advertisements, queries, transports, advertisers, queriers and times;
     busiest first."""
-    rows = [TopicRow(k, t.tir.n, t.tqr.n, len(t.transports), _join(t.transports), _join(t.advertisers),
+    rows = [TopicRow(k, t.tir.n, t.tqr.n, len(t.transports), _join(t.transports), " | ".join(sorted(t.advertisers)),
                      len(t.queriers), iso_us(t.seen.first), iso_us(t.seen.last), iso_us(t.tir.first),
                      iso_us(t.tir.last), iso_us(t.tqr.first))
             for k, t in stats.items()]

@@ -18,9 +18,10 @@ from .analyses import context_label
 SEVERITIES = ("critical", "high", "medium", "low")
 #: Findings listed per kind before "and N more".
 PER_KIND = 10
-#: A topic last advertised less than this before the capture's last datagram may
-#: simply not have been advertised again yet (or its publisher exited): queries
-#: after that advertisement are noted "at capture end" and ranked low; seconds.
+#: Queries after a topic's last advertisement that all came in the capture's last
+#: this many seconds are noted "at capture end" and ranked low: too close to the
+#: end to tell a silent source from one that would have answered, or from a
+#: publisher that exited; seconds.
 CAPTURE_END_S = 5
 #: A storm's top senders named in its finding.
 STORM_TOP = 3
@@ -64,7 +65,7 @@ class _Clock:
         us = _us(iso)
         if us is None or self.start is None:
             return iso or "?"
-        return f"+{(us - self.start) / 1e6:.3f} s"
+        return f"+{max(0, us - self.start) / 1e6:.3f} s"     # a storm second may start before the capture
 
 
 def _share(n: float, total: float) -> str:
@@ -90,24 +91,32 @@ def _storm_senders(top: list[tuple[str, int]], total: int, secs: int) -> str:
 
 def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
     """Every finding, most severe first."""
-    out: list[dict] = []
-    T = tables
     clock = _Clock(summary)
-    for x in T["transport_conflicts"]:
-        out.append(_f("critical", "transport conflict",
-                      f"Transport {x['transport_id']} is advertised by {x['n_contexts']} different contexts "
-                      f"({x['contexts']}) for topic(s) {_few(x['topics'].split())}: receivers may join the "
-                      f"wrong source.", "transport_conflicts", topics=x["topics"], contexts=x["contexts"],
-                      first=x["first_seen"], last=x["last_seen"], size=x["advertisements"]))
-    for x in T["otid_collisions"]:
-        out.append(_f("critical", "OTID collision",
-                      f"OTID {x['otid'][:16]}... is used for {x['n_topics']} topic(s) ({_few(x['topics'].split())}) "
-                      f"by {x['n_contexts']} context(s) ({x['contexts']}).", "otid_collisions",
-                      topics=x["topics"], contexts=x["contexts"], size=x["advertisements"]))
-    # unresolved: one finding per topic
+    return _ranked(_conflicts(tables) + _never_advertised(tables, clock) + _stale(tables, clock)
+                   + _storms(tables, summary, clock) + _nat(tables) + _multi_transport(tables)
+                   + _clients(tables, clock) + _errors(tables))
+
+
+def _conflicts(T: dict) -> list[dict]:
+    out = [_f("critical", "transport conflict",
+              f"Transport {x['transport_id']} is advertised by {x['n_contexts']} different contexts "
+              f"({x['contexts']}) for topic(s) {_few(x['topics'].split())}: receivers may join the "
+              f"wrong source.", "transport_conflicts", topics=x["topics"], contexts=x["contexts"],
+              first=x["first_seen"], last=x["last_seen"], size=x["advertisements"])
+           for x in T["transport_conflicts"]]
+    return out + [_f("critical", "OTID collision",
+                     f"OTID {x['otid'][:16]}... is used for {x['n_topics']} topic(s) ({_few(x['topics'].split())}) "
+                     f"by {x['n_contexts']} context(s) ({x['contexts']}).", "otid_collisions",
+                     topics=x["topics"], contexts=x["contexts"], size=x["advertisements"])
+                  for x in T["otid_collisions"]]
+
+
+def _never_advertised(T: dict, clock: _Clock) -> list[dict]:
+    """One finding per topic queried and never advertised."""
     by_topic: dict[str, list[dict]] = {}
     for x in T["unresolved_topics"]:
         by_topic.setdefault(x["topic"], []).append(x)
+    out = []
     for topic, rows in by_topic.items():
         names = [_name(r["querier"], r["src_id"]) for r in rows]
         qs = [f"{q} ({r['queries']} queries from {clock.at(r['first_query'])})" for q, r in zip(names, rows, strict=True)]
@@ -117,12 +126,19 @@ def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
                       topics=topic, contexts=" | ".join(names),
                       first=min(r["first_query"] for r in rows), last=max(r["last_query"] for r in rows),
                       size=sum(r["queries"] for r in rows)))
+    return out
+
+
+def _stale(T: dict, clock: _Clock) -> list[dict]:
+    """Queriers asking after their topic's last advertisement: high, or low "at
+    capture end" (see :data:`CAPTURE_END_S`)."""
+    out = []
     for x in T["stale_queries"]:
         who = _name(x["querier"], x["src_id"])
-        last_adv = _us(x["last_advertised"])
-        at_end = clock.end is not None and last_adv is not None and clock.end - last_adv < CAPTURE_END_S * 1e6
-        why = (f"at capture end: the topic was last advertised less than {CAPTURE_END_S} s before the capture "
-               f"stopped (its publisher may have exited, or advertised again later)" if at_end else
+        after = _us(x["first_query_after"])
+        at_end = clock.end is not None and after is not None and clock.end - after <= CAPTURE_END_S * 1_000_000
+        why = (f"at capture end: these queries came in the capture's last {CAPTURE_END_S} s (the publisher may "
+               f"have exited, or answered after the capture stopped)" if at_end else
                "the source went silent or this receiver does not hear it")
         out.append(_f("low" if at_end else "high", "querying after last advertisement",
                       f"{who} still queried topic '{x['topic']}' {x['queries_after']} time(s) after its last "
@@ -130,7 +146,11 @@ def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
                       f"{clock.at(x['last_query'])}): {why}.", "stale_queries", topics=x["topic"],
                       contexts=who, first=x["first_query_after"], last=x["last_query"],
                       size=x["queries_after"]))
-    # storms: contiguous storm seconds form an episode
+    return out
+
+
+def _storms(T: dict, summary: dict, clock: _Clock) -> list[dict]:
+    """One finding per storm episode (consecutive storm seconds)."""
     eps: list[list[dict]] = []
     for x in T["storms"]:
         if eps and x["second"] == eps[-1][-1]["second"] + 1:
@@ -140,8 +160,9 @@ def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
     per_sec: dict[int, list[dict]] = {}
     for c in T["storm_contexts"]:
         per_sec.setdefault(c["second"], []).append(c)
+    out = []
     for ep in eps:
-        tot: dict[tuple, int] = {}
+        tot: dict[str, int] = {}
         for x in ep:
             for c in per_sec.get(x["second"], []):
                 k = _name(c["context"], c["src_id"])
@@ -155,14 +176,21 @@ def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
                       f"{summary.get('storm_threshold')}); {_storm_senders(top, total, secs)}.", "storms",
                       contexts=" | ".join(c for c, _n in top[:STORM_TOP]), first=ep[0]["time"],
                       last=ep[-1]["time"], size=total))
-    for x in T["nat_audit"]:
-        via = " (relayed by lbmrd)" if x["via_lbmrd"] else ""
-        out.append(_f("high", "unreachable address",
-                      f"{x['advertiser']}{via} advertises topic '{x['topic']}' on {x['advertised_ip']} "
-                      f"({x['transport_id']}), an address no host of the capture's networks shares: a NAT "
-                      f"or interface setting is likely wrong.", "nat_audit", topics=x["topic"],
-                      contexts=x["advertiser"], first=x["first_seen"], last=x["last_seen"],
-                      size=x["advertisements"]))
+    return out
+
+
+def _nat(T: dict) -> list[dict]:
+    return [_f("high", "unreachable address",
+               f"{x['advertiser']}{' (relayed by lbmrd)' if x['via_lbmrd'] else ''} advertises topic "
+               f"'{x['topic']}' on {x['advertised_ip']} ({x['transport_id']}), an address no host of the "
+               f"capture's networks shares: a NAT or interface setting is likely wrong.", "nat_audit",
+               topics=x["topic"], contexts=x["advertiser"], first=x["first_seen"], last=x["last_seen"],
+               size=x["advertisements"])
+            for x in T["nat_audit"]]
+
+
+def _multi_transport(T: dict) -> list[dict]:
+    out = []
     for x in T["multi_transport_topics"]:
         who = f"[{x['src_id']}] {x['context']}" if x["src_id"] else x["context"]
         out.append(_f("medium", "one context, several transports",
@@ -170,6 +198,11 @@ def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
                       f"transports ({x['transports']}).", "multi_transport_topics", topics=x["topic"],
                       contexts=who, first=x["first_seen"], last=x["last_seen"],
                       size=x["advertisements"]))
+    return out
+
+
+def _clients(T: dict, clock: _Clock) -> list[dict]:
+    out = []
     for x in T["client_changes"]:
         who = _name(x["client"], x["src_id"])
         if x["event"] == "vanished":
@@ -181,6 +214,12 @@ def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
             out.append(_f("low", "lbmrd client joined", f"lbmrd client {who} was first heard at "
                           f"{clock.at(x['time'])}.", "client_changes", contexts=who, first=x["time"], last=x["time"],
                           size=x["datagrams"]))
+    return out
+
+
+def _errors(T: dict) -> list[dict]:
+    """Capture errors, undecodable datagrams, invalid wildcard patterns."""
+    out = []
     if T["capture_errors"]:
         files = sorted({e["file"] for e in T["capture_errors"]})
         out.append(_f("medium", "capture errors",
@@ -191,12 +230,16 @@ def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
         out.append(_f("low", "undecodable datagrams",
                       f"{len(T['decode_errors'])} datagram(s) on LBMR ports are not valid LBMR, from {_few(srcs)}.",
                       "decode_errors", contexts=" | ".join(srcs), size=len(T["decode_errors"])))
-    bad = [p for p in T["wildcard_patterns"] if p["error"]]
-    for p in bad:
-        out.append(_f("low", "invalid wildcard pattern",
-                      f"Wildcard pattern {p['pattern']!r} (type {p['pattern_type']}) from {p['queriers']} "
-                      f"does not compile: {p['error']}.", "wildcard_patterns", contexts=p["queriers"],
-                      first=p["first_seen"], last=p["last_seen"], size=p["queries"]))
+    return out + [_f("low", "invalid wildcard pattern",
+                     f"Wildcard pattern {p['pattern']!r} (type {p['pattern_type']}) from {p['queriers']} "
+                     f"does not compile: {p['error']}.", "wildcard_patterns", contexts=p["queriers"],
+                     first=p["first_seen"], last=p["last_seen"], size=p["queries"])
+                  for p in T["wildcard_patterns"] if p["error"]]
+
+
+def _ranked(out: list[dict]) -> list[dict]:
+    """Most severe first, then by kind (in the order above), biggest first; at most
+    :data:`PER_KIND` per kind, then one "... and N more"."""
     kinds: list[str] = []
     for f in out:
         if f["kind"] not in kinds:

@@ -268,7 +268,7 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
         inv.append(dict(
             topic=topic, advertisements=len(tirs), queries=len(tqrs),
             n_sources=len({r["tid"] for r in tirs}), sources=_set(r["tid"] for r in tirs),
-            advertisers=_set(lab(r) for r in tirs), n_queriers=len({(r["q"], r["cid"]) for r in tqrs}),
+            advertisers=" | ".join(sorted({lab(r) for r in tirs})), n_queriers=len({(r["q"], r["cid"]) for r in tqrs}),
             first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)),
             first_advertised=iso(min(r["us"] for r in tirs)) if tirs else None,
             last_advertised=iso(max(r["us"] for r in tirs)) if tirs else None,
@@ -719,6 +719,9 @@ def test_real_capture_matches_plain_python(spark, tmp_path):
     assert t["transport_conflicts"] == t["otid_collisions"] == t["multi_transport_topics"] == t["nat_audit"] == []
     stale = [f for f in t["findings"] if f["kind"] == "querying after last advertisement"]
     assert any("10.29.4.101:54247" in f["finding"] and "multi.1" in f["finding"] for f in stale)
+    # 54247 asked once, 4 s before the capture stopped: "at capture end"; 35101 kept asking for 5 s
+    assert sorted((f["contexts"].split()[0], f["severity"]) for f in stale) == [
+        ("10.29.4.101:35101", "high"), ("10.29.4.101:54247", "low"), ("10.29.4.101:54247", "low")]
     storm = [f for f in t["findings"] if f["kind"] == "storm"]
     assert storm and "10.29.4.121:37168" in storm[0]["finding"]
 
@@ -908,7 +911,7 @@ def test_lbmrd_client_capture_findings(spark, tmp_path):
     assert [(r["client"], r["event"], r["silent_s"]) for r in t["client_changes"]] == \
         [("10.1.1.6:14402", "vanished", 29.5)]
     kinds = [(f["severity"], f["kind"]) for f in t["findings"]]
-    # P was last advertised at +37 s, 3 s before the capture's end: its stale querier is "at capture end"
+    # P's stale queries came at +38 and +39 s, in the capture's last 5 s: "at capture end", low
     assert kinds == [("critical", "OTID collision"), ("high", "never advertised"), ("high", "unreachable address"),
                      ("medium", "one context, several transports"), ("medium", "lbmrd client vanished"),
                      ("low", "querying after last advertisement")]
