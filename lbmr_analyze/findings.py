@@ -4,8 +4,9 @@ Each finding is a dict: ``severity`` (``critical``, ``high``, ``medium``, ``low`
 ``kind``, ``finding`` (one sentence naming topics and contexts; times in it are
 seconds from the capture's first datagram, ``+12.345 s``), ``topics``,
 ``contexts`` (context names, `` | `` between them), ``first_seen``, ``last_seen``
-(ISO times) and ``table`` (the table with the details).  They are sorted most
-severe first, then by kind, then by size.  At most :data:`PER_KIND` findings of
+(ISO times), ``table`` (the table with the details) and ``kind_total`` (how many
+findings of its kind there are, listed or not).  They are sorted most severe
+first, then by kind, then by size.  At most :data:`PER_KIND` findings of
 one kind are listed; one more finding says how many others the table holds.
 """
 
@@ -246,16 +247,19 @@ def _ranked(out: list[dict]) -> list[dict]:
             kinds.append(f["kind"])
     out.sort(key=lambda f: (SEVERITIES.index(f["severity"]), kinds.index(f["kind"]), -f["_size"],
                             f["first_seen"] or "", f["finding"]))
+    totals: dict[str, int] = {}
+    for f in out:
+        totals[f["kind"]] = totals.get(f["kind"], 0) + 1
     res, count = [], {}
     for f in out:
         k = f["kind"]
+        f["kind_total"] = totals[k]
         count[k] = count.get(k, 0) + 1
         if count[k] <= PER_KIND:
             res.append(f)
         elif count[k] == PER_KIND + 1:
-            more = sum(1 for g in out if g["kind"] == k) - PER_KIND
-            res.append(_f(f["severity"], k, f"... and {more} more '{k}' finding(s): see the table.",
-                          f["table"]))
+            res.append(_f(f["severity"], k, f"... and {totals[k] - PER_KIND} more '{k}' finding(s): see the "
+                          f"table.", f["table"]) | {"kind_total": totals[k]})
     for f in res:
         del f["_size"]
     return res

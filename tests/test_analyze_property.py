@@ -289,3 +289,52 @@ def test_storm_shares_and_query_at_capture_end(tmp_path):
     assert "advertisement at +5.000 s (last query +30.000 s)" in stale["G"]["finding"]
     assert [f["severity"] for f in t["findings"]] == sorted((f["severity"] for f in t["findings"]),
                                                             key=SEVERITIES.index)
+
+
+# ============================================================== anything the decoder accepts
+
+@st.composite
+def any_capture(draw) -> list[tuple]:
+    """Every packet type the codec knows (tests/strategies.py: topic management,
+    queue resolution, extended packets, any options and transports), and bytes that
+    are not LBMR, from direct senders and lbmrds, at times hours apart."""
+    from tests.strategies import packet
+    out = []
+    for _ in range(draw(st.integers(1, 12))):
+        payload = draw(st.one_of(packet.map(L.encode), packet.map(L.encode), st.binary(min_size=1, max_size=40)))
+        src = draw(st.sampled_from([("10.1.1.20", 14402), ("10.0.0.1", 15380), ("10.0.0.2", 15380)]))
+        dst = draw(st.sampled_from([MCAST, HOST, (LBMRDS[0], 15380)]))
+        out.append((T0 + draw(st.integers(0, 3 * HOUR_US)) / 1e6, *src, *dst, payload))
+    if draw(st.booleans()):                                  # a storm second of one payload
+        out += [(T0 + 1 + 0.01 * i, *out[0][1:]) for i in range(STORM + 1)]
+    return sorted(out, key=lambda x: x[0])
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(dgs=any_capture())
+def test_any_decodable_capture_pure(tmp_path_factory, dgs):
+    d = tmp_path_factory.mktemp("any")
+    path = write_pcap(d / "a.pcap", dgs)
+    summary, t = pure_analyse(path, d)
+    assert set(t) >= set(TABLES) - {"summary"}
+    lbmr = [x for x in dgs if x[2] in PORTS or x[4] in PORTS]         # a unicast 14402 -> 14402 is not
+    assert summary["datagrams"] == len(lbmr) == sum(r["packets"] for r in t["load_per_second"]
+                                                    if r["record_kind"] == "ALL")
+    per_sec = defaultdict(int)
+    for x in lbmr:
+        per_sec[int(x[0])] += 1
+    assert [(r["second"], r["packets"]) for r in t["storms"]] == sorted((s, n) for s, n in per_sec.items() if n > STORM)
+    for f in t["findings"]:
+        assert f["severity"] in SEVERITIES and f["kind"] and f["table"] in TABLES, f
+
+
+def test_findings_per_kind_are_capped_and_counted(tmp_path):
+    """Twelve topics never advertised: ten findings, one "... and 2 more", each
+    carrying kind_total 12."""
+    from lbmr_analyze.findings import PER_KIND
+    d = [(T0 + i, "10.4.4.4", 14402, *MCAST, L.encode(L.Packet(tqrs=[L.TQR(f"T{i:02d}")]))) for i in range(12)]
+    _s, t = pure_analyse(write_pcap(tmp_path / "q.pcap", d), tmp_path)
+    never = [f for f in t["findings"] if f["kind"] == "never advertised"]
+    assert len(never) == PER_KIND + 1 and never[-1]["finding"].startswith("... and 2 more")
+    assert {f["kind_total"] for f in never} == {12}
