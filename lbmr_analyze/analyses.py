@@ -74,6 +74,12 @@ def context_label(src: str | None, sport: int | None, src_id: str | None) -> str
     return f"{addr} [{src_id}]" if src_id else addr
 
 
+def share_text(n: float, total: float) -> str:
+    """``n`` as a percentage of ``total``: ``12.5 %``, ``<0.1 %`` for a small non-zero share."""
+    pct = 100 * n / total if total else 0.0
+    return "<0.1 %" if 0 < pct < 0.1 else f"{pct:.1f} %"
+
+
 def _join(vals) -> str:
     return " ".join(sorted({v for v in vals if v is not None}))
 
@@ -800,7 +806,8 @@ def storms_table(load: list[dict], threshold: int, per_ctx: list[dict]) -> tuple
         storms.append(dict(second=x["second"], time=x["time"], packets=x["packets"], records=x["records"],
                            bytes=x["bytes"],
                            top_contexts="; ".join(f"{context_label(c['src'], c['sport'], c['context_id'])} "
-                                                  f"{c['packets']}/s" for c in cs[:3])))
+                                                  f"{c['packets']}/s ({share_text(c['packets'], x['packets'])})"
+                                                  for c in cs[:3])))
     return storms, rows
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from .analyses import context_label
+from .analyses import context_label, share_text
 
 SEVERITIES = ("critical", "high", "medium", "low")
 #: Findings listed per kind before "and N more".
@@ -69,11 +69,6 @@ class _Clock:
         return f"+{max(0, us - self.start) / 1e6:.3f} s"     # a storm second may start before the capture
 
 
-def _share(n: float, total: float) -> str:
-    pct = 100 * n / total if total else 0.0
-    return "<0.1 %" if 0 < pct < 0.1 else f"{pct:.1f} %"
-
-
 def _storm_senders(top: list[tuple[str, int]], total: int, secs: int) -> str:
     """Who sent a storm: "sent mostly by X: 43/s, 87.0 % of 50/s" when one context
     sent at least half of it, else the top few with their shares."""
@@ -82,12 +77,12 @@ def _storm_senders(top: list[tuple[str, int]], total: int, secs: int) -> str:
     rate = f"{total / secs:,.0f}/s"
     if 2 * top[0][1] >= total:
         name, n = top[0]
-        return f"sent mostly by {name}: {n / secs:,.0f}/s, {_share(n, total)} of {rate}"
+        return f"sent mostly by {name}: {n / secs:,.0f}/s, {share_text(n, total)} of {rate}"
     named = top[:STORM_TOP]
     rest = f"; {len(top) - len(named)} other context(s) sent the rest" if len(top) > len(named) else ""
     return ("no context sent most: top senders "
-            + ", ".join(f"{c} {n / secs:,.0f}/s ({_share(n, total)})" for c, n in named)
-            + f", {_share(sum(n for _c, n in named), total)} of {rate} together{rest}")
+            + ", ".join(f"{c} {n / secs:,.0f}/s ({share_text(n, total)})" for c, n in named)
+            + f", {share_text(sum(n for _c, n in named), total)} of {rate} together{rest}")
 
 
 def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:

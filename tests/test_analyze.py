@@ -237,6 +237,11 @@ def ctx_ids(rs) -> int:
     return len(direct) + len(relayed - {c for _, c in direct})
 
 
+def pct(n: int, total: int) -> str:
+    """A share as the tables print it: one decimal, "<0.1 %" when smaller but not zero."""
+    return "<0.1 %" if 0 < 1000 * n < total else f"{100 * n / total:.1f} %"
+
+
 def _reachable(ip: str, hosts: set[str]) -> bool:
     """The NAT rule of thumb: a host seen in the same /24, or in the same private block."""
     import ipaddress
@@ -368,7 +373,8 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
         sc += [dict(second=s, time=iso_s(s), context=f"{a}:{p}", src_id=c, packets=n, share=round(n / v[0], 4))
                for (a, p, c), n in cs]
         storms.append(dict(second=s, time=iso_s(s), packets=v[0], records=v[1], bytes=v[2],
-                           top_contexts="; ".join(f"{ctx_label(a, p, c)} {n}/s" for (a, p, c), n in cs[:3])))
+                           top_contexts="; ".join(f"{ctx_label(a, p, c)} {n}/s ({pct(n, v[0])})"
+                                                  for (a, p, c), n in cs[:3])))
     T["storms"], T["storm_contexts"] = storms, sc
     talk = defaultdict(list)
     for r in recs:
@@ -663,7 +669,7 @@ def test_known_answers(synth_run, synth):
     assert [(r["second"], r["packets"]) for r in t["storms"]] == [(int(T0) + 10, 61)]
     assert [(r["context"], r["packets"]) for r in t["storm_contexts"]] == \
         [("10.4.4.4:14402", 60), ("10.1.1.10:14402", 1)]
-    assert t["storms"][0]["top_contexts"].startswith("10.4.4.4:14402 [0001020304050607] 60/s")
+    assert t["storms"][0]["top_contexts"].startswith("10.4.4.4:14402 [0001020304050607] 60/s (98.4 %)")
     # top talkers are contexts (ip:port), Q2 first
     assert t["top_talkers"][0]["context"] == "10.4.4.4:14402" and t["top_talkers"][0]["packets"] == 60
     # keepalive client 10.9.9.3 joined at T0+45.2
