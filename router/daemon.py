@@ -1,22 +1,23 @@
-"""The router's I/O shell on trio: one endpoint portal, one peer link, and
-the data relay between them (a *portal link*; :mod:`router.multi` runs a
-router with several portals as several of these). One nursery per router.
+"""The router's I/O shell on trio: one endpoint portal's link (a *portal
+link*): the link, the bridge between it and the endpoint's topic resolution,
+and the data relay. :mod:`router.multi` runs a router with several portals
+as several of these; a lone one runs its endpoint's portal task itself. One
+nursery per portal link.
 
-Tasks: the portal (its TR socket and timers), the peer link (connect or
-accept, handshake, reader, writer, timers; reconnect every
+Tasks: the endpoint's portal (:class:`router.portal_task.PortalTask`: its TR
+socket and timers, shared by every link of the endpoint), the peer link
+(connect or accept, handshake, reader, writer, timers; reconnect every
 ``reconnect_interval``), one proxy listener per advertised proxy source and
 one task per relayed stream (:mod:`router.relay`). The protocol logic is
-sans-IO: :class:`router.bridge.Bridge` (the portal's topic resolution,
-:class:`router.tr.PortalTR`, joined to the peer: advert ids, proxies,
-interest), :class:`router.peerlink.PeerConnection` (the link) and
-:class:`router.peerlink.streams.StreamTable` (streams and credit). The tasks
-call the bridge directly (its methods never wait) and carry out what it asks
-for (:meth:`Router._apply`); the portal task, which alone ticks the bridge,
-is woken through its queue (:class:`TRDatagram`, :class:`Wake`) whenever
-another task gave the bridge something to do.
-
-Over 600 lines because one portal link's tasks (portal, peer link, proxies,
-status) share its bridge, relay and counters.
+sans-IO: :class:`router.core.bridge.Bridge` (the link's view of the endpoint's
+topic resolution, :class:`router.core.endpoint_portal.PortalView`, joined to the
+peer: advert ids, proxies, interest), :class:`router.peerlink.PeerConnection`
+(the link) and :class:`router.peerlink.streams.StreamTable` (streams and
+credit). The tasks call the bridge directly (its methods never wait) and
+carry out what it asks for (:meth:`Router._apply`); the portal task, which
+alone ticks the portal, is woken (:meth:`PortalTask.wake`) whenever another
+task gave the bridge something to do, and has every link act on its events
+(:meth:`Router.portal_changed`).
 
 Times are seconds (trio's clock).
 """
@@ -25,34 +26,31 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import signal
 import socket
 import ssl
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import partial
 
 import trio
 
 from lbmr_runtime.events import EventRing
 from lbmr_runtime.http import PrometheusText, serve_http
-from lbmr_runtime.netif import open_multicast_socket
 
 from . import peerlink as P
-from .bridge import Bridge, Notice, ProxyDown, ProxyUp, SendFrame, StartProxy, StopProxy
 from .config_model import EndpointConfig, PeerConfig
+from .core.bridge import Bridge, Notice, ProxyDown, ProxyUp, SendFrame, StartProxy, StopProxy
+from .core.endpoint_portal import PortalView
+from .core.tr import RemoteCheck, UseQuery
 from .link import CONNECT_TIMEOUT, RAW_LIMIT, Link
 from .peerlink import streams as S
+from .portal_task import PortalTask
 from .relay import PortPool, Relay
-from .tr import PortalTR, RemoteCheck, UseQuery
 
 log = logging.getLogger("lbmr-router")
 
 _LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
-PORTAL_QUEUE = 1000  # datagrams (and wake-ups) queued for the portal task
-TR_SOCKET_BUFFER = 4 << 20  # the portal's TR socket: receive and send buffers
 ADVERTISE_CHUNK = 500  # topics of one session advertised at its new proxy before the loop runs again
 MAX_HANDSHAKES = 4  # incoming connections in their handshake at once (the oldest is dropped)
 
@@ -118,7 +116,7 @@ async def open_peer_stream(peer: PeerConfig) -> trio.SocketStream:
 def portal_timing(e: EndpointConfig) -> dict:
     """The endpoint's ``<topic-resolution>`` timing (with the ``<rate-limit>``s of
     its elements), ``<remote-topic>`` and ``<remote-pattern>`` as
-    :class:`router.tr.PortalTR` arguments (seconds; rate limits as (bits a
+    :class:`router.core.tr.PortalTR` arguments (seconds; rate limits as (bits a
     second, objects a second))."""
     tr = e.topic_resolution
 
@@ -170,19 +168,6 @@ async def serve_signals(status, stop, *, task_status=trio.TASK_STATUS_IGNORED) -
                 await stop()
 
 
-@dataclass(frozen=True, slots=True)
-class TRDatagram:
-    """A datagram received on the portal's TR socket (for the portal task)."""
-
-    data: bytes
-    src: tuple[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class Wake:
-    """Another task gave the bridge work: the portal task ticks again."""
-
-
 class Router:
     """One router: ``await router.run(task_status=...)`` in a nursery; reports
     {"tr": (ip, port), "peer": (ip, port) or None} through ``task_status``.
@@ -199,13 +184,16 @@ class Router:
                  stream: trio.abc.Stream | None = None, metrics: tuple[str, int] | None = None,
                  handle_signals: bool = False, port_pool: PortPool | None = None,
                  advert_ids: Iterator[int] | None = None, domains: tuple[int, ...] | None = None,
-                 hub=None) -> None:
+                 hub=None, portal: PortalTask | None = None) -> None:
         self.name, self.endpoint, self.peer = name, endpoint, peer
         self.stream, self.metrics, self.handle_signals = stream, metrics, handle_signals
         self.tls = None if peer.tls is None else tls_context(peer.tls, server_side=(peer.role == "acceptor"))
         e = endpoint
-        self.src_id = secrets.token_bytes(8)
-        self.tr: PortalTR | None = None
+        # the endpoint portal's task (its TR socket and topic resolution), shared with
+        # the endpoint's other links; None: this router runs one of its own
+        self.portal = portal
+        self._own_portal = portal is None
+        self.tr: PortalView | None = None
         self.bridge: Bridge | None = None
         self.link: Link | None = None
         self.counters: Counter[str] = Counter()
@@ -226,8 +214,6 @@ class Router:
                            self._session_ended)
         if port_pool is not None:  # relay ports shared with the other links of this endpoint
             self.relay.share_ports(port_pool)
-        self._to_portal_send, self._to_portal_recv = trio.open_memory_channel(PORTAL_QUEUE)
-        self._wake_pending = False
         self._nursery: trio.Nursery | None = None
         # the router's policy on a peer's handshake: PeerInfo -> (ok, reason), or None
         self.accept_peer = None
@@ -270,62 +256,30 @@ class Router:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         e = self.endpoint
-        sock = await self._open_tr_socket()
-        self.tr_sock = sock
-        now = trio.current_time()
-        self.tr = PortalTR(e.name, e.domain_id, src_id=self.src_id, mode=e.mode,
-                           daemons=e.daemons if e.mode == "lbmrd" else (),
-                           multicast=e.multicast if e.mode == "multicast" else None,
-                           source_timeout=e.source_timeout, requery_interval=e.requery_interval,
-                           requery_jitter=0.2, now=now, **portal_timing(e))
-        self.bridge = Bridge(self.tr, self.counters, max_proxies=proxy_bound(e.max_proxies),
-                             require_interest=True, advert_ids=self._advert_ids,
-                             acl=e.acl.named(e.name), link_acl=self.peer.acl.named(self.peer.name),
-                             count_link_acl=self.owner is None)  # frames of a shared link: counted once
-        if self.hub is not None:
-            self.hub.attach_bridge(self)
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._portal_rx)
-                nursery.start_soon(self._portal_loop)
-                peer_addr = await nursery.start(self._peer_loop)
-                metrics_addr = None
-                if self.metrics is not None:
-                    routes = {"/metrics": ("text/plain; version=0.0.4", self.prometheus_text),
-                              "/status": ("application/json", lambda: json.dumps(self.status()))}
-                    metrics_addr = await nursery.start(
-                        partial(serve_http, logger=log), routes, self.metrics)
-                if self.handle_signals:
-                    await nursery.start(self._signal_loop)
-                task_status.started({"tr": sock.getsockname(), "peer": peer_addr, "metrics": metrics_addr})
-        finally:
-            sock.close()
-
-    async def _open_tr_socket(self):
-        """The portal's TR socket: joined to the group (multicast), or bound to the
-        first free port of the TR port range (lbmrd)."""
-        e = self.endpoint
-        if e.mode == "multicast":
-            group, port = e.multicast
-            return trio.socket.from_stdlib_socket(open_multicast_socket(
-                group, port, 0, e.tr_ip, e.tr_ip, e.multicast_ttl, buffer=TR_SOCKET_BUFFER))
-        sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
-        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):  # bursts of TR traffic (best effort)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, opt, TR_SOCKET_BUFFER)
-            except OSError:
-                pass
-        ports = range(e.tr_port_low, e.tr_port_high + 1) if e.tr_port_low else [0]
-        for i, port in enumerate(ports):
-            try:
-                await sock.bind((e.tr_ip, port))
-                break
-            except OSError:
-                if i == len(ports) - 1:
-                    sock.close()
-                    raise
-        return sock
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if self._own_portal:
+                self.portal = PortalTask(e, portal_timing(e), self.counters)
+                await nursery.start(self.portal.run)
+            self.tr_sock = self.portal.sock
+            self.tr = self.portal.view(self.peer.name)
+            self.bridge = Bridge(self.tr, self.counters, max_proxies=proxy_bound(e.max_proxies),
+                                 require_interest=True, advert_ids=self._advert_ids,
+                                 acl=e.acl.named(e.name), link_acl=self.peer.acl.named(self.peer.name),
+                                 count_link_acl=self.owner is None)  # frames of a shared link: counted once
+            if self.hub is not None:
+                self.hub.attach_bridge(self)
+            self.portal.serve(self)
+            peer_addr = await nursery.start(self._peer_loop)
+            metrics_addr = None
+            if self.metrics is not None:
+                routes = {"/metrics": ("text/plain; version=0.0.4", self.prometheus_text),
+                          "/status": ("application/json", lambda: json.dumps(self.status()))}
+                metrics_addr = await nursery.start(partial(serve_http, logger=log), routes, self.metrics)
+            if self.handle_signals:
+                await nursery.start(self._signal_loop)
+            task_status.started({"tr": self.tr_sock.getsockname(), "peer": peer_addr, "metrics": metrics_addr})
+            await trio.sleep_forever()  # proxies and streams start here while the router runs
 
     # ------------------------------------------------------------- the bridge
 
@@ -354,48 +308,15 @@ class Router:
                     self.hub.proxy_down(self, out.advert_id)
             elif isinstance(out, Notice):
                 self.event(out.kind, out.detail)
-        if wake and not self._wake_pending:
-            # one Wake queued at a time: a burst of peer frames must not fill the
-            # queue and push the TRD's datagrams out
-            try:
-                self._to_portal_send.send_nowait(Wake())
-                self._wake_pending = True
-            except trio.WouldBlock:
-                pass  # a full queue wakes the portal task anyway
+        if wake:
+            self.portal.wake()
 
-    # --------------------------------------------------------------- portal
-
-    async def _portal_rx(self) -> None:
-        """TR datagrams from the TRD (or lbmrd) into the portal's queue; when it
-        is full, they wait in the socket's (4 MiB) buffer instead of being dropped."""
-        while True:
-            data, src = await self.tr_sock.recvfrom(65535)
-            try:
-                self._to_portal_send.send_nowait(TRDatagram(data, src))
-            except trio.WouldBlock:
-                self.counters["portal_queue_full"] += 1  # not dropped: waits for room
-                await self._to_portal_send.send(TRDatagram(data, src))
-
-    async def _portal_loop(self) -> None:
-        """The portal: its timers and datagrams, serially."""
-        bridge = self.bridge
-        recv = self._to_portal_recv
-        while True:
-            now = trio.current_time()
-            for data, dest in bridge.tick(now):
-                try:
-                    await self.tr_sock.sendto(data, dest)
-                except OSError as e:
-                    self.counters["tr_send_error"] += 1
-                    log.debug("TR send to %s failed: %s", dest, e)
+    def portal_changed(self) -> None:
+        """The endpoint's portal ran (a datagram, its timers, another link's
+        call): act on this link's events (:class:`router.portal_task.PortalTask`)."""
+        if self.bridge is not None:
+            self.bridge.drain_portal()
             self._apply(wake=False)
-            with trio.move_on_at(bridge.next_deadline()):
-                item = await recv.receive()
-                if isinstance(item, Wake):
-                    self._wake_pending = False
-                elif isinstance(item, TRDatagram):
-                    bridge.on_datagram(item.data, item.src, trio.current_time())
-                    self._apply(wake=False)
 
     # -------------------------------------------------- near side: proxies
 

@@ -17,11 +17,12 @@ peer link, tested once. Every pair of endpoint portals gets one such link
 (a full mesh: each TRD's receivers see the sources of every other TRD
 directly, one hop).
 
-Each portal link of an endpoint has its own TR socket and topic resolution
-(an lbmrd client or multicast member of its own, from the endpoint's TR
-port range), and all of them share the endpoint's relay ports (one
-quarantine). Loop prevention is the portal's single-hop rule
-(:mod:`router.tr`): what a router advertises into a TRD (source type TNWGD,
+Each endpoint portal is one UM context in its TRD, as the DRO's is: one TR
+socket, one source id and one topic resolution
+(:class:`router.portal_task.PortalTask`, :mod:`router.core.endpoint_portal`),
+shared by all the portal links of the endpoint, and one set of relay ports
+(one quarantine). Loop prevention is the portal's single-hop rule
+(:mod:`router.core.tr`): what a router advertises into a TRD (source type TNWGD,
 another domain's id) is never bridged again, by any portal link of any
 router, so a topic is advertised once per TRD for each TRD that has a
 source of it.
@@ -31,9 +32,9 @@ link already reaches (same name, or a domain id in common): its TRDs would
 be bridged twice.
 
 Multi-hop: the router is the *hub* of its peer links' portal links. It runs
-the route info protocol (:class:`router.routing.Routing`: TOPOLOGY frames,
+the route info protocol (:class:`router.core.routing.Routing`: TOPOLOGY frames,
 the topology map, every router's lowest-cost tree) and passes interest and
-advertisements between peer links (:class:`router.transit.Transit`); the
+advertisements between peer links (:class:`router.core.transit.Transit`); the
 bridges send their TRD's interest only on the links the routes give it
 (``interest_filter``) and proxy a source that another link wants
 (``transit_wants``). Routes are recomputed on every change of the map (a link
@@ -57,10 +58,11 @@ from lbmr_runtime.http import PrometheusText, serve_http
 
 from . import peerlink as P
 from .config_model import EndpointConfig, PeerConfig, RouterConfig, acceptor_peer, initiator_peer
-from .daemon import Router, serve_signals
+from .core.routing import Routing
+from .core.transit import Transit
+from .daemon import Router, portal_timing, serve_signals
+from .portal_task import PortalTask
 from .relay import PortPool
-from .routing import Routing
-from .transit import Transit
 
 __all__ = ["MultiRouter"]
 
@@ -79,6 +81,10 @@ class MultiRouter:
         self.config = config
         self.handle_signals = handle_signals
         self.pools = {e.name: PortPool() for e in config.endpoints}
+        # one portal task per endpoint (one TR socket and context in its TRD), shared by its links
+        self.portal_counters: dict[str, Counter[str]] = {e.name: Counter() for e in config.endpoints}
+        self.portals = {e.name: PortalTask(e, portal_timing(e), self.portal_counters[e.name])
+                        for e in config.endpoints}
         self.links: list[Router] = []
         self._advert_ids = itertools.count(1)  # one numbering for the router: unique on every link
         self._nursery: trio.Nursery | None = None
@@ -91,7 +97,7 @@ class MultiRouter:
 
     def _unit(self, endpoint: EndpointConfig, peer: PeerConfig, name: str, **kw) -> Router:
         r = Router(name, endpoint, peer, port_pool=self.pools[endpoint.name],
-                   advert_ids=self._advert_ids, **kw)
+                   advert_ids=self._advert_ids, portal=self.portals[endpoint.name], **kw)
         r.accept_peer = partial(self._accept, r)
         self.links.append(r)
         return r
@@ -129,6 +135,8 @@ class MultiRouter:
                                    propagation_interval=ri.propagation_interval_ms / 1000.0,
                                    timeout=ri.timeout_ms / 1000.0, max_hop_count=ri.max_hop_count)
             self.transit = Transit(self.routing, self._advert_ids, self.counters)
+            for portal in self.portals.values():
+                await nursery.start(portal.run)
             if s.peers:
                 nursery.start_soon(self._routing_loop)
             for p in s.peers:
@@ -285,13 +293,13 @@ class MultiRouter:
             units = [r for r in self.links if r.endpoint is e]
             local: set[str] = set()
             remote: set[str] = set()
-            counters: Counter[str] = Counter()
-            tr_stats: Counter[str] = Counter()
+            counters: Counter[str] = Counter(self.portal_counters[e.name])
+            portal = self.portals[e.name].portal
+            tr_stats = portal.stats() if portal is not None else {}
             proxies = adverts = listeners = 0
             for r in units:
                 counters.update(r.counters)
                 if r.tr is not None:
-                    tr_stats.update(r.tr.stats())
                     local.update(li.topic for li in r.tr.local_interests())
                     remote.update(t for t, _ in r.tr.remote_interests())
                 if r.bridge is not None:

@@ -1,4 +1,4 @@
-"""The router's bridge (router/bridge.py), sans-IO: interest in, advertisements
+"""The router's bridge (router/core/bridge.py), sans-IO: interest in, advertisements
 out, proxies in, withdrawal, link loss and loop prevention, with no socket and
 no clock (times are explicit)."""
 
@@ -22,9 +22,9 @@ from lbmr_proto import (
     encode,
 )
 from router import peerlink as P
-from router.bridge import Bridge, Notice, ProxyDown, ProxyUp, SendFrame, StartProxy, StopProxy
-from router.sessions import session_key
-from router.tr import PortalTR
+from router.core.bridge import Bridge, Notice, ProxyDown, ProxyUp, SendFrame, StartProxy, StopProxy
+from router.core.sessions import session_key
+from router.core.tr import PortalTR
 
 GROUP = ("239.192.1.1", 12965)
 APP = ("10.1.0.5", 12965)

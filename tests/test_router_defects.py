@@ -6,8 +6,8 @@ import trio
 
 import lbmr_proto as L
 from router.config_model import PortRange, acceptor_peer, initiator_peer, lbmrd_endpoint
+from router.core.tr import synthesize_otid
 from router.daemon import Router
-from router.tr import synthesize_otid
 
 from .test_router_e2e import TOPIC, resolve, start_lbmrd, start_routers, tirs_in, udp
 

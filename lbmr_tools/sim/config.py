@@ -22,6 +22,8 @@ from lbmr_proto.um import (
 
 from .context import DEFAULT_DAEMON, REQUEST_PORT_BASE, Context
 from .dataplane import (
+    DEFAULT_MESSAGE_SIZE,
+    MAX_PAYLOAD,
     RM_MIN_DATAGRAM,
     RU_MAX_DATAGRAM,
     RU_MIN_DATAGRAM,
@@ -71,7 +73,10 @@ class SimConfig:
     keeps every sent datagram in :attr:`SimResult.sent`.
 
     Data (see :mod:`lbmr_tools.sim.dataplane`): with ``data_bytes`` TCP sources
-    serve that many bytes to every receiver that connects, with
+    send one live stream of LBMC messages (``data_message_size`` payload bytes
+    each, at most ``data_bytes``; ``data_rate`` messages per second) to every
+    receiver connected, each of which verifies ``data_bytes`` payload bytes
+    of whole, consecutive messages from the first it gets; with
     ``data_datagrams`` LBT-RU sources send that many datagrams of
     ``data_datagram_size`` bytes at ``data_rate`` per second to every
     receiver that registers, and LBT-RM sources multicast that many to
@@ -116,6 +121,7 @@ class SimConfig:
     data_seed: int = 0
     data_rate: float = DEFAULT_DATA_RATE
     data_datagram_size: int = RU_MAX_DATAGRAM
+    data_message_size: int = DEFAULT_MESSAGE_SIZE
     data_rate_limit: float | None = None
     verify_data: bool = False
     data_drop_every: int = 0
@@ -229,6 +235,8 @@ def check_data_config(cfg: SimConfig) -> None:
     low = RM_MIN_DATAGRAM if cfg.transport == "lbtrm" else RU_MIN_DATAGRAM
     if not low <= cfg.data_datagram_size <= RU_MAX_DATAGRAM:
         raise ValueError(f"data datagram size must be {low}..{RU_MAX_DATAGRAM} bytes")
+    if not 1 <= cfg.data_message_size <= MAX_PAYLOAD:
+        raise ValueError(f"data message size must be 1..{MAX_PAYLOAD} bytes")
     if cfg.lbtru_wire not in ("sim", "um"):
         raise ValueError(f"lbtru_wire {cfg.lbtru_wire!r}: sim or um")
     if cfg.data_drop_every < 0:

@@ -160,7 +160,8 @@ def data_source_report(ctx_index: int, topic: str, server) -> dict:
         return {"context": ctx_index, "topic": topic, "kind": "tcp", "address": f"{ip}:{port}",
                 "receivers": len(server.connections), "bytes_sent": server.bytes_sent,
                 "datagrams_sent": None, "status_received": None,
-                "complete": sum(c.complete for c in server.connections)}
+                "messages": server.next_sqn, "dropped": server.dropped,
+                "complete": sum(c.error is None for c in server.connections)}
     if isinstance(server, RmDataSource):  # multicast: no receiver sessions, NAKs instead
         return {"context": ctx_index, "topic": topic, "kind": "lbtrm", "address": f"{ip}:{port}",
                 "group": f"{server.group}:{server.dest_port}", "receivers": 0,

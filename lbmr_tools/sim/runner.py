@@ -49,8 +49,9 @@ async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic:
     kernel-chosen port when that one is taken: (server, bound port)."""
     seed = topic_seed(topic, cfg.data_seed)
     for p in (port, 0):
-        if cfg.transport == "tcp":
-            server = TcpDataSource(ip, p, total_bytes=cfg.data_bytes, seed=seed)
+        if cfg.transport == "tcp":  # sends with the advertised topic index once build_contexts chose it
+            server = TcpDataSource(ip, p, seed=seed, rate=cfg.data_rate,
+                                   message_size=min(cfg.data_message_size, cfg.data_bytes))
         elif cfg.transport == "lbtrm":  # sends once build_contexts has chosen its session id
             server = RmDataSource(ip, p, group=LBTRM_GROUP, dest_port=LBTRM_DEST_PORT,
                                   count=cfg.data_datagrams, seed=seed, datagram_size=cfg.data_datagram_size,
@@ -160,6 +161,10 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                     (src,) = [s for s in ctxs[ci].sources if s.topic == topic
                               and s.transport.src_ucast_port == server.address[1]]
                     server.set_session(src.transport.session_id)
+                elif isinstance(server, TcpDataSource):  # and the advertised topic index
+                    (src,) = [s for s in ctxs[ci].sources if s.topic == topic
+                              and s.transport.port == server.address[1]]
+                    server.tidx = src.index
             has_receivers = any(c.receivers for c in ctxs)
             task_status.started(clients)
             data_pending = 0

@@ -25,12 +25,19 @@ repetition visible. Generation is a slice of a precomputed buffer plus one
 
 TCP
 ---
-:class:`TcpDataSource` listens; every connection gets the stream from
-offset 0, ``total_bytes`` bytes, then the source closes it (0: until the
-peer goes away). :class:`TcpDataReceiver` connects, verifies everything
-incrementally and reports bytes, the first mismatching offset, throughput
-and whether the stream ended exactly at ``expect_bytes``; it can throttle
-its reads to play a slow receiver.
+:class:`TcpDataSource` is a live LBT-TCP source: one stream of LBMC data
+messages (:mod:`lbmr_proto.lbmc`; topic index, sequence number and a payload
+that is the pattern at ``sequence * 65536``, so any message can be checked on
+its own) sent to every connected receiver on a clock (``rate`` messages per
+second), never replayed: a receiver that connects starts at the next message,
+and with no receiver the clock runs on and its messages are dropped, as UM
+does. The slowest receiver paces the source (UM's default for TCP).
+:class:`TcpDataReceiver` connects and verifies whole messages, one topic
+index and consecutive sequence numbers from its first message, until it has
+the payload bytes it expects; it can throttle its reads to play a slow
+receiver. :mod:`.tcpbytes` keeps the older raw byte stream from offset 0 per
+connection (:class:`TcpByteSource`, :class:`TcpByteReceiver`) for tests about
+byte-transparent relays.
 
 The LBT-RU-like datagram protocol
 ---------------------------------
@@ -129,17 +136,25 @@ from .ru import (
     parse_datagram,
 )
 from .tcp import (
+    DEFAULT_MESSAGE_RATE,
+    DEFAULT_MESSAGE_SIZE,
+    MAX_PAYLOAD,
     TcpConnStats,
     TcpDataReceiver,
     TcpDataSource,
     TcpReceiveResult,
+    data_message,
+    message_payload,
 )
+from .tcpbytes import TcpByteConnStats, TcpByteReceiver, TcpByteReceiveResult, TcpByteSource
 from .umru import UmRuDataReceiver, UmRuReceiveResult
 
 __all__ = [
     "PATTERN_LEN", "STAMP_INTERVAL", "RU_SEQ_SPACING", "RU_MAX_DATAGRAM", "RU_MIN_DATAGRAM",
     "Pattern", "pattern", "topic_seed",
-    "TcpDataSource", "TcpConnStats", "TcpDataReceiver", "TcpReceiveResult",
+    "TcpDataSource", "TcpConnStats", "TcpDataReceiver", "TcpReceiveResult", "data_message",
+    "message_payload", "DEFAULT_MESSAGE_RATE", "DEFAULT_MESSAGE_SIZE", "MAX_PAYLOAD",
+    "TcpByteSource", "TcpByteConnStats", "TcpByteReceiver", "TcpByteReceiveResult",
     "RuDataSource", "RuSession", "RuDataReceiver", "RuReceiveResult",
     "encode_hello", "encode_data", "encode_end", "encode_status", "parse_datagram",
     "RM_MAX_DATAGRAM", "RM_MIN_DATAGRAM", "RM_SEQ_SPACING", "RmDataSource", "RmDataReceiver",

@@ -1,6 +1,6 @@
 """The router's bridge, sans-IO: one endpoint portal joined to one peer link.
 
-A :class:`Bridge` owns the portal's topic resolution (:class:`router.tr.PortalTR`)
+A :class:`Bridge` owns the portal's topic resolution (:class:`router.core.tr.PortalTR`)
 and the tables that tie it to the peer: the advertisement ids it gives the
 sources of its TRD that the peer wants (far side), and the proxies it runs for
 the sources the peer advertises (near side). It translates portal TR events
@@ -15,7 +15,11 @@ Inputs (method calls, made serially):
   :meth:`Bridge.peer_frame` (an INTEREST or ADVERTISEMENT frame),
   :meth:`Bridge.link_down`;
 * from the I/O shell: :meth:`Bridge.proxy_listening` (a proxy's listener is
-  bound at its relay address).
+  bound at its relay address), and :meth:`Bridge.drain_portal` when the
+  portal is an endpoint's shared one (:class:`router.core.endpoint_portal.PortalView`)
+  and something other than this bridge gave it work: the TRD's datagrams and
+  timers are then the endpoint's (:class:`router.core.endpoint_portal.EndpointPortal`),
+  not the bridge's.
 
 Outputs accumulate in order and :meth:`Bridge.outputs` drains them:
 :class:`SendFrame` (a frame for the peer; produced only while the link is up),
@@ -44,7 +48,7 @@ Rules (unchanged from the router's first version):
   peer (``adverts_withdrawn_uninterested``). Only TCP, LBT-RU and
   LBT-RM sources are advertised (``unrelayable_transport`` otherwise).
 * **Near side: proxies.** The peer's advertisements are served by one proxy
-  per transport session (:mod:`router.sessions`: those with the same
+  per transport session (:mod:`router.core.sessions`: those with the same
   transport and ``session`` share it). An ADVERTISEMENT of a new session
   starts a proxy (:class:`StartProxy`); one of a session whose listener is
   bound is advertised at once. Refused: an advertisement already proxied (a
@@ -61,7 +65,7 @@ Rules (unchanged from the router's first version):
   sends the final advertisements.
 * **Link down.** Every proxy is stopped, the advert ids are forgotten, the
   remote interests are cancelled and the portal's proxies removed.
-* **ACLs** (:mod:`router.acl`): ``acl`` is the endpoint portal's, ``link_acl``
+* **ACLs** (:mod:`router.core.acl`): ``acl`` is the endpoint portal's, ``link_acl``
   the peer portal's (OPEN for a link between two endpoints of one router:
   the far endpoint's bridge applies its own). Local interest goes to the
   link only if the endpoint's outbound and the link's inbound lists can
@@ -85,8 +89,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from . import peerlink as P
+from .. import peerlink as P
 from .acl import OPEN, PortalAcl, Session
+from .endpoint_portal import PortalView
 from .sessions import ProxySession, ProxySessions, SourceAdverts
 from .tr import (
     LocalInterest,
@@ -170,7 +175,7 @@ class Bridge:
     """One portal and one peer link (see the module doc). ``counters`` is where
     the bridge counts what it does (the router's counters)."""
 
-    def __init__(self, portal: PortalTR, counters: Counter[str] | None = None, *,
+    def __init__(self, portal: PortalTR | PortalView, counters: Counter[str] | None = None, *,
                  max_proxies: int = 4096, max_proxy_topics: int = MAX_PROXY_TOPICS,
                  require_interest: bool = False,
                  advert_ids: Iterator[int] | None = None, acl: PortalAcl = OPEN,
@@ -223,12 +228,12 @@ class Bridge:
     def on_datagram(self, data: bytes, src: Addr, now: float) -> None:
         """A datagram on the portal's TR socket."""
         self.portal.on_datagram(data, src, now)
-        self._portal_events()
+        self.drain_portal()
 
     def tick(self, now: float) -> list[Outgoing]:
         """Run the portal's timers; the TR datagrams to send."""
         out = self.portal.tick(now)
-        self._portal_events()
+        self.drain_portal()
         return out
 
     def next_deadline(self) -> float:
@@ -279,7 +284,7 @@ class Bridge:
         self._wanted_by.clear()
         for p in tr.proxies():
             tr.remove_proxy(p.advert_id, now)
-        self._portal_events()
+        self.drain_portal()
 
     def peer_frame(self, frame: P.Interest | P.Advertisement, now: float) -> None:
         """An INTEREST or ADVERTISEMENT frame from the peer."""
@@ -289,7 +294,7 @@ class Bridge:
             self._on_advertisement(frame, now)
         else:
             raise TypeError(f"not a bridge frame: {frame!r}")
-        self._portal_events()
+        self.drain_portal()
 
     def proxy_listening(self, proxy_id: int, address: Addr, now: float, transport_body=None, *,
                         limit: int | None = None) -> bool:
@@ -317,7 +322,7 @@ class Bridge:
         for _ in range(n):
             f = ps.pending.pop(next(iter(ps.pending)))  # oldest first
             self._advertise_proxy(ps, f, now)
-        self._portal_events()
+        self.drain_portal()
         return len(ps.pending)
 
     def _advertise_proxy(self, ps: ProxySession, f: P.Advertisement, now: float) -> None:
@@ -364,7 +369,7 @@ class Bridge:
             if self.portal.drop_source(key[0], key[1], now, silent_since=since):
                 dropped = True
         if dropped:
-            self._portal_events()
+            self.drain_portal()
         return dropped
 
     # ------------------------------------------------------------------ views
@@ -441,7 +446,9 @@ class Bridge:
                                    session=session))
         self.counters["adverts_withdrawn" if withdraw else "adverts_sent"] += 1
 
-    def _portal_events(self) -> None:
+    def drain_portal(self) -> None:
+        """Act on the portal's events for this link (its calls drain them
+        itself; a shared portal's other events wait until this is called)."""
         for ev in self.portal.events():
             if isinstance(ev, LocalInterest):
                 self.counters["local_interest"] += 1
