@@ -1,12 +1,10 @@
 """Findings: the report's first section, built from the result tables.
 
 Each finding is a dict: ``severity`` (``critical``, ``high``, ``medium``, ``low``),
-``kind``, ``finding`` (one sentence naming topics and contexts; times in it are
-seconds from the capture's first datagram, ``+12.345 s``), ``topics``,
-``contexts`` (context names, `` | `` between them), ``first_seen``, ``last_seen``
-(ISO times), ``table`` (the table with the details) and ``kind_total`` (how many
-findings of its kind there are, listed or not).  They are sorted most severe
-first, then by kind, then by size.  At most :data:`PER_KIND` findings of
+``kind``, ``finding`` (one sentence naming topics, contexts and times),
+``topics``, ``contexts`` (context names, `` | `` between them), ``first_seen``,
+``last_seen`` and ``table`` (the table with the details).  They are sorted most
+severe first, then by kind, then by size.  At most :data:`PER_KIND` findings of
 one kind are listed; one more finding says how many others the table holds.
 """
 
@@ -14,7 +12,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from .analyses import context_label, share_text
+from .analyses import context_label, iso_us, share_text
 
 SEVERITIES = ("critical", "high", "medium", "low")
 #: Findings listed per kind before "and N more".
@@ -55,18 +53,18 @@ def _us(iso: str | None) -> int | None:
     return (datetime.fromisoformat(iso) - _EPOCH) // timedelta(microseconds=1)
 
 
-class _Clock:
-    """Times in finding sentences: seconds from the capture's first datagram, to the ms."""
+class _Span:
+    """The capture's first and last datagram (epoch microseconds, None when empty)."""
 
     def __init__(self, summary: dict) -> None:
         self.start = _us(summary.get("first_seen"))
         self.end = _us(summary.get("last_seen"))
 
-    def at(self, iso: str | None) -> str:
+    def since_start(self, iso: str) -> str:
+        """``iso``, or the capture's start when it is later (a storm second may begin
+        before the capture's first datagram)."""
         us = _us(iso)
-        if us is None or self.start is None:
-            return iso or "?"
-        return f"+{max(0, us - self.start) / 1e6:.3f} s"     # a storm second may start before the capture
+        return iso if us is None or self.start is None or us >= self.start else iso_us(self.start)
 
 
 def _storm_senders(top: list[tuple[str, int]], total: int, secs: int) -> str:
@@ -87,10 +85,10 @@ def _storm_senders(top: list[tuple[str, int]], total: int, secs: int) -> str:
 
 def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
     """Every finding, most severe first."""
-    clock = _Clock(summary)
-    return _ranked(_conflicts(tables) + _never_advertised(tables, clock) + _stale(tables, clock)
-                   + _storms(tables, summary, clock) + _nat(tables) + _multi_transport(tables)
-                   + _clients(tables, clock) + _errors(tables))
+    span = _Span(summary)
+    return _ranked(_conflicts(tables) + _never_advertised(tables) + _stale(tables, span)
+                   + _storms(tables, summary, span) + _nat(tables) + _multi_transport(tables)
+                   + _clients(tables) + _errors(tables))
 
 
 def _conflicts(T: dict) -> list[dict]:
@@ -107,7 +105,7 @@ def _conflicts(T: dict) -> list[dict]:
                   for x in T["otid_collisions"]]
 
 
-def _never_advertised(T: dict, clock: _Clock) -> list[dict]:
+def _never_advertised(T: dict) -> list[dict]:
     """One finding per topic queried and never advertised."""
     by_topic: dict[str, list[dict]] = {}
     for x in T["unresolved_topics"]:
@@ -115,7 +113,7 @@ def _never_advertised(T: dict, clock: _Clock) -> list[dict]:
     out = []
     for topic, rows in by_topic.items():
         names = [_name(r["querier"], r["src_id"]) for r in rows]
-        qs = [f"{q} ({r['queries']} queries from {clock.at(r['first_query'])})" for q, r in zip(names, rows, strict=True)]
+        qs = [f"{q} ({r['queries']} queries from {r['first_query']})" for q, r in zip(names, rows, strict=True)]
         out.append(_f("high", "never advertised",
                       f"Topic '{topic}' was queried {sum(r['queries'] for r in rows)} time(s) and never "
                       f"advertised in the capture; queriers: {_few(qs)}.", "unresolved_topics",
@@ -125,27 +123,27 @@ def _never_advertised(T: dict, clock: _Clock) -> list[dict]:
     return out
 
 
-def _stale(T: dict, clock: _Clock) -> list[dict]:
+def _stale(T: dict, span: _Span) -> list[dict]:
     """Queriers asking after their topic's last advertisement: high, or low "at
     capture end" (see :data:`CAPTURE_END_S`)."""
     out = []
     for x in T["stale_queries"]:
         who = _name(x["querier"], x["src_id"])
         after = _us(x["first_query_after"])
-        at_end = clock.end is not None and after is not None and clock.end - after <= CAPTURE_END_S * 1_000_000
+        at_end = span.end is not None and after is not None and span.end - after <= CAPTURE_END_S * 1_000_000
         why = (f"at capture end: these queries came in the capture's last {CAPTURE_END_S} s (the publisher may "
                f"have exited, or answered after the capture stopped)" if at_end else
                "the source went silent or this receiver does not hear it")
         out.append(_f("low" if at_end else "high", "querying after last advertisement",
                       f"{who} still queried topic '{x['topic']}' {x['queries_after']} time(s) after its last "
-                      f"advertisement at {clock.at(x['last_advertised'])} (last query "
-                      f"{clock.at(x['last_query'])}): {why}.", "stale_queries", topics=x["topic"],
+                      f"advertisement at {x['last_advertised']} (last query "
+                      f"{x['last_query']}): {why}.", "stale_queries", topics=x["topic"],
                       contexts=who, first=x["first_query_after"], last=x["last_query"],
                       size=x["queries_after"]))
     return out
 
 
-def _storms(T: dict, summary: dict, clock: _Clock) -> list[dict]:
+def _storms(T: dict, summary: dict, span: _Span) -> list[dict]:
     """One finding per storm episode (consecutive storm seconds)."""
     eps: list[list[dict]] = []
     for x in T["storms"]:
@@ -168,7 +166,7 @@ def _storms(T: dict, summary: dict, clock: _Clock) -> list[dict]:
         peak = max(x["packets"] for x in ep)
         total = sum(x["packets"] for x in ep)
         out.append(_f("high", "storm",
-                      f"Storm of {secs} s from {clock.at(ep[0]['time'])} (peak {peak:,} datagrams/s, threshold "
+                      f"Storm of {secs} s from {span.since_start(ep[0]['time'])} (peak {peak:,} datagrams/s, threshold "
                       f"{summary.get('storm_threshold')}); {_storm_senders(top, total, secs)}.", "storms",
                       contexts=" | ".join(c for c, _n in top[:STORM_TOP]), first=ep[0]["time"],
                       last=ep[-1]["time"], size=total))
@@ -197,18 +195,18 @@ def _multi_transport(T: dict) -> list[dict]:
     return out
 
 
-def _clients(T: dict, clock: _Clock) -> list[dict]:
+def _clients(T: dict) -> list[dict]:
     out = []
     for x in T["client_changes"]:
         who = _name(x["client"], x["src_id"])
         if x["event"] == "vanished":
             out.append(_f("medium", "lbmrd client vanished",
-                          f"lbmrd client {who} went silent at {clock.at(x['time'])} ({x['silent_s']} s before "
+                          f"lbmrd client {who} went silent at {x['time']} ({x['silent_s']} s before "
                           f"the end of the capture).", "client_changes", contexts=who, first=x["time"],
                           last=x["time"], size=x["datagrams"]))
         else:
             out.append(_f("low", "lbmrd client joined", f"lbmrd client {who} was first heard at "
-                          f"{clock.at(x['time'])}.", "client_changes", contexts=who, first=x["time"], last=x["time"],
+                          f"{x['time']}.", "client_changes", contexts=who, first=x["time"], last=x["time"],
                           size=x["datagrams"]))
     return out
 
@@ -242,19 +240,16 @@ def _ranked(out: list[dict]) -> list[dict]:
             kinds.append(f["kind"])
     out.sort(key=lambda f: (SEVERITIES.index(f["severity"]), kinds.index(f["kind"]), -f["_size"],
                             f["first_seen"] or "", f["finding"]))
-    totals: dict[str, int] = {}
-    for f in out:
-        totals[f["kind"]] = totals.get(f["kind"], 0) + 1
     res, count = [], {}
     for f in out:
         k = f["kind"]
-        f["kind_total"] = totals[k]
         count[k] = count.get(k, 0) + 1
         if count[k] <= PER_KIND:
             res.append(f)
         elif count[k] == PER_KIND + 1:
-            res.append(_f(f["severity"], k, f"... and {totals[k] - PER_KIND} more '{k}' finding(s): see the "
-                          f"table.", f["table"]) | {"kind_total": totals[k]})
+            more = sum(1 for g in out if g["kind"] == k) - PER_KIND
+            res.append(_f(f["severity"], k, f"... and {more} more '{k}' finding(s): see the table.",
+                          f["table"]))
     for f in res:
         del f["_size"]
     return res
