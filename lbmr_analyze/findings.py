@@ -69,11 +69,11 @@ class _Span:
 
 def _storm_senders(top: list[tuple[str, int]], total: int, secs: int) -> str:
     """Who sent a storm: "sent mostly by X: 43/s, 87.0 % of 50/s" when one context
-    sent at least half of it, else the top few with their shares."""
+    sent more than half of it, else the top few with their shares."""
     if not top:
         return "no sender known"
     rate = f"{total / secs:,.0f}/s"
-    if 2 * top[0][1] >= total:
+    if 2 * top[0][1] > total:
         name, n = top[0]
         return f"sent mostly by {name}: {n / secs:,.0f}/s, {share_text(n, total)} of {rate}"
     named = top[:STORM_TOP]
