@@ -379,8 +379,8 @@ def test_the_far_side_names_sessions_and_an_ended_session_concerns_all_its_topic
     assert adverts["md.x"].session == adverts["md.y"].session != adverts["md.z"].session != 0
     assert adverts["md.x"].session == session_key(TcpTransport("10.1.0.5", 14371))
     # the session of md.x ended: both of its topics are queried, and withdrawn if silent
-    name = b.session_ended(adverts["md.x"].advert_id, 1.0)
-    assert sorted(sent_tqrs(b, 1.0)) == ["md.x", "md.y"]
+    name, asked = b.session_ended(adverts["md.x"].advert_id, 1.0)
+    assert sorted(sent_tqrs(b, 1.0)) == ["md.x", "md.y"] and asked == 1.0  # queried at once
     # the streams of the session end together: its topics are queried once, not once a stream
     assert b.session_ended(adverts["md.y"].advert_id, 1.0) is None and sent_tqrs(b, 1.0) == []
     assert b.source_ended(name, 1.0, 5.0)
@@ -421,7 +421,7 @@ def test_an_ended_session_of_many_topics_costs_its_topics_once():
     b.portal.requery = lambda *a, **kw: (calls.update(["requery"]), requery(*a, **kw))[1]
     b.portal.drop_source = lambda *a, **kw: (calls.update(["drop"]), drop(*a, **kw))[1]
     names = [b.session_ended(f.advert_id, 1.0) for f in adverts]
-    (name,) = [x for x in names if x is not None]
+    ((name, _),) = [x for x in names if x is not None]
     assert b.source_ended(name, 1.0, 2.0)
     assert calls == {"requery": n, "drop": n}
     assert sum(f.withdraw for f in frames(b)) == n  # all withdrawn, each once

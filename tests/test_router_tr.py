@@ -674,3 +674,30 @@ def test_requeries_are_paced_and_spread():
     per_second = Counter(int(t * 10) for t in times)  # per 100 ms
     assert max(per_second.values()) <= 50 + 50  # a burst of 50, then 500 a second
     assert max(times) - min(times) > 1.5  # spread by the jitter (and the pacing)
+
+
+def test_end_of_session_queries_go_at_the_query_rate_and_say_when():
+    """Defect (scale): 1,000 relayed sessions ended at once and their topics'
+    queries waited for the periodic re-query rate (500 a second, bursts of
+    50): the last went 2 s later, after the source deletion delay (1 s) that
+    counted from the end of session. They go at the query rate (bursts of
+    500, then 5,000 a second) and requery says when each goes."""
+    p = mc_portal(requery_rate=500.0)
+    topics = [f"md.t{i}" for i in range(1000)]
+    for t in topics:
+        p.add_remote_interest(t, 0.0)
+    for i in range(0, 1000, 100):  # every topic resolved at 0.5: the bursts stop
+        tirs = [app_tir(t, TcpTransport("10.1.0.5", 14371), otid_n(j + 1))
+                for j, t in enumerate(topics[i:i + 100], start=i)]
+        p.on_datagram(dgram(tirs=tirs), SRC_ADDR, 0.5)
+    p.tick(0.5)
+    slots = [p.requery(t, 1.0) for t in topics]
+    assert slots[:500] == [1.0] * 500 and slots[-1] == approx(1.0 + 499 / 5000.0)
+    assert p.requery("md.unknown", 1.0) is None  # no interest, no query
+    sent = []
+    now = 1.0
+    while now < 1.2:
+        now = min(p.next_deadline(), 1.2)
+        sent += [(now, t.topic) for o in p.tick(now) for t in decode(o.data).tqrs]
+    assert sorted(t for _, t in sent) == sorted(topics)  # each queried once, in 0.1 s
+    assert all(t <= slots[topics.index(topic)] + 1e-6 for t, topic in sent)

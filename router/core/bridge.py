@@ -349,20 +349,25 @@ class Bridge:
         advertisement of its session), or None if it serves none any more."""
         return self._sessions.advert_of(proxy_id)
 
-    def session_ended(self, advert_id: int, now: float) -> tuple[int, int] | None:
+    def session_ended(self, advert_id: int, now: float) -> tuple[tuple[int, int], float] | None:
         """The source behind our advertisement ``advert_id`` ended (or refused) a
         relayed session: the portal queries the topics of its transport session
-        at once to hear whether they are still there. Returns the session's name
-        for :meth:`source_ended`, or None if that session's end is already being
+        as soon as its query rate lets it, to hear whether they are still there.
+        Returns the session's name for :meth:`source_ended` and when the last
+        of those queries goes (the sources have had no chance to answer before;
+        ``now`` if none is sent), or None if that session's end is already being
         checked (many streams of one session end together: its topics are
         queried once, not once a stream) or the advertisement is unknown."""
         name = self._adverts.session_name(advert_id)
         if name is None or name in self._ending:
             return None
         self._ending.add(name)
+        asked = now
         for aid in self._adverts.adverts_named(name):
-            self.portal.requery(self._adverts.key(aid)[0], now)
-        return name
+            at = self.portal.requery(self._adverts.key(aid)[0], now)
+            if at is not None:
+                asked = max(asked, at)
+        return name, asked
 
     def source_ended(self, name: tuple[int, int], since: float, now: float) -> bool:
         """No TIR of a source of the transport session ``name`` (from

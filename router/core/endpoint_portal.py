@@ -121,8 +121,8 @@ class PortalView:
         self._portal.dispatch(caller=self)
         return done
 
-    def requery(self, topic: str, now: float) -> None:
-        self._portal.tr.requery(topic, now)
+    def requery(self, topic: str, now: float) -> float | None:
+        return self._portal.tr.requery(topic, now)
 
     def drop_source(self, topic: str, otid: bytes, now: float, *, silent_since: float = math.inf) -> bool:
         done = self._portal.tr.drop_source(topic, otid, now, silent_since=silent_since)

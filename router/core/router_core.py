@@ -360,17 +360,21 @@ class RouterCore:
 
     def session_ended(self, link: str, endpoint: str, advert_id: int, now: float) -> None:
         """A source of ours ended or refused a relayed session (UM's end of
-        session): its transport session's topics are queried at once, and if no
-        TIR of a source arrives within the endpoint's source deletion delay it
-        is withdrawn (the DRO deletes a proxy source that long after the end of
-        session). Once per transport session, however many streams end."""
+        session): its transport session's topics are queried (at once, or in
+        the portal's query rate when many sessions end together), and if no TIR
+        of a source arrives from the end of session until the endpoint's source
+        deletion delay after its query went, it is withdrawn (the DRO deletes a
+        proxy source that long after the end of session; a source can only
+        answer a query once it is sent). Once per transport session, however
+        many streams end."""
         st = self._links[link]
-        name = st.bridges[endpoint].session_ended(advert_id, now)
-        if name is None:
+        got = st.bridges[endpoint].session_ended(advert_id, now)
+        if got is None:
             return
+        name, asked = got
         self._counters[(link, endpoint)]["sessions_ended"] += 1
         delay = self.rules[endpoint].source_deletion_delay
-        heapq.heappush(self._checks, (now + delay, next(self._seq), link, endpoint, name, now))
+        heapq.heappush(self._checks, (asked + delay, next(self._seq), link, endpoint, name, now))
         self._drain_bridge(st, endpoint)
 
     # ------------------------------------------------------------------ internals

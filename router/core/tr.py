@@ -1014,12 +1014,25 @@ class PortalTR:
             p.alive = False
         return True
 
-    def requery(self, topic: str, now: float) -> None:
-        """Query remote interest ``topic`` now (e.g. to check a source is alive)."""
+    def requery(self, topic: str, now: float) -> float | None:
+        """Query remote interest ``topic`` as soon as ``query_rate`` lets it
+        (e.g. to check that a source whose session ended is alive): it is not
+        a periodic re-query, so ``requery_rate`` does not hold it back. Returns
+        when the query goes (``now`` or its paced slot; the next query of a
+        burst that runs), or None without such an interest (no query)."""
         q = self._rint.get((PATTERN_TOPIC, topic))
-        if q is not None and q.sched is None:
-            q.next_requery = now
-            self._arm(q)
+        if q is None:
+            return None
+        if q.sched is not None:
+            return max(now, q.sched.next)
+        pacer = self._query_pacer
+        free = pacer.free_at(now)
+        pacer.next = free + pacer.gap
+        at = max(now, free)
+        q.slot = at  # reserved: sent at ``at`` without further pacing
+        q.next_requery = at
+        self._arm(q)
+        return at
 
     def drop_source(self, topic: str, otid: bytes, now: float, *, silent_since: float = math.inf) -> bool:
         """Source (``topic``, ``otid``) is gone (its session ended and nothing
