@@ -3,6 +3,8 @@ after a link cut, and many topics across a chain, each against a baseline
 measured in the same run.
 
     python bench/routing.py [--hops 3] [--topics 10000] [--convergence-topics 10]
+                            [--pair-topics 1000] [--pair-sessions 1000] [--pair-delay 0]
+                            [--skip PARTS]
 
 Everything runs on loopback (127.0.d.1 for TRD d, peer links on 127.0.0.1) and
 stops by itself. lbmrds (``lbmrd.cli``) and routers (``router.cli`` with
@@ -35,6 +37,17 @@ receiver contexts are UDP sockets of this process.
    quarter of its open-files limit (the routers are started with a hard limit
    of 65536 where the host allows raising it; otherwise the inherited one),
    and at most 100,000 topics per link.
+
+4. One context across a pair. Two routers (TRD1, TRD2); a UM-like source
+   context (:class:`lbmr_tools.sim.context.Context`: UM's advertisement
+   timing, answers to queries) in TRD1 with --pair-topics topics on
+   --pair-sessions TCP sessions (1000: a proxy each; 1: UM's default of one
+   TCP session per context), and one receiver context in TRD2 with a receiver for each
+   (UM's query timing: 20 ms doubling to 200 ms, then every second), created
+   --pair-delay seconds after the sources (default 0: at the same instant).
+   Time to resolve = a receiver's first TIR of router B's proxy minus its
+   creation; p50 and max against the same two contexts in one TRD (no
+   router) measured in the same run. Target: p50 under 1 s.
 """
 
 from __future__ import annotations
@@ -385,12 +398,96 @@ def bench_many(tmp: Path, n_topics: int) -> None:
     print("    router RSS at the end: " + ", ".join(f"{r} {mb:.0f} MB" for r, mb in rss.items()))
 
 
+# --------------------------------------------------------------------------- 4. one context, a pair
+
+def drive_contexts(ctxs: list, socks: list[socket.socket], limit_s: float) -> None:
+    """Play sim contexts on their sockets for ``limit_s`` seconds, or until
+    every receiver of theirs has resolved (when they have receivers)."""
+    clock = time.monotonic
+    end = clock() + limit_s
+    waiting = [c for c in ctxs if c.receivers]
+    while clock() < end and not (waiting and all(c.all_resolved for c in waiting)):
+        now = clock()
+        for c, s in zip(ctxs, socks, strict=True):
+            for d in c.tick(now):
+                s.sendto(d, d.dest)
+        wait = min(min(c.next_deadline() for c in ctxs), end) - clock()
+        ready, _, _ = select.select(socks, [], [], min(max(wait, 0.0), 0.05))
+        for s in ready:
+            c = ctxs[socks.index(s)]
+            while True:
+                try:
+                    data, src = s.recvfrom(65536)
+                except BlockingIOError:
+                    break
+                for d in c.receive(data, clock(), src[:2]):
+                    s.sendto(d, d.dest)
+
+
+def resolve_one_context(n: int, src_trd, rcv_trd, rcv_ip: str, expect_ip: str, delay: float,
+                        sessions: int) -> list[float]:
+    """Seconds each receiver of one context took to resolve (at ``expect_ip``)
+    the sources of another (``n`` topics on ``sessions`` TCP sessions), sorted."""
+    import random
+
+    from lbmr_tools.sim.context import Context
+
+    socks = [ctx("127.0.1.5"), ctx(rcv_ip)]
+    try:
+        t0 = time.monotonic()
+        src = Context([src_trd], start=t0, rng=random.Random(1), local_ip="127.0.1.5")
+        for i in range(n):
+            src.add_source(f"pair.{i:05d}", L.TcpTransport("127.0.1.5", 30000 + i % sessions),
+                           topic_index=i // sessions + 1)
+        drive_contexts([src], socks[:1], delay)
+        t1 = time.monotonic()
+        rcv = Context([rcv_trd], start=t1, rng=random.Random(2), local_ip=rcv_ip)
+        for i in range(n):
+            rcv.add_receiver(f"pair.{i:05d}", now=t1)
+        drive_contexts([src, rcv], socks, 30.0)
+        return sorted(r.time_to_resolve for r in rcv.receivers
+                      if r.resolved and getattr(r.transport, "ip", None) == expect_ip)
+    finally:
+        for s in socks:
+            s.close()
+
+
+def bench_pair(tmp: Path, n: int, delay: float, sessions: int) -> None:
+    (tmp / "pair").mkdir()
+    dep = Deployment(tmp / "pair")
+    try:
+        dep.chain(2, max_topics=n + 100)
+        dep.wait_converged(2)
+        direct = resolve_one_context(n, dep.lbmrd[1], dep.lbmrd[1], "127.0.1.9", "127.0.1.5", delay, sessions)
+        routed = resolve_one_context(n, dep.lbmrd[1], dep.lbmrd[2], "127.0.2.9", trd_ip(2), delay, sessions)
+    finally:
+        dep.stop()
+
+    def said(times: list[float]) -> str:
+        if not times:
+            return "none resolved"
+        return f"{len(times)} of {n} resolved, p50 {times[len(times) // 2]:.3f} s, max {times[-1]:.3f} s"
+
+    print(f"4. {n} topics on {sessions} TCP session(s) of one source context in TRD1, one receiver "
+          f"context in TRD2 (receivers {delay:g} s after the sources)")
+    print(f"    direct (both in TRD1): {said(direct)}")
+    print(f"    routed (a pair):       {said(routed)}")
+    if direct and routed:
+        p50 = routed[len(routed) // 2]
+        met = p50 < 1.0 and len(routed) == n
+        print(f"    p50 routed/direct {p50 / direct[len(direct) // 2]:.1f}x; "
+              f"target p50 under 1 s: {'met' if met else 'NOT met'}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hops", type=int, default=3)
     ap.add_argument("--convergence-topics", type=int, default=10)
     ap.add_argument("--topics", type=int, default=10_000)
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: convergence,reroute,many")
+    ap.add_argument("--pair-topics", type=int, default=1000)
+    ap.add_argument("--pair-delay", type=float, default=0.0)
+    ap.add_argument("--pair-sessions", type=int, default=1000)
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: convergence,reroute,many,pair")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     import signal
@@ -408,6 +505,8 @@ def main() -> int:
             bench_reroute()
         if "many" not in skip:
             bench_many(Path(tmp), args.topics)
+        if "pair" not in skip:
+            bench_pair(Path(tmp), args.pair_topics, args.pair_delay, args.pair_sessions)
     return 0
 
 
