@@ -168,6 +168,7 @@ class MultiRouter:
         self._tasks: dict[str, LinkTask] = {}
         self._units: dict[tuple[str, str], Unit] = {}  # (link id, endpoint name) -> its unit
         self._nursery: trio.Nursery | None = None
+        self._advertising: set[tuple[str, str, int]] = set()  # (link, endpoint, proxy id): topics to go
         self._plan()
 
     def _plan(self) -> None:
@@ -262,12 +263,17 @@ class MultiRouter:
     # --------------------------------------------------------------- the core's task
 
     async def _core_loop(self) -> None:
-        """The core's timers at its deadline, and its outputs after any input."""
+        """The core's timers at its deadline, and its outputs after any input;
+        the topics of new proxies' sessions advertised a chunk a turn."""
         core = self.core
         while True:
-            core.tick(trio.current_time())
+            now = trio.current_time()
+            core.tick(now)
+            for key in list(self._advertising):
+                if not core.advertise_pending(*key, now, ADVERTISE_CHUNK):
+                    self._advertising.discard(key)
             self._carry_out(core.outputs())
-            await self.wake.wait_until(core.next_deadline())
+            await self.wake.wait_until(now if self._advertising else core.next_deadline())
 
     def _carry_out(self, outputs) -> None:
         units = self._units
@@ -292,25 +298,15 @@ class MultiRouter:
 
     async def _proxy(self, unit: Unit, f: P.Advertisement, scope: trio.CancelScope) -> None:
         """A proxy for the transport session of the peer's advertisement ``f``
-        (proxy id: ``f``'s advert id): its listener (:meth:`Relay.serve_proxy`)
-        reports its address, where the core then advertises every topic of the
-        session in the unit's TRD, a chunk at a time with the other tasks
-        running between. A stream of a receiver names a live advertisement of
-        the session (:meth:`RouterCore.proxy_advert`)."""
-        pid, core, lid, e = f.advert_id, self.core, unit.link_id, unit.endpoint.name
+        (proxy id: ``f``'s advert id): its listener (:meth:`Relay.serve_proxy`,
+        in this task) reports its address (:class:`_ProxyListening`), where the
+        core then advertises every topic of the session in the unit's TRD. A
+        stream of a receiver names a live advertisement of the session
+        (:meth:`RouterCore.proxy_advert`)."""
+        pid, lid, e = f.advert_id, unit.link_id, unit.endpoint.name
+        listening = _ProxyListening(self.core, unit, f, self.wake, self._advertising)
         with scope:
-            async with trio.open_nursery() as n:
-                addr = await n.start(unit.relay.serve_proxy, f, partial(core.proxy_advert, lid, e, pid))
-                if addr is None:
-                    return
-                body = unit.relay.proxy_transport(f, addr)
-                if core.proxy_listening(lid, e, pid, addr, trio.current_time(), body, limit=ADVERTISE_CHUNK):
-                    unit.event("proxy_added", f"{f.topic} advert {pid} at {addr[0]}:{addr[1]}")
-                self.wake.set()
-                while core.advertise_pending(lid, e, pid, trio.current_time(), ADVERTISE_CHUNK):
-                    self.wake.set()
-                    await trio.sleep(0)
-                self.wake.set()
+            await unit.relay.serve_proxy(f, partial(self.core.proxy_advert, lid, e, pid), task_status=listening)
 
     # --------------------------------------------------------------- status
 
@@ -434,6 +430,32 @@ class MultiRouter:
             p.by_label("lbmr_router_routing_total", "counter", "what", self.core.routing_counters,
                        "Route info and transit, by kind.")
         return p.text()
+
+
+class _ProxyListening:
+    """Where a proxy's listener reports its bound address, through trio's
+    task-status protocol (``started(address)``, as :meth:`trio.Nursery.start`
+    takes it) but in the proxy's own task: no nursery and no task more per
+    proxy (through ``start``, a thousand proxies took three turns of the loop
+    that each ran all of them). The core advertises ``ADVERTISE_CHUNK`` topics of
+    the session at once; the core's task the rest, a chunk a turn
+    (``advertising``)."""
+
+    def __init__(self, core: RouterCore, unit: Unit, f: P.Advertisement, wake: Wake,
+                 advertising: set[tuple[str, str, int]]) -> None:
+        self.core, self.unit, self.advert, self.wake, self.advertising = core, unit, f, wake, advertising
+
+    def started(self, address: tuple[str, int] | None = None) -> None:
+        """The listener is bound at ``address`` (None: no relay port was free)."""
+        if address is None:
+            return
+        u, f = self.unit, self.advert
+        lid, e, pid = u.link_id, u.endpoint.name, f.advert_id
+        body = u.relay.proxy_transport(f, address)
+        if self.core.proxy_listening(lid, e, pid, address, trio.current_time(), body, limit=ADVERTISE_CHUNK):
+            u.event("proxy_added", f"{f.topic} advert {pid} at {address[0]}:{address[1]}")
+            self.advertising.add((lid, e, pid))
+        self.wake.set()
 
 
 # counters that are something dropped or refused

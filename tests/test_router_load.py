@@ -111,3 +111,35 @@ async def test_a_thousand_sessions_ending_and_starting_at_once_withdraw_no_live_
         for r in receivers:
             await r.aclose()
         n.cancel_scope.cancel()
+
+
+async def test_a_session_of_more_topics_than_a_chunk_is_advertised_whole():
+    """The topics of a new proxy's session beyond its first chunk (500) are
+    advertised by the core's task, a chunk a turn: 1,200 topics of one TCP
+    session, wanted at once by a wildcard receiver, all resolve at the one
+    proxy."""
+    topics = [f"wide.{i}" for i in range(1200)]
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        ra, rb = await start_routers(n, trd1, trd2)
+        src = Context([trd1], start=trio.current_time(), rng=random.Random(3), local_ip="127.0.1.5")
+        for i, t in enumerate(topics):
+            src.add_source(t, L.TcpTransport("127.0.1.5", 14371), topic_index=i + 1)
+        n.start_soon(play, src, udp("127.0.1.6"))
+        await trio.sleep(1.0)  # router A knows every source: 1,200 advertisements in one burst
+        rcv = udp("127.0.2.9")
+        wc = L.encode(L.Packet(type=1, version=1, wc_tqrs=[L.WcTQR("^wide\\.", 1)]))
+        found: dict[str, tuple[str, int]] = {}
+        with trio.fail_after(30):
+            while len(found) < len(topics):
+                await rcv.sendto(wc, trd2)
+                with trio.move_on_after(0.3):
+                    while True:
+                        data, _ = await rcv.recvfrom(65535)
+                        for t in tirs_in(data):
+                            if t.transport.ip == "127.0.2.1":
+                                found.setdefault(t.topic, (t.transport.ip, t.transport.port))
+        assert len(set(found.values())) == 1  # one session, one proxy
+        assert len(rb.status()["proxies"]) == len(topics)
+        n.cancel_scope.cancel()
