@@ -48,7 +48,7 @@ receiver contexts are UDP sockets of this process.
    at the same instant). Each context is a process of its own (forked from
    this one) whose timers run only when due. Time to resolve = a receiver's
    first TIR of router B's proxy minus its creation; p50 and max, over
-   --pair-rounds rounds (new topic names each), against the same two
+   --pair-rounds rounds (a new deployment each), against the same two
    contexts in one TRD (no router) measured in the same run, round by round.
    Target: p50 under 1 s.
 """
@@ -477,32 +477,31 @@ def resolve_one_context(topics: list[str], src_trd, rcv_trd, rcv_ip: str, expect
 
 
 def bench_pair(tmp: Path, n: int, delay: float, sessions: int, rounds: int) -> None:
-    (tmp / "pair").mkdir()
-    dep = Deployment(tmp / "pair")
     p50 = {"direct": [], "routed": []}
     done = {"direct": [], "routed": []}
     print(f"4. {n} topics on {sessions} TCP session(s) of one source context in TRD1, one receiver "
           f"context (receivers {delay:g} s after the sources), {rounds} round(s)")
-    try:
-        dep.chain(2, max_topics=rounds * n + 100)
-        dep.wait_converged(2)
-        for r in range(rounds):
-            port = 30000 + r * sessions  # new sessions each round: new proxies
-            got = {"direct": resolve_one_context([f"d{r}.{i:05d}" for i in range(n)], dep.lbmrd[1], dep.lbmrd[1],
-                                                 "127.0.1.9", "127.0.1.5", delay, sessions, port),
-                   "routed": resolve_one_context([f"r{r}.{i:05d}" for i in range(n)], dep.lbmrd[1], dep.lbmrd[2],
-                                                 "127.0.2.9", trd_ip(2), delay, sessions, port)}
-            line = []
-            for k, times in got.items():
-                done[k].append(len(times))
-                if times:
-                    p50[k].append(times[len(times) // 2])
-                    line.append(f"{k} {len(times)}/{n} p50 {p50[k][-1]:.3f} s max {times[-1]:.3f} s")
-                else:
-                    line.append(f"{k} none resolved")
-            print(f"    round {r + 1}: " + "; ".join(line) + f" (load {os.getloadavg()[0]:.1f})")
-    finally:
-        dep.stop()
+    for r in range(rounds):  # a new deployment each round: no round meets the end of another's sources
+        (tmp / f"pair{r}").mkdir()
+        dep = Deployment(tmp / f"pair{r}")
+        try:
+            dep.chain(2, max_topics=n + 100)
+            dep.wait_converged(2)
+            got = {"direct": resolve_one_context([f"d.{i:05d}" for i in range(n)], dep.lbmrd[1], dep.lbmrd[1],
+                                                 "127.0.1.9", "127.0.1.5", delay, sessions, 30000),
+                   "routed": resolve_one_context([f"r.{i:05d}" for i in range(n)], dep.lbmrd[1], dep.lbmrd[2],
+                                                 "127.0.2.9", trd_ip(2), delay, sessions, 40000)}
+        finally:
+            dep.stop()
+        line = []
+        for k, times in got.items():
+            done[k].append(len(times))
+            if times:
+                p50[k].append(times[len(times) // 2])
+                line.append(f"{k} {len(times)}/{n} p50 {p50[k][-1]:.3f} s max {times[-1]:.3f} s")
+            else:
+                line.append(f"{k} none resolved")
+        print(f"    round {r + 1}: " + "; ".join(line) + f" (load {os.getloadavg()[0]:.1f})")
     if p50["direct"] and p50["routed"]:
         d, rt = statistics.median(p50["direct"]), statistics.median(p50["routed"])
         met = rt < 1.0 and min(done["routed"]) == n
