@@ -200,6 +200,9 @@ __all__ = [
 
 Addr = tuple[str, int]
 
+#: Seconds: a query held back by the query rates goes at the next multiple of this
+#: (never earlier than its slot), with every other query of that step in one datagram.
+QUERY_STEP = 0.02
 PATTERN_TOPIC = 0  # an exact topic name (LBRP INTEREST pattern type 0)
 PATTERN_PCRE = 1  # LBMR wildcard pattern types
 PATTERN_REGEX = 2
@@ -335,6 +338,12 @@ def relay_transport(code: int, ip: str, port: int, session_id: int | None = None
     if code == Transport.LBTRU:
         return LbtruTransport(ip, port) if session_id is None else LbtruSessionTransport(ip, session_id, port)
     raise ValueError(f"transport code 0x{code:02x} cannot be relayed (TCP and LBT-RU only)")
+
+
+def _query_step(at: float) -> float:
+    """When a query whose paced slot is ``at`` goes: the next multiple of
+    ``QUERY_STEP`` seconds (with the other queries of that step)."""
+    return math.ceil(at / QUERY_STEP - EPS) * QUERY_STEP
 
 
 def _echo_key(otid: bytes, body) -> tuple[bytes, str, int]:
@@ -1018,8 +1027,9 @@ class PortalTR:
         """Query remote interest ``topic`` as soon as ``query_rate`` lets it
         (e.g. to check that a source whose session ended is alive): it is not
         a periodic re-query, so ``requery_rate`` does not hold it back. Returns
-        when the query goes (``now`` or its paced slot; the next query of a
-        burst that runs), or None without such an interest (no query)."""
+        when the query goes (``now``, or its paced slot at a ``QUERY_STEP``;
+        the next query of a burst that runs), or None without such an
+        interest (no query)."""
         q = self._rint.get((PATTERN_TOPIC, topic))
         if q is None:
             return None
@@ -1028,7 +1038,7 @@ class PortalTR:
         pacer = self._query_pacer
         free = pacer.free_at(now)
         pacer.next = free + pacer.gap
-        at = max(now, free)
+        at = _query_step(free) if free > now + EPS else now
         q.slot = at  # reserved: sent at ``at`` without further pacing
         q.next_requery = at
         self._arm(q)
@@ -1125,7 +1135,7 @@ class PortalTR:
                 for p in pacers:
                     p.next = at + p.gap
                 if at > now + EPS:
-                    tm.slot = at
+                    tm.slot = at = _query_step(at)
                     if tm.sched is None:
                         tm.next_requery = at
                         st["requeries_deferred"] += 1
