@@ -486,7 +486,12 @@ def bench_pair(tmp: Path, n: int, delay: float, sessions: int, rounds: int) -> N
         dep = Deployment(tmp / f"pair{r}")
         try:
             dep.chain(2, max_topics=n + 100)
-            dep.wait_converged(2)
+            try:
+                dep.wait_converged(2)
+            except RuntimeError as e:  # e.g. a port taken meanwhile by another program: the next round
+                print(f"    round {r + 1}: {e} (router logs: " + ", ".join(
+                    (tmp / f"pair{r}" / f"r{d}.log").read_text()[-200:] for d in (1, 2)) + ")")
+                continue
             got = {"direct": resolve_one_context([f"d.{i:05d}" for i in range(n)], dep.lbmrd[1], dep.lbmrd[1],
                                                  "127.0.1.9", "127.0.1.5", delay, sessions, 30000),
                    "routed": resolve_one_context([f"r.{i:05d}" for i in range(n)], dep.lbmrd[1], dep.lbmrd[2],
