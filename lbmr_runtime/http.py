@@ -185,9 +185,14 @@ async def serve_http(routes: dict[str, Route], addr: tuple[str, int], *,
                      task_status=trio.TASK_STATUS_IGNORED) -> None:
     """A minimal HTTP/1.0 GET server for ``routes`` on ``addr`` (bounded
     requests); reports the bound address through ``task_status.started``
-    and logs to ``logger`` (the daemon's)."""
+    and logs to ``logger`` (the daemon's). An address that cannot be
+    listened on raises OSError naming it."""
     log = logger or _log
-    listeners = await trio.open_tcp_listeners(addr[1], host=addr[0])
+    try:
+        listeners = await trio.open_tcp_listeners(addr[1], host=addr[0])
+    except OSError as e:
+        raise OSError(e.errno, f"HTTP endpoint {addr[0]}:{addr[1]} ({', '.join(routes)}): "
+                               f"{e.strerror or e}") from e
     bound = listeners[0].socket.getsockname()
     log.info("metrics on http://%s:%d (%s)", bound[0], bound[1], ", ".join(routes))
     async with trio.open_nursery() as nursery:

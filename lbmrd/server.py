@@ -107,9 +107,9 @@ class Daemon:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, st.rcv_buf)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, st.snd_buf)
             s.bind((st.bind_ip, st.port))
-        except OSError:
+        except OSError as e:
             s.close()
-            raise
+            raise OSError(e.errno, f"UDP {st.bind_ip}:{st.port}: {e.strerror or e}") from e
         s.setblocking(False)
         got_r = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         got_s = s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)

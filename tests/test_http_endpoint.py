@@ -4,6 +4,7 @@ TCP sockets on 127.0.0.1."""
 
 from __future__ import annotations
 
+import errno
 import resource
 import select
 import socket
@@ -160,3 +161,18 @@ async def test_oversized_request_head_is_cut_at_max_request():
         assert data.startswith(b"HTTP/1.0 404 Not Found")
         await stream.aclose()
         n.cancel_scope.cancel()
+
+
+async def test_address_in_use_names_the_address():
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        with pytest.raises(OSError) as info:
+            await http.serve_http(ROUTES, ("127.0.0.1", port))
+    finally:
+        busy.close()
+    err = info.value
+    assert err.errno == errno.EADDRINUSE
+    assert f"HTTP endpoint 127.0.0.1:{port}" in str(err) and "Address already in use" in str(err)
