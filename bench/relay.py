@@ -289,8 +289,11 @@ class Lbmrd:
     def counters(self) -> dict:
         st = self.status()
         c = st["counters"]
-        return {"in": sum(c["rx"].values()), "out": c["tx"], "clients": st["clients_total"],
-                "drops": sum(c["drops"].values()), "send_errors": sum(c["send_errors"].values())}
+        # an older lbmrd (before exact counting) has no "received" nor the drop families
+        drops = sum(sum(c.get(k, {}).values()) for k in ("drops", "relays_dropped", "copies_dropped"))
+        return {"in": c.get("received", sum(c["rx"].values())), "out": c["tx"],
+                "clients": st["clients_total"], "drops": drops,
+                "send_errors": sum(c["send_errors"].values())}
 
     def close(self) -> None:
         stop_process(self.p)

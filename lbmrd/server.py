@@ -173,7 +173,7 @@ class Daemon:
             try:
                 batch = rx.receive()
             except OSError as e:  # e.g. ICMP port unreachable reported on the socket
-                counters.drops["recv_error:" + os_error_name(e)] += 1
+                counters.recv_errors[os_error_name(e)] += 1
                 continue
             if batch:
                 await self._handle_batch(batch)
@@ -214,7 +214,7 @@ class Daemon:
             if t is Relay:
                 if defer or may_pause and _large(d):
                     if len(self._backlog) >= BACKLOG:
-                        counters.drops["relay_backlog_full"] += 1
+                        counters.relays_dropped["backlog_full"] += 1
                     else:
                         self._backlog.append(d)
                 else:
@@ -287,7 +287,7 @@ class Daemon:
         try:
             batch = self._rx.receive()
         except OSError as e:
-            self.core.counters.drops["recv_error:" + os_error_name(e)] += 1
+            self.core.counters.recv_errors[os_error_name(e)] += 1
             return
         if batch:
             await self._handle_batch(batch, defer=True)
@@ -309,13 +309,13 @@ class Daemon:
                     deadline = trio.current_time() + WRITE_WAIT
                     while not self._writable():
                         if trio.current_time() >= deadline:
-                            c.drops["send_buffer_full"] += stop - start
+                            c.copies_dropped["send_buffer_full"] += stop - start
                             return
                         with trio.move_on_after(WRITE_STEP):
                             await trio.lowlevel.wait_writable(self.sock)
                         await self._gap()
                     if len(group.members) < stop:
-                        c.drops["group_changed_while_blocked"] += stop - start
+                        c.copies_dropped["group_changed_while_blocked"] += stop - start
                         return
                 else:
                     c.send_errors[err] += 1
@@ -366,7 +366,8 @@ class Daemon:
 
     def stats_line(self) -> str:
         c = self.core.counters
-        return (f"stats clients={len(self.core.table)} rx={sum(c.rx.values())} tx={c.tx} "
+        return (f"stats clients={len(self.core.table)} received={c.received} rx={sum(c.rx.values())} "
+                f"tx={c.tx} "
                 f"drops={sum(c.drops.values())} nat_rewrites={c.nat_rewrites} fillins={c.fillins} "
                 f"send_errors={sum(c.send_errors.values())}")
 
