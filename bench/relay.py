@@ -3,7 +3,7 @@ for a large client table.
 
     python bench/relay.py [--clients 10,100,1000] [--seconds 5] [--size 200]
                           [--window 64] [--rounds 10] [--memory-clients 100000]
-                          [--profile]
+                          [--profile] [--baseline-tree DIR]
 
 Over 600 lines because it is one self-contained script (relays under test,
 load generator, report) meant to be read and run on its own.
@@ -63,6 +63,10 @@ Memory (in-process, sans-IO)
 
 --profile additionally runs lbmrd under cProfile for the last N and prints
 the functions with the most own time.
+
+--baseline-tree DIR also runs another version of lbmrd ("before") in the
+same alternating segments, for before/after figures from one run, e.g.
+``git archive main lbmr_proto lbmr_runtime lbmrd | tar -x -C DIR``.
 """
 
 from __future__ import annotations
@@ -259,10 +263,12 @@ class CRelay:
 
 
 class Lbmrd:
-    name = "lbmrd"
+    """lbmrd in a subprocess, from this checkout or from ``tree`` (a
+    directory holding another version's lbmr_proto, lbmr_runtime and lbmrd)."""
 
     def __init__(self, logdir: str, cmd_prefix: list[str] | None = None,
-                 extra: list[str] | None = None) -> None:
+                 extra: list[str] | None = None, tree: str | None = None) -> None:
+        self.name = "lbmrd" if tree is None else "before"
         port, mport = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
         self.addr = (LOOPBACK, port)
         self.url = f"http://{LOOPBACK}:{mport}/status"
@@ -271,7 +277,7 @@ class Lbmrd:
         self.log = open(os.path.join(logdir, f"lbmrd-{port}.log"), "wb")
         self.p = spawn(cmd + ["-i", LOOPBACK, "-p", str(port), "--metrics", f"{LOOPBACK}:{mport}",
                               "--stats-interval", "0", *(extra or [])],
-                       stdout=self.log, stderr=subprocess.STDOUT, cwd=str(ROOT))
+                       stdout=self.log, stderr=subprocess.STDOUT, cwd=tree or str(ROOT))
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:
@@ -655,6 +661,18 @@ def stall_bench(tmp: str, n: int) -> dict:
 # ------------------------------------------------------------------- main
 
 
+def print_ratios(kind: str, rows: list[tuple[int, dict, dict]]) -> None:
+    """One table of ``kind`` against the C relay: rates and rates per CPU-second."""
+    k = f"{kind}/C"
+    print(f"{'N':>6} {'C out/s':>12} {kind + ' out/s':>13} {k:>9}   "
+          f"{'C out/CPU-s':>12} {kind + ' out/CPU-s':>17} {k:>9}")
+    for n, c, p in rows:
+        ratio = p["out_per_s"] / c["out_per_s"] if c["out_per_s"] else float("nan")
+        cratio = p["out_per_cpu_s"] / c["out_per_cpu_s"] if c["out_per_cpu_s"] else float("nan")
+        print(f"{n:>6} {c['out_per_s']:>12,.0f} {p['out_per_s']:>13,.0f} {ratio:>9.2f}   "
+              f"{c['out_per_cpu_s']:>12,.0f} {p['out_per_cpu_s']:>17,.0f} {cratio:>9.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", default="10,100,1000", help="comma-separated client counts N")
@@ -667,6 +685,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="also profile lbmrd (cProfile) at the last N")
     ap.add_argument("--stall-clients", type=int, default=100_000,
                     help="clients for the loop-stall figures (0 = skip them)")
+    ap.add_argument("--baseline-tree", metavar="DIR",
+                    help="also run the lbmrd in DIR (another version's lbmr_proto, lbmr_runtime and "
+                         "lbmrd, e.g. from git archive) in the same alternating segments, as 'before'")
     args = ap.parse_args(argv)
     ns = [int(x) for x in args.clients.split(",") if x.strip()]
     if not ns or min(ns) < 1 or max(ns) > 4000:
@@ -718,6 +739,8 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     relays["C"] = CRelay(exe, args.seconds * 2 + 60)
                     relays["lbmrd"] = Lbmrd(tmp)
+                    if args.baseline_tree:
+                        relays["before"] = Lbmrd(tmp, tree=args.baseline_tree)
                     res = run_pair(relays, n, payload, args.seconds, args.window, args.rounds)
                 finally:
                     for relay in relays.values():
@@ -728,16 +751,11 @@ def main(argv: list[str] | None = None) -> int:
                           f"{r['relay_drops']:>5,}  stalls {r['stalls']}  relay CPU {r['relay_cpu']:.0%}  "
                           f"driver CPU {r['driver_cpu']:.0%}  out per relay CPU-s {r['out_per_cpu_s']:,.0f}",
                           flush=True)
-                rows.append((n, res["C"], res["lbmrd"]))
+                rows.append((n, res))
             print(f"\nrelay rate, {args.size}-byte TQRs, window {args.window}, {args.seconds:g} s per relay "
                   f"and N in {args.rounds} alternating segments (datagrams sent by the relay per second):")
-            print(f"{'N':>6} {'C out/s':>12} {'lbmrd out/s':>12} {'lbmrd/C':>8}   "
-                  f"{'C out/CPU-s':>12} {'lbmrd out/CPU-s':>16} {'lbmrd/C':>8}")
-            for n, c, p in rows:
-                ratio = p["out_per_s"] / c["out_per_s"] if c["out_per_s"] else float("nan")
-                cratio = p["out_per_cpu_s"] / c["out_per_cpu_s"] if c["out_per_cpu_s"] else float("nan")
-                print(f"{n:>6} {c['out_per_s']:>12,.0f} {p['out_per_s']:>12,.0f} {ratio:>8.2f}   "
-                      f"{c['out_per_cpu_s']:>12,.0f} {p['out_per_cpu_s']:>16,.0f} {cratio:>8.2f}")
+            for kind in [k for k in rows[0][1] if k != "C"] if rows else []:
+                print_ratios(kind, [(n, res["C"], res[kind]) for n, res in rows])
             print("target ratio >= 0.90")
             if args.profile:
                 profile_lbmrd(tmp, ns[-1], payload, args.seconds, args.window)

@@ -73,12 +73,38 @@ _MSG_SIZE = ctypes.sizeof(_Mmsghdr)
 _PTR = ctypes.sizeof(ctypes.c_void_p)
 
 
+_NAME_OFF = _Mmsghdr.msg_hdr.offset + _Msghdr.msg_name.offset
+_IOV_OFF = _Mmsghdr.msg_hdr.offset + _Msghdr.msg_iov.offset
+_LEN_OFF = _Mmsghdr.msg_len.offset
+#: whether mmsghdr fields can be written and read as strided 64/32-bit words (x86-64, arm64)
+_WORDS = _PTR == 8 and _MSG_SIZE % 8 == 0 and _NAME_OFF % 8 == 0 and _IOV_OFF % 8 == 0 and _LEN_OFF % 4 == 0
+
+
+def _mmsghdrs(cap: int, names: int, iov: int) -> bytearray:
+    """``cap`` struct mmsghdr (one iovec each, the iovec at address ``iov``),
+    message i naming the 16-byte socket address at ``names + 16 * i``."""
+    proto = _Mmsghdr()
+    proto.msg_hdr.msg_namelen = 16
+    proto.msg_hdr.msg_iov = ctypes.cast(iov, ctypes.POINTER(_Iovec))
+    proto.msg_hdr.msg_iovlen = 1
+    raw = bytearray(bytes(proto)) * cap
+    if _WORDS:
+        # every mmsghdr's name pointer in one strided store (no Python loop)
+        with memoryview(raw) as view, view.cast("Q") as words:
+            words[_NAME_OFF // 8::_MSG_SIZE // 8] = array("Q", range(names, names + 16 * cap, 16))
+    else:
+        for i in range(cap):
+            o = i * _MSG_SIZE + _NAME_OFF
+            raw[o:o + _PTR] = (names + 16 * i).to_bytes(_PTR, sys.byteorder)
+    return raw
+
+
 class _GroupArrays:
     """ctypes arrays for one group: socket addresses and mmsghdrs sharing one
     iovec. Kept in step with the group through its ``dirty`` positions; grown
     (rebuilt) only when the group outgrows the capacity."""
 
-    __slots__ = ("cap", "names", "iov", "msgs", "base", "names_addr")
+    __slots__ = ("cap", "names", "names_view", "iov", "msgs", "base", "names_addr")
 
     def __init__(self, group: Group) -> None:
         members = group.members
@@ -87,23 +113,9 @@ class _GroupArrays:
         self.names = ctypes.create_string_buffer(16 * cap)
         ctypes.memmove(self.names, b"".join([c.sockaddr for c in members]), 16 * n)
         self.names_addr = names = ctypes.addressof(self.names)
+        self.names_view = memoryview(self.names).cast("B")
         self.iov = _Iovec()
-        iov = ctypes.addressof(self.iov)
-        # every mmsghdr: name -> its 16-byte slot, iov -> the shared iovec
-        proto = _Mmsghdr()
-        proto.msg_hdr.msg_namelen = 16
-        proto.msg_hdr.msg_iov = ctypes.cast(iov, ctypes.POINTER(_Iovec))
-        proto.msg_hdr.msg_iovlen = 1
-        raw = bytearray(bytes(proto)) * cap
-        name_off = _Mmsghdr.msg_hdr.offset + _Msghdr.msg_name.offset
-        if _PTR == 8 and _MSG_SIZE % 8 == 0 and name_off % 8 == 0:
-            # every mmsghdr's name pointer in one strided store (no Python loop)
-            with memoryview(raw) as view, view.cast("Q") as words:
-                words[name_off // 8::_MSG_SIZE // 8] = array("Q", range(names, names + 16 * cap, 16))
-        else:
-            for i in range(cap):
-                o = i * _MSG_SIZE + name_off
-                raw[o:o + _PTR] = (names + 16 * i).to_bytes(_PTR, sys.byteorder)
+        raw = _mmsghdrs(cap, names, ctypes.addressof(self.iov))  # all share the one iovec
         self.msgs = (ctypes.c_char * len(raw)).from_buffer(raw)  # the mmsghdrs, no copy
         self.base = ctypes.addressof(self.msgs)
         group.dirty.clear()
@@ -122,6 +134,109 @@ class _GroupArrays:
         return True
 
 
+def _payload_address(payload: bytes) -> tuple[int, object]:
+    """The address of ``payload``'s bytes and the object that keeps them
+    alive (the payload itself, or a ctypes copy off CPython)."""
+    if _BYTES_OFF is not None and type(payload) is bytes:
+        return id(payload) + _BYTES_OFF, payload
+    buf = ctypes.create_string_buffer(bytes(payload), len(payload))
+    return ctypes.addressof(buf), buf
+
+
+class Outbox:
+    """Relay copies queued while one received batch is handled, then sent
+    together: many datagrams to a few clients each cost one ``sendmmsg(2)``
+    call for all of them instead of one call per datagram.
+
+    :meth:`add` copies the destinations' socket addresses (16 bytes each)
+    and points their messages at one iovec per payload, so the groups may
+    change before :meth:`send`. Holds at most ``cap`` messages; the
+    payloads stay referenced until sent or cleared. Linux with sendmmsg
+    only (see :data:`HAVE_SENDMMSG`)."""
+
+    def __init__(self, fd: int, cap: int = 4 * BATCH) -> None:
+        self.fd = fd
+        self.cap = cap
+        self._names_buf = ctypes.create_string_buffer(16 * cap)
+        self._names = memoryview(self._names_buf).cast("B")
+        self._iov_raw = bytearray(ctypes.sizeof(_Iovec) * cap)  # one iovec per payload
+        self._iov_addr = ctypes.addressof((ctypes.c_char * len(self._iov_raw)).from_buffer(self._iov_raw))
+        self._iov_words = memoryview(self._iov_raw).cast("Q")
+        raw = _mmsghdrs(cap, ctypes.addressof(self._names_buf), self._iov_addr)
+        self._base = ctypes.addressof((ctypes.c_char * len(raw)).from_buffer(raw))
+        self._words = memoryview(raw).cast("Q")
+        self._u32 = memoryview(raw).cast("I")
+        self._keep: list[object] = []  # per iovec: what keeps its payload alive
+        self.count = 0  # messages queued
+        self.done = 0  # messages sent or skipped
+
+    @property
+    def pending(self) -> int:
+        return self.count - self.done
+
+    def add(self, payload: bytes, group: Group, skip=None) -> bool:
+        """Queue ``payload`` for every member of ``group`` but ``skip`` (a
+        member, or None); False, with nothing queued, when it does not fit."""
+        members = group.members
+        n = len(members)
+        k = n - 1 if skip is not None and skip.group is group else n
+        i = self.count
+        e = len(self._keep)
+        if i + k > self.cap or e >= self.cap:
+            return False
+        if k <= 0:
+            return True
+        arr = group.sender_cache
+        if arr is None or (group.dirty and not arr.sync(group)):
+            arr = group.sender_cache = _GroupArrays(group)
+        src, dst = arr.names_view, self._names
+        if k == n:
+            dst[16 * i:16 * (i + n)] = src[:16 * n]
+        else:
+            p = skip.pos
+            dst[16 * i:16 * (i + p)] = src[:16 * p]
+            dst[16 * (i + p):16 * (i + k)] = src[16 * (p + 1):16 * n]
+        addr, keep = _payload_address(payload)
+        self._keep.append(keep)
+        self._iov_words[2 * e] = addr
+        self._iov_words[2 * e + 1] = len(payload)
+        step = _MSG_SIZE // 8
+        at = _IOV_OFF // 8 + step * i
+        self._words[at:at + step * k:step] = array("Q", (self._iov_addr + 16 * e,)) * k
+        self.count = i + k
+        return True
+
+    def send(self) -> tuple[int, int, str | None]:
+        """Send the queued messages; returns (datagrams sent, bytes sent,
+        error): error is None when all went out (the outbox is then empty),
+        "EAGAIN" when the socket buffer is full (call again later), or an
+        errno name for one destination, which is skipped."""
+        sent = nbytes = 0
+        step = _MSG_SIZE // 4
+        at = _LEN_OFF // 4
+        while self.done < self.count:
+            i = self.done
+            r = _sendmmsg(self.fd, self._base + _MSG_SIZE * i, min(self.count - i, BATCH), MSG_DONTWAIT)
+            if r < 0:
+                e = ctypes.get_errno()
+                if e in (errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS):
+                    return sent, nbytes, "EAGAIN"
+                if e == errno.EINTR:
+                    continue
+                self.done = i + 1
+                return sent, nbytes, errno.errorcode.get(e, str(e))
+            nbytes += sum(self._u32[at + step * i:at + step * (i + r):step])  # msg_len: set by the kernel
+            sent += r
+            self.done = i + r
+        self.clear()
+        return sent, nbytes, None
+
+    def clear(self) -> None:
+        """Forget everything queued (sent or not)."""
+        self.count = self.done = 0
+        self._keep.clear()
+
+
 class Fanout:
     """Sends through one non-blocking UDP socket. ``send`` returns how many
     datagrams went out and the (group, start, stop) ranges still pending
@@ -130,7 +245,8 @@ class Fanout:
     def __init__(self, sock: socket.socket, use_sendmmsg: bool = True) -> None:
         self.sock = sock
         self.fd = sock.fileno()
-        self.use_sendmmsg = use_sendmmsg and HAVE_SENDMMSG
+        self.use_sendmmsg = use_sendmmsg and HAVE_SENDMMSG and _WORDS
+        self.outbox = Outbox(self.fd) if self.use_sendmmsg else None
 
     def send_range(self, payload: bytes, group: Group, start: int, stop: int) -> tuple[int, int, str | None]:
         """Send ``payload`` to members ``start..stop-1`` of ``group``.
@@ -144,11 +260,7 @@ class Fanout:
         arr = group.sender_cache
         if arr is None or (group.dirty and not arr.sync(group)):
             arr = group.sender_cache = _GroupArrays(group)
-        if _BYTES_OFF is not None and type(payload) is bytes:
-            arr.iov.iov_base = id(payload) + _BYTES_OFF  # payload stays referenced for the call
-        else:
-            buf = ctypes.c_char_p(bytes(payload))
-            arr.iov.iov_base = ctypes.cast(buf, ctypes.c_void_p).value
+        arr.iov.iov_base, keep = _payload_address(payload)  # kept referenced for the call
         arr.iov.iov_len = len(payload)
         sent = 0
         i = start
@@ -208,7 +320,9 @@ class BatchReceiver:
     non-blocking; falls back to ``recvfrom`` where recvmmsg is missing.
 
     :meth:`receive` returns a list of (payload bytes, (ip, port)) -- empty
-    when nothing is waiting -- and raises OSError for socket errors.
+    when nothing is waiting -- and raises OSError for socket errors. The
+    message headers are read and reset as strided arrays of 32-bit words,
+    without a ctypes attribute access per datagram.
     """
 
     def __init__(self, sock: socket.socket, batch: int = 32, size: int = 65535) -> None:
@@ -217,52 +331,63 @@ class BatchReceiver:
         self.batch = batch
         self.size = size
         self._ips: dict[bytes, str] = {}
-        if _recvmmsg is None:
+        if _recvmmsg is None or not _WORDS:
+            self._base = None
             return
         self.bufs = ctypes.create_string_buffer(batch * size)
         self.names = ctypes.create_string_buffer(16 * batch)
         self.iovs = (_Iovec * batch)()
-        self.msgs = (_Mmsghdr * batch)()
         b0 = ctypes.addressof(self.bufs)
-        n0 = ctypes.addressof(self.names)
         for i in range(batch):
             self.iovs[i].iov_base = b0 + i * size
             self.iovs[i].iov_len = size
-            h = self.msgs[i].msg_hdr
-            h.msg_iov = ctypes.pointer(self.iovs[i])
-            h.msg_iovlen = 1
-            h.msg_name = n0 + 16 * i
-        self._base = ctypes.addressof(self.msgs)
-        self._b0 = b0
+        raw = _mmsghdrs(batch, ctypes.addressof(self.names), 0)
+        iovs = ctypes.addressof(self.iovs)
+        with memoryview(raw) as view, view.cast("Q") as words:  # message i -> iovec i
+            words[_IOV_OFF // 8::_MSG_SIZE // 8] = array("Q", range(iovs, iovs + 16 * batch, 16))
+        self._raw = raw
+        self._base = ctypes.addressof((ctypes.c_char * len(raw)).from_buffer(raw))
+        self._u32 = memoryview(raw).cast("I")
+        self._bufs = memoryview(self.bufs).cast("B")
+        self._names = memoryview(self.names).cast("B")
+        self._sixteen = array("I", [16]) * batch
+        self._used = 0  # messages whose msg_namelen the kernel may have overwritten
 
     def receive(self) -> list[tuple[bytes, tuple[str, int]]]:
-        if _recvmmsg is None:
+        if self._base is None:
             try:
                 return [self.sock.recvfrom(self.size)]
             except BlockingIOError:
                 return []
-        msgs = self.msgs
-        for i in range(self.batch):  # the kernel overwrites msg_namelen
-            msgs[i].msg_hdr.msg_namelen = 16
+        step = _MSG_SIZE // 4
+        u32 = self._u32
+        namelen = (_Mmsghdr.msg_hdr.offset + _Msghdr.msg_namelen.offset) // 4
+        used = self._used
+        if used:  # the kernel overwrote msg_namelen of the messages it filled
+            u32[namelen:namelen + step * used:step] = self._sixteen[:used]
         n = _recvmmsg(self.fd, self._base, self.batch, MSG_DONTWAIT, None)
         if n < 0:
+            self._used = 0
             e = ctypes.get_errno()
             if e in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
                 return []
             raise OSError(e, os.strerror(e))
-        names = self.names.raw[:16 * n]
+        self._used = n
+        at = _LEN_OFF // 4
+        lens = u32[at:at + step * n:step].tolist()
+        names = self._names[:16 * n].tobytes()
+        bufs = self._bufs
+        size = self.size
         ips = self._ips
         out = []
-        string_at = ctypes.string_at
-        b0 = self._b0
-        size = self.size
         for i in range(n):
-            ip4 = names[16 * i + 4:16 * i + 8]
+            o = 16 * i
+            ip4 = names[o + 4:o + 8]
             ip = ips.get(ip4)
             if ip is None:
                 if len(ips) > 65536:
                     ips.clear()
                 ip = ips[ip4] = socket.inet_ntoa(ip4)
-            port = (names[16 * i + 2] << 8) | names[16 * i + 3]
-            out.append((string_at(b0 + i * size, msgs[i].msg_len), (ip, port)))
+            b = i * size
+            out.append((bufs[b:b + lens[i]].tobytes(), (ip, (names[o + 2] << 8) | names[o + 3])))
         return out

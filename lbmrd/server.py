@@ -21,7 +21,7 @@ import trio
 
 from lbmr_runtime.netif import local_addresses
 
-from .fanout import BatchReceiver, Fanout, os_error_name
+from .fanout import BatchReceiver, Fanout, Outbox, os_error_name
 from .relay import Drop, Relay, RelayCore, Reply
 from .settings import RELOADABLE, RESTART_ONLY, Settings
 
@@ -206,6 +206,8 @@ class Daemon:
         counters = self.core.counters
         # relays that pause (NAT copies, groups over a chunk) wait for the rest of the batch
         may_pause = self.core.nat is not None or len(self.core.table) > FANOUT_CHUNK
+        # small relays are queued and sent together after the batch (one sendmmsg for many)
+        outbox = None if defer or not self.fanout.use_sendmmsg else self.fanout.outbox
         sock = self.sock
         now = trio.current_time()
         for data, addr in batch:
@@ -217,6 +219,8 @@ class Daemon:
                         counters.relays_dropped["backlog_full"] += 1
                     else:
                         self._backlog.append(d)
+                elif outbox is not None:
+                    await self._queue(outbox, d)
                 else:
                     await self._relay(d)
             elif t is Reply:
@@ -228,6 +232,35 @@ class Daemon:
                     counters.send_errors[os_error_name(e)] += 1
             elif t is Drop and d.reason == "malformed":
                 log.debug("dropped malformed datagram from %s:%d", *addr)
+        if outbox is not None and outbox.count:
+            await self._flush(outbox)
+
+    async def _queue(self, outbox: Outbox, d: Relay) -> None:
+        """Queue the copies of a relay whose groups are at most a chunk (the
+        outbox holds more than one chunk, so an emptied one takes them)."""
+        skip = None if self.core.echo else d.sender
+        for payload, group in d.parts:
+            if not outbox.add(payload, group, skip):
+                await self._flush(outbox)
+                if not outbox.add(payload, group, skip):
+                    await self._relay(Relay([(payload, group)], d.sender))
+
+    async def _flush(self, outbox: Outbox) -> None:
+        """Send what the outbox holds; a full send buffer is waited on as in
+        :meth:`_send_rest`, then what still does not fit is dropped."""
+        c = self.core.counters
+        while True:
+            sent, nbytes, err = outbox.send()
+            c.tx += sent
+            c.tx_bytes += nbytes
+            if err is None:
+                return
+            if err != "EAGAIN":
+                c.send_errors[err] += 1
+            elif not await self._room_to_send():
+                c.copies_dropped["send_buffer_full"] += outbox.pending
+                outbox.clear()
+                return
 
     async def _relay(self, d: Relay) -> None:
         c = self.core.counters
@@ -306,14 +339,9 @@ class Daemon:
         try:
             while True:
                 if err == "EAGAIN":
-                    deadline = trio.current_time() + WRITE_WAIT
-                    while not self._writable():
-                        if trio.current_time() >= deadline:
-                            c.copies_dropped["send_buffer_full"] += stop - start
-                            return
-                        with trio.move_on_after(WRITE_STEP):
-                            await trio.lowlevel.wait_writable(self.sock)
-                        await self._gap()
+                    if not await self._room_to_send():
+                        c.copies_dropped["send_buffer_full"] += stop - start
+                        return
                     if len(group.members) < stop:
                         c.copies_dropped["group_changed_while_blocked"] += stop - start
                         return
@@ -328,6 +356,19 @@ class Daemon:
                     return
         finally:
             self._fanning -= 1
+
+    async def _room_to_send(self) -> bool:
+        """Wait at most :data:`WRITE_WAIT` seconds for room in the send
+        buffer, in steps of :data:`WRITE_STEP` between which waiting
+        datagrams are handled (:meth:`_gap`); False if there is none."""
+        deadline = trio.current_time() + WRITE_WAIT
+        while not self._writable():
+            if trio.current_time() >= deadline:
+                return False
+            with trio.move_on_after(WRITE_STEP):
+                await trio.lowlevel.wait_writable(self.sock)
+            await self._gap()
+        return True
 
     def _writable(self) -> bool:
         import select
