@@ -14,6 +14,7 @@ import ctypes
 import errno
 import os
 import socket
+import struct
 import sys
 from array import array
 
@@ -76,6 +77,9 @@ _PTR = ctypes.sizeof(ctypes.c_void_p)
 _NAME_OFF = _Mmsghdr.msg_hdr.offset + _Msghdr.msg_name.offset
 _IOV_OFF = _Mmsghdr.msg_hdr.offset + _Msghdr.msg_iov.offset
 _LEN_OFF = _Mmsghdr.msg_len.offset
+_SOCKADDR_IN = struct.Struct("!2xH4s8x")  # (port, IPv4 address) of a struct sockaddr_in
+_MSG_WORDS = _MSG_SIZE // 8  # an mmsghdr in 64-bit words
+_IOV_WORD = _IOV_OFF // 8  # its msg_iov, in 64-bit words
 #: whether mmsghdr fields can be written and read as strided 64/32-bit words (x86-64, arm64)
 _WORDS = _PTR == 8 and _MSG_SIZE % 8 == 0 and _NAME_OFF % 8 == 0 and _IOV_OFF % 8 == 0 and _LEN_OFF % 4 == 0
 
@@ -174,36 +178,41 @@ class Outbox:
     def pending(self) -> int:
         return self.count - self.done
 
-    def add(self, payload: bytes, group: Group, skip=None) -> bool:
-        """Queue ``payload`` for every member of ``group`` but ``skip`` (a
-        member, or None); False, with nothing queued, when it does not fit."""
-        members = group.members
-        n = len(members)
-        k = n - 1 if skip is not None and skip.group is group else n
+    def add(self, parts, skip=None) -> bool:
+        """Queue each (payload, group) of ``parts`` for every member of the
+        group but ``skip`` (a client, or None); False, with nothing queued,
+        when they do not all fit."""
         i = self.count
         e = len(self._keep)
-        if i + k > self.cap or e >= self.cap:
+        need = 0
+        for _, group in parts:
+            need += len(group.members) - (skip is not None and skip.group is group)
+        if i + need > self.cap or e + len(parts) > self.cap:
             return False
-        if k <= 0:
-            return True
-        arr = group.sender_cache
-        if arr is None or (group.dirty and not arr.sync(group)):
-            arr = group.sender_cache = _GroupArrays(group)
-        src, dst = arr.names_view, self._names
-        if k == n:
-            dst[16 * i:16 * (i + n)] = src[:16 * n]
-        else:
-            p = skip.pos
-            dst[16 * i:16 * (i + p)] = src[:16 * p]
-            dst[16 * (i + p):16 * (i + k)] = src[16 * (p + 1):16 * n]
-        addr, keep = _payload_address(payload)
-        self._keep.append(keep)
-        self._iov_words[2 * e] = addr
-        self._iov_words[2 * e + 1] = len(payload)
-        step = _MSG_SIZE // 8
-        at = _IOV_OFF // 8 + step * i
-        self._words[at:at + step * k:step] = array("Q", (self._iov_addr + 16 * e,)) * k
-        self.count = i + k
+        names, keep, iov_words, words = self._names, self._keep, self._iov_words, self._words
+        for payload, group in parts:
+            n = len(group.members)
+            p = skip.pos if skip is not None and skip.group is group else n
+            k = n if p == n else n - 1
+            if k <= 0:
+                continue
+            arr = group.sender_cache
+            if arr is None or (group.dirty and not arr.sync(group)):
+                arr = group.sender_cache = _GroupArrays(group)
+            src = arr.names_view
+            if p:  # the members before the skipped one, then those after it
+                names[16 * i:16 * (i + p)] = src[:16 * p]
+            if p < k:
+                names[16 * (i + p):16 * (i + k)] = src[16 * (p + 1):16 * n]
+            addr, held = _payload_address(payload)
+            keep.append(held)
+            iov_words[2 * e] = addr
+            iov_words[2 * e + 1] = len(payload)
+            at = _IOV_WORD + _MSG_WORDS * i
+            words[at:at + _MSG_WORDS * k:_MSG_WORDS] = array("Q", (self._iov_addr + 16 * e,)) * k
+            i += k
+            e += 1
+        self.count = i
         return True
 
     def send(self) -> tuple[int, int, str | None]:
@@ -374,20 +383,18 @@ class BatchReceiver:
             raise OSError(e, os.strerror(e))
         self._used = n
         at = _LEN_OFF // 4
-        lens = u32[at:at + step * n:step].tolist()
-        names = self._names[:16 * n].tobytes()
+        lens = u32[at:at + step * n:step]
         bufs = self._bufs
-        size = self.size
         ips = self._ips
         out = []
-        for i in range(n):
-            o = 16 * i
-            ip4 = names[o + 4:o + 8]
+        b = 0
+        size = self.size
+        for (port, ip4), length in zip(_SOCKADDR_IN.iter_unpack(self._names[:16 * n]), lens, strict=True):
             ip = ips.get(ip4)
             if ip is None:
                 if len(ips) > 65536:
                     ips.clear()
                 ip = ips[ip4] = socket.inet_ntoa(ip4)
-            b = i * size
-            out.append((bufs[b:b + lens[i]].tobytes(), (ip, (names[o + 2] << 8) | names[o + 3])))
+            out.append((bufs[b:b + length].tobytes(), (ip, port)))
+            b += size
         return out

@@ -34,6 +34,7 @@ GAP_EVERY = 0.002  # seconds of NAT copying between pauses
 SWEEP_SLICE = 2000  # clients checked per slice of an activity check
 SWEEP_FORCE = 1.0  # seconds a due activity check may wait for a quiet socket
 BACKLOG = 1024  # relays received during a large fan-out, waiting for their turn
+TURN_EVERY = 0.001  # seconds of received batches handled at most before the other tasks run
 EXPIRED_LOG_LINES = 100  # per activity check; the rest is one summary line
 
 
@@ -164,6 +165,7 @@ class Daemon:
         self._rx = rx = BatchReceiver(sock)
         counters = self.core.counters
         clock = trio.current_time
+        last_turn = clock()  # when the other tasks last had a turn
         while True:
             if self._pending_config:
                 self._apply_config(self._pending_config.pop(0))
@@ -182,8 +184,10 @@ class Daemon:
                 due = self._sweep_due
                 if self._sweep is not None or (due is not None and clock() - due >= SWEEP_FORCE):
                     self._sweep_step()  # under a flood the check still runs, a slice per batch
-                # let the timers and the metrics endpoint run under a flood
-                await trio.lowlevel.checkpoint()
+                if clock() - last_turn >= TURN_EVERY:
+                    # let the timers and the metrics endpoint run under a flood
+                    await trio.lowlevel.checkpoint()
+                    last_turn = clock()
                 continue
             # the socket is drained: every queued keepalive has been counted
             if self._sweep is not None or self._sweep_due is not None:
@@ -196,6 +200,7 @@ class Daemon:
             with trio.CancelScope() as self._idle_scope:
                 await trio.lowlevel.wait_readable(sock)
             self._idle_scope = None
+            last_turn = clock()
 
     async def _handle_batch(self, batch, *, defer: bool = False) -> None:
         """Handle received datagrams; relays wait in the backlog when ``defer``
@@ -208,7 +213,7 @@ class Daemon:
         may_pause = self.core.nat is not None or len(self.core.table) > FANOUT_CHUNK
         # small relays are queued and sent together after the batch (one sendmmsg for many)
         outbox = None if defer or not self.fanout.use_sendmmsg else self.fanout.outbox
-        sock = self.sock
+        echo = self.core.echo
         now = trio.current_time()
         for data, addr in batch:
             d = handle(data, addr, now)
@@ -220,30 +225,28 @@ class Daemon:
                     else:
                         self._backlog.append(d)
                 elif outbox is not None:
-                    await self._queue(outbox, d)
+                    skip = None if echo else d.sender
+                    if not outbox.add(d.parts, skip):
+                        await self._flush(outbox)  # emptied, it holds more than a chunk per group
+                        if not outbox.add(d.parts, skip):
+                            await self._relay(d)
                 else:
                     await self._relay(d)
             elif t is Reply:
-                try:
-                    sock.sendto(d.payload, addr)
-                    counters.tx += 1
-                    counters.tx_bytes += len(d.payload)
-                except OSError as e:
-                    counters.send_errors[os_error_name(e)] += 1
+                self._reply(d.payload, addr)
             elif t is Drop and d.reason == "malformed":
                 log.debug("dropped malformed datagram from %s:%d", *addr)
         if outbox is not None and outbox.count:
             await self._flush(outbox)
 
-    async def _queue(self, outbox: Outbox, d: Relay) -> None:
-        """Queue the copies of a relay whose groups are at most a chunk (the
-        outbox holds more than one chunk, so an emptied one takes them)."""
-        skip = None if self.core.echo else d.sender
-        for payload, group in d.parts:
-            if not outbox.add(payload, group, skip):
-                await self._flush(outbox)
-                if not outbox.add(payload, group, skip):
-                    await self._relay(Relay([(payload, group)], d.sender))
+    def _reply(self, payload: bytes, addr: tuple[str, int]) -> None:
+        c = self.core.counters
+        try:
+            self.sock.sendto(payload, addr)
+            c.tx += 1
+            c.tx_bytes += len(payload)
+        except OSError as e:
+            c.send_errors[os_error_name(e)] += 1
 
     async def _flush(self, outbox: Outbox) -> None:
         """Send what the outbox holds; a full send buffer is waited on as in

@@ -63,7 +63,7 @@ def test_outbox_sends_each_payload_to_its_group_but_the_sender():
         box = Outbox(sender.fileno())
         payloads = [f"payload-{i}".encode() * 3 for i in range(5)]
         for i, p in enumerate(payloads):
-            assert box.add(p, group, clients[i])  # everyone but client i
+            assert box.add([(p, group)], clients[i])  # everyone but client i
         assert box.count == 5 * 4
         sent, nbytes, err = box.send()
         assert (sent, nbytes, err) == (20, 4 * sum(map(len, payloads)), None)
@@ -85,7 +85,7 @@ def test_outbox_keeps_what_it_queued_when_the_group_changes_and_payloads_are_dro
     try:
         box = Outbox(sender.fileno())
         payload = bytes(bytearray(b"kept alive by the outbox"))  # a fresh object, only referenced here
-        assert box.add(payload, group, clients[1])
+        assert box.add([(payload, group)], clients[1])
         del payload
         gc.collect()
         group.move_to_end(clients[0])  # positions change...
@@ -106,10 +106,13 @@ def test_outbox_refuses_what_does_not_fit():
     sender = udp()
     try:
         box = Outbox(sender.fileno(), cap=5)
-        assert box.add(b"a", clients[0].group)  # 3 messages
-        assert not box.add(b"b", clients[0].group)  # 3 more do not fit: nothing queued
-        assert box.count == 3 and box.add(b"c", clients[0].group, clients[0])  # 2 do
+        group = clients[0].group
+        assert box.add([(b"a", group)])  # 3 messages
+        assert not box.add([(b"b", group)])  # 3 more do not fit: nothing queued
+        assert not box.add([(b"c", group), (b"d", group)], clients[0])  # 2 + 2 do not fit either
+        assert box.count == 3 and box.add([(b"e", group)], clients[0])  # 2 do
         assert box.send() == (5, 5, None)
+        assert sorted(drain(socks[0])) == [b"a"] and sorted(drain(socks[1])) == [b"a", b"e"]
         box.clear()
         assert box.count == 0
     finally:
