@@ -622,7 +622,8 @@ def stall_bench(tmp: str, n: int) -> dict:
         f.write('</domains>\n<transformations><transform source="d0" destination="d1"><rule>'
                 '<match address="10.0.0.1" port="*"/><replace address="10.1.0.1" port="*"/></rule>'
                 "</transform></transformations>\n</lbmrd>\n")
-    relay = Lbmrd(tmp, extra=["-t", "8", "-a", "1000", conf])
+    # a ttl long enough to register them all on a busy machine (about 6 s when idle)
+    relay = Lbmrd(tmp, extra=["-t", "20", "-a", "1000", conf])
     # the n clients: one socket on every loopback address (it sends from
     # 127.64.0.0 and up); what reaches them is mostly dropped (small buffer)
     players = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

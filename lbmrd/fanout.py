@@ -138,6 +138,36 @@ class _GroupArrays:
         return True
 
 
+def _arrays(group: Group) -> _GroupArrays:
+    """The group's arrays, brought in step with its members (rebuilt when
+    it outgrew them)."""
+    arr = group.sender_cache
+    if arr is None or (group.dirty and not arr.sync(group)):
+        arr = group.sender_cache = _GroupArrays(group)
+    return arr
+
+
+def _send_mmsghdrs(fd: int, base: int, start: int, stop: int) -> tuple[int, int, str | None]:
+    """``sendmmsg(2)`` of messages ``start..stop-1`` of the mmsghdr array at
+    address ``base``, in calls of at most :data:`BATCH`, up to the first
+    error. Returns (sent, next index, error): the sent messages are
+    ``start..start+sent-1``; error is None when all went out, "EAGAIN" when
+    the buffer is full (next index: the first not sent), or an errno name
+    for the destination at ``start+sent`` (next index skips it)."""
+    i = start
+    while i < stop:
+        r = _sendmmsg(fd, base + _MSG_SIZE * i, min(stop - i, BATCH), MSG_DONTWAIT)
+        if r < 0:
+            e = ctypes.get_errno()
+            if e in (errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS):
+                return i - start, i, "EAGAIN"
+            if e == errno.EINTR:
+                continue
+            return i - start, i + 1, errno.errorcode.get(e, str(e))
+        i += r
+    return i - start, i, None
+
+
 def _payload_address(payload: bytes) -> tuple[int, object]:
     """The address of ``payload``'s bytes and the object that keeps them
     alive (the payload itself, or a ctypes copy off CPython)."""
@@ -196,10 +226,7 @@ class Outbox:
             k = n if p == n else n - 1
             if k <= 0:
                 continue
-            arr = group.sender_cache
-            if arr is None or (group.dirty and not arr.sync(group)):
-                arr = group.sender_cache = _GroupArrays(group)
-            src = arr.names_view
+            src = _arrays(group).names_view
             if p:  # the members before the skipped one, then those after it
                 names[16 * i:16 * (i + p)] = src[:16 * p]
             if p < k:
@@ -220,25 +247,13 @@ class Outbox:
         error): error is None when all went out (the outbox is then empty),
         "EAGAIN" when the socket buffer is full (call again later), or an
         errno name for one destination, which is skipped."""
-        sent = nbytes = 0
-        step = _MSG_SIZE // 4
-        at = _LEN_OFF // 4
-        while self.done < self.count:
-            i = self.done
-            r = _sendmmsg(self.fd, self._base + _MSG_SIZE * i, min(self.count - i, BATCH), MSG_DONTWAIT)
-            if r < 0:
-                e = ctypes.get_errno()
-                if e in (errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS):
-                    return sent, nbytes, "EAGAIN"
-                if e == errno.EINTR:
-                    continue
-                self.done = i + 1
-                return sent, nbytes, errno.errorcode.get(e, str(e))
-            nbytes += sum(self._u32[at + step * i:at + step * (i + r):step])  # msg_len: set by the kernel
-            sent += r
-            self.done = i + r
-        self.clear()
-        return sent, nbytes, None
+        i = self.done
+        sent, self.done, err = _send_mmsghdrs(self.fd, self._base, i, self.count)
+        step, at = _MSG_SIZE // 4, _LEN_OFF // 4 + _MSG_SIZE // 4 * i
+        nbytes = sum(self._u32[at:at + step * sent:step])  # msg_len of each: set by the kernel
+        if err is None:
+            self.clear()
+        return sent, nbytes, err
 
     def clear(self) -> None:
         """Forget everything queued (sent or not)."""
@@ -266,27 +281,10 @@ class Fanout:
         """
         if not self.use_sendmmsg:
             return self._send_range_plain(payload, group, start, stop)
-        arr = group.sender_cache
-        if arr is None or (group.dirty and not arr.sync(group)):
-            arr = group.sender_cache = _GroupArrays(group)
+        arr = _arrays(group)
         arr.iov.iov_base, keep = _payload_address(payload)  # kept referenced for the call
         arr.iov.iov_len = len(payload)
-        sent = 0
-        i = start
-        size = _MSG_SIZE
-        while i < stop:
-            count = min(stop - i, BATCH)
-            r = _sendmmsg(self.fd, arr.base + size * i, count, MSG_DONTWAIT)
-            if r < 0:
-                e = ctypes.get_errno()
-                if e in (errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS):
-                    return sent, i, "EAGAIN"
-                if e == errno.EINTR:
-                    continue
-                return sent, i + 1, errno.errorcode.get(e, str(e))  # skip the failing one
-            sent += r
-            i += r
-        return sent, i, None
+        return _send_mmsghdrs(self.fd, arr.base, start, stop)
 
     def _send_range_plain(self, payload: bytes, group: Group, start: int, stop: int):
         group.dirty.clear()  # no arrays to keep in step on this path

@@ -53,12 +53,17 @@ def register(socks: list[socket.socket], addr: tuple[str, int]) -> None:
         assert s.recv(16) == b"\x00\x00\x00\x00"
 
 
-def test_outbox_sends_each_payload_to_its_group_but_the_sender():
+def one_group(n: int) -> tuple[ClientTable, list[socket.socket], list, socket.socket]:
+    """A client table of ``n`` clients (real sockets) in one group, and a socket to send from."""
     table = ClientTable()
-    socks = [udp() for _ in range(5)]
+    socks = [udp() for _ in range(n)]
     clients = [table.register(s.getsockname(), 0.0, None) for s in socks]
+    return table, socks, clients, udp()
+
+
+def test_outbox_sends_each_payload_to_its_group_but_the_sender():
+    table, socks, clients, sender = one_group(5)
     group = clients[0].group
-    sender = udp()
     try:
         box = Outbox(sender.fileno())
         payloads = [f"payload-{i}".encode() * 3 for i in range(5)]
@@ -77,11 +82,9 @@ def test_outbox_sends_each_payload_to_its_group_but_the_sender():
 
 
 def test_outbox_keeps_what_it_queued_when_the_group_changes_and_payloads_are_dropped():
-    table = ClientTable()
-    socks = [udp() for _ in range(4)]
-    clients = [table.register(s.getsockname(), 0.0, None) for s in socks[:3]]
+    table, socks, clients, sender = one_group(3)
+    socks.append(udp())  # not a client yet
     group = clients[0].group
-    sender = udp()
     try:
         box = Outbox(sender.fileno())
         payload = bytes(bytearray(b"kept alive by the outbox"))  # a fresh object, only referenced here
@@ -100,10 +103,7 @@ def test_outbox_keeps_what_it_queued_when_the_group_changes_and_payloads_are_dro
 
 
 def test_outbox_refuses_what_does_not_fit():
-    table = ClientTable()
-    socks = [udp() for _ in range(3)]
-    clients = [table.register(s.getsockname(), 0.0, None) for s in socks]
-    sender = udp()
+    table, socks, clients, sender = one_group(3)
     try:
         box = Outbox(sender.fileno(), cap=5)
         group = clients[0].group
