@@ -608,10 +608,11 @@ def _pct(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
 
 
-def stall_bench(tmp: str, n: int) -> dict:
+def stall_bench(tmp: str, n: int, tree: str | None = None) -> dict:
     """Max keepalive round trip while ``n`` clients expire at once, while one
     TQR is fanned out to them, and while a 50,000-network file is reloaded;
-    each against the idle round trip measured in the same run."""
+    each against the idle round trip measured in the same run (``tree``:
+    the lbmrd of another version, see :class:`Lbmrd`)."""
     conf = os.path.join(tmp, "big.xml")
     with open(conf, "w") as f:
         f.write('<?xml version="1.0"?>\n<lbmrd version="1.0">\n<domains>\n')
@@ -623,7 +624,7 @@ def stall_bench(tmp: str, n: int) -> dict:
                 '<match address="10.0.0.1" port="*"/><replace address="10.1.0.1" port="*"/></rule>'
                 "</transform></transformations>\n</lbmrd>\n")
     # a ttl long enough to register them all on a busy machine (about 6 s when idle)
-    relay = Lbmrd(tmp, extra=["-t", "20", "-a", "1000", conf])
+    relay = Lbmrd(tmp, extra=["-t", "20", "-a", "1000", conf], tree=tree)
     # the n clients: one socket on every loopback address (it sends from
     # 127.64.0.0 and up); what reaches them is mostly dropped (small buffer)
     players = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -631,7 +632,7 @@ def stall_bench(tmp: str, n: int) -> dict:
     players.bind(("0.0.0.0", 0))
     probe = udp_socket(rcvbuf=4 << 20)
     probe.setblocking(True)
-    out = {"n": n}
+    out = {"n": n, "name": relay.name}
     try:
         probe.settimeout(5.0)
         probe.sendto(KEEPALIVE, relay.addr)
@@ -660,6 +661,20 @@ def stall_bench(tmp: str, n: int) -> dict:
 
 
 # ------------------------------------------------------------------- main
+
+
+def print_stalls(st: dict) -> None:
+    idle = _pct(st["idle"], 0.5)
+    print(f"loop stalls, {st['name']} with {st['n']:,} clients (keepalive round trips, ms; "
+          f"idle median {idle * 1e3:.2f} ms in the same run):")
+    for what, label in (("fanout", f"one TQR fanned out to {st['n']:,} clients"),
+                        ("expiry", f"{st['n']:,} clients expiring at once"),
+                        ("reload", "SIGHUP reload of a 50,000-network file")):
+        r = st[what]
+        print(f"  {label:<44} {len(r):>5} probes  p50 {_pct(r, 0.5) * 1e3:7.2f}  "
+              f"p99 {_pct(r, 0.99) * 1e3:7.2f}  max {max(r) * 1e3:7.2f}  "
+              f"max/idle {max(r) / idle:6.0f}x")
+    print("  target: max under 50 ms while clients expire", flush=True)
 
 
 def print_ratios(kind: str, rows: list[tuple[int, dict, dict]]) -> None:
@@ -722,18 +737,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp:
         try:
             if args.stall_clients:
-                st = stall_bench(tmp, args.stall_clients)
-                idle = _pct(st["idle"], 0.5)
-                print(f"loop stalls, lbmrd with {st['n']:,} clients (keepalive round trips, ms; "
-                      f"idle median {idle * 1e3:.2f} ms in the same run):")
-                for what, label in (("fanout", f"one TQR fanned out to {st['n']:,} clients"),
-                                    ("expiry", f"{st['n']:,} clients expiring at once"),
-                                    ("reload", "SIGHUP reload of a 50,000-network file")):
-                    r = st[what]
-                    print(f"  {label:<44} {len(r):>5} probes  p50 {_pct(r, 0.5) * 1e3:7.2f}  "
-                          f"p99 {_pct(r, 0.99) * 1e3:7.2f}  max {max(r) * 1e3:7.2f}  "
-                          f"max/idle {max(r) / idle:6.0f}x")
-                print("  target: max under 50 ms while clients expire", flush=True)
+                for tree in [None, args.baseline_tree] if args.baseline_tree else [None]:
+                    print_stalls(stall_bench(tmp, args.stall_clients, tree))
             exe = compile_c(tmp)
             for n in ns:
                 relays = {}

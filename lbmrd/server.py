@@ -34,6 +34,7 @@ GAP_EVERY = 0.002  # seconds of NAT copying between pauses
 SWEEP_SLICE = 2000  # clients checked per slice of an activity check
 SWEEP_FORCE = 1.0  # seconds a due activity check may wait for a quiet socket
 BACKLOG = 1024  # relays received during a large fan-out, waiting for their turn
+OUTBOX_FLUSH = 256  # copies gathered from a batch before they are sent (bounds their delay)
 TURN_EVERY = 0.001  # seconds of received batches handled at most before the other tasks run
 EXPIRED_LOG_LINES = 100  # per activity check; the rest is one summary line
 
@@ -230,6 +231,8 @@ class Daemon:
                         await self._flush(outbox)  # emptied, it holds more than a chunk per group
                         if not outbox.add(d.parts, skip):
                             await self._relay(d)
+                    if outbox.count >= OUTBOX_FLUSH:
+                        await self._flush(outbox)
                 else:
                     await self._relay(d)
             elif t is Reply:
