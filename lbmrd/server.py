@@ -34,6 +34,7 @@ GAP_EVERY = 0.002  # seconds of NAT copying between pauses
 SWEEP_SLICE = 2000  # clients checked per slice of an activity check
 SWEEP_FORCE = 1.0  # seconds a due activity check may wait for a quiet socket
 BACKLOG = 1024  # relays received during a large fan-out, waiting for their turn
+OUTBOX_CLIENTS = 256  # at most this many clients: relays are gathered in the outbox
 OUTBOX_FLUSH = 256  # copies gathered from a batch before they are sent (bounds their delay)
 TURN_EVERY = 0.001  # seconds of received batches handled at most before the other tasks run
 EXPIRED_LOG_LINES = 100  # per activity check; the rest is one summary line
@@ -212,8 +213,9 @@ class Daemon:
         counters = self.core.counters
         # relays that pause (NAT copies, groups over a chunk) wait for the rest of the batch
         may_pause = self.core.nat is not None or len(self.core.table) > FANOUT_CHUNK
-        # small relays are queued and sent together after the batch (one sendmmsg for many)
-        outbox = None if defer or not self.fanout.use_sendmmsg else self.fanout.outbox
+        # with few clients, relays are queued and sent together (one sendmmsg for many)
+        few = len(self.core.table) <= OUTBOX_CLIENTS and self.fanout.use_sendmmsg
+        outbox = self.fanout.outbox if few and not defer else None
         echo = self.core.echo
         now = trio.current_time()
         for data, addr in batch:
