@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import select
 import signal
 import socket
 import time
@@ -64,6 +65,41 @@ def _without_gc(fn):
             gc.enable()
 
 
+class SocketWaiter:
+    """Waits until a socket is readable or writable through a private epoll
+    set that holds the socket only while waiting (trio waits on that set).
+    A socket left in trio's own set keeps an entry on its wait queue, which
+    the kernel calls on every datagram sent from it: about 5% of the cost of
+    each relayed copy. Elsewhere than Linux, trio waits on the socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+
+    async def readable(self) -> None:
+        if self._epoll is None:
+            await trio.lowlevel.wait_readable(self.sock)
+        else:
+            await self._wait(select.EPOLLIN)
+
+    async def writable(self) -> None:
+        if self._epoll is None:
+            await trio.lowlevel.wait_writable(self.sock)
+        else:
+            await self._wait(select.EPOLLOUT)
+
+    async def _wait(self, events: int) -> None:
+        self._epoll.register(self.sock, events)
+        try:
+            await trio.lowlevel.wait_readable(self._epoll)
+        finally:
+            self._epoll.unregister(self.sock)
+
+    def close(self) -> None:
+        if self._epoll is not None:
+            self._epoll.close()
+
+
 class Daemon:
     """One lbmrd instance: ``await daemon.run(task_status=...)`` inside a
     nursery; reports the bound (ip, port) through ``task_status.started``.
@@ -89,6 +125,7 @@ class Daemon:
         self.reload_config = reload
         self.sock: socket.socket | None = None
         self.fanout: Fanout | None = None
+        self._waiter: SocketWaiter | None = None
         self.metrics_addr: tuple[str, int] | None = None
         self._nursery: trio.Nursery | None = None
         self._idle_scope: trio.CancelScope | None = None
@@ -134,6 +171,7 @@ class Daemon:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self.sock = sock = self.open_socket()
         self.fanout = Fanout(sock)
+        self._waiter = SocketWaiter(sock)
         bound = sock.getsockname()
         self._set_own_addresses(bound)
         gc.freeze()  # the config (50,000 networks are a million objects): out of full collections
@@ -153,6 +191,7 @@ class Daemon:
                 task_status.started(bound)
                 await self._recv_loop()
         finally:
+            self._waiter.close()
             sock.close()
 
     # ---------------------------------------------------------------- loops
@@ -200,7 +239,7 @@ class Daemon:
                 await trio.lowlevel.checkpoint()  # re-classifying: a slice per turn
                 continue
             with trio.CancelScope() as self._idle_scope:
-                await trio.lowlevel.wait_readable(sock)
+                await self._waiter.readable()
             self._idle_scope = None
             last_turn = clock()
 
@@ -374,13 +413,11 @@ class Daemon:
             if trio.current_time() >= deadline:
                 return False
             with trio.move_on_after(WRITE_STEP):
-                await trio.lowlevel.wait_writable(self.sock)
+                await self._waiter.writable()
             await self._gap()
         return True
 
     def _writable(self) -> bool:
-        import select
-
         p = select.poll()
         p.register(self.sock, select.POLLOUT)
         return bool(p.poll(0))
