@@ -623,8 +623,9 @@ def stall_bench(tmp: str, n: int, tree: str | None = None) -> dict:
         f.write('</domains>\n<transformations><transform source="d0" destination="d1"><rule>'
                 '<match address="10.0.0.1" port="*"/><replace address="10.1.0.1" port="*"/></rule>'
                 "</transform></transformations>\n</lbmrd>\n")
-    # a ttl long enough to register them all on a busy machine (about 6 s when idle)
-    relay = Lbmrd(tmp, extra=["-t", "20", "-a", "1000", conf], tree=tree)
+    # a ttl long enough to register them all on a busy machine (each new client is
+    # classified against the 50,000 networks: 6-16 s)
+    relay = Lbmrd(tmp, extra=["-t", "30", "-a", "1000", conf], tree=tree)
     # the n clients: one socket on every loopback address (it sends from
     # 127.64.0.0 and up); what reaches them is mostly dropped (small buffer)
     players = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
