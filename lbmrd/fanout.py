@@ -4,8 +4,11 @@ On Linux it calls ``sendmmsg(2)`` through ctypes with per-group arrays of
 ``struct mmsghdr`` that are built once per group membership change and share
 a single ``iovec``; sending a datagram to N clients costs one or a few
 system calls and no per-destination Python work. Elsewhere it falls back to
-one non-blocking ``sendto`` per destination. Nothing here awaits: a full
-socket buffer (EAGAIN) is reported back to the caller.
+one non-blocking ``sendto`` per destination. :class:`Outbox` gathers the
+copies of many datagrams (each to a few clients) for one ``sendmmsg`` call,
+and :class:`BatchReceiver` reads what the socket holds with ``recvmmsg(2)``.
+Nothing here awaits: a full socket buffer (EAGAIN) is reported back to the
+caller.
 """
 
 from __future__ import annotations
@@ -79,7 +82,11 @@ _IOV_OFF = _Mmsghdr.msg_hdr.offset + _Msghdr.msg_iov.offset
 _LEN_OFF = _Mmsghdr.msg_len.offset
 _SOCKADDR_IN = struct.Struct("!2xH4s8x")  # (port, IPv4 address) of a struct sockaddr_in
 _MSG_WORDS = _MSG_SIZE // 8  # an mmsghdr in 64-bit words
+_NAME_WORD = _NAME_OFF // 8  # its msg_name, in 64-bit words
 _IOV_WORD = _IOV_OFF // 8  # its msg_iov, in 64-bit words
+_MSG_U32 = _MSG_SIZE // 4  # an mmsghdr in 32-bit words
+_NAMELEN_U32 = (_Mmsghdr.msg_hdr.offset + _Msghdr.msg_namelen.offset) // 4  # its msg_namelen
+_LEN_U32 = _LEN_OFF // 4  # its msg_len
 #: whether mmsghdr fields can be written and read as strided 64/32-bit words (x86-64, arm64)
 _WORDS = _PTR == 8 and _MSG_SIZE % 8 == 0 and _NAME_OFF % 8 == 0 and _IOV_OFF % 8 == 0 and _LEN_OFF % 4 == 0
 
@@ -95,7 +102,7 @@ def _mmsghdrs(cap: int, names: int, iov: int) -> bytearray:
     if _WORDS:
         # every mmsghdr's name pointer in one strided store (no Python loop)
         with memoryview(raw) as view, view.cast("Q") as words:
-            words[_NAME_OFF // 8::_MSG_SIZE // 8] = array("Q", range(names, names + 16 * cap, 16))
+            words[_NAME_WORD::_MSG_WORDS] = array("Q", range(names, names + 16 * cap, 16))
     else:
         for i in range(cap):
             o = i * _MSG_SIZE + _NAME_OFF
@@ -188,7 +195,7 @@ class Outbox:
     payloads stay referenced until sent or cleared. Linux with sendmmsg
     only (see :data:`HAVE_SENDMMSG`)."""
 
-    def __init__(self, fd: int, cap: int = 4 * BATCH) -> None:
+    def __init__(self, fd: int, cap: int = BATCH) -> None:
         self.fd = fd
         self.cap = cap
         self._names_buf = ctypes.create_string_buffer(16 * cap)
@@ -249,8 +256,8 @@ class Outbox:
         errno name for one destination, which is skipped."""
         i = self.done
         sent, self.done, err = _send_mmsghdrs(self.fd, self._base, i, self.count)
-        step, at = _MSG_SIZE // 4, _LEN_OFF // 4 + _MSG_SIZE // 4 * i
-        nbytes = sum(self._u32[at:at + step * sent:step])  # msg_len of each: set by the kernel
+        at = _LEN_U32 + _MSG_U32 * i
+        nbytes = sum(self._u32[at:at + _MSG_U32 * sent:_MSG_U32])  # msg_len of each: set by the kernel
         if err is None:
             self.clear()
         return sent, nbytes, err
@@ -351,7 +358,7 @@ class BatchReceiver:
         raw = _mmsghdrs(batch, ctypes.addressof(self.names), 0)
         iovs = ctypes.addressof(self.iovs)
         with memoryview(raw) as view, view.cast("Q") as words:  # message i -> iovec i
-            words[_IOV_OFF // 8::_MSG_SIZE // 8] = array("Q", range(iovs, iovs + 16 * batch, 16))
+            words[_IOV_WORD::_MSG_WORDS] = array("Q", range(iovs, iovs + 16 * batch, 16))
         self._raw = raw
         self._base = ctypes.addressof((ctypes.c_char * len(raw)).from_buffer(raw))
         self._u32 = memoryview(raw).cast("I")
@@ -366,12 +373,10 @@ class BatchReceiver:
                 return [self.sock.recvfrom(self.size)]
             except BlockingIOError:
                 return []
-        step = _MSG_SIZE // 4
         u32 = self._u32
-        namelen = (_Mmsghdr.msg_hdr.offset + _Msghdr.msg_namelen.offset) // 4
         used = self._used
         if used:  # the kernel overwrote msg_namelen of the messages it filled
-            u32[namelen:namelen + step * used:step] = self._sixteen[:used]
+            u32[_NAMELEN_U32:_NAMELEN_U32 + _MSG_U32 * used:_MSG_U32] = self._sixteen[:used]
         n = _recvmmsg(self.fd, self._base, self.batch, MSG_DONTWAIT, None)
         if n < 0:
             self._used = 0
@@ -380,8 +385,7 @@ class BatchReceiver:
                 return []
             raise OSError(e, os.strerror(e))
         self._used = n
-        at = _LEN_OFF // 4
-        lens = u32[at:at + step * n:step]
+        lens = u32[_LEN_U32:_LEN_U32 + _MSG_U32 * n:_MSG_U32]
         bufs = self._bufs
         ips = self._ips
         out = []

@@ -269,7 +269,7 @@ class Daemon:
                 elif outbox is not None:
                     skip = None if echo else d.sender
                     if not outbox.add(d.parts, skip):
-                        await self._flush(outbox)  # emptied, it holds more than a chunk per group
+                        await self._flush(outbox)  # emptied, it holds a relay to OUTBOX_CLIENTS
                         if not outbox.add(d.parts, skip):
                             await self._relay(d)
                     if outbox.count >= OUTBOX_FLUSH:
