@@ -137,6 +137,46 @@ async def test_a_response_in_progress_outlives_idle_connections(long_timeout):
     assert closed == {0, 1}
 
 
+def read_all(sock: socket.socket) -> bytes:
+    data = bytearray()
+    while True:
+        try:
+            chunk = sock.recv(1 << 20)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
+def slow_readers_then_scrape(addr: tuple[str, int], n: int) -> tuple[int, list[int]]:
+    """``n`` clients that ask for /big and do not read (all slots in the
+    middle of a response), then a scrape; then each reads what it gets.
+    Returns the scrape's status and each slow client's body length."""
+    slow = [socket.create_connection(addr, timeout=WAIT) for _ in range(n)]
+    try:
+        for s in slow:
+            s.sendall(b"GET /big HTTP/1.0\r\n\r\n")
+            assert select.select([s], [], [], WAIT)[0], "no response to /big"
+        status, _ = scrape(addr)
+        return status, [len(read_all(s).split(b"\r\n\r\n", 1)[-1]) for s in slow]
+    finally:
+        for s in slow:
+            s.close()
+
+
+async def test_with_every_slot_answering_a_new_connection_closes_the_oldest(long_timeout, monkeypatch):
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
+    async with trio.open_nursery() as n:
+        addr = await n.start(http.serve_http, ROUTES, ("127.0.0.1", 0))
+        with trio.fail_after(3 * WAIT):
+            status, lengths = await trio.to_thread.run_sync(slow_readers_then_scrape, addr, 2)
+        n.cancel_scope.cancel()
+    assert status == 200
+    assert lengths[0] < BIG and lengths[1] == BIG  # the oldest was cut off, the other finished
+
+
 async def test_idle_connection_closed_after_the_request_timeout(autojump_clock):
     async with trio.open_nursery() as n:
         addr = await n.start(http.serve_http, ROUTES, ("127.0.0.1", 0))
