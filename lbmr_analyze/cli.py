@@ -2,12 +2,14 @@
 
 Exit status: 0 done (capture and decode errors are reported in the output, not
 as failure), 1 the Spark job failed, 2 usage error (click), 3 no usable Java or
-PySpark.
+PySpark, 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import signal
 import sys
 
 import click
@@ -15,7 +17,7 @@ import click
 from .job import DEFAULT_STORM_THRESHOLD, DEFAULT_TOP
 from .splits import DEFAULT_SPLIT_SIZE
 
-EXIT_FAILED, EXIT_ENVIRONMENT = 1, 3
+EXIT_FAILED, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 1, 3, 130
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -45,6 +47,17 @@ def _conf(ctx, param, values):
             raise click.BadParameter(f"{v!r}: expected KEY=VALUE")
         out.append((k, val))
     return out
+
+
+def _on_interrupt(signum, frame):
+    """SIGINT (Ctrl-C): one KeyboardInterrupt in the main thread, wherever it waits
+    (usually inside a Py4J call).  Later SIGINTs are ignored while the job deletes its
+    staging folder and stops Spark, and logging is switched off: Py4J logs the
+    interrupted call's broken connection with tracebacks (pyspark's own handler also
+    calls into the JVM from the signal handler, which fails the same way)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.disable(logging.CRITICAL)
+    raise KeyboardInterrupt
 
 
 def _submit_script(ctx, param, value):
@@ -115,20 +128,30 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
             click.echo(f"lbmr-analyze: {e}", err=True)
             sys.exit(EXIT_ENVIRONMENT)
 
+    from .job import Progress, summary_text
+
+    prog = Progress(1 + 5, enabled=not quiet)
+    signal.signal(signal.SIGINT, _on_interrupt)
+    try:
+        res = _start_and_run(prog, master, conf, verbose, dict(
+            inputs=captures, out=out, ports=ports, split_size=split_size,
+            storm_threshold=storm_threshold, top=top))
+    except KeyboardInterrupt:
+        click.echo("lbmr-analyze: interrupted; the previous output, if any, is unchanged", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    click.echo(summary_text(res))
+    for e in res.tables["capture_errors"]:
+        click.echo(f"lbmr-analyze: {e['file']}: byte offset {e['offset']}: {e['error']}", err=True)
+
+
+def _start_and_run(prog, master, conf, verbose, job_args):
+    """Start Spark, run the job, stop Spark (unless an embedding caller owns the
+    session); errors become a message on stderr and an exit status."""
     from pyspark.sql import SparkSession
 
     from .fsio import UnsupportedURI
-    from .job import (
-        SPARK_LOG,
-        EnvironmentError_,
-        OutputNotVisible,
-        Progress,
-        build_session,
-        run,
-        summary_text,
-    )
+    from .job import SPARK_LOG, EnvironmentError_, OutputNotVisible, build_session, run
 
-    prog = Progress(1 + 5, enabled=not quiet)
     prog.step("starting Spark" + (f" ({master})" if master else ""))
     owned = SparkSession.getActiveSession() is None    # embedded callers keep their session
     try:
@@ -137,9 +160,13 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
         click.echo(f"lbmr-analyze: could not start Spark: {e}" + ("" if verbose else
                    f" (Spark's output: {SPARK_LOG})"), err=True)
         sys.exit(EXIT_ENVIRONMENT)
+    signal.signal(signal.SIGINT, _on_interrupt)         # in place of the one SparkContext installs
+    interrupted = False
     try:
-        res = run(spark, captures, out, ports=ports, split_size=split_size,
-                  storm_threshold=storm_threshold, top=top, progress=prog)
+        return run(spark, progress=prog, **job_args)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     except (FileNotFoundError, FileExistsError, UnsupportedURI) as e:
         raise click.UsageError(str(e)) from None
     except EnvironmentError_ as e:
@@ -155,11 +182,13 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
         click.echo(f"lbmr-analyze: analysis failed: {e}; the previous output, if any, is unchanged", err=True)
         sys.exit(EXIT_FAILED)
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)    # the output is in place (or not): stop quietly
         if owned:
-            spark.stop()
-    click.echo(summary_text(res))
-    for e in res.tables["capture_errors"]:
-        click.echo(f"lbmr-analyze: {e['file']}: byte offset {e['offset']}: {e['error']}", err=True)
+            try:
+                spark.stop()
+            except Exception:  # noqa: BLE001 - Py4J errors of a connection broken by Ctrl-C
+                if not interrupted:
+                    raise
 
 
 if __name__ == "__main__":
