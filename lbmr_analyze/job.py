@@ -129,7 +129,7 @@ class EnvironmentError_(RuntimeError):
 
 
 def build_session(master: str | None = None, conf: Iterable[tuple[str, str]] = (),
-                  *, progress_bar: bool | None = None, quiet_jvm: bool = False):
+                  *, progress_bar: bool | None = None, quiet_jvm: bool = False, class_cache: bool = False):
     """A SparkSession for the job.  ``master`` None means ``local[*]`` unless the
     process runs under spark-submit (then spark-submit's ``--master`` applies).
 
@@ -138,7 +138,9 @@ def build_session(master: str | None = None, conf: Iterable[tuple[str, str]] = (
     :data:`SPARK_LOG` instead of the terminal (the file is named in errors).
     ``conf`` pairs are applied last (so they override these defaults); a
     ``spark.driver.extraJavaOptions`` of theirs is added after ours
-    (:func:`driver_java_options`)."""
+    (:func:`driver_java_options`).  With ``class_cache`` the driver JVM starts from
+    :mod:`lbmr_analyze.classcache`'s archive, or writes one (then end with
+    :func:`stop_session`)."""
     conf = list(conf)
     from pyspark.sql import SparkSession
 
@@ -169,7 +171,8 @@ def build_session(master: str | None = None, conf: Iterable[tuple[str, str]] = (
         b = b.config(k, v)
     if not submitted:
         b = b.config("spark.driver.extraJavaOptions",
-                     driver_java_options([v for k, v in conf if k == "spark.driver.extraJavaOptions"]))
+                     driver_java_options([v for k, v in conf if k == "spark.driver.extraJavaOptions"],
+                                         class_cache=class_cache))
     if quiet_jvm and not submitted and SparkSession.getActiveSession() is None:
         spark = _quietly(b.getOrCreate)
     else:
@@ -185,13 +188,40 @@ def build_session(master: str | None = None, conf: Iterable[tuple[str, str]] = (
 DRIVER_JIT = "-XX:TieredStopAtLevel=1"
 
 
-def driver_java_options(user: Sequence[str] = ()) -> str:
+def driver_java_options(user: Sequence[str] = (), *, class_cache: bool = False) -> str:
     """``spark.driver.extraJavaOptions`` for a driver JVM lbmr-analyze starts: our
-    log4j2 file (Spark logs errors only) and :data:`DRIVER_JIT`, then the
-    ``user``'s options (later ones win, in the JVM as for system properties)."""
+    log4j2 file (Spark logs errors only), :data:`DRIVER_JIT` and, with
+    ``class_cache``, :mod:`lbmr_analyze.classcache`'s options; then the ``user``'s
+    options (later ones win, in the JVM as for system properties)."""
+    from . import classcache
+    from .javacheck import JavaError, find_java
+
     log4j = Path(__file__).with_name("log4j2.properties")
     ours = [f"-Dlog4j2.configurationFile={log4j.as_uri()}", DRIVER_JIT]
+    if class_cache:
+        try:
+            ours += classcache.java_options(find_java()[0])
+        except JavaError:
+            pass                                # Spark says it its own way
     return " ".join([*ours, *user])
+
+
+def stop_session(spark) -> float | None:
+    """Stop ``spark``; when its driver JVM writes a class archive at exit
+    (:mod:`lbmr_analyze.classcache`), end the JVM, wait for it and keep the
+    archive: the seconds that took, else None."""
+    from pyspark import SparkContext
+
+    from . import classcache
+    from .javacheck import find_java
+
+    spark.stop()
+    gateway = SparkContext._gateway
+    if not classcache.dumping() or gateway is None or getattr(gateway, "proc", None) is None:
+        return None
+    t = time.perf_counter()
+    classcache.keep(gateway.proc, find_java()[0])
+    return time.perf_counter() - t
 
 
 #: Where the JVM's stderr goes when Spark is started quietly.
@@ -534,8 +564,10 @@ def _swap(fs, staging: str, final: str, old: str) -> None:
         fs.delete_dir(old)
 
 
-def summary_text(res: Result) -> str:
-    """The short summary printed on stdout."""
+def summary_text(res: Result, times: tuple[float, float] | None = None) -> str:
+    """The short summary printed on stdout; with ``times`` (seconds: starting
+    Spark, and everything) a last line with them: starting Spark is the fixed
+    cost of a run."""
     s = res.summary
     lines = [
         f"lbmr-analyze: {s['files']} file(s), {s['byte_ranges']} byte range(s): "
@@ -553,4 +585,7 @@ def summary_text(res: Result) -> str:
         f"  records: {fsio.join(str(res.out), RECORDS_DIR)}",
         f"  report:  {res.report}",
     ]
+    if times is not None:
+        start, total = times
+        lines.append(f"  time: {total:.1f} s, of which starting Spark {start:.1f} s (a fixed cost)")
     return "\n".join(lines)
