@@ -99,6 +99,25 @@ def dumping() -> bool:
     return _dumping is not None
 
 
+def discard(jvm: subprocess.Popen) -> None:
+    """End the driver JVM ``jvm`` at once (SIGKILL: it writes no archive, and no
+    JVM is left writing one after an interrupted run) and remove the temporary
+    file."""
+    global _dumping
+    tmp, _dumping = _dumping, None
+    if tmp is None:
+        return
+    try:
+        jvm.kill()
+        jvm.wait(60)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:
+        tmp.unlink()
+    except OSError:
+        pass
+
+
 def keep(jvm: subprocess.Popen, java: str, timeout: float = 300) -> Path | None:
     """End the driver JVM ``jvm`` (its standard input closed: Spark's gateway then
     exits) after Spark has stopped, wait for it to write its archive, check the

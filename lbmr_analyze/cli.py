@@ -158,6 +158,7 @@ def _start_and_run(prog, master, conf, verbose, job_args):
         EnvironmentError_,
         OutputNotVisible,
         build_session,
+        import_ahead,
         run,
         stop_session,
     )
@@ -166,6 +167,7 @@ def _start_and_run(prog, master, conf, verbose, job_args):
     owned = SparkSession.getActiveSession() is None    # embedded callers keep their session
     try:
         t = time.perf_counter()
+        import_ahead()
         spark = build_session(master, conf, quiet_jvm=not verbose, class_cache=True)
         started = time.perf_counter() - t
     except Exception as e:  # noqa: BLE001 - Py4J/JVM start-up failures have many types
@@ -197,7 +199,7 @@ def _start_and_run(prog, master, conf, verbose, job_args):
         signal.signal(signal.SIGINT, signal.SIG_IGN)    # the output is in place (or not): stop quietly
         if owned:
             try:
-                saved = stop_session(spark)
+                saved = stop_session(spark, interrupted=interrupted)
             except Exception:  # noqa: BLE001 - Py4J errors of a connection broken by Ctrl-C
                 if not interrupted:
                     raise

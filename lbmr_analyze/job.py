@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from collections.abc import Iterable, Sequence
@@ -172,7 +173,7 @@ def build_session(master: str | None = None, conf: Iterable[tuple[str, str]] = (
     if not submitted:
         b = b.config("spark.driver.extraJavaOptions",
                      driver_java_options([v for k, v in conf if k == "spark.driver.extraJavaOptions"],
-                                         class_cache=class_cache))
+                                         class_cache=class_cache and SparkSession.getActiveSession() is None))
     if quiet_jvm and not submitted and SparkSession.getActiveSession() is None:
         spark = _quietly(b.getOrCreate)
     else:
@@ -206,22 +207,52 @@ def driver_java_options(user: Sequence[str] = (), *, class_cache: bool = False) 
     return " ".join([*ours, *user])
 
 
-def stop_session(spark) -> float | None:
-    """Stop ``spark``; when its driver JVM writes a class archive at exit
-    (:mod:`lbmr_analyze.classcache`), end the JVM, wait for it and keep the
-    archive: the seconds that took, else None."""
+def stop_session(spark, *, interrupted: bool = False) -> float | None:
+    """Stop ``spark``.  When its driver JVM is to write a class archive at exit
+    (:mod:`lbmr_analyze.classcache`): after an ``interrupted`` run, end the JVM
+    at once (no archive); otherwise end it, wait for it and keep the archive,
+    returning the seconds that took (else None)."""
     from pyspark import SparkContext
 
     from . import classcache
     from .javacheck import find_java
 
-    spark.stop()
-    gateway = SparkContext._gateway
-    if not classcache.dumping() or gateway is None or getattr(gateway, "proc", None) is None:
+    jvm = getattr(SparkContext._gateway, "proc", None)     # pyspark keeps its JVM's Popen there
+    dumping = classcache.dumping() and jvm is not None
+    try:
+        spark.stop()
+    finally:
+        if dumping and interrupted:
+            classcache.discard(jvm)
+    if not dumping or interrupted:
         return None
     t = time.perf_counter()
-    classcache.keep(gateway.proc, find_java()[0])
+    classcache.keep(jvm, find_java()[0])
     return time.perf_counter() - t
+
+
+#: Modules the driver imports during a run, after Spark has started (pyarrow's
+#: Parquet and compute, matplotlib, the analyses and the report).
+RUN_IMPORTS = ("pyarrow.compute", "pyarrow.csv", "pyarrow.dataset", "pyarrow.parquet", "matplotlib.pyplot",
+               "lbmr_analyze.analyses", "lbmr_analyze.findings", "lbmr_analyze.partials", "lbmr_analyze.report")
+
+
+def import_ahead() -> threading.Thread:
+    """Import :data:`RUN_IMPORTS` in a thread, while the JVM starts (a second of
+    the run on a small capture: the main thread mostly waits for the JVM then).
+    A module that fails to import fails again, with its error, where it is used."""
+    import importlib
+
+    def work():
+        for name in RUN_IMPORTS:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001, S112 - reported where it is really imported
+                continue
+
+    t = threading.Thread(target=work, name="lbmr-analyze-imports", daemon=True)
+    t.start()
+    return t
 
 
 #: Where the JVM's stderr goes when Spark is started quietly.

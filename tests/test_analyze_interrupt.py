@@ -2,7 +2,8 @@
 process group, as a terminal sends it, while the executors decode.  The run must
 end with one line and exit status 130, leave the previous output as it was (no
 staging folder), print no traceback, and leave no process behind (the JVM and
-its Python workers).
+its Python workers; a JVM that was to write a class archive at exit is ended
+without one).
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "previous.txt").write_text("the previous result")
-    p = subprocess.Popen([LBMR_ANALYZE, str(cap), "--out", str(out), "--split-size", "4M"],
+    cache = tmp_path / "cache"              # empty: the run's JVM is to write a class archive at exit
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    env.pop("LBMR_ANALYZE_CLASS_CACHE", None)
+    p = subprocess.Popen([LBMR_ANALYZE, str(cap), "--out", str(out), "--split-size", "4M"], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     gone = False
     try:
@@ -63,6 +67,7 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
     assert rest.splitlines() == ["lbmr-analyze: interrupted; the previous output, if any, is unchanged"], err
     assert "Traceback" not in err and "py4j" not in err.lower()
     assert stdout == ""
-    assert sorted(x.name for x in tmp_path.iterdir()) == ["big.pcap", "out"]     # no staging folder
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["big.pcap", "cache", "out"]     # no staging folder
+    assert list((cache / "lbmr-analyze").iterdir()) == []          # nor a class archive, whole or partial
     assert [x.name for x in out.iterdir()] == ["previous.txt"]
     assert gone, "a process of the run outlived it by a minute"
