@@ -131,8 +131,9 @@ def keep(jvm: subprocess.Popen, java: str, timeout: float = 300) -> Path | None:
         if jvm.stdin is not None:
             jvm.stdin.close()
         ok = jvm.wait(timeout) == 0 and tmp.is_file()
-        ok = ok and subprocess.run([java, f"-XX:SharedArchiveFile={tmp}", *QUIET, "-version"],
-                                   capture_output=True, timeout=120).returncode == 0
+        # a bad archive crashes this JVM: its crash report is not wanted anywhere
+        ok = ok and subprocess.run([java, f"-XX:SharedArchiveFile={tmp}", *QUIET, f"-XX:ErrorFile={os.devnull}",
+                                    "-version"], capture_output=True, timeout=120).returncode == 0
         if ok:
             final = tmp.with_name(tmp.name.split(".", 1)[0] + f"-{tmp.stat().st_size}.jsa")
             os.replace(tmp, final)

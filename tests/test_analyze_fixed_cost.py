@@ -64,8 +64,10 @@ def test_first_run_writes_the_archive_and_the_next_maps_it(tmp_path, monkeypatch
     tmp = Path(opts[0].split("=", 1)[1])
     tmp.write_bytes(data[: len(data) // 2])
     ended = subprocess.Popen(["true"], stdin=subprocess.PIPE)
+    crash_reports = set(Path.cwd().glob("hs_err_pid*.log"))
     assert classcache.keep(ended, java) is None
     assert not tmp.exists() and not classcache.dumping()
+    assert set(Path.cwd().glob("hs_err_pid*.log")) == crash_reports      # the crashing check leaves none
     # ... while the whole one is (the same checks)
     tmp.write_bytes(data)
     classcache.java_options(java)
