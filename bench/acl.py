@@ -1,4 +1,4 @@
-"""ACL benchmark: the cost of a portal ACL decision (router/acl.py).
+"""ACL benchmark: the cost of a portal ACL decision (router/core/acl.py).
 
     python bench/acl.py [--topics 20000]
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from router.acl import (  # noqa: E402
+from router.core.acl import (  # noqa: E402
     MAX_ACL_STATES,
     MAX_TOPIC_CHARS,
     Ace,

@@ -6,10 +6,14 @@ integers on the wire are big-endian. :mod:`lbmr_proto.fast` scans datagrams
 without building objects (for daemons); :mod:`lbmr_proto.capture` reads and
 writes pcap/pcapng files; :mod:`lbmr_proto.um` is UM's topic-resolution model
 (timing, destinations, OTIDs, the datagram packer) shared by lbmr-sim and the router.
+:mod:`lbmr_proto.lbmc` is UM's message format (LBMC: the messages of TCP and
+LBT-RU sessions) with a framer for LBT-TCP streams; :mod:`lbmr_proto.lbtru` and
+:mod:`lbmr_proto.lbtrm` are the LBT-RU and LBT-RM datagrams.
 """
 
+from . import lbmc
 from .constants import ExtType, PacketType, SourceType, Transport, WildcardType
-from .errors import LBMRDecodeError, LBMREncodeError
+from .errors import LBMRDecodeError, LBMREncodeError, WireDecodeError
 from .ext import (
     CtxInfo,
     InterestRecord,
@@ -26,6 +30,9 @@ from .ext import (
     TopicResRequest,
     UnknownExt,
 )
+from .lbmc import LbmcDecodeError
+from .lbmc import Message as LbmcMessage
+from .lbmc import StreamFramer as LbmcStreamFramer
 from .packet import Packet, decode, encode
 from .popts import (
     LocalDomainOption,

@@ -1,5 +1,5 @@
 """The ``<acl>`` element of a portal in lbmr-router's configuration, parsed
-into a :class:`router.acl.PortalAcl` (the DRO's grammar)::
+into a :class:`router.core.acl.PortalAcl` (the DRO's grammar)::
 
     <acl>
       <inbound>
@@ -29,7 +29,7 @@ from lxml import etree
 
 from lbmr_runtime.values import DIGITS_RE, octets
 
-from .acl import (
+from .core.acl import (
     COMPARISON_WORDS,
     MAX_TOPIC_CHARS,
     TRANSPORT_WORDS,

@@ -61,7 +61,6 @@ from lbmr_runtime.xmlconfig import (
     refuse_entities_and_xinclude,
 )
 
-from .acl import OPEN, PortalAcl
 from .acl_config import parse_acl
 from .config_grammar import DTD_TEXT, dtd_errors
 from .config_model import (
@@ -101,6 +100,7 @@ from .config_model import (
     TopicResolution,
     UseQuery,
 )
+from .core.acl import OPEN, PortalAcl
 
 __all__ = [
     "DTD_TEXT",

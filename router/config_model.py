@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from lbmr_runtime.netif import resolve_interface
 
-from .acl import OPEN, PortalAcl
+from .core.acl import OPEN, PortalAcl
 
 DEFAULT_STATS_INTERVAL_MS = 60000
 DEFAULT_MULTICAST_GROUP = "224.9.10.11"  # UM resolver_multicast_address
@@ -222,11 +222,11 @@ class RelayConfig:
 class LbtrmConfig:
     """``<lbt-rm>``: the multicast groups ``group_low`` .. ``group_high`` and the
     destination port of the LBT-RM proxy sources this portal creates in its TRD
-    (:mod:`router.lbtrm`); ``same_group``: the origin source's own group and
+    (:mod:`router.core.lbtrm`); ``same_group``: the origin source's own group and
     port instead, whenever its OTID tells them (the TRDs are separate networks).
     ``transport`` "lbt-ru": the proxy sources are LBT-RU sources instead, sending
     unicast to each receiver that connects (a TRD without multicast;
-    :mod:`router.lbtru_fanout`), at most ``max_clients`` receivers each."""
+    :mod:`router.core.lbtru_fanout`), at most ``max_clients`` receivers each."""
 
     group_low: str = DEFAULT_LBTRM_GROUPS[0]
     group_high: str = DEFAULT_LBTRM_GROUPS[1]
@@ -258,7 +258,7 @@ class EndpointConfig:
     ru_idle_timeout_ms: int = DEFAULT_RU_IDLE_TIMEOUT_MS
     ru_max_streams: int = DEFAULT_RU_MAX_STREAMS
     max_proxies: int = DEFAULT_MAX_PROXIES
-    acl: PortalAcl = OPEN  # <acl>: inbound/outbound lists (router.acl)
+    acl: PortalAcl = OPEN  # <acl>: inbound/outbound lists (router.core.acl)
     lbtrm: LbtrmConfig = LbtrmConfig()
     cost: int = 1  # <cost>: what routes through this portal cost (positive)
 
@@ -436,7 +436,7 @@ class PeerConfig:
     keepalive: KeepaliveConfig = KeepaliveConfig()
     max_queue: int = DEFAULT_MAX_QUEUE
     line: int = field(default=0, compare=False)
-    acl: PortalAcl = OPEN  # <acl>: inbound/outbound lists (router.acl)
+    acl: PortalAcl = OPEN  # <acl>: inbound/outbound lists (router.core.acl)
     cost: int = 1  # <cost>: what routes through this portal cost (positive)
 
     @property

@@ -1,5 +1,5 @@
 """LBT-RM sources across the peer link: the trio shell around
-:mod:`router.lbtrm` (what is kept and rewritten is decided there).
+:mod:`router.core.lbtrm` (what is kept and rewritten is decided there).
 
 Near side (:meth:`RmRelay.serve_proxy`): a proxy of the peer's LBT-RM
 advertisement is one UDP socket at the relay address (bound by
@@ -37,8 +37,8 @@ from lbmr_proto import LbtruSessionTransport
 from lbmr_runtime.netif import open_multicast_socket
 
 from . import peerlink as P
-from .lbtrm import DatagramQueue, GroupPool, RmOrigin, RmProxy
-from .lbtru_fanout import RuFanout, WindowBudget
+from .core.lbtrm import DatagramQueue, GroupPool, RmOrigin, RmProxy
+from .core.lbtru_fanout import RuFanout, WindowBudget
 from .link import Link, StreamState
 from .peerlink import streams as S
 
@@ -212,7 +212,7 @@ class RmRelay:
     # ------------------------------------------- near side, unicast (LBT-RU)
 
     async def _serve_fanout(self, f: P.Advertisement, sock, task_status) -> None:
-        """The proxy as an LBT-RU source (:class:`router.lbtru_fanout.RuFanout`):
+        """The proxy as an LBT-RU source (:class:`router.core.lbtru_fanout.RuFanout`):
         receivers connect to ``sock`` and get the session unicast. Its
         clients are served (connections, NAKs answered from the window) even
         while the link is down; the stream is opened as for a multicast proxy."""

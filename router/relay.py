@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterator
 import trio
 
 from . import peerlink as P
+from .core.tr import relay_transport
 from .lbtrm_relay import LBTRM, RmRelay
 from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
 from .peerlink import streams as S
 from .splice import splice
-from .tr import relay_transport
 
 RU_BACKLOG = 64  # datagrams held per LBT-RU stream until the far side accepts
 # LBT-RU relay sockets: 4 MiB buffers (the loopback walk-through lost hundreds of

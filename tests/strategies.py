@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import lbmr_proto as L
 from lbmr_proto import ext as E
+from lbmr_proto import lbmc as C
 
 u8 = st.integers(0, 0xFF)
 u16 = st.integers(0, 0xFFFF)
@@ -173,3 +174,26 @@ def ext(draw):
 
 
 packet = st.one_of(normal(), wc(), keepalive(), topic_mgmt(), queue_res(), ext())
+
+
+# --------------------------------------------------------------------------- LBMC messages
+
+lbmc_header = st.one_of(
+    *[_fixed(c) for c in C.HEADER_TYPES.values()],
+    st.builds(C.UnknownHeader, st.integers(0x02, 0xFE).filter(lambda c: c not in C.HEADER_TYPES),
+              st.binary(min_size=2, max_size=30)),
+)
+
+
+LBMC_KINDS = tuple(sorted(C.KIND_NAMES))
+
+
+@st.composite
+def lbmc_message(draw, header=lbmc_header):
+    kind = draw(st.sampled_from(LBMC_KINDS))
+    headers = tuple(draw(st.lists(header, max_size=4)))
+    end = draw(st.sampled_from([C.NHDR_DATA, C.NHDR_NONE]))
+    payload = draw(st.binary(max_size=40)) if end == C.NHDR_DATA else b""
+    if kind in C.DATA_KINDS:
+        return C.Message(kind, draw(u32), draw(u32), payload, headers, end)
+    return C.Message(kind, 0, 0, payload, headers, end)

@@ -88,8 +88,8 @@ def socket_uses(path: Path) -> set[str]:
 def test_the_router_core_and_lbmrd_core_are_sans_io():
     """The protocol logic is plain objects: no trio, sockets (beyond address
     conversions) or clocks."""
-    core = [ROOT / "router" / "tr.py", ROOT / "router" / "bridge.py", ROOT / "lbmrd" / "relay.py",
-            ROOT / "lbmrd" / "clients.py", ROOT / "lbmrd" / "nat.py",
+    core = [ROOT / "lbmrd" / "relay.py", ROOT / "lbmrd" / "clients.py", ROOT / "lbmrd" / "nat.py",
+            *sorted((ROOT / "router" / "core").glob("*.py")),
             *sorted((ROOT / "router" / "peerlink").glob("*.py"))]
     bad = []
     for path in core:
@@ -101,4 +101,27 @@ def test_the_router_core_and_lbmrd_core_are_sans_io():
                     bad.append(f"{path.relative_to(ROOT)}:{line}: uses socket.{sorted(extra)}")
             elif top in SANS_IO_FORBIDDEN | {"lxml"}:
                 bad.append(f"{path.relative_to(ROOT)}:{line}: imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_router_core_folder_imports_only_itself_and_the_peer_link_protocol():
+    """router/core is the router's sans-IO logic as a folder: besides the
+    standard library and lbmr_proto it imports its own modules and
+    router.peerlink, never the trio shell (daemon, links, relay, tasks)."""
+    bad = []
+    for path in sorted((ROOT / "router" / "core").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                target = "." * node.level + (node.module or "")
+                ok = node.level == 1 or (node.level == 2 and (node.module or "").split(".")[0] == "peerlink"
+                                         or node.level == 2 and node.module is None
+                                         and [a.name for a in node.names] == ["peerlink"])
+                if not ok:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: imports {target}")
+            elif isinstance(node, ast.ImportFrom | ast.Import):
+                mods = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                for mod in mods:
+                    if mod and mod.split(".")[0] == "router" and not mod.startswith(("router.core", "router.peerlink")):
+                        bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: imports {mod}")
     assert not bad, "\n".join(bad)

@@ -1,5 +1,5 @@
 """Access control lists of lbmr-router's portals (the DRO's ``<acl>``): the
-evaluator (router/acl.py), the ``<acl>`` parser (router/acl_config.py), the
+evaluator (router/core/acl.py), the ``<acl>`` parser (router/acl_config.py), the
 configuration loader's file:line errors, and the bridge's enforcement."""
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from lbmr_proto import Packet, SourceIdOption, WcTQR, encode
 from lbmr_proto.constants import PacketType, Transport
 from lbmr_proto.records import LbtipcTransport, LbtrmTransport, LbtruTransport, TcpTransport
 from router import peerlink as P
-from router.acl import (
+from router.acl_config import parse_acl
+from router.config import ConfigError, load_config
+from router.core.acl import (
     CACHE_TOPICS,
     MAX_ACL_STATES,
     MAX_TOPIC_CHARS,
@@ -37,11 +39,9 @@ from router.acl import (
     TopicPattern,
     TransportIs,
 )
-from router.acl_config import parse_acl
-from router.bridge import Bridge, Notice, SendFrame, StartProxy
-from router.config import ConfigError, load_config
+from router.core.bridge import Bridge, Notice, SendFrame, StartProxy
+from router.core.tr import PortalTR
 from router.multi import MultiRouter
-from router.tr import PortalTR
 
 from .helpers import free_port, write
 from .test_router_bridge import APP, GROUP, OTID, advert, dgram, source_tir

@@ -11,8 +11,8 @@ import trio
 import lbmr_proto as L
 from lbmrd.server import Daemon, Settings
 from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint
+from router.core.tr import synthesize_otid
 from router.daemon import Router
-from router.tr import synthesize_otid
 
 TOPIC = "md.routed.1"
 

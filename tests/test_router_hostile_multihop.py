@@ -1,5 +1,5 @@
 """Multi-hop routing against lying, flapping and busy peers, sans-IO
-(router/routing.py, router/topology.py, router/transit.py): route info that
+(router/core/routing.py, router/core/topology.py, router/core/transit.py): route info that
 outlives a restart, a peer speaking for a router it is not, a map blown up
 with made-up routers, a peer that changes its announcement on every frame,
 one link's interest starving the others. Work is counted in route
@@ -11,11 +11,11 @@ import itertools
 
 from lbmr_proto import Packet, SourceIdOption, SourceTypeOption, WcTQR, encode
 from router import peerlink as P
-from router.bridge import Bridge, StartProxy
-from router.routing import RECALC_BURST, RECALC_RATE, Routing
-from router.topology import MAX_MAP_ENTRIES, MAX_ROUTERS
-from router.tr import PortalTR
-from router.transit import MAX_TRANSIT_PATTERNS, Transit
+from router.core.bridge import Bridge, StartProxy
+from router.core.routing import RECALC_BURST, RECALC_RATE, Routing
+from router.core.topology import MAX_MAP_ENTRIES, MAX_ROUTERS
+from router.core.tr import PortalTR
+from router.core.transit import MAX_TRANSIT_PATTERNS, Transit
 
 
 def _pair(**kw):
@@ -212,8 +212,8 @@ def test_hostile_patterns_cost_at_most_the_state_bound_and_never_their_own_adver
     allowed). Now a link's patterns are bounded by their states summed, each
     (pattern, topic) is searched once, and a link's own advertisements are
     never searched against its own patterns."""
-    from router.transit import MAX_TRANSIT_PATTERN_STATES
-    from router.wildcard import Matcher
+    from router.core.transit import MAX_TRANSIT_PATTERN_STATES
+    from router.core.wildcard import Matcher
 
     searches: list[int] = []
     real = Matcher.search
@@ -248,8 +248,8 @@ def test_a_pattern_is_searched_only_against_topics_it_could_match(monkeypatch):
     not searched."""
     import re
 
-    from router.transit import literal_prefix, literal_run
-    from router.wildcard import Matcher
+    from router.core.transit import literal_prefix, literal_run
+    from router.core.wildcard import Matcher
 
     for pat, topic in [(r"^md\.quotes\..*", "md.quotes.x"), (r"^ab*c", "ac"), (r"^ab+", "ab"),
                        (r"^md\\x", "md\\x1"), (r"^a{2}", "aa"), (r"^x|y", "y"), (r"(?i)^MD", "md"),
@@ -283,7 +283,7 @@ def test_a_pattern_is_searched_only_against_topics_it_could_match(monkeypatch):
     assert searches == []
     # a pattern whose search over every transit topic could cost more than the
     # scan bound is refused (before: (.?){990}y over 5000 topics froze 31 s)
-    from router.transit import MAX_PATTERN_SCAN_STEPS
+    from router.core.transit import MAX_PATTERN_SCAN_STEPS
 
     searches.clear()
     t.on_interest("A-C", P.Interest(P.InterestAction.ADD, "(.?){990}y", 3, P.PatternType.PCRE))
@@ -304,7 +304,7 @@ def test_a_peer_flapping_a_small_announcement_is_paced():
     local interest: 150 ms a change with 100,000). Before: every frame was a
     route change. Now at most RECALC_BURST / RECALC_APPLY changes apply at
     once, the rest are held and applied together."""
-    from router.routing import RECALC_APPLY
+    from router.core.routing import RECALC_APPLY
 
     a = _pair()
     a.tick(50.0)

@@ -1,4 +1,4 @@
-"""LBT-RM across the router, sans-IO (router.lbtrm): which datagrams each
+"""LBT-RM across the router, sans-IO (router.core.lbtrm): which datagrams each
 side keeps, how headers are rewritten both ways, group choice, bounds."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from lbmr_proto import LbtrmTransport
 from lbmr_proto import lbtrm as RM
 from lbmr_proto.um import make_otid
-from router.lbtrm import DatagramQueue, GroupPool, RmOrigin, RmProxy, otid_group
+from router.core.lbtrm import DatagramQueue, GroupPool, RmOrigin, RmProxy, otid_group
 
 SRC = LbtrmTransport("10.1.0.5", "239.1.2.3", 0xCAFE0001, 14400, 14390)
 SRC_ADDR = ("10.1.0.5", 40001)

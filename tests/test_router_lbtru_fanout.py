@@ -1,4 +1,4 @@
-"""router.lbtru_fanout: an LBT-RM session re-published as an LBT-RU source,
+"""router.core.lbtru_fanout: an LBT-RM session re-published as an LBT-RU source,
 sans-IO (no sockets, time passed in)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from lbmr_proto import lbtrm as RM
 from lbmr_proto import lbtru as RU
-from router.lbtru_fanout import RuFanout, WindowBudget
+from router.core.lbtru_fanout import RuFanout, WindowBudget
 
 SID = 0x5E55
 A, B = ("10.0.0.5", 14360), ("10.0.0.6", 14361)

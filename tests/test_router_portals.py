@@ -17,8 +17,8 @@ from router.config_model import (
     lbmrd_endpoint,
     router_config,
 )
+from router.core.tr import synthesize_otid
 from router.multi import MultiRouter
-from router.tr import synthesize_otid
 from tests.test_router_e2e import (
     advertise_forever,
     pattern,

@@ -22,7 +22,7 @@ from router.config_model import (
     RateLimit,
     UseQuery,
 )
-from router.daemon import portal_timing
+from router.portal_task import portal_timing
 
 from .helpers import write
 from .test_router_config import CONFIGS, DTD_TEXT, doc, endpoint, expect_error, expect_ok, peer
@@ -204,7 +204,7 @@ def test_shipped_config_with_rate_limits_loads():
 
 def test_a_changed_rate_limit_in_the_file_changes_the_portals_pacing(tmp_path):
     """File -> portal_timing -> PortalTR: 5 use queries a second instead of 500."""
-    from router.tr import PortalTR
+    from router.core.tr import PortalTR
 
     from .test_router_bridge import dgram
 
@@ -255,7 +255,7 @@ def _flood(tr, n, *, name="md.{:04d}", now=0.0):
 
 
 def test_use_queries_honour_the_bits_a_second_limit_headers_included():
-    from router.tr import UseQuery
+    from router.core.tr import UseQuery
 
     bps = 8000  # 1000 bytes a second
     tr = portal(use_query=UseQuery(100.0, 5, 10.0), use_query_limit=(bps, 0))
@@ -279,7 +279,7 @@ def test_use_queries_honour_the_bits_a_second_limit_headers_included():
 
 
 def test_use_queries_honour_whichever_limit_binds():
-    from router.tr import UseQuery
+    from router.core.tr import UseQuery
 
     # long topics, generous count: the bits bind (about 40 a second, not 100)
     tr = portal(use_query=UseQuery(100.0, 5, 10.0), use_query_limit=(40_000, 100))
@@ -302,7 +302,7 @@ def test_use_queries_honour_whichever_limit_binds():
 
 
 def test_a_zero_rate_limit_is_no_limit():
-    from router.tr import UseQuery
+    from router.core.tr import UseQuery
 
     tr = portal(use_query=UseQuery(100.0, 5, 10.0), use_query_limit=(0, 0))
     _flood(tr, 2000)
@@ -314,7 +314,7 @@ def test_a_zero_rate_limit_is_no_limit():
 
 def test_topic_and_pattern_use_queries_have_their_own_limits():
     from lbmr_proto import Packet, SourceIdOption, WcTQR, encode
-    from router.tr import UseQuery
+    from router.core.tr import UseQuery
 
     tr = portal(use_query=UseQuery(100.0, 5, 10.0), pattern_use_query=UseQuery(100.0, 5, 10.0),
                 use_query_limit=(0, 0), pattern_use_query_limit=(0, 10))
@@ -331,7 +331,7 @@ def test_topic_and_pattern_use_queries_have_their_own_limits():
 
 
 def _refreshes(log):
-    from router.tr import LocalInterestRefresh
+    from router.core.tr import LocalInterestRefresh
 
     return [(t, e) for t, _, evs in log for e in evs if isinstance(e, LocalInterestRefresh)]
 
@@ -354,8 +354,8 @@ def test_interest_refreshes_honour_the_count_limit():
 
 
 def test_interest_refreshes_honour_the_bits_limit_by_frame_size():
+    from router.core.tr import interest_frame_size
     from router.peerlink import Interest, InterestAction, PatternType
-    from router.tr import interest_frame_size
 
     topic = "md.0001"
     assert interest_frame_size(topic) == Interest(InterestAction.REFRESH, topic, 1,
@@ -389,7 +389,7 @@ def test_without_a_refresh_limit_or_with_zero_refreshes_are_not_held():
 def test_a_deferred_refresh_keeps_its_doubling_and_the_interest_its_use_queries():
     """A refresh held by the limit goes in its slot; the next comes a doubled gap
     after it went; use queries and expiry go on meanwhile."""
-    from router.tr import LocalInterestGone, UseQuery
+    from router.core.tr import LocalInterestGone, UseQuery
 
     tr = portal(refresh_pacing=(1.0, 4.0), refresh_limit=(0, 1),
                 use_query=UseQuery(1.0, 2, 12.0), use_query_limit=(0, 0))

@@ -1,4 +1,4 @@
-"""Route info and transit, sans-IO (router/routing.py, router/transit.py):
+"""Route info and transit, sans-IO (router/core/routing.py, router/core/transit.py):
 routers wired together in memory, frames delivered by hand. Chain, loop,
 mesh: every interest reaches every router once, adverts go back the way the
 interest came, a cut link reroutes, silent routers are forgotten."""
@@ -9,8 +9,8 @@ import itertools
 from collections import Counter
 
 from router import peerlink as P
-from router.routing import Routing
-from router.transit import Transit
+from router.core.routing import Routing
+from router.core.transit import Transit
 
 OTID = bytes(range(32))
 
@@ -52,7 +52,7 @@ class Net:
     def resync(self, name):
         """Transit's resync and the bridges' (local interest where the routes say)."""
         out = self.t[name].resync()
-        from router.transit import SendOnLink
+        from router.core.transit import SendOnLink
 
         dom = next(iter(self.r[name].domains))
         kids = set(self.r[name].children_links(dom))
@@ -90,7 +90,7 @@ class Net:
 
 
 def _send(link, frame):
-    from router.transit import SendOnLink
+    from router.core.transit import SendOnLink
 
     return SendOnLink(link, frame)
 
@@ -242,8 +242,8 @@ def test_triangle_a_router_off_the_path_does_not_carry_an_advert_on():
 
 
 def test_a_peer_cannot_make_every_advert_cost_more_than_the_pattern_bound():
-    from router.transit import MAX_TRANSIT_PATTERN_STATES, MAX_TRANSIT_PATTERNS
-    from router.wildcard import Matcher
+    from router.core.transit import MAX_TRANSIT_PATTERN_STATES, MAX_TRANSIT_PATTERNS
+    from router.core.wildcard import Matcher
 
     n = Net("ABC")
     n.link("A", "B")

@@ -142,7 +142,7 @@ APP = ("10.1.0.5", 12965)
 
 
 def portal(**kw):
-    from router.tr import PortalTR
+    from router.core.tr import PortalTR
 
     return PortalTR("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=GROUP, now=0.0, **kw)
 
@@ -186,7 +186,7 @@ def run_until(tr, until, step_events=None):
 
 
 def test_use_queries_drop_a_silent_interest_after_max_unanswered():
-    from router.tr import LocalInterest, LocalInterestGone, UseQuery
+    from router.core.tr import LocalInterest, LocalInterestGone, UseQuery
 
     from .test_router_bridge import dgram
 
@@ -203,7 +203,7 @@ def test_use_queries_drop_a_silent_interest_after_max_unanswered():
 
 
 def test_a_use_response_or_a_query_keeps_the_interest_even_with_a_proxy():
-    from router.tr import LocalInterestGone, ProxySource, UseQuery, relay_transport
+    from router.core.tr import LocalInterestGone, ProxySource, UseQuery, relay_transport
 
     from .test_router_bridge import OTID, dgram
 
@@ -227,7 +227,7 @@ def test_a_use_response_or_a_query_keeps_the_interest_even_with_a_proxy():
 
 
 def test_an_answer_in_the_same_instant_as_the_use_query_counts():
-    from router.tr import UseQuery
+    from router.core.tr import UseQuery
 
     from .test_router_bridge import dgram
 
@@ -240,7 +240,7 @@ def test_an_answer_in_the_same_instant_as_the_use_query_counts():
 
 
 def test_pattern_use_queries_have_their_own_timing_and_flags():
-    from router.tr import LocalInterestGone, UseQuery
+    from router.core.tr import LocalInterestGone, UseQuery
 
     tr = portal(use_query=UseQuery(1.0, 1, 1000.0), pattern_use_query=UseQuery(1.0, 1, 10.0))
     from lbmr_proto import Packet, SourceIdOption, WcTQR, encode
@@ -255,7 +255,7 @@ def test_pattern_use_queries_have_their_own_timing_and_flags():
 
 
 def test_a_leave_notice_asks_at_once_whether_others_still_use_the_topic():
-    from router.tr import UseQuery
+    from router.core.tr import UseQuery
 
     from .test_router_bridge import dgram
 
@@ -268,7 +268,7 @@ def test_a_leave_notice_asks_at_once_whether_others_still_use_the_topic():
 
 
 def test_use_queries_are_rate_limited_and_batched():
-    from router.tr import UseQuery
+    from router.core.tr import UseQuery
 
     from .test_router_bridge import dgram
 
@@ -286,7 +286,7 @@ def test_use_queries_are_rate_limited_and_batched():
 
 def test_without_use_queries_an_interest_held_by_a_proxy_never_ends():
     """The embedding default (use_query None) keeps the first version's rule."""
-    from router.tr import ProxySource, relay_transport
+    from router.core.tr import ProxySource, relay_transport
 
     from .test_router_bridge import OTID, dgram
 
@@ -299,7 +299,7 @@ def test_without_use_queries_an_interest_held_by_a_proxy_never_ends():
 
 
 def test_interest_refreshes_are_paced_from_min_doubling_to_max():
-    from router.tr import LocalInterestRefresh
+    from router.core.tr import LocalInterestRefresh
 
     from .test_router_bridge import dgram
 
@@ -311,7 +311,7 @@ def test_interest_refreshes_are_paced_from_min_doubling_to_max():
 
 
 def test_remote_interest_not_refreshed_expires_checked_a_few_at_a_time():
-    from router.tr import RemoteCheck, RemoteInterestExpired
+    from router.core.tr import RemoteCheck, RemoteInterestExpired
 
     tr = portal(remote_topic=RemoteCheck(check_interval=10.0, max_checked=2, timeout=25.0))
     for t in ("a", "b", "c"):
@@ -327,7 +327,7 @@ def test_remote_interest_not_refreshed_expires_checked_a_few_at_a_time():
 def test_max_topics_bounds_each_check_not_the_interests():
     """<remote-topic max-topics> (DRO default 100) is how many interests one
     check looks at, not a limit on interests: 10,000 topics stay wanted."""
-    from router.tr import RemoteCheck
+    from router.core.tr import RemoteCheck
 
     tr = portal(remote_topic=RemoteCheck(90.0, 100, 300.0))
     for i in range(10_000):
@@ -370,7 +370,7 @@ def test_an_interest_refresh_travels_hop_by_hop_where_the_interest_went():
 
 
 def _send_on(link, frame):
-    from router.transit import SendOnLink
+    from router.core.transit import SendOnLink
 
     return SendOnLink(link, frame)
 
@@ -397,8 +397,8 @@ def test_lbmr_sim_receivers_answer_use_queries():
 
 def test_bridge_refreshes_the_interest_it_sent_and_an_unrefreshed_one_withdraws():
     from router import peerlink as P
-    from router.bridge import Bridge
-    from router.tr import PortalTR, RemoteCheck
+    from router.core.bridge import Bridge
+    from router.core.tr import PortalTR, RemoteCheck
 
     from .test_router_bridge import OTID, TOPIC, dgram, frames, source_tir
 
@@ -733,7 +733,7 @@ async def test_receiver_that_left_is_noticed_by_use_queries_and_its_proxy_withdr
 
 
 def test_a_peer_adding_and_cancelling_in_a_loop_keeps_the_check_queue_bounded():
-    from router.tr import RemoteCheck
+    from router.core.tr import RemoteCheck
 
     tr = portal(remote_topic=RemoteCheck(90.0, 100, 300.0))
     tr.add_remote_interest("kept", 0.0)

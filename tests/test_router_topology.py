@@ -1,4 +1,4 @@
-"""The topology map (router/topology.py), sans-IO: lowest total portal cost,
+"""The topology map (router/core/topology.py), sans-IO: lowest total portal cost,
 ties by router id, links counted only when both ends announce them,
 max-hop-count, routers forgotten after the timeout."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.topology import NodeInfo, TopologyMap
+from router.core.topology import NodeInfo, TopologyMap
 
 
 def mesh(me: str, links: dict[tuple[str, str], int], domains: dict[str, dict[int, int]], **kw):

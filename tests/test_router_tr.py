@@ -1,4 +1,4 @@
-"""router.tr: sans-IO topic resolution of one endpoint portal.
+"""router.core.tr: sans-IO topic resolution of one endpoint portal.
 
 No sockets: explicit ``now`` values, an in-test "TRD" that delivers datagrams
 between simulated UM contexts (lbmr_tools.sim.Context) and portals, and test
@@ -33,7 +33,7 @@ from lbmr_proto import (
     encode,
 )
 from lbmr_tools.sim import RCV_ALIVE, SRC_ALIVE, Context, Timing
-from router.tr import (
+from router.core.tr import (
     LocalInterest,
     LocalInterestGone,
     Outgoing,

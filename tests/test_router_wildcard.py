@@ -1,4 +1,4 @@
-"""router.wildcard: patterns from the wire matched without backtracking, with
+"""router.core.wildcard: patterns from the wire matched without backtracking, with
 ``re.search``'s answers."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from router.wildcard import MAX_PATTERN, Matcher, PatternError
+from router.core.wildcard import MAX_PATTERN, Matcher, PatternError
 
 PATTERNS = [r"^md\..*", r"^(a+)+$", r"a|b", r"^md\.(quotes|trades)\.[0-9]+$", r"x*", r"", r"\bfoo\b",
             r"[^a-c]z", r"(?i)MD\.[A-Z]+", r"a{2,3}b", r"a{2}", r"a*?b", r".", r"^$", r"\d+\s\w",

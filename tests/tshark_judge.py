@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import struct
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
@@ -37,6 +38,8 @@ from typing import Any, NamedTuple
 
 import lbmr_proto as L
 from lbmr_proto import ext as E
+from lbmr_proto import lbmc as C
+from lbmr_proto.capture import LINKTYPE_RAW, PcapWriter
 from lbmr_proto.topts import TIR_OPTION_TYPES
 
 TSHARK_CANDIDATES = ("tshark", "/usr/bin/tshark", "/usr/local/bin/tshark")
@@ -100,22 +103,28 @@ def _walk_marks(node: Any, experts: list[str]) -> bool:
     return malformed
 
 
-def run_tshark(pcap_path: str | Path, port: int, *, extra_args: Iterable[str] = ()) -> list[Frame]:
-    """Dissect ``pcap_path`` with UDP ``port`` decoded as LBMR; one :class:`Frame` per frame."""
-    cmd = [tshark_path(), "-r", str(pcap_path), "-d", f"udp.port=={port},lbmr",
-           "-T", "json", "--no-duplicate-keys", *extra_args]
+def tshark_frames(pcap_path: str | Path, decode_as: str, extra_args: Iterable[str] = ()):
+    """Run tshark once over a pcap (``-d decode_as -T json``); yield per frame
+    (frame number, layers, expert messages, malformed mark)."""
+    cmd = [tshark_path(), "-r", str(pcap_path), "-d", decode_as, "-T", "json", "--no-duplicate-keys",
+           *extra_args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    out = []
     for entry in json.loads(proc.stdout or "[]"):
         layers = entry["_source"]["layers"]
         experts: list[str] = []
         malformed = _walk_marks(layers, experts)
+        yield int(layers["frame"]["frame.number"]), layers, experts, malformed
+
+
+def run_tshark(pcap_path: str | Path, port: int, *, extra_args: Iterable[str] = ()) -> list[Frame]:
+    """Dissect ``pcap_path`` with UDP ``port`` decoded as LBMR; one :class:`Frame` per frame."""
+    out = []
+    for number, layers, experts, malformed in tshark_frames(pcap_path, f"udp.port=={port},lbmr", extra_args):
         lbmr = layers.get("lbmr")
         if isinstance(lbmr, list):  # two LBMR layers in one frame: never expected
             raise AssertionError(f"frame has {len(lbmr)} lbmr layers")
-        number = int(layers["frame"]["frame.number"])
         out.append(Frame(number, lbmr, experts, malformed))
     return out
 
@@ -855,3 +864,250 @@ def tshark_defect(pkt: L.Packet) -> str | None:
     if isinstance(x, E.Tnwg) and x.type not in (0, 1, 2) and x.raw:
         return "unknown TNWG type: only the header is consumed, the rest is walked as packet options"
     return None
+
+
+# =========================================================================== LBMC / LBT-TCP
+#
+# The same judgement for LBMC messages on LBT-TCP streams: :func:`write_lbttcp_pcap`
+# writes a TCP connection (handshake, then one segment per given chunk of the
+# stream) into a pcap, :func:`run_tshark_lbmc` dissects it, and
+# :func:`expected_lbmc_fields` is our own statement, from a
+# :class:`lbmr_proto.lbmc.Message` (never from its bytes), of what tshark's
+# ``lbmc`` layer must show, with the field names of ``tshark -G fields``.
+#
+# Facts of the dissector (tshark 4.0, packet-lbttcp.c / packet-lbmc.c) that
+# shape the captures: LBT-TCP is found by a test of the LBMC header at the start
+# of every TCP segment (also under "decode as"), so a segment that starts
+# inside a message is not dissected (nor, often, the rest of the stream): every
+# segment we write starts at a message boundary. The test also wants the first
+# message's ``next_hdr`` in the dissector's list of header types, which has
+# neither NONE nor codes it does not know: a segment may not start with an EOT
+# or a control message without headers (:func:`segments` puts those after the
+# previous message) nor with a header type outside that list. The payload of
+# a data message is shown by the ``data`` dissector inside the ``lbmc`` layer.
+
+LBTTCP_SOURCE_PORT = 14371  # the dissector's default source port range is 14371..14390
+
+_TCP_HDR = struct.Struct("!HHIIBBHHH")
+_IP_HDR = struct.Struct("!BBHHHBBH4s4s")
+
+
+def _checksum(b: bytes) -> int:
+    if len(b) % 2:
+        b += b"\0"
+    s = sum(struct.unpack(f"!{len(b) // 2}H", b))
+    s = (s & 0xFFFF) + (s >> 16)
+    return ~((s & 0xFFFF) + (s >> 16)) & 0xFFFF
+
+
+def tcp_segment(src: tuple[str, int], dst: tuple[str, int], seq: int, ack: int, flags: int,
+                payload: bytes = b"") -> bytes:
+    """One raw IPv4 packet (pcap link type RAW) holding a TCP segment, checksums valid."""
+    s, d = bytes(map(int, src[0].split("."))), bytes(map(int, dst[0].split(".")))
+    tcp = _TCP_HDR.pack(src[1], dst[1], seq & 0xFFFFFFFF, ack & 0xFFFFFFFF, 5 << 4, flags, 65535, 0, 0)
+    csum = _checksum(s + d + struct.pack("!BBH", 0, 6, len(tcp) + len(payload)) + tcp + payload)
+    tcp = tcp[:16] + struct.pack("!H", csum) + tcp[18:]
+    ip = _IP_HDR.pack(0x45, 0, 20 + len(tcp) + len(payload), 0, 0x4000, 64, 6, 0, s, d)
+    return ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:] + tcp + payload
+
+
+def write_lbttcp_pcap(path: str | Path, chunks: Iterable[tuple[bool, bytes]], *,
+                      source: tuple[str, int] = ("127.0.0.1", LBTTCP_SOURCE_PORT),
+                      receiver: tuple[str, int] = ("127.0.0.1", 40001)) -> int:
+    """One TCP connection from ``receiver`` to ``source``: the handshake, then a
+    segment per ``(from_source, bytes)`` chunk. Returns the number of frames."""
+    seq = {True: 1000, False: 5000}  # next sequence number of each direction
+    frames = [tcp_segment(receiver, source, seq[False], 0, 0x02)]
+    frames.append(tcp_segment(source, receiver, seq[True], seq[False] + 1, 0x12))
+    seq[True] += 1
+    seq[False] += 1
+    frames.append(tcp_segment(receiver, source, seq[False], seq[True], 0x10))
+    for from_source, data in chunks:
+        a, b = (source, receiver) if from_source else (receiver, source)
+        frames.append(tcp_segment(a, b, seq[from_source], seq[not from_source], 0x18, data))
+        seq[from_source] += len(data)
+    with PcapWriter(path, linktype=LINKTYPE_RAW) as w:
+        for i, f in enumerate(frames):
+            w.write_frame(1_700_000_000 + i / 1000, f)
+    return len(frames)
+
+
+def segments(messages: Iterable[bytes]) -> list[bytes]:
+    """Encoded messages -> TCP segment payloads: one message each, except that
+    a message whose ``next_hdr`` is NONE joins the previous segment (see
+    above; so the first message must not be one of those)."""
+    out: list[bytes] = []
+    for m in messages:
+        if m[1] == C.NHDR_NONE and out:
+            out[-1] += m
+        else:
+            out.append(m)
+    return out
+
+
+class LbmcFrame(NamedTuple):
+    """One frame of tshark's JSON output for an LBT-TCP capture: the ``lbmc``
+    layers (one per message in the segment) and the expert messages and
+    malformed mark found anywhere in the frame except TCP's own
+    connection-setup notes (SYN, SYN+ACK: "chat" level)."""
+
+    number: int
+    lbmc: list[dict]
+    experts: list[str]
+    malformed: bool
+
+    @property
+    def flagged(self) -> bool:
+        return self.malformed or bool(self.experts)
+
+
+_TCP_CHAT = ("Connection establish request (SYN)", "Connection establish acknowledge (SYN+ACK)")
+
+
+def run_tshark_lbmc(pcap_path: str | Path, *, port: int = LBTTCP_SOURCE_PORT,
+                    extra_args: Iterable[str] = ()) -> list[LbmcFrame]:
+    """Dissect an LBT-TCP capture, TCP ``port`` decoded as LBT-TCP (else another
+    protocol's heuristic may take a segment first: SMPP does, for a data message
+    whose first four bytes read as the segment's length); one :class:`LbmcFrame`
+    per frame."""
+    out = []
+    for number, layers, experts, malformed in tshark_frames(pcap_path, f"tcp.port=={port},lbttcp", extra_args):
+        lbmc_layers = layers.get("lbmc")
+        if not isinstance(lbmc_layers, list):
+            lbmc_layers = [] if lbmc_layers is None else [lbmc_layers]
+        out.append(LbmcFrame(number, lbmc_layers, [e for e in experts if not e.startswith(_TCP_CHAT)],
+                             malformed))
+    return out
+
+
+# ---- what tshark must show for a message (names from `tshark -G fields`)
+
+_LBMC_BYTES_FIELDS = frozenset({"lbmc.stream.ctxinst", "data.data"})
+#: generated (not on the wire): the dissector's UIM stream bookkeeping
+_LBMC_GENERATED = frozenset({"lbmc.lbm_stream.stream_id", "lbmc.lbm_stream.substream_id"})
+_IGN8B = (("ignore", 0x80),)
+#: header type codes, from the dissector's list of header names (`tshark -G values`)
+_LBMC_CODE = {
+    C.FragmentHeader: 1, C.RequestHeader: 4, C.SsfInitHeader: 16, C.SsfCreqHeader: 17,
+    C.UmeRxReqHeader: 21, C.DomainHeader: 67, C.OriginDomainHeader: 74, C.StreamHeader: 75,
+    C.LateJoinRequestHeader: 78, C.DestinationHeader: 100, C.TcpSidHeader: 107,
+}
+
+
+def _lbmc_header(f: _Fields, h, next_hdr: int) -> None:
+    def head(p: str, size: int) -> None:
+        f.many(p, next_hdr=next_hdr, hdr_len=size)
+
+    if isinstance(h, C.FragmentHeader):
+        p = "lbmc.frag"
+        head(p, 16)
+        f.flags(p + ".flags", h.flags, _IGN16)
+        f.many(p, first_sqn=h.first_sqn, offset=h.offset, len=h.length)
+    elif isinstance(h, C.RequestHeader):
+        p = "lbmc.tcp_request"
+        head(p, 16)
+        f.add(p + ".flags", h.flags)
+        f.add("lbmc.tcp_request_flags.ignore", 1 if h.flags & 0x80 else 0)  # sic: '_flags.'
+        f.many(p, transport=h.transport, qidx=h.qidx, port=h.port, reserved=h.reserved, ipaddr=h.ipaddr)
+    elif isinstance(h, C.SsfInitHeader):
+        p = "lbmc.ssf_init"
+        head(p, 20)
+        f.add(p + ".transport", h.transport)  # tshark lists it before the flags it follows
+        f.flags(p + ".flags", h.flags, (("ignore", 0x80), ("default_inclusions", 0x40),
+                                        ("default_exclusions", 0x20)))
+        f.many(p, transport_idx=h.transport_idx, client_idx=h.client_idx, ssf_port=h.ssf_port,
+               res=h.reserved, ssf_ip=h.ssf_ip)
+    elif isinstance(h, C.SsfCreqHeader):
+        p = "lbmc.ssf_creq"
+        head(p, 16)
+        f.flags(p + ".flags", h.flags, _IGN8B)
+        f.many(p, mode=h.mode, transport_idx=h.transport_idx, topic_idx=h.topic_idx, client_idx=h.client_idx)
+    elif isinstance(h, C.UmeRxReqHeader):
+        p = "lbmc.ume_rxreq"
+        head(p, 28)
+        f.flags(p + ".flags", h.flags, (("ignore", 0x8000), ("t", 0x4000)))
+        f.many(p, marker=h.flags & 0xFF, request_idx=h.request_idx, transport_idx=h.transport_idx,
+               id_2=h.id_2, seqnum=h.seqnum, rx_port=h.rx_port, res=h.reserved, rx_ip=h.rx_ip)
+    elif isinstance(h, C.DomainHeader):
+        p = "lbmc.domain"
+        head(p, 8)
+        f.flags(p + ".flags", h.flags, (("ignore", 0x8000), ("active", 0x4000)))
+        f.add(p + ".domain", h.domain_id)
+    elif isinstance(h, C.OriginDomainHeader):
+        p = "lbmc.odomain"
+        head(p, 8)
+        f.flags(p + ".flags", h.flags, _IGN16)
+        f.add(p + ".domain", h.domain_id)
+    elif isinstance(h, C.StreamHeader):
+        p = "lbmc.stream"
+        head(p, 20)
+        f.flags(p + ".flags", h.flags, _IGN16)
+        f.many(p, stream_id=h.stream_id, sqn=h.sqn, ctxinst=h.ctxinst)
+    elif isinstance(h, C.LateJoinRequestHeader):
+        p = "lbmc.lji_req"
+        head(p, 36)
+        f.flags(p + ".flags", h.flags, (("ignore", 0x8000), ("l_flag", 0x1), ("m_flag", 0x2), ("o_flag", 0x4)))
+        f.many(p, request_idx=h.request_idx, transport_idx=h.transport_idx, topic_idx=h.topic_idx,
+               req_ip=h.req_ip, req_port=h.req_port, res=h.reserved, tx_low_sqn=h.tx_low_sqn,
+               rx_req_max=h.rx_req_max, rx_req_outstanding_max=h.rx_req_outstanding_max)
+    elif isinstance(h, C.DestinationHeader):
+        p = "lbmc.destination"
+        head(p, 28)
+        f.flags(p + ".flags", h.flags, _IGN16)
+        f.many(p, domain_id=h.domain_id, ipaddr=h.ipaddr, port=h.port, hops_taken=h.hops_taken,
+               orig_domain_id=h.orig_domain_id, orig_ipaddr=h.orig_ipaddr, orig_port=h.orig_port,
+               reserved=h.reserved)
+    elif isinstance(h, C.TcpSidHeader):
+        p = "lbmc.tcp_sid"
+        head(p, 8)
+        f.flags(p + ".flags", h.flags, _IGN16)
+        f.add(p + ".sid", h.session_id)
+    elif isinstance(h, C.UnknownHeader):
+        # shown as "unhandled" with an error expert (the dissector has no code for it)
+        head("lbmc.unhandled", 2 + len(h.data))
+        f.add("lbmc.unhandled.data", "")  # FT_NONE
+        f.experts.append(f"Invalid LBMC header type 0x{h.code:02x}")
+    else:
+        raise TypeError(f"unexpected LBMC header {h!r}")
+
+
+def _lbmc_expect(msg) -> _Fields:
+    f = _Fields()
+    codes = [h.code if isinstance(h, C.UnknownHeader) else _LBMC_CODE[type(h)] for h in msg.headers]
+    codes.append(msg.end)
+    size = len(C.encode(msg))  # msglen is the only derived value; everything else from the object
+    f.many("lbmc", version=0, type=msg.kind, next_hdr=codes[0], msglen=size)
+    if msg.kind in C.DATA_KINDS:
+        f.many("lbmc", tidx=msg.tidx, sqn=msg.sqn)
+    for i, h in enumerate(msg.headers):
+        _lbmc_header(f, h, codes[i + 1])
+    if msg.payload:
+        f.many("data", data=msg.payload, len=len(msg.payload))
+    return f
+
+
+def expected_lbmc_fields(msg) -> dict[str, list]:
+    """What tshark 4.0's ``lbmc`` layer must show for ``msg``: field -> values."""
+    return _lbmc_expect(msg).d
+
+
+def expected_lbmc_experts(msg) -> list[str]:
+    return sorted(_lbmc_expect(msg).experts)
+
+
+def compare_lbmc(layer: dict, msg) -> list[str]:
+    """Differences between one tshark ``lbmc`` layer and ``msg`` (empty = equal)."""
+    flat = flatten(layer)
+    want = expected_lbmc_fields(msg)
+    problems = []
+    for name in sorted((flat.keys() | want.keys()) - _LBMC_GENERATED):
+        if name.count(".") == 1 and name.split(".")[1] in (
+                "frag", "tcp_request", "ssf_init", "ssf_creq", "ume_rxreq", "domain", "odomain",
+                "stream", "lji_req", "destination", "tcp_sid", "unhandled"):
+            continue  # FT_NONE containers of the headers
+        kind = "bytes" if name in _LBMC_BYTES_FIELDS else None
+        got = [v.replace(":", "").lower() if kind else norm(v, name) for v in flat.get(name, [])]
+        exp = [v.hex() if kind else norm(v, name) for v in want.get(name, [])]
+        if got != exp:
+            problems.append(f"{name}: tshark {got!r} != expected {exp!r}")
+    return problems

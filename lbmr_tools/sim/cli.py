@@ -28,8 +28,10 @@ from .config import (
 )
 from .context import DEFAULT_DAEMON
 from .dataplane import (
+    DEFAULT_MESSAGE_SIZE,
+    MAX_PAYLOAD,
+    RM_MIN_DATAGRAM,
     RU_MAX_DATAGRAM,
-    RU_MIN_DATAGRAM,
 )
 from .netif import check_group, check_loopback
 from .report import exit_status, render
@@ -153,6 +155,7 @@ def config_from_params(params: dict) -> SimConfig:
         timing=params["timing"], data_bytes=params["data_bytes"],
         data_datagrams=params["data_datagrams"], data_seed=params["data_seed"],
         data_rate=params["data_rate"], data_datagram_size=params["data_datagram_size"],
+        data_message_size=params["data_message_size"],
         data_rate_limit=params["data_rate_limit"], verify_data=params["verify_data"],
         data_drop_every=params["data_drop_every"], lbtru_wire=params["lbtru_wire"])
     check_config(cfg)
@@ -209,29 +212,35 @@ def config_from_params(params: dict) -> SimConfig:
 @click.option("--timing", "timing", multiple=True, metavar="FIELD=SECONDS", callback=_timing_cb,
               help="Override one timing parameter (repeatable), e.g. keepalive_interval=0.25.")
 @click.option("--data-bytes", metavar="N[K|M|G]", callback=_size_cb,
-              help="TCP sources serve N numbered bytes to each receiver that connects, on the "
-                   "address they advertise; with --verify-data, what receivers expect.")
+              help="TCP sources send one live stream of LBMC messages to every receiver connected "
+                   "to the address they advertise (never replayed: a receiver starts at the next "
+                   "message); with --verify-data, the payload bytes each receiver verifies.")
 @click.option("--data-datagrams", type=click.IntRange(1, MAX_DATA_DATAGRAMS), metavar="N",
-              help="LBT-RU sources send N numbered datagrams to each receiver that registers "
-                   "(our simplified LBT-RU-like protocol); LBT-RM sources multicast N datagrams "
-                   "(real LBT-RM, answering NAKs); with --verify-data, what receivers expect.")
+              help="LBT-RU sources send one live session of LBMC messages, one per UM LBT-RU "
+                   "datagram, to every receiver connected (a receiver starts at the next message), "
+                   "and receivers verify N of them; LBT-RM sources multicast N datagrams (real "
+                   "LBT-RM, answering NAKs); with --verify-data, what receivers expect.")
 @click.option("--verify-data", is_flag=True,
               help="Receivers, once resolved, fetch the data from the address they resolved and "
                    "verify it; the report gives each one's result and throughput.")
 @click.option("--data-seed", type=click.IntRange(0, (1 << 64) - 1), default=0, show_default=True,
               metavar="N", help="Key of the data streams (simulators exchanging data must agree).")
 @click.option("--data-rate", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_DATA_RATE,
-              show_default=True, metavar="DGRAMS/S",
-              help="LBT-RU datagrams per second, per receiver (LBT-RM: per source).")
-@click.option("--data-datagram-size", type=click.IntRange(RU_MIN_DATAGRAM, RU_MAX_DATAGRAM),
+              show_default=True, metavar="N/S",
+              help="Messages (TCP, LBT-RU) or datagrams (LBT-RM) per second, per source.")
+@click.option("--data-datagram-size", type=click.IntRange(RM_MIN_DATAGRAM, RU_MAX_DATAGRAM),
               default=RU_MAX_DATAGRAM, show_default=True, metavar="BYTES",
               help="Size of each LBT-RU/LBT-RM data datagram (UDP payload).")
+@click.option("--data-message-size", type=click.IntRange(1, MAX_PAYLOAD), default=DEFAULT_MESSAGE_SIZE,
+              show_default=True, metavar="BYTES",
+              help="Payload bytes of each TCP data message (at most --data-bytes).")
 @click.option("--data-drop-every", type=click.IntRange(min=0), default=0, metavar="N",
               help="LBT-RM (and UM LBT-RU) receivers discard the first copy of every N-th datagram "
                    "on purpose and recover it by NAK (0: none).")
 @click.option("--lbtru-wire", type=click.Choice(["sim", "um"]), default="sim", show_default=True,
-              help="Protocol of LBT-RU receivers: the simulator's LBT-RU-like one (its own sources), "
-                   "or UM's LBT-RU (an lbmr-router's LBT-RU proxy of an LBT-RM source).")
+              help="What LBT-RU receivers verify (both speak UM's LBT-RU): the simulator's own "
+                   "live sessions of LBMC messages, or numbered datagrams (an lbmr-router's LBT-RU "
+                   "proxy of an LBT-RM source).")
 @click.option("--data-rate-limit", metavar="BYTES/S[K|M|G]", callback=_size_cb,
               help="TCP receivers read at most this many bytes per second (slow receivers).")
 def main(as_json: bool, **params) -> None:

@@ -22,9 +22,11 @@ from lbmr_proto.um import (
 
 from .context import DEFAULT_DAEMON, REQUEST_PORT_BASE, Context
 from .dataplane import (
+    DEFAULT_MESSAGE_SIZE,
+    LIVE_RU_MIN_DATAGRAM,
+    MAX_PAYLOAD,
     RM_MIN_DATAGRAM,
     RU_MAX_DATAGRAM,
-    RU_MIN_DATAGRAM,
 )
 from .netif import LOOPBACK, check_group, check_ipv4, check_loopback
 
@@ -71,16 +73,20 @@ class SimConfig:
     keeps every sent datagram in :attr:`SimResult.sent`.
 
     Data (see :mod:`lbmr_tools.sim.dataplane`): with ``data_bytes`` TCP sources
-    serve that many bytes to every receiver that connects, with
-    ``data_datagrams`` LBT-RU sources send that many datagrams of
-    ``data_datagram_size`` bytes at ``data_rate`` per second to every
-    receiver that registers, and LBT-RM sources multicast that many to
+    send one live stream of LBMC messages (``data_message_size`` payload bytes
+    each, at most ``data_bytes``; ``data_rate`` messages per second) to every
+    receiver connected, each of which verifies ``data_bytes`` payload bytes
+    of whole, consecutive messages from the first it gets; with
+    ``data_datagrams`` LBT-RU sources send one live session of LBMC
+    messages (one per UM LBT-RU DATA datagram of ``data_datagram_size``
+    bytes, ``data_rate`` per second; :mod:`.dataplane.rulive`) to every
+    receiver connected, each of which verifies that many consecutive
+    messages from the first it gets, and LBT-RM sources multicast that many to
     their group and port once (real LBT-RM datagrams; they answer NAKs with
     retransmissions; the interface needs multicast, e.g. lo inside a network
-    namespace). With ``lbtru_wire`` "um" receivers of LBT-RU sources speak UM's
-    own LBT-RU protocol (:mod:`.dataplane.umru`: for a router's LBT-RU proxy
-    of an LBT-RM source; the payload is checked as an LBT-RM source's) instead
-    of the simulator's LBT-RU-like one. LBT-RM (and UM LBT-RU) receivers with ``data_drop_every`` n > 0 discard the
+    namespace). With ``lbtru_wire`` "um" receivers of LBT-RU sources verify
+    numbered datagrams instead (:mod:`.dataplane.umru`: for a router's LBT-RU
+    proxy of an LBT-RM source; the payload is checked as an LBT-RM source's). LBT-RM (and UM LBT-RU) receivers with ``data_drop_every`` n > 0 discard the
     first copy of every n-th datagram on purpose and recover it by NAK. Each source binds its data socket on its
     context's address and the port it advertises (a kernel-chosen one, then
     advertised, when that port is taken). The stream of topic T is keyed by
@@ -116,6 +122,7 @@ class SimConfig:
     data_seed: int = 0
     data_rate: float = DEFAULT_DATA_RATE
     data_datagram_size: int = RU_MAX_DATAGRAM
+    data_message_size: int = DEFAULT_MESSAGE_SIZE
     data_rate_limit: float | None = None
     verify_data: bool = False
     data_drop_every: int = 0
@@ -226,9 +233,11 @@ def check_data_config(cfg: SimConfig) -> None:
         raise ValueError("data seed must be in 0..2**64-1")
     if not (cfg.data_rate > 0 and math.isfinite(cfg.data_rate)):
         raise ValueError("data rate must be a positive number of datagrams per second")
-    low = RM_MIN_DATAGRAM if cfg.transport == "lbtrm" else RU_MIN_DATAGRAM
+    low = RM_MIN_DATAGRAM if cfg.transport == "lbtrm" else LIVE_RU_MIN_DATAGRAM
     if not low <= cfg.data_datagram_size <= RU_MAX_DATAGRAM:
         raise ValueError(f"data datagram size must be {low}..{RU_MAX_DATAGRAM} bytes")
+    if not 1 <= cfg.data_message_size <= MAX_PAYLOAD:
+        raise ValueError(f"data message size must be 1..{MAX_PAYLOAD} bytes")
     if cfg.lbtru_wire not in ("sim", "um"):
         raise ValueError(f"lbtru_wire {cfg.lbtru_wire!r}: sim or um")
     if cfg.data_drop_every < 0:

@@ -13,7 +13,7 @@ from .context import Context, transport_text
 from .dataplane import (
     RmDataSource,
     RmReceiveResult,
-    RuReceiveResult,
+    RuLiveReceiveResult,
     TcpDataSource,
     UmRuReceiveResult,
 )
@@ -144,7 +144,7 @@ def data_outcome(rx) -> dict:
     error = res.error
     if not res.done:
         error = f"the run ended (--duration) before the data did: {error}"
-    ru = isinstance(res, RuReceiveResult | RmReceiveResult)
+    ru = isinstance(res, RmReceiveResult | RuLiveReceiveResult)
     kind = ("lbtru" if isinstance(res, UmRuReceiveResult) else "lbtrm" if isinstance(res, RmReceiveResult)
             else "lbtru" if ru else "tcp")
     return {"kind": kind, "ok": res.ok, "bytes": res.bytes_received,
@@ -160,19 +160,21 @@ def data_source_report(ctx_index: int, topic: str, server) -> dict:
         return {"context": ctx_index, "topic": topic, "kind": "tcp", "address": f"{ip}:{port}",
                 "receivers": len(server.connections), "bytes_sent": server.bytes_sent,
                 "datagrams_sent": None, "status_received": None,
-                "complete": sum(c.complete for c in server.connections)}
+                "messages": server.next_sqn, "dropped": server.dropped,
+                "complete": sum(c.error is None for c in server.connections)}
     if isinstance(server, RmDataSource):  # multicast: no receiver sessions, NAKs instead
         return {"context": ctx_index, "topic": topic, "kind": "lbtrm", "address": f"{ip}:{port}",
                 "group": f"{server.group}:{server.dest_port}", "receivers": 0,
                 "bytes_sent": server.datagrams_sent * server.datagram_size,
                 "datagrams_sent": server.datagrams_sent, "status_received": None,
                 "complete": int(server.next_seq >= server.count), "counters": dict(server.counters)}
+    # LBT-RU: one live session; receivers ACK ("status")
     return {"context": ctx_index, "topic": topic, "kind": "lbtru", "address": f"{ip}:{port}",
-            "receivers": len(server.sessions),
-            "bytes_sent": sum(s.bytes_sent for s in server.sessions.values()),
-            "datagrams_sent": server.datagrams_sent, "status_received": server.status_received,
-            "complete": sum(s.complete for s in server.sessions.values()),
-            "counters": dict(server.counters)}
+            "receivers": len(server.clients), "bytes_sent": server.bytes_sent,
+            "datagrams_sent": server.datagrams_sent, "status_received": server.counters["acks"],
+            "messages": server.next_sqn, "dropped": server.dropped,
+            "complete": sum(c.send_errors == 0 for c in server.clients.values()),
+            "counters": dict(server.counters, refused=server.refused)}
 
 
 

@@ -29,8 +29,8 @@ from .context import Context, Datagram
 from .dataplane import (
     RmDataReceiver,
     RmDataSource,
-    RuDataReceiver,
-    RuDataSource,
+    RuLiveReceiver,
+    RuLiveSource,
     TcpDataReceiver,
     TcpDataSource,
     UmRuDataReceiver,
@@ -49,14 +49,15 @@ async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic:
     kernel-chosen port when that one is taken: (server, bound port)."""
     seed = topic_seed(topic, cfg.data_seed)
     for p in (port, 0):
-        if cfg.transport == "tcp":
-            server = TcpDataSource(ip, p, total_bytes=cfg.data_bytes, seed=seed)
+        if cfg.transport == "tcp":  # sends with the advertised topic index once build_contexts chose it
+            server = TcpDataSource(ip, p, seed=seed, rate=cfg.data_rate,
+                                   message_size=min(cfg.data_message_size, cfg.data_bytes))
         elif cfg.transport == "lbtrm":  # sends once build_contexts has chosen its session id
             server = RmDataSource(ip, p, group=LBTRM_GROUP, dest_port=LBTRM_DEST_PORT,
                                   count=cfg.data_datagrams, seed=seed, datagram_size=cfg.data_datagram_size,
                                   rate=cfg.data_rate, ttl=max(cfg.mc_ttl, 1) if cfg.multicast else 1)
-        else:
-            server = RuDataSource(ip, p, count=cfg.data_datagrams, seed=seed,
+        else:  # LBT-RU: sends with the advertised topic index once build_contexts chose it
+            server = RuLiveSource(ip, p, seed=seed, session_id=seed & 0xFFFFFFFF,
                                   datagram_size=cfg.data_datagram_size, rate=cfg.data_rate)
         try:
             addr = await nursery.start(server.serve)
@@ -86,8 +87,8 @@ def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str):
             return UmRuDataReceiver(transport.ip, transport.port, getattr(transport, "session_id", None),
                                     bind_ip=local_ip, seed=seed, expect_count=cfg.data_datagrams,
                                     drop_every=cfg.data_drop_every, timeout=cfg.duration)
-        return RuDataReceiver(transport.ip, transport.port, seed=seed,
-                              expect_count=cfg.data_datagrams, bind_ip=local_ip,
+        return RuLiveReceiver(transport.ip, transport.port, expect_count=cfg.data_datagrams, seed=seed,
+                              session_id=getattr(transport, "session_id", None), bind_ip=local_ip,
                               timeout=cfg.duration)
     if name == "LBTRM":
         if cfg.data_datagrams is None:
@@ -160,6 +161,10 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                     (src,) = [s for s in ctxs[ci].sources if s.topic == topic
                               and s.transport.src_ucast_port == server.address[1]]
                     server.set_session(src.transport.session_id)
+                else:  # TCP and LBT-RU: the advertised topic index
+                    (src,) = [s for s in ctxs[ci].sources if s.topic == topic
+                              and s.transport.port == server.address[1]]
+                    server.tidx = src.index
             has_receivers = any(c.receivers for c in ctxs)
             task_status.started(clients)
             data_pending = 0

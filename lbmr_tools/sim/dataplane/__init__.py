@@ -1,5 +1,7 @@
-"""Simple TCP and LBT-RU-like data endpoints that send verifiable numbered data
-(:mod:`.pattern`, :mod:`.tcp`, :mod:`.ru`; everything is importable from here).
+"""Data endpoints that send verifiable numbered data: live TCP and LBT-RU
+sources of LBMC messages and their receivers, LBT-RM, and older per-receiver
+stand-ins (:mod:`.pattern`, :mod:`.live`, :mod:`.tcp`, :mod:`.rulive`,
+:mod:`.ru`, :mod:`.rm`, :mod:`.umru`; everything is importable from here).
 
 They stand in for Ultra Messaging data transports in end-to-end tests (of
 ``lbmr-sim`` and of the TRD router, which relays TCP streams and LBT-RU
@@ -25,17 +27,39 @@ repetition visible. Generation is a slice of a precomputed buffer plus one
 
 TCP
 ---
-:class:`TcpDataSource` listens; every connection gets the stream from
-offset 0, ``total_bytes`` bytes, then the source closes it (0: until the
-peer goes away). :class:`TcpDataReceiver` connects, verifies everything
-incrementally and reports bytes, the first mismatching offset, throughput
-and whether the stream ended exactly at ``expect_bytes``; it can throttle
-its reads to play a slow receiver.
+:class:`TcpDataSource` is a live LBT-TCP source: one stream of LBMC data
+messages (:mod:`lbmr_proto.lbmc`; topic index, sequence number and a payload
+that is the pattern at ``sequence * 65536``, so any message can be checked on
+its own) sent to every connected receiver on a clock (``rate`` messages per
+second), never replayed: a receiver that connects starts at the next message,
+and with no receiver the clock runs on and its messages are dropped, as UM
+does. The slowest receiver paces the source (UM's default for TCP).
+:class:`TcpDataReceiver` connects and verifies whole messages, one topic
+index and consecutive sequence numbers from its first message, until it has
+the payload bytes it expects; it can throttle its reads to play a slow
+receiver. :mod:`.tcpbytes` keeps the older raw byte stream from offset 0 per
+connection (:class:`TcpByteSource`, :class:`TcpByteReceiver`) for tests about
+byte-transparent relays.
+
+LBT-RU
+------
+:class:`RuLiveSource` (:mod:`.rulive`) is a live UM LBT-RU source
+(:mod:`lbmr_proto.lbtru`): a receiver's CREQ gets a session message with
+SYN (session id, client id), then the DATA of every message the clock makes
+(:class:`.live.MessageClock`), each carrying one LBMC data message of the
+stream as the TCP source makes it, to every confirmed receiver; nothing is
+replayed, NAKs in a window get retransmissions, older ones an NCF, and the
+source ends the session with an RST to each receiver. :class:`RuLiveReceiver`
+connects, ACKs, and verifies whole messages and consecutive sequence numbers
+from its first (the check :func:`.live.verify_message` the TCP receiver
+uses). ``lbmr-sim`` uses these for LBT-RU.
 
 The LBT-RU-like datagram protocol
 ---------------------------------
-Real LBT-RU framing is proprietary; this is a simplified protocol of our
-own, over UDP, unicast, one source socket serving any number of receivers.
+The older, simplified protocol of our own, over UDP, unicast, one source
+socket serving any number of receivers, one session per receiver from
+sequence 0 (:class:`RuDataSource`, :class:`RuDataReceiver`; kept for the
+router's tests and benchmarks of per-receiver datagram relaying).
 All integers are big-endian; every datagram starts with an ASCII tag.
 
 =============  ===================================================  =========
@@ -128,20 +152,39 @@ from .ru import (
     encode_status,
     parse_datagram,
 )
+from .rulive import (
+    LIVE_RU_MAX_DATAGRAM,
+    LIVE_RU_MIN_DATAGRAM,
+    RuClient,
+    RuLiveReceiver,
+    RuLiveReceiveResult,
+    RuLiveSource,
+    live_ru_payload,
+)
 from .tcp import (
+    DEFAULT_MESSAGE_RATE,
+    DEFAULT_MESSAGE_SIZE,
+    MAX_PAYLOAD,
     TcpConnStats,
     TcpDataReceiver,
     TcpDataSource,
     TcpReceiveResult,
+    data_message,
+    message_payload,
 )
+from .tcpbytes import TcpByteConnStats, TcpByteReceiver, TcpByteReceiveResult, TcpByteSource
 from .umru import UmRuDataReceiver, UmRuReceiveResult
 
 __all__ = [
     "PATTERN_LEN", "STAMP_INTERVAL", "RU_SEQ_SPACING", "RU_MAX_DATAGRAM", "RU_MIN_DATAGRAM",
     "Pattern", "pattern", "topic_seed",
-    "TcpDataSource", "TcpConnStats", "TcpDataReceiver", "TcpReceiveResult",
+    "TcpDataSource", "TcpConnStats", "TcpDataReceiver", "TcpReceiveResult", "data_message",
+    "message_payload", "DEFAULT_MESSAGE_RATE", "DEFAULT_MESSAGE_SIZE", "MAX_PAYLOAD",
+    "TcpByteSource", "TcpByteConnStats", "TcpByteReceiver", "TcpByteReceiveResult",
     "RuDataSource", "RuSession", "RuDataReceiver", "RuReceiveResult",
     "encode_hello", "encode_data", "encode_end", "encode_status", "parse_datagram",
     "RM_MAX_DATAGRAM", "RM_MIN_DATAGRAM", "RM_SEQ_SPACING", "RmDataSource", "RmDataReceiver",
     "RmReceiveResult", "encode_rm_data", "UmRuDataReceiver", "UmRuReceiveResult",
+    "RuLiveSource", "RuClient", "RuLiveReceiver", "RuLiveReceiveResult", "LIVE_RU_MIN_DATAGRAM",
+    "LIVE_RU_MAX_DATAGRAM", "live_ru_payload",
 ]

@@ -1,5 +1,8 @@
 """The LBT-RU-like datagram protocol: its datagrams, source and receiver (see
-:mod:`lbmr_tools.sim.dataplane`)."""
+:mod:`lbmr_tools.sim.dataplane`), one session per receiver from sequence 0.
+``lbmr-sim`` no longer uses it (its LBT-RU sources are live UM LBT-RU
+sessions, :mod:`.rulive`); the router's tests and benchmarks of
+per-receiver datagram relaying do."""
 
 from __future__ import annotations
 

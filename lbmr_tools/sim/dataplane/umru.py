@@ -1,9 +1,9 @@
 """A receiver of UM's own LBT-RU wire protocol (:mod:`lbmr_proto.lbtru`), for
 LBT-RU sources that speak it: an lbmr-router's LBT-RU proxy of an LBT-RM
 source (``<lbt-rm transport="lbt-ru"/>``), or a UM LBT-RU source sending
-the numbered pattern. (The simulator's own LBT-RU sources speak the simpler
-LBT-RU-like protocol of :mod:`.ru`; ``lbmr-sim --lbtru-wire um`` picks this
-receiver instead.)
+the numbered pattern. (The simulator's own LBT-RU sources speak the same
+protocol but send a live session of LBMC messages, :mod:`.rulive`;
+``lbmr-sim --lbtru-wire um`` picks this receiver instead.)
 
 It connects, receives, verifies and recovers like :class:`.rm.RmDataReceiver`
 (the payload of sequence ``q`` is the pattern at ``q * 65536``, as an

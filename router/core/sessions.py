@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from lbmr_proto import TQR, LBMREncodeError
 from lbmr_proto.records import Transport
 
-from . import peerlink as P
+from .. import peerlink as P
 
 __all__ = ["session_key", "ProxySession", "ProxySessions"]
 

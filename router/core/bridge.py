@@ -1,6 +1,6 @@
 """The router's bridge, sans-IO: one endpoint portal joined to one peer link.
 
-A :class:`Bridge` owns the portal's topic resolution (:class:`router.tr.PortalTR`)
+A :class:`Bridge` owns the portal's topic resolution (:class:`router.core.tr.PortalTR`)
 and the tables that tie it to the peer: the advertisement ids it gives the
 sources of its TRD that the peer wants (far side), and the proxies it runs for
 the sources the peer advertises (near side). It translates portal TR events
@@ -15,7 +15,11 @@ Inputs (method calls, made serially):
   :meth:`Bridge.peer_frame` (an INTEREST or ADVERTISEMENT frame),
   :meth:`Bridge.link_down`;
 * from the I/O shell: :meth:`Bridge.proxy_listening` (a proxy's listener is
-  bound at its relay address).
+  bound at its relay address), and :meth:`Bridge.drain_portal` when the
+  portal is an endpoint's shared one (:class:`router.core.endpoint_portal.PortalView`)
+  and something other than this bridge gave it work: the TRD's datagrams and
+  timers are then the endpoint's (:class:`router.core.endpoint_portal.EndpointPortal`),
+  not the bridge's.
 
 Outputs accumulate in order and :meth:`Bridge.outputs` drains them:
 :class:`SendFrame` (a frame for the peer; produced only while the link is up),
@@ -44,7 +48,7 @@ Rules (unchanged from the router's first version):
   peer (``adverts_withdrawn_uninterested``). Only TCP, LBT-RU and
   LBT-RM sources are advertised (``unrelayable_transport`` otherwise).
 * **Near side: proxies.** The peer's advertisements are served by one proxy
-  per transport session (:mod:`router.sessions`: those with the same
+  per transport session (:mod:`router.core.sessions`: those with the same
   transport and ``session`` share it). An ADVERTISEMENT of a new session
   starts a proxy (:class:`StartProxy`); one of a session whose listener is
   bound is advertised at once. Refused: an advertisement already proxied (a
@@ -61,7 +65,7 @@ Rules (unchanged from the router's first version):
   sends the final advertisements.
 * **Link down.** Every proxy is stopped, the advert ids are forgotten, the
   remote interests are cancelled and the portal's proxies removed.
-* **ACLs** (:mod:`router.acl`): ``acl`` is the endpoint portal's, ``link_acl``
+* **ACLs** (:mod:`router.core.acl`): ``acl`` is the endpoint portal's, ``link_acl``
   the peer portal's (OPEN for a link between two endpoints of one router:
   the far endpoint's bridge applies its own). Local interest goes to the
   link only if the endpoint's outbound and the link's inbound lists can
@@ -82,11 +86,12 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from . import peerlink as P
+from .. import peerlink as P
 from .acl import OPEN, PortalAcl, Session
+from .endpoint_portal import PortalView
 from .sessions import ProxySession, ProxySessions, SourceAdverts
 from .tr import (
     LocalInterest,
@@ -170,7 +175,7 @@ class Bridge:
     """One portal and one peer link (see the module doc). ``counters`` is where
     the bridge counts what it does (the router's counters)."""
 
-    def __init__(self, portal: PortalTR, counters: Counter[str] | None = None, *,
+    def __init__(self, portal: PortalTR | PortalView, counters: Counter[str] | None = None, *,
                  max_proxies: int = 4096, max_proxy_topics: int = MAX_PROXY_TOPICS,
                  require_interest: bool = False,
                  advert_ids: Iterator[int] | None = None, acl: PortalAcl = OPEN,
@@ -200,15 +205,13 @@ class Bridge:
         self._proxy_addr: dict[int, Addr] = {}
         # proxied for other links only: our TRD's outbound ACL rejects their topics
         self._transit_only: set[int] = set()
-        # routing (set by a router with multi-hop routing, None = one hop): may the local
-        # interest of our domain go on this link (is the peer our child in our tree)?
-        # and does another link want a topic (a transit source is proxied here then)?
-        self.interest_filter: Callable[[], bool] | None = None
-        self.transit_wants: Callable[[str, int], bool] | None = None
-        # the cost of the route from our TRD to a domain (multi-hop routing), or None
-        self.route_cost: Callable[[int], int | None] | None = None
+        # routing (set by a router with multi-hop routing through set_routes): may the
+        # local interest of our domain go on this link (is the peer our child in our
+        # tree)? and the cost of the route from our TRD to each domain (None: one hop)
+        self.carries_interest = True
+        self.route_costs: dict[int, int] | None = None
         self._sent_interest: set[tuple[str, int]] = set()  # (topic, pattern type) sent ADD
-        # interest_filter()'s answer at the last resync (None: none since the link came up)
+        # carries_interest at the last resync (None: none since the link came up)
         self._resynced_as: bool | None = None
 
     # ------------------------------------------------------------------ outputs
@@ -223,12 +226,12 @@ class Bridge:
     def on_datagram(self, data: bytes, src: Addr, now: float) -> None:
         """A datagram on the portal's TR socket."""
         self.portal.on_datagram(data, src, now)
-        self._portal_events()
+        self.drain_portal()
 
     def tick(self, now: float) -> list[Outgoing]:
         """Run the portal's timers; the TR datagrams to send."""
         out = self.portal.tick(now)
-        self._portal_events()
+        self.drain_portal()
         return out
 
     def next_deadline(self) -> float:
@@ -244,12 +247,18 @@ class Bridge:
         for li in self.portal.local_interests():
             self._send_interest(li, P.InterestAction.ADD, count=False)
 
+    def set_routes(self, carries_interest: bool, route_costs: dict[int, int] | None) -> None:
+        """The routes (multi-hop routing): does this link carry our domain's
+        interest (the peer is our child in our tree), and the cost of the
+        route to each domain (the proxies' TIRs; None: one hop, the hop count)."""
+        self.carries_interest, self.route_costs = carries_interest, route_costs
+
     def resync_interest(self, now: float) -> None:
         """The routes changed: send the local interest the link should now carry
-        and cancel what it should no longer (see ``interest_filter``)."""
+        and cancel what it should no longer (see :meth:`set_routes`)."""
         if not self.is_link_up:
             return
-        ok = self.interest_filter is None or self.interest_filter()
+        ok = self.carries_interest
         if ok == self._resynced_as:
             return  # what the link carries depends only on this: still in line
         self._resynced_as = ok
@@ -279,17 +288,20 @@ class Bridge:
         self._wanted_by.clear()
         for p in tr.proxies():
             tr.remove_proxy(p.advert_id, now)
-        self._portal_events()
+        self.drain_portal()
 
-    def peer_frame(self, frame: P.Interest | P.Advertisement, now: float) -> None:
-        """An INTEREST or ADVERTISEMENT frame from the peer."""
+    def peer_frame(self, frame: P.Interest | P.Advertisement, now: float, *,
+                   transit_wanted: bool = False) -> None:
+        """An INTEREST or ADVERTISEMENT frame from the peer; ``transit_wanted``:
+        another link wants the advertised topic through us (multi-hop routing:
+        it is proxied here even if our TRD does not want it)."""
         if isinstance(frame, P.Interest):
             self._on_interest(frame, now)
         elif isinstance(frame, P.Advertisement):
-            self._on_advertisement(frame, now)
+            self._on_advertisement(frame, now, transit_wanted)
         else:
             raise TypeError(f"not a bridge frame: {frame!r}")
-        self._portal_events()
+        self.drain_portal()
 
     def proxy_listening(self, proxy_id: int, address: Addr, now: float, transport_body=None, *,
                         limit: int | None = None) -> bool:
@@ -317,7 +329,7 @@ class Bridge:
         for _ in range(n):
             f = ps.pending.pop(next(iter(ps.pending)))  # oldest first
             self._advertise_proxy(ps, f, now)
-        self._portal_events()
+        self.drain_portal()
         return len(ps.pending)
 
     def _advertise_proxy(self, ps: ProxySession, f: P.Advertisement, now: float) -> None:
@@ -326,7 +338,7 @@ class Bridge:
         route's, or the hop count where no route is known)."""
         self._proxy_addr[f.advert_id] = ps.address
         hops = f.hop_count + 1
-        cost = self.route_cost(f.origin_domain) if self.route_cost is not None else None
+        cost = self.route_costs.get(f.origin_domain) if self.route_costs is not None else None
         if f.advert_id not in self._transit_only:
             self.portal.add_proxy(ProxySource(f.advert_id, f.topic, ps.body, f.origin_domain, f.otid,
                                               hop_count=hops, cost=hops if cost is None else cost), now)
@@ -364,7 +376,7 @@ class Bridge:
             if self.portal.drop_source(key[0], key[1], now, silent_since=since):
                 dropped = True
         if dropped:
-            self._portal_events()
+            self.drain_portal()
         return dropped
 
     # ------------------------------------------------------------------ views
@@ -404,7 +416,7 @@ class Bridge:
             if key not in self._sent_interest:
                 return
             self._sent_interest.discard(key)
-        elif self.interest_filter is not None and not self.interest_filter():
+        elif not self.carries_interest:
             return
         if not self._acl_ok(li.topic, "interest", count,
                             (self.acl, self.acl.allows_interest_in(li.topic, li.pattern_type)),
@@ -441,7 +453,9 @@ class Bridge:
                                    session=session))
         self.counters["adverts_withdrawn" if withdraw else "adverts_sent"] += 1
 
-    def _portal_events(self) -> None:
+    def drain_portal(self) -> None:
+        """Act on the portal's events for this link (its calls drain them
+        itself; a shared portal's other events wait until this is called)."""
         for ev in self.portal.events():
             if isinstance(ev, LocalInterest):
                 self.counters["local_interest"] += 1
@@ -536,7 +550,7 @@ class Bridge:
             self.counters["adverts_withdrawn_uninterested"] += 1
             self._portal_events_gone(topic, otid)
 
-    def _on_advertisement(self, f: P.Advertisement, now: float) -> None:
+    def _on_advertisement(self, f: P.Advertisement, now: float, transit: bool) -> None:
         if f.withdraw:
             self.counters["withdrawals_received"] += 1
             self._drop_proxy(f.advert_id, now)
@@ -552,7 +566,6 @@ class Bridge:
         if not self._acl_ok(f.topic, "advertisement", True,
                             (self.link_acl, self.link_acl.allows_source_in(f.topic, Session(f.transport)))):
             return
-        transit = self.transit_wants is not None and self.transit_wants(f.topic, f.origin_domain)
         # our TRD's outbound list keeps the topic out of our TRD only: another link may
         # still want it through us (a proxy then runs for it, unadvertised here)
         local = self._acl_ok(f.topic, "advertisement", True, (self.acl, self.acl.allows_source_out(f.topic)))

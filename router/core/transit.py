@@ -2,10 +2,10 @@
 what makes a router a hop on a multi-hop path.
 
 Interest spreads from the router of the receivers' domain (its *origin
-router*, :meth:`router.routing.Routing.origin_router`) along that router's
+router*, :meth:`router.core.routing.Routing.origin_router`) along that router's
 lowest-cost tree: a router passes an INTEREST whose origin is domain ``r`` to
 its children in the tree of ``r``'s router
-(:meth:`~router.routing.Routing.children_links`), so every router gets each
+(:meth:`~router.core.routing.Routing.children_links`), so every router gets each
 interest once, from its parent, and in a loop or a mesh nobody gets it twice.
 The interest of our own endpoints' receivers takes the same way (the bridges
 ask :meth:`Routing.children_links` before sending it); this module passes on
@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from . import peerlink as P
+from .. import peerlink as P
 from .routing import Routing
 from .sessions import carried, session_key
 from .wildcard import Matcher, PatternError

@@ -1050,6 +1050,15 @@ class PortalTR:
         sources of ``topic``?"""
         return self._wanted(topic)
 
+    def covers(self, key: tuple[int, str], topic: str) -> bool:
+        """Does interest ``key`` ((pattern type, topic or pattern)) cover
+        ``topic``? Patterns run on the portal's bounded, cached matchers."""
+        return self._covers(key, topic)
+
+    def count(self, what: str) -> None:
+        """Count ``what`` in :meth:`stats` (for those sharing this portal)."""
+        self._st[what] += 1
+
     def remote_interests(self) -> list[tuple[str, int]]:
         """The remote interests as (topic or pattern, pattern type)."""
         return [(t, pt) for pt, t in self._rint]
@@ -1269,7 +1278,7 @@ class PortalTR:
         except KeyError:
             pass
         try:
-            rx = Matcher(key[1])  # from the wire: never backtracks (router.wildcard)
+            rx = Matcher(key[1])  # from the wire: never backtracks (router.core.wildcard)
         except PatternError:
             rx = None
         if len(self._regexes) >= 4096:

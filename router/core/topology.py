@@ -1,4 +1,4 @@
-"""The router topology map, sans-IO (used by :mod:`router.routing`).
+"""The router topology map, sans-IO (used by :mod:`router.core.routing`).
 
 Each router announces a :class:`NodeInfo`: its id, a sequence number, the
 domain ids of its endpoint portals with their ``<cost>``, and its peer
@@ -28,7 +28,7 @@ announcement that would take the map past them is refused (counted in
 per announced peer entry, once for our own tree and once per root whose tree
 is asked for (each origin router of interest passed on): at most
 ``max_routers`` x ``max_entries`` steps; :attr:`TopologyMap.work` counts
-them (heap pushes) so :mod:`router.routing` can pace recomputation.
+them (heap pushes) so :mod:`router.core.routing` can pace recomputation.
 
 Times are seconds on any monotonic clock; nothing here reads one.
 """

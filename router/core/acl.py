@@ -28,7 +28,7 @@ Evaluation (as the DRO documents it):
   none of whose conditions applies does not match (it never accepts or
   rejects a TCP source for its multicast group).
 
-How it is applied by the router (:mod:`router.bridge`), for a source in TRD
+How it is applied by the router (:mod:`router.core.bridge`), for a source in TRD
 S and receivers behind portal R:
 
 * a source is bridged only if S's inbound list accepts its topic and
@@ -49,7 +49,7 @@ S and receivers behind portal R:
   topics their portals reject).
 
 Bounded time: topics come from the wire (hostile), patterns from the
-configuration. Patterns are compiled with :class:`router.wildcard.Matcher`
+configuration. Patterns are compiled with :class:`router.core.wildcard.Matcher`
 (no backtracking: a test costs at most the pattern's states times the
 topic's length) and a list's patterns may hold at most
 :data:`MAX_ACL_STATES` states in all (:class:`AclError` beyond, reported

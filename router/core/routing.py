@@ -1,6 +1,6 @@
 """Route info between routers, sans-IO: this router's announcements, the
 flooding of every router's announcements over the peer links, and the
-:class:`router.topology.TopologyMap` they build.
+:class:`router.core.topology.TopologyMap` they build.
 
 A :class:`Routing` belongs to one router (:class:`router.multi.MultiRouter`).
 It announces a :class:`~router.peerlink.Topology` frame -- our router id (the
@@ -18,7 +18,7 @@ Unlike the DRO we recompute routes at once on every change instead of after
 a ``route-recalculation`` back-off of 5 s: the map is small and the
 computation cached, and a link cut then moves traffic within the time the
 far side takes to notice. Peers may lie or flap, so the map is bounded
-(:mod:`router.topology`) and its recomputation paced: the steps it takes
+(:mod:`router.core.topology`) and its recomputation paced: the steps it takes
 (:attr:`TopologyMap.work`), the work of the routes' users (:meth:`charge`)
 and :data:`RECALC_APPLY` for each change applied draw on a budget of
 :data:`RECALC_BURST` steps refilled at :data:`RECALC_RATE` a second; while
@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from . import peerlink as P
+from .. import peerlink as P
 from .topology import NodeInfo, TopologyMap
 
 __all__ = ["Routing", "SendTopology", "RECALC_BURST", "RECALC_RATE", "RECALC_APPLY"]

@@ -1,0 +1,127 @@
+"""What the live sources and receivers of the data plane share (see
+:mod:`lbmr_tools.sim.dataplane`): the LBMC data messages of a stream, the
+clock that makes them due, and the check of one received message."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import trio
+
+from lbmr_proto import lbmc
+
+from .pattern import pattern
+
+MSG_SPACING = 65536  # the payload of sequence q is the pattern at q * 65536 (> any payload)
+MAX_PAYLOAD = lbmc.MAX_MSGLEN - lbmc.DATA_HEADER.size
+DEFAULT_MESSAGE_SIZE = 8192  # payload bytes per message
+DEFAULT_MESSAGE_RATE = 10000.0  # messages per second
+
+
+def message_payload(seed: int, sqn: int, size: int) -> bytearray:
+    """The ``size`` payload bytes of message ``sqn`` of the stream of ``seed``."""
+    return pattern(seed).bytes_at(sqn * MSG_SPACING, size)
+
+
+def data_message(seed: int, tidx: int, sqn: int, size: int) -> bytes:
+    """One LBMC data message of the stream (topic index ``tidx``; the
+    sequence number wraps at 2**32, as on the wire)."""
+    sqn &= 0xFFFFFFFF
+    return lbmc.data_message(tidx, sqn, message_payload(seed, sqn, size))
+
+
+class MessageClock:
+    """Message ``sqn`` is due ``sqn / rate`` seconds (``rate``: messages per
+    second) after :meth:`start`; :meth:`next_batch` waits until at least one
+    is due and hands out the next at most ``max_burst``, up to
+    ``max_messages`` (None: no end)."""
+
+    def __init__(self, rate: float, max_burst: int, max_messages: int | None) -> None:
+        if not (rate > 0 and math.isfinite(rate)):
+            raise ValueError("rate must be a positive number of messages per second")
+        if max_burst < 1:
+            raise ValueError("max_burst must be positive")
+        if max_messages is not None and max_messages < 0:
+            raise ValueError("max_messages must be >= 0 or None")
+        self.rate, self.max_burst, self.max_messages = float(rate), max_burst, max_messages
+        self.next_sqn = 0  # messages handed out so far
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self._t0 = trio.current_time()
+
+    @property
+    def ended(self) -> bool:
+        return self.max_messages is not None and self.next_sqn >= self.max_messages
+
+    async def next_batch(self) -> tuple[int, int]:
+        """(first sequence, count) of the next due batch; (next_sqn, 0) once ended."""
+        last = self.max_messages
+        while not self.ended:
+            sqn = self.next_sqn
+            # + 1e-6: waking at t0 + sqn / rate must make sqn due despite float rounding
+            due = math.floor((trio.current_time() - self._t0) * self.rate + 1e-6) + 1
+            if last is not None:
+                due = min(due, last)
+            if due <= sqn:
+                await trio.sleep_until(self._t0 + sqn / self.rate)
+                continue
+            n = min(due - sqn, self.max_burst)
+            self.next_sqn = sqn + n
+            return sqn, n
+        return self.next_sqn, 0
+
+
+class StreamMismatch(Exception):
+    """The stream broke a rule: the message says which."""
+
+
+@dataclass
+class LiveMessages:
+    """The data messages a receiver verified: ``messages`` consecutive ones
+    from ``first_sqn`` to ``last_sqn`` of topic index ``tidx``,
+    ``bytes_received`` payload bytes; ``control_messages`` counted,
+    ``session_id`` from a TCP_SID control message."""
+
+    bytes_received: int = 0
+    messages: int = 0
+    control_messages: int = 0
+    first_sqn: int | None = None
+    last_sqn: int | None = None
+    tidx: int | None = None
+    session_id: int | None = None
+
+    def as_dict(self) -> dict:
+        """The fields, plus the subclass's ``ok`` and ``bytes_per_s`` properties."""
+        d = asdict(self)
+        d.update(ok=self.ok, bytes_per_s=round(self.bytes_per_s, 1))
+        return d
+
+
+def verify_message(r: LiveMessages, m: lbmc.Message, seed: int, tidx: int | None) -> None:
+    """Check message ``m`` of the live stream of ``seed`` against what ``r``
+    has seen (data messages: the topic index ``tidx``, or the first one's
+    when None; the sequence after the last; the payload of its sequence)
+    and count it in ``r``; raises :class:`StreamMismatch`."""
+    if m.kind in lbmc.CONTROL_KINDS:
+        r.control_messages += 1
+        sid = m.header(lbmc.TcpSidHeader)
+        if sid is not None:
+            r.session_id = sid.session_id
+        return
+    if m.kind != lbmc.MESSAGE:
+        raise StreamMismatch(f"a {lbmc.KIND_NAMES[m.kind]} message (sequence {m.sqn}) in a live stream")
+    want_tidx = tidx if r.tidx is None else r.tidx
+    if want_tidx is not None and m.tidx != want_tidx:
+        raise StreamMismatch(f"topic index {m.tidx} (sequence {m.sqn}), expected {want_tidx}")
+    if r.last_sqn is not None and m.sqn != (r.last_sqn + 1) & 0xFFFFFFFF:
+        raise StreamMismatch(f"sequence {m.sqn} after {r.last_sqn}: "
+                             f"{'a gap' if m.sqn > r.last_sqn else 'out of order'}")
+    if message_payload(seed, m.sqn, len(m.payload)) != m.payload:
+        raise StreamMismatch(f"payload of sequence {m.sqn} ({len(m.payload)} bytes) is not the stream's")
+    if r.first_sqn is None:
+        r.first_sqn, r.tidx = m.sqn, m.tidx
+    r.last_sqn = m.sqn
+    r.messages += 1
+    r.bytes_received += len(m.payload)

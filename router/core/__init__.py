@@ -1,0 +1,16 @@
+"""router.core: the router's protocol logic, sans-IO (no trio, no sockets beyond
+address conversions, no clock: every input takes ``now``).
+
+:mod:`router.core.router_core` (the control plane: one calling contract
+for the whole router), :mod:`router.core.tr` (an endpoint portal's topic resolution, UM's wire
+behaviour), :mod:`router.core.endpoint_portal` (that portal shared by the
+links it serves), :mod:`router.core.bridge` (one link's view of a portal
+joined to the peer), :mod:`router.core.sessions` (proxies by transport
+session), :mod:`router.core.routing` and :mod:`router.core.topology` (route
+info, the map and its trees), :mod:`router.core.transit` (interest and
+sources passed between peer links), :mod:`router.core.acl` and
+:mod:`router.core.wildcard` (ACL decisions, patterns without backtracking),
+:mod:`router.core.lbtrm` and :mod:`router.core.lbtru_fanout` (LBT-RM
+proxies and the LBT-RU proxy that re-publishes them). The peer-link protocol
+is its own sans-IO package, :mod:`router.peerlink`.
+"""
