@@ -68,10 +68,11 @@ def _clear_stale(folder: Path) -> None:
     now = time.time()
     for p in folder.glob("*.jsa.tmp"):
         try:
-            if now - p.stat().st_mtime > STALE_S:
-                p.unlink()
+            stale = now - p.stat().st_mtime > STALE_S
         except OSError:
-            pass
+            continue
+        if stale:
+            _remove(p)
 
 
 def java_options(java: str) -> list[str]:
@@ -99,12 +100,25 @@ def dumping() -> bool:
     return _dumping is not None
 
 
+def _forget() -> Path | None:
+    """The temporary archive this process's JVM writes, no longer expected."""
+    global _dumping
+    tmp, _dumping = _dumping, None
+    return tmp
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
 def discard(jvm: subprocess.Popen) -> None:
     """End the driver JVM ``jvm`` at once (SIGKILL: it writes no archive, and no
     JVM is left writing one after an interrupted run) and remove the temporary
     file."""
-    global _dumping
-    tmp, _dumping = _dumping, None
+    tmp = _forget()
     if tmp is None:
         return
     try:
@@ -112,10 +126,7 @@ def discard(jvm: subprocess.Popen) -> None:
         jvm.wait(60)
     except (OSError, subprocess.TimeoutExpired):
         pass
-    try:
-        tmp.unlink()
-    except OSError:
-        pass
+    _remove(tmp)
 
 
 def keep(jvm: subprocess.Popen, java: str, timeout: float = 300) -> Path | None:
@@ -123,8 +134,7 @@ def keep(jvm: subprocess.Popen, java: str, timeout: float = 300) -> Path | None:
     exits) after Spark has stopped, wait for it to write its archive, check the
     archive with a JVM of its own, and put it in place; its path, or None (then
     the temporary file is removed)."""
-    global _dumping
-    tmp, _dumping = _dumping, None
+    tmp = _forget()
     if tmp is None:
         return None
     try:
@@ -140,8 +150,5 @@ def keep(jvm: subprocess.Popen, java: str, timeout: float = 300) -> Path | None:
             return final
     except (OSError, subprocess.TimeoutExpired):
         pass
-    try:
-        tmp.unlink()
-    except OSError:
-        pass
+    _remove(tmp)
     return None

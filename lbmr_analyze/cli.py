@@ -110,9 +110,11 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
     Examples:
       lbmr-analyze trace.pcapng --out report/
       lbmr-analyze /data/captures/ --out /shared/tr --master spark://head:7077
-      spark-submit --master yarn \\
+      spark-submit --master yarn --conf spark.pyspark.driver.python=$(command -v python3) \\
         --driver-java-options "-Dlog4j2.configurationFile=$(lbmr-analyze --log4j-config)" \\
         "$(lbmr-analyze --submit-script)" hdfs:///caps --out hdfs:///tr
+
+    A cluster on one machine, exit statuses, the fixed cost: lbmr-analyze(1).
     """
     from .javacheck import JavaError, find_java, under_spark_submit
 

@@ -1,12 +1,14 @@
 """The ``spark-submit`` entry point of lbmr-analyze (spark-submit runs a ``.py`` file,
 not a console script)::
 
-    spark-submit --master yarn \
+    spark-submit --master yarn --conf spark.pyspark.driver.python=$(command -v python3) \
         --driver-java-options "-Dlog4j2.configurationFile=$(lbmr-analyze --log4j-config)" \
         "$(lbmr-analyze --submit-script)" hdfs:///caps --out hdfs:///tr
 
 (``--driver-java-options`` makes Spark's driver log only errors from its start;
-without it Spark's start-up lines show until the session sets the level.)
+without it Spark's start-up lines show until the session sets the level.
+``spark.pyspark.driver.python`` is the driver's Python, which needs lbmr-kit;
+without it spark-submit takes ``spark.pyspark.python``, the executors'.)
 
 It takes the same arguments as ``lbmr-analyze`` (see lbmr-analyze(1)); the driver's
 Python must have lbmr-kit installed, the executors' only pyarrow.
