@@ -253,13 +253,38 @@ def tshark_pandas(path: str, ports=(12965, 15380)) -> dict:
             "topics": len(set(tirs) | set(tqrs)), "contexts": df.groupby(["src", "sport", "src_id"]).ngroups}
 
 
-def _timed(cmd: list[str], env=None) -> tuple[float, str]:
-    t = time.perf_counter()
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of every descendant reaped so far."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _reap_orphans(seconds: float = 60) -> None:
+    """Wait (bounded) for the descendants left behind by a finished command (the
+    JVM outlives lbmr-analyze's Python by a moment); with this process their
+    subreaper, their CPU time then counts in :func:`_children_cpu`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.05)
+
+
+def _timed(cmd: list[str], env=None) -> tuple[float, float, str]:
+    """Run ``cmd``: its wall seconds, the CPU seconds of it and every process it
+    started (this process must be their subreaper, see :func:`small_capture`),
+    and its standard output."""
+    t, c = time.perf_counter(), _children_cpu()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     dt = time.perf_counter() - t
+    _reap_orphans()
     if p.returncode != 0:
         raise RuntimeError(f"{cmd[0]} exited {p.returncode}: {p.stderr[-2000:]}")
-    return dt, p.stdout
+    return dt, _children_cpu() - c, p.stdout
 
 
 def _analyze_counts(stdout: str) -> dict:
@@ -272,26 +297,33 @@ def _analyze_counts(stdout: str) -> dict:
 
 
 def small_capture(path: str, work: Path, rounds: int = 2) -> None:
-    """lbmr-analyze end to end on a small capture against tshark + pandas, alternating."""
+    """lbmr-analyze end to end on a small capture against tshark + pandas,
+    alternating: wall and CPU seconds (of every process each started: this process
+    becomes the subreaper of orphans, so the JVM's CPU counts too; run it before
+    this process starts Spark of its own)."""
+    import ctypes
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)                # PR_SET_CHILD_SUBREAPER (Linux)
     lbmr = [str(Path(sys.executable).parent / "lbmr-analyze"), path, "--out", str(work / "small-out"), "-q"]
     base = [sys.executable, str(Path(__file__).resolve()), "--tshark-pandas", path]
     print(f"\nsmall capture {path} ({os.path.getsize(path):,} bytes), end to end, {rounds} rounds alternating; "
           f"load average {os.getloadavg()[0]:.1f}")
-    t_first, out = _timed(lbmr)
-    print(f"  lbmr-analyze first run {t_first:.1f} s (writes the class cache when it is missing)")
-    t_l, t_b = [], []
+    t_first, c_first, out = _timed(lbmr)
+    print(f"  lbmr-analyze first run {t_first:.1f} s, {c_first:.1f} CPU-s (writes the class cache when it is missing)")
+    runs: dict[str, list[tuple[float, float]]] = {"lbmr-analyze": [], "tshark+pandas": []}
     for _ in range(rounds):
-        dt, out = _timed(lbmr)
-        t_l.append(dt)
+        dt, cpu, out = _timed(lbmr)
+        runs["lbmr-analyze"].append((dt, cpu))
         start = re.search(r"of which starting Spark ([0-9.]+) s", out)
-        dt, bout = _timed(base)
-        t_b.append(dt)
+        dt, cpu, bout = _timed(base)
+        runs["tshark+pandas"].append((dt, cpu))
+    for name, xs in runs.items():
+        print(f"  {name:14} " + ", ".join(f"{t:.1f} s ({c:.1f} CPU-s)" for t, c in xs))
+    print(f"  starting Spark (the fixed cost) {start.group(1)} s in lbmr-analyze's last run")
     got, want = _analyze_counts(out), json.loads(bout)
-    print(f"  lbmr-analyze   {' '.join(f'{x:.1f}' for x in t_l)} s (starting Spark {start.group(1)} s in the last, "
-          f"the fixed cost)")
-    print(f"  tshark+pandas  {' '.join(f'{x:.1f}' for x in t_b)} s")
-    print(f"  lbmr-analyze / tshark+pandas (best of each): {min(t_l) / min(t_b):.1f}; counts agree: {got == want}"
-          f"; load average {os.getloadavg()[0]:.1f}")
+    best_t = [min(t for t, _ in xs) for xs in runs.values()]
+    best_c = [min(c for _, c in xs) for xs in runs.values()]
+    print(f"  lbmr-analyze / tshark+pandas, best of each: time {best_t[0] / best_t[1]:.1f}, CPU seconds "
+          f"{best_c[0] / best_c[1]:.1f}; counts agree: {got == want}; load average {os.getloadavg()[0]:.1f}")
     if got != want:
         print(f"  lbmr-analyze: {got}\n  tshark+pandas: {want}")
     shutil.rmtree(work / "small-out", ignore_errors=True)
@@ -341,7 +373,8 @@ def main() -> None:
         t = time.perf_counter()
         run(spark, [tiny], work / "tiny-out")
         t_tiny2 = time.perf_counter() - t
-        print(f"fixed cost: SparkSession start {t_start:.1f} s; whole job on 1,000 datagrams "
+        print(f"fixed cost in this process (local[2], no class archive): SparkSession start {t_start:.1f} s; "
+              f"whole job on 1,000 datagrams "
               f"{t_tiny:.1f} s (first, cold JIT/workers), {t_tiny2:.1f} s (second)")
         results = []
         for n in sizes:
