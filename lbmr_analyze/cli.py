@@ -169,8 +169,9 @@ def _start_and_run(prog, master, conf, verbose, job_args):
     owned = SparkSession.getActiveSession() is None    # embedded callers keep their session
     try:
         t = time.perf_counter()
-        import_ahead()
+        ahead = import_ahead()
         spark = build_session(master, conf, quiet_jvm=not verbose, class_cache=True)
+        ahead.join()                    # the job's own imports never run beside the thread's
         started = time.perf_counter() - t
     except Exception as e:  # noqa: BLE001 - Py4J/JVM start-up failures have many types
         click.echo(f"lbmr-analyze: could not start Spark: {e}" + ("" if verbose else

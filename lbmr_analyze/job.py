@@ -239,8 +239,10 @@ RUN_IMPORTS = ("pyarrow.compute", "pyarrow.csv", "pyarrow.dataset", "pyarrow.par
 
 def import_ahead() -> threading.Thread:
     """Import :data:`RUN_IMPORTS` in a thread, while the JVM starts (a second of
-    the run on a small capture: the main thread mostly waits for the JVM then).
-    A module that fails to import fails again, with its error, where it is used."""
+    the run on a small capture: the main thread mostly waits for the JVM then);
+    join it before the job runs, so that no module is imported by two threads at
+    once.  A module that fails to import fails again, with its error, where it is
+    used."""
     import importlib
 
     def work():
