@@ -22,6 +22,7 @@ import trio
 
 from . import peerlink as P
 from .core.tr import relay_transport
+from .fanout_relay import FanoutRelay, Upstreams
 from .lbtrm_relay import LBTRM, RmRelay
 from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
 from .peerlink import streams as S
@@ -86,11 +87,13 @@ def drain(raw, receive) -> tuple[list, OSError | None]:
 class PortPool:
     """Relay ports in use and in quarantine, shared by every link of one endpoint
     portal (their proxies bind in the same range: a port one gives up stays in
-    quarantine for all of them)."""
+    quarantine for all of them); and the portal's upstream TCP sessions (one
+    connection to each origin session, whichever link's streams it feeds)."""
 
     def __init__(self) -> None:
         self.released: dict[int, float] = {}  # relay port -> when its proxy gave it up
         self.in_use: set[int] = set()  # relay ports our proxies hold
+        self.upstreams = Upstreams()
 
 
 class Relay:
@@ -118,11 +121,18 @@ class Relay:
         self._next_port = 0  # where the round robin over the range goes on
         self._in_use: set[int] = set()  # relay ports our proxies hold
         self.lbtrm = RmRelay(endpoint, counters, event, current_link)  # LBT-RM proxies and sources
+        # TCP sessions: fanned out (one source connection per router, one stream per
+        # proxy per link) unless the endpoint says fanout="off"
+        self.fanout = FanoutRelay(endpoint, counters, event, session_ended, Upstreams()) \
+            if getattr(endpoint, "fanout", True) else None
 
     def share_ports(self, pool: PortPool) -> None:
-        """Use ``pool``'s in-use and quarantine tables (shared with other relays)."""
+        """Use ``pool``'s in-use and quarantine tables and upstream sessions
+        (shared with other relays)."""
         self._released = pool.released
         self._in_use = pool.in_use
+        if self.fanout is not None:
+            self.fanout.upstreams = pool.upstreams
 
     def relay_ports(self) -> Iterator[int]:
         """The relay ports to try, in order: round robin over the range from the
@@ -219,7 +229,9 @@ class Relay:
             if tcp:
                 sock.listen(64)
             task_status.started(sock.getsockname())
-            if tcp:
+            if tcp and self.fanout is not None:
+                await self.fanout.serve_tcp(sock, advert_of, self.current_link)
+            elif tcp:
                 listener = trio.SocketListener(sock)
                 async with trio.open_nursery() as n:
                     while True:
@@ -366,6 +378,9 @@ class Relay:
                 return
             if ev.kind == LBTRM:
                 self.lbtrm.open_far(link, ev, body)
+                return
+            if ev.kind == P.StreamKind.TCP and self.fanout is not None:
+                self.fanout.open_far(link, ev, body)
                 return
             if ev.kind == P.StreamKind.LBTRU and link.ru_streams_far >= self.ru_max_streams:
                 link.streams.refuse(ev.stream_id, P.RefuseCode.TOO_MANY_STREAMS,
