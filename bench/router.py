@@ -6,6 +6,7 @@ convergence across the routers.
     python bench/router.py [--mbytes 200] [--runs 3] [--topics 8] [--ru-count 30000]
                            [--ru-rates 10000,30000] [--no-tls] [--no-ru]
                            [--profile auto|py-spy|cprofile|none] [--no-inprocess]
+                           [--fanout-n 1,10,100] [--fanout-window 3] [--no-fanout] [--only-fanout]
 
 Everything runs on loopback (127.0.0.0/8) and stops by itself (a hard limit
 of HARD_LIMIT_S seconds ends a stuck run).
@@ -111,6 +112,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import lbmr_proto as L  # noqa: E402
+from bench import fanout as F  # noqa: E402
 
 TRD1, TRD2 = "127.0.1.1", "127.0.2.1"  # lbmrd, router TR socket and relay address of each TRD
 SRC_IP, RCV_IP = "127.0.1.5", "127.0.2.9"  # the applications
@@ -377,7 +379,13 @@ class Processes:
     name = "processes"
 
     def __init__(self, tmp: Path, cprofile: bool = False, *, tls: dict[str, str] | None = None,
-                 env: dict[str, str] | None = None, tag: str = "") -> None:
+                 env: dict[str, str] | None = None, tag: str = "", fanout: bool = False,
+                 link_hop=None) -> None:
+        """``fanout``: TCP sessions fanned out (the default of the shipped configs) or
+        relayed per connection (byte-pattern sources, zero copy); ``link_hop(port)``:
+        the port router A dials instead of router B's listen ``port`` (a forwarder)."""
+        self.fanout = fanout
+        self.link_hop = link_hop
         self.tmp = tmp / tag if tag else tmp
         self.tmp.mkdir(exist_ok=True)
         self.cprofile = cprofile
@@ -409,14 +417,17 @@ class Processes:
                 if text.count(anchor) != 1:
                     raise RuntimeError(f"configs/{name}: one {anchor!r} expected (the shipped file changed)")
                 text = text.replace(anchor, block + anchor)
+            fanout = "" if self.fanout else ' fanout="off"'
             for old, new in (("26123", str(peer)),
                              (f'{ip}" port="15380', f'{ip}" port="{lbmrd_port}'),
                              (metrics_old, str(metrics)),
                              ('low="14402" high="14406"', f'low="{tr}" high="{tr}"'),
-                             (relay_old, f'port-low="{relay}" port-high="{relay + RELAY_PORTS - 1}"')):
+                             (relay_old, f'port-low="{relay}" port-high="{relay + RELAY_PORTS - 1}"{fanout}')):
                 if old not in text:
                     raise RuntimeError(f"configs/{name}: {old!r} not found (the shipped file changed)")
                 text = text.replace(old, new)
+            if self.link_hop is not None and name == "router-a.xml":
+                text = text.replace(f"<port>{peer}</port>", f"<port>{self.link_hop(peer)}</port>")
             path = self.tmp / name
             path.write_text(text)
             out[name[7]] = path
@@ -589,6 +600,64 @@ class RelayChain:
             p.wait()
             p.stdout.close()
         self.procs = []
+
+
+FANOUT_PACED_BPS = 2_000_000  # the paced source of the link-bytes ratio, bytes per second
+FANOUT_MESSAGE = 8192  # payload bytes per LBMC message of the fan-out sources
+FANOUT_WARMUP_S = 1.0
+TARGET_LINK_RATIO = 1.05  # link bytes / one receiver's
+TARGET_FANOUT_RATIO = 0.8  # delivered bytes per second, routed / minimal fan-out
+
+
+def fanout_rows(tmp: Path, stack: contextlib.ExitStack, ns: list[int], window: float) -> list[dict]:
+    """Section 5 (see bench/fanout.py): a fan-out deployment whose link crosses a
+    counting forwarder, a paced and a fast live source; per N the link ratio,
+    routed and minimal fan-out delivered bytes per second, receivers' drops."""
+    hops = []
+
+    def hop(peer: int) -> int:
+        hops.append(F.CountingForwarder(TRD2, (TRD2, peer)))
+        stack.callback(hops[-1].close)
+        return hops[-1].port
+
+    dep = Processes(tmp, tag="fanout", fanout=True, link_hop=hop)
+    stack.callback(dep.stop)
+    dep.start()
+    fwd = hops[-1]
+    addrs, ports = {}, {}
+    for index, (name, rate) in enumerate((("paced", FANOUT_PACED_BPS), ("fast", 0)), start=2):
+        p, ports[name] = F.spawn(F.SOURCE_CODE, SRC_IP, FANOUT_MESSAGE, rate)
+        stack.callback(F.stop, p)
+        adv = Advertiser(f"bench.fanout.{name}", dep.lbmrd1, ports[name], index)
+        stack.callback(adv.close)
+        addrs[name] = resolve(f"bench.fanout.{name}", dep.lbmrd2)
+    rows = []
+    for n in ns:
+        counts, _, (l0, l1) = F.receive(addrs["paced"], n, RCV_IP, FANOUT_WARMUP_S, window, lambda: fwd.a_to_b)
+        dropped0 = _counters(dep.metrics_b).get("fanout_dropped_messages", 0)
+        fast, secs, _ = F.receive(addrs["fast"], n, RCV_IP, FANOUT_WARMUP_S, window, lambda: 0)
+        dropped = _counters(dep.metrics_b).get("fanout_dropped_messages", 0) - dropped0
+        base = F.baseline((SRC_IP, ports["fast"]), n, TRD2, RCV_IP, FANOUT_WARMUP_S, window)
+        rows.append({"n": n, "link": l1 - l0, "one": max(counts), "routed": sum(fast) / secs,
+                     "baseline": base, "dropped": dropped})
+        time.sleep(3)  # the proxies' streams and the upstream connections close (lingers)
+    return rows
+
+
+def _counters(metrics_port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/status", timeout=5) as r:
+        return json.loads(r.read())["counters"]
+
+
+def print_fanout(rows: list[dict]) -> None:
+    for r in rows:
+        link = r["link"] / max(r["one"], 1)
+        ratio = r["routed"] / r["baseline"]
+        print(f"  N={r['n']:<4d} link / one receiver {link:6.3f} ({'meets' if link <= TARGET_LINK_RATIO else 'MISSES'}"
+              f" <= {TARGET_LINK_RATIO})   delivered routed {r['routed'] / 1e6:8.1f} MB/s, minimal fan-out "
+              f"{r['baseline'] / 1e6:8.1f} MB/s, ratio {ratio:5.3f} "
+              f"({'meets' if ratio >= TARGET_FANOUT_RATIO else 'BELOW'} >= {TARGET_FANOUT_RATIO}); "
+              f"receiver drops at router B {r['dropped']} messages")
 
 
 def certificates(tmp: Path) -> dict[str, str] | None:
@@ -1007,6 +1076,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ru-rates", default="10000,30000",
                     help="LBT-RU source rates to measure, datagrams per second, comma-separated")
     ap.add_argument("--top", type=int, default=12, help="profile lines per list")
+    ap.add_argument("--fanout-n", default="1,10,100",
+                    help="fan-out: receiver counts to measure, comma-separated")
+    ap.add_argument("--fanout-window", type=float, default=3.0, help="fan-out: seconds measured per case")
+    ap.add_argument("--no-fanout", action="store_true", help="skip the fan-out measurement")
+    ap.add_argument("--only-fanout", action="store_true", help="measure only the fan-out (section 5)")
     args = ap.parse_args(argv)
     if args.runs < 1 or args.topics < 1 or args.mbytes <= 0:
         ap.error("--runs and --topics must be at least 1, --mbytes positive")
@@ -1024,6 +1098,10 @@ def main(argv: list[str] | None = None) -> int:
     source = DataSource(total)
     with tempfile.TemporaryDirectory(prefix="bench-router-") as td, contextlib.ExitStack() as stack:
         tmp = Path(td)
+        if args.only_fanout:
+            run_fanout(tmp, stack, args)
+            print(f"\ntotal {time.monotonic() - started:.1f} s")
+            return 0
         stack.callback(source.close)
         dep = Processes(tmp, tag="zero-copy")
         stack.callback(dep.stop)
@@ -1137,9 +1215,21 @@ def main(argv: list[str] | None = None) -> int:
                         report_cprofile(prof.profiles[r], args.top)
                     else:
                         print("      (no profile written)")
+        if not args.no_fanout:
+            run_fanout(tmp, stack, args)
     signal.alarm(0)
     print(f"\ntotal {time.monotonic() - started:.1f} s")
     return 0
+
+
+def run_fanout(tmp: Path, stack: contextlib.ExitStack, args) -> None:
+    ns = [int(x) for x in args.fanout_n.split(",") if x]
+    print(f"\n5. Fan-out: one live LBMC source in TRD1 ({FANOUT_MESSAGE}-byte messages), N receivers in TRD2, "
+          f"router pair with fan-out (link through a counting forwarder) against a minimal fan-out "
+          f"process (reads one socket, writes N), {args.fanout_window:g} s per case after "
+          f"{FANOUT_WARMUP_S:g} s; link ratio with the source paced at {FANOUT_PACED_BPS / 1e6:g} MB/s, "
+          f"delivered bytes with the source as fast as it goes")
+    print_fanout(fanout_rows(tmp, stack, ns, args.fanout_window))
 
 
 if __name__ == "__main__":

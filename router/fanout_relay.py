@@ -36,7 +36,13 @@ import trio
 from lbmr_proto import lbmc
 
 from . import peerlink as P
-from .core.fanout import DEFAULT_MAX_QUEUE, DEFAULT_STALL_TIMEOUT, SessionFanout, SinkQueue
+from .core.fanout import (
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_STALL_TIMEOUT,
+    QueueBudget,
+    SessionFanout,
+    SinkQueue,
+)
 from .link import CONNECT_TIMEOUT, READ_SIZE, Link, StreamState
 from .peerlink import streams as S
 
@@ -47,6 +53,9 @@ UPSTREAM_LINGER = 1.0
 NEAR_LINGER = 1.0
 RECEIVER_READ = 4096  # bytes per read of what a receiver sends
 IOV_MAX = 64  # chunks per writev to a receiver
+# receiver connections of one endpoint's proxies at once (as many as the link streams
+# of the per-connection relay); their queues share a QueueBudget of 256 MiB
+FANOUT_MAX_RECEIVERS = 4096
 
 
 class Upstream:
@@ -54,9 +63,9 @@ class Upstream:
     link streams it feeds (``sinks``: (link, stream id) -> stream) and how
     many streams wait for the connection (``waiting``)."""
 
-    def __init__(self, key, max_queue: int) -> None:
+    def __init__(self, key, core: SessionFanout) -> None:
         self.key = key
-        self.core = SessionFanout(max_queue)
+        self.core = core
         self.sinks: dict[tuple[Link, int], StreamState] = {}
         self.waiting = 0
         self.connected = trio.Event()
@@ -114,6 +123,8 @@ class FanoutRelay:
         self.max_queue = getattr(endpoint, "fanout_max_queue", DEFAULT_MAX_QUEUE)
         self.stall_timeout = getattr(endpoint, "fanout_stall_timeout_ms", DEFAULT_STALL_TIMEOUT * 1000) / 1000
         self._keys = count()
+        self.budget = QueueBudget()  # every queue of this relay's sessions
+        self.receivers = 0  # receiver connections of all this relay's proxies
 
     # ------------------------------------------------------- near side
 
@@ -130,7 +141,7 @@ class FanoutRelay:
     def _open_stream(self, proxy: _Proxy, link: Link, aid: int, nursery) -> None:
         sid = link.streams.open(aid, P.StreamKind.TCP)
         st = link.state[sid] = StreamState(sid, P.StreamKind.TCP)
-        proxy.core = SessionFanout(self.max_queue)
+        proxy.core = SessionFanout(self.max_queue, self.budget)
         proxy.link, proxy.st = link, st
         link.flush_streams()
         self.counters["streams_opened"] += 1
@@ -145,9 +156,13 @@ class FanoutRelay:
                 if link is None or aid is None:
                     return
                 self._open_stream(proxy, link, aid, nursery)
-            key = next(self._keys)
-            rx = _Receiver(conn, proxy.core.add(key, trio.current_time()), _peer(conn))
+            if self.receivers >= FANOUT_MAX_RECEIVERS:
+                self.counters["fanout_receivers_full"] += 1
+                return
+            key, core = next(self._keys), proxy.core
+            rx = _Receiver(conn, core.add(key, trio.current_time()), _peer(conn))
             proxy.receivers[key] = rx
+            self.receivers += 1
             self.counters["fanout_receivers"] += 1
             try:
                 async with trio.open_nursery() as n:
@@ -156,8 +171,8 @@ class FanoutRelay:
                     n.cancel_scope.cancel()
             finally:
                 del proxy.receivers[key]
-                if proxy.core is not None:
-                    proxy.core.remove(key)
+                self.receivers -= 1
+                core.remove(key)
                 if proxy.st is not None:
                     proxy.st.incoming_ready.set()  # the stream task looks at its receivers
                 self._receiver_ended(rx)
@@ -299,7 +314,7 @@ class FanoutRelay:
         key = (body.ip, body.port, getattr(body, "session_id", None))
         up = self.upstreams.get(key)
         if up is None or up.done or up.by_origin:
-            up = self.upstreams[key] = Upstream(key, self.max_queue)
+            up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget))
             link.nursery.start_soon(self._upstream, up)
         up.waiting += 1
         link.nursery.start_soon(self._far_stream, up, link, st)

@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 
 from lbmr_proto import lbmc
-from router.core.fanout import DEFAULT_MAX_QUEUE, MIN_MAX_QUEUE, Batch, Dropped, SessionFanout
+from router.core.fanout import (
+    DEFAULT_MAX_QUEUE,
+    MIN_MAX_QUEUE,
+    Batch,
+    Dropped,
+    QueueBudget,
+    SessionFanout,
+)
 
 
 def msg(sqn: int, size: int = 100) -> bytes:
@@ -104,3 +111,16 @@ def test_queue_bounds_and_batches():
     q = f.add("a", 0.0)
     big = lbmc.data_message(1, 0, b"x" * (lbmc.MAX_MSGLEN - lbmc.DATA_HEADER.size))
     assert f.feed(big, 0.0) == [] and q.held == len(big)  # the largest message fits an empty queue
+
+
+def test_a_shared_budget_bounds_every_queue_of_a_portal_together():
+    budget = QueueBudget(limit=3 * len(msg(0, 1000)))
+    one, two = SessionFanout(budget=budget), SessionFanout(budget=budget)
+    a, b = one.add("a", 0.0), two.add("b", 0.0)
+    assert one.feed(msg(0, 1000) + msg(1, 1000), 0.0) == []
+    assert two.feed(msg(0, 1000) + msg(1, 1000), 0.0) == [Dropped("b", 1, len(msg(1, 1000)))]
+    assert budget.held == budget.limit and a.held + b.held == budget.limit
+    taken(a)  # written: room again
+    assert budget.held == b.held and two.feed(msg(2, 1000), 0.0) == []
+    two.remove("b")  # a receiver that leaves gives its bytes back
+    assert budget.held == 0

@@ -16,7 +16,9 @@ joined, through its own bounded queue:
   ``max-queue``: 1,000,000 bytes by default). A run that does not fit is
   cut at a message boundary: the messages that fit are queued, the rest are
   dropped and counted (the newest go, as in the DRO's "dropped due to
-  blocking"); a sink never receives a partial message. A sink that holds
+  blocking"); a sink never receives a partial message. All the sinks of a
+  portal share a :class:`QueueBudget` (256 MiB): memory stays bounded
+  whatever the number of receivers. A sink that holds
   bytes and takes none for ``stall_timeout`` seconds is stalled
   (:meth:`SinkQueue.stalled`): the shell disconnects it.
 
@@ -35,8 +37,8 @@ from itertools import accumulate
 
 from lbmr_proto import lbmc
 
-__all__ = ["DEFAULT_MAX_QUEUE", "MIN_MAX_QUEUE", "DEFAULT_STALL_TIMEOUT", "Batch", "Dropped",
-           "SinkQueue", "SessionFanout"]
+__all__ = ["DEFAULT_MAX_QUEUE", "MIN_MAX_QUEUE", "DEFAULT_STALL_TIMEOUT", "DEFAULT_BUDGET", "Batch",
+           "Dropped", "QueueBudget", "SinkQueue", "SessionFanout"]
 
 #: the DRO's endpoint ``max-queue`` default, bytes
 DEFAULT_MAX_QUEUE = 1_000_000
@@ -44,6 +46,8 @@ DEFAULT_MAX_QUEUE = 1_000_000
 MIN_MAX_QUEUE = lbmc.MAX_MSGLEN + 1
 #: seconds a receiver may hold queued bytes without taking any before it is disconnected
 DEFAULT_STALL_TIMEOUT = 10.0
+#: bytes the queues of one portal's sinks may hold together
+DEFAULT_BUDGET = 256 << 20
 
 
 class Batch:
@@ -78,16 +82,36 @@ class Dropped:
     nbytes: int
 
 
-class SinkQueue:
-    """The bounded queue of one sink: whole messages, at most ``limit`` bytes.
-    ``dropped_messages``/``dropped_bytes`` count what did not fit;
-    ``closing``: the session ended, the sink ends once its queue is empty."""
+class QueueBudget:
+    """Bytes all the sinks sharing it may hold together (``limit``), and how many
+    they hold (``held``): a bound on a portal's memory whatever the number of
+    its receivers."""
 
-    __slots__ = ("limit", "chunks", "held", "last_progress", "dropped_messages", "dropped_bytes",
-                 "messages", "closing")
+    __slots__ = ("limit", "held")
 
-    def __init__(self, limit: int, now: float) -> None:
+    def __init__(self, limit: int = DEFAULT_BUDGET) -> None:
         self.limit = limit
+        self.held = 0
+
+
+def _compact(view: memoryview) -> memoryview:
+    """``view`` itself, or a copy when it is under a quarter of the run it
+    points into (a sink holding a little of a run must not keep it all)."""
+    return memoryview(bytes(view)) if len(view) * 4 < len(view.obj) else view
+
+
+class SinkQueue:
+    """The bounded queue of one sink: whole messages, at most ``limit`` bytes
+    (and what ``budget`` has left). ``dropped_messages``/``dropped_bytes``
+    count what did not fit; ``closing``: the session ended, the sink ends
+    once its queue is empty."""
+
+    __slots__ = ("limit", "budget", "chunks", "held", "last_progress", "dropped_messages",
+                 "dropped_bytes", "messages", "closing")
+
+    def __init__(self, limit: int, now: float, budget: QueueBudget | None = None) -> None:
+        self.limit = limit
+        self.budget = budget if budget is not None else QueueBudget(limit)
         self.chunks: deque[memoryview] = deque()
         self.held = 0  # bytes queued
         self.last_progress = now  # when it last took bytes (or last was empty)
@@ -98,13 +122,15 @@ class SinkQueue:
 
     def offer(self, batch: Batch, now: float) -> tuple[int, int]:
         """Queue the leading messages of ``batch`` that fit; (messages, bytes) dropped."""
-        k = batch.fitting(self.limit - self.held)
+        budget = self.budget
+        k = batch.fitting(min(self.limit - self.held, budget.limit - budget.held))
         if k:
             cut = batch.ends[k - 1]
             if not self.held:
                 self.last_progress = now
-            self.chunks.append(memoryview(batch.data)[:cut])
+            self.chunks.append(_compact(memoryview(batch.data)[:cut]))
             self.held += cut
+            budget.held += cut
             self.messages += k
         lost = batch.count - k
         if not lost:
@@ -125,6 +151,7 @@ class SinkQueue:
         if nbytes <= 0:
             return
         self.held -= nbytes
+        self.budget.held -= nbytes
         self.last_progress = now
         chunks = self.chunks
         while nbytes:
@@ -133,8 +160,14 @@ class SinkQueue:
                 nbytes -= len(c)
                 chunks.popleft()
             else:
-                chunks[0] = c[nbytes:]
+                chunks[0] = _compact(c[nbytes:])
                 nbytes = 0
+
+    def release(self) -> None:
+        """The sink is gone: what it held goes back to the budget."""
+        self.budget.held -= self.held
+        self.held = 0
+        self.chunks.clear()
 
     @property
     def finished(self) -> bool:
@@ -147,12 +180,15 @@ class SinkQueue:
 
 class SessionFanout:
     """One live session's messages to its sinks (keys chosen by the caller).
-    ``max_queue``: bytes per sink (at least :data:`MIN_MAX_QUEUE`)."""
+    ``max_queue``: bytes per sink (at least :data:`MIN_MAX_QUEUE`); ``budget``:
+    shared with the other sessions of the portal (default: this session's own,
+    :data:`DEFAULT_BUDGET`)."""
 
-    def __init__(self, max_queue: int = DEFAULT_MAX_QUEUE) -> None:
+    def __init__(self, max_queue: int = DEFAULT_MAX_QUEUE, budget: QueueBudget | None = None) -> None:
         if max_queue < MIN_MAX_QUEUE:
             raise ValueError(f"max_queue must be at least {MIN_MAX_QUEUE} bytes (one message)")
         self.max_queue = max_queue
+        self.budget = budget if budget is not None else QueueBudget()
         self.framer = lbmc.StreamFramer()
         self.sinks: dict[Hashable, SinkQueue] = {}
         self.session_id_message: bytes | None = None  # the last TCP_SID control message
@@ -163,14 +199,17 @@ class SessionFanout:
     def add(self, key: Hashable, now: float) -> SinkQueue:
         """A new sink: it gets the session's TCP_SID message first (if one came),
         then the messages of every later :meth:`feed`."""
-        q = self.sinks[key] = SinkQueue(self.max_queue, now)
+        q = self.sinks[key] = SinkQueue(self.max_queue, now, self.budget)
         q.closing = self.ended
         if self.session_id_message is not None:
             q.offer(Batch.of([self.session_id_message]), now)
         return q
 
-    def remove(self, key: Hashable) -> SinkQueue | None:
-        return self.sinks.pop(key, None)
+    def remove(self, key: Hashable) -> None:
+        """A sink leaves; its queue is emptied."""
+        q = self.sinks.pop(key, None)
+        if q is not None:
+            q.release()
 
     def feed(self, data: bytes | bytearray | memoryview, now: float) -> list[Dropped]:
         """The session's next bytes: the whole messages they complete go to every
