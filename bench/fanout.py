@@ -11,7 +11,7 @@ socket and writes every read to N sockets, in the same run.
   checks them), read from the start, measured over a window after a
   warm-up.
 * The link between the routers goes through :class:`CountingForwarder`
-  (threads of this process, ``os.splice`` through a pipe each way), which
+  (a process of its own, ``os.splice`` through a pipe each way), which
   counts the bytes from router A (the sources' side) to router B.
 
 Per N: link bytes / the bytes of the receiver that got the most (paced
@@ -23,12 +23,10 @@ fast as it goes).
 from __future__ import annotations
 
 import contextlib
-import os
 import select
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 PY = [sys.executable, "-c"]
@@ -91,49 +89,64 @@ def stop(p: subprocess.Popen) -> None:
     p.stdout.close()
 
 
+FORWARDER_CODE = r"""
+import os, socket, sys, threading
+ip, tip, tport = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ls = socket.create_server((ip, 0), backlog=4)
+print(ls.getsockname()[1], flush=True)
+count = [0]
+def pump(src, dst, counted):
+    r, w = os.pipe()
+    try:
+        while k := os.splice(src.fileno(), w, 1 << 20):
+            if counted:
+                count[0] += k
+            while k:
+                k -= os.splice(r, dst.fileno(), k)
+    except OSError:
+        pass
+    try:
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+def accept():
+    while True:
+        a, _ = ls.accept()
+        try:
+            b = socket.create_connection((tip, tport))
+        except OSError:  # the router is not listening yet: the other one dials again
+            a.close()
+            continue
+        threading.Thread(target=pump, args=(a, b, True), daemon=True).start()
+        threading.Thread(target=pump, args=(b, a, False), daemon=True).start()
+threading.Thread(target=accept, daemon=True).start()
+for _ in sys.stdin:
+    print(count[0], flush=True)
+"""
+
+
 class CountingForwarder:
-    """Listens on ``ip``; each connection is forwarded to ``target`` with
-    ``os.splice``; ``a_to_b`` counts the bytes from the connecting side."""
+    """A process (FORWARDER_CODE) listening on ``ip`` that forwards each
+    connection to ``target`` with ``os.splice`` through a pipe each way;
+    :meth:`a_to_b` asks it for the bytes it forwarded from the connecting
+    side so far."""
 
     def __init__(self, ip: str, target: tuple[str, int]) -> None:
-        self.target = target
-        self.a_to_b = 0
-        self.ls = socket.create_server((ip, 0), backlog=4)
-        self.port = self.ls.getsockname()[1]
-        self.socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.proc = subprocess.Popen(PY + [FORWARDER_CODE, ip, target[0], str(target[1])],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                a, _ = self.ls.accept()
-                b = socket.create_connection(self.target)
-            except OSError:
-                return
-            self.socks += [a, b]
-            threading.Thread(target=self._pump, args=(a, b, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(b, a, False), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, count: bool) -> None:
-        r, w = os.pipe()
-        try:
-            while k := os.splice(src.fileno(), w, 1 << 20):
-                if count:
-                    self.a_to_b += k
-                while k:
-                    k -= os.splice(r, dst.fileno(), k)
-        except OSError:
-            pass
-        finally:
-            os.close(r)
-            os.close(w)
-            with contextlib.suppress(OSError):
-                dst.shutdown(socket.SHUT_WR)
+    def a_to_b(self) -> int:
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        return int(self.proc.stdout.readline())
 
     def close(self) -> None:
-        self.ls.close()
-        for s in self.socks:
-            s.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
 
 
 def receive(addr: tuple[str, int], n: int, bind_ip: str, warmup: float, window: float,
