@@ -69,6 +69,7 @@ class Upstream:
         self.sinks: dict[tuple[Link, int], StreamState] = {}
         self.waiting = 0
         self.connected = trio.Event()
+        self.attached = trio.Event()  # every stream that waited for the connection has its queue
         self.failed: str | None = None  # why the origin could not be reached
         self.refused = False  # ... it refused the connection (it is gone)
         self.by_origin = False  # the origin ended the session (EOF)
@@ -151,14 +152,14 @@ class FanoutRelay:
     async def _receiver(self, proxy: _Proxy, conn: trio.SocketStream, advert_of, current_link,
                         nursery) -> None:
         try:
+            if self.receivers >= FANOUT_MAX_RECEIVERS:
+                self.counters["fanout_receivers_full"] += 1
+                return
             if proxy.st is None:
                 link, aid = current_link(), advert_of()
                 if link is None or aid is None:
                     return
                 self._open_stream(proxy, link, aid, nursery)
-            if self.receivers >= FANOUT_MAX_RECEIVERS:
-                self.counters["fanout_receivers_full"] += 1
-                return
             key, core = next(self._keys), proxy.core
             rx = _Receiver(conn, core.add(key, trio.current_time()), _peer(conn))
             proxy.receivers[key] = rx
@@ -334,6 +335,8 @@ class FanoutRelay:
                 return
             self.counters["fanout_upstreams"] += 1
             up.connected.set()
+            if up.waiting:  # the streams that asked for the session get its first message
+                await up.attached.wait()
             await self._upstream_reads(up, conn)
         except lbmc.LbmcDecodeError as e:
             self.counters["fanout_upstream_malformed"] += 1
@@ -407,10 +410,12 @@ class FanoutRelay:
                 await up.connected.wait()
             finally:
                 up.waiting -= 1
+                if not up.waiting:
+                    up.attached.set()  # (each waiting stream adds its queue before a checkpoint)
             if up.done or up.failed is not None:
                 self._far_refused(link, st, up)
                 return
-            if not self._far_accept(link, st):
+            if not accept_stream(link, st, self.counters):
                 return
             q = up.core.add(key, trio.current_time())
             up.sinks[key] = st
@@ -443,27 +448,35 @@ class FanoutRelay:
             await st.credit.wait()
 
     def _far_refused(self, link: Link, st: StreamState, up: Upstream) -> None:
-        reason = up.failed or "the session ended"
-        self.counters["streams_refused"] += 1
-        self.event("stream_refused", reason)
-        try:
-            link.streams.refuse(st.sid, P.RefuseCode.REFUSED, reason)
-        except S.LocalStreamError:
-            pass
-        link.flush_streams()
+        refuse_stream(link, st, up.failed or "the session ended", self.counters, self.event)
         if up.refused or up.by_origin:
             self.session_ended(st.advert_id)
 
-    def _far_accept(self, link: Link, st: StreamState) -> bool:
-        if st.closed:
-            self.counters["streams_closed_before_accept"] += 1
-            return False
-        try:
-            link.streams.accept(st.sid)
-        except S.LocalStreamError:
-            self.counters["streams_closed_before_accept"] += 1
-            return False
-        link.flush_streams()
-        st.accepted.set()
-        self.counters["streams_accepted"] += 1
-        return True
+
+def accept_stream(link: Link, st: StreamState, counters: Counter[str]) -> bool:
+    """Accept the peer's stream ``st`` now that its source is there; False if the
+    peer closed it meanwhile (a STREAM_CLOSE right behind the STREAM_OPEN)."""
+    if st.closed:
+        counters["streams_closed_before_accept"] += 1
+        return False
+    try:
+        link.streams.accept(st.sid)
+    except S.LocalStreamError:
+        counters["streams_closed_before_accept"] += 1
+        return False
+    link.flush_streams()
+    st.accepted.set()
+    counters["streams_accepted"] += 1
+    return True
+
+
+def refuse_stream(link: Link, st: StreamState, reason: str, counters: Counter[str],
+                  event: Callable[[str, str], None]) -> None:
+    """Refuse the peer's stream ``st`` (its source cannot be had), counted and logged."""
+    counters["streams_refused"] += 1
+    event("stream_refused", reason)
+    try:
+        link.streams.refuse(st.sid, P.RefuseCode.REFUSED, reason)
+    except S.LocalStreamError:
+        pass
+    link.flush_streams()

@@ -22,7 +22,7 @@ import trio
 
 from . import peerlink as P
 from .core.tr import relay_transport
-from .fanout_relay import FanoutRelay, Upstreams
+from .fanout_relay import FanoutRelay, Upstreams, accept_stream, refuse_stream
 from .lbtrm_relay import LBTRM, RmRelay
 from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
 from .peerlink import streams as S
@@ -416,12 +416,13 @@ class Relay:
                     with trio.fail_after(CONNECT_TIMEOUT):
                         conn = await trio.open_tcp_stream(body.ip, body.port)
                 except (OSError, trio.TooSlowError) as e:
-                    self._refuse(link, st, f"cannot connect to the source {body.ip}:{body.port}: {e}")
+                    refuse_stream(link, st, f"cannot connect to the source {body.ip}:{body.port}: {e}",
+                                  self.counters, self.event)
                     if isinstance(e, ConnectionRefusedError):
                         self.session_ended(st.advert_id)
                     return
                 st.sock = conn
-                if not self._accept(link, st):
+                if not accept_stream(link, st, self.counters):
                     await trio.aclose_forcefully(conn)
                     return
                 try:
@@ -437,13 +438,14 @@ class Relay:
                     await s.connect((body.ip, body.port))
                 except OSError as e:
                     s.close()
-                    self._refuse(link, st, f"cannot reach the source {body.ip}:{body.port}: {e}")
+                    refuse_stream(link, st, f"cannot reach the source {body.ip}:{body.port}: {e}",
+                                  self.counters, self.event)
                     return
                 link.ru_streams_far += 1
                 try:
                     with s:
                         st.sock = s
-                        if not self._accept(link, st):
+                        if not accept_stream(link, st, self.counters):
                             return
                         st.last_active = trio.current_time()
                         async with trio.open_nursery() as n:
@@ -455,32 +457,6 @@ class Relay:
                     self._end_ru(link, st)
         finally:
             link.state.pop(st.sid, None)
-
-    def _accept(self, link: Link, st: StreamState) -> bool:
-        """Accept the peer's stream now that the source is connected; False if the
-        peer closed it meanwhile (a STREAM_CLOSE right behind the STREAM_OPEN):
-        the connection to the source is dropped then."""
-        if st.closed:
-            self.counters["streams_closed_before_accept"] += 1
-            return False
-        try:
-            link.streams.accept(st.sid)
-        except S.LocalStreamError:
-            self.counters["streams_closed_before_accept"] += 1
-            return False
-        link.flush_streams()
-        st.accepted.set()
-        self.counters["streams_accepted"] += 1
-        return True
-
-    def _refuse(self, link: Link, st: StreamState, reason: str) -> None:
-        self.counters["streams_refused"] += 1
-        self.event("stream_refused", reason)
-        try:
-            link.streams.refuse(st.sid, P.RefuseCode.REFUSED, reason)
-        except S.LocalStreamError:
-            pass
-        link.flush_streams()
 
     async def _far_ru_up(self, link: Link, st: StreamState) -> None:
         """Datagrams from the LBT-RU source to the peer, a batch at a time."""
