@@ -18,6 +18,10 @@ findings).  Definitions (see lbmr-analyze(1) for the full text):
   by lbmrd: its context is named ``[src_id] via lbmrd ip:port``.  Contexts -- and so
   queriers -- are told apart by (ip, port, src_id): the queries lbmrd relays from
   several contexts, all from lbmrd's ip:port, are as many queriers as src_ids.
+* *context identity* (:func:`context_key`): what a claim about one context, or
+  about several different ones, rests on -- the src_id of a relayed datagram, the
+  ip:port and src_id of a direct one.  Relayed TIRs without src_id may come from
+  any number of publishers: no conflict or "one context" row counts them.
 * *transport identity*: the ``transport_id`` text of a TIR (see
   :func:`lbmr_analyze.rows.transport_identity`).
 * *time to resolve* for (querier, topic), the querier a context as above: from
@@ -38,7 +42,9 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections import defaultdict
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from lbmr_proto.constants import LBMRD_PORT
 
@@ -66,6 +72,12 @@ def context_label(src: str | None, sport: int | None, src_id: str | None) -> str
     if sport == LBMRD_PORT:
         return f"[{src_id}] via lbmrd {addr}" if src_id else f"via lbmrd {addr}"
     return f"{addr} [{src_id}]" if src_id else addr
+
+
+def share_text(n: float, total: float) -> str:
+    """``n`` as a percentage of ``total``: ``12.5 %``, ``<0.1 %`` for a small non-zero share."""
+    pct = 100 * n / total if total else 0.0
+    return "<0.1 %" if 0 < pct < 0.1 else f"{pct:.1f} %"
 
 
 def _join(vals) -> str:
@@ -134,78 +146,109 @@ def error_rows(P: dict) -> tuple[list[dict], list[dict]]:
 
 # --------------------------------------------------------------------------- Spark passes
 
+class SecondPassPlan:
+    """The driver's side of the second pass: from the topic facts and the storm
+    seconds, the inputs every task gets (:class:`lbmr_analyze.partials.SecondPass`:
+    the first query of each (querier, topic), the last TIR time of each topic
+    queried after it, the storm seconds), and the rows made of the merged results."""
+
+    def __init__(self, facts: list[dict], storm_secs: list[int]) -> None:
+        first: dict[tuple, int] = {}        # (src, sport, context id, topic) -> first query
+        last_tir: dict[str, int] = {}
+        last_tqr: dict[str, int] = {}
+        for f in facts:
+            k = f["record_kind"]
+            if k == "TQR":
+                key = (f["src"], f["sport"], f["context_id"], f["topic"])
+                x = first.get(key)
+                if x is None or f["first_us"] < x:
+                    first[key] = f["first_us"]
+                last_tqr[f["topic"]] = max(last_tqr.get(f["topic"], f["last_us"]), f["last_us"])
+            elif k == "TIR":
+                last_tir[f["topic"]] = max(last_tir.get(f["topic"], f["last_us"]), f["last_us"])
+        self.first = first
+        self.keys = list(first)
+        self.cand = {t: us for t, us in last_tir.items() if last_tqr.get(t, -1) > us}
+        self.storm_secs = storm_secs
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.first or self.storm_secs)
+
+    def inputs_ipc(self) -> bytes:
+        """The tasks' inputs as Arrow IPC (:func:`lbmr_analyze.partials.to_ipc`)."""
+        import pyarrow as pa
+
+        from . import partials as P
+        topics = sorted({k[3] for k in self.keys} | set(self.cand))
+        tid = {t: i for i, t in enumerate(topics)}
+        return P.to_ipc({
+            # explicit types: an empty list would otherwise be of type null
+            "topics": pa.table({"topic": pa.array(topics, pa.string())}),
+            "firstq": pa.table({"q": pa.array(range(len(self.keys)), pa.int64()),
+                                "tid": pa.array([tid[k[3]] for k in self.keys], pa.int32()),
+                                "us": pa.array([self.first[k] for k in self.keys], pa.int64())}),
+            "last_tir": pa.table({"tid": pa.array([tid[t] for t in self.cand], pa.int32()),
+                                  "last_tir_us": pa.array(list(self.cand.values()), pa.int64())}),
+            "storm_secs": pa.table({"second": pa.array(self.storm_secs, pa.int64())}),
+        })
+
+    def rows(self, m: dict) -> tuple[list[dict], list[dict], list[dict]]:
+        """(time to resolve, stale queries, storm contexts) rows of the merged results ``m``."""
+        ttr = []
+        for x in (m["ttr"].to_pylist() if "ttr" in m else []):
+            if x["next_tir"] is not None:
+                key = self.keys[x["q"]]
+                s, p, cid, topic = key
+                ttr.append(dict(src=s, sport=p, context_id=cid, topic=topic, us=self.first[key],
+                                next_tir=x["next_tir"]))
+        stale = [dict(x, last_tir_us=self.cand[x["topic"]]) for x in (m["stale"].to_pylist() if "stale" in m else [])]
+        storm = m["storm"].to_pylist() if "storm" in m else []
+        return ttr, stale, storm
+
+
+def parquet_files(records_path: str) -> list[str]:
+    """The Parquet files under ``records_path`` (paths within its file system)."""
+    import pyarrow.fs as pafs
+
+    from . import fsio
+    fs, base = fsio.filesystem(records_path)
+    return sorted(i.path for i in fs.get_file_info(pafs.FileSelector(base, recursive=True))
+                  if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+                  and not i.base_name.startswith("."))
+
+
 def second_pass(spark, records_path: str, facts: list[dict], storm_secs: list[int]
                 ) -> tuple[list[dict], list[dict], list[dict]]:
     """One more pass over the Parquet records, for what needs facts known only after
     the first: (time to resolve, stale queries, storm contexts) rows.
 
-    The driver sends every task the first query of each (querier, topic), the last
-    TIR time of each topic queried after it, and the storm seconds (a broadcast);
-    the tasks read their Parquet files with pyarrow
+    The driver sends every task the inputs of :class:`SecondPassPlan` (a
+    broadcast); the tasks read their Parquet files with pyarrow
     (:class:`lbmr_analyze.partials.SecondPass`) and return small partial tables,
-    merged here."""
+    merged here.  With ``spark`` None the pass runs in this process, as one task
+    over every file."""
     import functools
 
-    import pyarrow as pa
-    import pyarrow.fs as pafs
-
-    from . import fsio
     from . import partials as P
 
-    first: dict[tuple, int] = {}        # (src, sport, context id, topic) -> first query
-    last_tir: dict[str, int] = {}
-    last_tqr: dict[str, int] = {}
-    for f in facts:
-        k = f["record_kind"]
-        if k == "TQR":
-            key = (f["src"], f["sport"], f["context_id"], f["topic"])
-            x = first.get(key)
-            if x is None or f["first_us"] < x:
-                first[key] = f["first_us"]
-            last_tqr[f["topic"]] = max(last_tqr.get(f["topic"], f["last_us"]), f["last_us"])
-        elif k == "TIR":
-            last_tir[f["topic"]] = max(last_tir.get(f["topic"], f["last_us"]), f["last_us"])
-    cand = {t: us for t, us in last_tir.items() if last_tqr.get(t, -1) > us}
-    if not first and not storm_secs:
-        return [], [], []
-    fs, base = fsio.filesystem(records_path)
-    files = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(base, recursive=True))
-                   if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
-                   and not i.base_name.startswith("."))
+    plan = SecondPassPlan(facts, storm_secs)
+    files = parquet_files(records_path) if plan.needed else []
     if not files:
         return [], [], []
-    keys = list(first)
-    topics = sorted({k[3] for k in keys} | set(cand))
-    tid = {t: i for i, t in enumerate(topics)}
-    inputs = {
-        # explicit types: an empty list would otherwise be of type null
-        "topics": pa.table({"topic": pa.array(topics, pa.string())}),
-        "firstq": pa.table({"q": pa.array(range(len(keys)), pa.int64()),
-                            "tid": pa.array([tid[k[3]] for k in keys], pa.int32()),
-                            "us": pa.array([first[k] for k in keys], pa.int64())}),
-        "last_tir": pa.table({"tid": pa.array([tid[t] for t in cand], pa.int32()),
-                              "last_tir_us": pa.array(list(cand.values()), pa.int64())}),
-        "storm_secs": pa.table({"second": pa.array(storm_secs, pa.int64())}),
-    }
-    sc = spark.sparkContext
-    n = max(1, min(len(files), 2 * sc.defaultParallelism))
-    groups = [files[i::n] for i in range(n)]
-    bc = sc.broadcast(P.to_ipc(inputs))
-    try:
-        got = (sc.parallelize(groups, n)
-               .map(functools.partial(P.run_second, base_uri=records_path, inputs=bc)).collect())
-    finally:
-        bc.unpersist()
-    m = P.merge([P.from_ipc(b) for b in got if b])
-    ttr = []
-    for x in (m["ttr"].to_pylist() if "ttr" in m else []):
-        if x["next_tir"] is not None:
-            s, p, cid, topic = keys[x["q"]]
-            ttr.append(dict(src=s, sport=p, context_id=cid, topic=topic, us=first[keys[x["q"]]],
-                            next_tir=x["next_tir"]))
-    stale = [dict(x, last_tir_us=cand[x["topic"]]) for x in (m["stale"].to_pylist() if "stale" in m else [])]
-    storm = m["storm"].to_pylist() if "storm" in m else []
-    return ttr, stale, storm
+    if spark is None:
+        got = [P.second_pass_files(files, records_path, plan.inputs_ipc())]
+    else:
+        sc = spark.sparkContext
+        n = max(1, min(len(files), 2 * sc.defaultParallelism))
+        groups = [files[i::n] for i in range(n)]
+        bc = sc.broadcast(plan.inputs_ipc())
+        try:
+            got = (sc.parallelize(groups, n)
+                   .map(functools.partial(P.run_second, base_uri=records_path, inputs=bc)).collect())
+        finally:
+            bc.unpersist()
+    return plan.rows(P.merge([P.from_ipc(b) for b in got if b]))
 
 
 # --------------------------------------------------------------------------- driver side
@@ -240,105 +283,304 @@ def _ip(text: str | None):
         return None
 
 
-def derive(facts: list[dict], flow_rows: list[dict], *, top: int) -> dict[str, list[dict]]:
-    """The topic, conflict, NAT, talker, client and wildcard tables from the topic
-    facts and flows (see the module docs for the definitions)."""
-    T: dict[str, list[dict]] = {}
-    label = context_label
-    tirs = [f for f in facts if f["record_kind"] == "TIR"]
-    tqrs = [f for f in facts if f["record_kind"] == "TQR"]
-    wcs = [f for f in facts if f["record_kind"] == "WC_TQR"]
+# --------------------------------------------------------------------------- typed inputs and accumulators
 
-    # ---- topics
-    by_topic: dict[str, dict] = {}
-    for f in tirs + tqrs:
-        t = by_topic.setdefault(f["topic"], dict(adv=0, q=0, tids=set(), advs=set(), qs=set(),
-                                                 first=None, last=None, ftir=None, ltir=None, ftqr=None))
-        if f["record_kind"] == "TIR":
-            t["adv"] += f["n"]
-            t["tids"].add(f["transport_id"])
-            t["advs"].add(label(f["src"], f["sport"], f["context_id"]))
-            t["ftir"] = f["first_us"] if t["ftir"] is None else min(t["ftir"], f["first_us"])
-            t["ltir"] = f["last_us"] if t["ltir"] is None else max(t["ltir"], f["last_us"])
-        else:
-            t["q"] += f["n"]
-            t["qs"].add((f["src"], f["sport"], f["context_id"]))
-            t["ftqr"] = f["first_us"] if t["ftqr"] is None else min(t["ftqr"], f["first_us"])
-        t["first"] = f["first_us"] if t["first"] is None else min(t["first"], f["first_us"])
-        t["last"] = f["last_us"] if t["last"] is None else max(t["last"], f["last_us"])
-    inv = [dict(topic=k, advertisements=t["adv"], queries=t["q"], n_sources=len(t["tids"]),
-                sources=_join(t["tids"]), advertisers=_join(t["advs"]), n_queriers=len(t["qs"]),
-                first_seen=iso_us(t["first"]), last_seen=iso_us(t["last"]),
-                first_advertised=iso_us(t["ftir"]), last_advertised=iso_us(t["ltir"]),
-                first_queried=iso_us(t["ftqr"]))
-           for k, t in by_topic.items()]
-    inv.sort(key=lambda x: (-(x["advertisements"] + x["queries"]), x["topic"]))
-    T["topic_inventory"] = inv
-    T["top_topics"] = [dict(topic=i["topic"], records=i["advertisements"] + i["queries"],
-                            advertisements=i["advertisements"], queries=i["queries"], n_sources=i["n_sources"])
-                       for i in inv[:top]]
+class Fact(NamedTuple):
+    """One topic fact (:func:`topic_facts`); times in epoch microseconds."""
 
-    # ---- unresolved: per (topic, querier)
-    unres: dict[tuple, list] = {}
-    for f in tqrs:
-        if by_topic[f["topic"]]["adv"]:
+    topic: str | None
+    record_kind: str
+    pattern_type: int | None
+    src: str | None
+    sport: int | None
+    context_id: str | None
+    transport_id: str | None
+    transport_ip: str | None
+    otid: str | None
+    n: int
+    first_us: int
+    last_us: int
+
+
+class Flow(NamedTuple):
+    """One flow (:func:`flows`); times in epoch microseconds."""
+
+    src: str | None
+    sport: int | None
+    dst: str | None
+    dport: int | None
+    context_id: str | None
+    packet_type: str | None
+    packets: int
+    bytes: int
+    records: int
+    tirs: int
+    tqrs: int
+    keepalives: int
+    first_us: int
+    last_us: int
+    ka_first_us: int | None
+    ka_last_us: int | None
+
+
+@dataclass
+class Tally:
+    """A count with its first and last time (epoch microseconds; None before the first)."""
+
+    n: int = 0
+    first: int | None = None
+    last: int | None = None
+
+    def add(self, n: int, first: int | None, last: int | None) -> None:
+        self.n += n
+        if first is not None:
+            self.first = first if self.first is None else min(self.first, first)
+        if last is not None:
+            self.last = last if self.last is None else max(self.last, last)
+
+    def fact(self, f: Fact) -> None:
+        self.add(f.n, f.first_us, f.last_us)
+
+
+def _label(f: Fact | Flow) -> str:
+    return context_label(f.src, f.sport, f.context_id)
+
+
+def context_key(src: str | None, sport: int | None, src_id: str | None) -> tuple | None:
+    """What tells the context of a datagram apart: (``ip:port``, src_id) of a direct
+    sender; (None, src_id) of a datagram relayed by lbmrd (the src_id names the
+    context, whichever lbmrd relayed it); None for a relayed datagram without
+    src_id (lbmrd's address names no one context)."""
+    if sport != LBMRD_PORT:
+        return (f"{src}:{sport}", src_id)
+    return (None, src_id) if src_id else None
+
+
+def count_contexts(keys: set) -> int:
+    """How many contexts the :func:`context_key` keys (None left out) surely are: a
+    relayed key (None, x) is the direct sender of src_id x where one was seen."""
+    direct = {cid for a, cid in keys if a is not None}
+    return sum(1 for a, cid in keys if a is not None or cid not in direct)
+
+
+# --------------------------------------------------------------------------- topics
+
+@dataclass
+class TopicStats:
+    """What the TIRs and TQRs of one topic add up to."""
+
+    seen: Tally = field(default_factory=Tally)
+    tir: Tally = field(default_factory=Tally)
+    tqr: Tally = field(default_factory=Tally)
+    transports: set = field(default_factory=set)
+    advertisers: set = field(default_factory=set)
+    queriers: set = field(default_factory=set)
+
+
+def topic_stats(facts: list[Fact]) -> dict[str, TopicStats]:
+    """Per topic of a TIR or TQR: its :class:`TopicStats`."""
+    out: dict[str, TopicStats] = {}
+    for f in facts:
+        if f.record_kind not in ("TIR", "TQR"):
             continue
-        # per context: relayed by lbmrd, the sender is lbmrd, so the src_id tells them apart
-        k = (f["topic"], f["src"], f["sport"], f["context_id"])
-        u = unres.setdefault(k, [0, f["first_us"], f["last_us"]])
-        u[0] += f["n"]
-        u[1], u[2] = min(u[1], f["first_us"]), max(u[2], f["last_us"])
-    T["unresolved_topics"] = sorted(
-        (dict(topic=t, querier=f"{s}:{p}", src_id=c, queries=u[0],
-              first_query=iso_us(u[1]), last_query=iso_us(u[2]), via_lbmrd=p == LBMRD_PORT)
-         for (t, s, p, c), u in unres.items()),
-        key=lambda x: (-x["queries"], x["topic"], x["querier"], x["src_id"] or ""))
+        t = out.setdefault(f.topic, TopicStats())
+        t.seen.fact(f)
+        if f.record_kind == "TIR":
+            t.tir.fact(f)
+            t.transports.add(f.transport_id)
+            t.advertisers.add(_label(f))
+        else:
+            t.tqr.fact(f)
+            t.queriers.add((f.src, f.sport, f.context_id))
+    return out
 
-    # ---- conflicts
-    by_tid: dict[str, dict] = defaultdict(lambda: dict(ctx=set(), topics=set(), n=0, first=None, last=None))
-    by_otid: dict[str, dict] = defaultdict(lambda: dict(ctx=set(), topics=set(), tids=set(), n=0))
-    by_ctx_topic: dict[tuple, dict] = defaultdict(lambda: dict(tids=set(), n=0, first=None, last=None))
+
+class TopicRow(NamedTuple):
+    topic: str
+    advertisements: int
+    queries: int
+    n_sources: int
+    sources: str
+    advertisers: str
+    n_queriers: int
+    first_seen: str | None
+    last_seen: str | None
+    first_advertised: str | None
+    last_advertised: str | None
+    first_queried: str | None
+
+
+def topic_inventory(stats: dict[str, TopicStats]) -> list[TopicRow]:
+    """Every topic: advertisements, queries, transports, advertisers, queriers and times;
+    busiest first."""
+    rows = [TopicRow(k, t.tir.n, t.tqr.n, len(t.transports), _join(t.transports), " | ".join(sorted(t.advertisers)),
+                     len(t.queriers), iso_us(t.seen.first), iso_us(t.seen.last), iso_us(t.tir.first),
+                     iso_us(t.tir.last), iso_us(t.tqr.first))
+            for k, t in stats.items()]
+    rows.sort(key=lambda x: (-(x.advertisements + x.queries), x.topic))
+    return rows
+
+
+class TopTopicRow(NamedTuple):
+    topic: str
+    records: int
+    advertisements: int
+    queries: int
+    n_sources: int
+
+
+def top_topics(inventory: list[TopicRow], top: int) -> list[TopTopicRow]:
+    """The ``top`` busiest topics of the inventory."""
+    return [TopTopicRow(i.topic, i.advertisements + i.queries, i.advertisements, i.queries, i.n_sources)
+            for i in inventory[:top]]
+
+
+class UnresolvedRow(NamedTuple):
+    topic: str
+    querier: str
+    src_id: str | None
+    queries: int
+    first_query: str | None
+    last_query: str | None
+    via_lbmrd: bool
+
+
+def unresolved_topics(facts: list[Fact], stats: dict[str, TopicStats]) -> list[UnresolvedRow]:
+    """Per topic queried and never advertised, and querier (``ip:port`` and src_id:
+    relayed by lbmrd the sender is lbmrd, so the src_id tells the contexts apart)."""
+    per: dict[tuple, Tally] = defaultdict(Tally)
+    for f in facts:
+        if f.record_kind == "TQR" and not stats[f.topic].tir.n:
+            per[(f.topic, f.src, f.sport, f.context_id)].fact(f)
+    rows = [UnresolvedRow(t, f"{s}:{p}", c, u.n, iso_us(u.first), iso_us(u.last), p == LBMRD_PORT)
+            for (t, s, p, c), u in per.items()]
+    rows.sort(key=lambda x: (-x.queries, x.topic, x.querier, x.src_id or ""))
+    return rows
+
+
+# --------------------------------------------------------------------------- conflicts
+
+@dataclass
+class TransportUse:
+    """The advertisements of one transport identity or OTID."""
+
+    tally: Tally = field(default_factory=Tally)
+    contexts: set = field(default_factory=set)
+    #: :func:`context_key` of the contexts told apart
+    keys: set = field(default_factory=set)
+    topics: set = field(default_factory=set)
+    transports: set = field(default_factory=set)
+
+    def add(self, f: Fact) -> None:
+        self.tally.fact(f)
+        self.contexts.add(_label(f))
+        k = context_key(f.src, f.sport, f.context_id)
+        if k is not None:
+            self.keys.add(k)
+        self.topics.add(f.topic)
+        self.transports.add(f.transport_id)
+
+
+class TransportConflictRow(NamedTuple):
+    transport_id: str
+    n_contexts: int
+    contexts: str
+    n_topics: int
+    topics: str
+    advertisements: int
+    first_seen: str | None
+    last_seen: str | None
+
+
+def transport_conflicts(tirs: list[Fact]) -> list[TransportConflictRow]:
+    """Transport identities advertised by more than one context (contexts told apart
+    by :func:`context_key`; ``contexts`` names every sender, ``n_contexts`` counts
+    the contexts surely distinct)."""
+    per: dict[str, TransportUse] = defaultdict(TransportUse)
     for f in tirs:
-        c = label(f["src"], f["sport"], f["context_id"])
-        x = by_tid[f["transport_id"]]
-        x["ctx"].add(c)
-        x["topics"].add(f["topic"])
-        x["n"] += f["n"]
-        x["first"] = f["first_us"] if x["first"] is None else min(x["first"], f["first_us"])
-        x["last"] = f["last_us"] if x["last"] is None else max(x["last"], f["last_us"])
-        if f["otid"] is not None:
-            o = by_otid[f["otid"]]
-            o["ctx"].add(c)
-            o["topics"].add(f["topic"])
-            o["tids"].add(f["transport_id"])
-            o["n"] += f["n"]
-        y = by_ctx_topic[(f["src"], f["sport"], f["context_id"], f["topic"])]
-        y["tids"].add(f["transport_id"])
-        y["n"] += f["n"]
-        y["first"] = f["first_us"] if y["first"] is None else min(y["first"], f["first_us"])
-        y["last"] = f["last_us"] if y["last"] is None else max(y["last"], f["last_us"])
-    T["transport_conflicts"] = sorted(
-        (dict(transport_id=k, n_contexts=len(x["ctx"]), contexts=" | ".join(sorted(x["ctx"])),
-              n_topics=len(x["topics"]), topics=_join(x["topics"]), advertisements=x["n"],
-              first_seen=iso_us(x["first"]), last_seen=iso_us(x["last"]))
-         for k, x in by_tid.items() if len(x["ctx"]) > 1),
-        key=lambda x: (-x["n_contexts"], x["transport_id"]))
-    T["otid_collisions"] = sorted(
-        (dict(otid=k, n_topics=len(o["topics"]), topics=_join(o["topics"]), n_contexts=len(o["ctx"]),
-              contexts=" | ".join(sorted(o["ctx"])), transports=_join(o["tids"]), advertisements=o["n"])
-         for k, o in by_otid.items() if len(o["topics"]) > 1 or len(o["ctx"]) > 1),
-        key=lambda x: (-(x["n_topics"] + x["n_contexts"]), x["otid"]))
-    T["multi_transport_topics"] = sorted(
-        (dict(context=label(s, p, cid), src_id=cid, topic=t, n_transports=len(y["tids"]),
-              transports=_join(y["tids"]), advertisements=y["n"],
-              first_seen=iso_us(y["first"]), last_seen=iso_us(y["last"]))
-         for (s, p, cid, t), y in by_ctx_topic.items() if len(y["tids"]) > 1),
-        key=lambda x: (-x["n_transports"], x["context"], x["topic"]))
+        per[f.transport_id].add(f)
+    rows = [TransportConflictRow(k, count_contexts(x.keys), " | ".join(sorted(x.contexts)), len(x.topics),
+                                 _join(x.topics), x.tally.n, iso_us(x.tally.first), iso_us(x.tally.last))
+            for k, x in per.items() if count_contexts(x.keys) > 1]
+    rows.sort(key=lambda x: (-x.n_contexts, x.transport_id))
+    return rows
 
-    # ---- NAT audit
+
+class OtidCollisionRow(NamedTuple):
+    otid: str
+    n_topics: int
+    topics: str
+    n_contexts: int
+    contexts: str
+    transports: str
+    advertisements: int
+
+
+def otid_collisions(tirs: list[Fact]) -> list[OtidCollisionRow]:
+    """OTIDs advertised for more than one topic or by more than one context
+    (counted as in :func:`transport_conflicts`)."""
+    per: dict[str, TransportUse] = defaultdict(TransportUse)
+    for f in tirs:
+        if f.otid is not None:
+            per[f.otid].add(f)
+    rows = [OtidCollisionRow(k, len(o.topics), _join(o.topics), count_contexts(o.keys),
+                             " | ".join(sorted(o.contexts)), _join(o.transports), o.tally.n)
+            for k, o in per.items() if len(o.topics) > 1 or count_contexts(o.keys) > 1]
+    rows.sort(key=lambda x: (-(x.n_topics + x.n_contexts), x.otid))
+    return rows
+
+
+class MultiTransportRow(NamedTuple):
+    context: str
+    src_id: str | None
+    topic: str
+    n_transports: int
+    transports: str
+    advertisements: int
+    first_seen: str | None
+    last_seen: str | None
+
+
+def multi_transport_topics(tirs: list[Fact]) -> list[MultiTransportRow]:
+    """A context advertising one topic on more than one transport identity; only
+    contexts told apart (:func:`context_key`): TIRs relayed by lbmrd without src_id
+    may come from several publishers.  ``context`` names the sender (``ip:port``,
+    or ``via lbmrd ip:port`` for each lbmrd that relayed the context's TIRs), the
+    src_id is a column of its own."""
+    per: dict[tuple, TransportUse] = defaultdict(TransportUse)
+    senders: dict[tuple, set] = defaultdict(set)
+    for f in tirs:
+        k = context_key(f.src, f.sport, f.context_id)
+        if k is not None:
+            per[(k, f.topic)].add(f)
+            senders[(k, f.topic)].add(context_label(f.src, f.sport, None))
+    rows = [MultiTransportRow(" | ".join(sorted(senders[(k, t)])), k[1], t, len(y.transports),
+                              _join(y.transports), y.tally.n, iso_us(y.tally.first), iso_us(y.tally.last))
+            for (k, t), y in per.items() if len(y.transports) > 1]
+    rows.sort(key=lambda x: (-x.n_transports, x.context, x.topic, x.src_id or ""))
+    return rows
+
+
+# --------------------------------------------------------------------------- NAT audit
+
+class NatRow(NamedTuple):
+    advertised_ip: str
+    transport_id: str
+    topic: str
+    advertiser: str
+    via_lbmrd: bool
+    advertisements: int
+    first_seen: str | None
+    last_seen: str | None
+    reason: str
+
+
+def nat_audit(tirs: list[Fact], flows: list[Flow]) -> list[NatRow]:
+    """TIRs advertising an address no host of the capture's networks shares (the
+    module docs' rule of thumb)."""
     seen24, blocks = set(), set()
-    for fl in flow_rows:
-        for a, direct in ((fl["src"], fl["sport"] != LBMRD_PORT), (fl["dst"], True)):
+    for fl in flows:
+        for a, direct in ((fl.src, fl.sport != LBMRD_PORT), (fl.dst, True)):
             ip = _ip(a)
             if ip is None or ip.is_multicast or not direct or ip.is_unspecified:
                 continue
@@ -346,107 +588,205 @@ def derive(facts: list[dict], flow_rows: list[dict], *, top: int) -> dict[str, l
             b = _block(ip)
             if b is not None:
                 blocks.add(b)
-    nat: dict[tuple, dict] = {}
+    per: dict[tuple, Tally] = defaultdict(Tally)
+    relayed: dict[tuple, bool] = {}
     for f in tirs:
-        ip = _ip(f["transport_ip"])
+        ip = _ip(f.transport_ip)
         if ip is None or ip.is_unspecified or ip.is_multicast:
             continue
         if int(ip) >> 8 in seen24 or (_block(ip) is not None and _block(ip) in blocks):
             continue
-        k = (f["transport_ip"], f["transport_id"], f["topic"], label(f["src"], f["sport"], f["context_id"]))
-        x = nat.setdefault(k, dict(n=0, first=f["first_us"], last=f["last_us"], relayed=f["sport"] == LBMRD_PORT))
-        x["n"] += f["n"]
-        x["first"], x["last"] = min(x["first"], f["first_us"]), max(x["last"], f["last_us"])
-    T["nat_audit"] = [dict(advertised_ip=k[0], transport_id=k[1], topic=k[2], advertiser=k[3],
-                           via_lbmrd=x["relayed"], advertisements=x["n"],
-                           first_seen=iso_us(x["first"]), last_seen=iso_us(x["last"]),
-                           reason="no host of this /24 or private block was seen in the capture")
-                      for k, x in sorted(nat.items())]
+        k = (f.transport_ip, f.transport_id, f.topic, _label(f))
+        per[k].fact(f)
+        relayed.setdefault(k, f.sport == LBMRD_PORT)
+    return [NatRow(*k, relayed[k], x.n, iso_us(x.first), iso_us(x.last),
+                   "no host of this /24 or private block was seen in the capture")
+            for k, x in sorted(per.items())]
 
-    # ---- contexts: top talkers, keepalive clients, census changes
-    ctx: dict[tuple, dict] = {}
-    for fl in flow_rows:
-        k = (fl["src"], fl["sport"], fl["context_id"])
-        c = ctx.setdefault(k, dict(packets=0, bytes=0, records=0, tirs=0, tqrs=0, keepalives=0,
-                                   first=fl["first_us"], last=fl["last_us"], ka_first=None, ka_last=None,
-                                   types=set(), dsts=set(), to_lbmrd=False))
-        for n in ("packets", "bytes", "records", "tirs", "tqrs", "keepalives"):
-            c[n] += fl[n]
-        c["first"], c["last"] = min(c["first"], fl["first_us"]), max(c["last"], fl["last_us"])
-        if fl["keepalives"]:
-            c["types"].add(fl["packet_type"])
-            c["dsts"].add(fl["dst"])
-            c["ka_first"] = fl["ka_first_us"] if c["ka_first"] is None else min(c["ka_first"], fl["ka_first_us"])
-            c["ka_last"] = fl["ka_last_us"] if c["ka_last"] is None else max(c["ka_last"], fl["ka_last_us"])
-        if fl["dport"] == LBMRD_PORT:
-            c["to_lbmrd"] = True
-    talkers = [dict(context=f"{s}:{p}", src_id=cid, via_lbmrd=p == LBMRD_PORT, packets=c["packets"],
-                    bytes=c["bytes"], records=c["records"], tirs=c["tirs"], tqrs=c["tqrs"],
-                    keepalives=c["keepalives"], first_seen=iso_us(c["first"]), last_seen=iso_us(c["last"]))
-               for (s, p, cid), c in ctx.items()]
-    talkers.sort(key=lambda x: (-x["packets"], -x["bytes"], x["context"], x["src_id"] or ""))
-    T["contexts"] = talkers
-    T["top_talkers"] = talkers[:top]
-    ka: dict[tuple, dict] = {}
+
+# --------------------------------------------------------------------------- contexts
+
+@dataclass
+class ContextStats:
+    """What the flows of one context (src, sport, context id) add up to."""
+
+    packets: int = 0
+    bytes: int = 0
+    records: int = 0
+    tirs: int = 0
+    tqrs: int = 0
+    seen: Tally = field(default_factory=Tally)
+    keepalive: Tally = field(default_factory=Tally)
+    types: set = field(default_factory=set)
+    dsts: set = field(default_factory=set)
+    to_lbmrd: bool = False
+
+
+def context_stats(flows: list[Flow]) -> dict[tuple, ContextStats]:
+    """Per (src, sport, context id): its :class:`ContextStats`."""
+    out: dict[tuple, ContextStats] = {}
+    for fl in flows:
+        c = out.setdefault((fl.src, fl.sport, fl.context_id), ContextStats())
+        c.packets += fl.packets
+        c.bytes += fl.bytes
+        c.records += fl.records
+        c.tirs += fl.tirs
+        c.tqrs += fl.tqrs
+        c.seen.add(0, fl.first_us, fl.last_us)
+        if fl.keepalives:
+            c.types.add(fl.packet_type)
+            c.dsts.add(fl.dst)
+            c.keepalive.add(fl.keepalives, fl.ka_first_us, fl.ka_last_us)
+        if fl.dport == LBMRD_PORT:
+            c.to_lbmrd = True
+    return out
+
+
+class ContextRow(NamedTuple):
+    context: str
+    src_id: str | None
+    via_lbmrd: bool
+    packets: int
+    bytes: int
+    records: int
+    tirs: int
+    tqrs: int
+    keepalives: int
+    first_seen: str | None
+    last_seen: str | None
+
+
+def contexts(ctx: dict[tuple, ContextStats]) -> list[ContextRow]:
+    """Every context, most datagrams first (the top talkers are the first rows)."""
+    rows = [ContextRow(f"{s}:{p}", cid, p == LBMRD_PORT, c.packets, c.bytes, c.records, c.tirs, c.tqrs,
+                       c.keepalive.n, iso_us(c.seen.first), iso_us(c.seen.last))
+            for (s, p, cid), c in ctx.items()]
+    rows.sort(key=lambda x: (-x.packets, -x.bytes, x.context, x.src_id or ""))
+    return rows
+
+
+class KeepaliveSenderRow(NamedTuple):
+    client: str
+    packets: int
+    types: str
+    destinations: str
+    first_seen: str | None
+    last_seen: str | None
+
+
+def keepalive_senders(ctx: dict[tuple, ContextStats]) -> list[KeepaliveSenderRow]:
+    """Per ``ip:port`` that sent keepalives: how many, packet types, destinations, times."""
+    per: dict[tuple, ContextStats] = {}
     for (s, p, _cid), c in ctx.items():
-        if c["keepalives"]:
-            x = ka.setdefault((s, p), dict(n=0, types=set(), dsts=set(), first=c["ka_first"], last=c["ka_last"]))
-            x["n"] += c["keepalives"]
-            x["types"] |= c["types"]
-            x["dsts"] |= c["dsts"]
-            x["first"], x["last"] = min(x["first"], c["ka_first"]), max(x["last"], c["ka_last"])
-    T["keepalive_senders"] = [dict(client=f"{s}:{p}", packets=x["n"], types=_join(x["types"]),
-                                   destinations=_join(x["dsts"]), first_seen=iso_us(x["first"]),
-                                   last_seen=iso_us(x["last"]))
-                              for (s, p), x in sorted(ka.items(), key=lambda kv: f"{kv[0][0]}:{kv[0][1]}")]
-    T["client_changes"] = client_changes(ctx, flow_rows)
-
-    # ---- wildcards
-    pats: dict[tuple, dict] = {}
-    for f in wcs:
-        k = (f["topic"], f["pattern_type"])
-        x = pats.setdefault(k, dict(n=0, qs=set(), first=f["first_us"], last=f["last_us"]))
-        x["n"] += f["n"]
-        x["qs"].add(label(f["src"], f["sport"], f["context_id"]))
-        x["first"], x["last"] = min(x["first"], f["first_us"]), max(x["last"], f["last_us"])
-    topics = sorted(by_topic)
-    prow, matches = [], []
-    for (p, t) in sorted(pats):
-        x = pats[(p, t)]
-        rx = compile_pattern(p, t)
-        err = rx if isinstance(rx, str) else None
-        hits = [] if err else [tp for tp in topics if rx.search(tp)]
-        matches += [dict(pattern=p, pattern_type=t, topic=tp) for tp in hits]
-        prow.append(dict(pattern=p, pattern_type=t, queries=x["n"], queriers=" | ".join(sorted(x["qs"])),
-                         first_seen=iso_us(x["first"]), last_seen=iso_us(x["last"]),
-                         matched_topics=len(hits), error=err))
-    T["wildcard_patterns"] = prow
-    T["wildcard_matches"] = matches
-    return T
+        if c.keepalive.n:
+            x = per.setdefault((s, p), ContextStats())
+            x.keepalive.add(c.keepalive.n, c.keepalive.first, c.keepalive.last)
+            x.types |= c.types
+            x.dsts |= c.dsts
+    return [KeepaliveSenderRow(f"{s}:{p}", x.keepalive.n, _join(x.types), _join(x.dsts),
+                               iso_us(x.keepalive.first), iso_us(x.keepalive.last))
+            for (s, p), x in sorted(per.items(), key=lambda kv: f"{kv[0][0]}:{kv[0][1]}")]
 
 
-def client_changes(ctx: dict[tuple, dict], flow_rows: list[dict]) -> list[dict]:
+class ClientChangeRow(NamedTuple):
+    client: str
+    src_id: str | None
+    event: str
+    time: str | None
+    silent_s: float | None
+    datagrams: int
+
+
+def client_changes(ctx: dict[tuple, ContextStats], flows: list[Flow]) -> list[ClientChangeRow]:
     """lbmrd clients (contexts that sent keepalives or LBMR to UDP port 15380) that
     joined (first heard more than :data:`CLIENT_SILENCE_S` after the capture's first
     datagram) or vanished (silent for more than that before its last datagram)."""
-    times = [fl["first_us"] for fl in flow_rows] + [fl["last_us"] for fl in flow_rows]
-    if not times:
+    span = Tally()
+    for fl in flows:
+        span.add(0, fl.first_us, fl.last_us)
+    if span.first is None:
         return []
-    start, end = min(times), max(times)
     lim = CLIENT_SILENCE_S * 1_000_000
     out = []
     for (s, p, cid), c in ctx.items():
-        if not (c["keepalives"] or c["to_lbmrd"]) or p == LBMRD_PORT:
+        if not (c.keepalive.n or c.to_lbmrd) or p == LBMRD_PORT:
             continue
         name = f"{s}:{p}"
-        if c["first"] - start > lim:
-            out.append(dict(client=name, src_id=cid, event="joined", time=iso_us(c["first"]),
-                            silent_s=None, datagrams=c["packets"]))
-        if end - c["last"] > lim:
-            out.append(dict(client=name, src_id=cid, event="vanished", time=iso_us(c["last"]),
-                            silent_s=round((end - c["last"]) / 1e6, 3), datagrams=c["packets"]))
-    out.sort(key=lambda x: (x["time"], x["client"], x["event"]))
+        if c.seen.first - span.first > lim:
+            out.append(ClientChangeRow(name, cid, "joined", iso_us(c.seen.first), None, c.packets))
+        if span.last - c.seen.last > lim:
+            out.append(ClientChangeRow(name, cid, "vanished", iso_us(c.seen.last),
+                                       round((span.last - c.seen.last) / 1e6, 3), c.packets))
+    out.sort(key=lambda x: (x.time, x.client, x.event))
     return out
+
+
+# --------------------------------------------------------------------------- wildcards
+
+class WildcardPatternRow(NamedTuple):
+    pattern: str
+    pattern_type: int
+    queries: int
+    queriers: str
+    first_seen: str | None
+    last_seen: str | None
+    matched_topics: int
+    error: str | None
+
+
+class WildcardMatchRow(NamedTuple):
+    pattern: str
+    pattern_type: int
+    topic: str
+
+
+def wildcards(wcs: list[Fact], topics: list[str]) -> tuple[list[WildcardPatternRow], list[WildcardMatchRow]]:
+    """(per wildcard pattern and type: queries, queriers, times, matches or compile
+    error; per pattern the topics of the capture it matches)."""
+    per: dict[tuple, TransportUse] = defaultdict(TransportUse)
+    for f in wcs:
+        per[(f.topic, f.pattern_type)].add(f)
+    prow, matches = [], []
+    for (p, t) in sorted(per):
+        x = per[(p, t)]
+        rx = compile_pattern(p, t)
+        err = rx if isinstance(rx, str) else None
+        hits = [] if err else [tp for tp in topics if rx.search(tp)]
+        matches += [WildcardMatchRow(p, t, tp) for tp in hits]
+        prow.append(WildcardPatternRow(p, t, x.tally.n, " | ".join(sorted(x.contexts)), iso_us(x.tally.first),
+                                       iso_us(x.tally.last), len(hits), err))
+    return prow, matches
+
+
+# --------------------------------------------------------------------------- all of them
+
+def derive(facts: list[dict], flow_rows: list[dict], *, top: int) -> dict[str, list[dict]]:
+    """The topic, conflict, NAT, talker, client and wildcard tables from the topic
+    facts and flows (see the module docs for the definitions), as lists of dicts."""
+    fs = [Fact(**f) for f in facts]
+    fls = [Flow(**f) for f in flow_rows]
+    tirs = [f for f in fs if f.record_kind == "TIR"]
+    stats = topic_stats(fs)
+    inventory = topic_inventory(stats)
+    ctx = context_stats(fls)
+    talkers = contexts(ctx)
+    patterns, matches = wildcards([f for f in fs if f.record_kind == "WC_TQR"], sorted(stats))
+    tables: dict[str, list[NamedTuple]] = {
+        "topic_inventory": inventory,
+        "top_topics": top_topics(inventory, top),
+        "unresolved_topics": unresolved_topics(fs, stats),
+        "transport_conflicts": transport_conflicts(tirs),
+        "otid_collisions": otid_collisions(tirs),
+        "multi_transport_topics": multi_transport_topics(tirs),
+        "nat_audit": nat_audit(tirs, fls),
+        "contexts": talkers,
+        "top_talkers": talkers[:top],
+        "keepalive_senders": keepalive_senders(ctx),
+        "client_changes": client_changes(ctx, fls),
+        "wildcard_patterns": patterns,
+        "wildcard_matches": matches,
+    }
+    return {name: [r._asdict() for r in rows] for name, rows in tables.items()}
 
 
 def storms_table(load: list[dict], threshold: int, per_ctx: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -466,7 +806,8 @@ def storms_table(load: list[dict], threshold: int, per_ctx: list[dict]) -> tuple
         storms.append(dict(second=x["second"], time=x["time"], packets=x["packets"], records=x["records"],
                            bytes=x["bytes"],
                            top_contexts="; ".join(f"{context_label(c['src'], c['sport'], c['context_id'])} "
-                                                  f"{c['packets']}/s" for c in cs[:3])))
+                                                  f"{c['packets']}/s ({share_text(c['packets'], x['packets'])})"
+                                                  for c in cs[:3])))
     return storms, rows
 
 

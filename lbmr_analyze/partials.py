@@ -219,7 +219,13 @@ def _codes(col: pa.DictionaryArray, value: str) -> pa.Array:
 
 def _decoded(col: pa.DictionaryArray, idx: pa.Array) -> pa.Array:
     """Rows ``idx`` of a dictionary-encoded column, as plain strings."""
-    return pc.take(col.dictionary, pc.take(col.indices, idx)).cast(pa.string())
+    return _names(col.dictionary, pc.take(col.indices, idx))
+
+
+def _names(dictionary: pa.Array, codes) -> pa.Array:
+    """The strings of dictionary ``codes``; a null code gives null (so an empty
+    dictionary, a column null in every row, is fine: nothing is looked up)."""
+    return pc.take(dictionary, codes).cast(pa.string())
 
 
 def _iota(n: int, typ=_I64) -> pa.Array:
@@ -292,18 +298,14 @@ class SecondPass:
                         pc.fill_null(pc.is_in(sec, self.storm_secs), False))
             if pc.any(m).as_py():
                 src, cid = b.column("src"), b.column("context_id")
-                t = pa.table({"second": sec, "s": pc.fill_null(src.indices, -1), "sport": b.column("sport"),
-                              "c": pc.fill_null(cid.indices, -1), "us": us}).filter(m)
+                # grouped on the codes; a null code (no src_id) stays its own group
+                t = pa.table({"second": sec, "s": src.indices, "sport": b.column("sport"),
+                              "c": cid.indices, "us": us}).filter(m)
                 g = _agg(t, ["second", "s", "sport", "c"], [("us", "count", "packets")])
-                sx, cx = g["s"].combine_chunks(), g["c"].combine_chunks()
-                none = pa.scalar(None, pa.string())
                 out["storm"] = pa.table({
                     "packets": g["packets"], "second": g["second"],
-                    "src": pc.if_else(pc.less(sx, 0), none,
-                                      pc.take(src.dictionary, pc.max_element_wise(sx, 0)).cast(pa.string())),
-                    "sport": g["sport"],
-                    "context_id": pc.if_else(pc.less(cx, 0), none,
-                                             pc.take(cid.dictionary, pc.max_element_wise(cx, 0)).cast(pa.string()))})
+                    "src": _names(src.dictionary, g["s"]), "sport": g["sport"],
+                    "context_id": _names(cid.dictionary, g["c"])})
         if out:
             self.parts.append(out)
             if len(self.parts) >= 16:

@@ -23,7 +23,7 @@ from lbmr_runtime.process import (
     setup_logging,
 )
 
-from .daemon import tls_context
+from .link_task import tls_context
 from .logs import log_handler, stats_line
 from .multi import MultiRouter
 

@@ -1,79 +1,157 @@
-"""A router with several portals, on trio: endpoint portals joined to each
-other directly ("direct link": one router between two or more TRDs, no peer
-link) and to any number of peer routers.
+"""A router on trio: any number of endpoint portals (each one UM context in
+its TRD) and peer links, with the router's control plane in one sans-IO core
+(:class:`router.core.router_core.RouterCore`). One nursery per router.
 
-A :class:`MultiRouter` is built from *portal links*: each is one
-:class:`router.daemon.Router` (one endpoint portal's topic resolution, one
-link, the bridge and relay between them), the unit the router has always
-been. For a peer portal the link is its TCP connection, run by the first
-endpoint's portal link; the other endpoints' portal links are attached to
-it (they get its frames and link events; advert ids are numbered for the
-whole router, so they are unique on the link, and a stream the peer opens
-goes to the relay of the endpoint that made its advertisement). For a pair of
-endpoint portals of the same router the link is an in-process one: a
-connected socket pair carrying the same peer-link protocol, so interest,
-advertisements, flow control and the TCP and LBT-RU relay are those of a
-peer link, tested once. Every pair of endpoint portals gets one such link
-(a full mesh: each TRD's receivers see the sources of every other TRD
-directly, one hop).
+Tasks: one per endpoint's TR socket (:class:`router.portal_task.PortalTask`),
+one per link (:class:`router.link_task.LinkTask`: each ``<peer>``, and the
+in-process link of each pair of endpoints, a connected socket pair carrying
+the peer-link protocol so that the data between two endpoints is relayed as
+over a peer link), one per proxy listener and relayed stream
+(:class:`router.relay.Relay`, one per link and endpoint, sharing the
+endpoint's relay ports), the HTTP endpoint, the signals, and the core task:
+it runs the core's timers at its deadline and, whenever another task gave
+the core input (and set the :class:`router.wake.Wake`), carries out its
+outputs (TR datagrams, frames, proxies to start and stop, events).
 
-Each endpoint portal is one UM context in its TRD, as the DRO's is: one TR
-socket, one source id and one topic resolution
-(:class:`router.portal_task.PortalTask`, :mod:`router.core.endpoint_portal`),
-shared by all the portal links of the endpoint, and one set of relay ports
-(one quarantine). Loop prevention is the portal's single-hop rule
-(:mod:`router.core.tr`): what a router advertises into a TRD (source type TNWGD,
-another domain's id) is never bridged again, by any portal link of any
-router, so a topic is advertised once per TRD for each TRD that has a
-source of it.
-
+A *unit* (:class:`Unit`) is one endpoint on one link: its bridge in the core,
+its relay, its counters and events; ``/status`` lists them as ``links``.
 Both ends of a peer link refuse, at the handshake, a router that another
-link already reaches (same name, or a domain id in common): its TRDs would
-be bridged twice.
-
-Multi-hop: the router is the *hub* of its peer links' portal links. It runs
-the route info protocol (:class:`router.core.routing.Routing`: TOPOLOGY frames,
-the topology map, every router's lowest-cost tree) and passes interest and
-advertisements between peer links (:class:`router.core.transit.Transit`); the
-bridges send their TRD's interest only on the links the routes give it
-(``interest_filter``) and proxy a source that another link wants
-(``transit_wants``). Routes are recomputed on every change of the map (a link
-up or down, a router heard of or timed out), and the interest on every link
-is brought in line at once. A peer without the ROUTING capability is one hop
-away and no further.
+link of the same endpoints already reaches (same name, or a domain id in
+common): its TRDs would be bridged twice (:meth:`RouterCore.accept_peer`).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
+import signal
 import time
 from collections import Counter
 from functools import partial
 
 import trio
 
+from lbmr_runtime.events import EventRing
 from lbmr_runtime.http import PrometheusText, serve_http
 
 from . import peerlink as P
 from .config_model import EndpointConfig, PeerConfig, RouterConfig, acceptor_peer, initiator_peer
+from .core.router_core import (
+    EndpointRules,
+    LinkSpec,
+    Notice,
+    RouterCore,
+    SendFrame,
+    SendTR,
+    StartProxy,
+    StopProxy,
+)
 from .core.routing import Routing
-from .core.transit import Transit
-from .daemon import Router, portal_timing, serve_signals
-from .portal_task import PortalTask
-from .relay import PortPool
+from .link_task import LinkTask
+from .portal_task import PortalTask, new_portal
+from .relay import PortPool, Relay
+from .wake import Wake
 
-__all__ = ["MultiRouter"]
+__all__ = ["MultiRouter", "Unit", "serve_signals", "proxy_bound"]
 
 log = logging.getLogger("lbmr-router")
+
+ADVERTISE_CHUNK = 500  # topics of one session advertised at its new proxy before the loop runs again
+
+
+def proxy_bound(configured: int) -> int:
+    """At most ``configured`` proxies, and at most a quarter of the descriptors
+    the process may open (each proxy is a listener, each receiver a socket on
+    both routers): a flood of advertisements cannot exhaust them."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    return max(1, min(configured, (soft - 64) // 4))
+
+
+async def serve_signals(status, stop, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """SIGUSR1 logs ``status()`` as one JSON line ("dump ..."); SIGTERM and SIGINT
+    ``await stop()`` (a graceful end of the links, then the router's nursery)."""
+    with trio.open_signal_receiver(signal.SIGUSR1, signal.SIGTERM, signal.SIGINT) as sigs:
+        task_status.started()
+        async for sig in sigs:
+            if sig == signal.SIGUSR1:
+                log.info("dump %s", json.dumps(status()))
+            else:
+                log.info("stopping (%s)", signal.Signals(sig).name)
+                await stop()
+
+
+class Unit:
+    """One endpoint on one link (what ``/status`` lists as a link): ``name``
+    (the router's, or ``router/endpoint`` on an endpoint pair's link),
+    ``endpoint`` and ``peer`` (the link's peer portal) settings, its
+    ``events`` and ``relay``; its bridge, portal view and counters are the
+    core's."""
+
+    def __init__(self, name: str, endpoint: EndpointConfig, peer: PeerConfig, link_id: str) -> None:
+        self.name, self.endpoint, self.peer, self.link_id = name, endpoint, peer, link_id
+        self.events = EventRing(1000)
+        self.core: RouterCore | None = None
+        self.task: LinkTask | None = None
+        self.relay: Relay | None = None
+        self.proxy_scopes: dict[int, trio.CancelScope] = {}  # proxy listeners, by proxy id
+
+    def event(self, kind: str, detail: str) -> None:
+        self.events.add(trio.current_time(), kind, detail)
+        log.info("%s %s", kind, detail)
+
+    @property
+    def counters(self) -> Counter[str]:
+        """What the unit counted: its bridge, its relay and (the link's first
+        endpoint) its link (the core's counters of the unit)."""
+        return self.core.counters(self.link_id, self.endpoint.name) if self.core is not None else Counter()
+
+    @property
+    def link(self):
+        """The link's current connection (:class:`router.link.Link`), or None."""
+        return self.task.link if self.task is not None else None
+
+    @property
+    def bridge(self):
+        return self.core.bridge(self.link_id, self.endpoint.name) if self.core is not None else None
+
+    @property
+    def tr(self):
+        """The unit's view of its endpoint's topic resolution."""
+        return self.bridge.portal if self.core is not None else None
+
+    def status(self) -> dict:
+        link = self.link
+        now = trio.current_time()
+        bridge = self.bridge
+        proxy_addr = bridge.proxy_addresses() if bridge else {}
+        adverts = bridge.advert_sources() if bridge else {}
+        tr = self.tr
+        return {
+            "name": self.name,
+            "portal": {"name": self.endpoint.name, "domain_id": self.endpoint.domain_id,
+                       "stats": tr.stats() if tr else {},
+                       "local_interest": [li.topic for li in tr.local_interests()] if tr else [],
+                       "remote_interest": [t for t, _ in tr.remote_interests()] if tr else []},
+            "peer": self.task.status() if self.task is not None else {"name": self.peer.name, "state": "down"},
+            "proxies": {str(a): f"{ip}:{port}" for a, (ip, port) in proxy_addr.items()},
+            "adverts": {str(a): f"{getattr(b, 'ip', '?')}:{getattr(b, 'port', '?')}"
+                        for a, b in adverts.items()},
+            "streams": len(link.state) if link else 0,
+            "counters": dict(self.counters),
+            "events": self.events.dump(now),
+        }
 
 
 class MultiRouter:
     """``await MultiRouter(config).run(task_status=...)`` in a nursery; reports
-    {"links": [each link's Router report], "metrics": (ip, port) or None}.
-    ``handle_signals``: SIGUSR1 dump, SIGTERM/SIGINT stop (the command line
-    turns it on)."""
+    {"links": [{"tr", "peer", "metrics"} per peer link and per side of each
+    endpoint pair], "metrics": (ip, port) or None, "tr" and "peer": the first
+    link's}. ``handle_signals``:
+    SIGUSR1 dump, SIGTERM/SIGINT stop (the command line turns it on)."""
 
     def __init__(self, config: RouterConfig, *, handle_signals: bool = False) -> None:
         if not config.endpoints:
@@ -81,86 +159,80 @@ class MultiRouter:
         self.config = config
         self.handle_signals = handle_signals
         self.pools = {e.name: PortPool() for e in config.endpoints}
-        # one portal task per endpoint (one TR socket and context in its TRD), shared by its links
-        self.portal_counters: dict[str, Counter[str]] = {e.name: Counter() for e in config.endpoints}
-        self.portals = {e.name: PortalTask(e, portal_timing(e), self.portal_counters[e.name])
-                        for e in config.endpoints}
-        self.links: list[Router] = []
-        self._advert_ids = itertools.count(1)  # one numbering for the router: unique on every link
-        self._nursery: trio.Nursery | None = None
-        self.counters: Counter[str] = Counter()  # routing and transit
-        self._acl_rejected: Counter[str] = Counter()  # transit frames refused by a peer portal's ACL
+        self.portals = {e.name: PortalTask(e) for e in config.endpoints}
+        self.wake = Wake()
+        self.core: RouterCore | None = None
         self.routing: Routing | None = None
-        self.transit: Transit | None = None
-        self._owners: dict[str, Router] = {}  # peer link name -> the unit that runs it
-        self._routes_seen = -1
+        self.links: list[Unit] = []
+        self._specs: list[tuple[LinkSpec, PeerConfig, trio.abc.Stream | None]] = []
+        self._tasks: dict[str, LinkTask] = {}
+        self._units: dict[tuple[str, str], Unit] = {}  # (link id, endpoint name) -> its unit
+        self._nursery: trio.Nursery | None = None
+        self._plan()
 
-    def _unit(self, endpoint: EndpointConfig, peer: PeerConfig, name: str, **kw) -> Router:
-        r = Router(name, endpoint, peer, port_pool=self.pools[endpoint.name],
-                   advert_ids=self._advert_ids, portal=self.portals[endpoint.name], **kw)
-        r.accept_peer = partial(self._accept, r)
-        self.links.append(r)
-        return r
+    def _plan(self) -> None:
+        """The links and units: every ``<peer>`` serves every endpoint; every pair
+        of endpoints gets an in-process link (one side each)."""
+        s = self.config
+        names = tuple(e.name for e in s.endpoints)
+        for p in s.peers:
+            self._specs.append((LinkSpec(p.name, p.name, names, p.cost, p.acl, True), p, None))
+            self.links += [Unit(s.name, e, p, p.name) for e in s.endpoints]
+        for i, a in enumerate(s.endpoints):
+            for b in s.endpoints[i + 1:]:
+                sa, sb = trio.socket.socketpair()
+                name = f"{a.name}<->{b.name}"
+                for e, peer, sock in ((a, initiator_peer(name, "", 0), sa), (b, acceptor_peer(name), sb)):
+                    lid = f"{name}@{e.name}"
+                    self._specs.append((LinkSpec(lid, name, (e.name,), peer.cost, peer.acl, False), peer,
+                                        trio.SocketStream(sock)))
+                    self.links.append(Unit(f"{s.name}/{e.name}", e, peer, lid))
 
-    def _accept(self, unit: Router, peer: P.PeerInfo) -> tuple[bool, str]:
-        """One link per router and per TRD: a peer is refused (both ends check,
-        at the handshake) when another link of the same endpoint portal is
-        connected to a router of the same name or serving one of its domains
-        (its TRDs would be bridged twice, each topic advertised twice)."""
-        for r in self.links:
-            link = r.link
-            if r is unit or r.endpoint is not unit.endpoint:
-                continue
-            if link is None or not link.connected or link.conn.peer is None:
-                continue
-            other = link.conn.peer
-            shared = sorted(set(other.domains) & set(peer.domains))
-            if other.name == peer.name or shared:
-                why = f"domains {shared}" if shared else "that router"
-                unit.counters["peer_refused_duplicate"] += 1
-                return False, (f"router {self.config.name!r} already reaches {why} through link "
-                               f"{r.peer.name!r} (router {other.name!r})")
-        return True, ""
+    def _build_core(self, now: float) -> RouterCore:
+        s = self.config
+        ri = s.route_info
+        self.routing = Routing(s.name, {e.domain_id: e.cost for e in s.endpoints}, now=now,
+                               seq_base=time.time_ns() // 1_000_000,
+                               propagation_interval=ri.propagation_interval_ms / 1000.0,
+                               timeout=ri.timeout_ms / 1000.0, max_hop_count=ri.max_hop_count)
+        rules = {e.name: EndpointRules(e.domain_id, e.acl, e.source_deletion_delay, proxy_bound(e.max_proxies))
+                 for e in s.endpoints}
+        portals = {e.name: new_portal(e, self.portals[e.name].src_id, now) for e in s.endpoints}
+        return RouterCore(s.name, portals, rules, [spec for spec, _, _ in self._specs], self.routing)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         s = self.config
-        eps = s.endpoints
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            reports = []
-            domains = tuple(e.domain_id for e in eps)
-            ri = s.route_info
-            self.routing = Routing(s.name, {e.domain_id: e.cost for e in eps}, now=trio.current_time(),
-                                   seq_base=time.time_ns() // 1_000_000,
-                                   propagation_interval=ri.propagation_interval_ms / 1000.0,
-                                   timeout=ri.timeout_ms / 1000.0, max_hop_count=ri.max_hop_count)
-            self.transit = Transit(self.routing, self._advert_ids, self.counters)
             for portal in self.portals.values():
-                await nursery.start(portal.run)
-            if s.peers:
-                nursery.start_soon(self._routing_loop)
-            for p in s.peers:
-                # one link per peer, run by the first endpoint's portal link; the
-                # other endpoints' portal links are attached to it
-                owner = self._unit(eps[0], p, s.name, domains=domains, hub=self)
-                self._owners[p.name] = owner
-                for e in eps[1:]:
-                    u = self._unit(e, p, s.name, hub=self)
-                    u.owner = owner
-                    owner.attached.append(u)
-                reports.append(await nursery.start(owner.run))
-                for u in owner.attached:
-                    await nursery.start(u.run)
-            for i, a in enumerate(eps):
-                for b in eps[i + 1:]:
-                    sa, sb = trio.socket.socketpair()
-                    link = f"{a.name}<->{b.name}"
-                    ua = self._unit(a, initiator_peer(link, "", 0), f"{s.name}/{a.name}",
-                                    stream=trio.SocketStream(sa))
-                    ub = self._unit(b, acceptor_peer(link), f"{s.name}/{b.name}",
-                                    stream=trio.SocketStream(sb))
-                    reports.append(await nursery.start(ub.run))
-                    reports.append(await nursery.start(ua.run))
+                await portal.open()
+            core = self.core = self._build_core(trio.current_time())
+            domains = tuple(e.domain_id for e in s.endpoints)
+            for unit in self.links:
+                unit.core = core
+            self._units = {(u.link_id, u.endpoint.name): u for u in self.links}
+            for spec, peer, stream in self._specs:
+                units = {u.endpoint.name: u for u in self.links if u.link_id == spec.id}
+                first = units[spec.endpoints[0]]
+                caps = P.DEFAULT_CAPABILITIES | (P.Capability.ROUTING if spec.routed else 0)
+                identity = P.RouterIdentity(s.name if spec.routed else first.name,
+                                            domains if spec.routed else (first.endpoint.domain_id,),
+                                            capabilities=int(caps))
+                relays = {}
+                task = LinkTask(spec, peer, identity, core, self.wake, relays, first.counters, first.event,
+                                stream=stream)
+                for name, u in units.items():
+                    u.task = task
+                    u.relay = relays[name] = self._relay(u, task)
+                self._tasks[spec.id] = task
+            for portal in self.portals.values():
+                await nursery.start(portal.run, core, self.wake)
+            nursery.start_soon(self._core_loop)
+            reports = []
+            for spec, _, _ in self._specs:
+                peer_addr = await nursery.start(self._tasks[spec.id].run)
+                tr = self.portals[spec.endpoints[0]].sock.getsockname()
+                reports.append({"tr": tr, "peer": peer_addr, "metrics": None})
             metrics_addr = None
             if s.metrics is not None:
                 routes = {"/metrics": ("text/plain; version=0.0.4", self.prometheus_text),
@@ -168,112 +240,77 @@ class MultiRouter:
                 metrics_addr = await nursery.start(partial(serve_http, logger=log), routes, s.metrics)
             if self.handle_signals:
                 await nursery.start(partial(serve_signals, self.status, self._stop))
-            task_status.started({"links": reports, "metrics": metrics_addr})
+            first = reports[0] if reports else {"tr": self.portals[s.endpoints[0].name].sock.getsockname(),
+                                                "peer": None}
+            task_status.started({"tr": first["tr"], "peer": first["peer"], "links": reports,
+                                 "metrics": metrics_addr})
 
-    # --------------------------------------------------------------- routing (the hub)
+    def _relay(self, unit: Unit, task: LinkTask) -> Relay:
+        e = unit.endpoint
+        relay = Relay(e, unit.counters, unit.event, lambda: task.link,
+                      partial(self.core.advert_source, unit.link_id, e.name),
+                      partial(self._session_ended, unit))
+        relay.share_ports(self.pools[e.name])
+        return relay
 
-    async def _routing_loop(self) -> None:
+    def _session_ended(self, unit: Unit, advert_id: int) -> None:
+        """A source of ours ended a relayed session or refused one (see
+        :meth:`RouterCore.session_ended`)."""
+        self.core.session_ended(unit.link_id, unit.endpoint.name, advert_id, trio.current_time())
+        self.wake.set()
+
+    # --------------------------------------------------------------- the core's task
+
+    async def _core_loop(self) -> None:
+        """The core's timers at its deadline, and its outputs after any input."""
+        core = self.core
         while True:
-            await trio.sleep_until(self.routing.next_deadline())
-            self._send(self.routing.tick(trio.current_time()))
-            self._routes_changed()
+            core.tick(trio.current_time())
+            self._carry_out(core.outputs())
+            await self.wake.wait_until(core.next_deadline())
 
-    def _send(self, outputs) -> None:
-        """Frames for peer links (route info, transit interest and adverts)."""
-        for o in outputs:
-            unit = self._owners.get(o.link)
-            link = unit.link if unit is not None else None
-            if unit is not None and not self._acl_lets_out(unit, o.frame):
-                continue
-            if link is not None and link.connected:
-                link.put(o.frame)
-                self.counters[f"sent_{o.frame.TYPE.name.lower()}"] += 1
+    def _carry_out(self, outputs) -> None:
+        units = self._units
+        for out in outputs:
+            if isinstance(out, SendTR):
+                self.portals[out.endpoint].send(out.data, out.dest)
+            elif isinstance(out, SendFrame):
+                link = self._tasks[out.link].link
+                if link is not None and link.connected:
+                    link.put(out.frame)
+            elif isinstance(out, StartProxy):
+                unit = units[(out.link, out.endpoint)]
+                scope = trio.CancelScope()
+                unit.proxy_scopes[out.advert.advert_id] = scope
+                self._nursery.start_soon(self._proxy, unit, out.advert, scope)
+            elif isinstance(out, StopProxy):
+                scope = units[(out.link, out.endpoint)].proxy_scopes.pop(out.proxy_id, None)
+                if scope is not None:
+                    scope.cancel()
+            elif isinstance(out, Notice):
+                units[(out.link, out.endpoint)].event(out.kind, out.detail)
 
-    def _routes_changed(self) -> None:
-        """If the map changed: pass on interest by the new trees, and let every
-        bridge send (or cancel) its TRD's interest where the routes now say."""
-        if self.routing.version == self._routes_seen:
-            return
-        self._routes_seen = self.routing.version
-        self.counters["route_recalculations"] += 1
-        self._send(self.transit.resync())
-        now = trio.current_time()
-        for u in self.links:
-            if u.hub is not None and u.bridge is not None:
-                u.bridge.resync_interest(now)
-                u._apply()
-
-    def _link_name(self, unit: Router) -> str:
-        return unit.peer.name
-
-    def attach_bridge(self, unit: Router) -> None:
-        """A portal link's bridge exists: give it the routes' filter and, for the
-        unit that runs the link, the transit interest."""
-        name, domain = self._link_name(unit), unit.endpoint.domain_id
-        unit.bridge.interest_filter = lambda: (self.routing.peer_of(name) is None  # one hop
-                                               or name in self.routing.children_links(domain))
-        if unit.owner is None:
-            unit.bridge.transit_wants = lambda topic, origin: self.transit.wants(name, topic, origin)
-        unit.bridge.route_cost = self._route_cost
-
-    def _route_cost(self, domain: int) -> int | None:
-        route = self.routing.map.route(domain)
-        return None if route is None else route.cost
-
-    def link_up(self, unit: Router, peer: P.PeerInfo, capabilities: int) -> None:
-        if not capabilities & P.Capability.ROUTING:
-            self.counters["peers_without_routing"] += 1
-            return
-        now = trio.current_time()
-        self._send(self.routing.link_up(self._link_name(unit), peer.name, unit.peer.cost, now))
-        self._routes_changed()
-
-    def link_down(self, unit: Router) -> None:
-        name = self._link_name(unit)
-        self._send(self.routing.link_down(name, trio.current_time()))
-        self._send(self.transit.link_down(name))
-        self._routes_changed()
-
-    def heard(self, unit: Router) -> None:
-        """Frames arrived on ``unit``'s link (see :meth:`Routing.heard_from`)."""
-        self.routing.heard_from(self._link_name(unit), trio.current_time())
-
-    def topology(self, unit: Router, frame: P.Topology) -> None:
-        self._send(self.routing.on_topology(self._link_name(unit), frame, trio.current_time()))
-        self._routes_changed()
-
-    def interest(self, unit: Router, frame: P.Interest) -> None:
-        # the link's ACL (its refusals are counted by the link's own bridge)
-        if not unit.peer.acl.allows_interest_in(frame.topic, int(frame.pattern_type)):
-            return
-        self._send(self.transit.on_interest(self._link_name(unit), frame))
-
-    def _acl_lets_out(self, unit: Router, frame) -> bool:
-        """May transit send ``frame`` on ``unit``'s peer link (its outbound list,
-        and for interest its inbound list: where the data would come back)?"""
-        acl = unit.peer.acl
-        if not acl.configured:
-            return True
-        if isinstance(frame, P.Interest) and frame.action != P.InterestAction.CANCEL:
-            ok = acl.allows_interest_out(frame.topic, int(frame.pattern_type))
-        elif isinstance(frame, P.Advertisement) and not frame.withdraw:
-            ok = acl.allows_source_out(frame.topic)
-        else:
-            return True
-        if not ok and not (isinstance(frame, P.Interest) and frame.action == P.InterestAction.REFRESH):
-            self._acl_rejected[unit.peer.name] += 1
-        return ok
-
-    def proxy_up(self, unit: Router, advert: P.Advertisement, body: object) -> None:
-        if unit.owner is None:
-            self._send(self.transit.on_proxy(self._link_name(unit), advert, body))
-
-    def proxy_down(self, unit: Router, advert_id: int) -> None:
-        if unit.owner is None:
-            self._send(self.transit.on_proxy_gone(self._link_name(unit), advert_id))
-
-    def transit_source(self, unit: Router, advert_id: int):
-        return self.transit.advert_source(self._link_name(unit), advert_id)
+    async def _proxy(self, unit: Unit, f: P.Advertisement, scope: trio.CancelScope) -> None:
+        """A proxy for the transport session of the peer's advertisement ``f``
+        (proxy id: ``f``'s advert id): its listener (:meth:`Relay.serve_proxy`)
+        reports its address, where the core then advertises every topic of the
+        session in the unit's TRD, a chunk at a time with the other tasks
+        running between. A stream of a receiver names a live advertisement of
+        the session (:meth:`RouterCore.proxy_advert`)."""
+        pid, core, lid, e = f.advert_id, self.core, unit.link_id, unit.endpoint.name
+        with scope:
+            async with trio.open_nursery() as n:
+                addr = await n.start(unit.relay.serve_proxy, f, partial(core.proxy_advert, lid, e, pid))
+                if addr is None:
+                    return
+                body = unit.relay.proxy_transport(f, addr)
+                if core.proxy_listening(lid, e, pid, addr, trio.current_time(), body, limit=ADVERTISE_CHUNK):
+                    unit.event("proxy_added", f"{f.topic} advert {pid} at {addr[0]}:{addr[1]}")
+                self.wake.set()
+                while core.advertise_pending(lid, e, pid, trio.current_time(), ADVERTISE_CHUNK):
+                    self.wake.set()
+                    await trio.sleep(0)
+                self.wake.set()
 
     # --------------------------------------------------------------- status
 
@@ -281,8 +318,8 @@ class MultiRouter:
         """Graceful end of every link (bounded in time), then of the router."""
         with trio.move_on_after(3.0):
             async with trio.open_nursery() as n:
-                for r in self.links:
-                    n.start_soon(r.disconnect, "shutting down")
+                for task in self._tasks.values():
+                    n.start_soon(task.disconnect, "shutting down")
         self._nursery.cancel_scope.cancel()
 
     def portal_summary(self) -> list[dict]:
@@ -293,9 +330,8 @@ class MultiRouter:
             units = [r for r in self.links if r.endpoint is e]
             local: set[str] = set()
             remote: set[str] = set()
-            counters: Counter[str] = Counter(self.portal_counters[e.name])
-            portal = self.portals[e.name].portal
-            tr_stats = portal.stats() if portal is not None else {}
+            counters: Counter[str] = Counter(self.portals[e.name].counters)
+            tr_stats = self.core.portal(e.name).stats() if self.core is not None else {}
             proxies = adverts = listeners = 0
             for r in units:
                 counters.update(r.counters)
@@ -319,7 +355,7 @@ class MultiRouter:
 
     def acl_rejected(self) -> Counter[str]:
         """Refusals by each portal's ACL (endpoints and peers), over all links."""
-        total: Counter[str] = Counter(self._acl_rejected)
+        total: Counter[str] = Counter(self.core.acl_rejected_in_transit if self.core is not None else ())
         for r in self.links:
             if r.bridge is not None:
                 total.update(r.bridge.acl_rejected)
@@ -336,13 +372,13 @@ class MultiRouter:
 
     def status(self) -> dict:
         """The router: its portals (summed over their links) and each link's own
-        status (:meth:`Router.status`). ``peer``/``portal``/``proxies``/``streams``
+        status (:meth:`Unit.status`). ``peer``/``portal``/``proxies``/``streams``
         at the top are the first link's, as a single-link router reports them."""
         first = self.links[0].status() if self.links else {}
         routing = self.routing.status() if self.routing is not None else {}
-        if self.transit is not None:
-            routing["transit"] = self.transit.status()
-        routing["counters"] = dict(self.counters)
+        if self.core is not None:
+            routing["transit"] = self.core.transit.status()
+        routing["counters"] = dict(self.core.routing_counters) if self.core is not None else {}
         return {**first, "name": self.config.name, "portals": self.portal_summary(), "acl": self.acl_status(),
                 "topology": routing, "links": [r.status() for r in self.links]}
 
@@ -390,12 +426,12 @@ class MultiRouter:
             p.family("lbmr_router_route_hops", "gauge", "Peer links on the route to each domain.")
             for d, r in sorted(routes.items()):
                 p.sample("lbmr_router_route_hops", r.hops, {"domain": str(d)})
-            t = self.transit.status()
+            t = self.core.transit.status()
             p.metric("lbmr_router_transit_interest", "gauge", t["interest_held"],
                      "Interest from peer links passed on (topics and patterns, by origin domain).")
             p.metric("lbmr_router_transit_adverts", "gauge", t["adverts"],
                      "Our proxies advertised on other peer links.")
-            p.by_label("lbmr_router_routing_total", "counter", "what", self.counters,
+            p.by_label("lbmr_router_routing_total", "counter", "what", self.core.routing_counters,
                        "Route info and transit, by kind.")
         return p.text()
 
@@ -403,10 +439,10 @@ class MultiRouter:
 # counters that are something dropped or refused
 _DROPS = frozenset({"peer_refused_duplicate", "bad_interest", "bad_advert", "adverts_unwanted", "adverts_own_domain", "proxies_full",
                     "unrelayable_transport", "relay_ports_exhausted", "streams_refused",
-                    "ru_streams_full", "peer_refused_busy", "handshakes_dropped", "portal_queue_full",
+                    "ru_streams_full", "peer_refused_busy", "handshakes_dropped",
                     "tr_send_error", "ru_send_error", "peer_not_reading"})
 
 
-def _state(r: Router) -> str:
+def _state(r: Unit) -> str:
     link = r.link
     return link.conn.state.value if link is not None else "down"

@@ -1,13 +1,12 @@
-"""One endpoint portal's task on trio: its TR socket and its shared topic
-resolution (:class:`router.core.endpoint_portal.EndpointPortal`), serving every
-link of the endpoint (one UM context in the TRD, as the DRO's portal is).
+"""One endpoint portal's TR socket on trio: what it receives goes to the
+router's core (:meth:`router.core.router_core.RouterCore.tr_datagram`), what
+the core has for it (:class:`router.core.router_core.SendTR`) it sends.
 
-The endpoint's links (:class:`router.daemon.Router` units) each get a
-:class:`router.core.endpoint_portal.PortalView` (:meth:`PortalTask.view`) and
-register with :meth:`PortalTask.serve`; after every datagram and timer the
-task has each of them act on its events (``portal_changed()``), and a link
-that gave its view work calls :meth:`PortalTask.wake`. Times are seconds
-(trio's clock).
+The portal's topic resolution is the core's (one
+:class:`router.core.endpoint_portal.EndpointPortal` per endpoint: one UM
+context in its TRD, whatever the number of links it serves); its timers run
+when the router's core runs (:class:`router.multi.MultiRouter`). Times are
+seconds (trio's clock).
 """
 
 from __future__ import annotations
@@ -15,97 +14,91 @@ from __future__ import annotations
 import logging
 import secrets
 import socket
-from dataclasses import dataclass
+from collections import Counter, deque
 
 import trio
 
 from lbmr_runtime.netif import open_multicast_socket
 
 from .config_model import EndpointConfig
-from .core.endpoint_portal import EndpointPortal, PortalView
-from .core.tr import PortalTR
+from .core.tr import PortalTR, RemoteCheck, UseQuery
 
-__all__ = ["PortalTask", "PORTAL_QUEUE", "TR_SOCKET_BUFFER"]
+__all__ = ["PortalTask", "portal_timing", "new_portal", "TR_SOCKET_BUFFER"]
 
 log = logging.getLogger("lbmr-router")
 
-PORTAL_QUEUE = 1000  # datagrams (and wake-ups) queued for the portal task
 TR_SOCKET_BUFFER = 4 << 20  # the portal's TR socket: receive and send buffers
 
 
-@dataclass(frozen=True, slots=True)
-class TRDatagram:
-    """A datagram received on the portal's TR socket (for the portal task)."""
+def portal_timing(e: EndpointConfig) -> dict:
+    """The endpoint's ``<topic-resolution>`` timing (with the ``<rate-limit>``s of
+    its elements), ``<remote-topic>`` and ``<remote-pattern>`` as
+    :class:`router.core.tr.PortalTR` arguments (seconds; rate limits as (bits a
+    second, objects a second))."""
+    tr = e.topic_resolution
 
-    data: bytes
-    src: tuple[str, int]
+    def uq(u) -> UseQuery:
+        return UseQuery(u.timeout_ms / 1000.0, u.max, u.periodic_interval_ms / 1000.0)
+
+    def rc(r) -> RemoteCheck:
+        return RemoteCheck(r.check_interval_ms / 1000.0, r.max, r.timeout_ms / 1000.0)
+
+    def rl(timing) -> tuple[float, float]:
+        return float(timing.rate_limit.bps), float(timing.rate_limit.objects_per_second)
+
+    ir = tr.initial_request
+    return dict(
+        initial_request=(ir.periodic_interval_ms / 1000.0, float(ir.duration_s)),
+        use_query=uq(tr.topic_use_query), pattern_use_query=uq(tr.pattern_use_query),
+        use_query_limit=rl(tr.topic_use_query), pattern_use_query_limit=rl(tr.pattern_use_query),
+        refresh_limit=rl(tr.remote_topic_interest),
+        pattern_refresh_limit=rl(tr.remote_pattern_interest),
+        refresh_pacing=(tr.remote_topic_interest.min_interval_ms / 1000.0,
+                        tr.remote_topic_interest.max_interval_ms / 1000.0),
+        pattern_refresh_pacing=(tr.remote_pattern_interest.min_interval_ms / 1000.0,
+                                tr.remote_pattern_interest.max_interval_ms / 1000.0),
+        remote_topic=rc(e.remote_topic), remote_pattern=rc(e.remote_pattern))
 
 
-@dataclass(frozen=True, slots=True)
-class Wake:
-    """A link gave the portal work: the portal task ticks again."""
+def new_portal(e: EndpointConfig, src_id: bytes, now: float) -> PortalTR:
+    """The endpoint's topic resolution (source id ``src_id``, created at ``now``)."""
+    return PortalTR(e.name, e.domain_id, src_id=src_id, mode=e.mode,
+                    daemons=e.daemons if e.mode == "lbmrd" else (),
+                    multicast=e.multicast if e.mode == "multicast" else None,
+                    source_timeout=e.source_timeout, requery_interval=e.requery_interval,
+                    requery_jitter=0.2, now=now, **portal_timing(e))
 
 
 class PortalTask:
-    """``await nursery.start(task.run)`` reports the TR socket's address; then
-    :meth:`view` and :meth:`serve` for each link. ``endpoint``: the portal's
-    settings; ``timing``: :class:`router.core.tr.PortalTR` keyword arguments (the
-    endpoint's ``<topic-resolution>``); ``counters``: where drops are counted."""
+    """``await task.open()``, then ``await nursery.start(task.run, core, wake)``
+    reports the TR socket's address. Every datagram received goes to
+    ``core.tr_datagram`` (the router's :class:`router.core.router_core.RouterCore`),
+    and ``wake.set()`` tells the router to act on the core's outputs; :meth:`send`
+    queues the core's datagrams for the socket. ``counters``: sends that failed
+    (``tr_send_error``)."""
 
-    def __init__(self, endpoint: EndpointConfig, timing: dict, counters) -> None:
+    def __init__(self, endpoint: EndpointConfig) -> None:
         self.endpoint = endpoint
-        self.timing = timing
-        self.counters = counters
         self.src_id = secrets.token_bytes(8)  # the portal's context instance in its TRD
-        self.portal: EndpointPortal | None = None
+        self.counters: Counter[str] = Counter()
         self.sock = None
-        self._units: list = []
-        self._send, self._recv = trio.open_memory_channel(PORTAL_QUEUE)
-        self._wake_pending = False
+        self._outbox: deque[tuple[bytes, tuple[str, int]]] = deque()
+        self._ready = trio.Event()
 
-    def view(self, name: str) -> PortalView:
-        return self.portal.view(name)
+    def send(self, data: bytes, dest: tuple[str, int]) -> None:
+        """Queue a datagram of the core's (it produces them paced and bounded)."""
+        self._outbox.append((data, dest))
+        self._ready.set()
 
-    def serve(self, unit) -> None:
-        """``unit.portal_changed()`` is called after every datagram and timer."""
-        self._units.append(unit)
-
-    def wake(self) -> None:
-        """A link gave the portal work: tick again soon (one wake-up queued at a
-        time: a burst of peer frames must not push the TRD's datagrams out)."""
-        if self._wake_pending:
-            return
-        try:
-            self._send.send_nowait(Wake())
-            self._wake_pending = True
-        except trio.WouldBlock:
-            pass  # a full queue wakes the portal task anyway
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        e = self.endpoint
-        self.sock = await self._open_tr_socket()
-        self.portal = EndpointPortal(PortalTR(
-            e.name, e.domain_id, src_id=self.src_id, mode=e.mode,
-            daemons=e.daemons if e.mode == "lbmrd" else (),
-            multicast=e.multicast if e.mode == "multicast" else None,
-            source_timeout=e.source_timeout, requery_interval=e.requery_interval,
-            requery_jitter=0.2, now=trio.current_time(), **self.timing))
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._receive)
-                nursery.start_soon(self._loop)
-                task_status.started(self.sock.getsockname())
-        finally:
-            self.sock.close()
-
-    async def _open_tr_socket(self):
-        """The portal's TR socket: joined to the group (multicast), or bound to the
-        first free port of the TR port range (lbmrd)."""
+    async def open(self) -> None:
+        """Bind the TR socket: joined to the group (multicast), or on the first
+        free port of the TR port range (lbmrd)."""
         e = self.endpoint
         if e.mode == "multicast":
             group, port = e.multicast
-            return trio.socket.from_stdlib_socket(open_multicast_socket(
+            self.sock = trio.socket.from_stdlib_socket(open_multicast_socket(
                 group, port, 0, e.tr_ip, e.tr_ip, e.multicast_ttl, buffer=TR_SOCKET_BUFFER))
+            return
         sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):  # bursts of TR traffic (best effort)
             try:
@@ -121,38 +114,34 @@ class PortalTask:
                 if i == len(ports) - 1:
                     sock.close()
                     raise
-        return sock
+        self.sock = sock
 
-    async def _receive(self) -> None:
-        """TR datagrams from the TRD (or lbmrd) into the portal's queue; when it
-        is full, they wait in the socket's (4 MiB) buffer instead of being dropped."""
+    async def run(self, core, wake, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Receive into the core and send the outbox until cancelled (the socket
+        must be open)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._receive, core, wake)
+                nursery.start_soon(self._send_loop)
+                task_status.started(self.sock.getsockname())
+        finally:
+            self.sock.close()
+
+    async def _receive(self, core, wake) -> None:
+        name = self.endpoint.name
         while True:
             data, src = await self.sock.recvfrom(65535)
-            try:
-                self._send.send_nowait(TRDatagram(data, src))
-            except trio.WouldBlock:
-                self.counters["portal_queue_full"] += 1  # not dropped: waits for room
-                await self._send.send(TRDatagram(data, src))
+            core.tr_datagram(name, data, src, trio.current_time())
+            wake.set()
 
-    def _changed(self) -> None:
-        for unit in self._units:
-            unit.portal_changed()
-
-    async def _loop(self) -> None:
-        """The portal: its timers and datagrams, serially."""
-        portal = self.portal
+    async def _send_loop(self) -> None:
         while True:
-            for data, dest in portal.tick(trio.current_time()):
+            await self._ready.wait()
+            self._ready = trio.Event()
+            while self._outbox:
+                data, dest = self._outbox.popleft()
                 try:
                     await self.sock.sendto(data, dest)
                 except OSError as e:
                     self.counters["tr_send_error"] += 1
                     log.debug("TR send to %s failed: %s", dest, e)
-            self._changed()
-            with trio.move_on_at(portal.next_deadline()):
-                item = await self._recv.receive()
-                if isinstance(item, Wake):
-                    self._wake_pending = False
-                elif isinstance(item, TRDatagram):
-                    portal.on_datagram(item.data, item.src, trio.current_time())
-                    self._changed()

@@ -228,6 +228,20 @@ def ctx_label(src, sport, cid) -> str:
     return f"{src}:{sport} [{cid}]" if cid else f"{src}:{sport}"
 
 
+def ctx_ids(rs) -> int:
+    """How many contexts TIRs ``rs`` surely come from: a direct sender is its ip:port
+    and src_id; a relayed one (port 15380) its src_id, the same context as a direct
+    sender with that src_id; relayed without src_id, anyone (not counted)."""
+    direct = {(r["q"], r["cid"]) for r in rs if r["sport"] != 15380}
+    relayed = {r["cid"] for r in rs if r["sport"] == 15380 and r["cid"]}
+    return len(direct) + len(relayed - {c for _, c in direct})
+
+
+def pct(n: int, total: int) -> str:
+    """A share as the tables print it: one decimal, "<0.1 %" when smaller but not zero."""
+    return "<0.1 %" if 0 < 1000 * n < total else f"{100 * n / total:.1f} %"
+
+
 def _reachable(ip: str, hosts: set[str]) -> bool:
     """The NAT rule of thumb: a host seen in the same /24, or in the same private block."""
     import ipaddress
@@ -259,7 +273,7 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
         inv.append(dict(
             topic=topic, advertisements=len(tirs), queries=len(tqrs),
             n_sources=len({r["tid"] for r in tirs}), sources=_set(r["tid"] for r in tirs),
-            advertisers=_set(lab(r) for r in tirs), n_queriers=len({(r["q"], r["cid"]) for r in tqrs}),
+            advertisers=" | ".join(sorted({lab(r) for r in tirs})), n_queriers=len({(r["q"], r["cid"]) for r in tqrs}),
             first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)),
             first_advertised=iso(min(r["us"] for r in tirs)) if tirs else None,
             last_advertised=iso(max(r["us"] for r in tirs)) if tirs else None,
@@ -313,25 +327,28 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
         by_tid[r["tid"]].append(r)
         if r["otid"]:
             by_otid[r["otid"]].append(r)
-        by_ct[(r["src"], r["sport"], r["cid"], r["topic"])].append(r)
+        if r["sport"] != 15380:
+            by_ct[(r["q"], r["cid"], r["topic"])].append(r)
+        elif r["cid"]:                                   # relayed: the src_id is the context
+            by_ct[(None, r["cid"], r["topic"])].append(r)
     T["transport_conflicts"] = sorted(
-        (dict(transport_id=tid, n_contexts=len({lab(r) for r in rs}), contexts=" | ".join(sorted({lab(r) for r in rs})),
+        (dict(transport_id=tid, n_contexts=ctx_ids(rs), contexts=" | ".join(sorted({lab(r) for r in rs})),
               n_topics=len({r["topic"] for r in rs}), topics=_set(r["topic"] for r in rs), advertisements=len(rs),
               first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)))
-         for tid, rs in by_tid.items() if len({lab(r) for r in rs}) > 1),
+         for tid, rs in by_tid.items() if ctx_ids(rs) > 1),
         key=lambda x: (-x["n_contexts"], x["transport_id"]))
     T["otid_collisions"] = sorted(
         (dict(otid=o, n_topics=len({r["topic"] for r in rs}), topics=_set(r["topic"] for r in rs),
-              n_contexts=len({lab(r) for r in rs}), contexts=" | ".join(sorted({lab(r) for r in rs})),
+              n_contexts=ctx_ids(rs), contexts=" | ".join(sorted({lab(r) for r in rs})),
               transports=_set(r["tid"] for r in rs), advertisements=len(rs))
-         for o, rs in by_otid.items() if len({r["topic"] for r in rs}) > 1 or len({lab(r) for r in rs}) > 1),
+         for o, rs in by_otid.items() if len({r["topic"] for r in rs}) > 1 or ctx_ids(rs) > 1),
         key=lambda x: (-(x["n_topics"] + x["n_contexts"]), x["otid"]))
     T["multi_transport_topics"] = sorted(
-        (dict(context=ctx_label(s, p, c), src_id=c, topic=t, n_transports=len({r["tid"] for r in rs}),
-              transports=_set(r["tid"] for r in rs), advertisements=len(rs),
+        (dict(context=" | ".join(sorted({ctx_label(r["src"], r["sport"], None) for r in rs})), src_id=c, topic=t,
+              n_transports=len({r["tid"] for r in rs}), transports=_set(r["tid"] for r in rs), advertisements=len(rs),
               first_seen=iso(min(r["us"] for r in rs)), last_seen=iso(max(r["us"] for r in rs)))
-         for (s, p, c, t), rs in by_ct.items() if len({r["tid"] for r in rs}) > 1),
-        key=lambda x: (-x["n_transports"], x["context"], x["topic"]))
+         for (_q, c, t), rs in by_ct.items() if len({r["tid"] for r in rs}) > 1),
+        key=lambda x: (-x["n_transports"], x["context"], x["topic"], x["src_id"] or ""))
     # load
     load = defaultdict(lambda: [0, 0, 0])
     for r in recs:
@@ -356,7 +373,8 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
         sc += [dict(second=s, time=iso_s(s), context=f"{a}:{p}", src_id=c, packets=n, share=round(n / v[0], 4))
                for (a, p, c), n in cs]
         storms.append(dict(second=s, time=iso_s(s), packets=v[0], records=v[1], bytes=v[2],
-                           top_contexts="; ".join(f"{ctx_label(a, p, c)} {n}/s" for (a, p, c), n in cs[:3])))
+                           top_contexts="; ".join(f"{ctx_label(a, p, c)} {n}/s ({pct(n, v[0])})"
+                                                  for (a, p, c), n in cs[:3])))
     T["storms"], T["storm_contexts"] = storms, sc
     talk = defaultdict(list)
     for r in recs:
@@ -651,7 +669,7 @@ def test_known_answers(synth_run, synth):
     assert [(r["second"], r["packets"]) for r in t["storms"]] == [(int(T0) + 10, 61)]
     assert [(r["context"], r["packets"]) for r in t["storm_contexts"]] == \
         [("10.4.4.4:14402", 60), ("10.1.1.10:14402", 1)]
-    assert t["storms"][0]["top_contexts"].startswith("10.4.4.4:14402 [0001020304050607] 60/s")
+    assert t["storms"][0]["top_contexts"].startswith("10.4.4.4:14402 [0001020304050607] 60/s (98.4 %)")
     # top talkers are contexts (ip:port), Q2 first
     assert t["top_talkers"][0]["context"] == "10.4.4.4:14402" and t["top_talkers"][0]["packets"] == 60
     # keepalive client 10.9.9.3 joined at T0+45.2
@@ -707,6 +725,9 @@ def test_real_capture_matches_plain_python(spark, tmp_path):
     assert t["transport_conflicts"] == t["otid_collisions"] == t["multi_transport_topics"] == t["nat_audit"] == []
     stale = [f for f in t["findings"] if f["kind"] == "querying after last advertisement"]
     assert any("10.29.4.101:54247" in f["finding"] and "multi.1" in f["finding"] for f in stale)
+    # 54247 asked once, 4 s before the capture stopped: "at capture end"; 35101 kept asking for 5 s
+    assert sorted((f["contexts"].split()[0], f["severity"]) for f in stale) == [
+        ("10.29.4.101:35101", "high"), ("10.29.4.101:54247", "low"), ("10.29.4.101:54247", "low")]
     storm = [f for f in t["findings"] if f["kind"] == "storm"]
     assert storm and "10.29.4.121:37168" in storm[0]["finding"]
 
@@ -880,8 +901,8 @@ def test_lbmrd_client_capture_findings(spark, tmp_path):
     # a relayed TIR carries the original source's address: only R's 172.16.9.9 is unreachable
     assert [(r["advertised_ip"], r["topic"], r["advertiser"], r["via_lbmrd"]) for r in t["nat_audit"]] == \
         [("172.16.9.9", "R", f"[{'11' * 8}] {via}", True)]
-    assert [(r["context"], r["topic"], r["n_transports"]) for r in t["multi_transport_topics"]] == \
-        [(f"[{'22' * 8}] {via}", "M", 2)]
+    assert [(r["context"], r["src_id"], r["topic"], r["n_transports"]) for r in t["multi_transport_topics"]] == \
+        [(via, "22" * 8, "M", 2)]
     assert [(r["topics"], r["n_contexts"]) for r in t["otid_collisions"]] == [("N1 N2", 1)]
     assert t["transport_conflicts"] == []        # N1 and N2 share one transport in one context: normal
     # two contexts query U through lbmrd: told apart by their src_id
@@ -896,11 +917,16 @@ def test_lbmrd_client_capture_findings(spark, tmp_path):
     assert [(r["client"], r["event"], r["silent_s"]) for r in t["client_changes"]] == \
         [("10.1.1.6:14402", "vanished", 29.5)]
     kinds = [(f["severity"], f["kind"]) for f in t["findings"]]
-    assert kinds == [("critical", "OTID collision"), ("high", "never advertised"),
-                     ("high", "querying after last advertisement"), ("high", "unreachable address"),
-                     ("medium", "one context, several transports"), ("medium", "lbmrd client vanished")]
-    assert f"[{'88' * 8}]" in t["findings"][2]["finding"] and "'P'" in t["findings"][2]["finding"]
-    assert "172.16.9.9" in t["findings"][3]["finding"] and "relayed by lbmrd" in t["findings"][3]["finding"]
+    # P's stale queries came at +38 and +39 s, in the capture's last 5 s: "at capture end", low
+    assert kinds == [("critical", "OTID collision"), ("high", "never advertised"), ("high", "unreachable address"),
+                     ("medium", "one context, several transports"), ("medium", "lbmrd client vanished"),
+                     ("low", "querying after last advertisement")]
+    assert "at capture end" in t["findings"][5]["finding"] and "'P'" in t["findings"][5]["finding"]
+    assert t["findings"][5]["contexts"] == f"[{'88' * 8}] via lbmrd 10.0.0.1:15380"
+    assert t["findings"][3]["finding"].startswith(f"Context [{'22' * 8}] via lbmrd 10.0.0.1:15380 advertises")
+    assert "172.16.9.9" in t["findings"][2]["finding"] and "relayed by lbmrd" in t["findings"][2]["finding"]
+    # the two relayed queriers of U are named apart
+    assert t["findings"][1]["contexts"] == f"[{'66' * 8}] via lbmrd 10.0.0.1:15380 | [{'55' * 8}] {via}"
 
 
 # ============================================================== cluster safety (local mode)

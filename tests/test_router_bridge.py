@@ -452,13 +452,11 @@ def test_a_source_that_moves_to_another_session_gets_a_new_advert_id():
 def test_a_route_change_that_leaves_the_link_as_it_was_costs_no_walk_over_the_interest():
     """Hostile trial: every route change walked all local interests of every
     bridge (30 ms a change with 20,000 of them). Only a change of what the link
-    should carry (interest_filter's answer) walks them now."""
+    should carry (set_routes' answer) walks them now."""
     b = bridge()
     b.link_up(0.0)
     b.on_datagram(dgram(tqrs=[f"md.{i}" for i in range(100)]), APP, 0.1)
     frames(b)
-    allowed = [True]
-    b.interest_filter = lambda: allowed[0]
     walks = []
     real = b.portal.local_interests
     b.portal.local_interests = lambda: (walks.append(1), real())[1]
@@ -466,10 +464,10 @@ def test_a_route_change_that_leaves_the_link_as_it_was_costs_no_walk_over_the_in
     b.resync_interest(0.3)
     b.resync_interest(0.4)
     assert len(walks) == 1 and frames(b) == []
-    allowed[0] = False  # the peer is no longer our child: everything is cancelled
+    b.set_routes(False, None)  # the peer is no longer our child: everything is cancelled
     b.resync_interest(0.5)
     assert len(walks) == 2 and len(frames(b)) == 100
-    allowed[0] = True
+    b.set_routes(True, None)
     b.resync_interest(0.6)
     assert len(walks) == 3 and len([f for f in frames(b) if f.action == P.InterestAction.ADD]) == 100
 

@@ -379,7 +379,7 @@ async def test_a_thousand_receivers_in_one_context_resolve_quickly():
               f"A {dict(ra.counters)}; B {dict(rb.counters)}")
         assert len(times) == n_topics and times[-1] < 5.0  # (UM: well under a second)
         for r in (ra, rb):
-            assert r.counters["portal_queue_full"] == 0 and r.counters["relay_ports_exhausted"] == 0
+            assert r.counters["relay_ports_exhausted"] == 0
         assert ra.counters["adverts_withdrawn"] == 0  # no live source withdrawn
         assert len(rb.status()["proxies"]) == n_topics  # every bound proxy advertised (and answered)
         n.cancel_scope.cancel()

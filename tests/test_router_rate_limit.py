@@ -22,7 +22,7 @@ from router.config_model import (
     RateLimit,
     UseQuery,
 )
-from router.daemon import portal_timing
+from router.portal_task import portal_timing
 
 from .helpers import write
 from .test_router_config import CONFIGS, DTD_TEXT, doc, endpoint, expect_error, expect_ok, peer

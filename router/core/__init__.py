@@ -1,7 +1,8 @@
 """router.core: the router's protocol logic, sans-IO (no trio, no sockets beyond
 address conversions, no clock: every input takes ``now``).
 
-:mod:`router.core.tr` (an endpoint portal's topic resolution, UM's wire
+:mod:`router.core.router_core` (the control plane: one calling contract
+for the whole router), :mod:`router.core.tr` (an endpoint portal's topic resolution, UM's wire
 behaviour), :mod:`router.core.endpoint_portal` (that portal shared by the
 links it serves), :mod:`router.core.bridge` (one link's view of a portal
 joined to the peer), :mod:`router.core.sessions` (proxies by transport

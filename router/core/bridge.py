@@ -86,7 +86,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .. import peerlink as P
@@ -205,15 +205,13 @@ class Bridge:
         self._proxy_addr: dict[int, Addr] = {}
         # proxied for other links only: our TRD's outbound ACL rejects their topics
         self._transit_only: set[int] = set()
-        # routing (set by a router with multi-hop routing, None = one hop): may the local
-        # interest of our domain go on this link (is the peer our child in our tree)?
-        # and does another link want a topic (a transit source is proxied here then)?
-        self.interest_filter: Callable[[], bool] | None = None
-        self.transit_wants: Callable[[str, int], bool] | None = None
-        # the cost of the route from our TRD to a domain (multi-hop routing), or None
-        self.route_cost: Callable[[int], int | None] | None = None
+        # routing (set by a router with multi-hop routing through set_routes): may the
+        # local interest of our domain go on this link (is the peer our child in our
+        # tree)? and the cost of the route from our TRD to each domain (None: one hop)
+        self.carries_interest = True
+        self.route_costs: dict[int, int] | None = None
         self._sent_interest: set[tuple[str, int]] = set()  # (topic, pattern type) sent ADD
-        # interest_filter()'s answer at the last resync (None: none since the link came up)
+        # carries_interest at the last resync (None: none since the link came up)
         self._resynced_as: bool | None = None
 
     # ------------------------------------------------------------------ outputs
@@ -249,12 +247,18 @@ class Bridge:
         for li in self.portal.local_interests():
             self._send_interest(li, P.InterestAction.ADD, count=False)
 
+    def set_routes(self, carries_interest: bool, route_costs: dict[int, int] | None) -> None:
+        """The routes (multi-hop routing): does this link carry our domain's
+        interest (the peer is our child in our tree), and the cost of the
+        route to each domain (the proxies' TIRs; None: one hop, the hop count)."""
+        self.carries_interest, self.route_costs = carries_interest, route_costs
+
     def resync_interest(self, now: float) -> None:
         """The routes changed: send the local interest the link should now carry
-        and cancel what it should no longer (see ``interest_filter``)."""
+        and cancel what it should no longer (see :meth:`set_routes`)."""
         if not self.is_link_up:
             return
-        ok = self.interest_filter is None or self.interest_filter()
+        ok = self.carries_interest
         if ok == self._resynced_as:
             return  # what the link carries depends only on this: still in line
         self._resynced_as = ok
@@ -286,12 +290,15 @@ class Bridge:
             tr.remove_proxy(p.advert_id, now)
         self.drain_portal()
 
-    def peer_frame(self, frame: P.Interest | P.Advertisement, now: float) -> None:
-        """An INTEREST or ADVERTISEMENT frame from the peer."""
+    def peer_frame(self, frame: P.Interest | P.Advertisement, now: float, *,
+                   transit_wanted: bool = False) -> None:
+        """An INTEREST or ADVERTISEMENT frame from the peer; ``transit_wanted``:
+        another link wants the advertised topic through us (multi-hop routing:
+        it is proxied here even if our TRD does not want it)."""
         if isinstance(frame, P.Interest):
             self._on_interest(frame, now)
         elif isinstance(frame, P.Advertisement):
-            self._on_advertisement(frame, now)
+            self._on_advertisement(frame, now, transit_wanted)
         else:
             raise TypeError(f"not a bridge frame: {frame!r}")
         self.drain_portal()
@@ -331,7 +338,7 @@ class Bridge:
         route's, or the hop count where no route is known)."""
         self._proxy_addr[f.advert_id] = ps.address
         hops = f.hop_count + 1
-        cost = self.route_cost(f.origin_domain) if self.route_cost is not None else None
+        cost = self.route_costs.get(f.origin_domain) if self.route_costs is not None else None
         if f.advert_id not in self._transit_only:
             self.portal.add_proxy(ProxySource(f.advert_id, f.topic, ps.body, f.origin_domain, f.otid,
                                               hop_count=hops, cost=hops if cost is None else cost), now)
@@ -409,7 +416,7 @@ class Bridge:
             if key not in self._sent_interest:
                 return
             self._sent_interest.discard(key)
-        elif self.interest_filter is not None and not self.interest_filter():
+        elif not self.carries_interest:
             return
         if not self._acl_ok(li.topic, "interest", count,
                             (self.acl, self.acl.allows_interest_in(li.topic, li.pattern_type)),
@@ -543,7 +550,7 @@ class Bridge:
             self.counters["adverts_withdrawn_uninterested"] += 1
             self._portal_events_gone(topic, otid)
 
-    def _on_advertisement(self, f: P.Advertisement, now: float) -> None:
+    def _on_advertisement(self, f: P.Advertisement, now: float, transit: bool) -> None:
         if f.withdraw:
             self.counters["withdrawals_received"] += 1
             self._drop_proxy(f.advert_id, now)
@@ -559,7 +566,6 @@ class Bridge:
         if not self._acl_ok(f.topic, "advertisement", True,
                             (self.link_acl, self.link_acl.allows_source_in(f.topic, Session(f.transport)))):
             return
-        transit = self.transit_wants is not None and self.transit_wants(f.topic, f.origin_domain)
         # our TRD's outbound list keeps the topic out of our TRD only: another link may
         # still want it through us (a proxy then runs for it, unadvertised here)
         local = self._acl_ok(f.topic, "advertisement", True, (self.acl, self.acl.allows_source_out(f.topic)))
