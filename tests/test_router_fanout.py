@@ -284,3 +284,43 @@ async def test_fanout_off_relays_each_receiver_connection_on_its_own():
         assert all(r.error is None and r.messages > 100 for r in results), results
         assert len(src.connections) == 3 and rb.counters["fanout_streams_opened"] == 0
         n.cancel_scope.cancel()
+
+
+async def test_the_session_lingers_briefly_after_its_last_receiver_and_then_lets_go():
+    """A receiver that comes back within the linger finds the session running
+    (still one connection at the origin); once nobody comes back, the proxy's
+    stream closes after NEAR_LINGER and the origin connection within twice
+    UPSTREAM_LINGER after that."""
+    from router.fanout_relay import NEAR_LINGER, UPSTREAM_LINGER
+
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_pair(n)
+        src, _ = await live_source(n, trd1, rate=1000, message_size=500)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        assert (await receiver(tir, 0, max_bytes=50_000).run()).error is None
+        assert (await receiver(tir, 1, max_bytes=50_000).run()).error is None  # at once: same session
+        assert len(src.connections) == 1 and src.connections[0].finished is None
+        left = trio.current_time()
+        with trio.fail_after(NEAR_LINGER + 2 * UPSTREAM_LINGER + 2):
+            while src.connections[0].finished is None:
+                await trio.sleep(0.05)
+        assert trio.current_time() - left >= NEAR_LINGER
+        assert rb.status()["streams"] == 0 and ra.status()["streams"] == 0
+        r = await receiver(tir, 2, max_bytes=50_000).run()  # a new session for a new receiver
+        assert r.error is None and len(src.connections) == 2
+        n.cancel_scope.cancel()
+
+
+async def test_an_origin_that_sends_bytes_that_are_not_lbmc_ends_its_session():
+    from .test_router_e2e import tcp_source
+
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_pair(n)
+        addr = await tcp_source(n, SRC_IP, 1 << 20)  # a byte pattern
+        n.start_soon(advertise_forever, udp(SRC_IP), trd1, *addr)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        stream = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+        with trio.fail_after(5):
+            assert await stream.receive_some(65536) == b""  # closed, nothing passed on
+        assert ra.counters["fanout_upstream_malformed"] == 1
+        n.cancel_scope.cancel()
