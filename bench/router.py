@@ -538,10 +538,10 @@ class InProcess:
         async with trio.open_nursery() as n:
             d1 = await n.start(Daemon(Settings(bind_ip=TRD1, port=0, stats_interval=0)).run)
             d2 = await n.start(Daemon(Settings(bind_ip=TRD2, port=0, stats_interval=0)).run)
-            rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [d2], interface=TRD2),
+            rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [d2], interface=TRD2, fanout=False),
                         acceptor_peer("B-to-A", 0, interface=TRD2))
             b = await n.start(rb.run)
-            ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [d1], interface=TRD1),
+            ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [d1], interface=TRD1, fanout=False),
                         initiator_peer("A-to-B", TRD2, b["peer"][1], reconnect_interval_ms=500))
             await n.start(ra.run)
             with trio.fail_after(20):

@@ -3,10 +3,13 @@ to the real sources on the far side, and the bytes and datagrams between them
 and the peer link (per-stream credit from :mod:`router.peerlink.streams`).
 
 Near side: a proxy (:meth:`Relay.serve_proxy`) listens at the relay address
-for one of the peer's advertisements; every TCP connection, and every LBT-RU
-receiver address, opens a stream on the current link. Far side: a stream the
-peer opens (:meth:`Relay.stream_event`) connects to the real source of our
-advertisement; a source that cannot be reached refuses the stream.
+for one of the peer's advertisements; TCP receivers share one stream of the
+proxy on the current link (fan-out, :mod:`router.fanout_relay`) or, with
+``fanout="off"``, every TCP connection opens a stream, as does every LBT-RU
+receiver address. Far side: a stream the peer opens
+(:meth:`Relay.stream_event`) joins the session's one connection to the real
+source of our advertisement (fan-out) or connects to it; a source that cannot
+be reached refuses the stream.
 
 Over 600 lines because the near and far sides of TCP, LBT-RU and LBT-RM
 relaying share the port pool, the stream states and the pumps.
