@@ -82,10 +82,11 @@ class Upstreams(dict):
 
 
 class _Receiver:
-    __slots__ = ("conn", "queue", "peer", "blocked", "broken", "wake")
+    __slots__ = ("conn", "fd", "queue", "peer", "blocked", "broken", "wake")
 
     def __init__(self, conn: trio.SocketStream, queue: SinkQueue, peer: str) -> None:
         self.conn, self.queue, self.peer = conn, queue, peer
+        self.fd = conn.socket.fileno()  # written only while the receiver is in its proxy's table
         self.blocked = False  # its socket was full: the writer waits for it
         self.broken = False  # writing failed: it went away
         self.wake = trio.Event()
@@ -210,7 +211,7 @@ class FanoutRelay:
         if rx.blocked or rx.broken or not q.held:
             return
         try:
-            k = os.writev(rx.conn.socket.fileno(), q.head(IOV_MAX))
+            k = os.writev(rx.fd, q.head(IOV_MAX))
         except (BlockingIOError, InterruptedError):
             k = 0
         except OSError:
