@@ -82,8 +82,9 @@ certificates made by openssl; TLS links always take the copy path).
    processes runs one routed transfer under cProfile instead.
 
 5. Fan-out (bench/fanout.py; --fanout-n, --fanout-window, --no-fanout,
-   --only-fanout): a fourth deployment with the shipped configs as they are
-   (fan-out on), its peer link through a counting forwarder process; one
+   --only-fanout): two more deployments, the shipped configs as they are
+   (fan-out on) and with fanout="off" (the per-connection relay: before),
+   each peer link through a counting forwarder process; one
    live LBMC source in TRD1 and N receivers in TRD2 (this process, one epoll
    loop) against a minimal fan-out process (reads one socket, writes N) in
    the same run: link bytes / one receiver's (goal TARGET_LINK_RATIO), and
@@ -625,13 +626,39 @@ FANOUT_LOADS = (1.0, 0.8)
 
 
 def fanout_rows(tmp: Path, stack: contextlib.ExitStack, ns: list[int], window: float) -> list[dict]:
-    """Section 5 (see bench/fanout.py): a fan-out deployment whose link crosses a
-    counting forwarder. Per N: the link ratio with a paced source; the minimal
-    fan-out's delivered bytes per second from a source as fast as it goes; then
-    the routed delivered bytes per second from a source paced at FANOUT_LOADS of
-    what the minimal fan-out delivered to each receiver (a fan-out that drops
-    instead of pacing its source cannot be fed an unpaced one), with the
+    """Section 5 (see bench/fanout.py): two deployments whose link crosses a
+    counting forwarder, fan-out on (the default) and off (the per-connection
+    relay, as before). Per N: the minimal fan-out's delivered bytes per second
+    from a source as fast as it goes; per deployment the link ratio with a
+    paced source, then the routed delivered bytes per second from a source
+    paced at FANOUT_LOADS of what the minimal fan-out delivered to each
+    receiver (a fan-out that drops instead of pacing its source cannot be fed
+    an unpaced one; the per-connection relay paces it: 100 % only), with the
     messages dropped at each router meanwhile."""
+    deps = {mode: _fanout_deployment(tmp, stack, mode) for mode in ("on", "off")}
+    _, fast_port = deps["on"]["source"]("fast", 3, 0)
+    rows = []
+    for i, n in enumerate(ns):
+        base = F.baseline((SRC_IP, fast_port), n, TRD2, RCV_IP, FANOUT_WARMUP_S, window)
+        for mode, d in deps.items():
+            dep, fwd, source = d["dep"], d["fwd"], d["source"]
+            counts, _, (l0, l1) = F.receive(d["paced"], n, RCV_IP, FANOUT_WARMUP_S, window, fwd.a_to_b)
+            for k, load in enumerate(FANOUT_LOADS if mode == "on" else FANOUT_LOADS[:1]):
+                offered, _ = source(f"offered{n}.{k}", 10 + 2 * i + k, load * base / n)
+                before = _counters(dep.metrics_a), _counters(dep.metrics_b)
+                got, secs, _ = F.receive(offered, n, RCV_IP, FANOUT_WARMUP_S, window, lambda: 0)
+                after = _counters(dep.metrics_a), _counters(dep.metrics_b)
+                rows.append({"n": n, "mode": mode, "load": load, "link": l1 - l0, "one": max(counts),
+                             "routed": sum(got) / secs, "baseline": base,
+                             "dropped_a": _delta(before[0], after[0], "fanout_link_dropped_messages"),
+                             "dropped_b": _delta(before[1], after[1], "fanout_dropped_messages")})
+                time.sleep(3)  # the proxies' streams and the upstream connections close (lingers)
+    return rows
+
+
+def _fanout_deployment(tmp: Path, stack: contextlib.ExitStack, mode: str) -> dict:
+    """A deployment (fan-out ``mode`` "on" or "off") with its link through a
+    counting forwarder, a source maker and a paced source resolved in TRD2."""
     hops = []
 
     def hop(peer: int) -> int:
@@ -639,10 +666,9 @@ def fanout_rows(tmp: Path, stack: contextlib.ExitStack, ns: list[int], window: f
         stack.callback(hops[-1].close)
         return hops[-1].port
 
-    dep = Processes(tmp, tag="fanout", fanout=True, link_hop=hop)
+    dep = Processes(tmp, tag=f"fanout-{mode}", fanout=mode == "on", link_hop=hop)
     stack.callback(dep.stop)
     dep.start()
-    fwd = hops[-1]
 
     def source(name: str, index: int, rate: float) -> tuple[tuple[str, int], int]:
         p, port = F.spawn(F.SOURCE_CODE, SRC_IP, FANOUT_MESSAGE, rate)
@@ -651,23 +677,7 @@ def fanout_rows(tmp: Path, stack: contextlib.ExitStack, ns: list[int], window: f
         stack.callback(adv.close)
         return resolve(f"bench.fanout.{name}", dep.lbmrd2), port
 
-    paced, _ = source("paced", 2, FANOUT_PACED_BPS)
-    _, fast_port = source("fast", 3, 0)
-    rows = []
-    for i, n in enumerate(ns):
-        counts, _, (l0, l1) = F.receive(paced, n, RCV_IP, FANOUT_WARMUP_S, window, fwd.a_to_b)
-        base = F.baseline((SRC_IP, fast_port), n, TRD2, RCV_IP, FANOUT_WARMUP_S, window)
-        for k, load in enumerate(FANOUT_LOADS):
-            offered, _ = source(f"offered{n}.{k}", 10 + 2 * i + k, load * base / n)
-            before = _counters(dep.metrics_a), _counters(dep.metrics_b)
-            got, secs, _ = F.receive(offered, n, RCV_IP, FANOUT_WARMUP_S, window, lambda: 0)
-            after = _counters(dep.metrics_a), _counters(dep.metrics_b)
-            rows.append({"n": n, "load": load, "link": l1 - l0, "one": max(counts), "routed": sum(got) / secs,
-                         "baseline": base,
-                         "dropped_a": _delta(before[0], after[0], "fanout_link_dropped_messages"),
-                         "dropped_b": _delta(before[1], after[1], "fanout_dropped_messages")})
-            time.sleep(3)  # the proxies' streams and the upstream connections close (lingers)
-    return rows
+    return {"dep": dep, "fwd": hops[-1], "source": source, "paced": source("paced", 2, FANOUT_PACED_BPS)[0]}
 
 
 def _delta(before: dict, after: dict, key: str) -> int:
@@ -681,15 +691,18 @@ def _counters(metrics_port: int) -> dict:
 
 def print_fanout(rows: list[dict]) -> None:
     for r in rows:
+        if r["mode"] == "on" and r["load"] == FANOUT_LOADS[0]:
+            print(f"  N={r['n']:<4d} minimal fan-out {r['baseline'] / 1e6:7.1f} MB/s delivered")
+        what = "fan-out" if r["mode"] == "on" else "per connection (fanout=off, before)"
         if r["load"] == FANOUT_LOADS[0]:
             link = r["link"] / max(r["one"], 1)
-            print(f"  N={r['n']:<4d} link / one receiver {link:6.3f} "
-                  f"({'meets' if link <= TARGET_LINK_RATIO else 'MISSES'} <= {TARGET_LINK_RATIO}); minimal fan-out "
-                  f"{r['baseline'] / 1e6:7.1f} MB/s delivered")
+            goal = f" ({'meets' if link <= TARGET_LINK_RATIO else 'MISSES'} <= {TARGET_LINK_RATIO})" \
+                if r["mode"] == "on" else ""
+            print(f"    {what}: link / one receiver {link:7.3f}{goal}")
         ratio = r["routed"] / r["baseline"]
-        print(f"         routed, offered {r['load']:.0%} of that: {r['routed'] / 1e6:7.1f} MB/s delivered, ratio "
-              f"{ratio:5.3f} ({'meets' if ratio >= TARGET_FANOUT_RATIO else 'BELOW'} >= {TARGET_FANOUT_RATIO}); "
-              f"messages dropped at router A {r['dropped_a']}, at router B {r['dropped_b']}")
+        print(f"      offered {r['load']:.0%}: {r['routed'] / 1e6:7.1f} MB/s delivered, ratio {ratio:5.3f} "
+              f"({'meets' if ratio >= TARGET_FANOUT_RATIO else 'BELOW'} >= {TARGET_FANOUT_RATIO}); messages "
+              f"dropped at router A {r['dropped_a']}, at router B {r['dropped_b']}")
 
 
 def certificates(tmp: Path) -> dict[str, str] | None:
@@ -1257,7 +1270,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_fanout(tmp: Path, stack: contextlib.ExitStack, args) -> None:
     ns = [int(x) for x in args.fanout_n.split(",") if x]
     print(f"\n5. Fan-out: one live LBMC source in TRD1 ({FANOUT_MESSAGE}-byte messages), N receivers in TRD2, "
-          f"router pair with fan-out (link through a counting forwarder) against a minimal fan-out "
+          f"router pairs with fan-out and per connection (links through counting forwarders) against a minimal "
+          f"fan-out "
           f"process (reads one socket, writes N), {args.fanout_window:g} s per case after "
           f"{FANOUT_WARMUP_S:g} s; link ratio with the source paced at {FANOUT_PACED_BPS / 1e6:g} MB/s; "
           f"delivered bytes per second of all receivers, the routed source paced at "
