@@ -54,17 +54,18 @@ class Forwarder:
         scope.cancel()
 
 
-async def start_pair(n, **endpoint):
+async def start_pair(n, a: dict | None = None, b: dict | None = None, **endpoint):
     """lbmrds, router B (TRD2, acceptor), the forwarder, router A (TRD1, initiator
-    to the forwarder); the link is up when it returns. (ra, rb, fwd, trd1, trd2)."""
+    to the forwarder); ``endpoint``: EndpointConfig fields of both, ``a``/``b``:
+    of one. The link is up when it returns. (ra, rb, fwd, trd1, trd2)."""
     _, trd1 = await start_lbmrd(n, "127.0.1.1")
     _, trd2 = await start_lbmrd(n, "127.0.2.1")
-    rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1", **endpoint),
+    rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1", **endpoint | (b or {})),
                 acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
     b_addr = await n.start(rb.run)
     fwd = Forwarder(b_addr["peer"])
     f_addr = await n.start(fwd.serve)
-    ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [trd1], interface="127.0.1.1", **endpoint),
+    ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [trd1], interface="127.0.1.1", **endpoint | (a or {})),
                 initiator_peer("A-to-B", *f_addr, reconnect_interval_ms=500))
     await n.start(ra.run)
     with trio.fail_after(5):
@@ -323,4 +324,41 @@ async def test_an_origin_that_sends_bytes_that_are_not_lbmc_ends_its_session():
         with trio.fail_after(5):
             assert await stream.receive_some(65536) == b""  # closed, nothing passed on
         assert ra.counters["fanout_upstream_malformed"] == 1
+        n.cancel_scope.cancel()
+
+
+async def test_a_peer_stream_that_is_not_lbmc_is_closed_at_the_proxy():
+    """Router A relays per connection (fanout off: the origin's bytes as they
+    are), router B fans out: bytes on the stream that are not LBMC close the
+    proxy's stream (counted), and its receiver gets nothing of them."""
+    from .test_router_e2e import tcp_source
+
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_pair(n, a={"fanout": False})
+        addr = await tcp_source(n, SRC_IP, 1 << 20)
+        n.start_soon(advertise_forever, udp(SRC_IP), trd1, *addr)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        stream = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+        with trio.fail_after(5):
+            assert await stream.receive_some(65536) == b""
+        assert rb.counters["fanout_stream_malformed"] == 1
+        n.cancel_scope.cancel()
+
+
+async def test_receivers_relayed_per_connection_share_a_fanned_out_session_at_the_far_router():
+    """fanout="off" on the receivers' router only: a stream per receiver on the
+    link, one connection to the origin, every receiver whole messages from its
+    join point."""
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_pair(n, b={"fanout": False})
+        src, _ = await live_source(n, trd1, rate=2000, message_size=500)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        rxs = [receiver(tir, k, max_bytes=300_000) for k in range(3)]
+        async with trio.open_nursery() as rn:
+            for rx in rxs:
+                rn.start_soon(rx.run)
+        assert all(rx.result.error is None and rx.result.messages > 100 for rx in rxs), [rx.result for rx in rxs]
+        assert all(rx.result.session_id == SID for rx in rxs)
+        assert len(src.connections) == 1 and ra.counters["fanout_upstreams"] == 1
+        assert rb.counters["streams_opened"] == 3 and rb.counters["fanout_streams_opened"] == 0
         n.cancel_scope.cancel()
