@@ -2,11 +2,18 @@
 
     python bench/pipeline.py [--sizes 1000000,4000000] [--split-size 128M]
                              [--max-minutes 40] [--tmp DIR] [--no-baseline]
+                             [--small-capture PCAP | --small-capture '']
 
 For each size it generates a capture of realistic topic-resolution traffic
 (bench/traffic.py; 10M datagrams is about 1.8 GB) in a temporary folder, then
 measures on this machine, in this run:
 
+* a small capture (default the real UM capture, 179 LBMR datagrams) end to end:
+  the ``lbmr-analyze`` command (a new process each time: Python, JVM and Spark
+  start-up, the job, the report) against tshark + pandas on the same capture
+  (tshark's LBMR fields into a DataFrame, then the same summary counts: datagrams,
+  TIRs, TQRs, wildcard TQRs, topics, contexts), alternating, with the ratio and
+  a check that the counts agree;
 * the fixed cost: starting the SparkSession, and a whole job on a 1,000-datagram
   capture (scheduling, Python workers, Parquet, the analysis passes, report);
 * the Spark job (``lbmr_analyze.job.run``: byte-range splits decoded on the
@@ -32,9 +39,12 @@ sizes that would start after --max-minutes are skipped.
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -213,6 +223,112 @@ def tree_cpu(root: int) -> float:
     return total
 
 
+# --------------------------------------------------------------------------- small capture
+
+REAL_CAPTURE = Path(__file__).resolve().parents[2] / "shared" / "captures" / "um614-multicast-tr.pcap"
+#: tshark field -> DataFrame column
+TSHARK_FIELDS = {"frame.time_epoch": "ts", "ip.src": "src", "udp.srcport": "sport", "udp.length": "length",
+                 "lbmr.hdr.type": "type", "lbmr.tir.name": "tir", "lbmr.tqr.name": "tqr",
+                 "lbmr.tqr.pattern": "pattern", "lbmr.opt.src_id.src_id": "src_id"}
+AGGREGATOR = "\x1f"        # between a field's occurrences in one datagram (topic names may hold spaces)
+
+
+def tshark_pandas(path: str, ports=(12965, 15380)) -> dict:
+    """The small-capture baseline: tshark's LBMR fields as a pandas DataFrame, and
+    the summary's counts from it."""
+    import pandas as pd
+    cmd = ["tshark", "-r", path, *[a for p in ports for a in ("-d", f"udp.port=={p},lbmr")], "-Y", "lbmr",
+           "-T", "fields", "-E", "separator=/t", "-E", "occurrence=a", "-E", f"aggregator={AGGREGATOR}",
+           *[a for f in TSHARK_FIELDS for a in ("-e", f)]]
+    out = subprocess.run(cmd, capture_output=True, check=True, timeout=600).stdout
+    df = pd.read_csv(io.BytesIO(out), sep="\t", names=list(TSHARK_FIELDS.values()), dtype=str,
+                     keep_default_na=False, quoting=3)
+
+    def each(col):
+        x = df[col].str.split(AGGREGATOR).explode()
+        return x[x != ""]
+
+    tirs, tqrs = each("tir"), each("tqr")
+    return {"datagrams": len(df), "tirs": len(tirs), "tqrs": len(tqrs), "wc_tqrs": len(each("pattern")),
+            "topics": len(set(tirs) | set(tqrs)), "contexts": df.groupby(["src", "sport", "src_id"]).ngroups}
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of every descendant reaped so far."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _reap_orphans(seconds: float = 60) -> None:
+    """Wait (bounded) for the descendants left behind by a finished command (the
+    JVM outlives lbmr-analyze's Python by a moment); with this process their
+    subreaper, their CPU time then counts in :func:`_children_cpu`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.05)
+
+
+def _timed(cmd: list[str], env=None) -> tuple[float, float, str]:
+    """Run ``cmd``: its wall seconds, the CPU seconds of it and every process it
+    started (this process must be their subreaper, see :func:`small_capture`),
+    and its standard output."""
+    t, c = time.perf_counter(), _children_cpu()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    dt = time.perf_counter() - t
+    _reap_orphans()
+    if p.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} exited {p.returncode}: {p.stderr[-2000:]}")
+    return dt, _children_cpu() - c, p.stdout
+
+
+def _analyze_counts(stdout: str) -> dict:
+    """The summary counts from lbmr-analyze's standard output."""
+    def num(rx):
+        return int(re.search(rx, stdout).group(1))
+    return {"datagrams": num(r"([0-9]+) LBMR datagrams"), "tirs": num(r"TIRs ([0-9]+)"),
+            "tqrs": num(r"TQRs ([0-9]+),"), "wc_tqrs": num(r"wildcard TQRs ([0-9]+)"),
+            "topics": num(r"topics: ([0-9]+)"), "contexts": num(r"contexts ([0-9]+)")}
+
+
+def small_capture(path: str, work: Path, rounds: int = 2) -> None:
+    """lbmr-analyze end to end on a small capture against tshark + pandas,
+    alternating: wall and CPU seconds (of every process each started: this process
+    becomes the subreaper of orphans, so the JVM's CPU counts too; run it before
+    this process starts Spark of its own)."""
+    import ctypes
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)                # PR_SET_CHILD_SUBREAPER (Linux)
+    lbmr = [str(Path(sys.executable).parent / "lbmr-analyze"), path, "--out", str(work / "small-out"), "-q"]
+    base = [sys.executable, str(Path(__file__).resolve()), "--tshark-pandas", path]
+    print(f"\nsmall capture {path} ({os.path.getsize(path):,} bytes), end to end, {rounds} rounds alternating; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    t_first, c_first, out = _timed(lbmr)
+    print(f"  lbmr-analyze first run {t_first:.1f} s, {c_first:.1f} CPU-s (writes the class cache when it is missing)")
+    runs: dict[str, list[tuple[float, float]]] = {"lbmr-analyze": [], "tshark+pandas": []}
+    for _ in range(rounds):
+        dt, cpu, out = _timed(lbmr)
+        runs["lbmr-analyze"].append((dt, cpu))
+        start = re.search(r"of which starting Spark ([0-9.]+) s", out)
+        dt, cpu, bout = _timed(base)
+        runs["tshark+pandas"].append((dt, cpu))
+    for name, xs in runs.items():
+        print(f"  {name:14} " + ", ".join(f"{t:.1f} s ({c:.1f} CPU-s)" for t, c in xs))
+    print(f"  starting Spark (the fixed cost) {start.group(1)} s in lbmr-analyze's last run")
+    got, want = _analyze_counts(out), json.loads(bout)
+    best_t = [min(t for t, _ in xs) for xs in runs.values()]
+    best_c = [min(c for _, c in xs) for xs in runs.values()]
+    print(f"  lbmr-analyze / tshark+pandas, best of each: time {best_t[0] / best_t[1]:.1f}, CPU seconds "
+          f"{best_c[0] / best_c[1]:.1f}; counts agree: {got == want}; load average {os.getloadavg()[0]:.1f}")
+    if got != want:
+        print(f"  lbmr-analyze: {got}\n  tshark+pandas: {want}")
+    shutil.rmtree(work / "small-out", ignore_errors=True)
+
+
 # --------------------------------------------------------------------------- main
 
 def main() -> None:
@@ -226,7 +342,14 @@ def main() -> None:
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--baseline-only", action="store_true",
                     help="skip Spark for the sizes (e.g. to redo a baseline without repeating a long Spark run)")
+    ap.add_argument("--small-capture", default=str(REAL_CAPTURE) if REAL_CAPTURE.exists() else "",
+                    help="capture for the end-to-end comparison with tshark + pandas ('' to skip; "
+                         "default the real UM capture)")
+    ap.add_argument("--tshark-pandas", metavar="PCAP", help=argparse.SUPPRESS)   # the baseline's own process
     args = ap.parse_args()
+    if args.tshark_pandas:
+        print(json.dumps(tshark_pandas(args.tshark_pandas)))
+        return
     sys.stdout.reconfigure(line_buffering=True)
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     split_size = parse_size(args.split_size)
@@ -237,6 +360,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lbmr-pipeline-", dir=args.tmp))
     print(f"bench/pipeline.py: local[2], split size {split_size} bytes, {os.cpu_count()} cores, temp {work}")
     try:
+        if args.small_capture:
+            small_capture(args.small_capture, work)
         t = time.perf_counter()
         spark = build_session("local[2]", [("spark.ui.enabled", "false"), ("spark.driver.memory", args.driver_memory),
                                            ("spark.sql.shuffle.partitions", "8")], progress_bar=False)
@@ -248,7 +373,8 @@ def main() -> None:
         t = time.perf_counter()
         run(spark, [tiny], work / "tiny-out")
         t_tiny2 = time.perf_counter() - t
-        print(f"fixed cost: SparkSession start {t_start:.1f} s; whole job on 1,000 datagrams "
+        print(f"fixed cost in this process (local[2], no class archive): SparkSession start {t_start:.1f} s; "
+              f"whole job on 1,000 datagrams "
               f"{t_tiny:.1f} s (first, cold JIT/workers), {t_tiny2:.1f} s (second)")
         results = []
         for n in sizes:

@@ -3,7 +3,7 @@ for a large client table.
 
     python bench/relay.py [--clients 10,100,1000] [--seconds 5] [--size 200]
                           [--window 64] [--rounds 10] [--memory-clients 100000]
-                          [--profile]
+                          [--profile] [--baseline-tree DIR]
 
 Over 600 lines because it is one self-contained script (relays under test,
 load generator, report) meant to be read and run on its own.
@@ -63,6 +63,10 @@ Memory (in-process, sans-IO)
 
 --profile additionally runs lbmrd under cProfile for the last N and prints
 the functions with the most own time.
+
+--baseline-tree DIR also runs another version of lbmrd ("before") in the
+same alternating segments, for before/after figures from one run, e.g.
+``git archive main lbmr_proto lbmr_runtime lbmrd | tar -x -C DIR``.
 """
 
 from __future__ import annotations
@@ -259,10 +263,12 @@ class CRelay:
 
 
 class Lbmrd:
-    name = "lbmrd"
+    """lbmrd in a subprocess, from this checkout or from ``tree`` (a
+    directory holding another version's lbmr_proto, lbmr_runtime and lbmrd)."""
 
     def __init__(self, logdir: str, cmd_prefix: list[str] | None = None,
-                 extra: list[str] | None = None) -> None:
+                 extra: list[str] | None = None, tree: str | None = None) -> None:
+        self.name = "lbmrd" if tree is None else "before"
         port, mport = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
         self.addr = (LOOPBACK, port)
         self.url = f"http://{LOOPBACK}:{mport}/status"
@@ -271,7 +277,7 @@ class Lbmrd:
         self.log = open(os.path.join(logdir, f"lbmrd-{port}.log"), "wb")
         self.p = spawn(cmd + ["-i", LOOPBACK, "-p", str(port), "--metrics", f"{LOOPBACK}:{mport}",
                               "--stats-interval", "0", *(extra or [])],
-                       stdout=self.log, stderr=subprocess.STDOUT, cwd=str(ROOT))
+                       stdout=self.log, stderr=subprocess.STDOUT, cwd=tree or str(ROOT))
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:
@@ -289,8 +295,11 @@ class Lbmrd:
     def counters(self) -> dict:
         st = self.status()
         c = st["counters"]
-        return {"in": sum(c["rx"].values()), "out": c["tx"], "clients": st["clients_total"],
-                "drops": sum(c["drops"].values()), "send_errors": sum(c["send_errors"].values())}
+        # an older lbmrd (before exact counting) has no "received" nor the drop families
+        drops = sum(sum(c.get(k, {}).values()) for k in ("drops", "relays_dropped", "copies_dropped"))
+        return {"in": c.get("received", sum(c["rx"].values())), "out": c["tx"],
+                "clients": st["clients_total"], "drops": drops,
+                "send_errors": sum(c["send_errors"].values())}
 
     def close(self) -> None:
         stop_process(self.p)
@@ -599,10 +608,11 @@ def _pct(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
 
 
-def stall_bench(tmp: str, n: int) -> dict:
+def stall_bench(tmp: str, n: int, tree: str | None = None) -> dict:
     """Max keepalive round trip while ``n`` clients expire at once, while one
     TQR is fanned out to them, and while a 50,000-network file is reloaded;
-    each against the idle round trip measured in the same run."""
+    each against the idle round trip measured in the same run (``tree``:
+    the lbmrd of another version, see :class:`Lbmrd`)."""
     conf = os.path.join(tmp, "big.xml")
     with open(conf, "w") as f:
         f.write('<?xml version="1.0"?>\n<lbmrd version="1.0">\n<domains>\n')
@@ -613,7 +623,9 @@ def stall_bench(tmp: str, n: int) -> dict:
         f.write('</domains>\n<transformations><transform source="d0" destination="d1"><rule>'
                 '<match address="10.0.0.1" port="*"/><replace address="10.1.0.1" port="*"/></rule>'
                 "</transform></transformations>\n</lbmrd>\n")
-    relay = Lbmrd(tmp, extra=["-t", "8", "-a", "1000", conf])
+    # a ttl long enough to register them all on a busy machine (each new client is
+    # classified against the 50,000 networks: 6-16 s)
+    relay = Lbmrd(tmp, extra=["-t", "30", "-a", "1000", conf], tree=tree)
     # the n clients: one socket on every loopback address (it sends from
     # 127.64.0.0 and up); what reaches them is mostly dropped (small buffer)
     players = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -621,7 +633,7 @@ def stall_bench(tmp: str, n: int) -> dict:
     players.bind(("0.0.0.0", 0))
     probe = udp_socket(rcvbuf=4 << 20)
     probe.setblocking(True)
-    out = {"n": n}
+    out = {"n": n, "name": relay.name}
     try:
         probe.settimeout(5.0)
         probe.sendto(KEEPALIVE, relay.addr)
@@ -652,6 +664,32 @@ def stall_bench(tmp: str, n: int) -> dict:
 # ------------------------------------------------------------------- main
 
 
+def print_stalls(st: dict) -> None:
+    idle = _pct(st["idle"], 0.5)
+    print(f"loop stalls, {st['name']} with {st['n']:,} clients (keepalive round trips, ms; "
+          f"idle median {idle * 1e3:.2f} ms in the same run):")
+    for what, label in (("fanout", f"one TQR fanned out to {st['n']:,} clients"),
+                        ("expiry", f"{st['n']:,} clients expiring at once"),
+                        ("reload", "SIGHUP reload of a 50,000-network file")):
+        r = st[what]
+        print(f"  {label:<44} {len(r):>5} probes  p50 {_pct(r, 0.5) * 1e3:7.2f}  "
+              f"p99 {_pct(r, 0.99) * 1e3:7.2f}  max {max(r) * 1e3:7.2f}  "
+              f"max/idle {max(r) / idle:6.0f}x")
+    print("  target: max under 50 ms while clients expire", flush=True)
+
+
+def print_ratios(kind: str, rows: list[tuple[int, dict, dict]]) -> None:
+    """One table of ``kind`` against the C relay: rates and rates per CPU-second."""
+    k = f"{kind}/C"
+    print(f"{'N':>6} {'C out/s':>12} {kind + ' out/s':>13} {k:>9}   "
+          f"{'C out/CPU-s':>12} {kind + ' out/CPU-s':>17} {k:>9}")
+    for n, c, p in rows:
+        ratio = p["out_per_s"] / c["out_per_s"] if c["out_per_s"] else float("nan")
+        cratio = p["out_per_cpu_s"] / c["out_per_cpu_s"] if c["out_per_cpu_s"] else float("nan")
+        print(f"{n:>6} {c['out_per_s']:>12,.0f} {p['out_per_s']:>13,.0f} {ratio:>9.2f}   "
+              f"{c['out_per_cpu_s']:>12,.0f} {p['out_per_cpu_s']:>17,.0f} {cratio:>9.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", default="10,100,1000", help="comma-separated client counts N")
@@ -664,6 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="also profile lbmrd (cProfile) at the last N")
     ap.add_argument("--stall-clients", type=int, default=100_000,
                     help="clients for the loop-stall figures (0 = skip them)")
+    ap.add_argument("--baseline-tree", metavar="DIR",
+                    help="also run the lbmrd in DIR (another version's lbmr_proto, lbmr_runtime and "
+                         "lbmrd, e.g. from git archive) in the same alternating segments, as 'before'")
     args = ap.parse_args(argv)
     ns = [int(x) for x in args.clients.split(",") if x.strip()]
     if not ns or min(ns) < 1 or max(ns) > 4000:
@@ -697,24 +738,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp:
         try:
             if args.stall_clients:
-                st = stall_bench(tmp, args.stall_clients)
-                idle = _pct(st["idle"], 0.5)
-                print(f"loop stalls, lbmrd with {st['n']:,} clients (keepalive round trips, ms; "
-                      f"idle median {idle * 1e3:.2f} ms in the same run):")
-                for what, label in (("fanout", f"one TQR fanned out to {st['n']:,} clients"),
-                                    ("expiry", f"{st['n']:,} clients expiring at once"),
-                                    ("reload", "SIGHUP reload of a 50,000-network file")):
-                    r = st[what]
-                    print(f"  {label:<44} {len(r):>5} probes  p50 {_pct(r, 0.5) * 1e3:7.2f}  "
-                          f"p99 {_pct(r, 0.99) * 1e3:7.2f}  max {max(r) * 1e3:7.2f}  "
-                          f"max/idle {max(r) / idle:6.0f}x")
-                print("  target: max under 50 ms while clients expire", flush=True)
+                for tree in [None, args.baseline_tree] if args.baseline_tree else [None]:
+                    print_stalls(stall_bench(tmp, args.stall_clients, tree))
             exe = compile_c(tmp)
             for n in ns:
                 relays = {}
                 try:
                     relays["C"] = CRelay(exe, args.seconds * 2 + 60)
                     relays["lbmrd"] = Lbmrd(tmp)
+                    if args.baseline_tree:
+                        relays["before"] = Lbmrd(tmp, tree=args.baseline_tree)
                     res = run_pair(relays, n, payload, args.seconds, args.window, args.rounds)
                 finally:
                     for relay in relays.values():
@@ -725,16 +758,11 @@ def main(argv: list[str] | None = None) -> int:
                           f"{r['relay_drops']:>5,}  stalls {r['stalls']}  relay CPU {r['relay_cpu']:.0%}  "
                           f"driver CPU {r['driver_cpu']:.0%}  out per relay CPU-s {r['out_per_cpu_s']:,.0f}",
                           flush=True)
-                rows.append((n, res["C"], res["lbmrd"]))
+                rows.append((n, res))
             print(f"\nrelay rate, {args.size}-byte TQRs, window {args.window}, {args.seconds:g} s per relay "
                   f"and N in {args.rounds} alternating segments (datagrams sent by the relay per second):")
-            print(f"{'N':>6} {'C out/s':>12} {'lbmrd out/s':>12} {'lbmrd/C':>8}   "
-                  f"{'C out/CPU-s':>12} {'lbmrd out/CPU-s':>16} {'lbmrd/C':>8}")
-            for n, c, p in rows:
-                ratio = p["out_per_s"] / c["out_per_s"] if c["out_per_s"] else float("nan")
-                cratio = p["out_per_cpu_s"] / c["out_per_cpu_s"] if c["out_per_cpu_s"] else float("nan")
-                print(f"{n:>6} {c['out_per_s']:>12,.0f} {p['out_per_s']:>12,.0f} {ratio:>8.2f}   "
-                      f"{c['out_per_cpu_s']:>12,.0f} {p['out_per_cpu_s']:>16,.0f} {cratio:>8.2f}")
+            for kind in [k for k in rows[0][1] if k != "C"] if rows else []:
+                print_ratios(kind, [(n, res["C"], res[kind]) for n, res in rows])
             print("target ratio >= 0.90")
             if args.profile:
                 profile_lbmrd(tmp, ns[-1], payload, args.seconds, args.window)

@@ -6,6 +6,7 @@ convergence across the routers.
     python bench/router.py [--mbytes 200] [--runs 3] [--topics 8] [--ru-count 30000]
                            [--ru-rates 10000,30000] [--no-tls] [--no-ru]
                            [--profile auto|py-spy|cprofile|none] [--no-inprocess]
+                           [--fanout-n 1,10,100] [--fanout-window 3] [--no-fanout] [--only-fanout]
 
 Everything runs on loopback (127.0.0.0/8) and stops by itself (a hard limit
 of HARD_LIMIT_S seconds ends a stuck run).
@@ -17,11 +18,12 @@ to a free one and the relay range widened to RELAY_PORTS ports) are separate
 processes, so each router has a CPU of its own (the two cores of the machine
 are shared with the source and the receiver, which are threads of this
 process with blocking sockets). Three such deployments run side by side, each
-with its own lbmrds: "zero copy" (the shipped configs: a plain TCP peer link,
-payloads spliced), "copy" (the same with LBMR_ROUTER_ZERO_COPY=0 in the
-routers' environment: every byte through Python) and "TLS" (the configs'
-<tls> block filled in with a throwaway CA and certificates made by openssl;
-TLS links always take the copy path).
+with its own lbmrds: "zero copy" (the shipped configs with <relay
+fanout="off">, the per-connection relay, since the source sends a byte
+pattern, not LBMC: a plain TCP peer link, payloads spliced), "copy" (the same
+with LBMR_ROUTER_ZERO_COPY=0 in the routers' environment: every byte through
+Python) and "TLS" (the configs' <tls> block filled in with a throwaway CA and
+certificates made by openssl; TLS links always take the copy path).
 
 1. Throughput. A TCP "source" on 127.0.1.5 (TRD1) serves --mbytes MB (10^6
    bytes) of a known pattern to every connection, sent CHUNK bytes per
@@ -79,6 +81,18 @@ TLS links always take the copy path).
    Without py-spy (or with --profile cprofile) a fresh pair of router
    processes runs one routed transfer under cProfile instead.
 
+5. Fan-out (bench/fanout.py; --fanout-n, --fanout-window, --no-fanout,
+   --only-fanout): two more deployments, the shipped configs as they are
+   (fan-out on) and with fanout="off" (the per-connection relay: before),
+   each peer link through a counting forwarder process; one
+   live LBMC source in TRD1 and N receivers in TRD2 (this process, one epoll
+   loop) against a minimal fan-out process (reads one socket, writes N) in
+   the same run: link bytes / one receiver's (goal TARGET_LINK_RATIO), and
+   delivered bytes per second of all receivers with the routed source
+   paced at FANOUT_LOADS (100 % and 80 %) of what the minimal fan-out
+   delivered to each receiver (goal TARGET_FANOUT_RATIO), with the messages
+   each router dropped.
+
 Over 600 lines because it is one self-contained script (deployment,
 baselines, load, report) meant to be read and run on its own.
 """
@@ -111,6 +125,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import lbmr_proto as L  # noqa: E402
+from bench import fanout as F  # noqa: E402
 
 TRD1, TRD2 = "127.0.1.1", "127.0.2.1"  # lbmrd, router TR socket and relay address of each TRD
 SRC_IP, RCV_IP = "127.0.1.5", "127.0.2.9"  # the applications
@@ -125,7 +140,7 @@ TARGET_CONVERGENCE_MS = 50.0
 GAP_S = 0.2  # between the first and the second application in a convergence measurement
 CONVERGE_TIMEOUT_S = 5.0
 IO_TIMEOUT_S = 30.0
-HARD_LIMIT_S = 300
+HARD_LIMIT_S = 420
 PROFILE_S = 3  # seconds (whole) of routed transfers sampled by py-spy
 RELAY_PORTS = 64
 TPUT_TOPIC = "bench.router.tput"
@@ -377,7 +392,13 @@ class Processes:
     name = "processes"
 
     def __init__(self, tmp: Path, cprofile: bool = False, *, tls: dict[str, str] | None = None,
-                 env: dict[str, str] | None = None, tag: str = "") -> None:
+                 env: dict[str, str] | None = None, tag: str = "", fanout: bool = False,
+                 link_hop=None) -> None:
+        """``fanout``: TCP sessions fanned out (the default of the shipped configs) or
+        relayed per connection (byte-pattern sources, zero copy); ``link_hop(port)``:
+        the port router A dials instead of router B's listen ``port`` (a forwarder)."""
+        self.fanout = fanout
+        self.link_hop = link_hop
         self.tmp = tmp / tag if tag else tmp
         self.tmp.mkdir(exist_ok=True)
         self.cprofile = cprofile
@@ -409,14 +430,17 @@ class Processes:
                 if text.count(anchor) != 1:
                     raise RuntimeError(f"configs/{name}: one {anchor!r} expected (the shipped file changed)")
                 text = text.replace(anchor, block + anchor)
+            fanout = "" if self.fanout else ' fanout="off"'
             for old, new in (("26123", str(peer)),
                              (f'{ip}" port="15380', f'{ip}" port="{lbmrd_port}'),
                              (metrics_old, str(metrics)),
                              ('low="14402" high="14406"', f'low="{tr}" high="{tr}"'),
-                             (relay_old, f'port-low="{relay}" port-high="{relay + RELAY_PORTS - 1}"')):
+                             (relay_old, f'port-low="{relay}" port-high="{relay + RELAY_PORTS - 1}"{fanout}')):
                 if old not in text:
                     raise RuntimeError(f"configs/{name}: {old!r} not found (the shipped file changed)")
                 text = text.replace(old, new)
+            if self.link_hop is not None and name == "router-a.xml":
+                text = text.replace(f"<port>{peer}</port>", f"<port>{self.link_hop(peer)}</port>")
             path = self.tmp / name
             path.write_text(text)
             out[name[7]] = path
@@ -516,10 +540,10 @@ class InProcess:
         async with trio.open_nursery() as n:
             d1 = await n.start(Daemon(Settings(bind_ip=TRD1, port=0, stats_interval=0)).run)
             d2 = await n.start(Daemon(Settings(bind_ip=TRD2, port=0, stats_interval=0)).run)
-            rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [d2], interface=TRD2),
+            rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [d2], interface=TRD2, fanout=False),
                         acceptor_peer("B-to-A", 0, interface=TRD2))
             b = await n.start(rb.run)
-            ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [d1], interface=TRD1),
+            ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [d1], interface=TRD1, fanout=False),
                         initiator_peer("A-to-B", TRD2, b["peer"][1], reconnect_interval_ms=500))
             await n.start(ra.run)
             with trio.fail_after(20):
@@ -589,6 +613,96 @@ class RelayChain:
             p.wait()
             p.stdout.close()
         self.procs = []
+
+
+FANOUT_PACED_BPS = 2_000_000  # the paced source of the link-bytes ratio, bytes per second
+FANOUT_MESSAGE = 8192  # payload bytes per LBMC message of the fan-out sources
+FANOUT_WARMUP_S = 1.0
+TARGET_LINK_RATIO = 1.05  # link bytes / one receiver's
+TARGET_FANOUT_RATIO = 0.8  # delivered bytes per second, routed / minimal fan-out
+# offered loads of the routed measurement, as shares of what the minimal fan-out delivered: a
+# fan-out that drops instead of pacing its source loses at the edge of what its receivers take
+FANOUT_LOADS = (1.0, 0.8)
+
+
+def fanout_rows(tmp: Path, stack: contextlib.ExitStack, ns: list[int], window: float) -> list[dict]:
+    """Section 5 (see bench/fanout.py): two deployments whose link crosses a
+    counting forwarder, fan-out on (the default) and off (the per-connection
+    relay, as before). Per N: the minimal fan-out's delivered bytes per second
+    from a source as fast as it goes; per deployment the link ratio with a
+    paced source, then the routed delivered bytes per second from a source
+    paced at FANOUT_LOADS of what the minimal fan-out delivered to each
+    receiver (a fan-out that drops instead of pacing its source cannot be fed
+    an unpaced one; the per-connection relay paces it: 100 % only), with the
+    messages dropped at each router meanwhile."""
+    deps = {mode: _fanout_deployment(tmp, stack, mode) for mode in ("on", "off")}
+    _, fast_port = deps["on"]["source"]("fast", 3, 0)
+    rows = []
+    for i, n in enumerate(ns):
+        base = F.baseline((SRC_IP, fast_port), n, TRD2, RCV_IP, FANOUT_WARMUP_S, window)
+        for mode, d in deps.items():
+            dep, fwd, source = d["dep"], d["fwd"], d["source"]
+            counts, _, (l0, l1) = F.receive(d["paced"], n, RCV_IP, FANOUT_WARMUP_S, window, fwd.a_to_b)
+            for k, load in enumerate(FANOUT_LOADS if mode == "on" else FANOUT_LOADS[:1]):
+                offered, _ = source(f"offered{n}.{k}", 10 + 2 * i + k, load * base / n)
+                before = _counters(dep.metrics_a), _counters(dep.metrics_b)
+                got, secs, _ = F.receive(offered, n, RCV_IP, FANOUT_WARMUP_S, window, lambda: 0)
+                after = _counters(dep.metrics_a), _counters(dep.metrics_b)
+                rows.append({"n": n, "mode": mode, "load": load, "link": l1 - l0, "one": max(counts),
+                             "routed": sum(got) / secs, "baseline": base,
+                             "dropped_a": _delta(before[0], after[0], "fanout_link_dropped_messages"),
+                             "dropped_b": _delta(before[1], after[1], "fanout_dropped_messages")})
+                time.sleep(3)  # the proxies' streams and the upstream connections close (lingers)
+    return rows
+
+
+def _fanout_deployment(tmp: Path, stack: contextlib.ExitStack, mode: str) -> dict:
+    """A deployment (fan-out ``mode`` "on" or "off") with its link through a
+    counting forwarder, a source maker and a paced source resolved in TRD2."""
+    hops = []
+
+    def hop(peer: int) -> int:
+        hops.append(F.CountingForwarder(TRD2, (TRD2, peer)))
+        stack.callback(hops[-1].close)
+        return hops[-1].port
+
+    dep = Processes(tmp, tag=f"fanout-{mode}", fanout=mode == "on", link_hop=hop)
+    stack.callback(dep.stop)
+    dep.start()
+
+    def source(name: str, index: int, rate: float) -> tuple[tuple[str, int], int]:
+        p, port = F.spawn(F.SOURCE_CODE, SRC_IP, FANOUT_MESSAGE, rate)
+        stack.callback(F.stop, p)
+        adv = Advertiser(f"bench.fanout.{name}", dep.lbmrd1, port, index)
+        stack.callback(adv.close)
+        return resolve(f"bench.fanout.{name}", dep.lbmrd2), port
+
+    return {"dep": dep, "fwd": hops[-1], "source": source, "paced": source("paced", 2, FANOUT_PACED_BPS)[0]}
+
+
+def _delta(before: dict, after: dict, key: str) -> int:
+    return after.get(key, 0) - before.get(key, 0)
+
+
+def _counters(metrics_port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/status", timeout=5) as r:
+        return json.loads(r.read())["counters"]
+
+
+def print_fanout(rows: list[dict]) -> None:
+    for r in rows:
+        if r["mode"] == "on" and r["load"] == FANOUT_LOADS[0]:
+            print(f"  N={r['n']:<4d} minimal fan-out {r['baseline'] / 1e6:7.1f} MB/s delivered")
+        what = "fan-out" if r["mode"] == "on" else "per connection (fanout=off, before)"
+        if r["load"] == FANOUT_LOADS[0]:
+            link = r["link"] / max(r["one"], 1)
+            goal = f" ({'meets' if link <= TARGET_LINK_RATIO else 'MISSES'} <= {TARGET_LINK_RATIO})" \
+                if r["mode"] == "on" else ""
+            print(f"    {what}: link / one receiver {link:7.3f}{goal}")
+        ratio = r["routed"] / r["baseline"]
+        print(f"      offered {r['load']:.0%}: {r['routed'] / 1e6:7.1f} MB/s delivered, ratio {ratio:5.3f} "
+              f"({'meets' if ratio >= TARGET_FANOUT_RATIO else 'BELOW'} >= {TARGET_FANOUT_RATIO}); messages "
+              f"dropped at router A {r['dropped_a']}, at router B {r['dropped_b']}")
 
 
 def certificates(tmp: Path) -> dict[str, str] | None:
@@ -1007,6 +1121,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ru-rates", default="10000,30000",
                     help="LBT-RU source rates to measure, datagrams per second, comma-separated")
     ap.add_argument("--top", type=int, default=12, help="profile lines per list")
+    ap.add_argument("--fanout-n", default="1,10,100",
+                    help="fan-out: receiver counts to measure, comma-separated")
+    ap.add_argument("--fanout-window", type=float, default=3.0, help="fan-out: seconds measured per case")
+    ap.add_argument("--no-fanout", action="store_true", help="skip the fan-out measurement")
+    ap.add_argument("--only-fanout", action="store_true", help="measure only the fan-out (section 5)")
     args = ap.parse_args(argv)
     if args.runs < 1 or args.topics < 1 or args.mbytes <= 0:
         ap.error("--runs and --topics must be at least 1, --mbytes positive")
@@ -1024,6 +1143,10 @@ def main(argv: list[str] | None = None) -> int:
     source = DataSource(total)
     with tempfile.TemporaryDirectory(prefix="bench-router-") as td, contextlib.ExitStack() as stack:
         tmp = Path(td)
+        if args.only_fanout:
+            run_fanout(tmp, stack, args)
+            print(f"\ntotal {time.monotonic() - started:.1f} s")
+            return 0
         stack.callback(source.close)
         dep = Processes(tmp, tag="zero-copy")
         stack.callback(dep.stop)
@@ -1137,9 +1260,23 @@ def main(argv: list[str] | None = None) -> int:
                         report_cprofile(prof.profiles[r], args.top)
                     else:
                         print("      (no profile written)")
+        if not args.no_fanout:
+            run_fanout(tmp, stack, args)
     signal.alarm(0)
     print(f"\ntotal {time.monotonic() - started:.1f} s")
     return 0
+
+
+def run_fanout(tmp: Path, stack: contextlib.ExitStack, args) -> None:
+    ns = [int(x) for x in args.fanout_n.split(",") if x]
+    print(f"\n5. Fan-out: one live LBMC source in TRD1 ({FANOUT_MESSAGE}-byte messages), N receivers in TRD2, "
+          f"router pairs with fan-out and per connection (links through counting forwarders) against a minimal "
+          f"fan-out "
+          f"process (reads one socket, writes N), {args.fanout_window:g} s per case after "
+          f"{FANOUT_WARMUP_S:g} s; link ratio with the source paced at {FANOUT_PACED_BPS / 1e6:g} MB/s; "
+          f"delivered bytes per second of all receivers, the routed source paced at "
+          f"{', '.join(f'{x:.0%}' for x in FANOUT_LOADS)} of what the minimal fan-out delivered to each")
+    print_fanout(fanout_rows(tmp, stack, ns, args.fanout_window))
 
 
 if __name__ == "__main__":

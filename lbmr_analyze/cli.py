@@ -2,20 +2,23 @@
 
 Exit status: 0 done (capture and decode errors are reported in the output, not
 as failure), 1 the Spark job failed, 2 usage error (click), 3 no usable Java or
-PySpark.
+PySpark, 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import signal
 import sys
+import time
 
 import click
 
 from .job import DEFAULT_STORM_THRESHOLD, DEFAULT_TOP
 from .splits import DEFAULT_SPLIT_SIZE
 
-EXIT_FAILED, EXIT_ENVIRONMENT = 1, 3
+EXIT_FAILED, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 1, 3, 130
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -45,6 +48,17 @@ def _conf(ctx, param, values):
             raise click.BadParameter(f"{v!r}: expected KEY=VALUE")
         out.append((k, val))
     return out
+
+
+def _on_interrupt(signum, frame):
+    """SIGINT (Ctrl-C): one KeyboardInterrupt in the main thread, wherever it waits
+    (usually inside a Py4J call).  Later SIGINTs are ignored while the job deletes its
+    staging folder and stops Spark, and logging is switched off: Py4J logs the
+    interrupted call's broken connection with tracebacks (pyspark's own handler also
+    calls into the JVM from the signal handler, which fails the same way)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.disable(logging.CRITICAL)
+    raise KeyboardInterrupt
 
 
 def _submit_script(ctx, param, value):
@@ -96,9 +110,11 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
     Examples:
       lbmr-analyze trace.pcapng --out report/
       lbmr-analyze /data/captures/ --out /shared/tr --master spark://head:7077
-      spark-submit --master yarn \\
+      spark-submit --master yarn --conf spark.pyspark.driver.python=$(command -v python3) \\
         --driver-java-options "-Dlog4j2.configurationFile=$(lbmr-analyze --log4j-config)" \\
         "$(lbmr-analyze --submit-script)" hdfs:///caps --out hdfs:///tr
+
+    A cluster on one machine, exit statuses, the fixed cost: lbmr-analyze(1).
     """
     from .javacheck import JavaError, find_java, under_spark_submit
 
@@ -115,6 +131,27 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
             click.echo(f"lbmr-analyze: {e}", err=True)
             sys.exit(EXIT_ENVIRONMENT)
 
+    from .job import Progress, summary_text
+
+    prog = Progress(1 + 5, enabled=not quiet)
+    t0 = time.perf_counter()
+    signal.signal(signal.SIGINT, _on_interrupt)
+    try:
+        res, started = _start_and_run(prog, master, conf, verbose, dict(
+            inputs=captures, out=out, ports=ports, split_size=split_size,
+            storm_threshold=storm_threshold, top=top))
+    except KeyboardInterrupt:
+        click.echo("lbmr-analyze: interrupted; the previous output, if any, is unchanged", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    click.echo(summary_text(res, (started, time.perf_counter() - t0)))
+    for e in res.tables["capture_errors"]:
+        click.echo(f"lbmr-analyze: {e['file']}: byte offset {e['offset']}: {e['error']}", err=True)
+
+
+def _start_and_run(prog, master, conf, verbose, job_args):
+    """Start Spark, run the job, stop Spark (unless an embedding caller owns the
+    session): the job's :class:`~lbmr_analyze.job.Result` and the seconds Spark took
+    to start.  Errors become a message on stderr and an exit status."""
     from pyspark.sql import SparkSession
 
     from .fsio import UnsupportedURI
@@ -122,24 +159,31 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
         SPARK_LOG,
         EnvironmentError_,
         OutputNotVisible,
-        Progress,
         build_session,
+        import_ahead,
         run,
-        summary_text,
+        stop_session,
     )
 
-    prog = Progress(1 + 5, enabled=not quiet)
     prog.step("starting Spark" + (f" ({master})" if master else ""))
     owned = SparkSession.getActiveSession() is None    # embedded callers keep their session
     try:
-        spark = build_session(master, conf, quiet_jvm=not verbose)
+        t = time.perf_counter()
+        ahead = import_ahead()
+        spark = build_session(master, conf, quiet_jvm=not verbose, class_cache=True)
+        ahead.join()                    # the job's own imports never run beside the thread's
+        started = time.perf_counter() - t
     except Exception as e:  # noqa: BLE001 - Py4J/JVM start-up failures have many types
         click.echo(f"lbmr-analyze: could not start Spark: {e}" + ("" if verbose else
                    f" (Spark's output: {SPARK_LOG})"), err=True)
         sys.exit(EXIT_ENVIRONMENT)
+    signal.signal(signal.SIGINT, _on_interrupt)         # in place of the one SparkContext installs
+    interrupted = False
     try:
-        res = run(spark, captures, out, ports=ports, split_size=split_size,
-                  storm_threshold=storm_threshold, top=top, progress=prog)
+        return run(spark, progress=prog, **job_args), started
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     except (FileNotFoundError, FileExistsError, UnsupportedURI) as e:
         raise click.UsageError(str(e)) from None
     except EnvironmentError_ as e:
@@ -155,11 +199,17 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
         click.echo(f"lbmr-analyze: analysis failed: {e}; the previous output, if any, is unchanged", err=True)
         sys.exit(EXIT_FAILED)
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)    # the output is in place (or not): stop quietly
         if owned:
-            spark.stop()
-    click.echo(summary_text(res))
-    for e in res.tables["capture_errors"]:
-        click.echo(f"lbmr-analyze: {e['file']}: byte offset {e['offset']}: {e['error']}", err=True)
+            try:
+                saved = stop_session(spark, interrupted=interrupted)
+            except Exception:  # noqa: BLE001 - Py4J errors of a connection broken by Ctrl-C
+                if not interrupted:
+                    raise
+            else:
+                if saved is not None and prog.enabled:
+                    click.echo(f"lbmr-analyze     saved Spark's classes for faster starts (once): {saved:.1f} s",
+                               err=True)
 
 
 if __name__ == "__main__":

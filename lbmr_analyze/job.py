@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from collections.abc import Iterable, Sequence
@@ -129,13 +130,18 @@ class EnvironmentError_(RuntimeError):
 
 
 def build_session(master: str | None = None, conf: Iterable[tuple[str, str]] = (),
-                  *, progress_bar: bool | None = None, quiet_jvm: bool = False):
+                  *, progress_bar: bool | None = None, quiet_jvm: bool = False, class_cache: bool = False):
     """A SparkSession for the job.  ``master`` None means ``local[*]`` unless the
     process runs under spark-submit (then spark-submit's ``--master`` applies).
 
     Spark's own logging is at ERROR (our log4j2 file for the driver JVM); with
     ``quiet_jvm`` the JVM's stderr (start-up notes, warnings) goes to
-    :data:`SPARK_LOG` instead of the terminal (the file is named in errors)."""
+    :data:`SPARK_LOG` instead of the terminal (the file is named in errors).
+    ``conf`` pairs are applied last (so they override these defaults); a
+    ``spark.driver.extraJavaOptions`` of theirs is added after ours
+    (:func:`driver_java_options`).  With ``class_cache`` the driver JVM starts from
+    :mod:`lbmr_analyze.classcache`'s archive, or writes one (then end with
+    :func:`stop_session`)."""
     conf = list(conf)
     from pyspark.sql import SparkSession
 
@@ -147,20 +153,16 @@ def build_session(master: str | None = None, conf: Iterable[tuple[str, str]] = (
     b = SparkSession.builder.appName("lbmr-analyze")
     if master is not None:
         b = b.master(master)
-    local = (master or "").startswith("local")
     exe = [v for k, v in conf if k == "spark.pyspark.python"]
     if exe and not submitted and SparkSession.getActiveSession() is None:
         # PySpark takes the executors' Python from PYSPARK_PYTHON only (spark-submit
         # turns the conf into it): do the same for --conf spark.pyspark.python=...
         os.environ["PYSPARK_PYTHON"] = exe[-1]
-    if local:
+    if (master or "").startswith("local"):
         # executors are this machine's Python workers: use this interpreter
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        b = b.config("spark.sql.shuffle.partitions", str(max(4, 2 * (os.cpu_count() or 1))))
-    if not submitted and not any(k == "spark.driver.extraJavaOptions" for k, _ in conf):
-        log4j = Path(__file__).with_name("log4j2.properties")
-        if log4j.exists():
-            b = b.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
+        b = (b.config("spark.sql.shuffle.partitions", str(max(4, 2 * (os.cpu_count() or 1))))
+             .config("spark.ui.enabled", "false"))          # a second of start-up; --conf turns it on
     if progress_bar is None:
         progress_bar = sys.stderr.isatty() and not quiet_jvm
     b = (b.config("spark.sql.session.timeZone", "UTC")
@@ -168,12 +170,91 @@ def build_session(master: str | None = None, conf: Iterable[tuple[str, str]] = (
          .config("spark.log.level", "ERROR"))
     for k, v in conf:
         b = b.config(k, v)
+    if not submitted:
+        b = b.config("spark.driver.extraJavaOptions",
+                     driver_java_options([v for k, v in conf if k == "spark.driver.extraJavaOptions"],
+                                         class_cache=class_cache and SparkSession.getActiveSession() is None))
     if quiet_jvm and not submitted and SparkSession.getActiveSession() is None:
         spark = _quietly(b.getOrCreate)
     else:
         spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+#: Options of the driver JVM that lbmr-analyze starts itself: the client compiler
+#: only (the driver schedules tasks and receives one small status per byte range, as
+#: the records go from the Python workers straight to Parquet, so the optimising
+#: compiler's work during start-up, half of the JVM's CPU there, never pays back).
+DRIVER_JIT = "-XX:TieredStopAtLevel=1"
+
+
+def driver_java_options(user: Sequence[str] = (), *, class_cache: bool = False) -> str:
+    """``spark.driver.extraJavaOptions`` for a driver JVM lbmr-analyze starts: our
+    log4j2 file (Spark logs errors only), :data:`DRIVER_JIT` and, with
+    ``class_cache``, :mod:`lbmr_analyze.classcache`'s options; then the ``user``'s
+    options (later ones win, in the JVM as for system properties)."""
+    from . import classcache
+    from .javacheck import JavaError, find_java
+
+    log4j = Path(__file__).with_name("log4j2.properties")
+    ours = [f"-Dlog4j2.configurationFile={log4j.as_uri()}", DRIVER_JIT]
+    if class_cache:
+        try:
+            ours += classcache.java_options(find_java()[0])
+        except JavaError:
+            pass                                # Spark says it its own way
+    return " ".join([*ours, *user])
+
+
+def stop_session(spark, *, interrupted: bool = False) -> float | None:
+    """Stop ``spark``.  When its driver JVM is to write a class archive at exit
+    (:mod:`lbmr_analyze.classcache`): after an ``interrupted`` run, end the JVM
+    at once (no archive); otherwise end it, wait for it and keep the archive,
+    returning the seconds that took (else None)."""
+    from pyspark import SparkContext
+
+    from . import classcache
+    from .javacheck import find_java
+
+    jvm = getattr(SparkContext._gateway, "proc", None)     # pyspark keeps its JVM's Popen there
+    dumping = classcache.dumping() and jvm is not None
+    try:
+        spark.stop()
+    finally:
+        if dumping and interrupted:
+            classcache.discard(jvm)
+    if not dumping or interrupted:
+        return None
+    t = time.perf_counter()
+    classcache.keep(jvm, find_java()[0])
+    return time.perf_counter() - t
+
+
+#: Modules the driver imports during a run, after Spark has started (pyarrow's
+#: Parquet and compute, matplotlib, the analyses and the report).
+RUN_IMPORTS = ("pyarrow.compute", "pyarrow.csv", "pyarrow.dataset", "pyarrow.parquet", "matplotlib.pyplot",
+               "lbmr_analyze.analyses", "lbmr_analyze.findings", "lbmr_analyze.partials", "lbmr_analyze.report")
+
+
+def import_ahead() -> threading.Thread:
+    """Import :data:`RUN_IMPORTS` in a thread, while the JVM starts (a second of
+    the run on a small capture: the main thread mostly waits for the JVM then);
+    join it before the job runs, so that no module is imported by two threads at
+    once.  A module that fails to import fails again, with its error, where it is
+    used."""
+    import importlib
+
+    def work():
+        for name in RUN_IMPORTS:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001, S112 - reported where it is really imported
+                continue
+
+    t = threading.Thread(target=work, name="lbmr-analyze-imports", daemon=True)
+    t.start()
+    return t
 
 
 #: Where the JVM's stderr goes when Spark is started quietly.
@@ -207,6 +288,15 @@ def _probe(_):
     except ImportError as e:
         out["error"] = f"{type(e).__name__}: {e}"
     return out
+
+
+def executors_are_this_python(spark) -> bool:
+    """Whether the executors are Python workers on this machine running this very
+    interpreter (a local master, as :func:`build_session` sets it up), which
+    :func:`check_executors` would only confirm."""
+    sc = spark.sparkContext
+    exe = shutil.which(sc.pythonExec) or sc.pythonExec
+    return sc.master.startswith("local") and os.path.abspath(exe) == os.path.abspath(sys.executable)
 
 
 def check_executors(spark) -> None:
@@ -381,15 +471,20 @@ def analyse_written(spark, records_path: str, written: int, partials: dict, **kw
     """:func:`analyse` the records the executors wrote under ``records_path``,
     after checking that the driver reads back all ``written`` of them
     (:class:`OutputNotVisible` otherwise: never a silent partial or empty report)."""
-    try:
-        records = read_records(spark, records_path)
-        seen = records.count()
-    except Exception as e:
-        if "PATH_NOT_FOUND" in str(e) or "does not exist" in str(e):
-            check_visible(written, 0, records_path)
-        raise
-    check_visible(written, seen, records_path)
+    check_visible(written, count_records(records_path), records_path)
     return analyse(spark, records_path, partials, **kw)
+
+
+def count_records(records_path: str) -> int:
+    """The records the driver sees under ``records_path`` (a local path or URI),
+    from the Parquet files' footers (pyarrow; no Spark job): 0 when the folder is
+    missing."""
+    import pyarrow.dataset as ds
+    fs, base = fsio.filesystem(records_path)
+    try:
+        return ds.dataset(base, filesystem=fs, format="parquet").count_rows()
+    except FileNotFoundError:
+        return 0
 
 
 def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
@@ -417,7 +512,10 @@ def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
     out_s = fsio.normal(fsio.hadoop_resolve(spark, os.fspath(out)))
     fs, final = fsio.filesystem(out_s)
     portset = frozenset(ports) | DEFAULT_PORTS
-    spark.conf.set("spark.sql.session.timeZone", "UTC")     # tables and hour partitions are UTC
+    if spark.sparkContext.getConf().get("spark.sql.session.timeZone") != "UTC":
+        # for Spark SQL on the records in this session (the job itself uses none: touching
+        # the SQL configuration builds the session state, a second of start-up)
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
     prog.step("planning byte ranges")
     files = discover([fsio.hadoop_resolve(spark, os.fspath(i)) for i in inputs])
     if not files:
@@ -426,7 +524,8 @@ def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
     if fs.get_file_info(final).type == pafs.FileType.File:
         raise FileExistsError(f"--out {out_s} is a file, not a folder")
     ship_code(spark)
-    check_executors(spark)
+    if not executors_are_this_python(spark):
+        check_executors(spark)
 
     parent, name = fsio.parent_and_name(final)
     fs.create_dir(parent, recursive=True)
@@ -498,8 +597,10 @@ def _swap(fs, staging: str, final: str, old: str) -> None:
         fs.delete_dir(old)
 
 
-def summary_text(res: Result) -> str:
-    """The short summary printed on stdout."""
+def summary_text(res: Result, times: tuple[float, float] | None = None) -> str:
+    """The short summary printed on stdout; with ``times`` (seconds: starting
+    Spark, and everything) a last line with them: starting Spark is the fixed
+    cost of a run."""
     s = res.summary
     lines = [
         f"lbmr-analyze: {s['files']} file(s), {s['byte_ranges']} byte range(s): "
@@ -517,4 +618,7 @@ def summary_text(res: Result) -> str:
         f"  records: {fsio.join(str(res.out), RECORDS_DIR)}",
         f"  report:  {res.report}",
     ]
+    if times is not None:
+        start, total = times
+        lines.append(f"  time: {total:.1f} s, of which starting Spark {start:.1f} s (a fixed cost)")
     return "\n".join(lines)

@@ -12,8 +12,8 @@ import trio
 
 _log = logging.getLogger("lbmr_runtime.http")
 MAX_REQUEST = 8192  # bytes of request head read at most
-REQUEST_TIMEOUT = 5.0  # seconds for a whole request
-MAX_CONNECTIONS = 64  # requests served at once
+REQUEST_TIMEOUT = 5.0  # seconds for a whole connection (request and response)
+MAX_CONNECTIONS = 64  # connections served at once (a new one closes the oldest idle)
 ACCEPT_RETRY = 0.1  # seconds between accept attempts when out of descriptors
 ACCEPT_LOG_EVERY = 10.0  # seconds between log lines about failing accepts
 _ACCEPT_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -64,29 +64,80 @@ def _escape(v: str) -> str:
 Route = tuple[str, "callable"]  # (content type, function returning the body text)
 
 
-async def _handle(stream: trio.SocketStream, routes: dict[str, Route]) -> None:
+class _Connection:
+    """One connection being served: its cancel scope (deadline
+    :data:`REQUEST_TIMEOUT` seconds after it was accepted) and whether its
+    request has been read in full."""
+
+    __slots__ = ("scope", "requested")
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope(deadline=trio.current_time() + REQUEST_TIMEOUT)
+        self.requested = False
+
+
+class _Connections:
+    """The connections being served, oldest first, at most ``size``. When
+    all slots are taken, a new connection closes the oldest one still
+    waiting for its request (else the oldest of all), so idle sockets held
+    open cannot keep a monitoring system out."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._open: dict[_Connection, None] = {}  # insertion order = age
+
+    def admit(self) -> _Connection:
+        if len(self._open) >= self.size:
+            self._evict()
+        conn = _Connection()
+        self._open[conn] = None
+        return conn
+
+    def release(self, conn: _Connection) -> None:
+        self._open.pop(conn, None)
+
+    def _evict(self) -> None:
+        victim = next((c for c in self._open if not c.requested), None) or next(iter(self._open))
+        del self._open[victim]
+        victim.scope.cancel()  # its task closes the socket on its next turn
+
+
+async def _read_request(stream: trio.SocketStream) -> bytes:
+    """The request head: up to the blank line, end of stream or
+    :data:`MAX_REQUEST` bytes."""
+    req = b""
+    while b"\r\n\r\n" not in req and b"\n\n" not in req and len(req) < MAX_REQUEST:
+        chunk = await stream.receive_some(4096)
+        if not chunk:
+            break
+        req += chunk
+    return req
+
+
+def _response(req: bytes, routes: dict[str, Route]) -> bytes:
+    """The whole HTTP/1.0 response (head and body) to request head ``req``."""
+    parts = req.split(b"\r\n", 1)[0].split()
+    path = parts[1].decode("ascii", "replace") if len(parts) >= 2 else ""
+    route = routes.get(path)
+    if parts[:1] != [b"GET"]:
+        status, ctype, body = "405 Method Not Allowed", "text/plain", "GET only\n"
+    elif route is None:
+        status, ctype, body = "404 Not Found", "text/plain", "try " + " or ".join(routes) + "\n"
+    else:
+        status, (ctype, fn) = "200 OK", route
+        body = fn()
+    data = body.encode()
+    head = (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
+            "Connection: close\r\n\r\n").encode()
+    return head + data
+
+
+async def _handle(stream: trio.SocketStream, routes: dict[str, Route], conn: _Connection) -> None:
     try:
-        with trio.move_on_after(REQUEST_TIMEOUT):
-            req = b""
-            while b"\r\n\r\n" not in req and b"\n\n" not in req and len(req) < MAX_REQUEST:
-                chunk = await stream.receive_some(4096)
-                if not chunk:
-                    break
-                req += chunk
-            parts = req.split(b"\r\n", 1)[0].split()
-            path = parts[1].decode("ascii", "replace") if len(parts) >= 2 else ""
-            route = routes.get(path)
-            if parts[:1] != [b"GET"]:
-                status, ctype, body = "405 Method Not Allowed", "text/plain", "GET only\n"
-            elif route is None:
-                status, ctype, body = "404 Not Found", "text/plain", "try " + " or ".join(routes) + "\n"
-            else:
-                status, (ctype, fn) = "200 OK", route
-                body = fn()
-            data = body.encode()
-            head = (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
-                    "Connection: close\r\n\r\n").encode()
-            await stream.send_all(head + data)
+        with conn.scope:
+            req = await _read_request(stream)
+            conn.requested = True
+            await stream.send_all(_response(req, routes))
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass
     finally:
@@ -98,16 +149,18 @@ async def _accept_loop(listener: trio.SocketListener, routes: dict[str, Route],
     """Accept connections; out of descriptors (EMFILE, ENFILE) or kernel
     memory, wait and retry with one log line per :data:`ACCEPT_LOG_EVERY`
     seconds instead of a traceback per attempt. At most
-    :data:`MAX_CONNECTIONS` requests are served at once; more are closed."""
-    limit = trio.CapacityLimiter(MAX_CONNECTIONS)
+    :data:`MAX_CONNECTIONS` connections are served at once; a new one
+    closes the oldest that has not sent its request yet (see
+    :class:`_Connections`)."""
+    conns = _Connections(MAX_CONNECTIONS)
     last_log = -ACCEPT_LOG_EVERY
     failures = 0
 
-    async def serve(stream: trio.SocketStream) -> None:
+    async def serve(stream: trio.SocketStream, conn: _Connection) -> None:
         try:
-            await _handle(stream, routes)
+            await _handle(stream, routes, conn)
         finally:
-            limit.release_on_behalf_of(stream)
+            conns.release(conn)
 
     while True:
         try:
@@ -124,12 +177,7 @@ async def _accept_loop(listener: trio.SocketListener, routes: dict[str, Route],
                 failures = 0
             await trio.sleep(ACCEPT_RETRY)
             continue
-        try:
-            limit.acquire_on_behalf_of_nowait(stream)
-        except trio.WouldBlock:
-            await stream.aclose()  # too many at once: the client may retry
-            continue
-        nursery.start_soon(serve, stream)
+        nursery.start_soon(serve, stream, conns.admit())
 
 
 async def serve_http(routes: dict[str, Route], addr: tuple[str, int], *,
@@ -137,9 +185,14 @@ async def serve_http(routes: dict[str, Route], addr: tuple[str, int], *,
                      task_status=trio.TASK_STATUS_IGNORED) -> None:
     """A minimal HTTP/1.0 GET server for ``routes`` on ``addr`` (bounded
     requests); reports the bound address through ``task_status.started``
-    and logs to ``logger`` (the daemon's)."""
+    and logs to ``logger`` (the daemon's). An address that cannot be
+    listened on raises OSError naming it."""
     log = logger or _log
-    listeners = await trio.open_tcp_listeners(addr[1], host=addr[0])
+    try:
+        listeners = await trio.open_tcp_listeners(addr[1], host=addr[0])
+    except OSError as e:
+        raise OSError(e.errno, f"HTTP endpoint {addr[0]}:{addr[1]} ({', '.join(routes)}): "
+                               f"{e.strerror or e}") from e
     bound = listeners[0].socket.getsockname()
     log.info("metrics on http://%s:%d (%s)", bound[0], bound[1], ", ".join(routes))
     async with trio.open_nursery() as nursery:

@@ -65,23 +65,47 @@ QUIET = Quiet()
 
 
 class Counters:
-    """What the daemon has seen and done (exported as metrics)."""
+    """What the daemon has seen and done (exported as metrics; lbmrd(8),
+    COUNTERS, says how they relate).
+
+    Every datagram read from the socket is counted once in ``received`` and
+    once in either ``rx`` (accepted, by packet type) or ``drops`` (by
+    reason): ``received == sum(rx) + sum(drops)``. Every accepted one is
+    exactly one decision: ``sum(rx) == replies + quiet + relayed``. What
+    the shell then fails to send is counted per relayed datagram in
+    ``relays_dropped`` and per destination copy in ``copies_dropped`` and
+    ``send_errors``."""
 
     def __init__(self) -> None:
-        self.rx: Counter[str] = Counter()  # valid datagrams in, by packet type
-        self.rx_bytes = 0
+        self.received = 0  # datagrams read from the socket
+        self.rx_by_type = [0] * 16  # accepted datagrams, by packet type code (a list: the hot path)
+        self.rx_bytes = 0  # bytes of the accepted datagrams
+        self.drops: Counter[str] = Counter()  # datagrams dropped whole on input, by reason
+        self.replies = 0  # accepted keepalives (answered)
+        self.quiet = 0  # accepted, nothing to send (NORMAL without records)
+        self.relayed = 0  # accepted and handed to the shell for relaying
+        self.relays_dropped: Counter[str] = Counter()  # relayed datagrams the shell dropped whole
+        self.copies_dropped: Counter[str] = Counter()  # relay copies not sent, by reason
         self.tx = 0  # datagrams sent (relayed copies and replies)
         self.tx_bytes = 0
-        self.drops: Counter[str] = Counter()  # by reason
         self.send_errors: Counter[str] = Counter()  # by errno name, counted by the shell
+        self.recv_errors: Counter[str] = Counter()  # socket errors on receive, by errno name
         self.nat_rewrites = 0  # per-destination-domain copies changed by NAT rules
         self.fillins = 0  # 0.0.0.0 address fields filled with the sender's address
         self.clients_added = 0
         self.clients_expired = 0
 
+    @property
+    def rx(self) -> dict[str, int]:
+        """Accepted datagrams by packet type name (the types seen)."""
+        return {TYPE_NAMES.get(t, f"TYPE_{t}"): n for t, n in enumerate(self.rx_by_type) if n}
+
     def as_dict(self) -> dict:
-        return {"rx": dict(self.rx), "rx_bytes": self.rx_bytes, "tx": self.tx, "tx_bytes": self.tx_bytes,
-                "drops": dict(self.drops), "send_errors": dict(self.send_errors),
+        return {"received": self.received, "rx": self.rx, "rx_bytes": self.rx_bytes,
+                "drops": dict(self.drops), "replies": self.replies, "quiet": self.quiet,
+                "relayed": self.relayed, "relays_dropped": dict(self.relays_dropped),
+                "copies_dropped": dict(self.copies_dropped), "tx": self.tx, "tx_bytes": self.tx_bytes,
+                "send_errors": dict(self.send_errors), "recv_errors": dict(self.recv_errors),
                 "nat_rewrites": self.nat_rewrites, "fillins": self.fillins,
                 "clients_added": self.clients_added, "clients_expired": self.clients_expired}
 
@@ -234,58 +258,74 @@ class RelayCore:
         b[0] = tokens - 1.0
         return False
 
+    def _drop(self, reason: str) -> Drop:
+        self.counters.drops[reason] += 1
+        return Drop(reason)
+
     def handle(self, data: bytes, src: tuple[str, int], now: float) -> Drop | Reply | Relay | Quiet:
-        """Process one datagram from ``src`` received at ``now`` (seconds)."""
+        """Process one datagram from ``src`` received at ``now`` (seconds);
+        it is counted once: dropped by reason, or accepted by type."""
         c = self.counters
+        c.received += 1
         client = self.table.get(src)
         if client is None:
             ip4 = inet_aton(src[0])
             why = self._refusal(ip4, src, now, data)
             if why is not None:
-                c.drops[why] += 1
-                return Drop(why)
+                return self._drop(why)
             if len(data) == 4 and data in REPLY_SHAPES:
                 # what a daemon answers to a keepalive: never a client, never relayed
-                c.drops["reply_shaped"] += 1
                 self._suspect(src, now)
-                return Drop("reply_shaped")
+                return self._drop("reply_shaped")
         try:
             res = scan(data)
         except LBMRDecodeError as e:
-            c.drops["malformed"] += 1
             self.event(now, "malformed", f"{src[0]}:{src[1]} {e}")
-            return Drop("malformed")
+            return self._drop("malformed")
         if self.ip_rate is not None and self._ip_limited(client.ip4 if client else ip4, now):
-            c.drops["ip_rate_limited"] += 1
-            return Drop("ip_rate_limited")
+            return self._drop("ip_rate_limited")
         if client is None:
             client = self.table.register(src, now, self._domain_of(ip4))
             if client is None:
-                c.drops["table_full"] += 1
-                return Drop("table_full")
+                return self._drop("table_full")
             c.clients_added += 1
             self.event(now, "client_added", f"{src[0]}:{src[1]} domain={client.domain}")
         else:
             client.last_seen = now
-        if self.rate is not None:
-            tokens = min(self.burst, client.tokens + (now - client.token_time) * self.rate)
-            client.token_time = now
-            if tokens < 1.0:
-                client.tokens = tokens
-                c.drops["rate_limited"] += 1
-                return Drop("rate_limited")
-            client.tokens = tokens - 1.0
-        client.rx += 1
+        if self.rate is not None and self._rate_limited(client, now):
+            return self._drop("rate_limited")
         ptype = res.type
-        c.rx[TYPE_NAMES[ptype]] += 1
-        c.rx_bytes += len(data)
         if ptype == 2 or ptype == 3:
-            return Reply(bytes((data[0] & 0xF0, 0, 0, 0)))
-        if ptype == 0 and not res.tqrs and not res.tirs_count:
+            out = Reply(bytes((data[0] & 0xF0, 0, 0, 0)))
+            c.replies += 1
+        elif ptype == 0 and not res.tqrs and not res.tirs_count:
             if len(data) == 4:  # reply-shaped, from a known client: not relayed
-                c.drops["reply_shaped"] += 1
-                return Drop("reply_shaped")
-            return QUIET  # records-free NORMAL packet with options: nothing to relay
+                return self._drop("reply_shaped")
+            out = QUIET  # records-free NORMAL packet with options: nothing to relay
+            c.quiet += 1
+        else:
+            out = self._fan_out(data, res, client, src, now)
+            if out is None:
+                return self._drop("loop")
+            c.relayed += 1
+        client.rx += 1
+        c.rx_by_type[ptype] += 1
+        c.rx_bytes += len(data)
+        return out
+
+    def _rate_limited(self, client: Client, now: float) -> bool:
+        """Per client token bucket; True = over the limit."""
+        tokens = min(self.burst, client.tokens + (now - client.token_time) * self.rate)
+        client.token_time = now
+        if tokens < 1.0:
+            client.tokens = tokens
+            return True
+        client.tokens = tokens - 1.0
+        return False
+
+    def _fan_out(self, data: bytes, res, client: Client, src: tuple[str, int], now: float) -> Relay | None:
+        """The relay of a datagram with records (``res``, scanned), or None
+        when it is coming back round a loop."""
         # loop memory, on the hot path: one look-up when the sender repeats itself
         key = hash(data)
         seen = self._recent.get(key)
@@ -293,7 +333,7 @@ class RelayCore:
             if seen[0] is client:
                 seen[1] = now  # the sender again: UM re-advertises the same bytes
             elif seen[0].addr != src and self._looped(seen, src, now, res.tirs_count):
-                return Drop("loop")
+                return None
             seen = True  # known: nothing to remember for the bytes as received
         else:
             seen = None
@@ -353,7 +393,7 @@ class RelayCore:
         return False
 
     def _loop_drop(self, seen: list, src: tuple[str, int], now: float) -> bool:
-        self.counters.drops["loop"] += 1
+        """A loop: reported once per looping datagram (the caller counts the drop)."""
         if not seen[3]:
             seen[3] = True  # one event per looping datagram
             first = seen[0].addr

@@ -101,6 +101,8 @@ from .config_model import (
     UseQuery,
 )
 from .core.acl import OPEN, PortalAcl
+from .core.fanout import DEFAULT_MAX_QUEUE as DEFAULT_FANOUT_MAX_QUEUE
+from .core.fanout import MIN_MAX_QUEUE as MIN_FANOUT_QUEUE
 
 __all__ = [
     "DTD_TEXT",
@@ -521,6 +523,20 @@ def _topic_resolution(c: _Checker, tr: etree._Element) -> TopicResolution:
     )
 
 
+def _fanout(c: _Checker, el: etree._Element | None) -> tuple[bool, int]:
+    """``<relay fanout max-queue>``: (fan-out on, queue bytes per receiver)."""
+    queue = c.attr_int(el, "max-queue", DEFAULT_FANOUT_MAX_QUEUE,
+                       f"bytes {MIN_FANOUT_QUEUE}..{_INT_MAX} (at least one 65535-byte message)",
+                       MIN_FANOUT_QUEUE, _INT_MAX)
+    if el is None:
+        return True, queue
+    word = el.get("fanout", "on").strip().lower()
+    if word not in ("on", "off"):
+        c.error(el, f'<relay> fanout "{el.get("fanout")}": write "on" (one copy per session per '
+                    'link, the default) or "off" (one stream per receiver connection)')
+    return word != "off", queue
+
+
 def _endpoint(c: _Checker, ep: etree._Element) -> EndpointConfig:
     name = c.name(ep.find("name"), "a name for this endpoint portal")
     dom_el = ep.find("domain-id")
@@ -548,10 +564,12 @@ def _endpoint(c: _Checker, ep: etree._Element) -> EndpointConfig:
             c.warn(relay_el, f"<relay> has a single port ({ports.low}): the portal can relay "
                              "only one transport session into its TRD at a time; give a "
                              "range of at least 2 ports")
+    fanout, fanout_queue = _fanout(c, relay_el)
     rm_el = ep.find("lbt-rm")
     lbtrm = LbtrmConfig() if rm_el is None else _lbtrm(c, rm_el)
     return EndpointConfig(
         name=name, domain_id=domain_id, topic_resolution=tr, relay=relay, lbtrm=lbtrm,
+        fanout=fanout, fanout_max_queue=fanout_queue,
         source_deletion_delay_ms=delay, cost=cost, max_proxies=max_proxies,
         remote_topic=_remote(c, ep.find("remote-topic"), "max-topics"),
         remote_pattern=_remote(c, ep.find("remote-pattern"), "max-patterns"),

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from lbmr_runtime.netif import resolve_interface
 
 from .core.acl import OPEN, PortalAcl
+from .core.fanout import DEFAULT_MAX_QUEUE as DEFAULT_FANOUT_MAX_QUEUE
+from .core.fanout import DEFAULT_STALL_TIMEOUT as _FANOUT_STALL_S
 
 DEFAULT_STATS_INTERVAL_MS = 60000
 DEFAULT_MULTICAST_GROUP = "224.9.10.11"  # UM resolver_multicast_address
@@ -261,6 +263,13 @@ class EndpointConfig:
     acl: PortalAcl = OPEN  # <acl>: inbound/outbound lists (router.core.acl)
     lbtrm: LbtrmConfig = LbtrmConfig()
     cost: int = 1  # <cost>: what routes through this portal cost (positive)
+    # <relay fanout max-queue>: TCP sessions fanned out (one source connection per
+    # router, one copy per link) or relayed per receiver connection; bytes a fanned-out
+    # receiver (or link stream) may have queued; seconds, as ms, a receiver may hold
+    # queued bytes without taking any before it is disconnected (not in the file)
+    fanout: bool = True
+    fanout_max_queue: int = DEFAULT_FANOUT_MAX_QUEUE
+    fanout_stall_timeout_ms: int = round(_FANOUT_STALL_S * 1000)
 
     # ------------------------------------------------ what the runtime reads
 
@@ -438,6 +447,13 @@ class PeerConfig:
     line: int = field(default=0, compare=False)
     acl: PortalAcl = OPEN  # <acl>: inbound/outbound lists (router.core.acl)
     cost: int = 1  # <cost>: what routes through this portal cost (positive)
+    # <relay fanout max-queue>: TCP sessions fanned out (one source connection per
+    # router, one copy per link) or relayed per receiver connection; bytes a fanned-out
+    # receiver (or link stream) may have queued; seconds, as ms, a receiver may hold
+    # queued bytes without taking any before it is disconnected (not in the file)
+    fanout: bool = True
+    fanout_max_queue: int = DEFAULT_FANOUT_MAX_QUEUE
+    fanout_stall_timeout_ms: int = round(_FANOUT_STALL_S * 1000)
 
     @property
     def role(self) -> str:

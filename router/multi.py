@@ -183,10 +183,11 @@ class MultiRouter:
             for b in s.endpoints[i + 1:]:
                 sa, sb = trio.socket.socketpair()
                 name = f"{a.name}<->{b.name}"
-                for e, peer, sock in ((a, initiator_peer(name, "", 0), sa), (b, acceptor_peer(name), sb)):
+                sides = ((a, b, initiator_peer(name, "", 0), sa), (b, a, acceptor_peer(name), sb))
+                for e, other, peer, sock in sides:
                     lid = f"{name}@{e.name}"
-                    self._specs.append((LinkSpec(lid, name, (e.name,), peer.cost, peer.acl, False), peer,
-                                        trio.SocketStream(sock)))
+                    spec = LinkSpec(lid, name, (e.name,), peer.cost, peer.acl, False, pair=f"{name}@{other.name}")
+                    self._specs.append((spec, peer, trio.SocketStream(sock)))
                     self.links.append(Unit(f"{s.name}/{e.name}", e, peer, lid))
 
     def _build_core(self, now: float) -> RouterCore:
@@ -199,7 +200,7 @@ class MultiRouter:
         rules = {e.name: EndpointRules(e.domain_id, e.acl, e.source_deletion_delay, proxy_bound(e.max_proxies))
                  for e in s.endpoints}
         portals = {e.name: new_portal(e, self.portals[e.name].src_id, now) for e in s.endpoints}
-        return RouterCore(s.name, portals, rules, [spec for spec, _, _ in self._specs], self.routing)
+        return RouterCore(s.name, portals, rules, [spec for spec, _, _ in self._specs], self.routing, now=now)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         s = self.config

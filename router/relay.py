@@ -3,10 +3,13 @@ to the real sources on the far side, and the bytes and datagrams between them
 and the peer link (per-stream credit from :mod:`router.peerlink.streams`).
 
 Near side: a proxy (:meth:`Relay.serve_proxy`) listens at the relay address
-for one of the peer's advertisements; every TCP connection, and every LBT-RU
-receiver address, opens a stream on the current link. Far side: a stream the
-peer opens (:meth:`Relay.stream_event`) connects to the real source of our
-advertisement; a source that cannot be reached refuses the stream.
+for one of the peer's advertisements; TCP receivers share one stream of the
+proxy on the current link (fan-out, :mod:`router.fanout_relay`) or, with
+``fanout="off"``, every TCP connection opens a stream, as does every LBT-RU
+receiver address. Far side: a stream the peer opens
+(:meth:`Relay.stream_event`) joins the session's one connection to the real
+source of our advertisement (fan-out) or connects to it; a source that cannot
+be reached refuses the stream.
 
 Over 600 lines because the near and far sides of TCP, LBT-RU and LBT-RM
 relaying share the port pool, the stream states and the pumps.
@@ -22,6 +25,7 @@ import trio
 
 from . import peerlink as P
 from .core.tr import relay_transport
+from .fanout_relay import FanoutRelay, Upstreams, accept_stream, refuse_stream
 from .lbtrm_relay import LBTRM, RmRelay
 from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
 from .peerlink import streams as S
@@ -86,11 +90,13 @@ def drain(raw, receive) -> tuple[list, OSError | None]:
 class PortPool:
     """Relay ports in use and in quarantine, shared by every link of one endpoint
     portal (their proxies bind in the same range: a port one gives up stays in
-    quarantine for all of them)."""
+    quarantine for all of them); and the portal's upstream TCP sessions (one
+    connection to each origin session, whichever link's streams it feeds)."""
 
     def __init__(self) -> None:
         self.released: dict[int, float] = {}  # relay port -> when its proxy gave it up
         self.in_use: set[int] = set()  # relay ports our proxies hold
+        self.upstreams = Upstreams()
 
 
 class Relay:
@@ -118,11 +124,18 @@ class Relay:
         self._next_port = 0  # where the round robin over the range goes on
         self._in_use: set[int] = set()  # relay ports our proxies hold
         self.lbtrm = RmRelay(endpoint, counters, event, current_link)  # LBT-RM proxies and sources
+        # TCP sessions: fanned out (one source connection per router, one stream per
+        # proxy per link) unless the endpoint says fanout="off"
+        self.fanout = FanoutRelay(endpoint, counters, event, session_ended, Upstreams()) \
+            if getattr(endpoint, "fanout", True) else None
 
     def share_ports(self, pool: PortPool) -> None:
-        """Use ``pool``'s in-use and quarantine tables (shared with other relays)."""
+        """Use ``pool``'s in-use and quarantine tables and upstream sessions
+        (shared with other relays)."""
         self._released = pool.released
         self._in_use = pool.in_use
+        if self.fanout is not None:
+            self.fanout.upstreams = pool.upstreams
 
     def relay_ports(self) -> Iterator[int]:
         """The relay ports to try, in order: round robin over the range from the
@@ -219,7 +232,9 @@ class Relay:
             if tcp:
                 sock.listen(64)
             task_status.started(sock.getsockname())
-            if tcp:
+            if tcp and self.fanout is not None:
+                await self.fanout.serve_tcp(sock, advert_of, self.current_link)
+            elif tcp:
                 listener = trio.SocketListener(sock)
                 async with trio.open_nursery() as n:
                     while True:
@@ -367,6 +382,9 @@ class Relay:
             if ev.kind == LBTRM:
                 self.lbtrm.open_far(link, ev, body)
                 return
+            if ev.kind == P.StreamKind.TCP and self.fanout is not None:
+                self.fanout.open_far(link, ev, body)
+                return
             if ev.kind == P.StreamKind.LBTRU and link.ru_streams_far >= self.ru_max_streams:
                 link.streams.refuse(ev.stream_id, P.RefuseCode.TOO_MANY_STREAMS,
                                     f"{link.ru_streams_far} LBT-RU streams already open")
@@ -401,12 +419,13 @@ class Relay:
                     with trio.fail_after(CONNECT_TIMEOUT):
                         conn = await trio.open_tcp_stream(body.ip, body.port)
                 except (OSError, trio.TooSlowError) as e:
-                    self._refuse(link, st, f"cannot connect to the source {body.ip}:{body.port}: {e}")
+                    refuse_stream(link, st, f"cannot connect to the source {body.ip}:{body.port}: {e}",
+                                  self.counters, self.event)
                     if isinstance(e, ConnectionRefusedError):
                         self.session_ended(st.advert_id)
                     return
                 st.sock = conn
-                if not self._accept(link, st):
+                if not accept_stream(link, st, self.counters):
                     await trio.aclose_forcefully(conn)
                     return
                 try:
@@ -422,13 +441,14 @@ class Relay:
                     await s.connect((body.ip, body.port))
                 except OSError as e:
                     s.close()
-                    self._refuse(link, st, f"cannot reach the source {body.ip}:{body.port}: {e}")
+                    refuse_stream(link, st, f"cannot reach the source {body.ip}:{body.port}: {e}",
+                                  self.counters, self.event)
                     return
                 link.ru_streams_far += 1
                 try:
                     with s:
                         st.sock = s
-                        if not self._accept(link, st):
+                        if not accept_stream(link, st, self.counters):
                             return
                         st.last_active = trio.current_time()
                         async with trio.open_nursery() as n:
@@ -440,32 +460,6 @@ class Relay:
                     self._end_ru(link, st)
         finally:
             link.state.pop(st.sid, None)
-
-    def _accept(self, link: Link, st: StreamState) -> bool:
-        """Accept the peer's stream now that the source is connected; False if the
-        peer closed it meanwhile (a STREAM_CLOSE right behind the STREAM_OPEN):
-        the connection to the source is dropped then."""
-        if st.closed:
-            self.counters["streams_closed_before_accept"] += 1
-            return False
-        try:
-            link.streams.accept(st.sid)
-        except S.LocalStreamError:
-            self.counters["streams_closed_before_accept"] += 1
-            return False
-        link.flush_streams()
-        st.accepted.set()
-        self.counters["streams_accepted"] += 1
-        return True
-
-    def _refuse(self, link: Link, st: StreamState, reason: str) -> None:
-        self.counters["streams_refused"] += 1
-        self.event("stream_refused", reason)
-        try:
-            link.streams.refuse(st.sid, P.RefuseCode.REFUSED, reason)
-        except S.LocalStreamError:
-            pass
-        link.flush_streams()
 
     async def _far_ru_up(self, link: Link, st: StreamState) -> None:
         """Datagrams from the LBT-RU source to the peer, a batch at a time."""

@@ -77,16 +77,24 @@ def router_xml(name: str, endpoints: list[str], peers: list[str] = (), *, daemon
             + "".join(endpoints) + "".join(peers) + "  </portals>\n</lbmr-router>\n")
 
 
+#: the fan-out queue (<relay max-queue>) of the test routers' endpoints: lbmr-sim's TCP
+#: sources are not paced by receivers behind a router, and its verifying receivers are
+#: slower than its sources; a queue that holds a test's whole transfer keeps them lossless
+SIM_MAX_QUEUE = 64 << 20
+
+
 def endpoint_xml(name: str, domain: int, ip: str, *, tr: str | None = None,
-                 relay: tuple[int, int] = (14371, 14390), extra: str = "") -> str:
+                 relay: tuple[int, int] = (14371, 14390), extra: str = "",
+                 max_queue: int = SIM_MAX_QUEUE) -> str:
     """An endpoint portal: topic resolution by the lbmrd at ``ip``:15380 (or ``tr``, a
-    ``<topic-resolution>`` element), proxies at ``ip`` on the ``relay`` ports; ``extra``:
-    more elements (e.g. ``<lbt-rm>``)."""
+    ``<topic-resolution>`` element), proxies at ``ip`` on the ``relay`` ports with
+    ``max_queue`` bytes of fan-out queue; ``extra``: more elements (e.g. ``<lbt-rm>``)."""
     tr = tr or (f'<topic-resolution>\n        <interface>{ip}</interface>\n'
                 f'        <lbmrd address="{ip}" port="15380"/>\n      </topic-resolution>')
     return (f"    <endpoint>\n      <name>{name}</name>\n      <domain-id>{domain}</domain-id>\n"
             f"      {tr}\n"
-            f'      <relay interface="{ip}" port-low="{relay[0]}" port-high="{relay[1]}"/>\n'
+            f'      <relay interface="{ip}" port-low="{relay[0]}" port-high="{relay[1]}" '
+            f'max-queue="{max_queue}"/>\n'
             + (f"      {extra}\n" if extra else "") + "    </endpoint>\n")
 
 

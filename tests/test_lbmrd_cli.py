@@ -53,12 +53,14 @@ def test_usage_errors_exit_2():
 def test_bind_failure_exits_3():
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
     try:
-        r = subprocess.run(LBMRD + ["-i", "127.0.0.1", "-p", str(s.getsockname()[1])], capture_output=True,
+        r = subprocess.run(LBMRD + ["-i", "127.0.0.1", "-p", str(port)], capture_output=True,
                            text=True, timeout=30)
     finally:
         s.close()
     assert r.returncode == 3 and "Address already in use" in r.stdout
+    assert f"UDP 127.0.0.1:{port}" in r.stdout, r.stdout
 
 
 def _wait_http(url: str, deadline: float) -> str:
@@ -147,13 +149,16 @@ def test_sigint_stops_cleanly_and_busy_metrics_port_exits_3(tmp_path):
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
+    mport = busy.getsockname()[1]
     try:
         r = subprocess.run(LBMRD + ["-i", "127.0.0.1", "-p", str(free_port()), "--metrics",
-                                    f"127.0.0.1:{busy.getsockname()[1]}"], capture_output=True, text=True,
-                           timeout=30)
+                                    f"127.0.0.1:{mport}"], capture_output=True, text=True, timeout=30)
     finally:
         busy.close()
-    assert r.returncode == 3 and "socket error" in r.stdout
+    assert r.returncode == 3, r.stdout
+    errors = [line for line in r.stdout.splitlines() if "socket error" in line]
+    assert len(errors) == 1, r.stdout
+    assert f"HTTP endpoint 127.0.0.1:{mport}" in errors[0] and "Address already in use" in errors[0]
 
 
 def test_stats_interval_must_not_be_negative_and_open_metrics_warns():

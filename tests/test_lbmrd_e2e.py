@@ -203,9 +203,10 @@ async def test_reload_keeps_clients_and_reclassifies(tmp_path):
         n.cancel_scope.cancel()
 
 
-@pytest.mark.parametrize("sendmmsg", [True, False], ids=["sendmmsg", "sendto"])
-async def test_many_clients_fan_out(sendmmsg):
-    clients = 200
+@pytest.mark.parametrize(("sendmmsg", "clients"), [(True, 200), (True, 300), (False, 200)],
+                         ids=["sendmmsg-outbox", "sendmmsg-direct", "sendto"])
+async def test_many_clients_fan_out(sendmmsg, clients):
+    """Up to OUTBOX_CLIENTS clients, relays are gathered in the outbox; above, sent one by one."""
     async with trio.open_nursery() as n:
         d, daemon = await start(n)
         d.fanout.use_sendmmsg = sendmmsg

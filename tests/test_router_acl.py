@@ -658,7 +658,7 @@ ROUTER_A = """<?xml version="1.0"?>
         <lbmrd address="127.0.1.1" port="{trd1}"/>
         <port-range low="{tr_a}" high="{tr_a_hi}"/>
       </topic-resolution>
-      <relay interface="127.0.1.1" port-low="{relay_a}" port-high="{relay_a_hi}"/>
+      <relay interface="127.0.1.1" port-low="{relay_a}" port-high="{relay_a_hi}" fanout="off"/>
       <acl>
         <inbound>
           <ace match="accept"><topic>md.ru</topic><transport value="lbt-ru" comparison="eq"/></ace>
@@ -696,7 +696,7 @@ ROUTER_B = """<?xml version="1.0"?>
         <lbmrd address="127.0.2.1" port="{trd2}"/>
         <port-range low="{tr_b}" high="{tr_b_hi}"/>
       </topic-resolution>
-      <relay interface="127.0.2.1" port-low="{relay_b}" port-high="{relay_b_hi}"/>
+      <relay interface="127.0.2.1" port-low="{relay_b}" port-high="{relay_b_hi}" fanout="off"/>
     </endpoint>
     <peer>
       <name>B-to-A</name>
@@ -763,7 +763,7 @@ async def start_chain(n, *, link23_acl=None, endpoint2_acl=None):
     from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
 
     def router(name, d, trd, peers, **kw):
-        return MultiRouter(router_config(name, [lbmrd_endpoint(f"T{d}", d, [trd], interface=IPS[d], **kw)],
+        return MultiRouter(router_config(name, [lbmrd_endpoint(f"T{d}", d, [trd], interface=IPS[d], fanout=False, **kw)],
                                          peers, route_info=ROUTE_INFO))
 
     trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2, 3)}

@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import lbmr_proto as L
+from lbmr_proto import lbmc
 from router.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,13 +128,14 @@ def test_shipped_pair_bridges_a_topic(tmp_path):
         assert proxy.ip == "127.0.2.1" and 25000 <= proxy.port <= 25999  # router B's relay range
         c = socket.create_connection((proxy.ip, proxy.port), timeout=10)
         s, _ = src.accept()
-        s.sendall(b"numbered-data-" * 1000)
+        data = session(b"numbered-data-")
+        s.sendall(data)
         s.close()
         got = b""
         while chunk := c.recv(65536):
             got += chunk
         logs = "\n".join((tmp_path / f).read_text()[-3000:] for f in ("a.log", "b.log"))
-        assert got == b"numbered-data-" * 1000, logs
+        assert got == data, logs
         st = _status(mb)
         assert st["proxies"] and st["counters"]["peer_connects"] >= 1
         procs[2].send_signal(signal.SIGUSR1)
@@ -173,6 +175,12 @@ def test_shipped_pair_bridges_a_topic(tmp_path):
             s_.close()
     finally:
         _stop(procs)
+
+
+def session(text: bytes) -> bytes:
+    """What a TCP source sends: LBMC data messages (a fanned-out session is
+    framed), 1000 of them with ``text`` repeated as payload."""
+    return b"".join(lbmc.data_message(3, q, text * 10) for q in range(1000))
 
 
 def _proxy_for(rcv, tqr, topic, ctx, tir, lbmrd, trd, timeout=20.0):
@@ -237,13 +245,14 @@ def test_shipped_direct_link_router(tmp_path):
             assert proxy.ip == f"127.0.{other}.1" and (24000 if other == 1 else 25000) <= proxy.port
             c = socket.create_connection((proxy.ip, proxy.port), timeout=10)
             s, _ = src.accept()
-            s.sendall(topic.encode() * 5000)
+            data = session(topic.encode())
+            s.sendall(data)
             s.close()
             got = b""
             while chunk := c.recv(65536):
                 got += chunk
             c.close()
-            assert got == topic.encode() * 5000
+            assert got == data
         st = _status(metrics)
         assert [(p["name"], p["domain_id"], p["proxies"]) for p in st["portals"]] == [("TRD1", 1, 1), ("TRD2", 2, 1)]
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=2) as r:

@@ -32,7 +32,8 @@ def core(name: str, endpoints: dict[str, int], peers: tuple[str, ...] = ("peer",
                            source_timeout=3.0, requery_interval=1.0, now=0.0) for e, d in endpoints.items()}
     rules = {e: EndpointRules(d, OPEN, deletion_delay, 100) for e, d in endpoints.items()}
     links = [LinkSpec(p, p, tuple(endpoints), 1, OPEN, True) for p in peers]
-    return RouterCore(name, portals, rules, links, Routing(name, {d: 1 for d in endpoints.values()}, now=0.0))
+    return RouterCore(name, portals, rules, links, Routing(name, {d: 1 for d in endpoints.values()}, now=0.0),
+                      now=0.0)
 
 
 def peer_info(name: str, *domains: int) -> P.PeerInfo:
@@ -148,3 +149,26 @@ def test_every_endpoint_on_a_link_hears_the_peers_advertisements_and_only_the_fi
     starts = [o for o in c.outputs() if isinstance(o, StartProxy)]
     assert [(o.endpoint, o.advert.advert_id) for o in starts] == [("T3", 7)]
     assert c.counters("peer", "T1")["adverts_unwanted"] == 1  # T1's receivers did not ask
+
+
+def test_two_endpoints_of_one_router_are_joined_inside_the_core():
+    """A pair of endpoints needs no link to come up: a query in T2 and a source
+    in T1 give T2's side a proxy at once, and no frame leaves the core."""
+    portals = {e: PortalTR(e, d, src_id=e.encode().ljust(8, b"_")[:8], mode="multicast", multicast=GROUP,
+                           source_timeout=3.0, requery_interval=1.0, now=0.0) for e, d in (("T1", 1), ("T2", 2))}
+    rules = {e: EndpointRules(d, OPEN, 1.0, 100) for e, d in (("T1", 1), ("T2", 2))}
+    links = [LinkSpec("T1<->T2@T1", "T1<->T2", ("T1",), 1, OPEN, False, pair="T1<->T2@T2"),
+             LinkSpec("T1<->T2@T2", "T1<->T2", ("T2",), 1, OPEN, False, pair="T1<->T2@T1")]
+    c = RouterCore("R", portals, rules, links, Routing("R", {1: 1, 2: 1}, now=0.0), now=0.0)
+    assert c.is_up("T1<->T2@T1") and c.is_up("T1<->T2@T2")
+    c.tr_datagram("T2", dgram(tqrs=[TOPIC]), APP, 0.1)
+    c.tr_datagram("T1", dgram(tirs=[source_tir()]), APP, 0.2)
+    out = c.outputs()
+    assert not [o for o in out if isinstance(o, SendFrame)]
+    (start,) = [o for o in out if isinstance(o, StartProxy)]
+    assert (start.link, start.endpoint, start.advert.topic) == ("T1<->T2@T2", "T2", TOPIC)
+    # the data path: a stream the T2 side opens for it reaches T1's source
+    assert c.advert_source("T1<->T2@T1", "T1", start.advert.advert_id) == source_tir().transport
+    # the shell's in-process data link coming and going changes nothing
+    c.link_down("T1<->T2@T1", 0.3)
+    assert c.is_up("T1<->T2@T1") and c.proxy_advert("T1<->T2@T2", "T2", start.advert.advert_id) is not None

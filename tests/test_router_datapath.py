@@ -57,10 +57,10 @@ async def routed_source(n, total, **router_kw):
     _, trd1 = await start_lbmrd(n, "127.0.1.1")
     _, trd2 = await start_lbmrd(n, "127.0.2.1")
     if router_kw:
-        rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1"),
+        rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1", fanout=False),
                     acceptor_peer("B-to-A", 0, interface="127.0.0.1", **router_kw))
         b_addr = await n.start(rb.run)
-        ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [trd1], interface="127.0.1.1"),
+        ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [trd1], interface="127.0.1.1", fanout=False),
                     initiator_peer("A-to-B", "127.0.0.1", b_addr["peer"][1], reconnect_interval_ms=200,
                                    **router_kw))
         await n.start(ra.run)
@@ -129,11 +129,11 @@ async def test_tls_link_takes_the_copy_path_byte_exact(tmp_path):
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        rb = Router("routerB", lbmrd_endpoint("B", 2, [trd2], interface="127.0.2.1"),
+        rb = Router("routerB", lbmrd_endpoint("B", 2, [trd2], interface="127.0.2.1", fanout=False),
                     acceptor_peer("B-to-A", 0, interface="127.0.0.1",
                                   tls=TlsConfig(b_crt, b_key, trusted_certificates=ca)))
         addr = await n.start(rb.run)
-        ra = Router("routerA", lbmrd_endpoint("A", 1, [trd1], interface="127.0.1.1"),
+        ra = Router("routerA", lbmrd_endpoint("A", 1, [trd1], interface="127.0.1.1", fanout=False),
                     initiator_peer("A-to-B", "127.0.0.1", addr["peer"][1],
                                    tls=TlsConfig(a_crt, a_key, trusted_certificates=ca)))
         await n.start(ra.run)

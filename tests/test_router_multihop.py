@@ -24,7 +24,8 @@ ROUTE_INFO = RouteInfoConfig(propagation_interval_ms=500, timeout_ms=2000)
 
 
 def router(name, d, trd, peers):
-    return MultiRouter(router_config(name, [lbmrd_endpoint(f"T{d}", d, [trd], interface=IPS[d])], peers,
+    return MultiRouter(router_config(name, [lbmrd_endpoint(f"T{d}", d, [trd], interface=IPS[d], fanout=False)],
+                                     peers,
                                      route_info=ROUTE_INFO))
 
 

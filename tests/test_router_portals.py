@@ -32,7 +32,9 @@ from tests.test_router_faults import fetch
 
 
 def ep(name, dom, trd, ip):
-    return lbmrd_endpoint(name, dom, [trd], interface=ip)
+    """An endpoint portal; its TCP sources send byte patterns, not LBMC: each
+    receiver connection relayed on its own."""
+    return lbmrd_endpoint(name, dom, [trd], interface=ip, fanout=False)
 
 
 async def fetch_tcp(tir, total):

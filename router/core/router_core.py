@@ -11,9 +11,12 @@ clock).
 
 Links (:class:`LinkSpec`): each ``<peer>`` is a link serving every endpoint of
 the router (one connection, one link name), routed when both ends speak
-ROUTING; each pair of endpoints of the router is joined by an in-process link,
-which the core sees as two links (one per side, each serving its endpoint:
-``A<->B@A`` and ``A<->B@B``), never routed.
+ROUTING; each pair of endpoints of the router is joined inside the core: two
+links, one per side (``A<->B@A`` serving A and ``A<->B@B`` serving B), never
+routed, up from the start, whose frames go from one side's bridge to the
+other's in the core itself (the shell never sees them). The data between
+the two endpoints still crosses an in-process link of the shell (a socket
+pair carrying the peer-link protocol's streams).
 
 Calling contract (calls are made serially, each returns at once):
 
@@ -127,8 +130,9 @@ class LinkSpec:
     """A link of the router: ``id`` (unique in the router), ``name`` (the peer
     portal's name, or ``A<->B`` for a pair of endpoints), the ``endpoints`` it
     serves (names, the first stands for the link in transit), its peer
-    portal's ``cost`` and ``acl`` (:class:`router.core.acl.PortalAcl`), and
-    ``routed``: a ``<peer>`` link (route info and transit), not a pair's."""
+    portal's ``cost`` and ``acl`` (:class:`router.core.acl.PortalAcl`),
+    ``routed``: a ``<peer>`` link (route info and transit), not a pair's; and
+    ``pair``: for a side of an endpoint pair, the other side's link id."""
 
     id: str
     name: str
@@ -136,6 +140,7 @@ class LinkSpec:
     cost: int
     acl: object
     routed: bool
+    pair: str | None = None
 
 
 @dataclass(slots=True)
@@ -155,10 +160,11 @@ class RouterCore:
     the caller, with the endpoint's settings and source id); ``domains``:
     endpoint name -> (domain id, portal cost, ACL, source deletion delay in
     seconds, max proxies); ``links``: the :class:`LinkSpec` s; ``routing``:
-    the router's :class:`Routing` (run only when it has peer links)."""
+    the router's :class:`Routing` (run only when it has peer links); ``now``:
+    when the pairs of endpoints are joined."""
 
     def __init__(self, name: str, portals: dict[str, PortalTR], endpoints: dict[str, EndpointRules],
-                 links: list[LinkSpec], routing: Routing) -> None:
+                 links: list[LinkSpec], routing: Routing, *, now: float) -> None:
         self.name = name
         self.rules = endpoints
         self.portals = {e: EndpointPortal(tr) for e, tr in portals.items()}
@@ -185,6 +191,16 @@ class RouterCore:
                     self.portals[e].view(spec.name), counters, max_proxies=r.max_proxies,
                     require_interest=True, advert_ids=self._advert_ids, acl=r.acl.named(e),
                     link_acl=spec.acl.named(spec.name), count_link_acl=(i == 0))
+        self._pair_frames: list[tuple[str, P.Frame]] = []  # frames between the sides of a pair
+        for st in self._links.values():
+            if st.spec.pair is not None:
+                other = self._links[st.spec.pair].spec
+                st.up = True
+                st.peer = P.PeerInfo(f"{name}/{other.endpoints[0]}", (endpoints[other.endpoints[0]].domain_id,),
+                                     0, 0, (0, 0))
+                for b in st.bridges.values():
+                    b.link_up(now)
+        self._settle(now)
 
     # ------------------------------------------------------------------ outputs and views
 
@@ -239,6 +255,7 @@ class RouterCore:
         """A datagram on ``endpoint``'s TR socket."""
         self.portals[endpoint].on_datagram(data, src, now)
         self._drain_endpoint(endpoint)
+        self._settle(now)
 
     def tick(self, now: float) -> None:
         """Run what is due at ``now``: the portals' timers (their datagrams as
@@ -256,6 +273,7 @@ class RouterCore:
             for data, dest in portal.tick(now):
                 self._out.append(SendTR(e, data, dest))
             self._drain_endpoint(e)
+        self._settle(now)
 
     def next_deadline(self) -> float:
         t = min(p.next_deadline() for p in self.portals.values()) if self.portals else float("inf")
@@ -290,6 +308,8 @@ class RouterCore:
         """``link``'s handshake completed with ``peer``: route info (if both
         speak ROUTING), then every endpoint's live interest."""
         st = self._links[link]
+        if st.spec.pair is not None:
+            return  # joined in the core from the start
         st.up, st.peer = True, peer
         if st.spec.routed:
             if capabilities & P.Capability.ROUTING:
@@ -300,6 +320,7 @@ class RouterCore:
         for e, b in st.bridges.items():
             b.link_up(now)
             self._drain_bridge(st, e)
+        self._settle(now)
 
     def link_heard(self, link: str, now: float) -> None:
         """Frames arrived on ``link`` (see :meth:`Routing.heard_from`)."""
@@ -326,11 +347,12 @@ class RouterCore:
                 self._routes_changed(now)
         else:
             raise TypeError(f"not a control frame: {frame!r}")
+        self._settle(now)
 
     def link_down(self, link: str, now: float) -> None:
         """``link`` is gone: its bridges forget it, and the routes move."""
         st = self._links[link]
-        if not st.up:
+        if not st.up or st.spec.pair is not None:
             return
         st.up, st.peer = False, None
         for e, b in st.bridges.items():
@@ -340,6 +362,7 @@ class RouterCore:
             self._send(self.routing.link_down(st.spec.name, now))
             self._send(self.transit.link_down(st.spec.name))
             self._routes_changed(now)
+        self._settle(now)
 
     # ------------------------------------------------------------------ the data relay
 
@@ -349,6 +372,7 @@ class RouterCore:
         st = self._links[link]
         ok = st.bridges[endpoint].proxy_listening(proxy_id, address, now, transport_body, limit=limit)
         self._drain_bridge(st, endpoint)
+        self._settle(now)
         return ok
 
     def advertise_pending(self, link: str, endpoint: str, proxy_id: int, now: float, limit: int) -> int:
@@ -356,6 +380,7 @@ class RouterCore:
         st = self._links[link]
         left = st.bridges[endpoint].advertise_pending(proxy_id, now, limit)
         self._drain_bridge(st, endpoint)
+        self._settle(now)
         return left
 
     def session_ended(self, link: str, endpoint: str, advert_id: int, now: float) -> None:
@@ -376,6 +401,7 @@ class RouterCore:
         delay = self.rules[endpoint].source_deletion_delay
         heapq.heappush(self._checks, (asked + delay, next(self._seq), link, endpoint, name, now))
         self._drain_bridge(st, endpoint)
+        self._settle(now)
 
     # ------------------------------------------------------------------ internals
 
@@ -394,7 +420,10 @@ class RouterCore:
         transit = self.transit if spec.routed and endpoint == spec.endpoints[0] else None
         for out in st.bridges[endpoint].outputs():
             if isinstance(out, BridgeSendFrame):
-                self._out.append(SendFrame(spec.id, out.frame))
+                if spec.pair is not None:
+                    self._pair_frames.append((spec.pair, out.frame))
+                else:
+                    self._out.append(SendFrame(spec.id, out.frame))
             elif isinstance(out, BridgeStartProxy):
                 self._out.append(StartProxy(spec.id, endpoint, out.advert))
             elif isinstance(out, BridgeStopProxy):
@@ -407,6 +436,18 @@ class RouterCore:
                     self._send(transit.on_proxy_gone(spec.name, out.advert_id))
             elif isinstance(out, BridgeNotice):
                 self._out.append(Notice(spec.id, endpoint, out.kind, out.detail))
+
+    def _settle(self, now: float) -> None:
+        """Hand the frames one side of an endpoint pair produced to the other
+        side's bridge, until none are left (an answer never asks again, so this
+        ends: interest brings advertisements, advertisements bring nothing)."""
+        while self._pair_frames:
+            frames, self._pair_frames = self._pair_frames, []
+            for link, frame in frames:
+                st = self._links[link]
+                for e, b in st.bridges.items():
+                    b.peer_frame(frame, now)
+                    self._drain_bridge(st, e)
 
     def _send(self, outputs) -> None:
         """Route info and transit frames for peer links (by link name), through

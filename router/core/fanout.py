@@ -1,0 +1,246 @@
+"""Fan-out of one live LBMC session to many sinks, sans-IO.
+
+A UM TCP session is one live stream of LBMC messages for all its receivers.
+The router takes it once (the proxy receiver, far side) and carries it once
+per link; each sink (a link stream at the far router, a receiver connection
+at the near one) gets whole messages from the next message boundary after it
+joined, through its own bounded queue:
+
+* :class:`SessionFanout` frames the session's bytes
+  (:class:`lbmr_proto.lbmc.StreamFramer`: at most one incomplete message
+  held) and offers each run of whole messages (a :class:`Batch`) to every
+  sink. It keeps the session's last TCP_SID control message (at most one
+  message, < 64 KiB) and puts it first in the queue of every new sink, as the
+  origin does on each of its connections.
+* :class:`SinkQueue` holds at most ``max_queue`` bytes (the DRO's
+  ``max-queue``: 1,000,000 bytes by default). A run that does not fit is
+  cut at a message boundary: the messages that fit are queued, the rest are
+  dropped and counted (the newest go, as in the DRO's "dropped due to
+  blocking"); a sink never receives a partial message. All the sinks of a
+  portal share a :class:`QueueBudget` (256 MiB): memory stays bounded
+  whatever the number of receivers. A sink that holds
+  bytes and takes none for ``stall_timeout`` seconds is stalled
+  (:meth:`SinkQueue.stalled`): the shell disconnects it.
+
+Every message passes through :meth:`SessionFanout.feed` whole, the place
+where a later router can rewrite addresses inside it (REQUEST, late join,
+retransmission requests). Units: bytes and seconds (the caller's clock).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass
+from itertools import accumulate
+
+from lbmr_proto import lbmc
+
+__all__ = ["DEFAULT_MAX_QUEUE", "MIN_MAX_QUEUE", "DEFAULT_STALL_TIMEOUT", "DEFAULT_BUDGET", "Batch",
+           "Dropped", "QueueBudget", "SinkQueue", "SessionFanout"]
+
+#: the DRO's endpoint ``max-queue`` default, bytes
+DEFAULT_MAX_QUEUE = 1_000_000
+#: the smallest queue: one message of the largest size always fits an empty queue
+MIN_MAX_QUEUE = lbmc.MAX_MSGLEN + 1
+#: seconds a receiver may hold queued bytes without taking any before it is disconnected
+DEFAULT_STALL_TIMEOUT = 10.0
+#: bytes the queues of one portal's sinks may hold together
+DEFAULT_BUDGET = 256 << 20
+
+
+class Batch:
+    """A run of whole LBMC messages, back to back in ``data``; ``ends``: the
+    offset just past each message, ascending (the last is ``len(data)``)."""
+
+    __slots__ = ("data", "ends")
+
+    def __init__(self, data: bytes, ends: list[int]) -> None:
+        self.data = data
+        self.ends = ends
+
+    @classmethod
+    def of(cls, messages: list[bytes]) -> Batch:
+        return cls(b"".join(messages), list(accumulate(map(len, messages))))
+
+    @property
+    def count(self) -> int:
+        return len(self.ends)
+
+    def fitting(self, room: int) -> int:
+        """How many leading messages take at most ``room`` bytes."""
+        return bisect.bisect_right(self.ends, room)
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """``messages`` (``nbytes``) of a run did not fit ``sink``'s queue."""
+
+    sink: Hashable
+    messages: int
+    nbytes: int
+
+
+class QueueBudget:
+    """Bytes all the sinks sharing it may hold together (``limit``), and how many
+    they hold (``held``): a bound on a portal's memory whatever the number of
+    its receivers."""
+
+    __slots__ = ("limit", "held")
+
+    def __init__(self, limit: int = DEFAULT_BUDGET) -> None:
+        self.limit = limit
+        self.held = 0
+
+
+def _compact(view: memoryview) -> memoryview:
+    """``view`` itself, or a copy when it is under a quarter of the run it
+    points into (a sink holding a little of a run must not keep it all)."""
+    return memoryview(bytes(view)) if len(view) * 4 < len(view.obj) else view
+
+
+class SinkQueue:
+    """The bounded queue of one sink: whole messages, at most ``limit`` bytes
+    (and what ``budget`` has left). ``dropped_messages``/``dropped_bytes``
+    count what did not fit; ``closing``: the session ended, the sink ends
+    once its queue is empty."""
+
+    __slots__ = ("limit", "budget", "chunks", "held", "last_progress", "dropped_messages",
+                 "dropped_bytes", "messages", "closing")
+
+    def __init__(self, limit: int, now: float, budget: QueueBudget | None = None) -> None:
+        self.limit = limit
+        self.budget = budget if budget is not None else QueueBudget(limit)
+        self.chunks: deque[memoryview] = deque()
+        self.held = 0  # bytes queued
+        self.last_progress = now  # when it last took bytes (or last was empty)
+        self.dropped_messages = 0
+        self.dropped_bytes = 0
+        self.messages = 0  # messages queued, in all
+        self.closing = False
+
+    def offer(self, batch: Batch, now: float) -> tuple[int, int]:
+        """Queue the leading messages of ``batch`` that fit; (messages, bytes) dropped."""
+        budget = self.budget
+        k = batch.fitting(min(self.limit - self.held, budget.limit - budget.held))
+        if k:
+            cut = batch.ends[k - 1]
+            if not self.held:
+                self.last_progress = now
+            self.chunks.append(_compact(memoryview(batch.data)[:cut]))
+            self.held += cut
+            budget.held += cut
+            self.messages += k
+        lost = batch.count - k
+        if not lost:
+            return 0, 0
+        nbytes = len(batch.data) - (batch.ends[k - 1] if k else 0)
+        self.dropped_messages += lost
+        self.dropped_bytes += nbytes
+        return lost, nbytes
+
+    def head(self, max_parts: int = 64) -> list[memoryview]:
+        """The first ``max_parts`` chunks to write (not taken until :meth:`wrote`)."""
+        if len(self.chunks) <= max_parts:
+            return list(self.chunks)
+        return [self.chunks[i] for i in range(max_parts)]
+
+    def wrote(self, nbytes: int, now: float) -> None:
+        """``nbytes`` from the head went to the sink."""
+        if nbytes <= 0:
+            return
+        self.held -= nbytes
+        self.budget.held -= nbytes
+        self.last_progress = now
+        chunks = self.chunks
+        while nbytes:
+            c = chunks[0]
+            if len(c) <= nbytes:
+                nbytes -= len(c)
+                chunks.popleft()
+            else:
+                chunks[0] = _compact(c[nbytes:])
+                nbytes = 0
+
+    def release(self) -> None:
+        """The sink is gone: what it held goes back to the budget."""
+        self.budget.held -= self.held
+        self.held = 0
+        self.chunks.clear()
+
+    @property
+    def finished(self) -> bool:
+        """The session ended and everything queued went."""
+        return self.closing and not self.held
+
+    def stalled(self, now: float, timeout: float) -> bool:
+        return self.held > 0 and now - self.last_progress >= timeout
+
+
+class SessionFanout:
+    """One live session's messages to its sinks (keys chosen by the caller).
+    ``max_queue``: bytes per sink (at least :data:`MIN_MAX_QUEUE`); ``budget``:
+    shared with the other sessions of the portal (default: this session's own,
+    :data:`DEFAULT_BUDGET`)."""
+
+    def __init__(self, max_queue: int = DEFAULT_MAX_QUEUE, budget: QueueBudget | None = None) -> None:
+        if max_queue < MIN_MAX_QUEUE:
+            raise ValueError(f"max_queue must be at least {MIN_MAX_QUEUE} bytes (one message)")
+        self.max_queue = max_queue
+        self.budget = budget if budget is not None else QueueBudget()
+        self.framer = lbmc.StreamFramer()
+        self.sinks: dict[Hashable, SinkQueue] = {}
+        self.session_id_message: bytes | None = None  # the last TCP_SID control message
+        self.messages = 0  # whole messages framed
+        self.nbytes = 0
+        self.ended = False
+
+    def add(self, key: Hashable, now: float) -> SinkQueue:
+        """A new sink: it gets the session's TCP_SID message first (if one came),
+        then the messages of every later :meth:`feed`."""
+        q = self.sinks[key] = SinkQueue(self.max_queue, now, self.budget)
+        q.closing = self.ended
+        if self.session_id_message is not None:
+            q.offer(Batch.of([self.session_id_message]), now)
+        return q
+
+    def remove(self, key: Hashable) -> None:
+        """A sink leaves; its queue is emptied."""
+        q = self.sinks.pop(key, None)
+        if q is not None:
+            q.release()
+
+    def feed(self, data: bytes | bytearray | memoryview, now: float) -> list[Dropped]:
+        """The session's next bytes: the whole messages they complete go to every
+        sink's queue; what each sink had no room for. Raises
+        :class:`lbmr_proto.lbmc.LbmcDecodeError` on bytes that are not LBMC."""
+        messages = self.framer.feed(data)
+        if not messages:
+            return []
+        for m in messages:
+            if m[0] & 0x0F == lbmc.CONTROL:
+                self._note_control(m)
+        batch = Batch.of(messages)
+        self.messages += batch.count
+        self.nbytes += len(batch.data)
+        out = []
+        for key, q in self.sinks.items():
+            lost, nbytes = q.offer(batch, now)
+            if lost:
+                out.append(Dropped(key, lost, nbytes))
+        return out
+
+    def _note_control(self, message: bytes) -> None:
+        try:
+            m = lbmc.decode(message)
+        except lbmc.LbmcDecodeError:
+            return  # framed but not decodable: passed on as it is, not remembered
+        if m.header(lbmc.TcpSidHeader) is not None:
+            self.session_id_message = message
+
+    def end(self) -> None:
+        """The session ended: every sink ends once its queue is empty."""
+        self.ended = True
+        for q in self.sinks.values():
+            q.closing = True

@@ -1,0 +1,483 @@
+"""TCP sessions through the router as live LBMC message streams, on trio: one
+upstream connection per origin session (far side), one link stream per
+session per link, and at the near router one proxy that re-publishes the
+session to every local receiver (the queue and boundary logic is
+:mod:`router.core.fanout`).
+
+Far side (:meth:`FanoutRelay.open_far`): a stream the peer opens for an
+advertisement of a TCP session joins the session's :class:`Upstream` (one
+connection to the origin per session, shared by every link whose relay shares
+the endpoint's :class:`Upstreams`); it gets whole messages from the next
+boundary, within its credit, through a queue of ``max_queue`` bytes (what does
+not fit is dropped and counted: the origin is never paced by a link). The
+origin's EOF ends every stream of the session; the connection closes
+UPSTREAM_LINGER seconds after its last stream left.
+
+Near side (:meth:`FanoutRelay.serve_tcp`): the first receiver that connects to
+a proxy opens the one link stream of the proxy; every receiver gets whole
+messages from the next boundary through its own queue of ``max_queue`` bytes,
+written with non-blocking ``writev``; one that holds bytes and takes none for
+``stall_timeout`` seconds is disconnected. The stream ends with the origin,
+or NEAR_LINGER seconds after the last receiver left. What receivers send (UM
+control messages: TCP session id, source-side filtering) is framed, counted
+and not passed on; a receiver whose bytes are not LBMC is disconnected.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from collections.abc import Callable
+from itertools import count
+
+import trio
+
+from lbmr_proto import lbmc
+
+from . import peerlink as P
+from .core.fanout import (
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_STALL_TIMEOUT,
+    QueueBudget,
+    SessionFanout,
+    SinkQueue,
+)
+from .link import CONNECT_TIMEOUT, READ_SIZE, Link, StreamState
+from .peerlink import streams as S
+
+# seconds a session's upstream connection stays open after its last stream left,
+# and a proxy's link stream after its last receiver left (a receiver that
+# reconnects at once finds the session running)
+UPSTREAM_LINGER = 1.0
+NEAR_LINGER = 1.0
+RECEIVER_READ = 4096  # bytes per read of what a receiver sends
+IOV_MAX = 64  # chunks per writev to a receiver
+# receiver connections of one endpoint's proxies at once (as many as the link streams
+# of the per-connection relay); their queues share a QueueBudget of 256 MiB
+FANOUT_MAX_RECEIVERS = 4096
+
+
+class Upstream:
+    """One origin TCP session at the far side: its connection, its fan-out, the
+    link streams it feeds (``sinks``: (link, stream id) -> stream) and how
+    many streams wait for the connection (``waiting``)."""
+
+    def __init__(self, key, core: SessionFanout) -> None:
+        self.key = key
+        self.core = core
+        self.sinks: dict[tuple[Link, int], StreamState] = {}
+        self.waiting = 0
+        self.connected = trio.Event()
+        self.attached = trio.Event()  # every stream that waited for the connection has its queue
+        self.failed: str | None = None  # why the origin could not be reached
+        self.refused = False  # ... it refused the connection (it is gone)
+        self.by_origin = False  # the origin ended the session (EOF)
+        self.done = False
+
+
+class Upstreams(dict):
+    """The endpoint's upstream sessions, origin (ip, port, session id) ->
+    :class:`Upstream`, shared by the relays of all its links."""
+
+
+class _Receiver:
+    __slots__ = ("conn", "fd", "queue", "peer", "blocked", "broken", "wake")
+
+    def __init__(self, conn: trio.SocketStream, queue: SinkQueue, peer: str) -> None:
+        self.conn, self.queue, self.peer = conn, queue, peer
+        self.fd = conn.socket.fileno()  # written only while the receiver is in its proxy's table
+        self.blocked = False  # its socket was full: the writer waits for it
+        self.broken = False  # writing failed: it went away
+        self.wake = trio.Event()
+
+
+class _Proxy:
+    """The near side of one proxy: the link stream (if open) and the receivers."""
+
+    def __init__(self) -> None:
+        self.core: SessionFanout | None = None
+        self.link: Link | None = None
+        self.st: StreamState | None = None
+        self.receivers: dict[int, _Receiver] = {}
+
+
+def _peer(conn: trio.SocketStream) -> str:
+    try:
+        return "{}:{}".format(*conn.socket.getpeername()[:2])
+    except OSError:
+        return "?"
+
+
+class FanoutRelay:
+    """The fan-out data plane of one endpoint's relay. ``counters``/``event``:
+    the router's; ``session_ended(advert_id)``: a source ended a session or
+    refused it; ``upstreams``: shared with the relays of the endpoint's other
+    links. ``max_queue`` (bytes) and ``stall_timeout`` (seconds) from the
+    endpoint (``fanout_max_queue``, ``fanout_stall_timeout_ms``)."""
+
+    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None],
+                 session_ended: Callable[[int], None], upstreams: Upstreams) -> None:
+        self.counters = counters
+        self.event = event
+        self.session_ended = session_ended
+        self.upstreams = upstreams
+        self.max_queue = getattr(endpoint, "fanout_max_queue", DEFAULT_MAX_QUEUE)
+        self.stall_timeout = getattr(endpoint, "fanout_stall_timeout_ms", DEFAULT_STALL_TIMEOUT * 1000) / 1000
+        self._keys = count()
+        self.budget = QueueBudget()  # every queue of this relay's sessions
+        self.receivers = 0  # receiver connections of all this relay's proxies
+
+    # ------------------------------------------------------- near side
+
+    async def serve_tcp(self, sock, advert_of: Callable[[], int | None],
+                        current_link: Callable[[], Link | None]) -> None:
+        """Accept receivers at the proxy's listening socket ``sock`` until cancelled."""
+        listener = trio.SocketListener(sock)
+        proxy = _Proxy()
+        async with trio.open_nursery() as n:
+            while True:
+                conn = await listener.accept()
+                n.start_soon(self._receiver, proxy, conn, advert_of, current_link, n)
+
+    def _open_stream(self, proxy: _Proxy, link: Link, aid: int, nursery) -> None:
+        sid = link.streams.open(aid, P.StreamKind.TCP)
+        st = link.state[sid] = StreamState(sid, P.StreamKind.TCP)
+        proxy.core = SessionFanout(self.max_queue, self.budget)
+        proxy.link, proxy.st = link, st
+        link.flush_streams()
+        self.counters["streams_opened"] += 1
+        self.counters["fanout_streams_opened"] += 1
+        nursery.start_soon(self._near_stream, proxy, link, st)
+
+    async def _receiver(self, proxy: _Proxy, conn: trio.SocketStream, advert_of, current_link,
+                        nursery) -> None:
+        try:
+            if self.receivers >= FANOUT_MAX_RECEIVERS:
+                self.counters["fanout_receivers_full"] += 1
+                return
+            if proxy.st is None:
+                link, aid = current_link(), advert_of()
+                if link is None or aid is None:
+                    return
+                self._open_stream(proxy, link, aid, nursery)
+            key, core = next(self._keys), proxy.core
+            rx = _Receiver(conn, core.add(key, trio.current_time()), _peer(conn))
+            proxy.receivers[key] = rx
+            self.receivers += 1
+            self.counters["fanout_receivers"] += 1
+            try:
+                async with trio.open_nursery() as n:
+                    n.start_soon(self._receiver_reads, rx, n.cancel_scope)
+                    await self._receiver_writes(rx)
+                    n.cancel_scope.cancel()
+            finally:
+                del proxy.receivers[key]
+                self.receivers -= 1
+                core.remove(key)
+                if proxy.st is not None:
+                    proxy.st.incoming_ready.set()  # the stream task looks at its receivers
+                self._receiver_ended(rx)
+        finally:
+            await trio.aclose_forcefully(conn)
+
+    def _receiver_ended(self, rx: _Receiver) -> None:
+        q = rx.queue
+        if q.dropped_messages:
+            self.event("fanout_receiver_dropped",
+                       f"{rx.peer}: {q.dropped_messages} messages ({q.dropped_bytes} bytes) dropped "
+                       f"of {q.messages + q.dropped_messages}")
+
+    async def _receiver_reads(self, rx: _Receiver, scope: trio.CancelScope) -> None:
+        """What the receiver sends: framed and counted, not passed on; ends the
+        receiver at EOF, on an error, or on bytes that are not LBMC."""
+        framer = lbmc.StreamFramer()
+        try:
+            while True:
+                data = await rx.conn.receive_some(RECEIVER_READ)
+                if not data:
+                    break
+                self.counters["fanout_receiver_messages"] += len(framer.feed(data))
+        except lbmc.LbmcDecodeError as e:
+            self.counters["fanout_receiver_malformed"] += 1
+            self.event("fanout_receiver_malformed", f"{rx.peer}: {e}")
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        scope.cancel()
+
+    def _push(self, rx: _Receiver) -> None:
+        """Write what the receiver's socket takes now (never waits)."""
+        q = rx.queue
+        if rx.blocked or rx.broken or not q.held:
+            return
+        try:
+            k = os.writev(rx.fd, q.head(IOV_MAX))
+        except (BlockingIOError, InterruptedError):
+            k = 0
+        except OSError:
+            rx.broken = True
+            rx.wake.set()
+            return
+        q.wrote(k, trio.current_time())
+        if q.held:
+            rx.blocked = True
+            rx.wake.set()
+
+    async def _receiver_writes(self, rx: _Receiver) -> None:
+        """The receiver's queue into its socket; returns when it went away, stalled
+        (nothing taken for the stall timeout) or the session ended."""
+        q = rx.queue
+        while not rx.broken:
+            if rx.blocked:
+                with trio.move_on_at(q.last_progress + self.stall_timeout):
+                    try:
+                        await trio.lowlevel.wait_writable(rx.conn.socket)
+                    except (trio.ClosedResourceError, OSError):
+                        return
+                rx.blocked = False
+                if q.stalled(trio.current_time(), self.stall_timeout):
+                    self.counters["fanout_receivers_stalled"] += 1
+                    self.event("fanout_receiver_stalled",
+                               f"{rx.peer}: took nothing for {self.stall_timeout:g} s; disconnected")
+                    return
+                self._push(rx)
+            elif q.held:
+                self._push(rx)
+            elif q.closing:
+                return
+            else:
+                rx.wake = trio.Event()
+                await rx.wake.wait()
+
+    async def _near_stream(self, proxy: _Proxy, link: Link, st: StreamState) -> None:
+        """The proxy's link stream: the session's bytes to every receiver; ends with
+        the far side, the link, or NEAR_LINGER seconds after the last receiver left."""
+        core = proxy.core
+        try:
+            await st.accepted.wait()
+            if st.refused is not None:
+                return
+            idle_since = math.inf
+            while True:
+                if st.incoming:
+                    self._near_feed(proxy, link, st)
+                if st.closed or link.closed:
+                    return
+                now = trio.current_time()
+                if proxy.receivers:
+                    idle_since = math.inf
+                elif idle_since == math.inf:
+                    idle_since = now
+                elif now >= idle_since + NEAR_LINGER:
+                    return
+                st.incoming_ready = trio.Event()
+                with trio.move_on_at(idle_since + NEAR_LINGER):
+                    await st.incoming_ready.wait()
+        except lbmc.LbmcDecodeError as e:
+            self.counters["fanout_stream_malformed"] += 1
+            self.event("fanout_stream_malformed", f"peer {link.peer_name}: {e}")
+        finally:
+            if proxy.st is st:
+                proxy.st = proxy.link = proxy.core = None
+            core.end()
+            for rx in proxy.receivers.values():
+                rx.wake.set()
+            link.close_stream(st)
+
+    def _near_feed(self, proxy: _Proxy, link: Link, st: StreamState) -> None:
+        """The stream's bytes from the peer to the receivers' queues and sockets;
+        their credit goes back at once (a slow receiver never slows the stream)."""
+        now = trio.current_time()
+        core = proxy.core
+        nbytes = 0
+        while st.incoming:
+            data = st.incoming.popleft()
+            nbytes += len(data)
+            self._count_drops(core.feed(data, now))
+        try:
+            link.streams.consumed(st.sid, nbytes)
+        except S.LocalStreamError:
+            pass
+        link.flush_streams()
+        for rx in proxy.receivers.values():
+            self._push(rx)
+
+    def _count_drops(self, drops) -> None:
+        for d in drops:
+            self.counters["fanout_dropped_messages"] += d.messages
+            self.counters["fanout_dropped_bytes"] += d.nbytes
+
+    # -------------------------------------------------------- far side
+
+    def open_far(self, link: Link, ev: S.StreamOpened, body) -> None:
+        """The peer opened a stream for an advertisement of the TCP session ``body``."""
+        st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
+        st.advert_id = ev.advert_id
+        key = (body.ip, body.port, getattr(body, "session_id", None))
+        up = self.upstreams.get(key)
+        if up is None or up.done or up.by_origin:
+            up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget))
+            link.nursery.start_soon(self._upstream, up)
+        up.waiting += 1
+        link.nursery.start_soon(self._far_stream, up, link, st)
+
+    async def _upstream(self, up: Upstream) -> None:
+        """Connect to the origin, then frame what it sends to the session's streams
+        until it ends (EOF) or UPSTREAM_LINGER after the last stream left."""
+        ip, port, _ = up.key
+        conn = None
+        try:
+            try:
+                with trio.fail_after(CONNECT_TIMEOUT):
+                    conn = await trio.open_tcp_stream(ip, port)
+            except (OSError, trio.TooSlowError) as e:
+                up.failed = f"cannot connect to the source {ip}:{port}: {e}"
+                up.refused = isinstance(e, ConnectionRefusedError)
+                return
+            self.counters["fanout_upstreams"] += 1
+            up.connected.set()
+            if up.waiting:  # the streams that asked for the session get its first message
+                await up.attached.wait()
+            await self._upstream_reads(up, conn)
+        except lbmc.LbmcDecodeError as e:
+            self.counters["fanout_upstream_malformed"] += 1
+            self.event("fanout_upstream_malformed", f"source {ip}:{port}: {e}")
+        finally:
+            up.done = True
+            up.connected.set()
+            up.core.end()
+            if self.upstreams.get(up.key) is up:
+                del self.upstreams[up.key]
+            for st in up.sinks.values():
+                st.credit.set()
+            if conn is not None:
+                await trio.aclose_forcefully(conn)
+
+    async def _upstream_reads(self, up: Upstream, conn: trio.SocketStream) -> None:
+        """Each read waits at most UPSTREAM_LINGER, so that a session whose last
+        stream left closes within twice that even when the origin is quiet."""
+        idle_since = math.inf
+        while True:
+            if up.sinks or up.waiting:
+                idle_since = math.inf
+            elif idle_since == math.inf:
+                idle_since = trio.current_time()
+            elif trio.current_time() >= idle_since + UPSTREAM_LINGER:
+                return
+            data = None
+            with trio.move_on_after(UPSTREAM_LINGER):
+                try:
+                    data = await conn.receive_some(READ_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    data = b""
+            if data is None:
+                continue
+            if not data:
+                up.by_origin = True
+                return
+            self._count_link_drops(up.core.feed(data, trio.current_time()))
+            for (link, sid), st in up.sinks.items():
+                self._far_push(link, st, up.core.sinks[link, sid])
+
+    def _count_link_drops(self, drops) -> None:
+        for d in drops:
+            self.counters["fanout_link_dropped_messages"] += d.messages
+            self.counters["fanout_link_dropped_bytes"] += d.nbytes
+
+    @staticmethod
+    def _far_push(link: Link, st: StreamState, q: SinkQueue) -> None:
+        """Frame what the stream's credit and the link's queue take of ``q`` now
+        (the rest waits for credit: :meth:`_far_serve`)."""
+        if link.closed or st.closed:
+            return
+        sent = 0
+        try:
+            for chunk in q.head():
+                rest = link.streams.send(st.sid, chunk, limit=link.outq.data_space())
+                sent += len(chunk) - len(rest)
+                if len(rest):
+                    break
+        except S.LocalStreamError:
+            st.closed = True
+        q.wrote(sent, trio.current_time())
+        if sent:
+            link.flush_streams(direct=True)
+
+    async def _far_stream(self, up: Upstream, link: Link, st: StreamState) -> None:
+        """One link stream of an upstream session, from accept to end."""
+        key = (link, st.sid)
+        try:
+            try:
+                await up.connected.wait()
+            finally:
+                up.waiting -= 1
+                if not up.waiting:
+                    up.attached.set()  # (each waiting stream adds its queue before a checkpoint)
+            if up.done or up.failed is not None:
+                self._far_refused(link, st, up)
+                return
+            if not accept_stream(link, st, self.counters):
+                return
+            q = up.core.add(key, trio.current_time())
+            up.sinks[key] = st
+            await self._far_serve(link, st, q)
+            if up.by_origin:
+                self.session_ended(st.advert_id)
+        finally:
+            up.sinks.pop(key, None)
+            up.core.remove(key)
+            link.close_stream(st)
+            link.state.pop(st.sid, None)
+
+    async def _far_serve(self, link: Link, st: StreamState, q: SinkQueue) -> None:
+        """Push the queue as credit comes; ends with the stream, the link, or the
+        session (once the queue went)."""
+        while not (st.closed or link.closed or q.finished):
+            st.credit = trio.Event()  # before trying: a grant after it wakes us
+            if st.incoming:  # the near side sends nothing on a fan-out stream: dropped
+                nbytes = sum(map(len, st.incoming))
+                st.incoming.clear()
+                self.counters["fanout_link_bytes_ignored"] += nbytes
+                try:
+                    link.streams.consumed(st.sid, nbytes)
+                except S.LocalStreamError:
+                    pass
+                link.flush_streams()
+            self._far_push(link, st, q)
+            if q.finished:
+                return
+            await st.credit.wait()
+
+    def _far_refused(self, link: Link, st: StreamState, up: Upstream) -> None:
+        refuse_stream(link, st, up.failed or "the session ended", self.counters, self.event)
+        if up.refused or up.by_origin:
+            self.session_ended(st.advert_id)
+
+
+def accept_stream(link: Link, st: StreamState, counters: Counter[str]) -> bool:
+    """Accept the peer's stream ``st`` now that its source is there; False if the
+    peer closed it meanwhile (a STREAM_CLOSE right behind the STREAM_OPEN)."""
+    if st.closed:
+        counters["streams_closed_before_accept"] += 1
+        return False
+    try:
+        link.streams.accept(st.sid)
+    except S.LocalStreamError:
+        counters["streams_closed_before_accept"] += 1
+        return False
+    link.flush_streams()
+    st.accepted.set()
+    counters["streams_accepted"] += 1
+    return True
+
+
+def refuse_stream(link: Link, st: StreamState, reason: str, counters: Counter[str],
+                  event: Callable[[str, str], None]) -> None:
+    """Refuse the peer's stream ``st`` (its source cannot be had), counted and logged."""
+    counters["streams_refused"] += 1
+    event("stream_refused", reason)
+    try:
+        link.streams.refuse(st.sid, P.RefuseCode.REFUSED, reason)
+    except S.LocalStreamError:
+        pass
+    link.flush_streams()

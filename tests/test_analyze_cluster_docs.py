@@ -1,0 +1,217 @@
+"""The cluster commands of lbmr-analyze(1) and the README, run as written.
+
+The lines between the ``cluster-commands`` markers (the same in both documents)
+start a standalone master and worker from pip's pyspark on 127.0.0.1, run
+``lbmr-analyze --master spark://...`` and ``spark-submit`` on the real capture,
+and stop the master and worker.  They are fed one command at a time to one
+``bash``, as a user types them; the test changes only the values of the
+variables the documents define for that (the port, the captures, the output
+folder), waits where the documents say to wait, and after each job asks bash
+for its exit status.  ``spark-submit``'s error messages must reach its standard
+error, not its standard output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyspark  # noqa: F401  - a test requirement: a missing pyspark fails, never skips
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL_CAPTURE = ROOT.parent / "shared" / "captures" / "um614-multicast-tr.pcap"
+VENV_BIN = Path(sys.executable).parent
+BEGIN, END = "cluster-commands: begin", "cluster-commands: end"
+#: seconds for the worker to register, and for one job
+REGISTER_S, JOB_S = 180, 600
+
+
+def man_commands() -> list[str]:
+    """The marked lines of lbmr-analyze(1), without roff requests and escapes."""
+    text = (ROOT / "man" / "lbmr-analyze.1").read_text()
+    block = text.split(BEGIN, 1)[1].split(END, 1)[0].splitlines()[1:-1]
+    lines = [ln for ln in block if not ln.startswith(".")]
+    return [ln.replace("\\-", "-").replace("\\e", "\\").replace("\\&", "") for ln in lines]
+
+
+def readme_commands() -> list[str]:
+    """The marked lines of the README, without the code block's indent."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split(BEGIN, 1)[1].split(END, 1)[0].splitlines()[1:-1]
+    assert all(ln.startswith("    ") for ln in block), block
+    return [ln[4:] for ln in block]
+
+
+def logical(lines: list[str]) -> list[str]:
+    """Commands as bash reads them: a line ending in a backslash goes on."""
+    out, cur = [], ""
+    for ln in lines:
+        cur += ln + "\n"
+        if not ln.endswith("\\"):
+            out.append(cur)
+            cur = ""
+    assert not cur, "the block ends inside a command"
+    return out
+
+
+def assign(cmd: str, name: str, value: str) -> str:
+    """``cmd`` with the value of the documents' ``NAME=...`` line replaced."""
+    new, n = re.subn(rf"^{name}=\S+", f"{name}={shlex.quote(value)}", cmd)
+    assert n == 1, (name, cmd)
+    return new
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Shell:
+    """One bash reading commands from a pipe, its output in two files (opened for
+    appending, as ``>>`` does: spark-submit's driver writes its standard error
+    beside the JVM's only to a terminal, a pipe or such a file)."""
+
+    def __init__(self, cwd: Path, env: dict) -> None:
+        self.out_path, self.err_path = cwd / "shell.out", cwd / "shell.err"
+        self._files = [open(self.out_path, "ab"), open(self.err_path, "ab")]
+        self.proc = subprocess.Popen(["bash", "-s"], stdin=subprocess.PIPE, stdout=self._files[0],
+                                     stderr=self._files[1], cwd=cwd, env=env, text=True,
+                                     start_new_session=True)
+        self.marks = 0
+
+    def send(self, cmd: str) -> None:
+        self.proc.stdin.write(cmd)
+        self.proc.stdin.flush()
+
+    def out(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def err(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def wait_for(self, what, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not what():
+            assert self.proc.poll() is None, ("bash ended", self.out()[-2000:], self.err()[-4000:])
+            assert time.monotonic() < deadline, ("timed out", self.out()[-2000:], self.err()[-4000:])
+            time.sleep(0.5)
+
+    def status(self, seconds: float) -> int:
+        """Wait for the command sent last to end; its exit status."""
+        self.marks += 1
+        mark = f"doc-test-status-{self.marks}"
+        self.send(f'echo "{mark} $?"\n')
+        self.wait_for(lambda: mark in self.out(), seconds)
+        return int(re.search(rf"{mark} (\d+)", self.out()).group(1))
+
+    def close(self) -> None:
+        """End bash and everything it started (bounded: TERM, then KILL)."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(self.proc.pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.2)
+        self.proc.wait(10)
+        for f in self._files:
+            f.close()
+
+
+def test_readme_and_man_page_give_the_same_commands():
+    assert man_commands() == readme_commands()
+
+
+def venv_env() -> dict:
+    """The environment of a shell with lbmr-kit's venv active (pip's spark-submit
+    finds its SPARK_HOME through the python3 on PATH)."""
+    env = dict(os.environ, PATH=os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", "")]))
+    for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME", "SPARK_LOCAL_IP"):
+        env.pop(k, None)
+    return env
+
+
+@pytest.fixture
+def shell(tmp_path):
+    sh = Shell(tmp_path, venv_env())
+    yield sh
+    sh.close()
+
+
+def test_cluster_commands_work_as_written(tmp_path, shell):
+    caps = tmp_path / "caps"
+    caps.mkdir()
+    (caps / "real.pcap").write_bytes(REAL_CAPTURE.read_bytes())
+    out = tmp_path / "tr"
+    values = {"PORT": str(_free_port()), "CAPTURES": str(caps), "OUT": str(out)}
+    cmds = logical(man_commands())
+    starts = [c for c in cmds if c.startswith("spark-class ")]
+    jobs = [c for c in cmds if c.startswith(("lbmr-analyze ", "spark-submit "))]
+    assert [c.split()[1] for c in starts] == ["org.apache.spark.deploy.master.Master",
+                                              "org.apache.spark.deploy.worker.Worker"]
+    assert [c.split()[0] for c in jobs] == ["lbmr-analyze", "spark-submit"]
+    assert "spark.pyspark.driver.python=" in jobs[1] and "spark.pyspark.python=" in jobs[1]
+    for cmd in cmds:
+        name = re.match(r"(?:export )?([A-Z_]+)=", cmd)
+        if name and name.group(1) in values:
+            cmd = assign(cmd, name.group(1), values.pop(name.group(1)))
+        shell.send(cmd)
+        if cmd is starts[-1]:
+            shell.wait_for(lambda: "Successfully registered with master" in shell.err(), REGISTER_S)
+        if cmd in jobs:
+            status = shell.status(JOB_S)
+            assert status == 0, (cmd, shell.out()[-3000:], shell.err()[-5000:])
+            assert (out / "report.html").is_file()
+            assert "lbmr-analyze: 1 file(s), 1 byte range(s): 179 LBMR datagrams" in shell.out()
+            (out / "report.html").unlink()
+    assert values == {}, f"the documents no longer define {sorted(values)}"
+    assert shell.status(60) == 0                            # kill %2 %1
+    shell.send("wait\n")
+    assert shell.status(120) == 0                           # the master and the worker have ended
+    progress = re.findall(r"^lbmr-analyze \[.*$", shell.err(), re.M)
+    assert len(progress) == 2 * 6, shell.err()[-5000:]      # both jobs' progress on standard error
+    assert not re.search(r"^lbmr-analyze \[", shell.out(), re.M), shell.out()[-3000:]
+
+
+@pytest.mark.parametrize("stderr", ["pipe", "file opened for appending", "file opened for writing"])
+def test_spark_submit_errors_go_to_standard_error(tmp_path, stderr):
+    """Our messages reach spark-submit's standard error when it is a pipe or a file
+    opened for appending; a file opened otherwise (``2> file``) cannot be shared
+    with the JVM, so they stay in the standard output (lbmr-analyze(1), OUTPUT)."""
+    script = subprocess.run([VENV_BIN / "lbmr-analyze", "--submit-script"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    env = dict(venv_env(), SPARK_LOCAL_IP="127.0.0.1")
+    err_path = tmp_path / "stderr"
+    mode = {"pipe": None, "file opened for appending": "ab", "file opened for writing": "wb"}[stderr]
+    err_file = open(err_path, mode) if mode else subprocess.PIPE
+    try:
+        p = subprocess.run(["spark-submit", "--master", "local[1]", "--conf", "spark.ui.enabled=false",
+                            script, str(tmp_path / "missing.pcap"), "--out", str(tmp_path / "out")],
+                           stdout=subprocess.PIPE, stderr=err_file, text=True, timeout=JOB_S, cwd=tmp_path, env=env)
+    finally:
+        if mode:
+            err_file.close()
+    err = err_path.read_text() if mode else p.stderr
+    assert p.returncode == 2, (p.stdout[-2000:], err[-3000:])
+    ours, theirs = (p.stdout, err) if stderr == "file opened for writing" else (err, p.stdout)
+    assert "Error: " in ours and "missing.pcap" in ours and "lbmr-analyze [" in ours, (ours[-3000:], theirs[-3000:])
+    assert "missing.pcap" not in theirs and "lbmr-analyze [" not in theirs, theirs[-2000:]
+    assert "Using incubator modules" in err                 # the JVM's own standard error, intact

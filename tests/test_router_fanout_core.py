@@ -1,0 +1,126 @@
+"""router.core.fanout, sans-IO: whole messages from a sink's join point,
+bounded queues cut at message boundaries, drop accounting, the session's
+TCP_SID for every new sink, the end of a session."""
+
+from __future__ import annotations
+
+import pytest
+
+from lbmr_proto import lbmc
+from router.core.fanout import (
+    DEFAULT_MAX_QUEUE,
+    MIN_MAX_QUEUE,
+    Batch,
+    Dropped,
+    QueueBudget,
+    SessionFanout,
+)
+
+
+def msg(sqn: int, size: int = 100) -> bytes:
+    return lbmc.data_message(3, sqn, bytes([sqn & 0xFF]) * size)
+
+
+def taken(q) -> list[bytes]:
+    """Everything queued, written out, framed back into messages."""
+    data = b"".join(bytes(c) for c in q.head(1 << 20))
+    q.wrote(len(data), 0.0)
+    return lbmc.StreamFramer().feed(data)
+
+
+def test_a_sink_gets_whole_messages_from_the_next_boundary_after_it_joined():
+    f = SessionFanout()
+    a = f.add("a", 0.0)
+    stream = b"".join(msg(q) for q in range(6))
+    cut = len(msg(0)) * 2 + 37  # inside message 2
+    assert f.feed(stream[:cut], 0.0) == []
+    b = f.add("b", 0.0)  # joins while message 2 is half framed
+    f.feed(stream[cut:], 0.0)
+    assert taken(a) == [msg(q) for q in range(6)]
+    got = taken(b)
+    # message 2 was completed by the feed after b joined: b gets it whole, then the rest
+    assert got == [msg(q) for q in range(2, 6)]
+    assert f.messages == 6 and f.nbytes == len(stream)
+
+
+def test_a_full_queue_drops_the_newest_messages_whole_and_counts_them():
+    size = len(msg(0, 1000))
+    f = SessionFanout(max_queue=MIN_MAX_QUEUE)
+    q = f.add("slow", 0.0)
+    fast = f.add("fast", 0.0)
+    per_queue = MIN_MAX_QUEUE // size
+    drops = f.feed(b"".join(msg(i, 1000) for i in range(per_queue + 5)), 1.0)
+    assert drops == [Dropped("slow", 5, 5 * size), Dropped("fast", 5, 5 * size)]
+    assert q.held == per_queue * size <= q.limit
+    assert taken(fast) == [msg(i, 1000) for i in range(per_queue)]  # a prefix, whole messages
+    # the fast one drained, so it has room; the slow one is still full
+    drops = f.feed(msg(per_queue + 5, 1000), 2.0)
+    assert drops == [Dropped("slow", 1, size)]
+    assert q.dropped_messages == 6 and q.dropped_bytes == 6 * size
+    assert taken(fast) == [msg(per_queue + 5, 1000)]
+
+
+def test_partial_writes_keep_the_order_and_the_stall_clock():
+    f = SessionFanout()
+    q = f.add("r", 0.0)
+    f.feed(msg(1) + msg(2), 5.0)
+    assert not q.stalled(14.9, 10.0) and q.stalled(15.0, 10.0)
+    q.wrote(30, 15.0)  # a partial write is progress
+    assert not q.stalled(24.0, 10.0)
+    assert lbmc.StreamFramer().feed(bytes(msg(1)[:30]) + b"".join(bytes(c) for c in q.head())) == [msg(1), msg(2)]
+    q.wrote(q.held, 16.0)
+    assert q.held == 0 and not q.stalled(100.0, 10.0)  # holding nothing is never stalled
+
+
+def test_every_new_sink_gets_the_sessions_tcp_sid_first():
+    sid = lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(lbmc.TcpSidHeader(0, 0xABCD),)))
+    f = SessionFanout()
+    f.feed(sid + msg(0), 0.0)
+    late = f.add("late", 1.0)
+    f.feed(msg(1), 1.0)
+    assert taken(late) == [sid, msg(1)]
+
+
+def test_bytes_that_are_not_lbmc_raise_and_keep_raising():
+    f = SessionFanout()
+    f.add("a", 0.0)
+    with pytest.raises(lbmc.LbmcDecodeError):
+        f.feed(b"\xff\xff\xff\xff", 0.0)
+    with pytest.raises(lbmc.LbmcDecodeError):
+        f.feed(msg(0), 0.0)
+
+
+def test_the_end_of_a_session_finishes_each_sink_once_its_queue_went():
+    f = SessionFanout()
+    q = f.add("a", 0.0)
+    f.feed(msg(0), 0.0)
+    f.end()
+    assert q.closing and not q.finished
+    taken(q)
+    assert q.finished
+    assert f.add("after", 0.0).finished  # a sink joining an ended session ends at once
+
+
+def test_queue_bounds_and_batches():
+    assert DEFAULT_MAX_QUEUE == 1_000_000  # the DRO's max-queue default
+    with pytest.raises(ValueError):
+        SessionFanout(max_queue=MIN_MAX_QUEUE - 1)
+    b = Batch.of([b"a" * 10, b"b" * 20, b"c" * 5])
+    assert b.ends == [10, 30, 35] and [b.fitting(n) for n in (0, 9, 10, 34, 35, 99)] == [0, 0, 1, 2, 3, 3]
+    f = SessionFanout(max_queue=MIN_MAX_QUEUE)
+    q = f.add("a", 0.0)
+    big = lbmc.data_message(1, 0, b"x" * (lbmc.MAX_MSGLEN - lbmc.DATA_HEADER.size))
+    assert f.feed(big, 0.0) == [] and q.held == len(big)  # the largest message fits an empty queue
+
+
+def test_a_shared_budget_bounds_every_queue_of_a_portal_together():
+    budget = QueueBudget(limit=3 * len(msg(0, 1000)))
+    one, two = SessionFanout(budget=budget), SessionFanout(budget=budget)
+    a, b = one.add("a", 0.0), two.add("b", 0.0)
+    assert one.feed(msg(0, 1000) + msg(1, 1000), 0.0) == []
+    assert two.feed(msg(0, 1000) + msg(1, 1000), 0.0) == [Dropped("b", 1, len(msg(1, 1000)))]
+    assert budget.held == budget.limit and a.held + b.held == budget.limit
+    taken(a)  # written: room again
+    assert budget.held == b.held and two.feed(msg(2, 1000), 0.0) == []
+    two.remove("b")  # a receiver that leaves gives its bytes back
+    assert budget.held == 0
