@@ -798,7 +798,9 @@ def storms_table(load: list[dict], threshold: int, per_ctx: list[dict]) -> tuple
     for x in load:
         if x["record_kind"] != "ALL" or x["packets"] <= threshold:
             continue
-        cs = sorted(by_sec.get(x["second"], []), key=lambda c: (-c["packets"], c["src"], c["sport"]))
+        # ties in a stable order: one lbmrd relays several contexts (src_id) from one ip:port
+        cs = sorted(by_sec.get(x["second"], []),
+                    key=lambda c: (-c["packets"], c["src"], c["sport"], c["context_id"] or ""))
         for c in cs:
             rows.append(dict(second=x["second"], time=x["time"], context=f"{c['src']}:{c['sport']}",
                              src_id=c["context_id"], packets=c["packets"],

@@ -369,7 +369,7 @@ def reference(recs: list[dict], *, storm=STORM, top=20, capture_errors=()) -> di
         for r in recs:
             if r["index"] == 0 and r["us"] // 1_000_000 == s:
                 per[(r["src"], r["sport"], r["cid"])] += 1
-        cs = sorted(per.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1]))
+        cs = sorted(per.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1], kv[0][2] or ""))
         sc += [dict(second=s, time=iso_s(s), context=f"{a}:{p}", src_id=c, packets=n, share=round(n / v[0], 4))
                for (a, p, c), n in cs]
         storms.append(dict(second=s, time=iso_s(s), packets=v[0], records=v[1], bytes=v[2],

@@ -345,3 +345,22 @@ def test_findings_per_kind_are_capped(tmp_path):
     _s, t = pure_analyse(write_pcap(tmp_path / "q.pcap", d), tmp_path)
     never = [f for f in t["findings"] if f["kind"] == "never advertised"]
     assert len(never) == PER_KIND + 1 and never[-1]["finding"].startswith("... and 2 more")
+
+
+def test_storm_contexts_tied_at_one_lbmrd_are_in_a_stable_order(tmp_path):
+    """Found by the property test: two contexts relayed by one lbmrd with the
+    same count in a storm second (src_id 1 and 2 via 10.0.0.2) came out in the
+    order of the input, so the top three named either."""
+    opts = lambda i: [L.SourceIdOption(0x8000, i.to_bytes(8, "big"))]  # noqa: E731
+    tir = L.TIR("A", L.TcpTransport("10.1.1.5", 14402), 60, 1, [])
+    pkt = lambda i: L.encode(L.Packet(0, 1, tirs=[tir], options=opts(i) if i else []))  # noqa: E731
+    t0 = 1700000000.0001
+    dgs = ([(t0, "10.0.0.2", 15380, "10.1.1.5", 14402, pkt(0))] * 7
+           + [(t0, "10.0.0.1", 15380, "10.1.1.5", 14402, pkt(1)),
+              (t0, "10.0.0.2", 15380, "10.1.1.5", 14402, pkt(2)),
+              (t0, "10.0.0.2", 15380, "10.1.1.5", 14402, pkt(1))])
+    path = write_pcap(tmp_path / "g.pcap", dgs)
+    _summary, t = pure_analyse(path, tmp_path)
+    assert_tables_equal(t, _ref_for(path, ports=PORTS, storm=STORM))
+    (storm,) = t["storms"]
+    assert storm["top_contexts"].endswith("[0000000000000001] via lbmrd 10.0.0.2:15380 1/s (10.0 %)")
