@@ -218,9 +218,13 @@ class Relay:
 
     def proxy_transport(self, f: P.Advertisement, address):
         """The transport a proxy for ``f`` bound at ``address`` advertises: the
-        relay address, and for LBT-RM the proxy's group, port and session id."""
+        relay address (with the origin's session id when the peer said it: the
+        proxy's receivers get the origin's session), and for LBT-RM the proxy's
+        group, port and session id."""
         body = self.lbtrm.proxy_body(f.advert_id) if f.transport == LBTRM else None
-        return body if body is not None else relay_transport(f.transport, address[0], address[1])
+        if body is not None:
+            return body
+        return relay_transport(f.transport, address[0], address[1], f.origin_session_id or None)
 
     async def _serve_proxy_socket(self, f: P.Advertisement, sock, tcp: bool, task_status,
                                   advert_of: Callable[[], int | None]) -> None:

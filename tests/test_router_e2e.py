@@ -288,3 +288,30 @@ async def test_the_topics_of_one_source_session_share_one_proxy_and_one_stream()
                 got += chunk
         assert bytes(got) == data and len(connections) == 1
         n.cancel_scope.cancel()
+
+
+async def test_the_proxy_advertises_the_origin_session_id():
+    """A TCP source advertised "with session id": the proxy in the other TRD
+    advertises the same session id at its relay address (its receivers get the
+    origin's session in the stream), on both relays."""
+    for fanout in (True, False):
+        async with trio.open_nursery() as n:
+            _, trd1 = await start_lbmrd(n, "127.0.1.1")
+            _, trd2 = await start_lbmrd(n, "127.0.2.1")
+            await start_routers(n, trd1, trd2, fanout=fanout)
+            body = L.TcpSessionTransport("127.0.1.5", 0x5E55_1D01, 14371)
+            tir = L.TIR(TOPIC, body, 60, 7, [L.OtidOption(0x8000, synthesize_otid(body, 7))])
+            src = udp("127.0.1.5")
+
+            n.start_soon(advertise_tir, src, trd1, tir)
+            got = await resolve(udp("127.0.2.9"), trd2)
+            assert isinstance(got.transport, L.TcpSessionTransport), got.transport
+            assert (got.transport.ip, got.transport.session_id) == ("127.0.2.1", 0x5E55_1D01)
+            n.cancel_scope.cancel()
+
+
+async def advertise_tir(sock, daemon, tir):
+    data = L.encode(L.Packet(0, 1, tirs=[tir]))
+    while True:
+        await sock.sendto(data, daemon)
+        await trio.sleep(0.5)

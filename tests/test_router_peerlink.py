@@ -180,6 +180,27 @@ def test_an_advertisement_names_its_session_only_to_a_peer_with_sessions():
     assert isinstance(evs[0], ProtocolError) and "SESSIONS was not negotiated" in evs[0].reason
 
 
+def test_an_advertisement_carries_the_origin_session_id_only_to_a_peer_with_origin_sid():
+    f = Advertisement("md.a", 1, bytes(32), 0, 7, session=5, origin_session_id=0xCAFEF00D)
+    assert decode(encode(f)) == f
+    with_session = Advertisement("md.a", 1, bytes(32), 0, 7, session=5)
+    assert len(encode(f)) == len(encode(with_session)) + 4
+    with pytest.raises(FrameEncodeError, match="goes with a session"):
+        encode(Advertisement("md.a", 1, bytes(32), 0, 7, origin_session_id=9))
+    with pytest.raises(FrameDecodeError, match="origin session id 0"):
+        decode(_with_payload(with_session, with_session.payload() + bytes(4)))
+    a, b = pair()
+    handshake(a, b)
+    assert a.capabilities & Capability.ORIGIN_SID
+    assert b.receive_data(a.send(f, 1.0), 1.0) == [f]
+    old = Capability.STREAMS | Capability.SESSIONS  # a router before ORIGIN_SID
+    a, b = pair(RouterIdentity("router-a", (1,), old), B_ID)
+    handshake(a, b)
+    assert b.receive_data(a.send(f, 1.0), 1.0) == [with_session]
+    evs = a.receive_data(encode(f), 1.0)
+    assert isinstance(evs[0], ProtocolError) and "ORIGIN_SID was not negotiated" in evs[0].reason
+
+
 def _with_payload(f, payload: bytes) -> bytes:
     return encode_raw(int(f.TYPE), payload)
 
@@ -1238,6 +1259,7 @@ async def test_loopback_tcp_handshake_interest_and_graceful_disconnect():
             nursery.start_soon(initiator)
     await listeners[0].aclose()
     assert [type(e) for e in la] == [Connected, Closed] and la[-1].initiated_by == "local"
-    assert lb == [Connected(lb[0].peer, int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS)),
+    assert lb == [Connected(lb[0].peer, int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS
+                                            | Capability.ORIGIN_SID)),
                   interest, DisconnectRequested("test over"),
                   Closed("test over", "peer")]

@@ -448,14 +448,14 @@ class Bridge:
         return True
 
     def _advertise(self, aid: int, topic: str, otid: bytes, transport: int, *, withdraw: bool,
-                   session: int = 0) -> None:
+                   session: int = 0, origin_session_id: int = 0) -> None:
         if not self.is_link_up:
             return
         if transport not in RELAYED_TRANSPORTS:
             self.counters["unrelayable_transport"] += 1
             return
         self._send(P.Advertisement(topic, self.domain_id, bytes(otid), transport, aid, withdraw,
-                                   session=session))
+                                   session=session, origin_session_id=origin_session_id if session else 0))
         self.counters["adverts_withdrawn" if withdraw else "adverts_sent"] += 1
 
     def drain_portal(self) -> None:
@@ -498,7 +498,8 @@ class Bridge:
                     aid = next(self._advert_ids)
                 session = self._adverts.set(key, aid, ev.transport_body)
                 self._advertise(aid, ev.topic, ev.otid, ev.transport_body.TYPE, withdraw=False,
-                                session=session)
+                                session=session,
+                                origin_session_id=getattr(ev.transport_body, "session_id", 0) or 0)
             elif isinstance(ev, SourceGone):
                 self._portal_events_gone(ev.topic, ev.otid)
 

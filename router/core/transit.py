@@ -373,8 +373,10 @@ class Transit:
         self._down_by_topic.setdefault(f.topic, set()).add((link, aid))
         self.counters["transit_adverts_sent"] += 1
         # the session: our proxy's (the topics of one session upstream share a proxy here)
+        session = session_key(up.body)
+        origin_sid = (getattr(up.body, "session_id", 0) or 0) if session else 0  # said with a session only
         return [SendOnLink(link, P.Advertisement(f.topic, f.origin_domain, f.otid, _proxy_transport(up),
-                                                 aid, False, f.hop_count + 1, session_key(up.body)))]
+                                                 aid, False, f.hop_count + 1, session, origin_sid))]
 
     def _withdraw(self, link: str, aid: int) -> SendOnLink:
         ukey = self._down.pop((link, aid))

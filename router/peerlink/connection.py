@@ -285,10 +285,14 @@ class PeerConnection:
     def send(self, frame: Frame, now: float) -> bytes:
         """Encode an application frame (or DisconnectRequest / DisconnectResponse) and return
         all pending outgoing bytes. :class:`LocalProtocolError` if not allowed now. An
-        ADVERTISEMENT's session goes only to a peer that has capability SESSIONS."""
+        ADVERTISEMENT's session goes only to a peer that has capability SESSIONS, its origin
+        session id only to one that has ORIGIN_SID."""
         self._check_send(frame)
-        if type(frame) is Advertisement and frame.session and not self.capabilities & Capability.SESSIONS:
-            frame = dataclasses.replace(frame, session=0)
+        if type(frame) is Advertisement:
+            if frame.session and not self.capabilities & Capability.SESSIONS:
+                frame = dataclasses.replace(frame, session=0, origin_session_id=0)
+            elif frame.origin_session_id and not self.capabilities & Capability.ORIGIN_SID:
+                frame = dataclasses.replace(frame, origin_session_id=0)
         self._emit(frame, now)
         if isinstance(frame, DisconnectRequest):
             self._req_sent, self._req_reason = True, frame.reason
@@ -640,6 +644,10 @@ class PeerConnection:
                 raise FrameDecodeError(f"{name} but capability {cap.name} was not negotiated")
             if type(frame) is Advertisement and frame.session and not self.capabilities & Capability.SESSIONS:
                 raise FrameDecodeError("ADVERTISEMENT with a session but capability SESSIONS was not negotiated")
+            if type(frame) is Advertisement and frame.origin_session_id \
+                    and not self.capabilities & Capability.ORIGIN_SID:
+                raise FrameDecodeError("ADVERTISEMENT with an origin session id but capability ORIGIN_SID "
+                                       "was not negotiated")
             if peer_done and not isinstance(frame, _RECEIVE_SIDE):
                 raise FrameDecodeError(f"{name} after the peer's DISCONNECT_"
                                        f"{'REQUEST' if self._peer_req else 'RESPONSE'}")

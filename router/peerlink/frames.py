@@ -102,9 +102,11 @@ class Capability(IntFlag):
     DATAGRAMS = 0x02  # DATAGRAM frames (LBT-RU relay)
     ROUTING = 0x04  # TOPOLOGY frames (multi-hop routing)
     SESSIONS = 0x08  # ADVERTISEMENT frames name the source's transport session
+    ORIGIN_SID = 0x10  # ADVERTISEMENT frames carry the origin's transport session id
 
 
-DEFAULT_CAPABILITIES = int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS)  # a router adds ROUTING
+DEFAULT_CAPABILITIES = int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS
+                           | Capability.ORIGIN_SID)  # a router adds ROUTING
 MAX_TOPOLOGY_ENTRIES = 4096  # domains, and peers, in one TOPOLOGY frame
 MAX_ROUTER_ID = 255  # bytes of a router id (its name) in a TOPOLOGY frame
 
@@ -415,7 +417,10 @@ class Advertisement(Frame):
     link (STREAM_OPEN refers to it); ``hop_count`` counts routers already crossed. ``session``
     (capability SESSIONS; 0 = not said) names the source's transport session: advertisements
     with the same transport and non-zero session are topics of one session, which the receiving
-    router serves with one proxy (one listener, one stream per receiver connection)."""
+    router serves with one proxy (one listener, one stream per receiver connection).
+    ``origin_session_id`` (capability ORIGIN_SID; 0 = not said, and said only with a session):
+    the origin TIR's 32-bit transport session id (TCP or LBT-RU "with session id"), which the
+    proxy advertises too: its receivers get the origin's session in the stream."""
 
     TYPE: ClassVar[FrameType] = FrameType.ADVERTISEMENT
     topic: str
@@ -426,6 +431,7 @@ class Advertisement(Frame):
     withdraw: bool = False
     hop_count: int = 0
     session: int = 0
+    origin_session_id: int = 0
 
     def payload(self) -> bytes:
         if not isinstance(self.otid, bytes | bytearray) or len(self.otid) != 32:
@@ -434,8 +440,12 @@ class Advertisement(Frame):
         out = (_pack(">IIBBH", self.origin_domain, self.advert_id, self.transport, flags,
                      self.hop_count, what="ADVERTISEMENT")
                + bytes(self.otid) + _str(self.topic, "topic"))
+        if self.origin_session_id and not self.session:
+            raise FrameEncodeError("ADVERTISEMENT: an origin session id goes with a session")
         if self.session:  # the optional trailer (capability SESSIONS)
             out += _pack(">Q", self.session, what="ADVERTISEMENT session")
+        if self.origin_session_id:  # and its optional tail (capability ORIGIN_SID)
+            out += _pack(">I", self.origin_session_id, what="ADVERTISEMENT origin session id")
         return out
 
     @classmethod
@@ -443,13 +453,17 @@ class Advertisement(Frame):
         domain, advert_id, transport, flags, hops = r.u32(), r.u32(), r.u8(), r.u8(), r.u16()
         otid = r.raw(32)
         topic = r.string()
-        session = 0
+        session = sid = 0
         if r.pos < len(r.buf):  # the optional trailer
             session = r.u64()
             if not session:
                 raise FrameDecodeError("ADVERTISEMENT: session 0 is said by leaving the field out")
+        if r.pos < len(r.buf):  # and its optional tail
+            sid = r.u32()
+            if not sid:
+                raise FrameDecodeError("ADVERTISEMENT: origin session id 0 is said by leaving the field out")
         return cls(topic, domain, otid, transport, advert_id, bool(flags & ADVERT_WITHDRAW),
-                   hops, session)
+                   hops, session, sid)
 
 
 @_frame
