@@ -362,3 +362,54 @@ async def test_receivers_relayed_per_connection_share_a_fanned_out_session_at_th
         assert len(src.connections) == 1 and ra.counters["fanout_upstreams"] == 1
         assert rb.counters["streams_opened"] == 3 and rb.counters["fanout_streams_opened"] == 0
         n.cancel_scope.cancel()
+
+
+async def test_one_copy_on_each_link_of_a_chain_of_three_for_ten_receivers():
+    """Routers r1 (TRD1, the source) - r2 (TRD2) - r3 (TRD3, ten receivers),
+    each link through a counting forwarder: each link carries one copy of the
+    session (r2 passes it on through its own fan-out), the origin has one
+    connection, and every receiver gets whole, consecutive messages."""
+    from router.config_model import router_config
+    from router.multi import MultiRouter
+
+    ips = {d: f"127.0.{d}.1" for d in (1, 2, 3)}
+    async with trio.open_nursery() as n:
+        trds = {d: (await start_lbmrd(n, ip))[1] for d, ip in ips.items()}
+
+        def ep(d):
+            return lbmrd_endpoint(f"T{d}", d, [trds[d]], interface=ips[d])
+
+        r2 = MultiRouter(router_config("r2", [ep(2)], [acceptor_peer("2-1", 0, interface="127.0.0.1"),
+                                                        acceptor_peer("2-3", 0, interface="127.0.0.1")]))
+        links = (await n.start(r2.run))["links"]
+        p21, p23 = links[0]["peer"], links[1]["peer"]
+        f12, f32 = Forwarder(p21), Forwarder(p23)
+        a12, a32 = await n.start(f12.serve), await n.start(f32.serve)
+        r1 = MultiRouter(router_config("r1", [ep(1)], [initiator_peer("1-2", *a12, reconnect_interval_ms=300)]))
+        r3 = MultiRouter(router_config("r3", [ep(3)], [initiator_peer("3-2", *a32, reconnect_interval_ms=300)]))
+        await n.start(r1.run)
+        await n.start(r3.run)
+        src, src_scope = await live_source(n, trds[1], rate=2000, message_size=1000)
+        tir = await resolve(udp("127.0.3.9"), trds[3], timeout=20)
+        assert tir.transport.ip == ips[3]
+        l12, l23 = f12.a_to_b, f32.b_to_a
+        results = []
+
+        async def run(rx, task_status):
+            results.append(await rx.run(task_status=task_status))
+
+        async with trio.open_nursery() as rn:
+            for k in range(10):
+                rx = TcpDataReceiver(tir.transport.ip, tir.transport.port, None, SEED, tidx=TIDX,
+                                     bind_ip=f"127.0.3.{20 + k}", timeout=60)
+                await rn.start(run, rx)
+            await trio.sleep(3)
+            src_scope.cancel()
+        one = max(r.stream_bytes for r in results)
+        for r in results:
+            assert r.error is None and r.eof and r.messages > 1000, r
+        l12, l23 = f12.a_to_b - l12, f32.b_to_a - l23
+        print(f"chain, 10 receivers: links {l12} and {l23} bytes, one receiver {one}")
+        assert 0.9 * one <= l12 <= 1.1 * one and 0.9 * one <= l23 <= 1.1 * one
+        assert len(src.connections) == 1
+        n.cancel_scope.cancel()
