@@ -54,6 +54,15 @@ async def tcp_sources(nursery, ip: str, n: int) -> tuple[list[int], list[trio.So
     return ports, conns
 
 
+async def connect(addr: tuple[str, int]) -> trio.SocketStream:
+    """A receiver's connection to a proxy, tried again while it is refused."""
+    while True:
+        try:
+            return await trio.open_tcp_stream(*addr)
+        except OSError:
+            await trio.sleep(0.05)
+
+
 async def resolve_all(sock, trd, topics: list[str], proxy_ip: str) -> dict[str, tuple[str, int]]:
     """Query ``topics`` until each has a TIR at ``proxy_ip``: topic -> (ip, port)."""
     found: dict[str, tuple[str, int]] = {}
@@ -99,7 +108,7 @@ async def test_a_thousand_sessions_ending_and_starting_at_once_withdraw_no_live_
         for r in receivers:
             await r.aclose()
         with trio.fail_after(30):  # and starts again: the receivers connect anew
-            receivers = [await trio.open_tcp_stream(*a) for a in proxies.values()]
+            receivers = [await connect(a) for a in proxies.values()]
             while ra.counters["sessions_ended"] < N_SESSIONS or len(conns) < N_SESSIONS:
                 await trio.sleep(0.05)
         await trio.sleep(ra.config.endpoints[0].source_deletion_delay + 1.0)  # every check is done
