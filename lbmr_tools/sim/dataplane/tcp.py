@@ -240,7 +240,8 @@ class TcpReceiveResult(LiveMessages):
 
 class StreamReceiver:
     """What the TCP receivers share: connect from ``bind_ip`` to ``addr``
-    within ``timeout`` and hand the stream to ``_read(stream, t0)``, keeping
+    within ``timeout`` and hand the stream to ``_read(stream, t0)`` (each
+    receiver class defines it), keeping
     ``result`` (``peer``, ``error``, ``connected``, ``done``, ``elapsed``,
     ``bytes_received``) up to date."""
 
@@ -248,9 +249,6 @@ class StreamReceiver:
     bind_ip: str | None
     timeout: float
     result: object
-
-    async def _read(self, stream: trio.SocketStream, t0: float) -> None:
-        raise NotImplementedError
 
     async def _connect(self) -> trio.SocketStream:
         sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
