@@ -173,21 +173,8 @@ class TcpByteReceiver(StreamReceiver):
                  rate_limit_bps: float | None = None, timeout: float = 60.0,
                  idle_timeout: float = 5.0, bind_ip: str | None = None, read_size: int = 262144,
                  max_bytes: int | None = None) -> None:
-        if expect_bytes is not None and expect_bytes < 0:
-            raise ValueError("expect_bytes must be >= 0 or None")
-        if rate_limit_bps is not None and not rate_limit_bps > 0:
-            raise ValueError("rate_limit_bps must be > 0 or None")
-        if not (timeout > 0 and idle_timeout > 0 and read_size > 0):
-            raise ValueError("timeouts and read_size must be > 0")
-        self.addr: Addr = (connect_ip, port)
-        self.expect_bytes = expect_bytes
-        self.seed = check_seed(seed)
-        self.rate_limit_bps = rate_limit_bps
-        self.timeout = timeout
-        self.idle_timeout = idle_timeout
-        self.bind_ip = bind_ip
-        self.read_size = min(read_size, PATTERN_LEN)
-        self.max_bytes = max_bytes
+        self._settings(connect_ip, port, expect_bytes, seed, rate_limit_bps, timeout, idle_timeout,
+                       bind_ip, min(read_size, PATTERN_LEN), max_bytes)
         self.result = TcpByteReceiveResult(f"{connect_ip}:{port}", expect_bytes)
 
     async def _read(self, stream: trio.SocketStream, t0: float) -> None:
