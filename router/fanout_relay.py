@@ -387,7 +387,9 @@ class FanoutRelay:
     @staticmethod
     def _far_push(link: Link, st: StreamState, q: SinkQueue) -> None:
         """Frame what the stream's credit and the link's queue take of ``q`` now
-        (the rest waits for credit: :meth:`_far_serve`)."""
+        (the rest waits for credit: :meth:`_far_serve`). Each chunk's frames are
+        queued before the next chunk is sized by the queue's space (a frame the
+        queue refused would be lost); the link writes them at once."""
         if link.closed or st.closed:
             return
         sent = 0
@@ -395,13 +397,14 @@ class FanoutRelay:
             for chunk in q.head():
                 rest = link.streams.send(st.sid, chunk, limit=link.outq.data_space())
                 sent += len(chunk) - len(rest)
+                link.flush_streams()
                 if len(rest):
                     break
         except S.LocalStreamError:
             st.closed = True
         q.wrote(sent, trio.current_time())
         if sent:
-            link.flush_streams(direct=True)
+            link.send_now()
 
     async def _far_stream(self, up: Upstream, link: Link, st: StreamState) -> None:
         """One link stream of an upstream session, from accept to end."""

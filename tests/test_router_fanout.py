@@ -26,10 +26,12 @@ SEED, TIDX, SID = 21, 3, 0x5EED
 
 class Forwarder:
     """A TCP forwarder between two routers' peer ports that counts the bytes
-    of each direction (``a_to_b``: from the initiator, A, to B)."""
+    of each direction (``a_to_b``: from the initiator, A, to B); ``pace``:
+    bytes per second it relays from A to B (None: as fast as it goes)."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], pace: float | None = None) -> None:
         self.target = target
+        self.pace = pace
         self.a_to_b = 0
         self.b_to_a = 0
 
@@ -46,9 +48,12 @@ class Forwarder:
 
     async def _copy(self, src, dst, name, scope) -> None:
         try:
-            while data := await src.receive_some(1 << 18):
+            paced = self.pace if name == "a_to_b" else None
+            while data := await src.receive_some(1 << 14 if paced else 1 << 18):
                 setattr(self, name, getattr(self, name) + len(data))
                 await dst.send_all(data)
+                if paced:
+                    await trio.sleep(len(data) / paced)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         scope.cancel()
@@ -412,4 +417,36 @@ async def test_one_copy_on_each_link_of_a_chain_of_three_for_ten_receivers():
         print(f"chain, 10 receivers: links {l12} and {l23} bytes, one receiver {one}")
         assert 0.9 * one <= l12 <= 1.1 * one and 0.9 * one <= l23 <= 1.1 * one
         assert len(src.connections) == 1
+        n.cancel_scope.cancel()
+
+
+async def test_a_link_queue_smaller_than_the_sessions_backlog_loses_no_frame():
+    """Router A's link queue (peer max-queue) at its 64 KiB minimum and a link
+    slower than the source: the session's queue for the link holds many reads
+    at once (and drops whole messages), each framed only as far as the link's
+    queue has room for it after the ones before it. A receiver at B gets
+    whole messages throughout (a frame the link's queue refused would cut
+    the stream at B)."""
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1"),
+                    acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
+        b_addr = await n.start(rb.run)
+        fwd = Forwarder(b_addr["peer"], pace=4e6)
+        f_addr = await n.start(fwd.serve)
+        ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [trd1], interface="127.0.1.1"),
+                    initiator_peer("A-to-B", *f_addr, reconnect_interval_ms=500, max_queue=64 << 10))
+        await n.start(ra.run)
+        await live_source(n, trd1, rate=4000, message_size=3000, max_burst=64)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        framer, got = lbmc.StreamFramer(), 0
+        with trio.move_on_after(4):
+            stream = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+            while data := await stream.receive_some(1 << 16):
+                got += len(data)
+                framer.feed(data)  # raises on a cut stream
+        assert got > 4e6 and framer.messages > 1000
+        assert ra.counters["fanout_link_dropped_messages"] > 0  # the link was the bottleneck
+        assert rb.counters["fanout_stream_malformed"] == 0
         n.cancel_scope.cancel()
