@@ -31,8 +31,10 @@ into whole messages, buffering at most one incomplete message (< 64 KiB).
 
 from __future__ import annotations
 
+import bisect
 import struct
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import ClassVar
 
 from ._wire import Fixed, fixed
@@ -44,7 +46,7 @@ __all__ = [
     "LbmcDecodeError", "LbmcHeader", "UnknownHeader", "FragmentHeader", "RequestHeader",
     "SsfInitHeader", "SsfCreqHeader", "UmeRxReqHeader", "DomainHeader", "OriginDomainHeader",
     "StreamHeader", "LateJoinRequestHeader", "DestinationHeader", "TcpSidHeader",
-    "HEADER_TYPES", "Message", "decode", "encode", "data_message", "StreamFramer",
+    "HEADER_TYPES", "Message", "decode", "encode", "data_message", "MessageRun", "StreamFramer",
 ]
 
 MESSAGE, EOT, PRORX, CONTROL, RETRANS = 0x0, 0x1, 0x2, 0x8, 0xA
@@ -419,6 +421,45 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
 # ------------------------------------------------------------------ framing
 
 
+class MessageRun:
+    """Whole LBMC messages back to back in ``data`` (``bytes``, or a
+    ``memoryview`` of bytes that never change); ``ends``: the offset just past
+    each message, ascending (the last is ``len(data)``)."""
+
+    __slots__ = ("data", "ends")
+
+    def __init__(self, data: bytes | memoryview, ends: list[int]) -> None:
+        self.data = data
+        self.ends = ends
+
+    @classmethod
+    def of(cls, messages: list[bytes]) -> MessageRun:
+        return cls(b"".join(messages), list(accumulate(map(len, messages))))
+
+    @property
+    def count(self) -> int:
+        return len(self.ends)
+
+    def fitting(self, room: int) -> int:
+        """How many leading messages take at most ``room`` bytes."""
+        return bisect.bisect_right(self.ends, room)
+
+    def messages(self) -> list[bytes]:
+        """Each message, copied."""
+        data, start = self.data, 0
+        out = []
+        for end in self.ends:
+            out.append(bytes(data[start:end]))
+            start = end
+        return out
+
+
+_START = struct.Struct("!BxH")  # ver_type, msglen
+# header size by ver_type (0: not a version-0 message of a known kind)
+_HLEN = bytes(DATA_HEADER.size if vt & 0x0F in DATA_KINDS else CONTROL_HEADER.size
+              if vt >> 4 == VERSION and vt & 0x0F in KIND_NAMES else 0 for vt in range(256))
+
+
 class StreamFramer:
     """Cuts a byte stream of LBMC messages (LBT-TCP) into whole messages.
 
@@ -430,6 +471,9 @@ class StreamFramer:
     stream offset, after which the stream cannot be framed any more (every
     later :meth:`feed` raises it again). At most one incomplete message is
     held between calls, so the buffer never exceeds 65535 bytes.
+    :meth:`cut` does the same without copying the messages (runs of them,
+    :class:`MessageRun`, as views of the bytes fed): for relays, whose cost
+    per byte matters.
     """
 
     __slots__ = ("_buf", "_need", "offset", "messages", "_error")
@@ -454,9 +498,18 @@ class StreamFramer:
             raise self._error from None
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+        """The messages the next bytes of the stream complete, each copied."""
+        return [m for run in self.cut(bytes(data)) for m in run.messages()]
+
+    def cut(self, data: bytes | memoryview) -> list[MessageRun]:
+        """The messages the next bytes of the stream complete, without copying
+        them: at most two runs, the held message completed (bytes of its own),
+        then the whole messages within ``data`` (a view of it: ``data`` must
+        never change, e.g. ``bytes``). The tail of an incomplete message is
+        copied and held."""
         if self._error is not None:
             raise self._error
-        out: list[bytes] = []
+        out: list[MessageRun] = []
         mv = memoryview(data)
         pos, n = 0, len(mv)
         buf = self._buf
@@ -473,21 +526,28 @@ class StreamFramer:
             pos += k
             if len(buf) < self._need:
                 return out
-            out.append(bytes(buf))
-            self._done(len(buf))
+            out.append(MessageRun(bytes(buf), [len(buf)]))
+            self._done(len(buf), 1)
             buf.clear()
+        base, ends = pos, []
+        unpack, hlens = _START.unpack_from, _HLEN
         while n - pos >= 4:
-            need = self._start(mv, pos)
-            if n - pos < need:
+            vt, msglen = unpack(mv, pos)
+            if msglen < hlens[vt] or not hlens[vt]:
+                self._done(pos - base, len(ends))
+                self._start(mv, pos)  # raises
+            if n - pos < msglen:
                 break
-            out.append(bytes(mv[pos:pos + need]))
-            self._done(need)
-            pos += need
+            pos += msglen
+            ends.append(pos - base)
+        if ends:
+            out.append(MessageRun(mv[base:pos], ends))
+            self._done(pos - base, len(ends))
         if pos < n:
             buf += mv[pos:]
             self._need = self._start(buf, 0) if len(buf) >= 4 else 0
         return out
 
-    def _done(self, msglen: int) -> None:
-        self.offset += msglen
-        self.messages += 1
+    def _done(self, nbytes: int, messages: int) -> None:
+        self.offset += nbytes
+        self.messages += messages

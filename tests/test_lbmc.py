@@ -207,6 +207,31 @@ def test_framer_returns_whole_messages_however_the_stream_is_cut(cuts):
     assert got == msgs and f.buffered == 0 and f.messages == len(msgs) and f.offset == len(stream)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 700), min_size=1, max_size=60))
+def test_framer_cut_gives_the_same_messages_as_views_of_what_it_was_fed(cuts):
+    msgs, stream = _stream(40)
+    f = C.StreamFramer()
+    got, pos, i = [], 0, 0
+    while pos < len(stream):
+        piece = stream[pos:pos + cuts[i % len(cuts)]]
+        i += 1
+        runs = f.cut(piece)
+        assert len(runs) <= 2 and all(r.count and r.ends[-1] == len(r.data) for r in runs)
+        whole = [r for r in runs if isinstance(r.data, memoryview)]
+        assert all(r.data.obj is piece for r in whole)  # not copied
+        got += [m for r in runs for m in r.messages()]
+        pos += len(piece)
+    assert got == msgs and f.buffered == 0 and f.messages == len(msgs) and f.offset == len(stream)
+
+
+def test_message_run_of_counts_and_fits():
+    run = C.MessageRun.of([b"a" * 10, b"b" * 20, b"c" * 5])
+    assert run.data == b"a" * 10 + b"b" * 20 + b"c" * 5 and run.ends == [10, 30, 35] and run.count == 3
+    assert [run.fitting(x) for x in (9, 10, 34, 35, 99)] == [0, 1, 2, 3, 3]
+    assert run.messages() == [b"a" * 10, b"b" * 20, b"c" * 5]
+
+
 def test_framer_byte_by_byte_and_in_one_piece():
     msgs, stream = _stream(10)
     f = C.StreamFramer()
@@ -240,6 +265,11 @@ def test_framer_rejects_a_bad_start_with_the_stream_offset(head, off, why):
         with pytest.raises(C.LbmcDecodeError, match=why) as ei:
             f.feed(data[:split])
             f.feed(data[split:])
+        assert ei.value.offset == len(good) + off
+        g = C.StreamFramer()
+        with pytest.raises(C.LbmcDecodeError, match=why) as ei:
+            g.cut(data[:split])
+            g.cut(data[split:])
         assert ei.value.offset == len(good) + off
         with pytest.raises(C.LbmcDecodeError):  # the stream stays broken
             f.feed(good)

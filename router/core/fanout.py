@@ -29,11 +29,9 @@ retransmission requests). Units: bytes and seconds (the caller's clock).
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
-from itertools import accumulate
 
 from lbmr_proto import lbmc
 
@@ -50,27 +48,8 @@ DEFAULT_STALL_TIMEOUT = 10.0
 DEFAULT_BUDGET = 256 << 20
 
 
-class Batch:
-    """A run of whole LBMC messages, back to back in ``data``; ``ends``: the
-    offset just past each message, ascending (the last is ``len(data)``)."""
-
-    __slots__ = ("data", "ends")
-
-    def __init__(self, data: bytes, ends: list[int]) -> None:
-        self.data = data
-        self.ends = ends
-
-    @classmethod
-    def of(cls, messages: list[bytes]) -> Batch:
-        return cls(b"".join(messages), list(accumulate(map(len, messages))))
-
-    @property
-    def count(self) -> int:
-        return len(self.ends)
-
-    def fitting(self, room: int) -> int:
-        """How many leading messages take at most ``room`` bytes."""
-        return bisect.bisect_right(self.ends, room)
+#: a run of whole LBMC messages (``data``, ``ends``: the offset just past each)
+Batch = lbmc.MessageRun
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,25 +190,28 @@ class SessionFanout:
         if q is not None:
             q.release()
 
-    def feed(self, data: bytes | bytearray | memoryview, now: float) -> list[Dropped]:
-        """The session's next bytes: the whole messages they complete go to every
-        sink's queue; what each sink had no room for. Raises
+    def feed(self, data: bytes | memoryview, now: float) -> list[Dropped]:
+        """The session's next bytes (never changed afterwards: the queues hold views
+        of them): the whole messages they complete go to every sink's queue; what
+        each sink had no room for. Raises
         :class:`lbmr_proto.lbmc.LbmcDecodeError` on bytes that are not LBMC."""
-        messages = self.framer.feed(data)
-        if not messages:
-            return []
-        for m in messages:
-            if m[0] & 0x0F == lbmc.CONTROL:
-                self._note_control(m)
-        batch = Batch.of(messages)
-        self.messages += batch.count
-        self.nbytes += len(batch.data)
         out = []
-        for key, q in self.sinks.items():
-            lost, nbytes = q.offer(batch, now)
-            if lost:
-                out.append(Dropped(key, lost, nbytes))
+        for batch in self.framer.cut(data):
+            self._note_controls(batch)
+            self.messages += batch.count
+            self.nbytes += len(batch.data)
+            for key, q in self.sinks.items():
+                lost, nbytes = q.offer(batch, now)
+                if lost:
+                    out.append(Dropped(key, lost, nbytes))
         return out
+
+    def _note_controls(self, batch: Batch) -> None:
+        data, start = batch.data, 0
+        for end in batch.ends:
+            if data[start] & 0x0F == lbmc.CONTROL:
+                self._note_control(bytes(data[start:end]))
+            start = end
 
     def _note_control(self, message: bytes) -> None:
         try:
