@@ -102,6 +102,9 @@ ZERO_COPY = os.environ.get("LBMR_ROUTER_ZERO_COPY", "1") != "0"
 # and bytes written by one drain before the writer lets other tasks run.
 TX_BATCH = 256 << 10
 DRAIN_BUDGET = 8 << 20
+# STREAM_DATA frames of at least this many data bytes are written as their 16-byte head
+# (PeerConnection.send_data_head) and their data, from memory, in one sendmsg: no copy
+SEND_MEM_MIN = 4 << 10
 _DONE, _BLOCKED, _MORE = "done", "blocked", "more"
 _DATA_HEAD = P.HEADER_SIZE + 4  # header and stream id of a STREAM_DATA frame
 _LEN4 = struct.pack(">I", 4)
@@ -203,6 +206,8 @@ class Link:
         self._tx: memoryview | None = None
         self._tx_held: S.HeldData | None = None
         self._tx_left = 0
+        # ... or the payload of a STREAM_DATA frame, written from memory after ``_tx``
+        self._tx_mem: memoryview | None = None
         self._draining = False
         self._tx_full = False  # a pump's drain found the socket full: the writer waits first
         self.tx_blocked = 0  # times the zero-copy writer found the socket full mid-frame
@@ -256,7 +261,7 @@ class Link:
         writer task otherwise). Never waits, never raises: a failing socket is the writer's
         to find."""
         if (self._sock is None or self._tx is not None or self._tx_held is not None
-                or self.closed or self._draining):
+                or self._tx_mem is not None or self.closed or self._draining):
             self.wake_writer.set()
             return
         try:
@@ -344,7 +349,8 @@ class Link:
         when it is full, and for work when everything is written."""
         try:
             while not self.closed:
-                if self.closing and not self.raw and self._tx is None and self._tx_held is None:
+                if (self.closing and not self.raw and self._tx is None and self._tx_held is None
+                        and self._tx_mem is None):
                     self.writer_done.set()
                     return
                 if self._tx_full:  # no write to find out again
@@ -361,7 +367,7 @@ class Link:
                     await self.wake_writer.wait()
         finally:
             held, self._tx_held = self._tx_held, None
-            self._tx = None
+            self._tx = self._tx_mem = None
             if held is not None:
                 self._drop_held(held)
 
@@ -373,7 +379,7 @@ class Link:
         self._draining = True
         try:
             while True:
-                if self._tx is not None or self._tx_held is not None:
+                if self._tx is not None or self._tx_held is not None or self._tx_mem is not None:
                     sent = self._write_tx()
                     if sent < 0:
                         self.tx_blocked += 1
@@ -388,7 +394,10 @@ class Link:
 
     def _write_tx(self) -> int:
         """Write ``_tx`` (with MSG_MORE when a held frame's payload follows) and then that
-        payload from its pipe: the bytes written, or -1 when the socket is full first."""
+        payload from its pipe, or ``_tx`` and ``_tx_mem`` in one sendmsg: the bytes
+        written, or -1 when the socket is full first."""
+        if self._tx_mem is not None:
+            return self._write_mem()
         sock = self._sock
         sent = 0
         tx = self._tx
@@ -427,6 +436,27 @@ class Link:
         self._drop_held(held)
         return sent
 
+    def _write_mem(self) -> int:
+        """``_tx`` then ``_tx_mem`` (the payload of a STREAM_DATA frame) with sendmsg: the
+        bytes written, or -1 when the socket is full first (a short write says so)."""
+        tx, mem = self._tx, self._tx_mem
+        try:
+            k = self._sock.sendmsg([tx, mem] if tx is not None else [mem])
+        except (BlockingIOError, InterruptedError):
+            return -1
+        sent = k
+        if tx is not None:
+            if k < len(tx):
+                self._tx = tx[k:]
+                return -1
+            k -= len(tx)
+            self._tx = None
+        if k < len(mem):
+            self._tx_mem = mem[k:]
+            return -1
+        self._tx_mem = None
+        return sent
+
     def _next_tx(self, now: float) -> bool:
         """Take the next bytes to write: the connection's own bytes, then queued frames
         (encoded, up to TX_BATCH bytes) up to and including one HeldData frame, whose
@@ -455,6 +485,15 @@ class Link:
                     self._tx_held = f
                     self._tx_left = f.nbytes
                     break
+                if type(f) is P.StreamData and len(f.data) >= SEND_MEM_MIN:
+                    freed = True
+                    try:
+                        parts.append(self.conn.send_data_head(f.stream_id, len(f.data), now))
+                    except P.LocalProtocolError:
+                        continue
+                    self.conn.stats.bytes_sent += len(f.data)
+                    self._tx_mem = memoryview(f.data)
+                    break
                 if type(f) is S.DatagramBatch:
                     freed = True
                     size += self._encode_datagrams(f, parts)
@@ -467,10 +506,10 @@ class Link:
             for st in self.state.values():
                 st.credit.set()  # queue space freed: writers may retry
         if not parts:
-            return self._tx_held is not None
+            return self._tx_held is not None or self._tx_mem is not None
         out = b"".join(parts)
         self._tx = memoryview(out) if out else None
-        return self._tx is not None or self._tx_held is not None
+        return self._tx is not None or self._tx_held is not None or self._tx_mem is not None
 
     async def _send(self, data: bytes, more: bool = False) -> None:
         if self._sock is None:
@@ -934,7 +973,7 @@ class Link:
         """The link has ended: close every stream's state and socket, release every pipe."""
         self.closed = True
         held, self._tx_held = self._tx_held, None
-        self._tx = None
+        self._tx = self._tx_mem = None
         if held is not None:
             self._drop_held(held)
         for f in self.outq.take_all():

@@ -578,10 +578,10 @@ class StreamRefuse(Frame):
 @dataclass(frozen=True, slots=True)
 class _StreamBytes(Frame):
     stream_id: int
-    data: bytes
+    data: bytes | memoryview  # (a view of bytes, never changed: StreamTable.send)
 
     def payload(self) -> bytes:
-        return _pack(">I", self.stream_id, what=self.TYPE.name) + bytes(self.data)
+        return _pack(">I", self.stream_id, what=self.TYPE.name) + self.data
 
     def wire_size(self) -> int:
         return HEADER_SIZE + 4 + len(self.data)

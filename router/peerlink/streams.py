@@ -345,9 +345,12 @@ class StreamTable:
         bytes, frame overhead included, e.g. ``OutQueue.data_space()``) into STREAM_DATA
         frames of at most ``max_frame`` bytes. Returns the unsent tail (empty when all was
         framed): send it after the next :class:`CreditAvailable`. Before the stream is
-        accepted the credit is 0, so everything comes back."""
+        accepted the credit is 0, so everything comes back. The frames hold views of
+        ``data`` when it is (a view of) ``bytes``, which never change; copies otherwise."""
         st = self._sendable(stream_id)
         mv = memoryview(data).cast("B")
+        if type(mv.obj) is not bytes:
+            mv = memoryview(bytes(mv))
         off, n = 0, len(mv)
         credit = st.send_credit
         while off < n and credit > 0:
@@ -357,7 +360,7 @@ class StreamTable:
                 if chunk <= 0:
                     break
                 limit -= STREAM_DATA_OVERHEAD + chunk
-            self._outbox.append(StreamData(stream_id, bytes(mv[off:off + chunk])))
+            self._outbox.append(StreamData(stream_id, mv[off:off + chunk]))
             off += chunk
             credit -= chunk
         st.send_credit = credit
