@@ -476,10 +476,11 @@ class StreamFramer:
     per byte matters.
     """
 
-    __slots__ = ("_buf", "_need", "offset", "messages", "_error")
+    __slots__ = ("_buf", "_need", "offset", "messages", "_error", "_rx")
 
     def __init__(self) -> None:
         self._buf = bytearray()
+        self._rx: bytearray | None = None  # the buffer of receive(), the held bytes first
         self._need = 0  # msglen of the message being assembled (0: its 4-byte start is not known yet)
         self.offset = 0  # stream offset of the first byte not yet returned in a message
         self.messages = 0
@@ -501,12 +502,34 @@ class StreamFramer:
         """The messages the next bytes of the stream complete, each copied."""
         return [m for run in self.cut(bytes(data)) for m in run.messages()]
 
+    def receive_buffer(self, size: int) -> memoryview:
+        """Room for the stream's next ``size`` bytes at most, to read into (e.g.
+        ``socket.recv_into``), then tell :meth:`received` how many came: in a new
+        buffer, after a copy of the incomplete message held, so that the messages
+        they complete are one run."""
+        held = len(self._buf)
+        self._rx = bytearray(held + size)
+        self._rx[:held] = self._buf
+        return memoryview(self._rx)[held:]
+
+    def received(self, nbytes: int) -> list[MessageRun]:
+        """:meth:`cut` for the ``nbytes`` read into the last :meth:`receive_buffer`:
+        at most one run, a read-only view of that buffer (never written again)."""
+        rx, self._rx = self._rx, None
+        if rx is None:
+            raise ValueError("received() without receive_buffer()")
+        held = len(self._buf)
+        self._buf = bytearray()  # (moved to the start of rx)
+        self._need = 0
+        return self.cut(memoryview(rx).toreadonly()[:held + nbytes])
+
     def cut(self, data: bytes | memoryview) -> list[MessageRun]:
         """The messages the next bytes of the stream complete, without copying
         them: at most two runs, the held message completed (bytes of its own),
         then the whole messages within ``data`` (a view of it: ``data`` must
         never change, e.g. ``bytes``). The tail of an incomplete message is
-        copied and held."""
+        copied and held. (:meth:`receive_buffer` and :meth:`received` give one
+        run instead.)"""
         if self._error is not None:
             raise self._error
         out: list[MessageRun] = []

@@ -364,18 +364,18 @@ class FanoutRelay:
                 idle_since = trio.current_time()
             elif trio.current_time() >= idle_since + UPSTREAM_LINGER:
                 return
-            data = None
+            k = None
             with trio.move_on_after(UPSTREAM_LINGER):
                 try:
-                    data = await conn.receive_some(READ_SIZE)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    data = b""
-            if data is None:
+                    k = await conn.socket.recv_into(up.core.receive_buffer(READ_SIZE))
+                except (trio.ClosedResourceError, OSError):
+                    k = 0
+            if k is None:
                 continue
-            if not data:
+            if not k:
                 up.by_origin = True
                 return
-            self._count_link_drops(up.core.feed(data, trio.current_time()))
+            self._count_link_drops(up.core.received(k, trio.current_time()))
             for (link, sid), st in up.sinks.items():
                 self._far_push(link, st, up.core.sinks[link, sid])
 
@@ -389,7 +389,8 @@ class FanoutRelay:
         """Frame what the stream's credit and the link's queue take of ``q`` now
         (the rest waits for credit: :meth:`_far_serve`). Each chunk's frames are
         queued before the next chunk is sized by the queue's space (a frame the
-        queue refused would be lost); the link writes them at once."""
+        queue refused would be lost), and written at once as far as the link's
+        socket takes them."""
         if link.closed or st.closed:
             return
         sent = 0
@@ -397,14 +398,12 @@ class FanoutRelay:
             for chunk in q.head():
                 rest = link.streams.send(st.sid, chunk, limit=link.outq.data_space())
                 sent += len(chunk) - len(rest)
-                link.flush_streams()
+                link.flush_streams(direct=True)
                 if len(rest):
                     break
         except S.LocalStreamError:
             st.closed = True
         q.wrote(sent, trio.current_time())
-        if sent:
-            link.send_now()
 
     async def _far_stream(self, up: Upstream, link: Link, st: StreamState) -> None:
         """One link stream of an upstream session, from accept to end."""

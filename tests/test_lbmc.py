@@ -225,6 +225,36 @@ def test_framer_cut_gives_the_same_messages_as_views_of_what_it_was_fed(cuts):
     assert got == msgs and f.buffered == 0 and f.messages == len(msgs) and f.offset == len(stream)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 700), min_size=1, max_size=60))
+def test_framer_received_gives_one_run_read_only_whatever_the_reads(cuts):
+    msgs, stream = _stream(40)
+    f = C.StreamFramer()
+    got, pos, i = [], 0, 0
+    while pos < len(stream):
+        piece = stream[pos:pos + cuts[i % len(cuts)]]
+        i += 1
+        buf = f.receive_buffer(1000)
+        buf[:len(piece)] = piece
+        runs = f.received(len(piece))
+        assert len(runs) <= 1 and all(r.data.readonly and r.ends[-1] == len(r.data) for r in runs)
+        got += [m for r in runs for m in r.messages()]
+        pos += len(piece)
+    assert got == msgs and f.buffered == 0 and f.messages == len(msgs) and f.offset == len(stream)
+
+
+def test_framer_received_needs_a_buffer_and_rejects_a_bad_start():
+    f = C.StreamFramer()
+    with pytest.raises(ValueError):
+        f.received(1)
+    good = C.data_message(1, 1, b"abc")
+    data = good + bytes.fromhex("f0ff0004")
+    f.receive_buffer(len(data))[:] = data
+    with pytest.raises(C.LbmcDecodeError, match="version 15") as ei:
+        f.received(len(data))
+    assert ei.value.offset == len(good)
+
+
 def test_message_run_of_counts_and_fits():
     run = C.MessageRun.of([b"a" * 10, b"b" * 20, b"c" * 5])
     assert run.data == b"a" * 10 + b"b" * 20 + b"c" * 5 and run.ends == [10, 30, 35] and run.count == 3

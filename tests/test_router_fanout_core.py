@@ -28,6 +28,23 @@ def taken(q) -> list[bytes]:
     return lbmc.StreamFramer().feed(data)
 
 
+def test_reads_into_the_sessions_receive_buffer_queue_one_run_per_read_with_drops_counted():
+    f = SessionFanout(max_queue=MIN_MAX_QUEUE)
+    a = f.add("a", 0.0)
+    stream = b"".join(msg(q, 1000) for q in range(80))
+    drops, pos = [], 0
+    for k in (1, 3, 1500, 700, 40_000, len(stream)):
+        k = min(k, len(stream) - pos)
+        f.receive_buffer(k)[:] = stream[pos:pos + k]
+        drops += f.received(k, 0.0)
+        pos += k
+    assert len(a.chunks) <= 6  # one view per read that completed a message, no copies
+    lost = sum(d.messages for d in drops)
+    assert lost and a.dropped_messages == lost
+    assert taken(a) == [msg(q, 1000) for q in range(80 - lost)]  # the newest went
+    assert f.messages == 80
+
+
 def test_a_sink_gets_whole_messages_from_the_next_boundary_after_it_joined():
     f = SessionFanout()
     a = f.add("a", 0.0)

@@ -195,8 +195,21 @@ class SessionFanout:
         of them): the whole messages they complete go to every sink's queue; what
         each sink had no room for. Raises
         :class:`lbmr_proto.lbmc.LbmcDecodeError` on bytes that are not LBMC."""
+        return self._offer(self.framer.cut(data), now)
+
+    def receive_buffer(self, size: int) -> memoryview:
+        """Room for the session's next ``size`` bytes at most, to read into; then
+        :meth:`received` (the messages they complete go to the queues as one run:
+        :meth:`lbmr_proto.lbmc.StreamFramer.receive_buffer`)."""
+        return self.framer.receive_buffer(size)
+
+    def received(self, nbytes: int, now: float) -> list[Dropped]:
+        """:meth:`feed` for the ``nbytes`` read into the last :meth:`receive_buffer`."""
+        return self._offer(self.framer.received(nbytes), now)
+
+    def _offer(self, batches: list[Batch], now: float) -> list[Dropped]:
         out = []
-        for batch in self.framer.cut(data):
+        for batch in batches:
             self._note_controls(batch)
             self.messages += batch.count
             self.nbytes += len(batch.data)

@@ -578,7 +578,7 @@ class StreamRefuse(Frame):
 @dataclass(frozen=True, slots=True)
 class _StreamBytes(Frame):
     stream_id: int
-    data: bytes | memoryview  # (a view of bytes, never changed: StreamTable.send)
+    data: bytes | memoryview  # (a read-only view, never changed: StreamTable.send)
 
     def payload(self) -> bytes:
         return _pack(">I", self.stream_id, what=self.TYPE.name) + self.data

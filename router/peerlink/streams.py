@@ -346,10 +346,11 @@ class StreamTable:
         frames of at most ``max_frame`` bytes. Returns the unsent tail (empty when all was
         framed): send it after the next :class:`CreditAvailable`. Before the stream is
         accepted the credit is 0, so everything comes back. The frames hold views of
-        ``data`` when it is (a view of) ``bytes``, which never change; copies otherwise."""
+        read-only ``data`` (``bytes``, or a read-only view of a buffer nobody writes
+        again); of a copy of writable data."""
         st = self._sendable(stream_id)
         mv = memoryview(data).cast("B")
-        if type(mv.obj) is not bytes:
+        if not mv.readonly:
             mv = memoryview(bytes(mv))
         off, n = 0, len(mv)
         credit = st.send_credit
