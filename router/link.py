@@ -778,13 +778,34 @@ class Link:
     async def _splice_payload(self, st: StreamState, nbytes: int) -> None:
         """Move ``nbytes`` of payload from the link to ``st``: into its pipes (up to
         RX_PIPES of them) while there is room, else copied into ``st.incoming``; what the
-        stream's socket takes at once goes on at once (:meth:`forward`)."""
+        stream's socket takes at once goes on at once (:meth:`forward`). A stream without
+        a socket to splice into (e.g. a fanned-out session's) gets the payload whole."""
         self._left = nbytes
         self._waited = False
         self._pipe_full = False
-        tcp = st.kind == P.StreamKind.TCP and isinstance(st.sock, trio.SocketStream)
+        if not (st.kind == P.StreamKind.TCP and isinstance(st.sock, trio.SocketStream)):
+            await self._receive_whole(st, nbytes)
+            return
         while self._left:
-            await self._splice_step(st, tcp)
+            await self._splice_step(st)
+
+    async def _receive_whole(self, st: StreamState, nbytes: int) -> None:
+        """Read ``nbytes`` of payload into a buffer of their own, then hand it to ``st``
+        at once (a read-only view, never written again): one item and one wake-up of
+        the stream per frame, whatever the pieces the link's socket gives."""
+        buf = memoryview(bytearray(nbytes))
+        while self._left:
+            try:
+                k = self._sock.recv_into(buf[nbytes - self._left:])
+            except (BlockingIOError, InterruptedError):
+                await self._wait_payload(st)  # (the stream ended: the rest is dropped)
+                continue
+            if not k:
+                raise trio.BrokenResourceError("the peer closed the link in the middle of a frame")
+            self._left -= k
+        if self.state.get(st.sid) is st and not st.closed:
+            st.incoming.append(buf.toreadonly())
+            st.incoming_ready.set()
 
     def _fill_pipe(self, st: StreamState, full: bool) -> Pipe | None:
         """The pipe to splice the stream's bytes into: the current one, or (none yet, or
@@ -806,12 +827,12 @@ class Link:
         st.rx_pipes += 1
         return new
 
-    async def _splice_step(self, st: StreamState, tcp: bool) -> None:
+    async def _splice_step(self, st: StreamState) -> None:
         """One move of :meth:`_splice_payload` (``self._left`` is what is still to come).
         (No SO_RCVLOWAT to wake less often: a low-water mark above what the receive
         window lets in would stall the link.)"""
         left = self._left
-        pipe = self._fill_pipe(st, self._pipe_full) if tcp else None
+        pipe = self._fill_pipe(st, self._pipe_full)
         self._pipe_full = False
         if pipe is not None:
             try:
