@@ -17,7 +17,11 @@ socket and writes every read to N sockets, in the same run.
 Per N: link bytes / the bytes of the receiver that got the most (paced
 source: nobody falls behind, so no drops blur the ratio), and delivered bytes
 per second of all receivers, routed against the minimal fan-out (source as
-fast as it goes).
+fast as it goes). With them, the CPU seconds per GB delivered of the minimal
+fan-out process and of the routed path's processes (router A, router B, the
+forwarder) over the same windows: read from /proc, they change nothing in
+either measurement, and say where the routed path's time goes (the source
+and the receivers are the same programs on both sides).
 """
 
 from __future__ import annotations
@@ -187,11 +191,14 @@ def receive(addr: tuple[str, int], n: int, bind_ip: str, warmup: float, window: 
             s.close()
 
 
-def baseline(src: tuple[str, int], n: int, ip: str, bind_ip: str, warmup: float, window: float) -> float:
-    """Delivered bytes per second of all receivers through the minimal fan-out."""
+def baseline(src: tuple[str, int], n: int, ip: str, bind_ip: str, warmup: float, window: float,
+             cpu) -> tuple[float, float]:
+    """Delivered bytes per second of all receivers through the minimal fan-out,
+    and the CPU seconds its process spent per GB delivered (``cpu(pid)``: its
+    CPU seconds so far)."""
     p, port = spawn(BASELINE_CODE, ip, src[0], src[1], n)
     try:
-        counts, secs, _ = receive((ip, port), n, bind_ip, warmup, window, lambda: 0)
+        counts, secs, (c0, c1) = receive((ip, port), n, bind_ip, warmup, window, lambda: cpu(p.pid))
     finally:
         stop(p)
-    return sum(counts) / secs
+    return sum(counts) / secs, (c1 - c0) / max(sum(counts) / 1e9, 1e-9)

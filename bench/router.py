@@ -102,6 +102,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import functools
 import json
 import os
 import pstats
@@ -365,10 +366,11 @@ def receive(addr, total: int) -> float:
 # ------------------------------------------------------------- deployments
 
 
-def _cpu_ticks(pid: int) -> int:
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` spent so far."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
 def _machine_busy() -> float:
@@ -490,7 +492,7 @@ class Processes:
         return self.procs[key].pid
 
     def cpu(self) -> dict[str, float]:
-        return {k: _cpu_ticks(self.pid(k)) / CLK_TCK for k in ("a", "b")}
+        return {k: _cpu_seconds(self.pid(k)) for k in ("a", "b")}
 
     def stop(self) -> None:
         for key in ("a", "b", "lbmrd1", "lbmrd2"):
@@ -639,17 +641,20 @@ def fanout_rows(tmp: Path, stack: contextlib.ExitStack, ns: list[int], window: f
     _, fast_port = deps["on"]["source"]("fast", 3, 0)
     rows = []
     for i, n in enumerate(ns):
-        base = F.baseline((SRC_IP, fast_port), n, TRD2, RCV_IP, FANOUT_WARMUP_S, window)
+        base, base_cpu = F.baseline((SRC_IP, fast_port), n, TRD2, RCV_IP, FANOUT_WARMUP_S, window, _cpu_seconds)
         for mode, d in deps.items():
             dep, fwd, source = d["dep"], d["fwd"], d["source"]
             counts, _, (l0, l1) = F.receive(d["paced"], n, RCV_IP, FANOUT_WARMUP_S, window, fwd.a_to_b)
             for k, load in enumerate(FANOUT_LOADS if mode == "on" else FANOUT_LOADS[:1]):
                 offered, _ = source(f"offered{n}.{k}", 10 + 2 * i + k, load * base / n)
                 before = _counters(dep.metrics_a), _counters(dep.metrics_b)
-                got, secs, _ = F.receive(offered, n, RCV_IP, FANOUT_WARMUP_S, window, lambda: 0)
+                got, secs, (c0, c1) = F.receive(offered, n, RCV_IP, FANOUT_WARMUP_S, window,
+                                                functools.partial(_routed_cpu, dep, fwd))
                 after = _counters(dep.metrics_a), _counters(dep.metrics_b)
+                gb = max(sum(got) / 1e9, 1e-9)
                 rows.append({"n": n, "mode": mode, "load": load, "link": l1 - l0, "one": max(counts),
-                             "routed": sum(got) / secs, "baseline": base,
+                             "routed": sum(got) / secs, "baseline": base, "baseline_cpu": base_cpu,
+                             "cpu": {k: (c1[k] - c0[k]) / gb for k in c0},
                              "dropped_a": _delta(before[0], after[0], "fanout_link_dropped_messages"),
                              "dropped_b": _delta(before[1], after[1], "fanout_dropped_messages")})
                 time.sleep(3)  # the proxies' streams and the upstream connections close (lingers)
@@ -680,6 +685,11 @@ def _fanout_deployment(tmp: Path, stack: contextlib.ExitStack, mode: str) -> dic
     return {"dep": dep, "fwd": hops[-1], "source": source, "paced": source("paced", 2, FANOUT_PACED_BPS)[0]}
 
 
+def _routed_cpu(dep: Processes, fwd: F.CountingForwarder) -> dict[str, float]:
+    """CPU seconds so far of the routers ("a", "b") and the forwarder ("fwd")."""
+    return {**dep.cpu(), "fwd": _cpu_seconds(fwd.proc.pid)}
+
+
 def _delta(before: dict, after: dict, key: str) -> int:
     return after.get(key, 0) - before.get(key, 0)
 
@@ -703,6 +713,9 @@ def print_fanout(rows: list[dict]) -> None:
         print(f"      offered {r['load']:.0%}: {r['routed'] / 1e6:7.1f} MB/s delivered, ratio {ratio:5.3f} "
               f"({'meets' if ratio >= TARGET_FANOUT_RATIO else 'BELOW'} >= {TARGET_FANOUT_RATIO}); messages "
               f"dropped at router A {r['dropped_a']}, at router B {r['dropped_b']}")
+        c = r["cpu"]
+        print(f"        CPU s/GB delivered: router A {c['a']:.2f}, router B {c['b']:.2f}, forwarder "
+              f"{c['fwd']:.2f} (minimal fan-out process {r['baseline_cpu']:.2f})")
 
 
 def certificates(tmp: Path) -> dict[str, str] | None:
