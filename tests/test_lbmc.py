@@ -192,55 +192,53 @@ def _stream(n: int) -> tuple[list[bytes], bytes]:
     return msgs, b"".join(msgs)
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(1, 700), min_size=1, max_size=60))
-def test_framer_returns_whole_messages_however_the_stream_is_cut(cuts):
+def _framed_in_pieces(cuts: list[int], take) -> None:
+    """Feed a stream to a framer in pieces of the sizes ``cuts`` (over and over)
+    with ``take(framer, piece)`` (the messages it gives): every message comes out
+    once, whole, in order, and the framer holds only the incomplete one."""
     msgs, stream = _stream(40)
     f = C.StreamFramer()
     got, pos, i = [], 0, 0
     while pos < len(stream):
-        k = cuts[i % len(cuts)]
+        piece = stream[pos:pos + cuts[i % len(cuts)]]
         i += 1
-        got += f.feed(stream[pos:pos + k])
-        pos += k
-        assert f.buffered < 65536 and f.offset + f.buffered == min(pos, len(stream))
+        got += take(f, piece)
+        pos += len(piece)
+        assert f.buffered < 65536 and f.offset + f.buffered == pos
     assert got == msgs and f.buffered == 0 and f.messages == len(msgs) and f.offset == len(stream)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 700), min_size=1, max_size=60))
+def test_framer_returns_whole_messages_however_the_stream_is_cut(cuts):
+    _framed_in_pieces(cuts, lambda f, piece: f.feed(piece))
+
+
+def _cut(f: C.StreamFramer, piece: bytes) -> list[bytes]:
+    runs = f.cut(piece)
+    assert len(runs) <= 2 and all(r.count and r.ends[-1] == len(r.data) for r in runs)
+    whole = [r for r in runs if isinstance(r.data, memoryview)]
+    assert all(r.data.obj is piece for r in whole)  # not copied
+    return [m for r in runs for m in r.messages()]
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(1, 700), min_size=1, max_size=60))
 def test_framer_cut_gives_the_same_messages_as_views_of_what_it_was_fed(cuts):
-    msgs, stream = _stream(40)
-    f = C.StreamFramer()
-    got, pos, i = [], 0, 0
-    while pos < len(stream):
-        piece = stream[pos:pos + cuts[i % len(cuts)]]
-        i += 1
-        runs = f.cut(piece)
-        assert len(runs) <= 2 and all(r.count and r.ends[-1] == len(r.data) for r in runs)
-        whole = [r for r in runs if isinstance(r.data, memoryview)]
-        assert all(r.data.obj is piece for r in whole)  # not copied
-        got += [m for r in runs for m in r.messages()]
-        pos += len(piece)
-    assert got == msgs and f.buffered == 0 and f.messages == len(msgs) and f.offset == len(stream)
+    _framed_in_pieces(cuts, _cut)
+
+
+def _received(f: C.StreamFramer, piece: bytes) -> list[bytes]:
+    f.receive_buffer(1000)[:len(piece)] = piece
+    runs = f.received(len(piece))
+    assert len(runs) <= 1 and all(r.data.readonly and r.ends[-1] == len(r.data) for r in runs)
+    return [m for r in runs for m in r.messages()]
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(1, 700), min_size=1, max_size=60))
 def test_framer_received_gives_one_run_read_only_whatever_the_reads(cuts):
-    msgs, stream = _stream(40)
-    f = C.StreamFramer()
-    got, pos, i = [], 0, 0
-    while pos < len(stream):
-        piece = stream[pos:pos + cuts[i % len(cuts)]]
-        i += 1
-        buf = f.receive_buffer(1000)
-        buf[:len(piece)] = piece
-        runs = f.received(len(piece))
-        assert len(runs) <= 1 and all(r.data.readonly and r.ends[-1] == len(r.data) for r in runs)
-        got += [m for r in runs for m in r.messages()]
-        pos += len(piece)
-    assert got == msgs and f.buffered == 0 and f.messages == len(msgs) and f.offset == len(stream)
+    _framed_in_pieces(cuts, _received)
 
 
 def test_framer_received_needs_a_buffer_and_rejects_a_bad_start():

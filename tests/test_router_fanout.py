@@ -102,6 +102,17 @@ def receiver(tir, k: int, **kw) -> TcpDataReceiver:
                            bind_ip=f"127.0.2.{20 + k}", timeout=60, **kw)
 
 
+async def deaf_receiver(tir):
+    """A connection to the proxy of ``tir`` that never reads (a 4 KiB receive buffer)."""
+    deaf = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    deaf.bind(("127.0.2.40", 0))
+    deaf.setblocking(False)
+    deaf = trio.socket.from_stdlib_socket(deaf)
+    await deaf.connect((tir.transport.ip, tir.transport.port))
+    return deaf
+
+
 @pytest.mark.parametrize("receivers", [1, 10])
 async def test_one_copy_on_the_link_and_one_source_connection_for_any_number_of_receivers(receivers):
     async with trio.open_nursery() as n:
@@ -146,12 +157,7 @@ async def test_a_receiver_that_never_reads_slows_nobody_and_its_drops_are_counte
         rxs = [receiver(tir, k) for k in range(3)]
         for rx in rxs:
             n.start_soon(rx.run)
-        deaf = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        deaf.bind(("127.0.2.40", 0))
-        deaf.setblocking(False)
-        deaf = trio.socket.from_stdlib_socket(deaf)
-        await deaf.connect((tir.transport.ip, tir.transport.port))
+        deaf = await deaf_receiver(tir)
         await trio.sleep(1.0)  # every queue and socket buffer of the deaf receiver fills
         before = [rx.result.messages for rx in rxs], src.connections[0].messages_sent
         t0 = trio.current_time()
@@ -463,12 +469,7 @@ async def test_when_no_receiver_has_room_the_far_router_drops_and_the_link_carri
         ra, rb, fwd, trd1, trd2 = await start_pair(n, fanout_max_queue=100_000, fanout_stall_timeout_ms=3000)
         src, _ = await live_source(n, trd1, rate=rate, message_size=size)
         tir = await resolve(udp("127.0.2.9"), trd2)
-        deaf = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        deaf.bind(("127.0.2.40", 0))
-        deaf.setblocking(False)
-        deaf = trio.socket.from_stdlib_socket(deaf)
-        await deaf.connect((tir.transport.ip, tir.transport.port))
+        deaf = await deaf_receiver(tir)
         await trio.sleep(2.5)
         link = fwd.a_to_b
         await trio.sleep(0.5)
