@@ -78,7 +78,11 @@ class Upstream:
 
 class Upstreams(dict):
     """The endpoint's upstream sessions, origin (ip, port, session id) ->
-    :class:`Upstream`, shared by the relays of all its links."""
+    :class:`Upstream`, shared by the relays of all its links. ``nursery``: where
+    their tasks run (the router's: a session outlives the link whose stream
+    opened it, while streams of other links use it); None: the opening link's."""
+
+    nursery: trio.Nursery | None = None
 
 
 class _Receiver:
@@ -317,7 +321,7 @@ class FanoutRelay:
         up = self.upstreams.get(key)
         if up is None or up.done or up.by_origin:
             up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget))
-            link.nursery.start_soon(self._upstream, up)
+            (self.upstreams.nursery or link.nursery).start_soon(self._upstream, up)
         up.waiting += 1
         link.nursery.start_soon(self._far_stream, up, link, st)
 
