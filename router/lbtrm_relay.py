@@ -38,7 +38,7 @@ from lbmr_runtime.netif import open_multicast_socket
 
 from . import peerlink as P
 from .core.lbtrm import DatagramQueue, GroupPool, RmOrigin, RmProxy
-from .core.lbtru_fanout import RuFanout, WindowBudget
+from .core.lbtru_fanout import LbtrmInput, RuFanout, WindowBudget
 from .link import Link, StreamState
 from .peerlink import streams as S
 
@@ -217,7 +217,7 @@ class RmRelay:
         clients are served (connections, NAKs answered from the window) even
         while the link is down; the stream is opened as for a multicast proxy."""
         ip, port = sock.getsockname()[:2]
-        fan = RuFanout(secrets.randbits(32), self.counters, nak_port=port, nak_session=secrets.randbits(32),
+        fan = RuFanout(secrets.randbits(32), self.counters, origin=LbtrmInput(port, secrets.randbits(32)),
                        budget=self.window_budget,
                        max_clients=getattr(self.endpoint, "lbtrm_max_clients", 256))
         self.bodies[f.advert_id] = LbtruSessionTransport(ip, fan.session_id, port)
