@@ -4,7 +4,8 @@ and the peer link (per-stream credit from :mod:`router.peerlink.streams`).
 
 Near side: a proxy (:meth:`Relay.serve_proxy`) listens at the relay address
 for one of the peer's advertisements; TCP receivers share one stream of the
-proxy on the current link (fan-out, :mod:`router.fanout_relay`) or, with
+proxy on the current link (fan-out, :mod:`router.fanout_relay`), LBT-RU
+receivers one LBT-RU proxy source (:mod:`router.lbtru_relay`), or, with
 ``fanout="off"``, every TCP connection opens a stream, as does every LBT-RU
 receiver address. Far side: a stream the peer opens
 (:meth:`Relay.stream_event`) joins the session's one connection to the real
@@ -27,6 +28,7 @@ from . import peerlink as P
 from .core.tr import relay_transport
 from .fanout_relay import FanoutRelay, Upstreams, accept_stream, refuse_stream
 from .lbtrm_relay import LBTRM, RmRelay
+from .lbtru_relay import RuSessionRelay, RuUpstreams
 from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
 from .peerlink import streams as S
 from .splice import splice
@@ -90,13 +92,15 @@ def drain(raw, receive) -> tuple[list, OSError | None]:
 class PortPool:
     """Relay ports in use and in quarantine, shared by every link of one endpoint
     portal (their proxies bind in the same range: a port one gives up stays in
-    quarantine for all of them); and the portal's upstream TCP sessions (one
-    connection to each origin session, whichever link's streams it feeds)."""
+    quarantine for all of them); and the portal's upstream TCP and LBT-RU
+    sessions (one connection to each origin session, whichever link's
+    streams it feeds)."""
 
     def __init__(self) -> None:
         self.released: dict[int, float] = {}  # relay port -> when its proxy gave it up
         self.in_use: set[int] = set()  # relay ports our proxies hold
         self.upstreams = Upstreams()
+        self.ru_upstreams = RuUpstreams()
 
 
 class Relay:
@@ -128,6 +132,10 @@ class Relay:
         # proxy per link) unless the endpoint says fanout="off"
         self.fanout = FanoutRelay(endpoint, counters, event, session_ended, Upstreams()) \
             if getattr(endpoint, "fanout", True) else None
+        # LBT-RU sessions: fanned out likewise (one upstream receiver per router, one proxy
+        # source per proxy) unless fanout="off" or the peer does not know LBTRU_SESSION
+        self.rufan = RuSessionRelay(endpoint, counters, event, current_link, session_ended, RuUpstreams(),
+                                    self.lbtrm.window_budget)
 
     def share_ports(self, pool: PortPool) -> None:
         """Use ``pool``'s in-use and quarantine tables and upstream sessions
@@ -136,6 +144,7 @@ class Relay:
         self._in_use = pool.in_use
         if self.fanout is not None:
             self.fanout.upstreams = pool.upstreams
+        self.rufan.upstreams = pool.ru_upstreams
 
     def relay_ports(self) -> Iterator[int]:
         """The relay ports to try, in order: round robin over the range from the
@@ -221,7 +230,7 @@ class Relay:
         relay address (with the origin's session id when the peer said it: the
         proxy's receivers get the origin's session), and for LBT-RM the proxy's
         group, port and session id."""
-        body = self.lbtrm.proxy_body(f.advert_id) if f.transport == LBTRM else None
+        body = self.lbtrm.proxy_body(f.advert_id) if f.transport == LBTRM else self.rufan.bodies.get(f.advert_id)
         if body is not None:
             return body
         return relay_transport(f.transport, address[0], address[1], f.origin_session_id or None)
@@ -231,6 +240,10 @@ class Relay:
         if f.transport == LBTRM:
             with sock:
                 await self.lbtrm.serve_proxy(f, sock, task_status)
+            return
+        if not tcp and self.fanout is not None and self.rufan.wants(self.current_link()):
+            with sock:
+                await self.rufan.serve_proxy(f, sock, task_status)
             return
         with sock:
             if tcp:
@@ -388,6 +401,9 @@ class Relay:
                 return
             if ev.kind == P.StreamKind.TCP and self.fanout is not None:
                 self.fanout.open_far(link, ev, body)
+                return
+            if ev.kind == P.StreamKind.LBTRU_SESSION:
+                self.rufan.open_far(link, ev, body)
                 return
             if ev.kind == P.StreamKind.LBTRU and link.ru_streams_far >= self.ru_max_streams:
                 link.streams.refuse(ev.stream_id, P.RefuseCode.TOO_MANY_STREAMS,

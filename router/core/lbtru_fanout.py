@@ -571,16 +571,28 @@ class RuFanout:
                 nxt = min(nxt, self.clients[next(iter(order))].heard + limit)
         return nxt
 
-    def close(self) -> Out:
-        """The proxy ends: an RST to every confirmed client (and its window
-        given back to the budget)."""
+    def reset(self) -> Out:
+        """The origin ended the session: an RST to every confirmed client, and
+        the window, the clients and the sequences forgotten (the proxy may
+        serve a next session of the origin)."""
+        out = [(RU.encode_rst(), a) for a in self._confirmed]
         self.buffer.clear()
         self._bytes(-self.buffer_bytes)
-        if self.budget is not None and self in self.budget.members:
-            self.budget.members.remove(self)
-        out = [(RU.encode_rst(), a) for a in self._confirmed]
         self.clients.clear()
         self._unconfirmed.clear()
         self._confirmed.clear()
         self._nakers.clear()
+        self.pending.clear()
+        self._pending_n = 0
+        self._naked_up.clear()
+        self.lead, self.trail = None, 0
+        self._sm_at = math.inf
+        return out
+
+    def close(self) -> Out:
+        """The proxy ends: an RST to every confirmed client (and its window
+        given back to the budget)."""
+        out = self.reset()
+        if self.budget is not None and self in self.budget.members:
+            self.budget.members.remove(self)
         return out
