@@ -157,7 +157,7 @@ class RuProxySource:
         while True:
             out, due = self.fan.tick(trio.current_time())
             self._send_now(out)
-            if not self.fan.clients:
+            if not self.fan.clients and self.wanted.is_set():
                 self.wanted = trio.Event()
             self.timer = trio.CancelScope(deadline=due)
             with self.timer:
@@ -219,7 +219,8 @@ class RuProxySource:
             if not await self._feed(link, st) and not link.closed:
                 self.counters["lbtru_proxy_sessions_ended"] += 1  # the far side ended it: the origin did
                 self._send_now(self.fan.reset())
-                self.wanted = trio.Event()
+                if self.wanted.is_set():
+                    self.wanted = trio.Event()
         finally:
             st.closed = True
             link.close_stream(st)
