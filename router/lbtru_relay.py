@@ -53,6 +53,7 @@ QUEUE_LIMIT = 4096  # datagrams waiting per stream
 BATCH = 64  # datagrams read from a socket at one wake-up
 FANOUT_YIELD = 512  # datagrams a proxy sends to its receivers before it lets other tasks run
 RETRY_INTERVAL = 1.0  # seconds before a proxy opens its stream again
+MAX_CLIENTS = 1024  # receivers of one LBT-RU fan-out proxy (the per-receiver relay's streams per link)
 
 
 def drain(raw, n: int = BATCH) -> list:
@@ -296,7 +297,6 @@ class RuSessionRelay:
         self.session_ended = session_ended
         self.upstreams = upstreams
         self.budget = budget
-        self.max_clients = getattr(endpoint, "lbtru_max_clients", 256)
         self.bodies: dict[int, LbtruSessionTransport] = {}  # advert id -> the proxy's advertised transport
 
     # ------------------------------------------------------- near side
@@ -312,7 +312,7 @@ class RuSessionRelay:
         when the peer did not say it)."""
         ip, port = sock.getsockname()[:2]
         sid = f.origin_session_id or secrets.randbits(32)
-        fan = RuFanout(sid, self.counters, origin=LbtruInput(), budget=self.budget, max_clients=self.max_clients)
+        fan = RuFanout(sid, self.counters, origin=LbtruInput(), budget=self.budget, max_clients=MAX_CLIENTS)
         self.bodies[f.advert_id] = LbtruSessionTransport(ip, fan.session_id, port)
         try:
             task_status.started((ip, port))
