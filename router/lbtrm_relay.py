@@ -224,7 +224,8 @@ class RmRelay:
         self.bodies[f.advert_id] = LbtruSessionTransport(ip, fan.session_id, port)
         try:
             task_status.started((ip, port))
-            await RuProxySource(fan, sock, self.counters, self.current_link, f.advert_id, LBTRM, on_demand=False,
+            advert_of = partial(getattr, f, "advert_id")
+            await RuProxySource(fan, sock, self.counters, self.current_link, advert_of, LBTRM, on_demand=False,
                                 queue_limit=self.queue_limit, retry_interval=self.retry_interval).run()
         finally:
             self.bodies.pop(f.advert_id, None)

@@ -97,15 +97,16 @@ def send_datagram(link: Link, st: StreamState, data: bytes, counters: Counter[st
 class RuProxySource:
     """The near side of one LBT-RU proxy source: ``fan`` on the socket
     ``sock`` (a bound UDP socket with ``raw``), fed by a stream of ``kind``
-    for advertisement ``advert_id`` on ``current_link()``. ``on_demand``:
+    on ``current_link()`` for the advertisement ``advert_of()`` names when
+    the stream opens (a live one of the session; None: not now). ``on_demand``:
     the stream runs only while the proxy has receivers (LBT-RU origins),
     else while the proxy lives (LBT-RM origins)."""
 
     def __init__(self, fan: RuFanout, sock, counters: Counter[str], current_link: Callable[[], Link | None],
-                 advert_id: int, kind: int, *, on_demand: bool, queue_limit: int = QUEUE_LIMIT,
+                 advert_of: Callable[[], int | None], kind: int, *, on_demand: bool, queue_limit: int = QUEUE_LIMIT,
                  retry_interval: float = RETRY_INTERVAL) -> None:
         self.fan, self.sock, self.counters = fan, sock, counters
-        self.current_link, self.advert_id, self.kind = current_link, advert_id, kind
+        self.current_link, self.advert_of, self.kind = current_link, advert_of, kind
         self.on_demand, self.queue_limit, self.retry_interval = on_demand, queue_limit, retry_interval
         self.up: tuple[Link, StreamState] | None = None  # where NAKs for the origin go meanwhile
         self.timer = trio.CancelScope()  # the timer task's current wait
@@ -202,8 +203,11 @@ class RuProxySource:
     async def _stream(self, link: Link) -> None:
         """Open a stream on ``link`` and, once the peer accepts it, pass its
         datagrams to the receivers until it ends."""
+        aid = self.advert_of()
+        if aid is None:
+            return
         try:
-            sid = link.streams.open(self.advert_id, self.kind)
+            sid = link.streams.open(aid, self.kind)
         except S.LocalStreamError:
             return
         st = link.state[sid] = StreamState(sid, self.kind)
@@ -306,17 +310,18 @@ class RuSessionRelay:
         knows LBTRU_SESSION streams) rather than a per-receiver relay."""
         return link is None or bool(link.conn.capabilities & P.Capability.RU_SESSIONS)
 
-    async def serve_proxy(self, f: P.Advertisement, sock, task_status) -> None:
+    async def serve_proxy(self, f: P.Advertisement, sock, task_status,
+                          advert_of: Callable[[], int | None]) -> None:
         """The proxy of advertisement ``f`` (an LBT-RU session) as one LBT-RU
         source on ``sock``, with the origin's session id (the proxy's own
-        when the peer did not say it)."""
+        when the peer did not say it); its stream names ``advert_of()``."""
         ip, port = sock.getsockname()[:2]
         sid = f.origin_session_id or secrets.randbits(32)
         fan = RuFanout(sid, self.counters, origin=LbtruInput(), budget=self.budget, max_clients=MAX_CLIENTS)
         self.bodies[f.advert_id] = LbtruSessionTransport(ip, fan.session_id, port)
         try:
             task_status.started((ip, port))
-            await RuProxySource(fan, sock, self.counters, self.current_link, f.advert_id,
+            await RuProxySource(fan, sock, self.counters, self.current_link, advert_of,
                                 P.StreamKind.LBTRU_SESSION, on_demand=True).run()
         finally:
             self.bodies.pop(f.advert_id, None)

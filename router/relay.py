@@ -243,7 +243,7 @@ class Relay:
             return
         if not tcp and self.fanout is not None and self.rufan.wants(self.current_link()):
             with sock:
-                await self.rufan.serve_proxy(f, sock, task_status)
+                await self.rufan.serve_proxy(f, sock, task_status, advert_of)
             return
         with sock:
             if tcp:
