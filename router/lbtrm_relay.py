@@ -39,7 +39,7 @@ from lbmr_runtime.netif import open_multicast_socket
 from . import peerlink as P
 from .core.lbtrm import DatagramQueue, GroupPool, RmOrigin, RmProxy
 from .core.lbtru_fanout import LbtrmInput, RuFanout, WindowBudget
-from .lbtru_relay import RuProxySource
+from .lbtru_relay import RuProxySource, receive
 from .link import Link, StreamState
 from .peerlink import streams as S
 
@@ -49,34 +49,7 @@ LBTRM = 0x10  # the LBMR transport code of LBT-RM, also the peer-link stream kin
 QUEUE_LIMIT = 4096  # datagrams waiting per stream and direction
 MAX_STREAMS = 256  # far side: LBT-RM streams (joined groups) per link
 RETRY_INTERVAL = 1.0  # seconds before a proxy opens its stream again
-BATCH = 64  # datagrams read from a socket at one wake-up
 SOCKET_BUFFER = 4 << 20
-
-
-def _drain(raw, n: int = BATCH) -> list:
-    out = []
-    for _ in range(n):
-        try:
-            out.append(raw.recvfrom(65535))
-        except (BlockingIOError, InterruptedError):
-            break
-        except OSError:  # an ICMP error queued on the socket: the next read goes on
-            continue
-    return out
-
-
-async def _receive(sock, counters: Counter[str]) -> list | None:
-    """The datagrams ``sock`` has (waits for the first; at most BATCH) as
-    (data, address) pairs; None when the socket was closed."""
-    try:
-        first = await sock.recvfrom(65535)
-    except trio.ClosedResourceError:
-        return None
-    except OSError:  # an ICMP error queued on the socket
-        counters["lbtrm_recv_error"] += 1
-        await trio.sleep(0.01)
-        return []
-    return [first, *_drain(sock.raw, BATCH - 1)]
 
 
 async def _send(sock, data: bytes, dest, counters: Counter[str]) -> None:
@@ -186,7 +159,7 @@ class RmRelay:
     async def _naks_up(self, link: Link, st: StreamState, proxy: RmProxy, sock, scope) -> None:
         """NAKs from receivers to the peer."""
         while not (st.closed or link.closed):
-            batch = await _receive(sock, self.counters)
+            batch = await receive(sock, self.counters, "lbtrm_recv_error")
             if batch is None:
                 scope.cancel()
                 return
@@ -300,7 +273,7 @@ class RmRelay:
     async def _group_up(self, link: Link, st: StreamState, origin: RmOrigin, mc, scope) -> None:
         """The source's session from its group to the peer."""
         while not (st.closed or link.closed):
-            batch = await _receive(mc, self.counters)
+            batch = await receive(mc, self.counters, "lbtrm_recv_error")
             if batch is None:
                 scope.cancel()
                 return
