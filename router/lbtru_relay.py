@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import socket
 from collections import Counter
 from collections.abc import Callable
 
@@ -47,13 +48,39 @@ from .fanout_relay import NEAR_LINGER, UPSTREAM_LINGER, accept_stream, refuse_st
 from .link import Link, StreamState
 from .peerlink import streams as S
 
-__all__ = ["RuProxySource", "RuSessionRelay", "RuUpstreams", "QUEUE_LIMIT", "FANOUT_YIELD"]
+__all__ = ["RuProxySource", "RuSessionRelay", "RuUpstreams", "ru_socket", "udp_raw", "receive", "drain", "QUEUE_LIMIT", "FANOUT_YIELD"]
 
 QUEUE_LIMIT = 4096  # datagrams waiting per stream
 BATCH = 64  # datagrams read from a socket at one wake-up
 FANOUT_YIELD = 512  # datagrams a proxy sends to its receivers before it lets other tasks run
 RETRY_INTERVAL = 1.0  # seconds before a proxy opens its stream again
 MAX_CLIENTS = 1024  # receivers of one LBT-RU fan-out proxy (the per-receiver relay's streams per link)
+
+
+# LBT-RU relay sockets: 4 MiB buffers (the loopback walk-through lost hundreds of
+# datagrams per stream with the default ~200 KiB whenever the event loop paused).
+RU_SOCKET_BUFFER = 4 << 20
+
+
+def udp_raw() -> socket.socket:
+    """A UDP socket with RU_SOCKET_BUFFER send and receive buffers (best effort)."""
+    raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        try:
+            raw.setsockopt(socket.SOL_SOCKET, opt, RU_SOCKET_BUFFER)
+        except OSError:
+            pass
+    return raw
+
+
+def ru_socket(raw: socket.socket | None = None):
+    """A UDP socket for the LBT-RU relay, with big buffers (best effort). Its
+    ``raw`` attribute is the underlying non-blocking socket, for reading what is
+    already queued and sending without a scheduler round trip per datagram."""
+    raw = raw if raw is not None else udp_raw()
+    s = trio.socket.from_stdlib_socket(raw)
+    s.raw = raw
+    return s
 
 
 def drain(raw, n: int = BATCH) -> list:
@@ -350,8 +377,6 @@ class RuSessionRelay:
         """The session's socket: connect, then pass the origin's datagrams to
         the streams and theirs to the origin until it ends or UPSTREAM_LINGER
         after its last stream left."""
-        from .relay import ru_socket  # (relay.py imports this module)
-
         core = up.core
         try:
             sock = ru_socket()
@@ -367,7 +392,7 @@ class RuSessionRelay:
                 up.sock = sock
                 async with trio.open_nursery() as n:
                     n.start_soon(self._upstream_reads, up, sock, n.cancel_scope)
-                    await self._upstream_timer(up, sock)
+                    await self._upstream_timer(up)
                     n.cancel_scope.cancel()
         finally:
             up.done = True
@@ -380,18 +405,22 @@ class RuSessionRelay:
             if core.ended is not None:
                 self.event("lbtru_upstream_ended", f"{core.origin[0]}:{core.origin[1]}: {core.ended.value}")
 
-    def _to_origin(self, sock, out: list[bytes]) -> None:
+    def _to_origin(self, up: Upstream, out: list[bytes]) -> None:
+        """Datagrams to the origin, without waiting (a full buffer drops: counted);
+        a refused one (ICMP port unreachable) ends the session."""
         for data in out:
             try:
-                sock.raw.send(data)
+                up.sock.raw.send(data)
             except BlockingIOError:
                 self.counters["lbtru_upstream_send_dropped"] += 1
             except ConnectionRefusedError:
-                self.counters["lbtru_upstream_refused"] += 1
+                up.core.unreachable()
+                up.wake.set()
+                return
             except OSError:
                 self.counters["lbtru_upstream_send_error"] += 1
 
-    async def _upstream_timer(self, up: Upstream, sock) -> None:
+    async def _upstream_timer(self, up: Upstream) -> None:
         """CREQs, ACKs and the activity timeout; returns when the session ends
         or lingered UPSTREAM_LINGER without streams."""
         core = up.core
@@ -399,7 +428,7 @@ class RuSessionRelay:
         while core.state is not UpstreamState.ENDED:
             now = trio.current_time()
             out, due = core.tick(now)
-            self._to_origin(sock, out)
+            self._to_origin(up, out)
             if core.state is not UpstreamState.CONNECTING:
                 up.settled.set()
             if up.sinks or up.waiting:
@@ -429,7 +458,7 @@ class RuSessionRelay:
             to_links: list[bytes] = []
             for data, src in batch:
                 out = core.from_origin(data, src[:2], now)
-                self._to_origin(sock, out.to_origin)
+                self._to_origin(up, out.to_origin)
                 to_links += out.to_links
             if core.state is not UpstreamState.CONNECTING:
                 up.settled.set()
@@ -476,7 +505,7 @@ class RuSessionRelay:
                 st.incoming_ready = trio.Event()
                 now = trio.current_time()
                 while st.incoming and up.sock is not None:  # the proxy's NAKs
-                    self._to_origin(up.sock, core.from_link(st.incoming.popleft(), now))
+                    self._to_origin(up, core.from_link(st.incoming.popleft(), now))
             if up.done and up.core.state is UpstreamState.ENDED:
                 self.session_ended(st.advert_id)
         finally:

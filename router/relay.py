@@ -28,15 +28,12 @@ from . import peerlink as P
 from .core.tr import relay_transport
 from .fanout_relay import FanoutRelay, Upstreams, accept_stream, refuse_stream
 from .lbtrm_relay import LBTRM, RmRelay
-from .lbtru_relay import RuSessionRelay, RuUpstreams
+from .lbtru_relay import RuSessionRelay, RuUpstreams, ru_socket, udp_raw
 from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
 from .peerlink import streams as S
 from .splice import splice
 
 RU_BACKLOG = 64  # datagrams held per LBT-RU stream until the far side accepts
-# LBT-RU relay sockets: 4 MiB buffers (the loopback walk-through lost hundreds of
-# datagrams per stream with the default ~200 KiB whenever the event loop paused).
-RU_SOCKET_BUFFER = 4 << 20
 # LBT-RU streams (one per receiver address) end after this long with no datagram
 # either way (UM's transport_lbtru_client_activity_timeout: a source forgets a
 # receiver that stayed silent this long), and at most RU_MAX_STREAMS of them run
@@ -53,26 +50,6 @@ RU_BATCH = 64  # datagrams read from a relay socket at one wake-up
 # Zero copy, sending: frames (pipes) of one stream queued for the writer at once (the pump
 # fills the next while the writer writes one).
 TX_DEPTH = 2
-
-
-def _udp_raw() -> socket.socket:
-    raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-        try:
-            raw.setsockopt(socket.SOL_SOCKET, opt, RU_SOCKET_BUFFER)
-        except OSError:
-            pass
-    return raw
-
-
-def ru_socket(raw: socket.socket | None = None):
-    """A UDP socket for the LBT-RU relay, with big buffers (best effort). Its
-    ``raw`` attribute is the underlying non-blocking socket, for reading what is
-    already queued and sending without a scheduler round trip per datagram."""
-    raw = raw if raw is not None else _udp_raw()
-    s = trio.socket.from_stdlib_socket(raw)
-    s.raw = raw
-    return s
 
 
 def drain(raw, receive) -> tuple[list, OSError | None]:
@@ -208,7 +185,7 @@ class Relay:
         for port in self.relay_ports():
             if port in self._in_use:
                 continue
-            raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM) if tcp else _udp_raw()
+            raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM) if tcp else udp_raw()
             try:
                 if tcp:
                     raw.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
