@@ -329,6 +329,8 @@ class RuSessionRelay:
         self.upstreams = upstreams
         self.budget = budget
         self.bodies: dict[int, LbtruSessionTransport] = {}  # advert id -> the proxy's advertised transport
+        # upstream sessions (one UDP socket each) of the endpoint at once, at most
+        self.max_upstreams = getattr(endpoint, "ru_max_streams", MAX_CLIENTS)
 
     # ------------------------------------------------------- near side
 
@@ -358,20 +360,28 @@ class RuSessionRelay:
     def open_far(self, link: Link, ev: S.StreamOpened, body) -> None:
         """The peer opened a LBTRU_SESSION stream for our advertisement of the LBT-RU session ``body``."""
         if getattr(body, "NAME", None) != "LBTRU":
-            self.counters["streams_refused"] += 1
-            link.streams.refuse(ev.stream_id, P.RefuseCode.UNSUPPORTED_KIND, "the advertised source is not LBT-RU")
-            link.flush_streams()
+            self._refuse(link, ev, P.RefuseCode.UNSUPPORTED_KIND, "the advertised source is not LBT-RU",
+                         "streams_refused")
             return
-        st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
-        st.advert_id = ev.advert_id
-        st.incoming = DatagramQueue(QUEUE_LIMIT, self.counters, "lbtru_queue_full")
         key = (body.ip, body.port, getattr(body, "session_id", None))
         up = self.upstreams.get(key)
+        if (up is None or up.done) and len(self.upstreams) >= self.max_upstreams:
+            self._refuse(link, ev, P.RefuseCode.TOO_MANY_STREAMS,
+                         f"{len(self.upstreams)} LBT-RU upstream sessions already open", "lbtru_upstreams_full")
+            return
         if up is None or up.done:
             up = self.upstreams[key] = Upstream(key, RuUpstream(key[:2], key[2], self.counters))
             link.nursery.start_soon(self._upstream, up)
+        st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
+        st.advert_id = ev.advert_id
+        st.incoming = DatagramQueue(QUEUE_LIMIT, self.counters, "lbtru_queue_full")
         up.waiting += 1
         link.nursery.start_soon(self._far_stream, up, link, st)
+
+    def _refuse(self, link: Link, ev: S.StreamOpened, code: P.RefuseCode, reason: str, counter: str) -> None:
+        self.counters[counter] += 1
+        link.streams.refuse(ev.stream_id, code, reason)
+        link.flush_streams()
 
     async def _upstream(self, up: Upstream) -> None:
         """The session's socket: connect, then pass the origin's datagrams to

@@ -27,20 +27,21 @@ SEED, TIDX, SID = 33, 4, 0x5E55
 SIZE = 1000  # bytes per DATA datagram
 
 
-def ru_tir(ip: str, port: int) -> bytes:
-    return L.encode(L.Packet(0, 1, tirs=[L.TIR(TOPIC, L.LbtruSessionTransport(ip, SID, port), 60, 7)]))
+def ru_tir(ip: str, port: int, topic: str = TOPIC) -> bytes:
+    return L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, L.LbtruSessionTransport(ip, SID, port), 60, 7)]))
 
 
-async def live_source(n, trd1, *, rate: float = 2000) -> tuple[RuLiveSource, trio.CancelScope]:
-    """lbmr-sim's live LBT-RU source at SRC_IP, advertised in TRD1 every 0.5 s;
-    cancelling the scope ends the session (an RST to every client, no more TIRs)."""
+async def live_source(n, trd1, *, rate: float = 2000, topic: str = TOPIC) -> tuple[RuLiveSource, trio.CancelScope]:
+    """lbmr-sim's live LBT-RU source at SRC_IP, advertised for ``topic`` in TRD1
+    every 0.5 s; cancelling the scope ends the session (an RST to every
+    client, no more TIRs)."""
     src = RuLiveSource(SRC_IP, 0, seed=SEED, tidx=TIDX, session_id=SID, rate=rate, datagram_size=SIZE)
     scope = trio.CancelScope()
 
     async def advertise(ip, port):
         sock = udp(SRC_IP)
         while True:
-            await sock.sendto(ru_tir(ip, port), trd1)
+            await sock.sendto(ru_tir(ip, port, topic), trd1)
             await trio.sleep(0.5)
 
     async def run(task_status):
@@ -316,4 +317,26 @@ async def test_one_copy_on_each_link_of_a_chain_of_three_for_ten_receivers():
         print(f"chain, 10 receivers: links {l12} and {l23} bytes, one receiver {one}")
         assert 0.9 * one <= l12 <= 1.1 * one and 0.9 * one <= l23 <= 1.1 * one
         assert len(src.clients) == 1
+        n.cancel_scope.cancel()
+
+
+async def test_the_upstream_sessions_of_an_endpoint_are_bounded():
+    """ru-max-streams 1 at the sources' router: a second origin session is
+    refused (counted) while the first runs, and its proxy gets no data."""
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_pair(n, a={"ru_max_streams": 1})
+        src1, _ = await live_source(n, trd1)
+        src2, _ = await live_source(n, trd1, topic="md.routed.2")
+        tir1 = await resolve(udp("127.0.2.9"), trd2)
+        tir2 = await resolve(udp("127.0.2.9"), trd2, topic="md.routed.2")
+        first = receiver(tir1, 0, 4000)
+        await n.start(first.run)
+        await trio.sleep(0.3)
+        r2 = await receiver(tir2, 1, 10, idle_timeout=2.0).run()
+        assert r2.messages == 0 and "stalled" in r2.error, r2
+        assert ra.counters["lbtru_upstreams_full"] >= 1 and len(src2.clients) == 0
+        with trio.fail_after(10):
+            while not first.result.done:
+                await trio.sleep(0.1)
+        assert first.result.ok and len(src1.clients) == 1, first.result
         n.cancel_scope.cancel()
