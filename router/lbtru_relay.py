@@ -248,8 +248,11 @@ class RuProxySource:
                 self.counters["lbtru_proxy_streams_refused"] += 1
             if st.refused is not None or st.closed:
                 return
-            if not await self._feed(link, st) and not link.closed:
-                self.counters["lbtru_proxy_sessions_ended"] += 1  # the far side ended it: the origin did
+            lingered = await self._feed(link, st)
+            if self.on_demand and not lingered and not link.closed:
+                # the far side ended the stream: the origin ended the session (an LBT-RM
+                # proxy's stream is opened again, its receivers kept)
+                self.counters["lbtru_proxy_sessions_ended"] += 1
                 self._send_now(self.fan.reset())
                 if self.wanted.is_set():
                     self.wanted = trio.Event()
