@@ -71,6 +71,8 @@ def test_naks_from_the_links_reach_the_origin_once_per_nak_ignore():
     (nak,) = u.from_link(RU.encode_nak([16, 17]), 0.25)
     assert RU.decode(nak).sqns == (17,)
     assert len(u.from_link(RU.encode_nak([15]), 0.31)) == 1  # nak_ignore later: again
+    (nak,) = u.from_link(RU.encode_nak([19, 21, 22]), 0.4)  # 21 and 22 not sent yet
+    assert RU.decode(nak).sqns == (19,) and u.counters["lbtru_upstream_link_naks_out_of_range"] == 1
     assert u.from_link(b"junk", 0.4) == [] and u.from_link(RU.encode_ack(1), 0.4) == []
     c = u.counters
     assert (c["lbtru_upstream_link_malformed"], c["lbtru_upstream_link_not_nak"]) == (1, 1)

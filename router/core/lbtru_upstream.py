@@ -20,7 +20,9 @@ UM's LBT-RU (:mod:`lbmr_proto.lbtru`) to the origin:
   it (the newest): the links then get the origin's retransmissions;
 * **NAKs from the links**: a near proxy NAKs what it never got
   (:meth:`RuUpstream.from_link`, an LBT-RU NAK); each sequence is asked of
-  the origin at most once per ``nak_ignore`` seconds, whichever links ask;
+  the origin at most once per ``nak_ignore`` seconds, whichever links ask,
+  and only sequences the origin has sent (below the next expected, at most
+  :data:`MAX_NAKED` behind it; others are counted and dropped);
 * **keepalive**: an ACK of the newest sequence every ``ack_interval``
   seconds, so that the origin keeps us (its client activity timeout);
 * **end**: an RST from the origin (:attr:`EndReason.RESET`), nothing from it
@@ -206,10 +208,14 @@ class RuUpstream:
         if not isinstance(m, RU.Nak):
             c["lbtru_upstream_link_not_nak"] += 1
             return []
-        if self.state is not UpstreamState.CONNECTED:
+        if self.state is not UpstreamState.CONNECTED or self.next_sqn is None:
             return []
         c["lbtru_upstream_link_naks"] += 1
-        return self._naks(list(m.sqns[:RU.MAX_NAKS]), now)
+        top = self.next_sqn
+        sqns = [q for q in m.sqns[:RU.MAX_NAKS] if top - MAX_NAKED <= q < top]
+        if len(sqns) < min(len(m.sqns), RU.MAX_NAKS):
+            c["lbtru_upstream_link_naks_out_of_range"] += 1  # not sent yet, or long gone
+        return self._naks(sqns, now)
 
     def _naks(self, sqns: list[int], now: float) -> list[bytes]:
         """NAKs of those of ``sqns`` not asked of the origin within ``nak_ignore``."""
