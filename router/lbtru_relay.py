@@ -305,6 +305,7 @@ class Upstream:
         self.sinks: dict[tuple[Link, int], StreamState] = {}
         self.waiting = 0
         self.settled = trio.Event()  # connected, or ended before
+        self.attached = trio.Event()  # every stream that waited for the connection is a sink
         self.wake = trio.Event()  # the streams changed, or the session ended
         self.sock = None  # the UDP socket to the origin, once bound
         self.done = False
@@ -470,9 +471,13 @@ class RuSessionRelay:
             now = trio.current_time()
             to_links: list[bytes] = []
             for data, src in batch:
+                connecting = core.state is UpstreamState.CONNECTING
                 out = core.from_origin(data, src[:2], now)
                 self._to_origin(up, out.to_origin)
                 to_links += out.to_links
+                if connecting and core.state is UpstreamState.CONNECTED and up.waiting:
+                    up.settled.set()  # the streams that asked for the session get what follows the SYN
+                    await up.attached.wait()
             if core.state is not UpstreamState.CONNECTING:
                 up.settled.set()
             if to_links:
@@ -497,11 +502,9 @@ class RuSessionRelay:
     async def _far_stream(self, up: Upstream, link: Link, st: StreamState) -> None:
         """One link stream of an upstream session, from accept to end."""
         key = (link, st.sid)
+        waiting = True
         try:
-            try:
-                await up.settled.wait()
-            finally:
-                up.waiting -= 1
+            await up.settled.wait()
             core = up.core
             if up.done or core.state is not UpstreamState.CONNECTED:
                 reason = core.ended.value if core.ended is not None else "the session ended"
@@ -512,6 +515,7 @@ class RuSessionRelay:
             if not accept_stream(link, st, self.counters):
                 return
             up.sinks[key] = st
+            waiting = self._attached(up)
             self.counters["lbtru_upstream_streams"] += 1
             while not (st.closed or link.closed or up.done):
                 await st.incoming_ready.wait()
@@ -522,7 +526,18 @@ class RuSessionRelay:
             if up.done and up.core.state is UpstreamState.ENDED:
                 self.session_ended(st.advert_id)
         finally:
+            if waiting:
+                self._attached(up)
             up.sinks.pop(key, None)
             up.wake.set()
             link.close_stream(st)
             link.state.pop(st.sid, None)
+
+    @staticmethod
+    def _attached(up: Upstream) -> bool:
+        """A stream that waited for the connection is a sink now (or gave up):
+        when it was the last, the session's reader goes on. False (no longer waiting)."""
+        up.waiting -= 1
+        if not up.waiting:
+            up.attached.set()
+        return False
