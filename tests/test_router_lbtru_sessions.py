@@ -19,7 +19,7 @@ from router import peerlink as P
 
 from .test_dataplane_rulive import _RU_CHAT, _forward
 from .test_router_e2e import TOPIC, resolve, udp
-from .test_router_fanout import start_pair
+from .test_router_fanout import start_chain, start_pair
 from .tshark_judge import compare_lbmc, tshark_frames
 
 SRC_IP = "127.0.1.5"
@@ -281,28 +281,8 @@ async def test_one_copy_on_each_link_of_a_chain_of_three_for_ten_receivers():
     each link through a counting forwarder: each link carries one copy of the
     session (r2's upstream client is a receiver of its own proxy), the origin
     has one client, and every receiver gets whole, consecutive messages."""
-    from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
-    from router.multi import MultiRouter
-
-    from .test_router_e2e import start_lbmrd
-    from .test_router_fanout import Forwarder
-
-    ips = {d: f"127.0.{d}.1" for d in (1, 2, 3)}
     async with trio.open_nursery() as n:
-        trds = {d: (await start_lbmrd(n, ip))[1] for d, ip in ips.items()}
-
-        def ep(d):
-            return lbmrd_endpoint(f"T{d}", d, [trds[d]], interface=ips[d])
-
-        r2 = MultiRouter(router_config("r2", [ep(2)], [acceptor_peer("2-1", 0, interface="127.0.0.1"),
-                                                        acceptor_peer("2-3", 0, interface="127.0.0.1")]))
-        links = (await n.start(r2.run))["links"]
-        f12, f32 = Forwarder(links[0]["peer"]), Forwarder(links[1]["peer"])
-        a12, a32 = await n.start(f12.serve), await n.start(f32.serve)
-        r1 = MultiRouter(router_config("r1", [ep(1)], [initiator_peer("1-2", *a12, reconnect_interval_ms=300)]))
-        r3 = MultiRouter(router_config("r3", [ep(3)], [initiator_peer("3-2", *a32, reconnect_interval_ms=300)]))
-        await n.start(r1.run)
-        await n.start(r3.run)
+        r1, r2, r3, f12, f32, trds, ips = await start_chain(n)
         src, _ = await live_source(n, trds[1])
         tir = await resolve(udp("127.0.3.9"), trds[3], timeout=20)
         assert tir.transport.ip == ips[3] and tir.transport.session_id == SID
