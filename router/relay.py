@@ -4,7 +4,8 @@ and the peer link (per-stream credit from :mod:`router.peerlink.streams`).
 
 Near side: a proxy (:meth:`Relay.serve_proxy`) listens at the relay address
 for one of the peer's advertisements; TCP receivers share one stream of the
-proxy on the current link (fan-out, :mod:`router.fanout_relay`) or, with
+proxy on the current link (fan-out, :mod:`router.fanout_relay`), LBT-RU
+receivers one LBT-RU proxy source (:mod:`router.lbtru_relay`), or, with
 ``fanout="off"``, every TCP connection opens a stream, as does every LBT-RU
 receiver address. Far side: a stream the peer opens
 (:meth:`Relay.stream_event`) joins the session's one connection to the real
@@ -27,14 +28,12 @@ from . import peerlink as P
 from .core.tr import relay_transport
 from .fanout_relay import FanoutRelay, Upstreams, accept_stream, refuse_stream
 from .lbtrm_relay import LBTRM, RmRelay
+from .lbtru_relay import RuSessionRelay, RuUpstreams, ru_socket, udp_raw
 from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
 from .peerlink import streams as S
 from .splice import splice
 
 RU_BACKLOG = 64  # datagrams held per LBT-RU stream until the far side accepts
-# LBT-RU relay sockets: 4 MiB buffers (the loopback walk-through lost hundreds of
-# datagrams per stream with the default ~200 KiB whenever the event loop paused).
-RU_SOCKET_BUFFER = 4 << 20
 # LBT-RU streams (one per receiver address) end after this long with no datagram
 # either way (UM's transport_lbtru_client_activity_timeout: a source forgets a
 # receiver that stayed silent this long), and at most RU_MAX_STREAMS of them run
@@ -51,26 +50,6 @@ RU_BATCH = 64  # datagrams read from a relay socket at one wake-up
 # Zero copy, sending: frames (pipes) of one stream queued for the writer at once (the pump
 # fills the next while the writer writes one).
 TX_DEPTH = 2
-
-
-def _udp_raw() -> socket.socket:
-    raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-        try:
-            raw.setsockopt(socket.SOL_SOCKET, opt, RU_SOCKET_BUFFER)
-        except OSError:
-            pass
-    return raw
-
-
-def ru_socket(raw: socket.socket | None = None):
-    """A UDP socket for the LBT-RU relay, with big buffers (best effort). Its
-    ``raw`` attribute is the underlying non-blocking socket, for reading what is
-    already queued and sending without a scheduler round trip per datagram."""
-    raw = raw if raw is not None else _udp_raw()
-    s = trio.socket.from_stdlib_socket(raw)
-    s.raw = raw
-    return s
 
 
 def drain(raw, receive) -> tuple[list, OSError | None]:
@@ -90,13 +69,15 @@ def drain(raw, receive) -> tuple[list, OSError | None]:
 class PortPool:
     """Relay ports in use and in quarantine, shared by every link of one endpoint
     portal (their proxies bind in the same range: a port one gives up stays in
-    quarantine for all of them); and the portal's upstream TCP sessions (one
-    connection to each origin session, whichever link's streams it feeds)."""
+    quarantine for all of them); and the portal's upstream TCP and LBT-RU
+    sessions (one connection to each origin session, whichever link's
+    streams it feeds)."""
 
     def __init__(self) -> None:
         self.released: dict[int, float] = {}  # relay port -> when its proxy gave it up
         self.in_use: set[int] = set()  # relay ports our proxies hold
         self.upstreams = Upstreams()
+        self.ru_upstreams = RuUpstreams()
 
 
 class Relay:
@@ -128,6 +109,10 @@ class Relay:
         # proxy per link) unless the endpoint says fanout="off"
         self.fanout = FanoutRelay(endpoint, counters, event, session_ended, Upstreams()) \
             if getattr(endpoint, "fanout", True) else None
+        # LBT-RU sessions: fanned out likewise (one upstream receiver per router, one proxy
+        # source per proxy) unless fanout="off" or the peer does not know LBTRU_SESSION
+        self.rufan = RuSessionRelay(endpoint, counters, event, current_link, session_ended, RuUpstreams(),
+                                    self.lbtrm.window_budget)
 
     def share_ports(self, pool: PortPool) -> None:
         """Use ``pool``'s in-use and quarantine tables and upstream sessions
@@ -136,6 +121,7 @@ class Relay:
         self._in_use = pool.in_use
         if self.fanout is not None:
             self.fanout.upstreams = pool.upstreams
+        self.rufan.upstreams = pool.ru_upstreams
 
     def relay_ports(self) -> Iterator[int]:
         """The relay ports to try, in order: round robin over the range from the
@@ -199,7 +185,7 @@ class Relay:
         for port in self.relay_ports():
             if port in self._in_use:
                 continue
-            raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM) if tcp else _udp_raw()
+            raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM) if tcp else udp_raw()
             try:
                 if tcp:
                     raw.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -221,7 +207,7 @@ class Relay:
         relay address (with the origin's session id when the peer said it: the
         proxy's receivers get the origin's session), and for LBT-RM the proxy's
         group, port and session id."""
-        body = self.lbtrm.proxy_body(f.advert_id) if f.transport == LBTRM else None
+        body = self.lbtrm.proxy_body(f.advert_id) if f.transport == LBTRM else self.rufan.bodies.get(f.advert_id)
         if body is not None:
             return body
         return relay_transport(f.transport, address[0], address[1], f.origin_session_id or None)
@@ -231,6 +217,10 @@ class Relay:
         if f.transport == LBTRM:
             with sock:
                 await self.lbtrm.serve_proxy(f, sock, task_status)
+            return
+        if not tcp and self.fanout is not None and self.rufan.wants(self.current_link()):
+            with sock:
+                await self.rufan.serve_proxy(f, sock, task_status, advert_of)
             return
         with sock:
             if tcp:
@@ -388,6 +378,9 @@ class Relay:
                 return
             if ev.kind == P.StreamKind.TCP and self.fanout is not None:
                 self.fanout.open_far(link, ev, body)
+                return
+            if ev.kind == P.StreamKind.LBTRU_SESSION:
+                self.rufan.open_far(link, ev, body)
                 return
             if ev.kind == P.StreamKind.LBTRU and link.ru_streams_far >= self.ru_max_streams:
                 link.streams.refuse(ev.stream_id, P.RefuseCode.TOO_MANY_STREAMS,
