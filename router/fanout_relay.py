@@ -77,8 +77,9 @@ class Upstream:
 
 
 class Upstreams(dict):
-    """The endpoint's upstream sessions, origin (ip, port, session id) ->
-    :class:`Upstream`, shared by the relays of all its links. ``nursery``: where
+    """The endpoint's upstream sessions of one transport (TCP here, LBT-RU in
+    :mod:`router.lbtru_relay`), origin (ip, port, session id) -> its upstream,
+    shared by the relays of all its links. ``nursery``: where
     their tasks run (the router's: a session outlives the link whose stream
     opened it, while streams of other links use it); None: the opening link's."""
 

@@ -44,11 +44,11 @@ from . import peerlink as P
 from .core.lbtrm import DatagramQueue
 from .core.lbtru_fanout import LbtruInput, RuFanout, WindowBudget
 from .core.lbtru_upstream import EndReason, RuUpstream, UpstreamState
-from .fanout_relay import NEAR_LINGER, UPSTREAM_LINGER, accept_stream, refuse_stream
+from .fanout_relay import NEAR_LINGER, UPSTREAM_LINGER, Upstreams, accept_stream, refuse_stream
 from .link import Link, StreamState
 from .peerlink import streams as S
 
-__all__ = ["RuProxySource", "RuSessionRelay", "RuUpstreams", "ru_socket", "udp_raw", "receive", "drain", "QUEUE_LIMIT", "FANOUT_YIELD"]
+__all__ = ["RuProxySource", "RuSessionRelay", "ru_socket", "udp_raw", "receive", "drain", "QUEUE_LIMIT", "FANOUT_YIELD"]
 
 QUEUE_LIMIT = 4096  # datagrams waiting per stream
 BATCH = 64  # datagrams read from a socket at one wake-up
@@ -158,7 +158,7 @@ class RuProxySource:
     def _usable(self, link: Link | None) -> bool:
         if link is None or not link.connected or link.closed:
             return False
-        if self.kind == P.StreamKind.LBTRU_SESSION and not link.conn.capabilities & P.Capability.RU_SESSIONS:
+        if self.kind == P.StreamKind.LBTRU_SESSION and not link.capabilities & P.Capability.RU_SESSIONS:
             self.counters["lbtru_session_unsupported"] += 1  # an older peer: the next proxy relays per receiver
             return False
         return True
@@ -311,11 +311,6 @@ class Upstream:
         self.done = False
 
 
-class RuUpstreams(dict):
-    """The endpoint's upstream LBT-RU sessions, origin (ip, port, session id)
-    -> :class:`Upstream`, shared by the relays of all its links."""
-
-
 class RuSessionRelay:
     """LBT-RU fan-out for one endpoint's relay. ``endpoint``: its settings
     (``relay_ip``); ``counters``, ``event``, ``current_link`` and
@@ -325,7 +320,7 @@ class RuSessionRelay:
 
     def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None],
                  current_link: Callable[[], Link | None], session_ended: Callable[[int], None],
-                 upstreams: RuUpstreams, budget: WindowBudget) -> None:
+                 upstreams: Upstreams, budget: WindowBudget) -> None:
         self.endpoint = endpoint
         self.counters, self.event = counters, event
         self.current_link = current_link
@@ -341,7 +336,7 @@ class RuSessionRelay:
     def wants(self, link: Link | None) -> bool:
         """Whether a new LBT-RU proxy is a fan-out source (the link, if any,
         knows LBTRU_SESSION streams) rather than a per-receiver relay."""
-        return link is None or bool(link.conn.capabilities & P.Capability.RU_SESSIONS)
+        return link is None or bool(link.capabilities & P.Capability.RU_SESSIONS)
 
     async def serve_proxy(self, f: P.Advertisement, sock, task_status,
                           advert_of: Callable[[], int | None]) -> None:
@@ -375,7 +370,7 @@ class RuSessionRelay:
             return
         if up is None or up.done:
             up = self.upstreams[key] = Upstream(key, RuUpstream(key[:2], key[2], self.counters))
-            link.nursery.start_soon(self._upstream, up)
+            (self.upstreams.nursery or link.nursery).start_soon(self._upstream, up)
         st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
         st.advert_id = ev.advert_id
         st.incoming = DatagramQueue(QUEUE_LIMIT, self.counters, "lbtru_queue_full")

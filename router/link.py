@@ -224,6 +224,11 @@ class Link:
         return self.conn.state is P.State.CONNECTED
 
     @property
+    def capabilities(self) -> int:
+        """The capabilities both ends set (:class:`router.peerlink.Capability` bits)."""
+        return self.conn.capabilities
+
+    @property
     def state_name(self) -> str:
         """The connection's state, as ``/status`` shows it."""
         return self.conn.state.value

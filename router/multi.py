@@ -212,7 +212,7 @@ class MultiRouter:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for pool in self.pools.values():
-                pool.upstreams.nursery = nursery  # sessions outlive the link that opened them
+                pool.upstreams.nursery = pool.ru_upstreams.nursery = nursery  # sessions outlive the link that opened them
             for portal in self.portals.values():
                 await portal.open()
             core = self.core = self._build_core(trio.current_time())

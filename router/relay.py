@@ -28,7 +28,7 @@ from . import peerlink as P
 from .core.tr import relay_transport
 from .fanout_relay import FanoutRelay, Upstreams, accept_stream, refuse_stream
 from .lbtrm_relay import LBTRM, RmRelay
-from .lbtru_relay import RuSessionRelay, RuUpstreams, ru_socket, udp_raw
+from .lbtru_relay import RuSessionRelay, ru_socket, udp_raw
 from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
 from .peerlink import streams as S
 from .splice import splice
@@ -77,7 +77,7 @@ class PortPool:
         self.released: dict[int, float] = {}  # relay port -> when its proxy gave it up
         self.in_use: set[int] = set()  # relay ports our proxies hold
         self.upstreams = Upstreams()
-        self.ru_upstreams = RuUpstreams()
+        self.ru_upstreams = Upstreams()
 
 
 class Relay:
@@ -111,7 +111,7 @@ class Relay:
             if getattr(endpoint, "fanout", True) else None
         # LBT-RU sessions: fanned out likewise (one upstream receiver per router, one proxy
         # source per proxy) unless fanout="off" or the peer does not know LBTRU_SESSION
-        self.rufan = RuSessionRelay(endpoint, counters, event, current_link, session_ended, RuUpstreams(),
+        self.rufan = RuSessionRelay(endpoint, counters, event, current_link, session_ended, Upstreams(),
                                     self.lbtrm.window_budget)
 
     def share_ports(self, pool: PortPool) -> None:

@@ -188,3 +188,30 @@ async def test_an_overflowing_pair_ends_with_a_log_not_a_crash(caplog):
         a.streams.open(k + 1)
     a.flush_streams()
     assert a.closed and "relays no more sessions" in caplog.text
+
+
+async def test_an_lbtru_session_crosses_an_endpoint_pair_once():
+    """lbmr-sim's live LBT-RU source in TRD1, ten receivers in TRD2 of one
+    router: every receiver gets whole consecutive messages, the origin has one
+    client (the router's upstream receiver), and the session crossed the pair
+    as one stream whose datagrams the pair's side passed."""
+    from .test_router_lbtru_sessions import live_source as ru_source
+    from .test_router_lbtru_sessions import receiver as ru_receiver
+    from .test_router_lbtru_sessions import run_all
+
+    async with trio.open_nursery() as n:
+        r, trd1, trd2 = await start_router(n)
+        src, _ = await ru_source(n, trd1)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        assert tir.transport.NAME == "LBTRU"
+        side = next(u for u in r.links if u.link_id == "T1<->T2@T1").link
+        sent0 = side.datagrams_sent
+        results = await run_all([ru_receiver(tir, k, 2000) for k in range(10)])
+        sent = side.datagrams_sent - sent0
+        one = max(res.datagrams for res in results)
+        print(f"pair: {sent} datagrams across, one receiver {one}")
+        assert one <= sent < 2 * one  # once for ten receivers
+        for res in results:
+            assert res.ok and res.messages == 2000 and res.foreign == 0, res
+        assert len(src.clients) == 1
+        n.cancel_scope.cancel()
