@@ -74,14 +74,13 @@ class RmRelay:
     """The LBT-RM part of one endpoint's relay. ``endpoint``: its settings
     (``relay_ip``, ``multicast_ttl``, and optionally ``lbtrm_group_low`` /
     ``lbtrm_group_high`` / ``lbtrm_dest_port`` / ``lbtrm_same_group``);
-    ``counters``, ``event`` and ``current_link`` as :class:`router.relay.Relay`'s."""
+    ``counters``, ``event`` and ``site`` as :class:`router.relay.Relay`'s."""
 
-    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None],
-                 current_link: Callable[[], Link | None]) -> None:
+    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None], site) -> None:
         self.endpoint = endpoint
         self.counters = counters
         self.event = event
-        self.current_link = current_link
+        self.site = site
         self.pool = GroupPool(getattr(endpoint, "lbtrm_group_low", None) or "224.10.10.10",
                               getattr(endpoint, "lbtrm_group_high", None) or "224.10.10.14",
                               dest_port=getattr(endpoint, "lbtrm_dest_port", 14400),
@@ -119,7 +118,7 @@ class RmRelay:
         try:
             task_status.started((ip, port))
             while True:
-                link = self.current_link()
+                link = self.site.link
                 if link is not None and link.connected and not link.closed:
                     await self._near_stream(link, f.advert_id, partial(self._multicast, link, proxy, sock))
                 await trio.sleep(self.retry_interval)
@@ -197,8 +196,7 @@ class RmRelay:
         self.bodies[f.advert_id] = LbtruSessionTransport(ip, fan.session_id, port)
         try:
             task_status.started((ip, port))
-            advert_of = partial(getattr, f, "advert_id")
-            await RuProxySource(fan, sock, self.counters, self.current_link, advert_of, LBTRM, on_demand=False,
+            await RuProxySource(fan, sock, self.counters, self.site, f.advert_id, LBTRM, on_demand=False,
                                 queue_limit=self.queue_limit, retry_interval=self.retry_interval).run()
         finally:
             self.bodies.pop(f.advert_id, None)

@@ -122,18 +122,18 @@ def send_datagram(link: Link, st: StreamState, data: bytes, counters: Counter[st
 
 
 class RuProxySource:
-    """The near side of one LBT-RU proxy source: ``fan`` on the socket
+    """The near side of one LBT-RU proxy source (proxy ``proxy_id`` of
+    ``site``, a :class:`router.relay_site.RelaySite`): ``fan`` on the socket
     ``sock`` (a bound UDP socket with ``raw``), fed by a stream of ``kind``
-    on ``current_link()`` for the advertisement ``advert_of()`` names when
-    the stream opens (a live one of the session; None: not now). ``on_demand``:
-    the stream runs only while the proxy has receivers (LBT-RU origins),
-    else while the proxy lives (LBT-RM origins)."""
+    on the site's link for the advertisement the site names for the proxy
+    when the stream opens (a live one of the session; None: not now).
+    ``on_demand``: the stream runs only while the proxy has receivers
+    (LBT-RU origins), else while the proxy lives (LBT-RM origins)."""
 
-    def __init__(self, fan: RuFanout, sock, counters: Counter[str], current_link: Callable[[], Link | None],
-                 advert_of: Callable[[], int | None], kind: int, *, on_demand: bool, queue_limit: int = QUEUE_LIMIT,
-                 retry_interval: float = RETRY_INTERVAL) -> None:
+    def __init__(self, fan: RuFanout, sock, counters: Counter[str], site, proxy_id: int, kind: int, *,
+                 on_demand: bool, queue_limit: int = QUEUE_LIMIT, retry_interval: float = RETRY_INTERVAL) -> None:
         self.fan, self.sock, self.counters = fan, sock, counters
-        self.current_link, self.advert_of, self.kind = current_link, advert_of, kind
+        self.site, self.proxy_id, self.kind = site, proxy_id, kind
         self.on_demand, self.queue_limit, self.retry_interval = on_demand, queue_limit, retry_interval
         self.up: tuple[Link, StreamState] | None = None  # where NAKs for the origin go meanwhile
         self.timer = trio.CancelScope()  # the timer task's current wait
@@ -148,7 +148,7 @@ class RuProxySource:
                 while True:
                     if self.on_demand:
                         await self.wanted.wait()
-                    link = self.current_link()
+                    link = self.site.link
                     if self._usable(link):
                         await self._stream(link)
                     await trio.sleep(self.retry_interval)
@@ -230,7 +230,7 @@ class RuProxySource:
     async def _stream(self, link: Link) -> None:
         """Open a stream on ``link`` and, once the peer accepts it, pass its
         datagrams to the receivers until it ends."""
-        aid = self.advert_of()
+        aid = self.site.proxy_advert(self.proxy_id)
         if aid is None:
             return
         try:
@@ -313,18 +313,16 @@ class Upstream:
 
 class RuSessionRelay:
     """LBT-RU fan-out for one endpoint's relay. ``endpoint``: its settings
-    (``relay_ip``); ``counters``, ``event``, ``current_link`` and
-    ``session_ended(advert_id)`` as :class:`router.relay.Relay`'s;
-    ``upstreams``: shared with the relays of the endpoint's other links;
-    ``budget``: the retransmission windows of the endpoint's LBT-RU proxies."""
+    (``relay_ip``); ``counters``, ``event`` and ``site`` as
+    :class:`router.relay.Relay`'s; ``upstreams``: shared with the relays of
+    the endpoint's other links; ``budget``: the retransmission windows of the
+    endpoint's LBT-RU proxies."""
 
-    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None],
-                 current_link: Callable[[], Link | None], session_ended: Callable[[int], None],
+    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None], site,
                  upstreams: Upstreams, budget: WindowBudget) -> None:
         self.endpoint = endpoint
         self.counters, self.event = counters, event
-        self.current_link = current_link
-        self.session_ended = session_ended
+        self.site = site
         self.upstreams = upstreams
         self.budget = budget
         self.bodies: dict[int, LbtruSessionTransport] = {}  # advert id -> the proxy's advertised transport
@@ -338,18 +336,17 @@ class RuSessionRelay:
         knows LBTRU_SESSION streams) rather than a per-receiver relay."""
         return link is None or bool(link.capabilities & P.Capability.RU_SESSIONS)
 
-    async def serve_proxy(self, f: P.Advertisement, sock, task_status,
-                          advert_of: Callable[[], int | None]) -> None:
+    async def serve_proxy(self, f: P.Advertisement, sock, task_status) -> None:
         """The proxy of advertisement ``f`` (an LBT-RU session) as one LBT-RU
         source on ``sock``, with the origin's session id (the proxy's own
-        when the peer did not say it); its stream names ``advert_of()``."""
+        when the peer did not say it)."""
         ip, port = sock.getsockname()[:2]
         sid = f.origin_session_id or secrets.randbits(32)
         fan = RuFanout(sid, self.counters, origin=LbtruInput(), budget=self.budget, max_clients=MAX_CLIENTS)
         self.bodies[f.advert_id] = LbtruSessionTransport(ip, fan.session_id, port)
         try:
             task_status.started((ip, port))
-            await RuProxySource(fan, sock, self.counters, self.current_link, advert_of,
+            await RuProxySource(fan, sock, self.counters, self.site, f.advert_id,
                                 P.StreamKind.LBTRU_SESSION, on_demand=True).run()
         finally:
             self.bodies.pop(f.advert_id, None)
@@ -505,7 +502,7 @@ class RuSessionRelay:
                 reason = core.ended.value if core.ended is not None else "the session ended"
                 refuse_stream(link, st, reason, self.counters, self.event)
                 if core.ended in (EndReason.NO_ANSWER, EndReason.UNREACHABLE, EndReason.RESET):
-                    self.session_ended(st.advert_id)
+                    self.site.session_ended(st.advert_id)
                 return
             if not accept_stream(link, st, self.counters):
                 return
@@ -519,7 +516,7 @@ class RuSessionRelay:
                 while st.incoming and up.sock is not None:  # the proxy's NAKs
                     self._to_origin(up, core.from_link(st.incoming.popleft(), now))
             if up.done and up.core.state is UpstreamState.ENDED:
-                self.session_ended(st.advert_id)
+                self.site.session_ended(st.advert_id)
         finally:
             if waiting:
                 self._attached(up)

@@ -50,6 +50,7 @@ from .link_task import LinkTask
 from .pair_link import PairLink, pair_links
 from .portal_task import IO_BATCH, PortalTask, new_portal
 from .relay import PortPool, Relay
+from .relay_site import RelaySite
 from .wake import Wake
 
 __all__ = ["MultiRouter", "Unit", "serve_signals", "proxy_bound"]
@@ -256,17 +257,9 @@ class MultiRouter:
 
     def _relay(self, unit: Unit, task: LinkTask) -> Relay:
         e = unit.endpoint
-        relay = Relay(e, unit.counters, unit.event, lambda: task.link,
-                      partial(self.core.advert_source, unit.link_id, e.name),
-                      partial(self._session_ended, unit))
+        relay = Relay(e, unit.counters, unit.event, RelaySite(self.core, self.wake, task, e.name))
         relay.share_ports(self.pools[e.name])
         return relay
-
-    def _session_ended(self, unit: Unit, advert_id: int) -> None:
-        """A source of ours ended a relayed session or refused one (see
-        :meth:`RouterCore.session_ended`)."""
-        self.core.session_ended(unit.link_id, unit.endpoint.name, advert_id, trio.current_time())
-        self.wake.set()
 
     # --------------------------------------------------------------- the core's task
 
@@ -315,11 +308,10 @@ class MultiRouter:
         in this task) reports its address (:class:`_ProxyListening`), where the
         core then advertises every topic of the session in the unit's TRD. A
         stream of a receiver names a live advertisement of the session
-        (:meth:`RouterCore.proxy_advert`)."""
-        pid, lid, e = f.advert_id, unit.link_id, unit.endpoint.name
+        (:meth:`RouterCore.proxy_advert`, through the relay's site)."""
         listening = _ProxyListening(self.core, unit, f, self.wake, self._advertising)
         with scope:
-            await unit.relay.serve_proxy(f, partial(self.core.proxy_advert, lid, e, pid), task_status=listening)
+            await unit.relay.serve_proxy(f, task_status=listening)
 
     # --------------------------------------------------------------- status
 

@@ -81,37 +81,32 @@ class PortPool:
 
 
 class Relay:
-    """The data relay of one endpoint. ``endpoint``: its settings (``relay_ip``,
-    ``relay_port_low``/``high``); ``counters`` and ``event(kind, detail)``: the
-    router's counters and event log; ``current_link()``: the connected link or
-    None; ``advert_source(advert_id)``: the transport body of the source behind
-    one of our advertisements, or None."""
+    """The data relay of one endpoint on one link. ``endpoint``: its settings
+    (``relay_ip``, ``relay_port_low``/``high``); ``counters`` and ``event(kind,
+    detail)``: the router's counters and event log; ``site``: the router
+    around it (:class:`router.relay_site.RelaySite`: the link up now, the
+    sources behind our advertisements, our proxies' live advertisements, and
+    where a session's end is reported)."""
 
-    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None],
-                 current_link: Callable[[], Link | None],
-                 advert_source: Callable[[int], object | None],
-                 session_ended: Callable[[int], None] = lambda advert_id: None) -> None:
+    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None], site) -> None:
         self.endpoint = endpoint
-        # a source ended a session (EOF) or refused one: the router checks it is alive
-        self.session_ended = session_ended
+        self.site = site
         self.counters = counters
         self.event = event
-        self.current_link = current_link
-        self.advert_source = advert_source
         self.ru_idle_timeout = getattr(endpoint, "ru_idle_timeout", RU_IDLE_TIMEOUT)
         self.ru_max_streams = getattr(endpoint, "ru_max_streams", RU_MAX_STREAMS)
         self.port_quarantine = getattr(endpoint, "relay_port_quarantine", PORT_QUARANTINE)
         self._released: dict[int, float] = {}  # relay port -> when its proxy gave it up
         self._next_port = 0  # where the round robin over the range goes on
         self._in_use: set[int] = set()  # relay ports our proxies hold
-        self.lbtrm = RmRelay(endpoint, counters, event, current_link)  # LBT-RM proxies and sources
+        self.lbtrm = RmRelay(endpoint, counters, event, site)  # LBT-RM proxies and sources
         # TCP sessions: fanned out (one source connection per router, one stream per
         # proxy per link) unless the endpoint says fanout="off"
-        self.fanout = FanoutRelay(endpoint, counters, event, session_ended, Upstreams()) \
+        self.fanout = FanoutRelay(endpoint, counters, event, site, Upstreams()) \
             if getattr(endpoint, "fanout", True) else None
         # LBT-RU sessions: fanned out likewise (one upstream receiver per router, one proxy
         # source per proxy) unless fanout="off" or the peer does not know LBTRU_SESSION
-        self.rufan = RuSessionRelay(endpoint, counters, event, current_link, session_ended, Upstreams(),
+        self.rufan = RuSessionRelay(endpoint, counters, event, site, Upstreams(),
                                     self.lbtrm.window_budget)
 
     def share_ports(self, pool: PortPool) -> None:
@@ -148,17 +143,15 @@ class Relay:
                 yield p
         yield from [p for p in released if p in ports]
 
-    async def serve_proxy(self, f: P.Advertisement, advert_of: Callable[[], int | None] | None = None, *,
-                          task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """A proxy source: a listener at the relay address for the peer's
-        advertisement ``f`` (and the other topics of its transport session).
-        Reports its (ip, port) through ``task_status`` once bound (None when no
-        relay port is free; it then returns), then relays every receiver that
-        connects (TCP) or registers (LBT-RU). ``advert_of()`` is the advert id a
-        new stream names (a live advertisement of the session; None: refuse the
-        receiver); by default ``f``'s."""
-        if advert_of is None:
-            advert_of = lambda: f.advert_id  # noqa: E731
+    async def serve_proxy(self, f: P.Advertisement, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """A proxy source (proxy id: the advert id of ``f``): a listener at the
+        relay address for the peer's advertisement ``f`` (and the other topics
+        of its transport session). Reports its (ip, port) through
+        ``task_status`` once bound (None when no relay port is free; it then
+        returns), then relays every receiver that connects (TCP) or registers
+        (LBT-RU). A new stream names the advert id the site gives for the
+        proxy (a live advertisement of the session; None: the receiver is
+        refused)."""
         e = self.endpoint
         tcp = f.transport == 0x00
         sock = self._bind_relay(tcp)
@@ -169,7 +162,7 @@ class Relay:
             return
         bound = sock.getsockname()[1]
         try:
-            await self._serve_proxy_socket(f, sock, tcp, task_status, advert_of)
+            await self._serve_proxy_socket(f, sock, tcp, task_status)
         finally:
             self._in_use.discard(bound)
             if e.relay_port_low:
@@ -212,34 +205,34 @@ class Relay:
             return body
         return relay_transport(f.transport, address[0], address[1], f.origin_session_id or None)
 
-    async def _serve_proxy_socket(self, f: P.Advertisement, sock, tcp: bool, task_status,
-                                  advert_of: Callable[[], int | None]) -> None:
+    async def _serve_proxy_socket(self, f: P.Advertisement, sock, tcp: bool, task_status) -> None:
+        pid = f.advert_id
         if f.transport == LBTRM:
             with sock:
                 await self.lbtrm.serve_proxy(f, sock, task_status)
             return
-        if not tcp and self.fanout is not None and self.rufan.wants(self.current_link()):
+        if not tcp and self.fanout is not None and self.rufan.wants(self.site.link):
             with sock:
-                await self.rufan.serve_proxy(f, sock, task_status, advert_of)
+                await self.rufan.serve_proxy(f, sock, task_status)
             return
         with sock:
             if tcp:
                 sock.listen(64)
             task_status.started(sock.getsockname())
             if tcp and self.fanout is not None:
-                await self.fanout.serve_tcp(sock, advert_of, self.current_link)
+                await self.fanout.serve_tcp(sock, pid)
             elif tcp:
                 listener = trio.SocketListener(sock)
                 async with trio.open_nursery() as n:
                     while True:
                         conn = await listener.accept()
-                        n.start_soon(self._near_tcp, advert_of, conn)
+                        n.start_soon(self._near_tcp, pid, conn)
             else:
-                await self._near_ru(advert_of, sock)
+                await self._near_ru(pid, sock)
 
-    async def _near_tcp(self, advert_of: Callable[[], int | None], conn) -> None:
-        link = self.current_link()
-        aid = advert_of()
+    async def _near_tcp(self, proxy_id: int, conn) -> None:
+        link = self.site.link
+        aid = self.site.proxy_advert(proxy_id)
         if link is None or aid is None:
             await conn.aclose()
             return
@@ -253,7 +246,7 @@ class Relay:
         finally:
             await trio.aclose_forcefully(conn)
 
-    async def _near_ru(self, advert_of: Callable[[], int | None], sock) -> None:
+    async def _near_ru(self, proxy_id: int, sock) -> None:
         """Datagrams from receivers of this proxy: one stream per receiver address
         (at most ``ru_max_streams`` on the link; each ends after ``ru_idle_timeout``
         of silence either way)."""
@@ -267,7 +260,7 @@ class Relay:
                     await trio.sleep(0.01)
                     continue
                 more, _ = drain(sock.raw, sock.raw.recvfrom)
-                link = self.current_link()
+                link = self.site.link
                 if link is None:
                     continue
                 now = trio.current_time()
@@ -278,7 +271,7 @@ class Relay:
                         if link.ru_streams >= self.ru_max_streams:
                             self.counters["ru_streams_full"] += 1
                             continue
-                        aid = advert_of()
+                        aid = self.site.proxy_advert(proxy_id)
                         if aid is None:
                             continue
                         sid = link.streams.open(aid, P.StreamKind.LBTRU)
@@ -368,7 +361,7 @@ class Relay:
     def stream_event(self, link: Link, ev) -> None:
         st = link.state.get(ev.stream_id)
         if isinstance(ev, S.StreamOpened):
-            body = self.advert_source(ev.advert_id)
+            body = self.site.advert_source(ev.advert_id)
             if body is None:
                 link.streams.refuse(ev.stream_id, P.RefuseCode.REFUSED, "unknown or withdrawn advertisement")
                 self.counters["streams_refused"] += 1
@@ -419,7 +412,7 @@ class Relay:
                     refuse_stream(link, st, f"cannot connect to the source {body.ip}:{body.port}: {e}",
                                   self.counters, self.event)
                     if isinstance(e, ConnectionRefusedError):
-                        self.session_ended(st.advert_id)
+                        self.site.session_ended(st.advert_id)
                     return
                 st.sock = conn
                 if not accept_stream(link, st, self.counters):
@@ -430,7 +423,7 @@ class Relay:
                 finally:
                     await trio.aclose_forcefully(conn)
                 if st.source_ended:
-                    self.session_ended(st.advert_id)
+                    self.site.session_ended(st.advert_id)
             else:
                 s = ru_socket()
                 try:
@@ -475,7 +468,7 @@ class Relay:
                 self.counters["ru_recv_error"] += 1
                 if isinstance(err, ConnectionRefusedError) and not st.source_ended:
                     st.source_ended = True
-                    self.session_ended(st.advert_id)
+                    self.site.session_ended(st.advert_id)
                 await trio.sleep(0.01)
 
     # ------------------------------------------------------- byte pumping
