@@ -23,7 +23,10 @@ fanout="off">, the per-connection relay, since the source sends a byte
 pattern, not LBMC: a plain TCP peer link, payloads spliced), "copy" (the same
 with LBMR_ROUTER_ZERO_COPY=0 in the routers' environment: every byte through
 Python) and "TLS" (the configs' <tls> block filled in with a throwaway CA and
-certificates made by openssl; TLS links always take the copy path).
+certificates made by openssl; TLS links always take the copy path), and a
+fourth, "direct link": one router with an endpoint in each TRD
+(configs/router-direct.xml, per-connection relay), whose sessions cross
+between its endpoints in memory.
 
 1. Throughput. A TCP "source" on 127.0.1.5 (TRD1) serves --mbytes MB (10^6
    bytes) of a known pattern to every connection, sent CHUNK bytes per
@@ -505,6 +508,65 @@ class Processes:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+class DirectLink(Processes):
+    """One router joining TRD1 and TRD2 directly (configs/router-direct.xml, ports
+    moved, the per-connection relay: byte-pattern sources) and its two lbmrds, as
+    separate processes: the sessions between its endpoints cross in memory."""
+
+    name = "direct link"
+
+    def _configs(self) -> dict[str, Path]:
+        l1, l2 = free_port(TRD1, socket.SOCK_DGRAM), free_port(TRD2, socket.SOCK_DGRAM)
+        self.lbmrd1, self.lbmrd2 = (TRD1, l1), (TRD2, l2)
+        text = (ROOT / "configs" / "router-direct.xml").read_text()
+        self.metrics_b = free_port("127.0.0.1")
+        edits = [("127.0.0.1:9392", f"127.0.0.1:{self.metrics_b}")]
+        for ip, lbmrd_port, relay_old in ((TRD1, l1, 'port-low="24000" port-high="24999"'),
+                                          (TRD2, l2, 'port-low="25000" port-high="25999"')):
+            tr, relay = free_port(ip, socket.SOCK_DGRAM), free_range(ip, RELAY_PORTS)
+            edits += [(f'{ip}" port="15380', f'{ip}" port="{lbmrd_port}'),
+                      ('low="14402" high="14406"', f'low="{tr}" high="{tr}"'),
+                      (relay_old, f'port-low="{relay}" port-high="{relay + RELAY_PORTS - 1}" fanout="off"')]
+        for old, new in edits:
+            if old not in text:
+                raise RuntimeError(f"configs/router-direct.xml: {old!r} not found (the shipped file changed)")
+            text = text.replace(old, new, 1)
+        path = self.tmp / "router-direct.xml"
+        path.write_text(text)
+        return {"d": path}
+
+    def start(self) -> None:
+        cfg = self._configs()
+        for key, (ip, port) in (("lbmrd1", self.lbmrd1), ("lbmrd2", self.lbmrd2)):
+            self.logs[key] = self.tmp / f"{key}.log"
+            self._spawn(key, PY + [LBMRD_CODE, "-i", ip, "-p", str(port), "--stats-interval", "0",
+                                   "-L", str(self.logs[key])])
+        self.logs["d"] = self.tmp / "router-direct.log"
+        self._spawn("d", PY + [ROUTER_CODE, "-L", str(self.logs["d"]), str(cfg["d"])])
+        deadline = time.monotonic() + 20
+        while True:
+            for k, p in self.procs.items():
+                if p.poll() is not None:
+                    raise RuntimeError(f"{k} exited with {p.returncode}: {self.log_tail(k)}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_b}/status", timeout=1):
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the direct-link router did not answer within 20 s")
+            time.sleep(0.05)
+
+    def cpu(self) -> dict[str, float]:
+        return {"d": _cpu_seconds(self.pid("d"))}
+
+    def stop(self) -> None:
+        p = self.procs.get("d")
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+        super().stop()
 
 
 class InProcess:
@@ -1167,6 +1229,9 @@ def main(argv: list[str] | None = None) -> int:
         copy_dep = Processes(tmp, env={"LBMR_ROUTER_ZERO_COPY": "0"}, tag="copy")
         stack.callback(copy_dep.stop)
         copy_dep.start()
+        direct_dep = DirectLink(tmp, tag="direct-link")
+        stack.callback(direct_dep.stop)
+        direct_dep.start()
         tls_dep = None
         certs = None if args.no_tls else certificates(tmp)
         if certs is not None:
@@ -1176,7 +1241,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n1. Throughput, one TCP stream (receiver in TRD2 -> proxy of router B -> peer link -> "
               "router A -> source in TRD1), routers and lbmrds as separate processes; best of "
               f"{args.runs} rounds, every path once per round")
-        advertisers = [Advertiser(TPUT_TOPIC, d.lbmrd1, source.port) for d in (dep, copy_dep, tls_dep) if d]
+        advertisers = [Advertiser(TPUT_TOPIC, d.lbmrd1, source.port)
+                       for d in (dep, copy_dep, tls_dep, direct_dep) if d]
         for a in advertisers:
             stack.callback(a.close)
         paths = {"direct": (SRC_IP, source.port)}
@@ -1189,7 +1255,8 @@ def main(argv: list[str] | None = None) -> int:
             paths[mode], labels[mode] = chain.addr, what
         for key, d, what in (("routed", dep, "routed, plain TCP link, zero copy"),
                              ("routed-copy", copy_dep, "routed, plain TCP link, copy path"),
-                             ("routed-tls", tls_dep, "routed, TLS link (copy path)")):
+                             ("routed-tls", tls_dep, "routed, TLS link (copy path)"),
+                             ("direct-link", direct_dep, "one router, two endpoints (in memory)")):
             if d is not None:
                 paths[key], labels[key] = resolve(TPUT_TOPIC, d.lbmrd2), what
         res = throughput_paths(paths, source, args.runs, dep, "routed", {"splice": chains["splice"]})
@@ -1207,6 +1274,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("    TLS link: not measured (--no-tls, or openssl missing)")
         print(f"    ratio copy relay / splice relay          {best['splice'] / best['copy']:6.3f}x")
+        print(f"    ratio one router, two endpoints / splice relay  {best['splice'] / best['direct-link']:6.3f}x "
+              f"(/ routed pair, zero copy {best['routed'] / best['direct-link']:.3f}x)")
         print_cpu(res["cpu"])
         print_cpu_per_gb(res["cpu_per_gb"], res["ends_per_gb"])
         if not args.no_inprocess:

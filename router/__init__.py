@@ -8,15 +8,19 @@ The map, bottom up:
   listening, sessions ended, ticks in; typed outputs drained), built of the
   topic resolution of each endpoint portal and its sharing among links, the
   bridge of each endpoint on each link, proxy sessions, routing and transit,
-  ACLs and patterns, the LBT-RM and LBT-RU proxies' state machines.
+  ACLs and patterns, the fan-out queues, the LBT-RM and LBT-RU proxies' and
+  the LBT-RU proxy receiver's state machines.
 * :mod:`router.peerlink` — the peer-link protocol, sans-IO (frames, codec,
   connection, writer queue, streams; spec in ``router/PEERLINK.md``).
 * The trio shell, one nursery per router (:mod:`router.multi`): a task per
   endpoint TR socket (:mod:`router.portal_task`), per link
-  (:mod:`router.link_task`; :mod:`router.link` is a connected peer link), per
-  proxy and relayed stream (:mod:`router.relay`, :mod:`router.lbtrm_relay`,
-  :mod:`router.splice`), and the core's task (:mod:`router.wake`);
-  :mod:`router.daemon` is the one-endpoint, one-peer router.
+  (:mod:`router.link_task`; :mod:`router.link` is a connected peer link,
+  :mod:`router.pair_link` a side of a pair of endpoints, in memory), per
+  proxy and relayed stream (:mod:`router.relay`, :mod:`router.fanout_relay`,
+  :mod:`router.lbtru_relay`, :mod:`router.lbtrm_relay`, :mod:`router.splice`;
+  each relay sees the router through :mod:`router.relay_site`), and the
+  core's task (:mod:`router.wake`); :mod:`router.daemon` is the
+  one-endpoint, one-peer router.
 * Configuration and command: :mod:`router.config_model`,
   :mod:`router.config_grammar`, :mod:`router.acl_config`,
   :mod:`router.config` (the XML file), :mod:`router.logs`, :mod:`router.cli`.

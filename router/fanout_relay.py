@@ -78,8 +78,13 @@ class Upstream:
 
 
 class Upstreams(dict):
-    """The endpoint's upstream sessions, origin (ip, port, session id) ->
-    :class:`Upstream`, shared by the relays of all its links."""
+    """The endpoint's upstream sessions of one transport (TCP here, LBT-RU in
+    :mod:`router.lbtru_relay`), origin (ip, port, session id) -> its upstream,
+    shared by the relays of all its links. ``nursery``: where
+    their tasks run (the router's: a session outlives the link whose stream
+    opened it, while streams of other links use it); None: the opening link's."""
+
+    nursery: trio.Nursery | None = None
 
 
 class _Receiver:
@@ -112,16 +117,17 @@ def _peer(conn: trio.SocketStream) -> str:
 
 class FanoutRelay:
     """The fan-out data plane of one endpoint's relay. ``counters``/``event``:
-    the router's; ``session_ended(advert_id)``: a source ended a session or
-    refused it; ``upstreams``: shared with the relays of the endpoint's other
-    links. ``max_queue`` (bytes) and ``stall_timeout`` (seconds) from the
-    endpoint (``fanout_max_queue``, ``fanout_stall_timeout_ms``)."""
+    the router's; ``site``: the router around it
+    (:class:`router.relay_site.RelaySite`); ``upstreams``: shared with the
+    relays of the endpoint's other links. ``max_queue`` (bytes) and
+    ``stall_timeout`` (seconds) from the endpoint (``fanout_max_queue``,
+    ``fanout_stall_timeout_ms``)."""
 
     def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None],
-                 session_ended: Callable[[int], None], upstreams: Upstreams) -> None:
+                 site, upstreams: Upstreams) -> None:
         self.counters = counters
         self.event = event
-        self.session_ended = session_ended
+        self.site = site
         self.upstreams = upstreams
         self.max_queue = getattr(endpoint, "fanout_max_queue", DEFAULT_MAX_QUEUE)
         self.stall_timeout = getattr(endpoint, "fanout_stall_timeout_ms", DEFAULT_STALL_TIMEOUT * 1000) / 1000
@@ -131,15 +137,14 @@ class FanoutRelay:
 
     # ------------------------------------------------------- near side
 
-    async def serve_tcp(self, sock, advert_of: Callable[[], int | None],
-                        current_link: Callable[[], Link | None]) -> None:
-        """Accept receivers at the proxy's listening socket ``sock`` until cancelled."""
+    async def serve_tcp(self, sock, proxy_id: int) -> None:
+        """Accept receivers at proxy ``proxy_id``'s listening socket ``sock`` until cancelled."""
         listener = trio.SocketListener(sock)
         proxy = _Proxy()
         async with trio.open_nursery() as n:
             while True:
                 conn = await listener.accept()
-                n.start_soon(self._receiver, proxy, conn, advert_of, current_link, n)
+                n.start_soon(self._receiver, proxy, conn, proxy_id, n)
 
     def _open_stream(self, proxy: _Proxy, link: Link, aid: int, nursery) -> None:
         sid = link.streams.open(aid, P.StreamKind.TCP)
@@ -151,14 +156,13 @@ class FanoutRelay:
         self.counters["fanout_streams_opened"] += 1
         nursery.start_soon(self._near_stream, proxy, link, st)
 
-    async def _receiver(self, proxy: _Proxy, conn: trio.SocketStream, advert_of, current_link,
-                        nursery) -> None:
+    async def _receiver(self, proxy: _Proxy, conn: trio.SocketStream, proxy_id: int, nursery) -> None:
         try:
             if self.receivers >= FANOUT_MAX_RECEIVERS:
                 self.counters["fanout_receivers_full"] += 1
                 return
             if proxy.st is None:
-                link, aid = current_link(), advert_of()
+                link, aid = self.site.link, self.site.proxy_advert(proxy_id)
                 if link is None or aid is None:
                     return
                 self._open_stream(proxy, link, aid, nursery)
@@ -329,7 +333,7 @@ class FanoutRelay:
         up = self.upstreams.get(key)
         if up is None or up.done or up.by_origin:
             up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget))
-            link.nursery.start_soon(self._upstream, up)
+            (self.upstreams.nursery or link.nursery).start_soon(self._upstream, up)
         up.waiting += 1
         link.nursery.start_soon(self._far_stream, up, link, st)
 
@@ -450,7 +454,7 @@ class FanoutRelay:
             up.sinks[key] = st
             await self._far_serve(link, st, q)
             if up.by_origin:
-                self.session_ended(st.advert_id)
+                self.site.session_ended(st.advert_id)
         finally:
             up.sinks.pop(key, None)
             up.core.remove(key)
@@ -479,7 +483,7 @@ class FanoutRelay:
     def _far_refused(self, link: Link, st: StreamState, up: Upstream) -> None:
         refuse_stream(link, st, up.failed or "the session ended", self.counters, self.event)
         if up.refused or up.by_origin:
-            self.session_ended(st.advert_id)
+            self.site.session_ended(st.advert_id)
 
 
 def accept_stream(link: Link, st: StreamState, counters: Counter[str]) -> bool:

@@ -38,7 +38,8 @@ from lbmr_runtime.netif import open_multicast_socket
 
 from . import peerlink as P
 from .core.lbtrm import DatagramQueue, GroupPool, RmOrigin, RmProxy
-from .core.lbtru_fanout import RuFanout, WindowBudget
+from .core.lbtru_fanout import LbtrmInput, RuFanout, WindowBudget
+from .lbtru_relay import RuProxySource, receive
 from .link import Link, StreamState
 from .peerlink import streams as S
 
@@ -48,35 +49,7 @@ LBTRM = 0x10  # the LBMR transport code of LBT-RM, also the peer-link stream kin
 QUEUE_LIMIT = 4096  # datagrams waiting per stream and direction
 MAX_STREAMS = 256  # far side: LBT-RM streams (joined groups) per link
 RETRY_INTERVAL = 1.0  # seconds before a proxy opens its stream again
-BATCH = 64  # datagrams read from a socket at one wake-up
 SOCKET_BUFFER = 4 << 20
-FANOUT_YIELD = 512  # datagrams an LBT-RU proxy sends to its receivers before it lets other tasks run
-
-
-def _drain(raw, n: int = BATCH) -> list:
-    out = []
-    for _ in range(n):
-        try:
-            out.append(raw.recvfrom(65535))
-        except (BlockingIOError, InterruptedError):
-            break
-        except OSError:  # an ICMP error queued on the socket: the next read goes on
-            continue
-    return out
-
-
-async def _receive(sock, counters: Counter[str]) -> list | None:
-    """The datagrams ``sock`` has (waits for the first; at most BATCH) as
-    (data, address) pairs; None when the socket was closed."""
-    try:
-        first = await sock.recvfrom(65535)
-    except trio.ClosedResourceError:
-        return None
-    except OSError:  # an ICMP error queued on the socket
-        counters["lbtrm_recv_error"] += 1
-        await trio.sleep(0.01)
-        return []
-    return [first, *_drain(sock.raw, BATCH - 1)]
 
 
 async def _send(sock, data: bytes, dest, counters: Counter[str]) -> None:
@@ -101,14 +74,13 @@ class RmRelay:
     """The LBT-RM part of one endpoint's relay. ``endpoint``: its settings
     (``relay_ip``, ``multicast_ttl``, and optionally ``lbtrm_group_low`` /
     ``lbtrm_group_high`` / ``lbtrm_dest_port`` / ``lbtrm_same_group``);
-    ``counters``, ``event`` and ``current_link`` as :class:`router.relay.Relay`'s."""
+    ``counters``, ``event`` and ``site`` as :class:`router.relay.Relay`'s."""
 
-    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None],
-                 current_link: Callable[[], Link | None]) -> None:
+    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None], site) -> None:
         self.endpoint = endpoint
         self.counters = counters
         self.event = event
-        self.current_link = current_link
+        self.site = site
         self.pool = GroupPool(getattr(endpoint, "lbtrm_group_low", None) or "224.10.10.10",
                               getattr(endpoint, "lbtrm_group_high", None) or "224.10.10.14",
                               dest_port=getattr(endpoint, "lbtrm_dest_port", 14400),
@@ -146,7 +118,7 @@ class RmRelay:
         try:
             task_status.started((ip, port))
             while True:
-                link = self.current_link()
+                link = self.site.link
                 if link is not None and link.connected and not link.closed:
                     await self._near_stream(link, f.advert_id, partial(self._multicast, link, proxy, sock))
                 await trio.sleep(self.retry_interval)
@@ -186,7 +158,7 @@ class RmRelay:
     async def _naks_up(self, link: Link, st: StreamState, proxy: RmProxy, sock, scope) -> None:
         """NAKs from receivers to the peer."""
         while not (st.closed or link.closed):
-            batch = await _receive(sock, self.counters)
+            batch = await receive(sock, self.counters, "lbtrm_recv_error")
             if batch is None:
                 scope.cancel()
                 return
@@ -212,110 +184,22 @@ class RmRelay:
     # ------------------------------------------- near side, unicast (LBT-RU)
 
     async def _serve_fanout(self, f: P.Advertisement, sock, task_status) -> None:
-        """The proxy as an LBT-RU source (:class:`router.core.lbtru_fanout.RuFanout`):
+        """The proxy as an LBT-RU source (:class:`router.lbtru_relay.RuProxySource`):
         receivers connect to ``sock`` and get the session unicast. Its
         clients are served (connections, NAKs answered from the window) even
-        while the link is down; the stream is opened as for a multicast proxy."""
+        while the link is down; the stream runs while the proxy lives, opened
+        again ``retry_interval`` after it ended."""
         ip, port = sock.getsockname()[:2]
-        fan = RuFanout(secrets.randbits(32), self.counters, nak_port=port, nak_session=secrets.randbits(32),
+        fan = RuFanout(secrets.randbits(32), self.counters, origin=LbtrmInput(port, secrets.randbits(32)),
                        budget=self.window_budget,
                        max_clients=getattr(self.endpoint, "lbtrm_max_clients", 256))
         self.bodies[f.advert_id] = LbtruSessionTransport(ip, fan.session_id, port)
-        up: list = [None]  # (link, stream) while the stream runs: where NAKs for the origin go
-        timer = [trio.CancelScope()]  # the timer task's current wait
         try:
             task_status.started((ip, port))
-            async with trio.open_nursery() as n:
-                n.start_soon(self._fanout_clients, fan, sock, up, timer)
-                n.start_soon(self._fanout_timer, fan, sock, timer)
-                while True:
-                    link = self.current_link()
-                    if link is not None and link.connected and not link.closed:
-                        await self._near_stream(link, f.advert_id, partial(self._fanout, link, fan, sock, up, timer))
-                    await trio.sleep(self.retry_interval)
+            await RuProxySource(fan, sock, self.counters, self.site, f.advert_id, LBTRM, on_demand=False,
+                                queue_limit=self.queue_limit, retry_interval=self.retry_interval).run()
         finally:
-            self._send_now(sock, fan.close())
             self.bodies.pop(f.advert_id, None)
-
-    def _send_now(self, sock, out) -> None:
-        """Datagrams to receivers, without waiting: a full socket buffer drops
-        (counted; LBT-RU receivers NAK what they miss)."""
-        raw = sock.raw
-        for data, addr in out:
-            try:
-                raw.sendto(data, addr)
-            except BlockingIOError:
-                self.counters["lbtru_send_dropped"] += 1
-            except OSError:
-                self.counters["lbtru_send_error"] += 1
-
-    @staticmethod
-    def _rearm(fan: RuFanout, timer: list) -> None:
-        """Bring the timer's wake-up forward if the fan-out now has something due earlier."""
-        due = fan.next_due()
-        if due < timer[0].deadline:
-            timer[0].deadline = due
-
-    async def _fanout_timer(self, fan: RuFanout, sock, timer: list) -> None:
-        """Session messages and client expiry, when due (``timer[0]``: the
-        cancel scope of the current wait, which :meth:`_rearm` moves)."""
-        while True:
-            out, due = fan.tick(trio.current_time())
-            self._send_now(sock, out)
-            timer[0] = trio.CancelScope(deadline=due)
-            with timer[0]:
-                await trio.sleep_forever()
-
-    async def _fanout_clients(self, fan: RuFanout, sock, up: list, timer) -> None:
-        """Datagrams from receivers: connections, ACKs, NAKs."""
-        while True:
-            batch = await _receive(sock, self.counters)
-            if batch is None:
-                return
-            now = trio.current_time()
-            sends = 0
-            for data, addr in batch:
-                out = fan.from_client(data, addr[:2], now)
-                self._send_now(sock, out)
-                sends += len(out)
-                if sends >= FANOUT_YIELD:  # NAKs answered from the window: let the other tasks run
-                    sends = 0
-                    await trio.sleep(0)
-                    now = trio.current_time()
-            naks = fan.take_naks_up()
-            if naks:
-                cur = up[0]
-                if cur is None or cur[1].closed or cur[0].closed:
-                    self.counters["lbtru_naks_no_link"] += len(naks)
-                else:
-                    sent = False
-                    for nak in naks:
-                        sent = self._datagram(cur[0], cur[1], nak) or sent
-                    if sent:
-                        cur[0].flush_streams()
-            self._rearm(fan, timer)
-
-    async def _fanout(self, link: Link, fan: RuFanout, sock, up: list, timer: list, st: StreamState) -> None:
-        """An LBT-RU proxy's session: the peer's datagrams to the receivers;
-        ``up[0]`` is where the fan-out's NAKs for the origin go meanwhile."""
-        up[0] = (link, st)
-        try:
-            while not (st.closed or link.closed):
-                await st.incoming_ready.wait()
-                st.incoming_ready = trio.Event()
-                now = trio.current_time()
-                sends = 0
-                while st.incoming:
-                    out = fan.from_peer(st.incoming.popleft(), now)
-                    self._send_now(sock, out)
-                    sends += len(out)
-                    if sends >= FANOUT_YIELD:  # many receivers: let the other tasks run
-                        sends = 0
-                        await trio.sleep(0)
-                        now = trio.current_time()
-                self._rearm(fan, timer)
-        finally:
-            up[0] = None
 
     # ------------------------------------------------------------- far side
 
@@ -387,7 +271,7 @@ class RmRelay:
     async def _group_up(self, link: Link, st: StreamState, origin: RmOrigin, mc, scope) -> None:
         """The source's session from its group to the peer."""
         while not (st.closed or link.closed):
-            batch = await _receive(mc, self.counters)
+            batch = await receive(mc, self.counters, "lbtrm_recv_error")
             if batch is None:
                 scope.cancel()
                 return

@@ -8,8 +8,7 @@ Over 600 lines because the reader and the writer of the zero-copy path share
 the link's pipes, queue and stream states; splitting them would spread one
 ordering rule (no byte overtakes another of its stream) over two modules.
 
-Zero copy (a plain TCP link; not TLS, not the in-process socket pair of a
-direct link): large STREAM_DATA payloads never enter Python (see
+Zero copy (a plain TCP link; not TLS): large STREAM_DATA payloads never enter Python (see
 :mod:`router.splice`). The reader peeks at what the socket holds, hands
 whole frames to the connection as usual and, when a STREAM_DATA frame of at
 least SPLICE_MIN data bytes is next, consumes only its 16-byte head: the
@@ -228,6 +227,16 @@ class Link:
     @property
     def connected(self) -> bool:
         return self.conn.state is P.State.CONNECTED
+
+    @property
+    def capabilities(self) -> int:
+        """The capabilities both ends set (:class:`router.peerlink.Capability` bits)."""
+        return self.conn.capabilities
+
+    @property
+    def state_name(self) -> str:
+        """The connection's state, as ``/status`` shows it."""
+        return self.conn.state.value
 
     def put(self, frame: P.Frame, wake: bool = True) -> bool:
         try:

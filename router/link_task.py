@@ -1,6 +1,7 @@
 """One link of the router on trio: a peer link (connect or accept, TLS,
 handshake, reader, writer and timers; reconnect every ``reconnect_interval``)
-or the in-process link of a pair of endpoints (a connected socket pair).
+or one side of a pair of endpoints (:class:`router.pair_link.PairLink`: the
+stream frames of the pair's relayed sessions, in memory).
 
 The link's control frames and events go to the router's core
 (:class:`router.core.router_core.RouterCore`: link up, frames, link down),
@@ -22,6 +23,7 @@ from . import peerlink as P
 from .config_model import PeerConfig
 from .core.router_core import LinkSpec, RouterCore
 from .link import CONNECT_TIMEOUT, RAW_LIMIT, Link
+from .pair_link import PairLink
 from .peerlink import streams as S
 from .wake import Wake
 
@@ -60,8 +62,7 @@ def set_peer_socket_options(sock, peer: PeerConfig, *, connected: bool) -> None:
     connecting or listening, so that the TCP window scale is chosen for them),
     SO_KEEPALIVE and, once ``connected`` (trio's SocketStream turns
     TCP_NODELAY on), TCP_NODELAY as ``<nodelay/>`` says: absent means Nagle's
-    algorithm stays on, as in the DRO. Sockets that are not TCP (an
-    in-process link's socket pair) are left alone."""
+    algorithm stays on, as in the DRO. Sockets that are not TCP are left alone."""
     if sock.family != socket.AF_INET or sock.type != socket.SOCK_STREAM:
         return
     if not connected:
@@ -97,24 +98,24 @@ class LinkTask:
     settings; ``identity``: what the handshake tells the peer; ``core`` and
     ``wake``: where its frames go; ``relays``: endpoint name -> that endpoint's
     :class:`router.relay.Relay` on this link; ``counters`` and ``event(kind,
-    detail)``: the link's counters and event log; ``stream``: the connected
-    stream of an in-process link (None for a peer link)."""
+    detail)``: the link's counters and event log; ``pair``: this side of an
+    endpoint pair (None for a peer link)."""
 
     def __init__(self, spec: LinkSpec, peer: PeerConfig, identity: P.RouterIdentity, core: RouterCore,
-                 wake: Wake, relays: dict, counters, event, *, stream: trio.abc.Stream | None = None) -> None:
+                 wake: Wake, relays: dict, counters, event, *, pair: PairLink | None = None) -> None:
         self.spec, self.peer, self.identity = spec, peer, identity
         self.core, self.wake, self.relays = core, wake, relays
         self.counters, self.event = counters, event
-        self.stream = stream
+        self.pair = pair
         self.tls = None if peer.tls is None else tls_context(peer.tls, server_side=(peer.role == "acceptor"))
-        self.link: Link | None = None
+        self.link: Link | PairLink | None = None
         self._handshakes: dict[trio.CancelScope, Link | None] = {}  # incoming links not yet connected
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         p = self.peer
-        if self.stream is not None:  # an in-process link: runs once, for the router's life
+        if self.pair is not None:  # a side of an endpoint pair: runs once, for the router's life
             task_status.started(None)
-            await self._run_link(self.stream, p.role)
+            await self._run_pair(self.pair)
             return
         if p.role == "acceptor":
             listeners = await trio.open_tcp_listeners(p.port, host=p.listen_ip)
@@ -200,6 +201,17 @@ class LinkTask:
             self._link_down(link)
             await trio.aclose_forcefully(stream)
 
+    async def _run_pair(self, link: PairLink) -> None:
+        """The other side's stream frames to this side's stream table and relays."""
+        self.link = link
+        try:
+            async with trio.open_nursery() as n:
+                link.nursery = n
+                while not link.closed:
+                    self._link_events(link, await link.receive())
+        finally:
+            link.down()
+
     async def _link_timer(self, link: Link, scope: trio.CancelScope) -> None:
         while True:
             await trio.sleep_until(link.conn.next_deadline())
@@ -282,9 +294,10 @@ class LinkTask:
         return self.relays[self.spec.endpoints[0]]
 
     async def disconnect(self, reason: str, timeout: float = 2.0) -> None:
-        """Graceful disconnect of the link (request, response, ok), bounded in time."""
+        """Graceful disconnect of the link (request, response, ok), bounded in time;
+        a side of an endpoint pair ends with the router."""
         link = self.link
-        if link is None or link.conn.state is not P.State.CONNECTED:
+        if self.pair is not None or link is None or link.conn.state is not P.State.CONNECTED:
             return
         link.put(P.DisconnectRequest(reason))
         with trio.move_on_after(timeout):
@@ -293,6 +306,8 @@ class LinkTask:
 
     def status(self) -> dict:
         """The link's state (the ``peer`` part of a portal link's status)."""
+        if self.pair is not None:
+            return self.pair.status()
         link = self.link
         return {"name": self.peer.name, "state": link.conn.state.value if link else "down",
                 "peer": link.conn.peer.name if link and link.conn.peer else None,

@@ -3,10 +3,9 @@ its TRD) and peer links, with the router's control plane in one sans-IO core
 (:class:`router.core.router_core.RouterCore`). One nursery per router.
 
 Tasks: one per endpoint's TR socket (:class:`router.portal_task.PortalTask`),
-one per link (:class:`router.link_task.LinkTask`: each ``<peer>``, and the
-in-process link of each pair of endpoints, a connected socket pair carrying
-the peer-link protocol so that the data between two endpoints is relayed as
-over a peer link), one per proxy listener and relayed stream
+one per link (:class:`router.link_task.LinkTask`: each ``<peer>``, and each
+side of a pair of endpoints, whose control is joined in the core and whose
+relayed sessions cross in memory, :class:`router.pair_link.PairLink`), one per proxy listener and relayed stream
 (:class:`router.relay.Relay`, one per link and endpoint, sharing the
 endpoint's relay ports), the HTTP endpoint, the signals, and the core task:
 it runs the core's timers at its deadline and, whenever another task gave
@@ -48,8 +47,10 @@ from .core.router_core import (
 )
 from .core.routing import Routing
 from .link_task import LinkTask
-from .portal_task import PortalTask, new_portal
+from .pair_link import PairLink, pair_links
+from .portal_task import IO_BATCH, PortalTask, new_portal
 from .relay import PortPool, Relay
+from .relay_site import RelaySite
 from .wake import Wake
 
 __all__ = ["MultiRouter", "Unit", "serve_signals", "proxy_bound"]
@@ -82,6 +83,11 @@ async def serve_signals(status, stop, *, task_status=trio.TASK_STATUS_IGNORED) -
             else:
                 log.info("stopping (%s)", signal.Signals(sig).name)
                 await stop()
+
+
+# batches of IO_BATCH datagrams a TR socket may give the core's task before the core's
+# timers run (at most 1,024 datagrams; the portal's own task reads the rest)
+READ_BEFORE_TIMERS = 16
 
 
 class Unit:
@@ -164,7 +170,7 @@ class MultiRouter:
         self.core: RouterCore | None = None
         self.routing: Routing | None = None
         self.links: list[Unit] = []
-        self._specs: list[tuple[LinkSpec, PeerConfig, trio.abc.Stream | None]] = []
+        self._specs: list[tuple[LinkSpec, PeerConfig, PairLink | None]] = []
         self._tasks: dict[str, LinkTask] = {}
         self._units: dict[tuple[str, str], Unit] = {}  # (link id, endpoint name) -> its unit
         self._nursery: trio.Nursery | None = None
@@ -173,7 +179,7 @@ class MultiRouter:
 
     def _plan(self) -> None:
         """The links and units: every ``<peer>`` serves every endpoint; every pair
-        of endpoints gets an in-process link (one side each)."""
+        of endpoints gets a pair link (one side each, in memory)."""
         s = self.config
         names = tuple(e.name for e in s.endpoints)
         for p in s.peers:
@@ -181,13 +187,13 @@ class MultiRouter:
             self.links += [Unit(s.name, e, p, p.name) for e in s.endpoints]
         for i, a in enumerate(s.endpoints):
             for b in s.endpoints[i + 1:]:
-                sa, sb = trio.socket.socketpair()
                 name = f"{a.name}<->{b.name}"
-                sides = ((a, b, initiator_peer(name, "", 0), sa), (b, a, acceptor_peer(name), sb))
-                for e, other, peer, sock in sides:
+                pa, pb = initiator_peer(name, "", 0), acceptor_peer(name)
+                la, lb = pair_links(name, name, pa.max_queue, pb.max_queue)
+                for e, other, peer, side in ((a, b, pa, la), (b, a, pb, lb)):
                     lid = f"{name}@{e.name}"
                     spec = LinkSpec(lid, name, (e.name,), peer.cost, peer.acl, False, pair=f"{name}@{other.name}")
-                    self._specs.append((spec, peer, trio.SocketStream(sock)))
+                    self._specs.append((spec, peer, side))
                     self.links.append(Unit(f"{s.name}/{e.name}", e, peer, lid))
 
     def _build_core(self, now: float) -> RouterCore:
@@ -206,6 +212,8 @@ class MultiRouter:
         s = self.config
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            for pool in self.pools.values():
+                pool.upstreams.nursery = pool.ru_upstreams.nursery = nursery  # sessions outlive the link that opened them
             for portal in self.portals.values():
                 await portal.open()
             core = self.core = self._build_core(trio.current_time())
@@ -213,7 +221,7 @@ class MultiRouter:
             for unit in self.links:
                 unit.core = core
             self._units = {(u.link_id, u.endpoint.name): u for u in self.links}
-            for spec, peer, stream in self._specs:
+            for spec, peer, pair in self._specs:
                 units = {u.endpoint.name: u for u in self.links if u.link_id == spec.id}
                 first = units[spec.endpoints[0]]
                 caps = P.DEFAULT_CAPABILITIES | (P.Capability.ROUTING if spec.routed else 0)
@@ -222,7 +230,7 @@ class MultiRouter:
                                             capabilities=int(caps))
                 relays = {}
                 task = LinkTask(spec, peer, identity, core, self.wake, relays, first.counters, first.event,
-                                stream=stream)
+                                pair=pair)
                 for name, u in units.items():
                     u.task = task
                     u.relay = relays[name] = self._relay(u, task)
@@ -249,17 +257,9 @@ class MultiRouter:
 
     def _relay(self, unit: Unit, task: LinkTask) -> Relay:
         e = unit.endpoint
-        relay = Relay(e, unit.counters, unit.event, lambda: task.link,
-                      partial(self.core.advert_source, unit.link_id, e.name),
-                      partial(self._session_ended, unit))
+        relay = Relay(e, unit.counters, unit.event, RelaySite(self.core, self.wake, task, e.name))
         relay.share_ports(self.pools[e.name])
         return relay
-
-    def _session_ended(self, unit: Unit, advert_id: int) -> None:
-        """A source of ours ended a relayed session or refused one (see
-        :meth:`RouterCore.session_ended`)."""
-        self.core.session_ended(unit.link_id, unit.endpoint.name, advert_id, trio.current_time())
-        self.wake.set()
 
     # --------------------------------------------------------------- the core's task
 
@@ -269,6 +269,11 @@ class MultiRouter:
         core = self.core
         while True:
             now = trio.current_time()
+            if now >= core.next_deadline():  # timers due: what the TR sockets hold counts first
+                for portal in self.portals.values():
+                    for _ in range(READ_BEFORE_TIMERS):
+                        if portal.receive_ready(core) < IO_BATCH:
+                            break
             core.tick(now)
             for key in list(self._advertising):
                 if not core.advertise_pending(*key, now, ADVERTISE_CHUNK):
@@ -303,11 +308,10 @@ class MultiRouter:
         in this task) reports its address (:class:`_ProxyListening`), where the
         core then advertises every topic of the session in the unit's TRD. A
         stream of a receiver names a live advertisement of the session
-        (:meth:`RouterCore.proxy_advert`)."""
-        pid, lid, e = f.advert_id, unit.link_id, unit.endpoint.name
+        (:meth:`RouterCore.proxy_advert`, through the relay's site)."""
         listening = _ProxyListening(self.core, unit, f, self.wake, self._advertising)
         with scope:
-            await unit.relay.serve_proxy(f, partial(self.core.proxy_advert, lid, e, pid), task_status=listening)
+            await unit.relay.serve_proxy(f, task_status=listening)
 
     # --------------------------------------------------------------- status
 
@@ -468,4 +472,4 @@ _DROPS = frozenset({"peer_refused_duplicate", "bad_interest", "bad_advert", "adv
 
 def _state(r: Unit) -> str:
     link = r.link
-    return link.conn.state.value if link is not None else "down"
+    return link.state_name if link is not None else "down"

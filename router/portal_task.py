@@ -134,20 +134,31 @@ class PortalTask:
     async def _receive(self, core, wake) -> None:
         """Whatever the socket holds, up to ``IO_BATCH`` datagrams a turn, into
         the core (the loop's own cost is paid once a turn, not once a datagram)."""
-        name, raw = self.endpoint.name, self._raw
         while True:
-            await trio.lowlevel.wait_readable(raw)
-            for _ in range(IO_BATCH):
-                try:
-                    data, src = raw.recvfrom(65535)
-                except BlockingIOError:
-                    break
-                except OSError as e:  # an ICMP error reported on the socket
-                    self.counters["tr_recv_error"] += 1
-                    log.debug("TR receive failed: %s", e)
-                    continue
-                core.tr_datagram(name, data, src, trio.current_time())
+            await trio.lowlevel.wait_readable(self._raw)
+            self.receive_ready(core)
             wake.set()
+
+    def receive_ready(self, core) -> int:
+        """Up to ``IO_BATCH`` datagrams the socket holds now into the core, without
+        waiting; how many. The core's task calls it before the core's timers run,
+        so that an answer that came in before a deadline counts before it (one
+        that is still unread when a source's deletion delay ends would otherwise
+        withdraw a live source whenever both are ready in the same turn)."""
+        name, raw = self.endpoint.name, self._raw
+        got = 0
+        for _ in range(IO_BATCH):
+            try:
+                data, src = raw.recvfrom(65535)
+            except BlockingIOError:
+                break
+            except OSError as e:  # an ICMP error reported on the socket
+                self.counters["tr_recv_error"] += 1
+                log.debug("TR receive failed: %s", e)
+                continue
+            core.tr_datagram(name, data, src, trio.current_time())
+            got += 1
+        return got
 
     async def _send_loop(self) -> None:
         """The outbox in order, ``IO_BATCH`` datagrams between checkpoints; a

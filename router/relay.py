@@ -4,7 +4,8 @@ and the peer link (per-stream credit from :mod:`router.peerlink.streams`).
 
 Near side: a proxy (:meth:`Relay.serve_proxy`) listens at the relay address
 for one of the peer's advertisements; TCP receivers share one stream of the
-proxy on the current link (fan-out, :mod:`router.fanout_relay`) or, with
+proxy on the current link (fan-out, :mod:`router.fanout_relay`), LBT-RU
+receivers one LBT-RU proxy source (:mod:`router.lbtru_relay`), or, with
 ``fanout="off"``, every TCP connection opens a stream, as does every LBT-RU
 receiver address. Far side: a stream the peer opens
 (:meth:`Relay.stream_event`) joins the session's one connection to the real
@@ -27,14 +28,12 @@ from . import peerlink as P
 from .core.tr import relay_transport
 from .fanout_relay import FanoutRelay, Upstreams, accept_stream, refuse_stream
 from .lbtrm_relay import LBTRM, RmRelay
+from .lbtru_relay import RuSessionRelay, ru_socket, udp_raw
 from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
 from .peerlink import streams as S
 from .splice import splice
 
 RU_BACKLOG = 64  # datagrams held per LBT-RU stream until the far side accepts
-# LBT-RU relay sockets: 4 MiB buffers (the loopback walk-through lost hundreds of
-# datagrams per stream with the default ~200 KiB whenever the event loop paused).
-RU_SOCKET_BUFFER = 4 << 20
 # LBT-RU streams (one per receiver address) end after this long with no datagram
 # either way (UM's transport_lbtru_client_activity_timeout: a source forgets a
 # receiver that stayed silent this long), and at most RU_MAX_STREAMS of them run
@@ -51,26 +50,6 @@ RU_BATCH = 64  # datagrams read from a relay socket at one wake-up
 # Zero copy, sending: frames (pipes) of one stream queued for the writer at once (the pump
 # fills the next while the writer writes one).
 TX_DEPTH = 2
-
-
-def _udp_raw() -> socket.socket:
-    raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-        try:
-            raw.setsockopt(socket.SOL_SOCKET, opt, RU_SOCKET_BUFFER)
-        except OSError:
-            pass
-    return raw
-
-
-def ru_socket(raw: socket.socket | None = None):
-    """A UDP socket for the LBT-RU relay, with big buffers (best effort). Its
-    ``raw`` attribute is the underlying non-blocking socket, for reading what is
-    already queued and sending without a scheduler round trip per datagram."""
-    raw = raw if raw is not None else _udp_raw()
-    s = trio.socket.from_stdlib_socket(raw)
-    s.raw = raw
-    return s
 
 
 def drain(raw, receive) -> tuple[list, OSError | None]:
@@ -90,44 +69,45 @@ def drain(raw, receive) -> tuple[list, OSError | None]:
 class PortPool:
     """Relay ports in use and in quarantine, shared by every link of one endpoint
     portal (their proxies bind in the same range: a port one gives up stays in
-    quarantine for all of them); and the portal's upstream TCP sessions (one
-    connection to each origin session, whichever link's streams it feeds)."""
+    quarantine for all of them); and the portal's upstream TCP and LBT-RU
+    sessions (one connection to each origin session, whichever link's
+    streams it feeds)."""
 
     def __init__(self) -> None:
         self.released: dict[int, float] = {}  # relay port -> when its proxy gave it up
         self.in_use: set[int] = set()  # relay ports our proxies hold
         self.upstreams = Upstreams()
+        self.ru_upstreams = Upstreams()
 
 
 class Relay:
-    """The data relay of one endpoint. ``endpoint``: its settings (``relay_ip``,
-    ``relay_port_low``/``high``); ``counters`` and ``event(kind, detail)``: the
-    router's counters and event log; ``current_link()``: the connected link or
-    None; ``advert_source(advert_id)``: the transport body of the source behind
-    one of our advertisements, or None."""
+    """The data relay of one endpoint on one link. ``endpoint``: its settings
+    (``relay_ip``, ``relay_port_low``/``high``); ``counters`` and ``event(kind,
+    detail)``: the router's counters and event log; ``site``: the router
+    around it (:class:`router.relay_site.RelaySite`: the link up now, the
+    sources behind our advertisements, our proxies' live advertisements, and
+    where a session's end is reported)."""
 
-    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None],
-                 current_link: Callable[[], Link | None],
-                 advert_source: Callable[[int], object | None],
-                 session_ended: Callable[[int], None] = lambda advert_id: None) -> None:
+    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None], site) -> None:
         self.endpoint = endpoint
-        # a source ended a session (EOF) or refused one: the router checks it is alive
-        self.session_ended = session_ended
+        self.site = site
         self.counters = counters
         self.event = event
-        self.current_link = current_link
-        self.advert_source = advert_source
         self.ru_idle_timeout = getattr(endpoint, "ru_idle_timeout", RU_IDLE_TIMEOUT)
         self.ru_max_streams = getattr(endpoint, "ru_max_streams", RU_MAX_STREAMS)
         self.port_quarantine = getattr(endpoint, "relay_port_quarantine", PORT_QUARANTINE)
         self._released: dict[int, float] = {}  # relay port -> when its proxy gave it up
         self._next_port = 0  # where the round robin over the range goes on
         self._in_use: set[int] = set()  # relay ports our proxies hold
-        self.lbtrm = RmRelay(endpoint, counters, event, current_link)  # LBT-RM proxies and sources
+        self.lbtrm = RmRelay(endpoint, counters, event, site)  # LBT-RM proxies and sources
         # TCP sessions: fanned out (one source connection per router, one stream per
         # proxy per link) unless the endpoint says fanout="off"
-        self.fanout = FanoutRelay(endpoint, counters, event, session_ended, Upstreams()) \
+        self.fanout = FanoutRelay(endpoint, counters, event, site, Upstreams()) \
             if getattr(endpoint, "fanout", True) else None
+        # LBT-RU sessions: fanned out likewise (one upstream receiver per router, one proxy
+        # source per proxy) unless fanout="off" or the peer does not know LBTRU_SESSION
+        self.rufan = RuSessionRelay(endpoint, counters, event, site, Upstreams(),
+                                    self.lbtrm.window_budget)
 
     def share_ports(self, pool: PortPool) -> None:
         """Use ``pool``'s in-use and quarantine tables and upstream sessions
@@ -136,6 +116,7 @@ class Relay:
         self._in_use = pool.in_use
         if self.fanout is not None:
             self.fanout.upstreams = pool.upstreams
+        self.rufan.upstreams = pool.ru_upstreams
 
     def relay_ports(self) -> Iterator[int]:
         """The relay ports to try, in order: round robin over the range from the
@@ -162,17 +143,15 @@ class Relay:
                 yield p
         yield from [p for p in released if p in ports]
 
-    async def serve_proxy(self, f: P.Advertisement, advert_of: Callable[[], int | None] | None = None, *,
-                          task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """A proxy source: a listener at the relay address for the peer's
-        advertisement ``f`` (and the other topics of its transport session).
-        Reports its (ip, port) through ``task_status`` once bound (None when no
-        relay port is free; it then returns), then relays every receiver that
-        connects (TCP) or registers (LBT-RU). ``advert_of()`` is the advert id a
-        new stream names (a live advertisement of the session; None: refuse the
-        receiver); by default ``f``'s."""
-        if advert_of is None:
-            advert_of = lambda: f.advert_id  # noqa: E731
+    async def serve_proxy(self, f: P.Advertisement, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """A proxy source (proxy id: the advert id of ``f``): a listener at the
+        relay address for the peer's advertisement ``f`` (and the other topics
+        of its transport session). Reports its (ip, port) through
+        ``task_status`` once bound (None when no relay port is free; it then
+        returns), then relays every receiver that connects (TCP) or registers
+        (LBT-RU). A new stream names the advert id the site gives for the
+        proxy (a live advertisement of the session; None: the receiver is
+        refused)."""
         e = self.endpoint
         tcp = f.transport == 0x00
         sock = self._bind_relay(tcp)
@@ -183,7 +162,7 @@ class Relay:
             return
         bound = sock.getsockname()[1]
         try:
-            await self._serve_proxy_socket(f, sock, tcp, task_status, advert_of)
+            await self._serve_proxy_socket(f, sock, tcp, task_status)
         finally:
             self._in_use.discard(bound)
             if e.relay_port_low:
@@ -199,7 +178,7 @@ class Relay:
         for port in self.relay_ports():
             if port in self._in_use:
                 continue
-            raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM) if tcp else _udp_raw()
+            raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM) if tcp else udp_raw()
             try:
                 if tcp:
                     raw.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -221,35 +200,39 @@ class Relay:
         relay address (with the origin's session id when the peer said it: the
         proxy's receivers get the origin's session), and for LBT-RM the proxy's
         group, port and session id."""
-        body = self.lbtrm.proxy_body(f.advert_id) if f.transport == LBTRM else None
+        body = self.lbtrm.proxy_body(f.advert_id) if f.transport == LBTRM else self.rufan.bodies.get(f.advert_id)
         if body is not None:
             return body
         return relay_transport(f.transport, address[0], address[1], f.origin_session_id or None)
 
-    async def _serve_proxy_socket(self, f: P.Advertisement, sock, tcp: bool, task_status,
-                                  advert_of: Callable[[], int | None]) -> None:
+    async def _serve_proxy_socket(self, f: P.Advertisement, sock, tcp: bool, task_status) -> None:
+        pid = f.advert_id
         if f.transport == LBTRM:
             with sock:
                 await self.lbtrm.serve_proxy(f, sock, task_status)
+            return
+        if not tcp and self.fanout is not None and self.rufan.wants(self.site.link):
+            with sock:
+                await self.rufan.serve_proxy(f, sock, task_status)
             return
         with sock:
             if tcp:
                 sock.listen(64)
             task_status.started(sock.getsockname())
             if tcp and self.fanout is not None:
-                await self.fanout.serve_tcp(sock, advert_of, self.current_link)
+                await self.fanout.serve_tcp(sock, pid)
             elif tcp:
                 listener = trio.SocketListener(sock)
                 async with trio.open_nursery() as n:
                     while True:
                         conn = await listener.accept()
-                        n.start_soon(self._near_tcp, advert_of, conn)
+                        n.start_soon(self._near_tcp, pid, conn)
             else:
-                await self._near_ru(advert_of, sock)
+                await self._near_ru(pid, sock)
 
-    async def _near_tcp(self, advert_of: Callable[[], int | None], conn) -> None:
-        link = self.current_link()
-        aid = advert_of()
+    async def _near_tcp(self, proxy_id: int, conn) -> None:
+        link = self.site.link
+        aid = self.site.proxy_advert(proxy_id)
         if link is None or aid is None:
             await conn.aclose()
             return
@@ -263,7 +246,7 @@ class Relay:
         finally:
             await trio.aclose_forcefully(conn)
 
-    async def _near_ru(self, advert_of: Callable[[], int | None], sock) -> None:
+    async def _near_ru(self, proxy_id: int, sock) -> None:
         """Datagrams from receivers of this proxy: one stream per receiver address
         (at most ``ru_max_streams`` on the link; each ends after ``ru_idle_timeout``
         of silence either way)."""
@@ -277,7 +260,7 @@ class Relay:
                     await trio.sleep(0.01)
                     continue
                 more, _ = drain(sock.raw, sock.raw.recvfrom)
-                link = self.current_link()
+                link = self.site.link
                 if link is None:
                     continue
                 now = trio.current_time()
@@ -288,7 +271,7 @@ class Relay:
                         if link.ru_streams >= self.ru_max_streams:
                             self.counters["ru_streams_full"] += 1
                             continue
-                        aid = advert_of()
+                        aid = self.site.proxy_advert(proxy_id)
                         if aid is None:
                             continue
                         sid = link.streams.open(aid, P.StreamKind.LBTRU)
@@ -378,7 +361,7 @@ class Relay:
     def stream_event(self, link: Link, ev) -> None:
         st = link.state.get(ev.stream_id)
         if isinstance(ev, S.StreamOpened):
-            body = self.advert_source(ev.advert_id)
+            body = self.site.advert_source(ev.advert_id)
             if body is None:
                 link.streams.refuse(ev.stream_id, P.RefuseCode.REFUSED, "unknown or withdrawn advertisement")
                 self.counters["streams_refused"] += 1
@@ -388,6 +371,9 @@ class Relay:
                 return
             if ev.kind == P.StreamKind.TCP and self.fanout is not None:
                 self.fanout.open_far(link, ev, body)
+                return
+            if ev.kind == P.StreamKind.LBTRU_SESSION:
+                self.rufan.open_far(link, ev, body)
                 return
             if ev.kind == P.StreamKind.LBTRU and link.ru_streams_far >= self.ru_max_streams:
                 link.streams.refuse(ev.stream_id, P.RefuseCode.TOO_MANY_STREAMS,
@@ -426,7 +412,7 @@ class Relay:
                     refuse_stream(link, st, f"cannot connect to the source {body.ip}:{body.port}: {e}",
                                   self.counters, self.event)
                     if isinstance(e, ConnectionRefusedError):
-                        self.session_ended(st.advert_id)
+                        self.site.session_ended(st.advert_id)
                     return
                 st.sock = conn
                 if not accept_stream(link, st, self.counters):
@@ -437,7 +423,7 @@ class Relay:
                 finally:
                     await trio.aclose_forcefully(conn)
                 if st.source_ended:
-                    self.session_ended(st.advert_id)
+                    self.site.session_ended(st.advert_id)
             else:
                 s = ru_socket()
                 try:
@@ -482,7 +468,7 @@ class Relay:
                 self.counters["ru_recv_error"] += 1
                 if isinstance(err, ConnectionRefusedError) and not st.source_ended:
                     st.source_ended = True
-                    self.session_ended(st.advert_id)
+                    self.site.session_ended(st.advert_id)
                 await trio.sleep(0.01)
 
     # ------------------------------------------------------- byte pumping

@@ -147,3 +147,23 @@ def start_pair(a, b, cfg_a, cfg_b, logs: dict) -> tuple:
     rb = b.popen(ROUTER + [str(cfg_b)], stdout=logs["rb"], stderr=logs["rb"])
     ra = a.popen(ROUTER + [str(cfg_a)], stdout=logs["ra"], stderr=logs["ra"])
     return ra, rb
+
+
+class LoneSite:
+    """The site of a relay tested without a router around it
+    (:class:`router.relay_site.RelaySite`'s calls): ``link`` fixed (or None),
+    no source behind any advertisement, a proxy's streams name the proxy's own
+    id, and the ends of sessions reported are kept in ``ended``."""
+
+    def __init__(self, link=None) -> None:
+        self.link = link
+        self.ended: list[int] = []
+
+    def advert_source(self, advert_id: int):
+        return None
+
+    def proxy_advert(self, proxy_id: int) -> int:
+        return proxy_id
+
+    def session_ended(self, advert_id: int) -> None:
+        self.ended.append(advert_id)

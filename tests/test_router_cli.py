@@ -13,6 +13,7 @@ from pathlib import Path
 
 import lbmr_proto as L
 from lbmr_proto import lbmc
+from lbmr_proto import lbtru as RU
 from router.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,15 +160,23 @@ def test_shipped_pair_bridges_a_topic(tmp_path):
                     ru_proxy = hit[0].transport if hit else None
             except TimeoutError:
                 pass
+        # (fanned out: router B's proxy is an LBT-RU source, router A one client of the origin)
         ru_rcv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         ru_rcv.bind(("127.0.2.10", 0))
         ru_rcv.settimeout(5)
-        ru_rcv.sendto(b"hello", (ru_proxy.ip, ru_proxy.port))
+        ru_rcv.sendto(RU.encode_creq(), (ru_proxy.ip, ru_proxy.port))
+        syn = RU.decode(ru_rcv.recvfrom(65535)[0])
+        assert isinstance(syn, RU.SessionMessage) and syn.syn, syn
+        ru_rcv.sendto(RU.encode_ack(0, client_id=syn.header.client_id), (ru_proxy.ip, ru_proxy.port))
         ru_src.settimeout(10)
-        _, ru_addr = ru_src.recvfrom(65535)  # via router A's relay socket
+        creq, ru_addr = ru_src.recvfrom(65535)  # router A's upstream receiver connects
+        assert isinstance(RU.decode(creq), RU.Creq)
+        ru_src.sendto(RU.encode_sm(0, 0, 1, syn=True, client_id=1), ru_addr)
         for i in range(50):
-            ru_src.sendto(b"ru-%d" % i, ru_addr)
-        assert ru_rcv.recvfrom(65535)[0].startswith(b"ru-")  # the stream runs
+            ru_src.sendto(RU.encode_data(i, 0, b"ru-%d" % i), ru_addr)
+        while not isinstance(m := RU.decode(ru_rcv.recvfrom(65535)[0]), RU.Data):
+            pass
+        assert m.payload.startswith(b"ru-")  # the stream runs
         for p in procs[2:]:
             p.send_signal(signal.SIGTERM)
         assert [p.wait(timeout=10) for p in procs[2:]] == [0, 0]

@@ -22,6 +22,7 @@ from router.peerlink import streams as S
 from router.relay import Relay
 from router.splice import PIPE_POOL
 
+from .helpers import LoneSite
 from .test_router_e2e import advertise_forever, pattern, resolve, start_lbmrd, start_routers, udp
 from .test_router_faults import _ca, _certs
 
@@ -309,7 +310,7 @@ async def link_pair(n, rng, read_sink: bool = True, sink_read: int = 1 << 20, si
     peer = RawPeer(client, rng, peer_pause, peer_window)
     items: list = []
     relay = Relay(SimpleNamespace(relay_ip="127.0.0.1", relay_port_low=0, relay_port_high=0), Counter(),
-                  lambda kind, detail: None, lambda: link, lambda aid: None)
+                  lambda kind, detail: None, LoneSite(link))
     sink_l = await trio.open_tcp_listeners(0, host="127.0.0.1")
     sink_out = await trio.open_tcp_stream("127.0.0.1", sink_l[0].socket.getsockname()[1])
     sink_in = await sink_l[0].accept()
@@ -560,7 +561,7 @@ async def test_pipe_bytes_never_overtake_copied_bytes_being_sent():
         copied = random.Random(1).randbytes(16 << 20)
         st.incoming.append(copied)
         relay = Relay(SimpleNamespace(relay_ip="127.0.0.1", relay_port_low=0, relay_port_high=0), Counter(),
-                      lambda kind, detail: None, lambda: link, lambda aid: None)
+                      lambda kind, detail: None, LoneSite(link))
         n.start_soon(relay._pump_down, link, st, trio.CancelScope())
         await trio.sleep(0.2)  # the pump has filled the socket and waits in the middle of the bytes
         got = bytearray()
@@ -602,7 +603,7 @@ async def test_writer_resumes_frames_cut_by_a_full_socket_in_order():
         st.sock = src_in  # what is written to src_out goes to the peer on the stream
         st.accepted.set()
         relay = Relay(SimpleNamespace(relay_ip="127.0.0.1", relay_port_low=0, relay_port_high=0), Counter(),
-                      lambda kind, detail: None, lambda: link, lambda aid: None)
+                      lambda kind, detail: None, LoneSite(link))
         n.start_soon(relay._pump_up, link, st, trio.CancelScope())
         got = bytearray()
 

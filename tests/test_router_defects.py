@@ -9,6 +9,7 @@ from router.config_model import PortRange, acceptor_peer, initiator_peer, lbmrd_
 from router.core.tr import synthesize_otid
 from router.daemon import Router
 
+from .helpers import LoneSite
 from .test_router_e2e import TOPIC, resolve, start_lbmrd, start_routers, tirs_in, udp
 
 
@@ -300,7 +301,7 @@ async def test_relay_port_of_a_withdrawn_proxy_is_quarantined(autojump_clock):
 
     e = lbmrd_endpoint("A", 1, [("127.0.1.1", 1)], relay_interface="127.0.1.1",
                        relay_ports=PortRange(24101, 24104))
-    relay = Relay(e, Counter(), lambda kind, detail: None, lambda: None, lambda aid: None)
+    relay = Relay(e, Counter(), lambda kind, detail: None, LoneSite())
 
     def advert(aid):
         return P.Advertisement(f"t{aid}", 2, bytes(32), P.StreamKind.TCP, aid, False)

@@ -79,6 +79,32 @@ async def start_pair(n, a: dict | None = None, b: dict | None = None, **endpoint
     return ra, rb, fwd, trd1, trd2
 
 
+async def start_chain(n):
+    """lbmrds of TRD1..3 on 127.0.d.1 and routers r1 - r2 - r3 (r2 the
+    acceptor of both links), each link through a counting :class:`Forwarder`
+    (``f12.a_to_b``: r1 to r2, ``f32.b_to_a``: r2 to r3). The routers are
+    running when it returns: (r1, r2, r3, f12, f32, trds, ips)."""
+    from router.config_model import router_config
+    from router.multi import MultiRouter
+
+    ips = {d: f"127.0.{d}.1" for d in (1, 2, 3)}
+    trds = {d: (await start_lbmrd(n, ip))[1] for d, ip in ips.items()}
+
+    def ep(d):
+        return lbmrd_endpoint(f"T{d}", d, [trds[d]], interface=ips[d])
+
+    r2 = MultiRouter(router_config("r2", [ep(2)], [acceptor_peer("2-1", 0, interface="127.0.0.1"),
+                                                    acceptor_peer("2-3", 0, interface="127.0.0.1")]))
+    links = (await n.start(r2.run))["links"]
+    f12, f32 = Forwarder(links[0]["peer"]), Forwarder(links[1]["peer"])
+    a12, a32 = await n.start(f12.serve), await n.start(f32.serve)
+    r1 = MultiRouter(router_config("r1", [ep(1)], [initiator_peer("1-2", *a12, reconnect_interval_ms=300)]))
+    r3 = MultiRouter(router_config("r3", [ep(3)], [initiator_peer("3-2", *a32, reconnect_interval_ms=300)]))
+    await n.start(r1.run)
+    await n.start(r3.run)
+    return r1, r2, r3, f12, f32, trds, ips
+
+
 async def live_source(n, trd1, **kw) -> tuple[TcpDataSource, trio.CancelScope]:
     """lbmr-sim's live TCP source at SRC_IP, advertised in TRD1; cancelling the
     scope ends the session (the source closes every connection, and advertises
@@ -380,26 +406,8 @@ async def test_one_copy_on_each_link_of_a_chain_of_three_for_ten_receivers():
     each link through a counting forwarder: each link carries one copy of the
     session (r2 passes it on through its own fan-out), the origin has one
     connection, and every receiver gets whole, consecutive messages."""
-    from router.config_model import router_config
-    from router.multi import MultiRouter
-
-    ips = {d: f"127.0.{d}.1" for d in (1, 2, 3)}
     async with trio.open_nursery() as n:
-        trds = {d: (await start_lbmrd(n, ip))[1] for d, ip in ips.items()}
-
-        def ep(d):
-            return lbmrd_endpoint(f"T{d}", d, [trds[d]], interface=ips[d])
-
-        r2 = MultiRouter(router_config("r2", [ep(2)], [acceptor_peer("2-1", 0, interface="127.0.0.1"),
-                                                        acceptor_peer("2-3", 0, interface="127.0.0.1")]))
-        links = (await n.start(r2.run))["links"]
-        p21, p23 = links[0]["peer"], links[1]["peer"]
-        f12, f32 = Forwarder(p21), Forwarder(p23)
-        a12, a32 = await n.start(f12.serve), await n.start(f32.serve)
-        r1 = MultiRouter(router_config("r1", [ep(1)], [initiator_peer("1-2", *a12, reconnect_interval_ms=300)]))
-        r3 = MultiRouter(router_config("r3", [ep(3)], [initiator_peer("3-2", *a32, reconnect_interval_ms=300)]))
-        await n.start(r1.run)
-        await n.start(r3.run)
+        r1, r2, r3, f12, f32, trds, ips = await start_chain(n)
         src, src_scope = await live_source(n, trds[1], rate=2000, message_size=1000)
         tir = await resolve(udp("127.0.3.9"), trds[3], timeout=20)
         assert tir.transport.ip == ips[3]

@@ -6,8 +6,9 @@ r3's link joins that proxy's group; a receiver in TRD3 discards every 25th
 datagram and recovers it by NAK through both hops, byte-exact.
 
 With r2's endpoint re-publishing LBT-RM as LBT-RU (``transport="lbt-ru"``)
-the session goes on from r2 as LBT-RU: r3's proxy relays UM LBT-RU datagrams
-to r2's proxy, and a UM LBT-RU receiver in TRD3 connects through both."""
+the session goes on from r2 as LBT-RU: r3's link is one LBT-RU client of
+r2's proxy (LBT-RU fan-out), r3's proxy an LBT-RU source of its own, and a
+UM LBT-RU receiver in TRD3 connects to it and recovers its losses from it."""
 
 from __future__ import annotations
 
@@ -60,11 +61,12 @@ async def main():
             rx = UmRuDataReceiver(b.ip, b.port, getattr(b, "session_id", None), bind_ip="127.0.3.9", seed=11,
                                   expect_count=COUNT, drop_every=25, timeout=40)
         out["rx"] = (await rx.run()).as_dict()
-        out["r2"] = {}
-        for link in r2.status()["links"]:  # summed over r2's two links
-            for k, v in link["counters"].items():
-                if k.startswith(("lbtrm", "lbtru", "ru_")):
-                    out["r2"][k] = out["r2"].get(k, 0) + v
+        for name, r in (("r2", r2), ("r3", r3)):
+            out[name] = {}
+            for link in r.status()["links"]:  # summed over the router's links
+                for k, v in link["counters"].items():
+                    if k.startswith(("lbtrm", "lbtru", "ru_")):
+                        out[name][k] = out[name].get(k, 0) + v
         n.cancel_scope.cancel()
     print(json.dumps(out))
 
@@ -98,8 +100,11 @@ def test_lbtrm_source_republished_as_lbtru_in_the_middle_goes_on_as_lbtru(netns_
     assert rx["ok"] and rx["received"] == 2000 and rx["dropped_on_purpose"] == 80, rx
     assert rx["recovered"] >= 80 and rx["client_id"] is not None, rx
     c = out["r2"]
-    # r2's LBT-RU proxy served r3's relay as its one client (what went before the receiver
-    # connected: as retransmissions), and re-emitted nothing by multicast
-    assert c["lbtru_clients_connected"] == 1 and c["lbtru_retransmissions"] >= 80, c
-    assert c["lbtru_datagrams_sent"] + c["lbtru_retransmissions"] >= 2000, c
+    # r2's LBT-RU proxy served its own upstream receiver (r3's stream) as its one client, and
+    # re-emitted nothing by multicast; r3's proxy answered the receiver's NAKs from its window
+    assert c["lbtru_clients_connected"] == 1 and c["lbtru_datagrams_sent"] + c["lbtru_retransmissions"] >= 2000, c
+    assert c["lbtru_upstreams"] == 1, c
+    c3 = out["r3"]
+    assert c3["lbtru_proxy_streams_opened"] == 1 and c3["lbtru_clients_confirmed"] == 1, c3
+    assert c3["lbtru_retransmissions"] >= 80 and c3.get("ru_streams_opened", 0) == 0, c3
     assert c.get("lbtrm_datagrams_emitted", 0) == 0, c

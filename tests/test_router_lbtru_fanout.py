@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from lbmr_proto import lbtrm as RM
 from lbmr_proto import lbtru as RU
-from router.core.lbtru_fanout import RuFanout, WindowBudget
+from router.core.lbtru_fanout import LbtrmInput, RuFanout, WindowBudget
 
 SID = 0x5E55
 A, B = ("10.0.0.5", 14360), ("10.0.0.6", 14361)
@@ -35,7 +35,7 @@ def connect(f: RuFanout, addr, now: float = 0.0, *, confirm: bool = True):
 
 
 def test_connect_then_data_only_after_the_first_ack():
-    f = RuFanout(SID, nak_port=1, nak_session=2)
+    f = RuFanout(SID, origin=LbtrmInput(1, 2))
     f.from_peer(rm_data(10), 0.0)  # before anyone connects: kept
     syn = connect(f, A, 0.1, confirm=False)
     assert (syn.lead_sqn, syn.trail_sqn, syn.header.session_id, syn.header.client_id) == (10, 0, SID, 1)
@@ -60,7 +60,7 @@ def test_a_repeated_creq_is_answered_again_with_the_same_client_id():
 
 
 def test_a_sequence_lost_on_the_way_is_naked_towards_the_origin_once():
-    f = RuFanout(SID, nak_port=4321, nak_session=0xABC, nak_ignore=0.2)
+    f = RuFanout(SID, origin=LbtrmInput(4321, 0xABC), nak_ignore=0.2)
     connect(f, A)
     connect(f, B)
     f.from_peer(rm_data(1), 0.0)
@@ -113,7 +113,7 @@ def test_the_window_is_bounded_in_bytes_and_a_jump_starts_over():
     assert f.buffer_bytes <= 100 and sorted(f.buffer) == [7, 8, 9]
     f.from_peer(rm_data(2**32 - 1, b"y"), 0.0)  # far past the window: a new start
     assert list(f.buffer) == [2**32 - 1] and f.trail == 2**32 - 1000
-    assert f.counters["lbtru_rm_sequence_jump"] == 1
+    assert f.counters["lbtru_origin_sequence_jump"] == 1
     g = RuFanout(SID, window=1000)
     g.from_peer(rm_data(0), 0.0)
     g.from_peer(RM.encode_sm(1, 2, 0, 5000, 0), 0.0)  # an SM's lead as well
@@ -266,7 +266,7 @@ def test_a_sequence_that_wraps_or_restarts_far_behind_starts_the_window_over():
     connect(f, A)
     sent = list(range(2**32 - 16, 2**32)) + list(range(0, 10))  # the origin's u32 wraps
     got = [RU.decode(b).sqn for q in sent for b, _ in f.from_peer(rm_data(q), 0.0)]
-    assert got == sent and f.counters["lbtru_rm_sequence_jump"] == 1 and (f.trail, f.lead) == (0, 9)
+    assert got == sent and f.counters["lbtru_origin_sequence_jump"] == 1 and (f.trail, f.lead) == (0, 9)
     # one stray datagram far ahead does not shut out the rest of the session
     g = RuFanout(SID, window=100)
     connect(g, A)
@@ -274,14 +274,14 @@ def test_a_sequence_that_wraps_or_restarts_far_behind_starts_the_window_over():
         g.from_peer(rm_data(q), 0.0)
     g.from_peer(rm_data(2**31), 0.0)
     got = [RU.decode(b).sqn for q in range(50, 60) for b, _ in g.from_peer(rm_data(q), 0.0)]
-    assert got == list(range(50, 60)) and g.counters["lbtru_rm_sequence_jump"] == 2
+    assert got == list(range(50, 60)) and g.counters["lbtru_origin_sequence_jump"] == 2
     # a late retransmission just behind the window is still too old, not a restart
     h = RuFanout(SID, window=100)
     for q in range(200):
         h.from_peer(rm_data(q), 0.0)
     h.from_peer(rm_data(50, rx=True), 0.0)
-    assert h.counters["lbtru_rm_too_old"] == 1 and (h.trail, h.lead) == (100, 199)
-    assert h.counters["lbtru_rm_sequence_jump"] == 0
+    assert h.counters["lbtru_origin_too_old"] == 1 and (h.trail, h.lead) == (100, 199)
+    assert h.counters["lbtru_origin_sequence_jump"] == 0
 
 
 def test_retransmissions_are_bounded_for_the_proxy_as_a_whole_and_shared_out_evenly():

@@ -17,7 +17,7 @@ PRELUDE = r'''
 import json, socket, trio
 from lbmr_proto import lbtru as RU
 from lbmr_tools.sim.dataplane import UmRuDataReceiver
-from router import lbtrm_relay
+from router import lbtru_relay
 from router.config_model import LbtrmConfig, RouteInfoConfig, acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
 from router.multi import MultiRouter
 from tests.test_router_e2e import resolve, rm_source, start_lbmrd, udp
@@ -94,15 +94,15 @@ class Steps(trio.abc.Instrument):
         most[1] = max(most[1], most[0])
 
 
-send_now = lbtrm_relay.RmRelay._send_now
+send_now = lbtru_relay.RuProxySource._send_now
 
 
-def counted(self, sock, out):
+def counted(self, out):
     most[0] += len(out)
-    return send_now(self, sock, out)
+    return send_now(self, out)
 
 
-lbtrm_relay.RmRelay._send_now = counted
+lbtru_relay.RuProxySource._send_now = counted
 
 
 async def main():

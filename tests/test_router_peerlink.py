@@ -1260,6 +1260,6 @@ async def test_loopback_tcp_handshake_interest_and_graceful_disconnect():
     await listeners[0].aclose()
     assert [type(e) for e in la] == [Connected, Closed] and la[-1].initiated_by == "local"
     assert lb == [Connected(lb[0].peer, int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS
-                                            | Capability.ORIGIN_SID)),
+                                            | Capability.ORIGIN_SID | Capability.RU_SESSIONS)),
                   interest, DisconnectRequested("test over"),
                   Closed("test over", "peer")]

@@ -11,6 +11,9 @@ info, the map and its trees), :mod:`router.core.transit` (interest and
 sources passed between peer links), :mod:`router.core.acl` and
 :mod:`router.core.wildcard` (ACL decisions, patterns without backtracking),
 :mod:`router.core.lbtrm` and :mod:`router.core.lbtru_fanout` (LBT-RM
-proxies and the LBT-RU proxy that re-publishes them). The peer-link protocol
-is its own sans-IO package, :mod:`router.peerlink`.
+proxies and the LBT-RU proxy source that re-publishes LBT-RM and LBT-RU
+origins), :mod:`router.core.lbtru_upstream` (the LBT-RU proxy receiver of
+an origin session), :mod:`router.core.fanout` (TCP sessions' fan-out
+queues). The peer-link protocol is its own sans-IO package,
+:mod:`router.peerlink`.
 """

@@ -1,12 +1,19 @@
-"""An LBT-RM session re-published as an LBT-RU source, sans-IO: the proxy of
-an LBT-RM origin in a TRD without multicast (the endpoint's
-``<lbt-rm transport="lbt-ru"/>``). The trio shell that owns the proxy's
-socket is :mod:`router.lbtrm_relay`; the datagrams are
-:mod:`lbmr_proto.lbtru` (UM's LBT-RU) towards the receivers and
-:mod:`lbmr_proto.lbtrm` (as the origin sent them) from the peer.
+"""One origin session re-published as an LBT-RU source to many receivers,
+sans-IO: the proxy of an LBT-RU origin (fan-out, :mod:`router.lbtru_relay`)
+and of an LBT-RM origin in a TRD without multicast (the endpoint's
+``<lbt-rm transport="lbt-ru"/>``, :mod:`router.lbtrm_relay`). The
+datagrams are :mod:`lbmr_proto.lbtru` (UM's LBT-RU) towards the receivers;
+from the peer they are the origin's as it sent them, read by the proxy's
+origin input: :class:`LbtrmInput` (LBT-RM DATA and SM; NAKs up are LBT-RM
+NAKs) or :class:`LbtruInput` (LBT-RU DATA and SM, as the far router's
+upstream receiver passes them on; NAKs up are LBT-RU NAKs). Either gives
+the same three things: a sequence, its payload and whether it is a
+retransmission (:class:`OriginData`), or the origin's lead and trail
+(:class:`OriginLead`).
 
 The proxy's TIR advertises an LBT-RU transport: the relay address and port
-and a session id of the proxy's own. Then:
+and a session id (the origin's for an LBT-RU origin, the proxy's own for an
+LBT-RM one). Then:
 
 * **connecting**: a receiver sends a CREQ (SYN) with that session id; the
   proxy makes it a client (a client id of its own; at most ``max_clients``,
@@ -34,7 +41,7 @@ and a session id of the proxy's own. Then:
   datagrams beyond 200 a second, bursts of 50, are dropped, and a NAK's
   sequences beyond :data:`lbmr_proto.lbtru.MAX_NAKS` ignored); a sequence the
   proxy never got (lost on the way) is NAKed towards the origin over the
-  link (an LBT-RM NAK, each sequence at most once per ``nak_ignore``) and
+  link (each sequence at most once per ``nak_ignore``) and
   the client gets an NCF "retransmit delay"; the origin's retransmission
   then goes to the clients waiting for it. A sequence older than the window
   gets an NCF "do not retry". The window starts, with the first datagram of
@@ -50,14 +57,14 @@ and a session id of the proxy's own. Then:
   that is not a client gets an RST (so a receiver whose entry expired
   connects again); :meth:`RuFanout.close` resets every client.
 
-What is kept of the origin: original and retransmitted DATA (its LBT-RM
-session messages only move the lead sequence; its NCFs are the origin's
-answer to the router and go no further). A DATA datagram with LBT-RM option
-headers is dropped (counted): its payload cannot be told from them.
+What is kept of the origin: original and retransmitted DATA (its session
+messages only move the lead sequence; its NCFs are the origin's answer to
+the router and go no further). An LBT-RM DATA datagram with option headers
+is dropped (counted): its payload cannot be told from them.
 Sequence numbers are the origin's (u32; at 100,000 datagrams a second they
 wrap after 12 hours): a DATA more than ``window`` sequences behind the
 trail (the origin wrapped, or restarted) or past the window ahead starts
-the window over there (counted ``lbtru_rm_sequence_jump``), so one stray
+the window over there (counted ``lbtru_origin_sequence_jump``), so one stray
 sequence does not shut the session out; one less far behind is too old.
 A client's expiry costs its own pending NAKs (:attr:`RuClient.waiting`),
 not the whole table.
@@ -77,7 +84,7 @@ from dataclasses import dataclass, field
 from lbmr_proto import lbtrm as RM
 from lbmr_proto import lbtru as RU
 
-__all__ = ["RuFanout", "RuClient", "WindowBudget", "MAX_CLIENTS", "WINDOW", "WINDOW_BYTES",
+__all__ = ["RuFanout", "RuClient", "OriginData", "OriginLead", "LbtrmInput", "LbtruInput", "WindowBudget", "MAX_CLIENTS", "WINDOW", "WINDOW_BYTES",
            "ENDPOINT_WINDOW_BYTES"]
 
 MAX_CLIENTS = 256  # receivers of one proxy
@@ -96,6 +103,84 @@ MAX_PENDING = 65536  # (sequence, client) pairs waiting for the origin's retrans
 
 Addr = tuple[str, int]
 Out = list[tuple[bytes, Addr]]
+
+
+@dataclass(frozen=True, slots=True)
+class OriginData:
+    """A DATA datagram of the origin: sequence ``sqn``, the origin's trail
+    sequence ``trail``, ``payload`` and whether it is a ``retransmission``."""
+
+    sqn: int
+    trail: int
+    payload: bytes
+    retransmission: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OriginLead:
+    """A session message of the origin: its ``lead`` and ``trail`` sequences."""
+
+    lead: int
+    trail: int
+
+
+class LbtrmInput:
+    """An LBT-RM origin: its DATA and SM datagrams; NAKs up are LBT-RM NAKs
+    whose header carries ``nak_port`` and ``nak_session`` (the far router
+    rewrites them for the origin)."""
+
+    def __init__(self, nak_port: int = 0, nak_session: int = 0) -> None:
+        self.nak_port, self.nak_session = nak_port, nak_session & 0xFFFFFFFF
+
+    @staticmethod
+    def decode(data: bytes, counters: Counter[str]) -> OriginData | OriginLead | None:
+        """What the datagram says, or None (counted) if it is not for the proxy."""
+        try:
+            m = RM.decode(data)
+        except RM.LbtrmDecodeError:
+            counters["lbtru_rm_malformed"] += 1
+            return None
+        if isinstance(m, RM.SessionMessage):
+            return OriginLead(m.lead_sqn, m.trail_sqn)
+        if not isinstance(m, RM.Data):
+            counters["lbtru_rm_not_data"] += 1  # the origin's NCFs, or a NAK that has no business here
+            return None
+        if m.header.next_hdr:
+            counters["lbtru_rm_options_dropped"] += 1
+            return None
+        return OriginData(m.sqn, m.trail_sqn, m.payload, m.retransmission)
+
+    def encode_naks(self, sqns: list[int]) -> list[bytes]:
+        """LBT-RM NAKs of ``sqns`` (as many as they need)."""
+        return [RM.encode_nak(self.nak_port, self.nak_session, sqns[i:i + RM.MAX_NAKS])
+                for i in range(0, len(sqns), RM.MAX_NAKS)]
+
+
+class LbtruInput:
+    """An LBT-RU origin, through the far router's upstream receiver
+    (:mod:`router.core.lbtru_upstream`): its DATA and SM datagrams as it
+    sent them; NAKs up are LBT-RU NAKs without options (the upstream
+    receiver asks the origin under its own client and session ids)."""
+
+    @staticmethod
+    def decode(data: bytes, counters: Counter[str]) -> OriginData | OriginLead | None:
+        """What the datagram says, or None (counted) if it is not for the proxy."""
+        try:
+            m = RU.decode(data)
+        except RU.LbtruDecodeError:
+            counters["lbtru_session_malformed"] += 1
+            return None
+        if isinstance(m, RU.SessionMessage):
+            return OriginLead(m.lead_sqn, m.trail_sqn)
+        if not isinstance(m, RU.Data):
+            counters["lbtru_session_not_data"] += 1
+            return None
+        return OriginData(m.sqn, m.trail_sqn, m.payload, m.retransmission)
+
+    @staticmethod
+    def encode_naks(sqns: list[int]) -> list[bytes]:
+        """LBT-RU NAKs of ``sqns`` (as many as they need)."""
+        return [RU.encode_nak(sqns[i:i + RU.MAX_NAKS]) for i in range(0, len(sqns), RU.MAX_NAKS)]
 
 
 class WindowBudget:
@@ -153,14 +238,14 @@ class RuClient:
 
 class RuFanout:
     """The LBT-RU source of one proxy (module doc). ``session_id``: the proxy's
-    (advertised) session id; ``nak_port`` / ``nak_session``: what the header of
-    the LBT-RM NAKs it sends towards the origin carries (the peer rewrites
-    them for the origin). Every method takes the time ``now`` in seconds and
+    (advertised) session id; ``origin``: how the origin's datagrams from the
+    peer are read and the NAKs towards it written (default: LBT-RM, with
+    port and session 0). Every method takes the time ``now`` in seconds and
     returns datagrams for the receivers as (bytes, address) pairs; NAKs for the
     peer collect in :attr:`naks_up` (take them with :meth:`take_naks_up`)."""
 
-    def __init__(self, session_id: int, counters: Counter[str] | None = None, *, nak_port: int = 0,
-                 nak_session: int = 0, max_clients: int = MAX_CLIENTS, window: int = WINDOW,
+    def __init__(self, session_id: int, counters: Counter[str] | None = None, *,
+                 origin: LbtrmInput | LbtruInput | None = None, max_clients: int = MAX_CLIENTS, window: int = WINDOW,
                  window_bytes: int = WINDOW_BYTES, client_timeout: float = CLIENT_TIMEOUT,
                  connect_timeout: float = CONNECT_TIMEOUT, sm_min: float = SM_MIN, sm_max: float = SM_MAX,
                  nak_ignore: float = NAK_IGNORE, rx_rate: float = RX_RATE, rx_burst: int = RX_BURST,
@@ -172,7 +257,7 @@ class RuFanout:
             raise ValueError("LBT-RU fan-out: bounds and intervals must be positive")
         self.session_id = session_id & 0xFFFFFFFF
         self.counters: Counter[str] = counters if counters is not None else Counter()
-        self.nak_port, self.nak_session = nak_port, nak_session & 0xFFFFFFFF
+        self.origin = origin if origin is not None else LbtrmInput()
         self.max_clients, self.window, self.window_bytes = max_clients, window, window_bytes
         self.client_timeout, self.connect_timeout = client_timeout, connect_timeout
         self.sm_min, self.sm_max, self.nak_ignore = sm_min, sm_max, nak_ignore
@@ -203,29 +288,21 @@ class RuFanout:
     # ------------------------------------------------------------ the origin
 
     def from_peer(self, data: bytes, now: float) -> Out:
-        """An LBT-RM datagram of the origin's session from the link."""
+        """A datagram of the origin's session from the link (as :attr:`origin` reads it)."""
+        m = self.origin.decode(data, self.counters)
+        if isinstance(m, OriginLead):
+            self._advance(m.lead, now, min(m.trail, m.lead + 1))
+            return []
+        if m is None:
+            return []
         c = self.counters
-        try:
-            m = RM.decode(data)
-        except RM.LbtrmDecodeError:
-            c["lbtru_rm_malformed"] += 1
-            return []
-        if isinstance(m, RM.SessionMessage):
-            self._advance(m.lead_sqn, now, min(m.trail_sqn, m.lead_sqn + 1))
-            return []
-        if not isinstance(m, RM.Data):
-            c["lbtru_rm_not_data"] += 1  # the origin's NCFs, or a NAK that has no business here
-            return []
-        if m.header.next_hdr:
-            c["lbtru_rm_options_dropped"] += 1
-            return []
         q = m.sqn
         if self.lead is not None and self.trail - self.window <= q < self.trail:
-            c["lbtru_rm_too_old"] += 1  # (further behind: the origin wrapped or restarted, see _advance)
+            c["lbtru_origin_too_old"] += 1  # (further behind: the origin wrapped or restarted, see _advance)
             return []
-        self._advance(q, now, min(m.trail_sqn, q))
+        self._advance(q, now, min(m.trail, q))
         if q in self.buffer:
-            c["lbtru_rm_duplicate"] += 1
+            c["lbtru_origin_duplicate"] += 1
             return []
         self.buffer[q] = m.payload
         self._bytes(len(m.payload))
@@ -255,7 +332,7 @@ class RuFanout:
         if self.lead is None or q > self.lead + self.window or q < self.trail - self.window:
             # the first one, or a jump past the whole window: start over there
             if self.lead is not None:
-                self.counters["lbtru_rm_sequence_jump"] += 1
+                self.counters["lbtru_origin_sequence_jump"] += 1
             self.buffer.clear()
             self._bytes(-self.buffer_bytes)
             self.pending.clear()
@@ -443,9 +520,9 @@ class RuFanout:
             if now - self._naked_up.get(q, -math.inf) >= self.nak_ignore:
                 self._naked_up[q] = now
                 up.append(q)
-        for i in range(0, len(up), RM.MAX_NAKS):
-            self.naks_up.append(RM.encode_nak(self.nak_port, self.nak_session, up[i:i + RM.MAX_NAKS]))
-            c["lbtru_naks_up"] += 1
+        naks = self.origin.encode_naks(up) if up else []
+        self.naks_up += naks
+        c["lbtru_naks_up"] += len(naks)
         for reason, qs in ((RU.NCF_NO_RETRY, no_retry), (RU.NCF_RX_DELAY, delay), (RU.NCF_SHED, shed)):
             for i in range(0, len(qs), RU.MAX_NAKS):
                 out.append((RU.encode_ncf(self.trail, qs[i:i + RU.MAX_NAKS], reason=reason,
@@ -454,7 +531,8 @@ class RuFanout:
         return out
 
     def take_naks_up(self) -> list[bytes]:
-        """The LBT-RM NAKs for the origin collected so far (then forgotten)."""
+        """The NAKs for the origin collected so far (then forgotten), as
+        :attr:`origin` writes them."""
         naks, self.naks_up = self.naks_up, []
         return naks
 
@@ -493,16 +571,28 @@ class RuFanout:
                 nxt = min(nxt, self.clients[next(iter(order))].heard + limit)
         return nxt
 
-    def close(self) -> Out:
-        """The proxy ends: an RST to every confirmed client (and its window
-        given back to the budget)."""
+    def reset(self) -> Out:
+        """The origin ended the session: an RST to every confirmed client, and
+        the window, the clients and the sequences forgotten (the proxy may
+        serve a next session of the origin)."""
+        out = [(RU.encode_rst(), a) for a in self._confirmed]
         self.buffer.clear()
         self._bytes(-self.buffer_bytes)
-        if self.budget is not None and self in self.budget.members:
-            self.budget.members.remove(self)
-        out = [(RU.encode_rst(), a) for a in self._confirmed]
         self.clients.clear()
         self._unconfirmed.clear()
         self._confirmed.clear()
         self._nakers.clear()
+        self.pending.clear()
+        self._pending_n = 0
+        self._naked_up.clear()
+        self.lead, self.trail = None, 0
+        self._sm_at = math.inf
+        return out
+
+    def close(self) -> Out:
+        """The proxy ends: an RST to every confirmed client (and its window
+        given back to the budget)."""
+        out = self.reset()
+        if self.budget is not None and self in self.budget.members:
+            self.budget.members.remove(self)
         return out

@@ -14,9 +14,9 @@ the router (one connection, one link name), routed when both ends speak
 ROUTING; each pair of endpoints of the router is joined inside the core: two
 links, one per side (``A<->B@A`` serving A and ``A<->B@B`` serving B), never
 routed, up from the start, whose frames go from one side's bridge to the
-other's in the core itself (the shell never sees them). The data between
-the two endpoints still crosses an in-process link of the shell (a socket
-pair carrying the peer-link protocol's streams).
+other's in the core itself (the shell never sees them). The sessions relayed
+between the two endpoints cross in the shell's memory
+(:class:`router.pair_link.PairLink`).
 
 Calling contract (calls are made serially, each returns at once):
 

@@ -78,6 +78,9 @@ class StreamKind(IntEnum):
     TCP = 0x00
     LBTRU = 0x01
     LBTRM = 0x10  # DATAGRAMs both ways: the source's session one way, receivers' NAKs the other
+    # capability RU_SESSIONS: one LBT-RU origin session per link, DATAGRAMs both ways: the
+    # origin's DATA and SMs from the acceptor's side, the opener's proxy's NAKs the other way
+    LBTRU_SESSION = 0x81
 
 
 class RefuseCode(IntEnum):
@@ -103,10 +106,11 @@ class Capability(IntFlag):
     ROUTING = 0x04  # TOPOLOGY frames (multi-hop routing)
     SESSIONS = 0x08  # ADVERTISEMENT frames name the source's transport session
     ORIGIN_SID = 0x10  # ADVERTISEMENT frames carry the origin's transport session id
+    RU_SESSIONS = 0x20  # LBTRU_SESSION streams (LBT-RU fan-out: one stream per origin session per link)
 
 
 DEFAULT_CAPABILITIES = int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS
-                           | Capability.ORIGIN_SID)  # a router adds ROUTING
+                           | Capability.ORIGIN_SID | Capability.RU_SESSIONS)  # a router adds ROUTING
 MAX_TOPOLOGY_ENTRIES = 4096  # domains, and peers, in one TOPOLOGY frame
 MAX_ROUTER_ID = 255  # bytes of a router id (its name) in a TOPOLOGY frame
 

@@ -240,7 +240,8 @@ class StreamTable:
                  max_window: int | None = None, window_budget: int = 0, initial_budget: int = 0,
                  max_frame: int = MAX_FRAME_DATA, max_streams: int = 4096,
                  max_datagram: int = MAX_PAYLOAD - 4,
-                 kinds: tuple[int, ...] = (StreamKind.TCP, StreamKind.LBTRU, StreamKind.LBTRM)) -> None:
+                 kinds: tuple[int, ...] = (StreamKind.TCP, StreamKind.LBTRU, StreamKind.LBTRM,
+                                           StreamKind.LBTRU_SESSION)) -> None:
         if role not in ("initiator", "acceptor"):
             raise ValueError(f"role must be 'initiator' or 'acceptor', not {role!r}")
         if not 0 < initial_window <= 0xFFFFFFFF or max_frame <= 0:
