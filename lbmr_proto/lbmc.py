@@ -508,8 +508,9 @@ class StreamFramer:
         buffer, after a copy of the incomplete message held, so that the messages
         they complete are one run."""
         held = len(self._buf)
-        self._rx = bytearray(held + size)
-        self._rx[:held] = self._buf
+        if self._rx is None or len(self._rx) != held + size:  # (else: the last one, unused)
+            self._rx = bytearray(held + size)
+            self._rx[:held] = self._buf
         return memoryview(self._rx)[held:]
 
     def received(self, nbytes: int) -> list[MessageRun]:
@@ -532,6 +533,7 @@ class StreamFramer:
         run instead.)"""
         if self._error is not None:
             raise self._error
+        self._rx = None  # (a receive_buffer() not filled is void)
         out: list[MessageRun] = []
         mv = memoryview(data)
         pos, n = 0, len(mv)
