@@ -458,13 +458,17 @@ class Processes:
         self.procs[key] = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, env=env,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
+    routers = ("b", "a")  # the router processes, in the order they start
+
     def start(self) -> None:
+        """The lbmrds, then the routers (``_configs``' files); returns once router
+        B's ``/status`` says its peer link is up (its only portal link)."""
         cfg = self._configs()
         for key, (ip, port) in (("lbmrd1", self.lbmrd1), ("lbmrd2", self.lbmrd2)):
             self.logs[key] = self.tmp / f"{key}.log"
             self._spawn(key, PY + [LBMRD_CODE, "-i", ip, "-p", str(port), "--stats-interval", "0",
                                    "-L", str(self.logs[key])])
-        for r in ("b", "a"):
+        for r in self.routers:
             self.logs[r] = self.tmp / f"router-{r}.log"
             args = ["-L", str(self.logs[r]), str(cfg[r])]
             if self.cprofile:
@@ -484,7 +488,7 @@ class Processes:
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("the peer link did not come up within 20 s")
+                raise RuntimeError("the routers' link did not come up within 20 s")
             time.sleep(0.05)
 
     def log_tail(self, key: str) -> str:
@@ -496,10 +500,10 @@ class Processes:
         return self.procs[key].pid
 
     def cpu(self) -> dict[str, float]:
-        return {k: _cpu_seconds(self.pid(k)) for k in ("a", "b")}
+        return {k: _cpu_seconds(self.pid(k)) for k in self.routers}
 
     def stop(self) -> None:
-        for key in ("a", "b", "lbmrd1", "lbmrd2"):
+        for key in (*self.routers, "lbmrd1", "lbmrd2"):
             p = self.procs.get(key)
             if p is not None and p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -517,6 +521,7 @@ class DirectLink(Processes):
     separate processes: the sessions between its endpoints cross in memory."""
 
     name = "direct link"
+    routers = ("d",)
 
     def _configs(self) -> dict[str, Path]:
         l1, l2 = free_port(TRD1, socket.SOCK_DGRAM), free_port(TRD2, socket.SOCK_DGRAM)
@@ -537,37 +542,6 @@ class DirectLink(Processes):
         path = self.tmp / "router-direct.xml"
         path.write_text(text)
         return {"d": path}
-
-    def start(self) -> None:
-        cfg = self._configs()
-        for key, (ip, port) in (("lbmrd1", self.lbmrd1), ("lbmrd2", self.lbmrd2)):
-            self.logs[key] = self.tmp / f"{key}.log"
-            self._spawn(key, PY + [LBMRD_CODE, "-i", ip, "-p", str(port), "--stats-interval", "0",
-                                   "-L", str(self.logs[key])])
-        self.logs["d"] = self.tmp / "router-direct.log"
-        self._spawn("d", PY + [ROUTER_CODE, "-L", str(self.logs["d"]), str(cfg["d"])])
-        deadline = time.monotonic() + 20
-        while True:
-            for k, p in self.procs.items():
-                if p.poll() is not None:
-                    raise RuntimeError(f"{k} exited with {p.returncode}: {self.log_tail(k)}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_b}/status", timeout=1):
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the direct-link router did not answer within 20 s")
-            time.sleep(0.05)
-
-    def cpu(self) -> dict[str, float]:
-        return {"d": _cpu_seconds(self.pid("d"))}
-
-    def stop(self) -> None:
-        p = self.procs.get("d")
-        if p is not None and p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-        super().stop()
 
 
 class InProcess:

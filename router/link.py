@@ -164,6 +164,20 @@ class StreamState:
         self.credit.set()
 
 
+def forget_stream(link, st: StreamState) -> None:
+    """Close stream ``st`` towards ``link``'s other end (a :class:`Link` or a
+    :class:`router.pair_link.PairLink`; unless the stream or the link is closed
+    already) and forget its state."""
+    if not link.closed:
+        try:
+            if link.streams.close(st.sid):
+                link.flush_streams()
+        except S.LocalStreamError:
+            pass
+    if link.state.get(st.sid) is st:
+        del link.state[st.sid]
+
+
 class Link:
     """One connected peer link: the connection, its streams and its writer.
     ``peer_name`` is the configured peer's name (for logs); ``max_queue`` the
@@ -980,14 +994,7 @@ class Link:
     def close_stream(self, st: StreamState) -> None:
         """Close stream ``st`` towards the peer (unless it is closed already), forget it
         and give back its pipes."""
-        if not self.closed:
-            try:
-                if self.streams.close(st.sid):
-                    self.flush_streams()
-            except S.LocalStreamError:
-                pass
-        if self.state.get(st.sid) is st:
-            del self.state[st.sid]
+        forget_stream(self, st)
         self.release_stream(st)
 
     def release_stream(self, st: StreamState) -> None:

@@ -40,6 +40,7 @@ from .link import (
     STREAM_WINDOW,
     STREAM_WINDOW_MAX,
     StreamState,
+    forget_stream,
 )
 from .peerlink import streams as S
 from .splice import PIPE_POOL
@@ -101,14 +102,7 @@ class PairLink:
 
     def close_stream(self, st: StreamState) -> None:
         """Close stream ``st`` towards the other side (unless closed already) and forget it."""
-        if not self.closed:
-            try:
-                if self.streams.close(st.sid):
-                    self.flush_streams()
-            except S.LocalStreamError:
-                pass
-        if self.state.get(st.sid) is st:
-            del self.state[st.sid]
+        forget_stream(self, st)
 
     # ------------------------------------------------------------ receiving
 

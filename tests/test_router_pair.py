@@ -84,23 +84,35 @@ async def test_sessions_cross_an_endpoint_pair_in_memory(fanout):
         n.cancel_scope.cancel()
 
 
+async def start_three_trds(n) -> tuple[MultiRouter, trio.CancelScope, dict[int, tuple]]:
+    """Router 1 with endpoints in TRD1 and TRD2 and a peer link to router 3
+    (TRD3), whose scope, cancelled, takes router 3 away. (r1, r3's scope,
+    domain -> lbmrd address)."""
+    trds = {d: (await start_lbmrd(n, f"127.0.{d}.1"))[1] for d in (1, 2, 3)}
+    r3 = MultiRouter(router_config("r3", [lbmrd_endpoint("T3", 3, [trds[3]], interface="127.0.3.1")],
+                                   [acceptor_peer("3-1", 0, interface="127.0.0.1")]))
+    r3_scope = trio.CancelScope()
+
+    async def run_r3(task_status):
+        with r3_scope:
+            await r3.run(task_status=task_status)
+
+    p31 = (await n.start(run_r3))["links"][0]["peer"]
+    r1 = MultiRouter(router_config("r1", [lbmrd_endpoint("T1", 1, [trds[1]], interface="127.0.1.1"),
+                                          lbmrd_endpoint("T2", 2, [trds[2]], interface="127.0.2.1")],
+                                   [initiator_peer("1-3", *p31)]))
+    await n.start(r1.run)
+    return r1, r3_scope, trds
+
+
 async def test_a_pair_and_a_peer_link_share_the_origin_connection():
     """Router 1 joins TRD1 and TRD2 and peers with router 3 (TRD3): receivers in
     TRD2 (through the pair) and TRD3 (through the peer link) of one source in
     TRD1 get whole messages, and router 1 holds one connection to the origin."""
     async with trio.open_nursery() as n:
-        _, trd1 = await start_lbmrd(n, "127.0.1.1")
-        _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        _, trd3 = await start_lbmrd(n, "127.0.3.1")
-        r3 = MultiRouter(router_config("r3", [lbmrd_endpoint("T3", 3, [trd3], interface="127.0.3.1")],
-                                       [acceptor_peer("3-1", 0, interface="127.0.0.1")]))
-        p31 = (await n.start(r3.run))["links"][0]["peer"]
-        r1 = MultiRouter(router_config("r1", [lbmrd_endpoint("T1", 1, [trd1], interface="127.0.1.1"),
-                                              lbmrd_endpoint("T2", 2, [trd2], interface="127.0.2.1")],
-                                       [initiator_peer("1-3", *p31)]))
-        await n.start(r1.run)
-        src, _ = await live_source(n, trd1, rate=2000, message_size=1000)
-        tirs = [await resolve(udp("127.0.2.9"), trd2), await resolve(udp("127.0.3.9"), trd3)]
+        _, _, trds = await start_three_trds(n)
+        src, _ = await live_source(n, trds[1], rate=2000, message_size=1000)
+        tirs = [await resolve(udp("127.0.2.9"), trds[2]), await resolve(udp("127.0.3.9"), trds[3])]
         res = []
 
         async def run(rx, task_status):
@@ -119,22 +131,8 @@ async def test_a_session_outlives_the_link_whose_stream_opened_it():
     connect to the origin; a receiver in TRD2 (through the pair) joins that
     session; router 3 then goes away: the TRD2 receiver's session goes on."""
     async with trio.open_nursery() as n:
-        _, trd1 = await start_lbmrd(n, "127.0.1.1")
-        _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        _, trd3 = await start_lbmrd(n, "127.0.3.1")
-        r3 = MultiRouter(router_config("r3", [lbmrd_endpoint("T3", 3, [trd3], interface="127.0.3.1")],
-                                       [acceptor_peer("3-1", 0, interface="127.0.0.1")]))
-        r3_scope = trio.CancelScope()
-
-        async def run_r3(task_status):
-            with r3_scope:
-                await r3.run(task_status=task_status)
-
-        p31 = (await n.start(run_r3))["links"][0]["peer"]
-        r1 = MultiRouter(router_config("r1", [lbmrd_endpoint("T1", 1, [trd1], interface="127.0.1.1"),
-                                              lbmrd_endpoint("T2", 2, [trd2], interface="127.0.2.1")],
-                                       [initiator_peer("1-3", *p31)]))
-        await n.start(r1.run)
+        _, r3_scope, trds = await start_three_trds(n)
+        trd1, trd2, trd3 = trds[1], trds[2], trds[3]
         src, _ = await live_source(n, trd1, rate=500, message_size=1000)
         tir3 = await resolve(udp("127.0.3.9"), trd3)
         tir2 = await resolve(udp("127.0.2.9"), trd2)
