@@ -174,7 +174,7 @@ class FanoutRelay:
             try:
                 async with trio.open_nursery() as n:
                     n.start_soon(self._receiver_reads, rx, n.cancel_scope)
-                    await self._receiver_writes(proxy, rx)
+                    await self._receiver_writes(rx)
                     n.cancel_scope.cancel()
             finally:
                 del proxy.receivers[key]
@@ -228,10 +228,9 @@ class FanoutRelay:
             rx.blocked = True
             rx.wake.set()
 
-    async def _receiver_writes(self, proxy: _Proxy, rx: _Receiver) -> None:
+    async def _receiver_writes(self, rx: _Receiver) -> None:
         """The receiver's queue into its socket; returns when it went away, stalled
-        (nothing taken for the stall timeout) or the session ended. Once its socket
-        took bytes again, the proxy's stream looks at what waits for room."""
+        (nothing taken for the stall timeout) or the session ended."""
         q = rx.queue
         while not rx.broken:
             if rx.blocked:
@@ -247,9 +246,6 @@ class FanoutRelay:
                                f"{rx.peer}: took nothing for {self.stall_timeout:g} s; disconnected")
                     return
                 self._push(rx)
-                st = proxy.st
-                if st is not None and st.incoming:
-                    st.incoming_ready.set()
             elif q.held:
                 self._push(rx)
             elif q.closing:
@@ -294,29 +290,23 @@ class FanoutRelay:
             link.close_stream(st)
 
     def _near_feed(self, proxy: _Proxy, link: Link, st: StreamState) -> None:
-        """The stream's bytes from the peer to the receivers' queues and sockets,
-        their credit back at once, as long as some receiver has room for them (a
-        slow receiver never slows the stream). When none has, they wait in the
-        stream, without credit, until one has (:meth:`_receiver_writes` wakes the
-        stream): the far router's queue drops instead, and the link carries no
-        bytes that no receiver would take."""
+        """The stream's bytes from the peer to the receivers' queues and sockets;
+        their credit goes back at once (a slow receiver never slows the stream:
+        what its queue has no room for is dropped and counted for it)."""
         now = trio.current_time()
         core = proxy.core
-        inc = st.incoming
         nbytes = 0
-        while inc and core.has_room(len(inc[0])):
-            while inc and core.has_room(len(inc[0])):
-                data = inc.popleft()
-                nbytes += len(data)
-                self._count_drops(core.feed(data, now))
-            for rx in proxy.receivers.values():
-                self._push(rx)
-        if nbytes:
-            try:
-                link.streams.consumed(st.sid, nbytes)
-            except S.LocalStreamError:
-                pass
-            link.flush_streams()
+        while st.incoming:
+            data = st.incoming.popleft()
+            nbytes += len(data)
+            self._count_drops(core.feed(data, now))
+        try:
+            link.streams.consumed(st.sid, nbytes)
+        except S.LocalStreamError:
+            pass
+        link.flush_streams()
+        for rx in proxy.receivers.values():
+            self._push(rx)
 
     def _count_drops(self, drops) -> None:
         for d in drops:

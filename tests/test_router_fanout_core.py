@@ -141,18 +141,3 @@ def test_a_shared_budget_bounds_every_queue_of_a_portal_together():
     assert budget.held == b.held and two.feed(msg(2, 1000), 0.0) == []
     two.remove("b")  # a receiver that leaves gives its bytes back
     assert budget.held == 0
-
-
-def test_the_session_is_worth_taking_while_some_sink_has_room():
-    f = SessionFanout(max_queue=MIN_MAX_QUEUE)
-    assert f.has_room(1 << 20)  # no sink: the bytes go nowhere, taking them costs nothing
-    a, b = f.add("a", 0.0), f.add("b", 0.0)
-    f.feed(b"".join(msg(q, 1000) for q in range(60)), 0.0)  # 60,720 bytes each
-    room = MIN_MAX_QUEUE - a.held
-    assert f.has_room(room) and not f.has_room(room + 1)
-    assert not f.has_room(1 << 20)  # more than half a queue: half a queue of room is enough
-    b.wrote(b.held, 1.0)
-    assert f.has_room(1 << 20)  # b's queue is empty: half a queue fits
-    f.remove("a")
-    f.remove("b")
-    assert f.has_room(1 << 20)

@@ -184,18 +184,6 @@ class SessionFanout:
             q.offer(Batch.of([self.session_id_message]), now)
         return q
 
-    def has_room(self, nbytes: int) -> bool:
-        """Whether the next ``nbytes`` of the session are worth taking: some sink's
-        queue (and the budget) has room for them (for half a queue, when they are
-        more), or there is no sink (they go nowhere)."""
-        if not self.sinks:
-            return True
-        need = min(nbytes, self.max_queue // 2)
-        if self.budget.limit - self.budget.held < need:
-            return False
-        limit = self.max_queue - need
-        return any(q.held <= limit for q in self.sinks.values())
-
     def remove(self, key: Hashable) -> None:
         """A sink leaves; its queue is emptied."""
         q = self.sinks.pop(key, None)
