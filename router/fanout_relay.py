@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 from collections import Counter
 from collections.abc import Callable
 from itertools import count
@@ -44,7 +43,7 @@ from .core.fanout import (
     SessionFanout,
     SinkQueue,
 )
-from .link import CONNECT_TIMEOUT, READ_SIZE, RX_YIELD, Link, StreamState
+from .link import CONNECT_TIMEOUT, READ_SIZE, Link, StreamState
 from .peerlink import streams as S
 
 # seconds a session's upstream connection stays open after its last stream left,
@@ -360,44 +359,33 @@ class FanoutRelay:
                 await trio.aclose_forcefully(conn)
 
     async def _upstream_reads(self, up: Upstream, conn: trio.SocketStream) -> None:
-        """Read the origin (non-blocking reads of a descriptor of our own: no
-        scheduler round trip per read while bytes are there; the others run after
-        RX_YIELD bytes, or when it waits). Each wait lasts at most UPSTREAM_LINGER,
-        so that a session whose last stream left closes within twice that even
-        when the origin is quiet."""
-        raw = socket.socket(fileno=os.dup(conn.socket.fileno()))
-        raw.setblocking(False)
-        try:
-            idle_since = math.inf
-            unyielded = 0
-            while True:
-                if up.sinks or up.waiting:
-                    idle_since = math.inf
-                elif idle_since == math.inf:
-                    idle_since = trio.current_time()
-                elif trio.current_time() >= idle_since + UPSTREAM_LINGER:
-                    return
+        """Read the origin into the session's receive buffer (each read a scheduler
+        checkpoint: the link's reader, with the credit this session waits for,
+        runs between reads). Each read waits at most UPSTREAM_LINGER, so that a
+        session whose last stream left closes within twice that even when the
+        origin is quiet."""
+        idle_since = math.inf
+        while True:
+            if up.sinks or up.waiting:
+                idle_since = math.inf
+            elif idle_since == math.inf:
+                idle_since = trio.current_time()
+            elif trio.current_time() >= idle_since + UPSTREAM_LINGER:
+                return
+            k = None
+            with trio.move_on_after(UPSTREAM_LINGER):
                 try:
-                    k = raw.recv_into(up.core.receive_buffer(READ_SIZE))
-                except (BlockingIOError, InterruptedError):
-                    with trio.move_on_after(UPSTREAM_LINGER):
-                        await trio.lowlevel.wait_readable(conn.socket)
-                    unyielded = 0
-                    continue
-                except OSError:
+                    k = await conn.socket.recv_into(up.core.receive_buffer(READ_SIZE))
+                except (trio.ClosedResourceError, OSError):
                     k = 0
-                if not k:
-                    up.by_origin = True
-                    return
-                self._count_link_drops(up.core.received(k, trio.current_time()))
-                for (link, sid), st in up.sinks.items():
-                    self._far_push(link, st, up.core.sinks[link, sid])
-                unyielded += k
-                if unyielded >= RX_YIELD:
-                    unyielded = 0
-                    await trio.lowlevel.checkpoint()
-        finally:
-            raw.close()
+            if k is None:
+                continue
+            if not k:
+                up.by_origin = True
+                return
+            self._count_link_drops(up.core.received(k, trio.current_time()))
+            for (link, sid), st in up.sinks.items():
+                self._far_push(link, st, up.core.sinks[link, sid])
 
     def _count_link_drops(self, drops) -> None:
         for d in drops:

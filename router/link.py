@@ -807,6 +807,7 @@ class Link:
         self._waited = False
         self._pipe_full = False
         if not (st.kind == P.StreamKind.TCP and isinstance(st.sock, trio.SocketStream)):
+            self._rx_charge = RX_YIELD  # (its consumer runs before the next frame)
             await self._receive_whole(st, nbytes)
             return
         while self._left:
