@@ -582,7 +582,8 @@ class Relay:
 
     async def _pump_down(self, link: Link, st: StreamState, scope) -> None:
         """Peer link -> socket; consumed bytes are returned to the peer as credit. The
-        items of ``st.incoming`` are bytes (copy path) or :class:`PipeSeg` (zero copy),
+        items of ``st.incoming`` are bytes or read-only views of them (copy path) or
+        :class:`PipeSeg` (zero copy),
         in order; an item stays at the head until all its bytes went (the link's reader
         passes pipe bytes on itself when the socket takes them, :meth:`Link.forward`)."""
         while True:
