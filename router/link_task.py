@@ -207,7 +207,7 @@ class LinkTask:
         try:
             async with trio.open_nursery() as n:
                 link.nursery = n
-                while not link.closed:
+                while not link.ended:
                     self._link_events(link, await link.receive())
         finally:
             link.down()

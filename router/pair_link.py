@@ -21,8 +21,8 @@ sides.
 
 A pair lives as long as its router. Its queue overflowing with control
 frames (250,000: the streams' own frames, which the other side takes at
-every turn of the scheduler) ends it, as it would end a peer link; it is
-logged, and the pair's sessions are relayed no more.
+every turn of the scheduler) ends it, both sides, as it would end a peer
+link; it is logged, and the pair's sessions are relayed no more.
 """
 
 from __future__ import annotations
@@ -81,6 +81,11 @@ class PairLink:
         self.frames_sent = 0
         self.datagrams_sent = 0
 
+    @property
+    def ended(self) -> bool:
+        """Either side is closed: the pair relays no more."""
+        return self.closed or self.other is None or self.other.closed
+
     # -------------------------------------------------------------- sending
 
     def put(self, frame: P.Frame) -> bool:
@@ -112,6 +117,8 @@ class PairLink:
         streams here. Their queue's space is freed: its writers may go on."""
         other = self.other
         while not other.outq:
+            if self.ended:
+                return []
             other.queued = trio.Event()
             await other.queued.wait()
         frames = other.outq.pop_batch(TAKE_BYTES)
@@ -138,8 +145,10 @@ class PairLink:
                 woken.add(st)
 
     def down(self) -> None:
-        """The router stops: close every stream's state and socket."""
+        """The pair has ended (or the router stops): close every stream's state
+        and socket; the other side's task wakes to end too."""
         self.closed = True
+        self.queued.set()
         self.outq.take_all()
         for st in self.state.values():
             st.closed = True

@@ -180,12 +180,19 @@ async def test_pair_link_frames_and_datagrams_cross_by_reference():
 
 
 async def test_an_overflowing_pair_ends_with_a_log_not_a_crash(caplog):
+    """Both sides end: the other side's reader returns instead of waiting forever."""
     a, b = pair_links("x", "x", 1 << 20, 1 << 20)
     a.outq.max_control = 3
     for k in range(4):
         a.streams.open(k + 1)
     a.flush_streams()
     assert a.closed and "relays no more sessions" in caplog.text
+    assert b.ended
+    with trio.fail_after(1):
+        got = await b.receive()  # what a queued before it overflowed, then nothing more
+        a.down()
+        assert await b.receive() == [] and await a.receive() == []
+    assert len(got) == 3
 
 
 async def test_an_lbtru_session_crosses_an_endpoint_pair_once():
