@@ -447,13 +447,6 @@ class PeerConfig:
     line: int = field(default=0, compare=False)
     acl: PortalAcl = OPEN  # <acl>: inbound/outbound lists (router.core.acl)
     cost: int = 1  # <cost>: what routes through this portal cost (positive)
-    # <relay fanout max-queue>: TCP sessions fanned out (one source connection per
-    # router, one copy per link) or relayed per receiver connection; bytes a fanned-out
-    # receiver (or link stream) may have queued; seconds, as ms, a receiver may hold
-    # queued bytes without taking any before it is disconnected (not in the file)
-    fanout: bool = True
-    fanout_max_queue: int = DEFAULT_FANOUT_MAX_QUEUE
-    fanout_stall_timeout_ms: int = round(_FANOUT_STALL_S * 1000)
 
     @property
     def role(self) -> str:

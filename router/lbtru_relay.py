@@ -294,7 +294,7 @@ class RuProxySource:
             self.up = None
 
 
-class Upstream:
+class RuUpstreamSession:
     """One origin LBT-RU session at the far side: its socket's task, its
     receiver core, the link streams it feeds (``sinks``: (link, stream id)
     -> stream) and how many streams wait for the connection (``waiting``)."""
@@ -366,7 +366,7 @@ class RuSessionRelay:
                          f"{len(self.upstreams)} LBT-RU upstream sessions already open", "lbtru_upstreams_full")
             return
         if up is None or up.done:
-            up = self.upstreams[key] = Upstream(key, RuUpstream(key[:2], key[2], self.counters))
+            up = self.upstreams[key] = RuUpstreamSession(key, RuUpstream(key[:2], key[2], self.counters))
             (self.upstreams.nursery or link.nursery).start_soon(self._upstream, up)
         st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
         st.advert_id = ev.advert_id
@@ -379,7 +379,7 @@ class RuSessionRelay:
         link.streams.refuse(ev.stream_id, code, reason)
         link.flush_streams()
 
-    async def _upstream(self, up: Upstream) -> None:
+    async def _upstream(self, up: RuUpstreamSession) -> None:
         """The session's socket: connect, then pass the origin's datagrams to
         the streams and theirs to the origin until it ends or UPSTREAM_LINGER
         after its last stream left."""
@@ -411,7 +411,7 @@ class RuSessionRelay:
             if core.ended is not None:
                 self.event("lbtru_upstream_ended", f"{core.origin[0]}:{core.origin[1]}: {core.ended.value}")
 
-    def _to_origin(self, up: Upstream, out: list[bytes]) -> None:
+    def _to_origin(self, up: RuUpstreamSession, out: list[bytes]) -> None:
         """Datagrams to the origin, without waiting (a full buffer drops: counted);
         a refused one (ICMP port unreachable) ends the session."""
         for data in out:
@@ -426,7 +426,7 @@ class RuSessionRelay:
             except OSError:
                 self.counters["lbtru_upstream_send_error"] += 1
 
-    async def _upstream_timer(self, up: Upstream) -> None:
+    async def _upstream_timer(self, up: RuUpstreamSession) -> None:
         """CREQs, ACKs and the activity timeout; returns when the session ends
         or lingered UPSTREAM_LINGER without streams."""
         core = up.core
@@ -447,7 +447,7 @@ class RuSessionRelay:
                 await up.wake.wait()
             up.wake = trio.Event()
 
-    async def _upstream_reads(self, up: Upstream, sock, scope: trio.CancelScope) -> None:
+    async def _upstream_reads(self, up: RuUpstreamSession, sock, scope: trio.CancelScope) -> None:
         """The origin's datagrams to every stream of the session; ends the session at its end."""
         core = up.core
         while core.state is not UpstreamState.ENDED:
@@ -477,7 +477,7 @@ class RuSessionRelay:
         up.wake.set()
         scope.cancel()
 
-    def _to_streams(self, up: Upstream, datagrams: list[bytes]) -> None:
+    def _to_streams(self, up: RuUpstreamSession, datagrams: list[bytes]) -> None:
         links = set()
         for (link, _), st in up.sinks.items():
             if st.closed or link.closed:
@@ -491,7 +491,7 @@ class RuSessionRelay:
         for link in links:
             link.flush_streams()
 
-    async def _far_stream(self, up: Upstream, link: Link, st: StreamState) -> None:
+    async def _far_stream(self, up: RuUpstreamSession, link: Link, st: StreamState) -> None:
         """One link stream of an upstream session, from accept to end."""
         key = (link, st.sid)
         waiting = True
@@ -526,7 +526,7 @@ class RuSessionRelay:
             link.state.pop(st.sid, None)
 
     @staticmethod
-    def _attached(up: Upstream) -> bool:
+    def _attached(up: RuUpstreamSession) -> bool:
         """A stream that waited for the connection is a sink now (or gave up):
         when it was the last, the session's reader goes on. False (no longer waiting)."""
         up.waiting -= 1
