@@ -243,6 +243,12 @@ class Link:
         return self.conn.state is P.State.CONNECTED
 
     @property
+    def _tx_pending(self) -> bool:
+        """The zero-copy writer is in the middle of a frame: bytes taken from the queue
+        (``_tx``), a held frame's pipe or a frame's payload in memory still to write."""
+        return self._tx is not None or self._tx_held is not None or self._tx_mem is not None
+
+    @property
     def capabilities(self) -> int:
         """The capabilities both ends set (:class:`router.peerlink.Capability` bits)."""
         return self.conn.capabilities
@@ -283,8 +289,7 @@ class Link:
         """Write what is queued, as far as the socket takes it at once (zero-copy links; the
         writer task otherwise). Never waits, never raises: a failing socket is the writer's
         to find."""
-        if (self._sock is None or self._tx is not None or self._tx_held is not None
-                or self._tx_mem is not None or self.closed or self._draining):
+        if self._sock is None or self._tx_pending or self.closed or self._draining:
             self.wake_writer.set()
             return
         try:
@@ -372,8 +377,7 @@ class Link:
         when it is full, and for work when everything is written."""
         try:
             while not self.closed:
-                if (self.closing and not self.raw and self._tx is None and self._tx_held is None
-                        and self._tx_mem is None):
+                if self.closing and not self.raw and not self._tx_pending:
                     self.writer_done.set()
                     return
                 if self._tx_full:  # no write to find out again
@@ -402,7 +406,7 @@ class Link:
         self._draining = True
         try:
             while True:
-                if self._tx is not None or self._tx_held is not None or self._tx_mem is not None:
+                if self._tx_pending:
                     sent = self._write_tx()
                     if sent < 0:
                         self.tx_blocked += 1
@@ -532,7 +536,7 @@ class Link:
             return self._tx_held is not None or self._tx_mem is not None
         out = b"".join(parts)
         self._tx = memoryview(out) if out else None
-        return self._tx is not None or self._tx_held is not None or self._tx_mem is not None
+        return self._tx_pending
 
     async def _send(self, data: bytes, more: bool = False) -> None:
         if self._sock is None:
