@@ -103,9 +103,11 @@ def test_two_cores_back_to_back_proxy_a_source_where_a_receiver_wants_it():
 
 def test_a_dead_sessions_sources_are_withdrawn_after_the_deletion_delay():
     """The relay says the source ended its session: its topics are queried at
-    once; no TIR within the endpoint's deletion delay withdraws them, a TIR
-    in time keeps them (times are the caller's: no clock in the core)."""
-    for heard in (False, True):
+    once, and those not heard are queried again halfway through the
+    endpoint's deletion delay (one lost query or answer withdraws no live
+    source); no TIR within the delay withdraws them, a TIR in time, to either
+    query, keeps them (times are the caller's: no clock in the core)."""
+    for heard_at in (None, 0.8, 1.2):
         a, b = core("A", {"T1": 1}, deletion_delay=1.0), core("B", {"T2": 2})
         a.link_up("peer", peer_info("B", 2), CAPS, 0.0)
         b.link_up("peer", peer_info("A", 1), CAPS, 0.0)
@@ -113,16 +115,25 @@ def test_a_dead_sessions_sources_are_withdrawn_after_the_deletion_delay():
         pump(a, b, 0.1)
         a.tr_datagram("T1", dgram(tirs=[source_tir()]), APP, 0.2)
         (start,) = [o for _, o in pump(a, b, 0.2) if isinstance(o, StartProxy)]
+        a.outputs()
         a.session_ended("peer", "T1", start.advert.advert_id, 0.5)
         a.session_ended("peer", "T1", start.advert.advert_id, 0.6)  # once per session
         assert a.counters("peer", "T1")["sessions_ended"] == 1
-        assert a.next_deadline() <= 1.5
-        if heard:
-            a.tr_datagram("T1", dgram(tirs=[source_tir()]), APP, 1.0)
-        a.tick(1.5)
-        withdrawn = [f for f in frames(a.outputs()) if isinstance(f, P.Advertisement) and f.withdraw]
-        assert len(withdrawn) == (0 if heard else 1)
-        assert a.counters("peer", "T1")["sources_ended"] == (0 if heard else 1)
+        queries = []
+        for now in (0.5, 0.8, 1.0, 1.2, 1.5):
+            if now == heard_at:
+                a.tr_datagram("T1", dgram(tirs=[source_tir()]), APP, now)
+            assert a.next_deadline() <= 1.5
+            a.tick(now)
+            outs = a.outputs()
+            if now < 1.5:  # (a source withdrawn is looked for again)
+                queries += [(now, q.topic) for o in outs if isinstance(o, SendTR) for q in L.decode(o.data).tqrs]
+            withdrawn = [f for f in frames(outs) if isinstance(f, P.Advertisement) and f.withdraw]
+            assert len(withdrawn) == (1 if heard_at is None and now == 1.5 else 0)
+        # asked at the end of session, and again at 1.0 unless answered
+        assert queries == [(0.5, TOPIC)] + ([(1.0, TOPIC)] if heard_at != 0.8 else [])
+        assert a.counters("peer", "T1")["sources_ended"] == (1 if heard_at is None else 0)
+        assert a.counters("peer", "T1")["session_end_queries_again"] == (0 if heard_at == 0.8 else 1)
 
 
 def test_a_second_link_to_the_same_router_is_refused_at_the_handshake():

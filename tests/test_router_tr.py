@@ -706,3 +706,28 @@ def test_end_of_session_queries_go_at_the_query_rate_and_say_when():
     assert sorted(t for _, t in sent) == sorted(topics)  # each queried once, in 0.1 s
     assert len({t for t, _ in sent}) <= 6  # at once, then in 20 ms steps: a few datagrams
     assert all(t <= slots[topics.index(topic)] + 1e-6 for t, topic in sent)
+
+
+def test_queries_of_sessions_ending_within_a_step_share_a_datagram():
+    """Defect (scale): 1,000 sessions ended over 70 ms, a few at each turn of
+    the router's loop, and each end's query went at once in a datagram of its
+    own: 4,800 TR datagrams through the lbmrd, and as many answers. An end of
+    session's query now waits for the next 20 ms step (``QUERY_STEP``), with
+    every other query of that step."""
+    p = mc_portal()
+    topics = [f"md.t{i}" for i in range(60)]
+    for t in topics:
+        p.add_remote_interest(t, 0.0)
+    tirs = [app_tir(t, TcpTransport("10.1.0.5", 14371), otid_n(j + 1)) for j, t in enumerate(topics)]
+    p.on_datagram(dgram(tirs=tirs), SRC_ADDR, 0.5)
+    p.tick(0.5)
+    ended = [1.001 + 0.0003 * i for i in range(len(topics))]  # one end every 0.3 ms, from 1.001
+    slots = []
+    datagrams = []
+    for t, now in zip(topics, ended, strict=True):
+        slots.append(p.requery(t, now))
+        datagrams += [o for o in p.tick(now) if decode(o.data).tqrs]
+    assert datagrams == []  # none before the step
+    assert slots == [approx(1.02)] * len(topics)
+    datagrams = [o for o in p.tick(1.02) if decode(o.data).tqrs]
+    assert len(datagrams) == 1 and len(decode(datagrams[0].data).tqrs) == len(topics)

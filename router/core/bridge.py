@@ -362,12 +362,30 @@ class Bridge:
         if name is None or name in self._ending:
             return None
         self._ending.add(name)
+        return name, self._query([self._adverts.key(aid)[0] for aid in self._adverts.adverts_named(name)], now)
+
+    def ask_again(self, name: tuple[int, int], since: float, now: float) -> float | None:
+        """Halfway through the check of the transport session ``name`` (from
+        :meth:`session_ended`, which ended at ``since``): query again the topics
+        of its sources not heard since (one lost query or answer does not
+        withdraw a live source). Returns when the last of those queries goes,
+        or None if every source was heard (the check is over: nothing will be
+        withdrawn)."""
+        keys = [self._adverts.key(aid) for aid in self._adverts.adverts_named(name)]
+        unheard = [topic for topic, otid in keys if not self.portal.heard_since(topic, otid, since)]
+        if not unheard:
+            self._ending.discard(name)
+            return None
+        return self._query(unheard, now)
+
+    def _query(self, topics: list[str], now: float) -> float:
+        """Query ``topics`` in the portal: when the last query goes (``now`` if none)."""
         asked = now
-        for aid in self._adverts.adverts_named(name):
-            at = self.portal.requery(self._adverts.key(aid)[0], now)
+        for topic in topics:
+            at = self.portal.requery(topic, now)
             if at is not None:
                 asked = max(asked, at)
-        return name, asked
+        return asked
 
     def source_ended(self, name: tuple[int, int], since: float, now: float) -> bool:
         """No TIR of a source of the transport session ``name`` (from

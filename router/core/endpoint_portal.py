@@ -124,6 +124,9 @@ class PortalView:
     def requery(self, topic: str, now: float) -> float | None:
         return self._portal.tr.requery(topic, now)
 
+    def heard_since(self, topic: str, otid: bytes, since: float) -> bool:
+        return self._portal.tr.heard_since(topic, otid, since)
+
     def drop_source(self, topic: str, otid: bytes, now: float, *, silent_since: float = math.inf) -> bool:
         done = self._portal.tr.drop_source(topic, otid, now, silent_since=silent_since)
         self._portal.dispatch(caller=self)

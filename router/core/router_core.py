@@ -53,6 +53,7 @@ import heapq
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .. import peerlink as P
 from .bridge import Bridge, ProxyDown, ProxyUp
@@ -143,6 +144,22 @@ class LinkSpec:
     pair: str | None = None
 
 
+class _SessionCheck(NamedTuple):
+    """A relayed session's end being checked (a heap entry): at ``due``
+    (seconds), its sources not heard since ``since`` (the end of session) are
+    asked again (``ask_again``: half a source deletion delay, ``half_delay``,
+    after the first query) or, at the last check, withdrawn."""
+
+    due: float
+    seq: int
+    link: str
+    endpoint: str
+    name: tuple[int, int]
+    since: float
+    half_delay: float
+    ask_again: bool
+
+
 @dataclass(slots=True)
 class _LinkState:
     spec: LinkSpec
@@ -178,7 +195,7 @@ class RouterCore:
         self._counters: dict[tuple[str, str], Counter[str]] = {}
         self._out: list[Output] = []
         self._routes_seen = -1
-        self._checks: list[tuple[float, int, str, str, tuple[int, int], float]] = []  # session-end checks
+        self._checks: list[_SessionCheck] = []  # a heap
         self._seq = itertools.count()
         for spec in links:
             st = _LinkState(spec)
@@ -263,12 +280,22 @@ class RouterCore:
         if self._routed:
             self._send(self.routing.tick(now))
             self._routes_changed(now)
-        while self._checks and self._checks[0][0] <= now:
-            _, _, link, endpoint, name, since = heapq.heappop(self._checks)
-            st = self._links.get(link)
-            if st is not None and st.bridges[endpoint].source_ended(name, since, now):
-                self._counters[(link, endpoint)]["sources_ended"] += 1
-                self._drain_bridge(st, endpoint)
+        while self._checks and self._checks[0].due <= now:
+            check = heapq.heappop(self._checks)
+            st = self._links.get(check.link)
+            if st is None:
+                continue
+            bridge = st.bridges[check.endpoint]
+            if check.ask_again:
+                asked = bridge.ask_again(check.name, check.since, now)
+                if asked is not None:  # not all heard: the last check, half a delay after this query at least
+                    due = max(check.due + check.half_delay, asked + check.half_delay)
+                    heapq.heappush(self._checks, check._replace(due=due, seq=next(self._seq), ask_again=False))
+                    self._counters[(check.link, check.endpoint)]["session_end_queries_again"] += 1
+                self._drain_bridge(st, check.endpoint)
+            elif bridge.source_ended(check.name, check.since, now):
+                self._counters[(check.link, check.endpoint)]["sources_ended"] += 1
+                self._drain_bridge(st, check.endpoint)
         for e, portal in self.portals.items():
             for data, dest in portal.tick(now):
                 self._out.append(SendTR(e, data, dest))
@@ -280,7 +307,7 @@ class RouterCore:
         if self._routed:
             t = min(t, self.routing.next_deadline())
         if self._checks:
-            t = min(t, self._checks[0][0])
+            t = min(t, self._checks[0].due)
         return t
 
     # ------------------------------------------------------------------ links
@@ -398,8 +425,9 @@ class RouterCore:
             return
         name, asked = got
         self._counters[(link, endpoint)]["sessions_ended"] += 1
-        delay = self.rules[endpoint].source_deletion_delay
-        heapq.heappush(self._checks, (asked + delay, next(self._seq), link, endpoint, name, now))
+        half = self.rules[endpoint].source_deletion_delay / 2
+        heapq.heappush(self._checks, _SessionCheck(asked + half, next(self._seq), link, endpoint, name, now,
+                                                   half, ask_again=True))
         self._drain_bridge(st, endpoint)
         self._settle(now)
 

@@ -1027,9 +1027,12 @@ class PortalTR:
         """Query remote interest ``topic`` as soon as ``query_rate`` lets it
         (e.g. to check that a source whose session ended is alive): it is not
         a periodic re-query, so ``requery_rate`` does not hold it back. Returns
-        when the query goes (``now``, or its paced slot at a ``QUERY_STEP``;
-        the next query of a burst that runs), or None without such an
-        interest (no query)."""
+        when the query goes: at the first multiple of ``QUERY_STEP`` seconds
+        from its paced slot (``now`` or later), so that the queries of sessions
+        that end within one step share datagrams (a thousand ends spread over
+        a few scheduler turns are a few datagrams, not a thousand); the next
+        query of a burst that runs; or None without such an interest (no
+        query)."""
         q = self._rint.get((PATTERN_TOPIC, topic))
         if q is None:
             return None
@@ -1038,11 +1041,17 @@ class PortalTR:
         pacer = self._query_pacer
         free = pacer.free_at(now)
         pacer.next = free + pacer.gap
-        at = _query_step(free) if free > now + EPS else now
+        at = _query_step(max(free, now))
         q.slot = at  # reserved: sent at ``at`` without further pacing
         q.next_requery = at
         self._arm(q)
         return at
+
+    def heard_since(self, topic: str, otid: bytes, since: float) -> bool:
+        """Was source (``topic``, ``otid``) heard (a TIR) after ``since``
+        (seconds, the portal's clock)? False if it is not known."""
+        s = self._sources.get((topic, bytes(otid)))
+        return s is not None and s.last_seen > since
 
     def drop_source(self, topic: str, otid: bytes, now: float, *, silent_since: float = math.inf) -> bool:
         """Source (``topic``, ``otid``) is gone (its session ended and nothing
