@@ -202,3 +202,27 @@ def baseline(src: tuple[str, int], n: int, ip: str, bind_ip: str, warmup: float,
     finally:
         stop(p)
     return sum(counts) / secs, (c1 - c0) / max(sum(counts) / 1e9, 1e-9)
+
+
+def minimal_chain(src: tuple[str, int], n: int, relay: tuple[str, ...], ip: str, bind_ip: str,
+                  warmup: float, window: float, cpu) -> tuple[float, float]:
+    """The routed path's shape built of minimal processes: a one-way copy relay
+    (``relay``: its code and arguments after the listening address, the
+    source's address first), a :class:`CountingForwarder`, and the minimal
+    fan-out to ``n`` receivers. No framing, no queues, no drops: the source is
+    held back by blocking writes. Delivered bytes per second of all
+    receivers, and the CPU seconds per GB delivered of its three processes."""
+    code, *args = relay
+    relay_p, relay_port = spawn(code, ip, src[0], src[1], *args)
+    fwd = CountingForwarder(ip, (ip, relay_port))
+    fan_p, fan_port = spawn(BASELINE_CODE, ip, ip, fwd.port, n)
+    procs = (relay_p, fwd.proc, fan_p)
+    try:
+        counts, secs, (c0, c1) = receive((ip, fan_port), n, bind_ip, warmup, window,
+                                         lambda: sum(cpu(p.pid) for p in procs))
+    finally:
+        stop(fan_p)
+        fwd.close()
+        stop(relay_p)
+    return sum(counts) / secs, (c1 - c0) / max(sum(counts) / 1e9, 1e-9)
+

@@ -95,7 +95,11 @@ between its endpoints in memory.
    paced at FANOUT_LOADS (100 % and 80 %) of what the minimal fan-out
    delivered to each receiver (goal TARGET_FANOUT_RATIO), with the messages
    each router dropped and the CPU seconds per GB delivered of router A,
-   router B and the forwarder, and of the minimal fan-out process.
+   router B and the forwarder, and of the minimal fan-out process. With
+   them, the minimal chain: the routed path's processes built of minimal
+   ones (a copy relay, the counting forwarder, the minimal fan-out: no
+   framing, queues or drops), what any router in that place could reach on
+   this host, and the routed rate as a share of it.
 
 Over 600 lines because it is one self-contained script (deployment,
 baselines, load, report) meant to be read and run on its own.
@@ -679,6 +683,8 @@ def fanout_rows(tmp: Path, stack: contextlib.ExitStack, ns: list[int], window: f
     rows = []
     for i, n in enumerate(ns):
         base, base_cpu = F.baseline((SRC_IP, fast_port), n, TRD2, RCV_IP, FANOUT_WARMUP_S, window, _cpu_seconds)
+        chain, chain_cpu = F.minimal_chain((SRC_IP, fast_port), n, (RELAY_CODE, "copy", CHUNK), TRD2, RCV_IP,
+                                           FANOUT_WARMUP_S, window, _cpu_seconds)
         for mode, d in deps.items():
             dep, fwd, source = d["dep"], d["fwd"], d["source"]
             counts, _, (l0, l1) = F.receive(d["paced"], n, RCV_IP, FANOUT_WARMUP_S, window, fwd.a_to_b)
@@ -691,6 +697,7 @@ def fanout_rows(tmp: Path, stack: contextlib.ExitStack, ns: list[int], window: f
                 gb = max(sum(got) / 1e9, 1e-9)
                 rows.append({"n": n, "mode": mode, "load": load, "link": l1 - l0, "one": max(counts),
                              "routed": sum(got) / secs, "baseline": base, "baseline_cpu": base_cpu,
+                             "chain": chain, "chain_cpu": chain_cpu,
                              "cpu": {k: (c1[k] - c0[k]) / gb for k in c0},
                              "dropped_a": _delta(before[0], after[0], "fanout_link_dropped_messages"),
                              "dropped_b": _delta(before[1], after[1], "fanout_dropped_messages")})
@@ -740,6 +747,9 @@ def print_fanout(rows: list[dict]) -> None:
     for r in rows:
         if r["mode"] == "on" and r["load"] == FANOUT_LOADS[0]:
             print(f"  N={r['n']:<4d} minimal fan-out {r['baseline'] / 1e6:7.1f} MB/s delivered")
+            print(f"         minimal chain (copy relay -> forwarder -> minimal fan-out: the routed path's "
+                  f"processes, no framing, queues or drops) {r['chain'] / 1e6:7.1f} MB/s, ratio "
+                  f"{r['chain'] / r['baseline']:5.3f}; CPU s/GB delivered {r['chain_cpu']:.2f}")
         what = "fan-out" if r["mode"] == "on" else "per connection (fanout=off, before)"
         if r["load"] == FANOUT_LOADS[0]:
             link = r["link"] / max(r["one"], 1)
@@ -748,7 +758,8 @@ def print_fanout(rows: list[dict]) -> None:
             print(f"    {what}: link / one receiver {link:7.3f}{goal}")
         ratio = r["routed"] / r["baseline"]
         print(f"      offered {r['load']:.0%}: {r['routed'] / 1e6:7.1f} MB/s delivered, ratio {ratio:5.3f} "
-              f"({'meets' if ratio >= TARGET_FANOUT_RATIO else 'BELOW'} >= {TARGET_FANOUT_RATIO}); messages "
+              f"({'meets' if ratio >= TARGET_FANOUT_RATIO else 'BELOW'} >= {TARGET_FANOUT_RATIO}), "
+              f"{r['routed'] / r['chain']:5.3f} of the minimal chain; messages "
               f"dropped at router A {r['dropped_a']}, at router B {r['dropped_b']}")
         c = r["cpu"]
         print(f"        CPU s/GB delivered: router A {c['a']:.2f}, router B {c['b']:.2f}, forwarder "
