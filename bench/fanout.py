@@ -220,9 +220,9 @@ def minimal_chain(src: tuple[str, int], n: int, relay: tuple[str, ...], ip: str,
     try:
         counts, secs, (c0, c1) = receive((ip, fan_port), n, bind_ip, warmup, window,
                                          lambda: sum(cpu(p.pid) for p in procs))
-    finally:
-        stop(fan_p)
-        fwd.close()
+    finally:  # from the source's side: each process sees its upstream close, not a reset downstream
         stop(relay_p)
+        fwd.close()
+        stop(fan_p)
     return sum(counts) / secs, (c1 - c0) / max(sum(counts) / 1e9, 1e-9)
 
