@@ -14,7 +14,7 @@ import pytest
 
 from lbmr_analyze.report import html_page, write_report, write_tables
 from lbmr_analyze.report.clock import ISO_TIME, CaptureClock
-from lbmr_analyze.report.page import finding_groups
+from lbmr_analyze.report.page import finding_groups, findings_html
 from lbmr_analyze.report.plots import figures, plot_bars, plot_time_to_resolve, wants_log
 
 from . import report_tables as RT
@@ -57,6 +57,22 @@ def test_a_kind_takes_its_most_severe_finding():
                                                                         table="t"),
          dict(severity="critical", kind="a", finding="z", table="t")]
     assert [(k, s, n) for k, s, n, _r in finding_groups(f)] == [("a", "critical", 2), ("b", "medium", 1)]
+
+
+def test_a_kind_of_mixed_severities_says_how_many_of_each_and_badges_every_finding():
+    """Defect (reading): a kind of one high and two low findings was headed
+    "high ... (3)", and its high finding's line had no badge (only the lines
+    that differ from the kind's did): three high findings, at a glance."""
+    f = [dict(severity=sev, kind="querying after last advertisement", finding=f"topic t{i}", table="t",
+              topics=f"t{i}") for i, sev in enumerate(("low", "high", "low"))]
+    f.append(dict(severity="medium", kind="storm", finding="one storm", table="t", topics="s"))
+    html = findings_html(f, CaptureClock(None))
+    assert "querying after last advertisement (3: 1 high, 2 low)</h3>" in html
+    assert '<td class="n">3: 1 high, 2 low</td>' in html
+    lines = re.findall(r"<summary[^>]*>(.*?)</summary>", html)
+    assert [re.sub(r"<[^>]+>", "", x) for x in lines] == [
+        "high topic t1", "low topic t0", "low topic t2", "one storm"]  # one kind's: its severity is the badge
+    assert "storm (1)</h3>" in html
 
 
 # ============================================================== the page

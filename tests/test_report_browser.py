@@ -23,7 +23,7 @@ from playwright.sync_api import sync_playwright
 
 from lbmr_analyze.job import TABLES
 from lbmr_analyze.report import write_report, write_tables
-from lbmr_analyze.report.page import finding_groups, same_rows
+from lbmr_analyze.report.page import finding_groups, kind_count, same_rows
 
 from . import report_tables as RT
 
@@ -232,7 +232,7 @@ def test_real_capture_renders(real, real_out, tmp_path):
     n = len(tables["findings"])
     assert n and real.page.locator("details.finding, p.more").count() == n
     heads = [h.split(" ", 1)[1] for h in real.page.locator("section.kind h3").all_text_contents()]
-    assert heads == [f"{kind} ({count})" for kind, _sev, count, _rows in finding_groups(tables["findings"])]
+    assert heads == [f"{kind} ({kind_count(count, rows)})" for kind, _sev, count, rows in finding_groups(tables["findings"])]
 
 
 def test_real_capture_filter_sort_unfold(real, real_out):

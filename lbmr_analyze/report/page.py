@@ -218,16 +218,35 @@ def finding_groups(findings: list[dict]) -> list[tuple[str, str, int, list[dict]
     """(kind, its most severe severity, number of findings, rows) per kind, most
     severe kind first; among kinds of one severity the one with fewer findings
     first (so a capture-wide storm is not pushed below twenty per-topic items),
-    then in the order the findings list them."""
+    then in the order the findings list them. A kind's rows: the most severe
+    first, else in the findings' order ("... and N more" last)."""
     rows: dict[str, list[dict]] = {}
     for f in findings:
         rows.setdefault(f["kind"], []).append(f)
     out = []
     for kind, fs in rows.items():
+        fs = sorted(fs, key=lambda f: (f["finding"].startswith("... and "), _severity_rank(f["severity"])))
         worst = min((f["severity"] for f in fs), key=_severity_rank)
         out.append((kind, worst, sum(_more_count(f) for f in fs), fs))
     out.sort(key=lambda g: (_severity_rank(g[1]), g[2]))
     return out
+
+
+def severity_counts(rows: list[dict]) -> list[tuple[str, int]]:
+    """(severity, number of findings) of a kind's rows, most severe first."""
+    counts: dict[str, int] = {}
+    for f in rows:
+        counts[f["severity"]] = counts.get(f["severity"], 0) + _more_count(f)
+    return sorted(counts.items(), key=lambda c: _severity_rank(c[0]))
+
+
+def kind_count(n: int, rows: list[dict]) -> str:
+    """A kind's number of findings, with how many of each severity when they
+    differ ("3: 1 high, 2 low"): its badge shows the most severe one only."""
+    counts = severity_counts(rows)
+    if len(counts) < 2:
+        return str(n)
+    return f"{n}: " + ", ".join(f"{k} {sev}" for sev, k in counts)
 
 
 def _badge(severity: str) -> str:
@@ -245,8 +264,9 @@ def _details(f: dict, clock: CaptureClock) -> list[tuple[str, str]]:
     return out
 
 
-def finding_html(f: dict, clock: CaptureClock, group_severity: str) -> str:
-    """One line (text, and its severity when it differs from its kind's); its
+def finding_html(f: dict, clock: CaptureClock, group_severity: str | None) -> str:
+    """One line (text, and its severity when it differs from its kind's, or
+    always when ``group_severity`` is None: a kind of mixed severities); its
     fields and table link unfold beneath it.  A finding with no fields beyond its
     text (such as "... and N more") is a plain line."""
     text = _esc(_value(f["finding"], clock))
@@ -267,12 +287,14 @@ def findings_html(findings: list[dict], clock: CaptureClock) -> str:
                 "unreachable addresses or errors.</p>")
     groups = finding_groups(findings)
     parts = ['<table class="kinds" id="finding-kinds"><tbody>']
-    for i, (kind, sev, n, _rows) in enumerate(groups):
-        parts.append(f'<tr><td>{_badge(sev)}</td><td class="n">{n}</td>'
+    for i, (kind, sev, n, rows) in enumerate(groups):
+        parts.append(f'<tr><td>{_badge(sev)}</td><td class="n">{_esc(kind_count(n, rows))}</td>'
                      f'<td><a href="#fk-{i}">{_esc(kind)}</a></td></tr>')
     parts.append("</tbody></table>")
     for i, (kind, sev, n, rows) in enumerate(groups):
-        parts.append(f'<section class="kind" id="fk-{i}"><h3>{_badge(sev)} {_esc(kind)} ({n})</h3>')
-        parts += [finding_html(f, clock, sev) for f in rows]
+        parts.append(f'<section class="kind" id="fk-{i}"><h3>{_badge(sev)} {_esc(kind)} '
+                     f'({_esc(kind_count(n, rows))})</h3>')
+        mixed = len(severity_counts(rows)) > 1
+        parts += [finding_html(f, clock, None if mixed else sev) for f in rows]
         parts.append("</section>")
     return "\n".join(parts)
