@@ -1,0 +1,147 @@
+"""Section 5 of bench/router.py: the fan-out deployments (links through
+counting forwarders), the rows measured per receiver count (link bytes,
+delivered bytes per second against the minimal fan-out and the minimal
+chain, messages dropped, CPU seconds per GB delivered) and their report.
+The processes themselves are in bench/fanout.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+from bench import fanout as F
+from bench.router_deploy import (
+    CHUNK,
+    RCV_IP,
+    RELAY_CODE,
+    SRC_IP,
+    TRD2,
+    Advertiser,
+    Processes,
+    cpu_seconds,
+    resolve,
+)
+
+FANOUT_PACED_BPS = 2_000_000  # the paced source of the link-bytes ratio, bytes per second
+FANOUT_MESSAGE = 8192  # payload bytes per LBMC message of the fan-out sources
+FANOUT_WARMUP_S = 1.0
+TARGET_LINK_RATIO = 1.05  # link bytes / one receiver's
+TARGET_FANOUT_RATIO = 0.8  # delivered bytes per second, routed / minimal fan-out
+# offered loads of the routed measurement, as shares of what the minimal fan-out delivered: a
+# fan-out that drops instead of pacing its source loses at the edge of what its receivers take
+FANOUT_LOADS = (1.0, 0.8)
+
+
+def fanout_rows(tmp: Path, stack: contextlib.ExitStack, ns: list[int], window: float) -> list[dict]:
+    """Section 5 (see bench/fanout.py): two deployments whose link crosses a
+    counting forwarder, fan-out on (the default) and off (the per-connection
+    relay, as before). Per N: the minimal fan-out's delivered bytes per second
+    from a source as fast as it goes; per deployment the link ratio with a
+    paced source, then the routed delivered bytes per second from a source
+    paced at FANOUT_LOADS of what the minimal fan-out delivered to each
+    receiver (a fan-out that drops instead of pacing its source cannot be fed
+    an unpaced one; the per-connection relay paces it: 100 % only), with the
+    messages dropped at each router meanwhile."""
+    deps = {mode: _fanout_deployment(tmp, stack, mode) for mode in ("on", "off")}
+    _, fast_port = deps["on"]["source"]("fast", 3, 0)
+    rows = []
+    for i, n in enumerate(ns):
+        base, base_cpu = F.baseline((SRC_IP, fast_port), n, TRD2, RCV_IP, FANOUT_WARMUP_S, window, cpu_seconds)
+        chain, chain_cpu = F.minimal_chain((SRC_IP, fast_port), n, (RELAY_CODE, "copy", CHUNK), TRD2, RCV_IP,
+                                           FANOUT_WARMUP_S, window, cpu_seconds)
+        for mode, d in deps.items():
+            dep, fwd, source = d["dep"], d["fwd"], d["source"]
+            counts, _, (l0, l1) = F.receive(d["paced"], n, RCV_IP, FANOUT_WARMUP_S, window, fwd.a_to_b)
+            for k, load in enumerate(FANOUT_LOADS if mode == "on" else FANOUT_LOADS[:1]):
+                offered, _ = source(f"offered{n}.{k}", 10 + 2 * i + k, load * base / n)
+                before = _counters(dep.metrics_a), _counters(dep.metrics_b)
+                got, secs, (c0, c1) = F.receive(offered, n, RCV_IP, FANOUT_WARMUP_S, window,
+                                                functools.partial(_routed_cpu, dep, fwd))
+                after = _counters(dep.metrics_a), _counters(dep.metrics_b)
+                gb = max(sum(got) / 1e9, 1e-9)
+                rows.append({"n": n, "mode": mode, "load": load, "link": l1 - l0, "one": max(counts),
+                             "routed": sum(got) / secs, "baseline": base, "baseline_cpu": base_cpu,
+                             "chain": chain, "chain_cpu": chain_cpu,
+                             "cpu": {k: (c1[k] - c0[k]) / gb for k in c0},
+                             "dropped_a": _delta(before[0], after[0], "fanout_link_dropped_messages"),
+                             "dropped_b": _delta(before[1], after[1], "fanout_dropped_messages")})
+                time.sleep(3)  # the proxies' streams and the upstream connections close (lingers)
+    return rows
+
+
+def _fanout_deployment(tmp: Path, stack: contextlib.ExitStack, mode: str) -> dict:
+    """A deployment (fan-out ``mode`` "on" or "off") with its link through a
+    counting forwarder, a source maker and a paced source resolved in TRD2."""
+    hops = []
+
+    def hop(peer: int) -> int:
+        hops.append(F.CountingForwarder(TRD2, (TRD2, peer)))
+        stack.callback(hops[-1].close)
+        return hops[-1].port
+
+    dep = Processes(tmp, tag=f"fanout-{mode}", fanout=mode == "on", link_hop=hop)
+    stack.callback(dep.stop)
+    dep.start()
+
+    def source(name: str, index: int, rate: float) -> tuple[tuple[str, int], int]:
+        p, port = F.spawn(F.SOURCE_CODE, SRC_IP, FANOUT_MESSAGE, rate)
+        stack.callback(F.stop, p)
+        adv = Advertiser(f"bench.fanout.{name}", dep.lbmrd1, port, index)
+        stack.callback(adv.close)
+        return resolve(f"bench.fanout.{name}", dep.lbmrd2), port
+
+    return {"dep": dep, "fwd": hops[-1], "source": source, "paced": source("paced", 2, FANOUT_PACED_BPS)[0]}
+
+
+def _routed_cpu(dep: Processes, fwd: F.CountingForwarder) -> dict[str, float]:
+    """CPU seconds so far of the routers ("a", "b") and the forwarder ("fwd")."""
+    return {**dep.cpu(), "fwd": cpu_seconds(fwd.proc.pid)}
+
+
+def _delta(before: dict, after: dict, key: str) -> int:
+    return after.get(key, 0) - before.get(key, 0)
+
+
+def _counters(metrics_port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/status", timeout=5) as r:
+        return json.loads(r.read())["counters"]
+
+
+def print_fanout(rows: list[dict]) -> None:
+    for r in rows:
+        if r["mode"] == "on" and r["load"] == FANOUT_LOADS[0]:
+            print(f"  N={r['n']:<4d} minimal fan-out {r['baseline'] / 1e6:7.1f} MB/s delivered")
+            print(f"         minimal chain (copy relay -> forwarder -> minimal fan-out: the routed path's "
+                  f"processes, no framing, queues or drops) {r['chain'] / 1e6:7.1f} MB/s, ratio "
+                  f"{r['chain'] / r['baseline']:5.3f}; CPU s/GB delivered {r['chain_cpu']:.2f}")
+        what = "fan-out" if r["mode"] == "on" else "per connection (fanout=off, before)"
+        if r["load"] == FANOUT_LOADS[0]:
+            link = r["link"] / max(r["one"], 1)
+            goal = f" ({'meets' if link <= TARGET_LINK_RATIO else 'MISSES'} <= {TARGET_LINK_RATIO})" \
+                if r["mode"] == "on" else ""
+            print(f"    {what}: link / one receiver {link:7.3f}{goal}")
+        ratio = r["routed"] / r["baseline"]
+        print(f"      offered {r['load']:.0%}: {r['routed'] / 1e6:7.1f} MB/s delivered, ratio {ratio:5.3f} "
+              f"({'meets' if ratio >= TARGET_FANOUT_RATIO else 'BELOW'} >= {TARGET_FANOUT_RATIO}), "
+              f"{r['routed'] / r['chain']:5.3f} of the minimal chain; messages "
+              f"dropped at router A {r['dropped_a']}, at router B {r['dropped_b']}")
+        c = r["cpu"]
+        print(f"        CPU s/GB delivered: router A {c['a']:.2f}, router B {c['b']:.2f}, forwarder "
+              f"{c['fwd']:.2f} (minimal fan-out process {r['baseline_cpu']:.2f})")
+
+
+def run_fanout(tmp: Path, stack: contextlib.ExitStack, args) -> None:
+    ns = [int(x) for x in args.fanout_n.split(",") if x]
+    print(f"\n5. Fan-out: one live LBMC source in TRD1 ({FANOUT_MESSAGE}-byte messages), N receivers in TRD2, "
+          f"router pairs with fan-out and per connection (links through counting forwarders) against a minimal "
+          f"fan-out "
+          f"process (reads one socket, writes N), {args.fanout_window:g} s per case after "
+          f"{FANOUT_WARMUP_S:g} s; link ratio with the source paced at {FANOUT_PACED_BPS / 1e6:g} MB/s; "
+          f"delivered bytes per second of all receivers, the routed source paced at "
+          f"{', '.join(f'{x:.0%}' for x in FANOUT_LOADS)} of what the minimal fan-out delivered to each")
+    print_fanout(fanout_rows(tmp, stack, ns, args.fanout_window))
