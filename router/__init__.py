@@ -21,7 +21,13 @@ The map, bottom up:
   each relay sees the router through :mod:`router.relay_site`), and the
   core's task (:mod:`router.wake`); :mod:`router.daemon` is the
   one-endpoint, one-peer router.
-* Configuration and command: :mod:`router.config_model`,
-  :mod:`router.config_grammar`, :mod:`router.acl_config`,
-  :mod:`router.config` (the XML file), :mod:`router.logs`, :mod:`router.cli`.
+* Configuration: :mod:`router.config` reads and checks the XML file
+  (``load_config``, ``parse_config``; the layer's public names), built of
+  :mod:`router.config_model` (the settings), :mod:`router.config_grammar`
+  (the DTD and its messages), :mod:`router.config_checker` (the error and
+  warning collector, the shared value parsers), the per-element checkers of
+  :mod:`router.config_endpoint` (endpoint, topic resolution, relay, LBT-RM),
+  :mod:`router.config_peer` (peer, TLS files) and :mod:`router.acl_config`
+  (``<acl>``), and :mod:`router.config_cross_checks` (across portals).
+* Command: :mod:`router.logs`, :mod:`router.cli`.
 """
