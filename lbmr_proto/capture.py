@@ -30,13 +30,14 @@ headers is whatever the file declares.  A damaged capture file raises
 :class:`CaptureError` carrying the byte offset of the bad record; damaged
 *packets* are skipped silently.
 
-This module is the public face: :func:`read_udp` and :func:`read_frames` choose
-the reader by the file's magic number; the work is done by private modules of
-lbmr_proto that import one another only downward: ``_capfile`` (byte source,
-format recognition, result types, :class:`CaptureError`), ``_reassembly``,
-``_udpframing`` (link-layer/IPv4/UDP decoding and frame building),
-``_pcapread`` (classic pcap, with the inline fast path), ``_pcapngread`` and
-``_capwrite`` (the writers).
+This module is the public face; the work is done by private modules of
+lbmr_proto, each importing only ones listed before it (and the codec's
+``_wire``): ``_reassembly`` (bounded IPv4 reassembly), ``_udpframing``
+(link-layer/IPv4/UDP decoding and frame building, shared by reading and
+writing), ``_capfile`` (byte source, format magic numbers, result types,
+:class:`CaptureError`), ``_pcapngread`` (the pcapng block loop), ``_pcapread``
+(the classic pcap record loop, and the generator behind :func:`read_udp` with
+its inline fast path) and ``_capwrite`` (the writers).
 """
 
 from __future__ import annotations
@@ -45,18 +46,9 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
-from ._capfile import (
-    CHUNK_SIZE,
-    MAX_RECORD_SIZE,
-    PCAPNG_MAGIC,
-    CaptureError,
-    CaptureSource,
-    RawFrame,
-    UdpDatagram,
-)
+from . import _capfile, _pcapngread, _pcapread
+from ._capfile import CHUNK_SIZE, MAX_RECORD_SIZE, CaptureError, RawFrame, UdpDatagram
 from ._capwrite import PcapngWriter, PcapWriter, write_udp_pcap
-from ._pcapngread import pcapng_records
-from ._pcapread import pcap_records, udp_datagrams
 from ._reassembly import MAX_DATAGRAM_SIZE, MAX_REASSEMBLY_BUFFERS, REASSEMBLY_TIMEOUT, Reassembler
 from ._udpframing import (
     LINKTYPE_ETHERNET,
@@ -91,10 +83,11 @@ def read_frames(path_or_fileobj, *, on_error: Callable[[CaptureError], Any] | No
     seconds since the epoch (0.0 for pcapng Simple Packet Blocks, which carry none).
     Errors behave as in :func:`read_udp`.
     """
-    src = CaptureSource(path_or_fileobj)
+    src = _capfile.CaptureSource(path_or_fileobj)
     try:
         buf = src.head()
-        records = pcapng_records if buf[:4] == PCAPNG_MAGIC else pcap_records
+        ng = buf[:4] == _capfile.PCAPNG_MAGIC
+        records = _pcapngread.pcapng_records if ng else _pcapread.pcap_records
         for ts, lt, b, start, end, _, _ in records(src, buf):
             yield _new(RawFrame, (ts, lt, b[start:end]))
     except CaptureError as err:
@@ -122,5 +115,5 @@ def read_udp(path_or_fileobj: str | os.PathLike | BinaryIO | bytes, *,
     with the error instead, once, and iteration stops cleanly.  The file is opened
     lazily, on the first ``next()``.
     """
-    return udp_datagrams(path_or_fileobj, None if ports is None else frozenset(ports), on_error,
-                         Reassembler() if reassembler is None else reassembler)
+    return _pcapread.udp_datagrams(path_or_fileobj, None if ports is None else frozenset(ports),
+                                   on_error, Reassembler() if reassembler is None else reassembler)
