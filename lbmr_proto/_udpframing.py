@@ -77,7 +77,9 @@ def _udp_in(buf: bytes, u: int, uend: int, s4: bytes, d4: bytes, ports) -> tuple
 
 
 def ipv4_udp(buf: bytes, ip: int, end: int, ts: float, ports, reasm: Reassembler) -> tuple | None:
-    """Decode IPv4 (+ reassembly) and UDP at ``buf[ip:end]``."""
+    """Decode IPv4 (+ reassembly) and UDP at ``buf[ip:end]`` -> (src, sport, dst, dport,
+    payload), or None.  ``ts`` (seconds) drives ``reasm``'s timeout; ``ports`` is a set
+    of ports or None for all."""
     if ip + 20 > end:
         return None
     vihl, tl, ident, ff, proto, s4, d4 = _IP(buf, ip)
