@@ -125,3 +125,37 @@ def test_the_router_core_folder_imports_only_itself_and_the_peer_link_protocol()
                     if mod and mod.split(".")[0] == "router" and not mod.startswith(("router.core", "router.peerlink")):
                         bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: imports {mod}")
     assert not bad, "\n".join(bad)
+
+
+def test_lbmr_proto_modules_import_one_another_without_cycles():
+    """lbmr_proto's modules (capture and the private modules it is built from,
+    the codec and its helpers) import one another in one direction only: the
+    relative imports form no cycle, so each module reads on top of the ones it
+    imports."""
+    pkg = ROOT / "lbmr_proto"
+    graph: dict[str, set[str]] = {}
+    for path in modules("lbmr_proto"):
+        if path.name == "__init__.py":  # the package's own face imports everything
+            continue
+        deps = graph.setdefault(path.stem, set())
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names = [node.module] if node.module else [a.name for a in node.names]
+                deps.update(n.split(".")[0] for n in names if (pkg / f"{n.split('.')[0]}.py").exists())
+    done: set[str] = set()
+
+    def visit(mod: str, path: list[str]) -> list[str] | None:
+        if mod in path:
+            return path[path.index(mod):] + [mod]
+        if mod in done:
+            return None
+        for dep in sorted(graph.get(mod, ())):
+            cycle = visit(dep, path + [mod])
+            if cycle:
+                return cycle
+        done.add(mod)
+        return None
+
+    cycles = [c for c in (visit(m, []) for m in sorted(graph)) if c]
+    assert not cycles, " -> ".join(cycles[0])
+    assert {"_capfile", "_pcapread", "_udpframing"} <= graph["capture"] | graph["_pcapread"]
