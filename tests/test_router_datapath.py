@@ -578,7 +578,7 @@ async def test_pipe_bytes_never_overtake_copied_bytes_being_sent():
         assert pipe is not None
         os.write(pipe.w, b"P" * 1000)  # ... and the next bytes arrive in the stream's pipe
         st.rx_pipe, st.rx_pipes = pipe, 1
-        link._pipe_in(st, pipe, 1000)
+        link.rx.pipe_in(st, pipe, 1000)
         with trio.fail_after(20):
             while len(got) < len(copied) + 1000:
                 got += await inn.receive_some(1 << 20)
