@@ -15,6 +15,9 @@ The map, bottom up:
 * The trio shell, one nursery per router (:mod:`router.multi`): a task per
   endpoint TR socket (:mod:`router.portal_task`), per link
   (:mod:`router.link_task`; :mod:`router.link` is a connected peer link,
+  built of :mod:`router.link_stream` (the state of each relayed stream, its
+  pipes and the order of its bytes), :mod:`router.link_writer` (the queue
+  and the writer task) and :mod:`router.link_reader` (the zero-copy reader);
   :mod:`router.pair_link` a side of a pair of endpoints, in memory), per
   proxy and relayed stream (:mod:`router.relay`, :mod:`router.fanout_relay`,
   :mod:`router.lbtru_relay`, :mod:`router.lbtrm_relay`, :mod:`router.splice`;
