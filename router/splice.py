@@ -2,7 +2,7 @@
 that move bytes between sockets and pipes without a copy into Python.
 
 A relayed TCP stream over a plain TCP peer link moves its bytes like this
-(``router/link.py`` and ``router/relay.py`` use the pieces here):
+(``router/link.py`` and ``router/relay_tcp.py`` use the pieces here):
 
 * sending (a source's or receiver's socket -> peer link): the stream's pump
   splices up to the stream's credit (and the writer queue's space) from its
