@@ -19,8 +19,11 @@ The map, bottom up:
   pipes and the order of its bytes), :mod:`router.link_writer` (the queue
   and the writer task) and :mod:`router.link_reader` (the zero-copy reader);
   :mod:`router.pair_link` a side of a pair of endpoints, in memory), per
-  proxy and relayed stream (:mod:`router.relay`, :mod:`router.fanout_relay`,
-  :mod:`router.lbtru_relay`, :mod:`router.lbtrm_relay`, :mod:`router.splice`;
+  proxy and relayed stream (:mod:`router.relay`, the relay of an endpoint
+  on a link: relay ports, proxies, and the dispatch to the relays of each
+  transport: :mod:`router.fanout_relay` and :mod:`router.relay_tcp` for TCP,
+  :mod:`router.lbtru_relay` and :mod:`router.relay_ru` for LBT-RU,
+  :mod:`router.lbtrm_relay` for LBT-RM; :mod:`router.splice` is zero copy;
   each relay sees the router through :mod:`router.relay_site`), and the
   core's task (:mod:`router.wake`); :mod:`router.daemon` is the
   one-endpoint, one-peer router.

@@ -20,6 +20,7 @@ from router.daemon import Router
 from router.link import SPLICE_MIN, Link, StreamState
 from router.peerlink import streams as S
 from router.relay import Relay
+from router.relay_tcp import pump_down, pump_up
 from router.splice import PIPE_POOL
 
 from .helpers import LoneSite
@@ -335,7 +336,7 @@ async def link_pair(n, rng, read_sink: bool = True, sink_read: int = 1 << 20, si
                             st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
                             if ev.kind == P.StreamKind.TCP:
                                 st.sock = sink_out
-                                n.start_soon(relay._pump_down, link, st, trio.CancelScope())
+                                n.start_soon(pump_down, link, st, trio.CancelScope())
                         else:
                             relay.stream_event(link, ev)
                     link.flush_streams()
@@ -560,9 +561,7 @@ async def test_pipe_bytes_never_overtake_copied_bytes_being_sent():
         st.sock = out
         copied = random.Random(1).randbytes(16 << 20)
         st.incoming.append(copied)
-        relay = Relay(SimpleNamespace(relay_ip="127.0.0.1", relay_port_low=0, relay_port_high=0), Counter(),
-                      lambda kind, detail: None, LoneSite(link))
-        n.start_soon(relay._pump_down, link, st, trio.CancelScope())
+        n.start_soon(pump_down, link, st, trio.CancelScope())
         await trio.sleep(0.2)  # the pump has filled the socket and waits in the middle of the bytes
         got = bytearray()
         raw = socket.socket(fileno=os.dup(inn.socket.fileno()))
@@ -602,9 +601,7 @@ async def test_writer_resumes_frames_cut_by_a_full_socket_in_order():
         st = link.state[sid]
         st.sock = src_in  # what is written to src_out goes to the peer on the stream
         st.accepted.set()
-        relay = Relay(SimpleNamespace(relay_ip="127.0.0.1", relay_port_low=0, relay_port_high=0), Counter(),
-                      lambda kind, detail: None, LoneSite(link))
-        n.start_soon(relay._pump_up, link, st, trio.CancelScope())
+        n.start_soon(pump_up, link, st, trio.CancelScope())
         got = bytearray()
 
         async def credit_back():
