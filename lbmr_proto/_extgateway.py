@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ._extwire import BBH, HH, H, need, pack
+from ._extwire import BBH, HH, H, need, option_wire, pack
 from ._wire import ip_bytes, ip_text, opt_text, opt_wire
 from .constants import ExtType
 from .errors import LBMRDecodeError, LBMREncodeError
@@ -61,9 +61,7 @@ class TnwgOption:
             body = opt_wire(self.name, self.name_nul)
         else:
             body = self.data
-        if len(body) + 4 > 255:
-            raise LBMREncodeError("TNWG option too long")
-        return pack(BBH, t, 4 + len(body), self.flags) + body
+        return option_wire(t, self.flags, body, "TNWG")
 
 
 _TNWG_FIXED = {0: 12, 1: 12, 2: 8}
@@ -259,9 +257,7 @@ class RctxOption:
             body = opt_wire(self.name, self.name_nul)
         else:
             body = self.data
-        if len(body) + 4 > 255:
-            raise LBMREncodeError("remote context info option too long")
-        return pack(BBH, t, 4 + len(body), self.flags) + body
+        return option_wire(t, self.flags, body, "remote context info")
 
 
 _RC_FIXED = {1: 16, 2: 12, 3: 8}

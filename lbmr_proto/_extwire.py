@@ -31,3 +31,12 @@ def need(off: int, n: int, end: int, what: str) -> None:
     """Raise :class:`LBMRDecodeError` at ``off`` unless ``n`` bytes from ``off`` fit before ``end``."""
     if off + n > end:
         raise LBMRDecodeError(off, f"{what} truncated")
+
+
+def option_wire(t: int, flags: int, body: bytes, what: str) -> bytes:
+    """An option of type ``t``: u8 type, u8 length (4-byte header included, at most
+    255), u16 ``flags``, then ``body``; :class:`LBMREncodeError` naming ``what`` if
+    it does not fit."""
+    if len(body) + 4 > 255:
+        raise LBMREncodeError(f"{what} option too long")
+    return pack(BBH, t, 4 + len(body), flags) + body
