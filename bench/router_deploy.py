@@ -256,9 +256,7 @@ def receive(addr, total: int) -> float:
 
 def cpu_seconds(pid: int) -> float:
     """CPU seconds (user and system) process ``pid`` spent so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+    return sum(cpu_user_sys(pid))
 
 
 def cpu_user_sys(pid: int) -> tuple[float, float]:

@@ -147,7 +147,7 @@ class LinkSpec:
 class _SessionCheck(NamedTuple):
     """A relayed session's end being checked (a heap entry): at ``due``
     (seconds), its sources not heard since ``since`` (the end of session) are
-    asked again (``ask_again``: half a source deletion delay, ``half_delay``,
+    asked again (``ask_again``: half the endpoint's source deletion delay
     after the first query) or, at the last check, withdrawn."""
 
     due: float
@@ -156,7 +156,6 @@ class _SessionCheck(NamedTuple):
     endpoint: str
     name: tuple[int, int]
     since: float
-    half_delay: float
     ask_again: bool
 
 
@@ -289,7 +288,7 @@ class RouterCore:
             if check.ask_again:
                 asked = bridge.ask_again(check.name, check.since, now)
                 if asked is not None:  # not all heard: the last check, half a delay after this query at least
-                    due = max(check.due + check.half_delay, asked + check.half_delay)
+                    due = max(check.due, asked) + self.rules[check.endpoint].source_deletion_delay / 2
                     heapq.heappush(self._checks, check._replace(due=due, seq=next(self._seq), ask_again=False))
                     self._counters[(check.link, check.endpoint)]["session_end_queries_again"] += 1
                 self._drain_bridge(st, check.endpoint)
@@ -427,7 +426,7 @@ class RouterCore:
         self._counters[(link, endpoint)]["sessions_ended"] += 1
         half = self.rules[endpoint].source_deletion_delay / 2
         heapq.heappush(self._checks, _SessionCheck(asked + half, next(self._seq), link, endpoint, name, now,
-                                                   half, ask_again=True))
+                                                   ask_again=True))
         self._drain_bridge(st, endpoint)
         self._settle(now)
 
