@@ -40,7 +40,7 @@ from .popts import (
 __all__ = [
     "EPS", "RCV_ALIVE", "SRC_ALIVE", "UM_VERSION", "VERSION_FLAGS", "TIR_TTL", "MAX_TQRS", "MAX_TIRS",
     "DEFAULT_MAX_DATAGRAM", "OTID_SIZE", "Timing", "TIMING_FIELDS", "Schedule", "round_robin",
-    "Targets", "make_otid", "synthesize_otid", "otid_topic_index", "um_trailer", "pack_records",
+    "Targets", "make_otid", "synthesize_otid", "otid_topic_index", "um_options", "um_trailer", "pack_records",
 ]
 
 Addr = tuple[str, int]
@@ -287,13 +287,19 @@ def otid_topic_index(otid: bytes) -> int | None:
 # ---------------------------------------------------------------- datagrams
 
 
+def um_options(src_id: bytes, src_type: int = 0, domain_id: int = 0) -> list:
+    """The packet options UM 6.x puts on every TR datagram, as a
+    :attr:`lbmr_proto.Packet.options` list: source id ``src_id`` (8 bytes),
+    source type (0 application, 1 TNWGD), version (UM 6.14) and local domain
+    ``domain_id``."""
+    return [SourceIdOption(0x8000, src_id), SourceTypeOption(0x80, src_type),
+            VersionOption(VERSION_FLAGS, UM_VERSION), LocalDomainOption(0x8000, domain_id)]
+
+
 def um_trailer(src_id: bytes, src_type: int = 0, domain_id: int = 0) -> bytes:
-    """The packet-options trailer UM 6.x puts on every TR datagram: source id
-    ``src_id`` (8 bytes), source type (0 application, 1 TNWGD), version (UM
-    6.14) and local domain ``domain_id``."""
-    return encode_packet_options([
-        SourceIdOption(0x8000, src_id), SourceTypeOption(0x80, src_type),
-        VersionOption(VERSION_FLAGS, UM_VERSION), LocalDomainOption(0x8000, domain_id)])
+    """The packet-options trailer UM 6.x puts on every TR datagram
+    (:func:`um_options`, encoded)."""
+    return encode_packet_options(um_options(src_id, src_type, domain_id))
 
 
 def pack_records(first: Sequence[bytes], tirs: Sequence[bytes], *, trailer: bytes,

@@ -21,7 +21,7 @@ import trio
 from lbmr_runtime.netif import open_multicast_socket
 
 from .config_model import EndpointConfig
-from .core.tr import PortalTR, RemoteCheck, UseQuery
+from .core.tr import PortalTR, PortalTRSettings, RemoteCheck, UseQuery
 
 __all__ = ["PortalTask", "portal_timing", "new_portal", "TR_SOCKET_BUFFER"]
 
@@ -34,7 +34,7 @@ IO_BATCH = 64  # datagrams received (or sent) between two checkpoints of the loo
 def portal_timing(e: EndpointConfig) -> dict:
     """The endpoint's ``<topic-resolution>`` timing (with the ``<rate-limit>``s of
     its elements), ``<remote-topic>`` and ``<remote-pattern>`` as
-    :class:`router.core.tr.PortalTR` arguments (seconds; rate limits as (bits a
+    :class:`router.core.tr.PortalTRSettings` fields (seconds; rate limits as (bits a
     second, objects a second))."""
     tr = e.topic_resolution
 
@@ -63,11 +63,12 @@ def portal_timing(e: EndpointConfig) -> dict:
 
 def new_portal(e: EndpointConfig, src_id: bytes, now: float) -> PortalTR:
     """The endpoint's topic resolution (source id ``src_id``, created at ``now``)."""
-    return PortalTR(e.name, e.domain_id, src_id=src_id, mode=e.mode,
-                    daemons=e.daemons if e.mode == "lbmrd" else (),
-                    multicast=e.multicast if e.mode == "multicast" else None,
-                    source_timeout=e.source_timeout, requery_interval=e.requery_interval,
-                    requery_jitter=0.2, now=now, **portal_timing(e))
+    return PortalTR(PortalTRSettings(
+        e.name, e.domain_id, src_id=src_id, mode=e.mode,
+        daemons=e.daemons if e.mode == "lbmrd" else (),
+        multicast=e.multicast if e.mode == "multicast" else None,
+        source_timeout=e.source_timeout, requery_interval=e.requery_interval,
+        requery_jitter=0.2, **portal_timing(e)), now=now)
 
 
 class PortalTask:

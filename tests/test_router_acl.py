@@ -40,7 +40,7 @@ from router.core.acl import (
     TransportIs,
 )
 from router.core.bridge import Bridge, Notice, SendFrame, StartProxy
-from router.core.tr import PortalTR
+from router.core.tr import PortalTR, PortalTRSettings
 from router.multi import MultiRouter
 
 from .helpers import free_port, write
@@ -374,8 +374,8 @@ def out_list(*topics: str, direction=Direction.OUTBOUND, action=ACCEPT) -> Acl:
 
 
 def acl_bridge(acl_: PortalAcl = OPEN, link_acl: PortalAcl = OPEN, domain: int = 1, **kw) -> Bridge:
-    tr = PortalTR("A", domain, src_id=b"A" * 8, mode="multicast", multicast=GROUP,
-                  source_timeout=3.0, requery_interval=1.0, now=0.0)
+    tr = PortalTR(PortalTRSettings("A", domain, src_id=b"A" * 8, mode="multicast", multicast=GROUP,
+                                   source_timeout=3.0, requery_interval=1.0), now=0.0)
     b = Bridge(tr, acl=acl_, link_acl=link_acl, **kw)
     b.link_up(0.0)
     return b

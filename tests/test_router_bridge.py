@@ -24,7 +24,7 @@ from lbmr_proto import (
 from router import peerlink as P
 from router.core.bridge import Bridge, Notice, ProxyDown, ProxyUp, SendFrame, StartProxy, StopProxy
 from router.core.sessions import session_key
-from router.core.tr import PortalTR
+from router.core.tr import PortalTR, PortalTRSettings
 
 GROUP = ("239.192.1.1", 12965)
 APP = ("10.1.0.5", 12965)
@@ -34,8 +34,8 @@ OTID = bytes([0]) + bytes(range(1, 31)) + b"\x01"
 
 
 def bridge(domain: int = 1, name: str = "A") -> Bridge:
-    tr = PortalTR(name, domain, src_id=name.encode() * 8, mode="multicast", multicast=GROUP,
-                  source_timeout=3.0, requery_interval=1.0, now=0.0)
+    tr = PortalTR(PortalTRSettings(name, domain, src_id=name.encode() * 8, mode="multicast", multicast=GROUP,
+                                   source_timeout=3.0, requery_interval=1.0), now=0.0)
     return Bridge(tr)
 
 
@@ -236,7 +236,7 @@ def test_unwanted_and_excess_advertisements_bind_nothing():
     """Defect (hostile peer): every ADVERTISEMENT bound a proxy listener at once,
     so 20,000 of them exhausted the file descriptors. Adverts for topics no
     receiver here wants start nothing, and at most max_proxies run."""
-    tr = PortalTR("A", 1, src_id=b"A" * 8, mode="multicast", multicast=GROUP, now=0.0)
+    tr = PortalTR(PortalTRSettings("A", 1, src_id=b"A" * 8, mode="multicast", multicast=GROUP), now=0.0)
     b = Bridge(tr, max_proxies=100, require_interest=True)
     b.link_up(0.0)
     for i in range(20_000):
@@ -259,8 +259,8 @@ def test_interest_flood_is_bounded_logged_and_queried_at_a_paced_rate():
     only a counter to show it, and the portal queried everything at once.
     Remote interest is bounded (refusals logged at the 1st, 2nd, 4th ...),
     and queries go out at most query_rate a second."""
-    tr = PortalTR("A", 1, src_id=b"A" * 8, mode="multicast", multicast=GROUP, max_remote_interests=20_000,
-                  now=0.0)
+    tr = PortalTR(PortalTRSettings("A", 1, src_id=b"A" * 8, mode="multicast", multicast=GROUP,
+                                   max_remote_interests=20_000), now=0.0)
     b = Bridge(tr)
     b.link_up(0.0)
     for i in range(100_000):
@@ -294,7 +294,8 @@ def test_bridges_sharing_a_link_number_their_adverts_together():
     import itertools
 
     ids = itertools.count(1)
-    b1, b2 = (Bridge(PortalTR(n, d, src_id=n.encode() * 8, mode="multicast", multicast=GROUP, now=0.0),
+    b1, b2 = (Bridge(PortalTR(PortalTRSettings(n, d, src_id=n.encode() * 8, mode="multicast", multicast=GROUP),
+                              now=0.0),
                      advert_ids=ids) for n, d in (("A", 1), ("B", 2)))
     for b in (b1, b2):
         b.link_up(0.0)
@@ -352,7 +353,7 @@ def test_the_topics_of_one_peer_session_share_one_proxy():
 
 
 def test_proxies_are_bounded_by_sessions_and_by_topics():
-    tr = PortalTR("A", 1, src_id=b"A" * 8, mode="multicast", multicast=GROUP, now=0.0)
+    tr = PortalTR(PortalTRSettings("A", 1, src_id=b"A" * 8, mode="multicast", multicast=GROUP), now=0.0)
     b = Bridge(tr, max_proxies=2, max_proxy_topics=5)
     b.link_up(0.0)
     for i in range(4):  # session 1: four topics, one listener

@@ -19,7 +19,7 @@ from router.core.router_core import (
     StartProxy,
 )
 from router.core.routing import Routing
-from router.core.tr import PortalTR
+from router.core.tr import PortalTR, PortalTRSettings
 from tests.test_router_bridge import APP, GROUP, OTID, TOPIC, dgram, source_tir
 
 RELAY = ("10.2.0.1", 24000)
@@ -28,8 +28,9 @@ CAPS = int(P.DEFAULT_CAPABILITIES | P.Capability.ROUTING)
 
 def core(name: str, endpoints: dict[str, int], peers: tuple[str, ...] = ("peer",), *,
          deletion_delay: float = 1.0) -> RouterCore:
-    portals = {e: PortalTR(e, d, src_id=e.encode().ljust(8, b"_")[:8], mode="multicast", multicast=GROUP,
-                           source_timeout=3.0, requery_interval=1.0, now=0.0) for e, d in endpoints.items()}
+    portals = {e: PortalTR(PortalTRSettings(e, d, src_id=e.encode().ljust(8, b"_")[:8], mode="multicast",
+                                            multicast=GROUP, source_timeout=3.0, requery_interval=1.0), now=0.0)
+               for e, d in endpoints.items()}
     rules = {e: EndpointRules(d, OPEN, deletion_delay, 100) for e, d in endpoints.items()}
     links = [LinkSpec(p, p, tuple(endpoints), 1, OPEN, True) for p in peers]
     return RouterCore(name, portals, rules, links, Routing(name, {d: 1 for d in endpoints.values()}, now=0.0),
@@ -165,8 +166,9 @@ def test_every_endpoint_on_a_link_hears_the_peers_advertisements_and_only_the_fi
 def test_two_endpoints_of_one_router_are_joined_inside_the_core():
     """A pair of endpoints needs no link to come up: a query in T2 and a source
     in T1 give T2's side a proxy at once, and no frame leaves the core."""
-    portals = {e: PortalTR(e, d, src_id=e.encode().ljust(8, b"_")[:8], mode="multicast", multicast=GROUP,
-                           source_timeout=3.0, requery_interval=1.0, now=0.0) for e, d in (("T1", 1), ("T2", 2))}
+    portals = {e: PortalTR(PortalTRSettings(e, d, src_id=e.encode().ljust(8, b"_")[:8], mode="multicast",
+                                            multicast=GROUP, source_timeout=3.0, requery_interval=1.0), now=0.0)
+               for e, d in (("T1", 1), ("T2", 2))}
     rules = {e: EndpointRules(d, OPEN, 1.0, 100) for e, d in (("T1", 1), ("T2", 2))}
     links = [LinkSpec("T1<->T2@T1", "T1<->T2", ("T1",), 1, OPEN, False, pair="T1<->T2@T2"),
              LinkSpec("T1<->T2@T2", "T1<->T2", ("T2",), 1, OPEN, False, pair="T1<->T2@T1")]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import trio
 
 import lbmr_proto as L
+from lbmr_proto.um import synthesize_otid
 from router.config_model import PortRange, acceptor_peer, initiator_peer, lbmrd_endpoint
-from router.core.tr import synthesize_otid
 from router.daemon import Router
 
 from .helpers import LoneSite

@@ -9,9 +9,9 @@ import hashlib
 import trio
 
 import lbmr_proto as L
+from lbmr_proto.um import synthesize_otid
 from lbmrd.server import Daemon, Settings
 from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint
-from router.core.tr import synthesize_otid
 from router.daemon import Router
 
 TOPIC = "md.routed.1"

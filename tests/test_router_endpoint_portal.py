@@ -18,6 +18,7 @@ from router.core.bridge import Bridge, SendFrame
 from router.core.endpoint_portal import EndpointPortal
 from router.core.tr import (
     PortalTR,
+    PortalTRSettings,
     ProxySource,
     RemoteCheck,
     RemoteInterestExpired,
@@ -33,8 +34,8 @@ RELAY = ("10.1.0.1", 24000)
 
 
 def shared(**kw) -> EndpointPortal:
-    return EndpointPortal(PortalTR("A", 1, src_id=b"A" * 8, mode="multicast", multicast=GROUP,
-                                   source_timeout=3.0, requery_interval=1.0, now=0.0, **kw))
+    return EndpointPortal(PortalTR(PortalTRSettings("A", 1, src_id=b"A" * 8, mode="multicast", multicast=GROUP,
+                                                    source_timeout=3.0, requery_interval=1.0, **kw), now=0.0))
 
 
 def queried(portal: EndpointPortal, now: float) -> list[str]:

@@ -14,7 +14,7 @@ from router import peerlink as P
 from router.core.bridge import Bridge, StartProxy
 from router.core.routing import RECALC_BURST, RECALC_RATE, Routing
 from router.core.topology import MAX_MAP_ENTRIES, MAX_ROUTERS
-from router.core.tr import PortalTR
+from router.core.tr import PortalTR, PortalTRSettings
 from router.core.transit import MAX_TRANSIT_PATTERNS, Transit
 
 
@@ -180,8 +180,8 @@ def test_a_topic_no_tir_can_carry_is_refused_not_a_crash():
     NUL byte). Before: proxied, then advertising the bound proxy raised
     ValueError out of the proxy task (the router exited). Now refused and
     counted; transit interest in such a topic is not passed on either."""
-    tr = PortalTR("A", 1, src_id=b"A" * 8, mode="multicast", multicast=("239.192.1.1", 12965),
-                  source_timeout=3.0, requery_interval=1.0, now=0.0)
+    tr = PortalTR(PortalTRSettings("A", 1, src_id=b"A" * 8, mode="multicast", multicast=("239.192.1.1", 12965),
+                                   source_timeout=3.0, requery_interval=1.0), now=0.0)
     b = Bridge(tr, require_interest=True)
     b.link_up(0.0)
     opts = [SourceIdOption(0x8000, b"APPCTX01"), SourceTypeOption(0x80, 0)]

@@ -10,6 +10,7 @@ from functools import partial
 import trio
 
 import lbmr_proto as L
+from lbmr_proto.um import synthesize_otid
 from router.config_model import (
     PortRange,
     acceptor_peer,
@@ -17,7 +18,6 @@ from router.config_model import (
     lbmrd_endpoint,
     router_config,
 )
-from router.core.tr import synthesize_otid
 from router.multi import MultiRouter
 from tests.test_router_e2e import (
     advertise_forever,

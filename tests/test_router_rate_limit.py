@@ -204,7 +204,7 @@ def test_shipped_config_with_rate_limits_loads():
 
 def test_a_changed_rate_limit_in_the_file_changes_the_portals_pacing(tmp_path):
     """File -> portal_timing -> PortalTR: 5 use queries a second instead of 500."""
-    from router.core.tr import PortalTR
+    from router.core.tr import PortalTR, PortalTRSettings
 
     from .test_router_bridge import dgram
 
@@ -212,9 +212,9 @@ def test_a_changed_rate_limit_in_the_file_changes_the_portals_pacing(tmp_path):
               '          <rate-limit objects-per-second="5"/>\n'
               '        </topic-use-query>\n')
     cfg = load_config(write(tmp_path, "slow.xml", with_timing(timing)))
-    tr = PortalTR("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=("239.192.1.1", 12965),
-                  now=0.0, **{k: v for k, v in portal_timing(cfg.endpoint).items()
-                              if k != "initial_request"})
+    tr = PortalTR(PortalTRSettings("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=("239.192.1.1", 12965),
+                                   **{k: v for k, v in portal_timing(cfg.endpoint).items()
+                                      if k != "initial_request"}), now=0.0)
     for i in range(100):
         tr.on_datagram(dgram(tqrs=[f"md.{i}"]), APP, 0.0)
     times = [t for t, out, _ in run_until(tr, 30.0) for _ in use_queries(out)]

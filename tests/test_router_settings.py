@@ -142,9 +142,9 @@ APP = ("10.1.0.5", 12965)
 
 
 def portal(**kw):
-    from router.core.tr import PortalTR
+    from router.core.tr import PortalTR, PortalTRSettings
 
-    return PortalTR("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=GROUP, now=0.0, **kw)
+    return PortalTR(PortalTRSettings("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=GROUP, **kw), now=0.0)
 
 
 def tmb(*tmrs, src_id=b"APPCTX01") -> bytes:
@@ -398,13 +398,14 @@ def test_lbmr_sim_receivers_answer_use_queries():
 def test_bridge_refreshes_the_interest_it_sent_and_an_unrefreshed_one_withdraws():
     from router import peerlink as P
     from router.core.bridge import Bridge
-    from router.core.tr import PortalTR, RemoteCheck
+    from router.core.tr import PortalTR, PortalTRSettings, RemoteCheck
 
     from .test_router_bridge import OTID, TOPIC, dgram, frames, source_tir
 
-    tr = PortalTR("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=GROUP, now=0.0,
-                  source_timeout=300.0, requery_interval=100.0,
-                  refresh_pacing=(1.0, 4.0), remote_topic=RemoteCheck(5.0, 100, 12.0))
+    tr = PortalTR(PortalTRSettings("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=GROUP,
+                                   source_timeout=300.0, requery_interval=100.0,
+                                   refresh_pacing=(1.0, 4.0), remote_topic=RemoteCheck(5.0, 100, 12.0)),
+                  now=0.0)
     b = Bridge(tr)
     b.link_up(0.0)
     b.on_datagram(dgram(tqrs=["md.local"]), APP, 0.0)

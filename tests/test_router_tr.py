@@ -32,18 +32,18 @@ from lbmr_proto import (
     decode,
     encode,
 )
+from lbmr_proto.um import otid_topic_index, synthesize_otid
 from lbmr_tools.sim import RCV_ALIVE, SRC_ALIVE, Context, Timing
 from router.core.tr import (
     LocalInterest,
     LocalInterestGone,
     Outgoing,
     PortalTR,
+    PortalTRSettings,
     ProxySource,
     SourceGone,
     SourceSeen,
-    otid_topic_index,
     relay_transport,
-    synthesize_otid,
 )
 
 Addr = tuple[str, int]
@@ -221,8 +221,8 @@ def opt(pkt_or_tir, cls):
 
 
 def test_interest_to_proxy_across_two_trds():
-    r1 = PortalTR("r1", 1, src_id=b"R1PORTAL", mode="multicast", multicast=GROUP1, now=0.0)
-    r2 = PortalTR("r2", 2, src_id=b"R2PORTAL", mode="lbmrd", daemons=[DAEMON2], now=0.0)
+    r1 = PortalTR(PortalTRSettings("r1", 1, src_id=b"R1PORTAL", mode="multicast", multicast=GROUP1), now=0.0)
+    r2 = PortalTR(PortalTRSettings("r2", 2, src_id=b"R2PORTAL", mode="lbmrd", daemons=[DAEMON2]), now=0.0)
     trd1 = TRD(group=GROUP1)
     trd2 = TRD(daemon=DAEMON2)
     trd1.add("R1", ("10.1.0.1", 12965), r1)
@@ -331,8 +331,9 @@ def test_interest_to_proxy_across_two_trds():
 
 
 def mc_portal(**kw) -> PortalTR:
-    kw.setdefault("now", 0.0)
-    return PortalTR("p", 1, src_id=b"PORTAL01", mode="multicast", multicast=GROUP1, **kw)
+    now = kw.pop("now", 0.0)
+    return PortalTR(PortalTRSettings("p", 1, src_id=b"PORTAL01", mode="multicast", multicast=GROUP1, **kw),
+                    now=now)
 
 
 SRC_ADDR = ("10.1.0.5", 12965)
@@ -586,7 +587,7 @@ def test_equal_otid_in_both_trds_is_not_taken_for_our_echo():
 
 def test_lbmrd_keepalives_and_round_robin():
     d0, d1 = ("10.0.0.1", 15380), ("10.0.0.2", 15380)
-    p = PortalTR("p", 1, src_id=b"PORTAL01", mode="lbmrd", daemons=[d0, d1], now=0.0)
+    p = PortalTR(PortalTRSettings("p", 1, src_id=b"PORTAL01", mode="lbmrd", daemons=[d0, d1]), now=0.0)
     sent, _ = run_portal(p, 2.0)
     # idle: a keepalive to every daemon at creation and every 500 ms, 02/03 alternating
     assert [(t, o.dest) for t, o in sent] == [(approx(t), d) for t in (0, .5, 1, 1.5, 2) for d in (d0, d1)]
@@ -638,15 +639,16 @@ def test_undecodable_and_other_input_counted():
 
 def test_constructor_checks():
     with pytest.raises(ValueError):
-        PortalTR("p", 1, src_id=b"short", mode="multicast", multicast=GROUP1, now=0.0)
+        PortalTR(PortalTRSettings("p", 1, src_id=b"short", mode="multicast", multicast=GROUP1), now=0.0)
     with pytest.raises(ValueError):
-        PortalTR("p", 0, src_id=b"PORTAL01", mode="multicast", multicast=GROUP1, now=0.0)
+        PortalTR(PortalTRSettings("p", 0, src_id=b"PORTAL01", mode="multicast", multicast=GROUP1), now=0.0)
     with pytest.raises(ValueError):
-        PortalTR("p", 1, src_id=b"PORTAL01", mode="lbmrd", now=0.0)
+        PortalTR(PortalTRSettings("p", 1, src_id=b"PORTAL01", mode="lbmrd"), now=0.0)
     with pytest.raises(ValueError):
-        PortalTR("p", 1, src_id=b"PORTAL01", mode="multicast", multicast=GROUP1, daemons=[DAEMON2], now=0.0)
+        PortalTR(PortalTRSettings("p", 1, src_id=b"PORTAL01", mode="multicast", multicast=GROUP1,
+                                  daemons=[DAEMON2]), now=0.0)
     with pytest.raises(ValueError):
-        PortalTR("p", 1, src_id=b"PORTAL01", mode="udp", now=0.0)
+        PortalTR(PortalTRSettings("p", 1, src_id=b"PORTAL01", mode="udp"), now=0.0)
     with pytest.raises(ValueError):
         mc_portal(source_timeout=1.0, requery_interval=2.0)
     with pytest.raises(ValueError):
