@@ -733,3 +733,30 @@ def test_queries_of_sessions_ending_within_a_step_share_a_datagram():
     assert slots == [approx(1.02)] * len(topics)
     datagrams = [o for o in p.tick(1.02) if decode(o.data).tqrs]
     assert len(datagrams) == 1 and len(decode(datagrams[0].data).tqrs) == len(topics)
+
+
+def test_tr_request_and_use_query_datagrams_keep_their_bytes():
+    """The TR request and the use queries are built as lbmr_proto packets; their
+    bytes are those written out here by hand (header byte 0: version 1, options
+    present, packet type; then the extended type and its flags, or the TMB
+    header and the TMRs; then the portal's trailer). Big-endian."""
+    import struct
+
+    from lbmr_proto.um import um_trailer
+    from router.core.tr import UseQuery
+
+    uq = UseQuery(1.0, 3, 5.0)
+    p = PortalTR(PortalTRSettings("p", 7, src_id=b"PORTAL01", mode="multicast", multicast=GROUP1,
+                                  initial_request=(1.0, 0.5), use_query=uq, pattern_use_query=uq), now=0.0)
+    trailer = um_trailer(b"PORTAL01", 1, 7)  # source id, source type TNWGD, version, domain 7
+    request = bytes((0x1F, 0x04)) + struct.pack("!H", 0x0003) + trailer  # EXT 0x04: queries, wildcard queries
+    assert p.tick(0.0) == [Outgoing(request, GROUP1)]
+    p.on_datagram(dgram(tqrs=["md.a"]), SRC_ADDR, 0.0)
+    p.on_datagram(dgram(wcs=[WcTQR("^md\\.", 1)]), SRC_ADDR, 0.0)
+
+    def tmr(name: str, flags: int) -> bytes:  # length, type 1 (topic use), flags, name NUL-terminated
+        return struct.pack("!HBB", 4 + len(name) + 1, 1, flags) + name.encode() + b"\0"
+
+    body = tmr("md.a", 0) + tmr("^md\\.", 0x40)
+    use_queries = bytes((0x1C, 0, 0, 0)) + struct.pack("!HH", 4 + len(body), 2) + body + trailer
+    assert p.tick(5.0) == [Outgoing(use_queries, GROUP1)]
