@@ -139,8 +139,9 @@ Every public name of those is importable from here. UM's timing,
 destinations, OTIDs and datagram packing are in :mod:`lbmr_proto.um`.
 
 Pattern types are the LBMR/LBRP values: 0 exact topic, 1 PCRE, 2 POSIX regex
-(:class:`router.peerlink.PatternType`). Patterns are matched with Python's
-:mod:`re` (``search``), close enough to PCRE and POSIX ERE for topic names.
+(:class:`router.peerlink.PatternType`). Patterns are matched with
+:class:`router.core.wildcard.Matcher` (``search``, Python's pattern syntax run
+without backtracking), close enough to PCRE and POSIX ERE for topic names.
 """
 
 from .adverts import relay_transport
