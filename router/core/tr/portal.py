@@ -110,10 +110,10 @@ class PortalTR:
         self._local = LocalInterests(s, self._heap, self._st, self._events, self._outbox, self._adverts,
                                      self._match)
         # what runs a due timer, by the timer's class
-        self._on_due: dict[type[Timer], Callable[[Any, float, DueRecords], None]] = {ProxyTimer: self._due_proxy, QueryTimer: self._due_query,
-                        SourceTimer: self._due_source, InterestTimer: self._due_interest,
-                        RemoteCheckTimer: self._due_remote_check,
-                        InitialRequestTimer: self._due_initial_request}
+        self._on_due: dict[type[Timer], Callable[[Any, float, DueRecords], None]] = {
+            ProxyTimer: self._due_proxy, QueryTimer: self._due_query, SourceTimer: self._due_source,
+            InterestTimer: self._due_interest, RemoteCheckTimer: self._due_remote_check,
+            InitialRequestTimer: self._due_initial_request}
         ir = s.initial_request
         if ir is not None and ir[1] > 0:
             self._heap.arm(InitialRequestTimer(now, *ir))
