@@ -116,10 +116,10 @@ def test_destination_read_and_hops_taken_set():
 @pytest.mark.parametrize("data, where", [
     (b"", "shorter than"),
     (b"\x00\x04\x00", "shorter than"),
-    (b"\x10\xff\x00\x04", "version"),  # version 1
-    (b"\x07\xff\x00\x04", "unknown LBMC message type"),
-    (b"\x00\x00\x00\x0c" + bytes(7), "msglen 12 but the message has 11"),
-    (b"\x00\x00\x00\x08" + bytes(4), "shorter than the 12-byte"),
+    (b"\x18\x04\x00\x04", "version"),  # version 1
+    (b"\x07\x04\x00\x04", "unknown LBMC message type"),
+    (b"\x00\x04\x00\x0c" + bytes(7), "msglen 12 but the message has 11"),
+    (b"\x00\x04\x00\x08" + bytes(4), "shorter than the 12-byte"),
 ])
 def test_malformed_starts_are_errors(data, where):
     with pytest.raises(C.LbmcDecodeError, match=where):
@@ -127,8 +127,12 @@ def test_malformed_starts_are_errors(data, where):
 
 
 def test_the_walk_stops_at_the_end_of_the_chain():
-    """Bytes after NONE (which lbmc.decode refuses, and tshark ignores) are not headers."""
+    """Bytes after NONE (which lbmc.decode refuses, and tshark ignores) are not headers;
+    an empty chain is not looked at further (the framer checked the start)."""
     assert find_header(b"\x08\xff\x00\x06\x04\x10", REQUEST.code, REQUEST.size) == []
+    tcp_sid = C.encode(C.Message(C.CONTROL, headers=(TCP_SID,)))
+    assert find_header(tcp_sid[:4] + b"\xff\x04\x00\x00" + bytes(4), REQUEST.code, REQUEST.size) == []
+    assert find_header(b"\x18\xff\x00\x04", REQUEST.code, REQUEST.size) == []
 
 
 def _control(*chain: bytes, first: int) -> bytes:

@@ -109,19 +109,24 @@ _HOPS_AT = 14  # hops_taken (u16) within the DESTINATION header
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
 _DATA, _NONE = lbmc.NHDR_DATA, lbmc.NHDR_NONE
+_NOTHING: list[int] = []  # (never changed)
 
 
 def find_header(message: bytes | bytearray | memoryview, code: int, size: int) -> list[int]:
     """The offsets of every header of type ``code`` in one LBMC message (in chain order;
     empty if there is none). Each must be ``size`` bytes long. Walks the chain only (not
-    the payload); a message whose chain ends at once (no headers: most data messages) costs
-    two byte reads. :class:`lbmr_proto.lbmc.LbmcDecodeError` (with the byte offset) for a
-    message that is not one well-formed message: bad start, ``msglen`` other than the
-    length, a header running past the end or of the wrong size."""
+    the payload). A message whose chain is empty (its ``next_hdr``, byte 1, is DATA or
+    NONE: most data messages) has none, and is not looked at further (its start is the
+    framer's to check: :class:`lbmr_proto.lbmc.StreamFramer`). Otherwise
+    :class:`lbmr_proto.lbmc.LbmcDecodeError` (with the byte offset) for a message that is
+    not one well-formed message: bad start, ``msglen`` other than the length, a header
+    running past the end or of the wrong size."""
     n = len(message)
     if n < lbmc.CONTROL_HEADER.size:
         raise lbmc.LbmcDecodeError(0, f"{n} bytes: shorter than the 4-byte LBMC header")
     nxt = message[1]
+    if nxt == _DATA or nxt == _NONE:
+        return _NOTHING
     kind, msglen = lbmc.check_start(message)
     if msglen != n:
         raise lbmc.LbmcDecodeError(2, f"msglen {msglen} but the message has {n} bytes")
