@@ -21,18 +21,23 @@ from router.core.requests import (
     REQUEST,
     RETRANSMIT_REQUEST,
     AnswerAddress,
+    DeliverUim,
     Destination,
+    ForwardUim,
     MapFull,
     NeedListener,
+    RefuseUim,
     RequesterKey,
     RequesterTable,
     RequestMap,
     RewriteTo,
+    UimRefusal,
     answer_address,
     deliverable_address,
     destination_of,
     find_header,
     rewrite_answer_address,
+    route_uim,
     with_hops_taken,
 )
 
@@ -389,3 +394,30 @@ def test_random_rewritten_messages_match_tshark(tmp_path, msgs, ip, port):
     frames = run_tshark_lbmc(pcap)
     layers = [layer for f in frames for layer in f.lbmc]
     assert [compare_lbmc(layer, C.decode(b)) for layer, b in zip(layers, wire, strict=True)] == [[]] * len(wire)
+
+
+def _uim(domain=9, ip="10.9.0.5", hops=None, came_from=None, next_router="r2", max_hop_count=100):
+    return route_uim(domain, ip, hops=hops, came_from=came_from, served=(1, 2), next_router=next_router,
+                     endpoint_ip="10.1.0.1", max_hop_count=max_hop_count)
+
+
+def test_uim_routing_decisions():
+    assert _uim() == ForwardUim("r2", 0)  # entered here
+    assert _uim(hops=0, came_from="r0") == ForwardUim("r2", 1)
+    assert _uim(domain=2, ip="10.2.0.9", hops=4, came_from="r0") == DeliverUim()
+    assert _uim(domain=2, ip="127.0.0.1", hops=4, came_from="r0") == RefuseUim(UimRefusal.NOT_DELIVERABLE)
+    assert _uim(next_router=None) == RefuseUim(UimRefusal.UNREACHABLE)
+    assert _uim(hops=3, came_from="r2") == RefuseUim(UimRefusal.BACK)
+
+
+def test_uim_hop_limit_ends_loops():
+    """A stream arriving with hops h has crossed h + 1 links; passed on, h + 2."""
+    assert _uim(hops=98, came_from="r0") == ForwardUim("r2", 99)  # its 100th link
+    assert _uim(hops=99, came_from="r0") == RefuseUim(UimRefusal.HOP_LIMIT)
+    assert _uim(max_hop_count=1) == ForwardUim("r2", 0)
+    assert _uim(hops=0, came_from="r0", max_hop_count=1) == RefuseUim(UimRefusal.HOP_LIMIT)
+    # a routing loop r1 -> r2 -> r3 -> r1 ...: every router forwards, the hops grow, it ends
+    hops, n = None, 0
+    while isinstance(d := _uim(hops=hops, came_from=None if hops is None else "elsewhere"), ForwardUim):
+        hops, n = d.hops, n + 1
+    assert d == RefuseUim(UimRefusal.HOP_LIMIT) and n == 100

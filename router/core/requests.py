@@ -38,8 +38,9 @@ import ipaddress
 import socket
 import struct
 from collections import Counter, OrderedDict
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 from dataclasses import dataclass
+from enum import Enum
 from typing import NamedTuple
 
 from lbmr_proto import lbmc
@@ -48,6 +49,7 @@ __all__ = [
     "AnswerHeader", "REQUEST", "LATE_JOIN_REQUEST", "RETRANSMIT_REQUEST", "ANSWER_HEADERS",
     "AnswerAddress", "Destination", "find_header", "answer_address", "rewrite_answer_address",
     "destination_of", "with_hops_taken", "deliverable_address",
+    "UimRefusal", "DeliverUim", "ForwardUim", "RefuseUim", "UimDecision", "route_uim",
     "RequesterKey", "RequestSlot", "RewriteTo", "NeedListener", "MapFull", "RequestRoute",
     "RequestMap", "RequesterTable",
     "DEFAULT_MAX_LISTENERS", "DEFAULT_IDLE_TIMEOUT", "DEFAULT_MAX_RESPONDERS",
@@ -228,6 +230,64 @@ def deliverable_address(ip: str, endpoint_ip: str) -> bool:
         except (ipaddress.AddressValueError, ValueError):
             return False
     return True
+
+
+class UimRefusal(Enum):
+    """Why a router does not take a unicast immediate message (or a UIM_ROUTED stream)
+    for a destination further."""
+
+    UNREACHABLE = "no route to the destination domain"
+    BACK = "the route to the destination domain leads back where it came from"
+    HOP_LIMIT = "it would cross more than max-hop-count peer links"
+    NOT_DELIVERABLE = "the destination address is not one to connect to on another TRD's word"
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverUim:
+    """This router serves the destination domain: connect to the destination, deliver."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardUim:
+    """Pass it on towards router ``next_router`` (on the link to it), in a UIM_ROUTED
+    stream of ``hops`` (the peer links crossed before that one)."""
+
+    next_router: str
+    hops: int
+
+
+@dataclass(frozen=True, slots=True)
+class RefuseUim:
+    reason: UimRefusal
+
+
+UimDecision = DeliverUim | ForwardUim | RefuseUim
+
+
+def route_uim(domain_id: int, ip: str, *, hops: int | None, came_from: str | None,
+              served: Collection[int], next_router: str | None, endpoint_ip: str,
+              max_hop_count: int) -> UimDecision:
+    """Where a UIM for ``domain_id`` (its DESTINATION address ``ip``) goes from this router.
+
+    ``hops``: the hops of the UIM_ROUTED stream it came on (None: it entered here, at an
+    endpoint's UIM listener); ``came_from``: the router that stream came from (None: it
+    entered here); ``served``: the domains of this router's endpoint portals, and
+    ``endpoint_ip`` the interface of the one serving ``domain_id``; ``next_router``: the
+    next hop of this router's route to ``domain_id`` (None: no route); ``max_hop_count``:
+    the most peer links a UIM may cross (``<route-info max-hop-count>``). Never back to
+    the router it came from: a loop ends at the hop limit at the latest."""
+    if domain_id in served:
+        if deliverable_address(ip, endpoint_ip):
+            return DeliverUim()
+        return RefuseUim(UimRefusal.NOT_DELIVERABLE)
+    if next_router is None:
+        return RefuseUim(UimRefusal.UNREACHABLE)
+    if next_router == came_from:
+        return RefuseUim(UimRefusal.BACK)
+    out = 0 if hops is None else hops + 1
+    if out + 1 > max_hop_count:
+        return RefuseUim(UimRefusal.HOP_LIMIT)
+    return ForwardUim(next_router, out)
 
 
 # ------------------------------------------------------------------ receivers' side
