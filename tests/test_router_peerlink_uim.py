@@ -7,6 +7,9 @@ up."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -91,6 +94,24 @@ def test_exact_layouts():
         "4c425250 01 20 00 00 00000019"  # header: STREAM_OPEN, 25 bytes
         "00000005 00000000 00040000 83"  # stream 5, advert 0, credit 256 KiB, UIM_ROUTED
         "00000007 c0a80114 3a99 0001")  # domain 7, 192.168.1.20, port 15001, 1 hop
+
+
+def test_the_spec_shows_the_same_bytes():
+    """The two example STREAM_OPEN frames of PEERLINK.md §5.8 are what the encoder writes."""
+    spec = (Path(__file__).resolve().parents[1] / "router" / "PEERLINK.md").read_text()
+    section = spec[spec.index("### 5.8 STREAM_OPEN"):spec.index("### 5.9")]
+    frames, cur = [], None
+    for line in section.splitlines():
+        m = re.match(r"    (opener    -> |\s{13})((?:[0-9a-f]{2} )+)", line + " ")
+        if not m:
+            continue
+        if m.group(1).startswith("opener"):
+            cur = bytearray()
+            frames.append(cur)
+        cur += bytes.fromhex(m.group(2))
+    assert [bytes(f) for f in frames] == [
+        encode(StreamOpen(3, 7, StreamKind.RESPONSE, 262144, ResponseTarget("10.29.4.121", 14391))),
+        encode(StreamOpen(5, 0, StreamKind.UIM_ROUTED, 262144, RoutedUimTarget(7, "192.168.1.20", 15001, 1)))]
 
 
 @pytest.mark.parametrize("bad", [
