@@ -24,14 +24,16 @@ from router.core.requests import (
     DeliverUim,
     Destination,
     ForwardUim,
-    MapFull,
     NeedListener,
+    PassUnchanged,
     RefuseUim,
     RequesterKey,
     RequesterTable,
     RequestMap,
+    RequestSlot,
     RewriteTo,
     UimRefusal,
+    Unmapped,
     answer_address,
     deliverable_address,
     destination_of,
@@ -233,9 +235,9 @@ K1 = RequesterKey(("link-1", 7), "10.29.4.121", 14391)
 K2 = RequesterKey(("link-2", 3), "10.29.4.121", 14391)  # same address, another origin
 
 
-def _open(m: RequestMap, key: RequesterKey, now: float, port: int) -> None:
+def _open(m: RequestMap, key: RequesterKey, now: float, port: int) -> RequestSlot:
     assert m.route(key, now) == NeedListener(key)
-    m.add(key, ("192.168.50.2", port), now)
+    return m.add(key, ("192.168.50.2", port), now)
 
 
 def test_one_listener_per_requester_and_origin():
@@ -255,7 +257,8 @@ def test_a_full_map_passes_requests_unchanged_until_a_listener_ages_out():
     _open(m, K1, 0.0, 40001)
     _open(m, K2, 10.0, 40002)
     k3 = RequesterKey("o3", "10.0.0.3", 1)
-    assert m.route(k3, 20.0) == MapFull(k3) and m.route(k3, 59.9) == MapFull(k3)
+    full = PassUnchanged(k3, Unmapped.FULL)
+    assert m.route(k3, 20.0) == full and m.route(k3, 59.9) == full
     assert m.counters["requests_unmapped_full"] == 2
     with pytest.raises(ValueError):
         m.add(k3, ("x", 1), 20.0)
@@ -264,31 +267,52 @@ def test_a_full_map_passes_requests_unchanged_until_a_listener_ages_out():
     assert m.get(K1) is None and m.counters["request_listeners_expired"] == 1
 
 
+def test_a_failed_listener_is_not_retried_for_every_request():
+    m = RequestMap(listener_retry=1.0)
+    assert m.route(K1, 5.0) == NeedListener(K1)
+    m.listener_failed(5.0)
+    assert m.route(K1, 5.5) == PassUnchanged(K1, Unmapped.LISTENER_FAILED)
+    assert m.route(K2, 5.9) == PassUnchanged(K2, Unmapped.LISTENER_FAILED)
+    assert m.route(K1, 6.0) == NeedListener(K1)
+    assert m.counters == Counter(request_listeners_failed=1, requests_unmapped_failed=3)
+
+
 def test_requests_and_responders_keep_a_listener_alive():
     m = RequestMap(max_listeners=4, idle_timeout=60.0, max_responders=2)
-    _open(m, K1, 0.0, 40001)
+    s = _open(m, K1, 0.0, 40001)
     m.route(K1, 50.0)
     assert m.expire(100.0) == [] and m.next_expiry() == 110.0
-    s = m.responder_connected(K1, 105.0)
-    assert s is m.get(K1) and s.responders == 1
-    assert m.responder_connected(K1, 105.0) is s and m.responder_connected(K1, 105.0) is None
+    assert m.responder_connected(s, 105.0) and s.responders == 1 == m.responders
+    assert m.responder_connected(s, 105.0) and not m.responder_connected(s, 105.0)
     assert m.counters["responders_refused_busy"] == 1
     assert m.expire(1000.0) == [] and m.next_expiry() == float("inf")  # responders connected
-    m.responder_closed(K1, 1000.0)
+    m.responder_closed(s, 1000.0)
     assert m.expire(1059.0) == []
-    m.responder_closed(K1, 1001.0)
-    m.responder_closed(K1, 1001.0)  # (one too many: ignored)
-    assert m.next_expiry() == 1061.0 and m.expire(1061.0) == [s] and len(m) == 0
-    assert m.responder_connected(K1, 1062.0) is None and m.counters["responders_refused_unknown"] == 1
+    m.responder_closed(s, 1001.0)
+    m.responder_closed(s, 1001.0)  # (one too many: ignored)
+    assert m.responders == 0 and m.next_expiry() == 1061.0 and m.expire(1061.0) == [s] and len(m) == 0
+    assert not m.responder_connected(s, 1062.0) and m.counters["responders_refused_unknown"] == 1
 
 
-def test_forget_origin_removes_its_listeners():
+def test_responders_are_bounded_on_all_listeners_together():
+    m = RequestMap(max_responders=10, max_responders_total=3)
+    a, b = _open(m, K1, 0.0, 1), _open(m, K2, 0.0, 2)
+    assert [m.responder_connected(x, 1.0) for x in (a, b, a, b)] == [True, True, True, False]
+    m.responder_closed(a, 2.0)
+    assert m.responder_connected(b, 2.0) and m.responders == 3
+
+
+def test_forget_origin_removes_its_listeners_and_a_new_one_starts_clean():
     m = RequestMap()
-    _open(m, K1, 0.0, 1)
+    old = _open(m, K1, 0.0, 1)
     _open(m, K2, 0.0, 2)
-    m.responder_connected(K1, 1.0)
-    assert [s.key for s in m.forget_origin(K1.origin)] == [K1] and m.get(K2) and len(m) == 1
+    assert m.responder_connected(old, 1.0) and m.responders == 1
+    assert m.forget_origin(K1.origin) == [old] and m.get(K2) and len(m) == 1 and m.responders == 0
     assert m.next_expiry() == 600.0
+    new = _open(m, K1, 2.0, 3)
+    m.responder_closed(old, 3.0)  # the old listener's responder leaving does not touch the new one
+    assert m.responder_connected(new, 3.0) and new.responders == 1 and m.responders == 1
+    assert not m.responder_connected(old, 3.0)
 
 
 def test_ten_thousand_hostile_requesters_stay_bounded():
@@ -306,7 +330,8 @@ def test_ten_thousand_hostile_requesters_stay_bounded():
     assert len(m.expire(now + 600.0)) == 256 and len(m) == 0
 
 
-@pytest.mark.parametrize("kw", [dict(max_listeners=0), dict(idle_timeout=0), dict(max_responders=0)])
+@pytest.mark.parametrize("kw", [dict(max_listeners=0), dict(idle_timeout=0), dict(max_responders=0),
+                                dict(max_responders_total=0), dict(listener_retry=-1)])
 def test_request_map_bounds_are_checked(kw):
     with pytest.raises(ValueError):
         RequestMap(**kw)

@@ -50,9 +50,10 @@ __all__ = [
     "AnswerAddress", "Destination", "find_header", "answer_address", "rewrite_answer_address",
     "destination_of", "with_hops_taken", "deliverable_address",
     "UimRefusal", "DeliverUim", "ForwardUim", "RefuseUim", "UimDecision", "route_uim",
-    "RequesterKey", "RequestSlot", "RewriteTo", "NeedListener", "MapFull", "RequestRoute",
-    "RequestMap", "RequesterTable",
+    "RequesterKey", "RequestSlot", "RewriteTo", "NeedListener", "Unmapped", "PassUnchanged",
+    "RequestRoute", "RequestMap", "RequesterTable",
     "DEFAULT_MAX_LISTENERS", "DEFAULT_IDLE_TIMEOUT", "DEFAULT_MAX_RESPONDERS",
+    "DEFAULT_MAX_RESPONDERS_TOTAL", "DEFAULT_LISTENER_RETRY",
     "DEFAULT_MAX_PER_ORIGIN", "DEFAULT_MAX_REQUESTERS",
 ]
 
@@ -296,8 +297,11 @@ def route_uim(domain_id: int, ip: str, *, hops: int | None, came_from: str | Non
 DEFAULT_MAX_LISTENERS = 256
 #: seconds a listener (or a recorded requester) lives after its last request or response
 DEFAULT_IDLE_TIMEOUT = 600.0
-#: responder connections open at once on one request listener
+#: responder connections open at once on one request listener, and on all of them
 DEFAULT_MAX_RESPONDERS = 64
+DEFAULT_MAX_RESPONDERS_TOTAL = 1024
+#: seconds without opening a listener after opening one failed
+DEFAULT_LISTENER_RETRY = 1.0
 
 
 class RequesterKey(NamedTuple):
@@ -311,7 +315,7 @@ class RequesterKey(NamedTuple):
     port: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class RequestSlot:
     """One request listener of the receivers' router and the requester it stands for.
     ``listener``: the (ip, port) it listens on in the receivers' TRD (what requests are
@@ -341,52 +345,72 @@ class NeedListener:
     key: RequesterKey
 
 
+class Unmapped(Enum):
+    """Why a request passes with its address unchanged."""
+
+    FULL = "every request listener is in use"
+    LISTENER_FAILED = "opening a request listener failed a moment ago"
+
+
 @dataclass(frozen=True, slots=True)
-class MapFull:
-    """Every listener is taken (and none has been idle long enough to go): the request
-    passes with its address unchanged (counted ``requests_unmapped_full``)."""
+class PassUnchanged:
+    """The request passes with its address unchanged (counted ``requests_unmapped_full``
+    or ``requests_unmapped_failed``): its receivers still get it as a message; answering it
+    needs a direct route from the responders to the requester, as without a router."""
 
     key: RequesterKey
+    reason: Unmapped
 
 
-RequestRoute = RewriteTo | NeedListener | MapFull
+RequestRoute = RewriteTo | NeedListener | PassUnchanged
 
 
 class RequestMap:
     """The request listeners of one endpoint portal on the receivers' side: one per
     distinct original requester (:class:`RequesterKey`), at most ``max_listeners``, each
-    closed after ``idle_timeout`` seconds without a request or a responder, each taking at
-    most ``max_responders`` responder connections at once.
+    closed after ``idle_timeout`` seconds without a request or a responder; at most
+    ``max_responders`` responder connections at once on one listener and
+    ``max_responders_total`` on all.
 
     Calling contract: for a message of a proxied session with a REQUEST header,
     :meth:`route` says what to do (:data:`RequestRoute`); a responder connecting to a
     listener is :meth:`responder_connected` (and :meth:`responder_closed`); the caller
-    calls :meth:`expire` at :meth:`next_expiry` and closes the listeners it returns.
+    calls :meth:`expire` at :meth:`next_expiry` and closes the listeners it returns, and
+    :meth:`forget_origin` when an origin session goes away.
 
-    Full map: the request passes unchanged (its receivers still get it as a message: a
-    request is a data message, and dropping it would be a gap in the session; answering it
-    then needs a direct route from the responders to the requester, as without a router).
-    No listener is taken from another requester while it may still be answered.
+    A full map passes new requesters' requests unchanged (:class:`PassUnchanged`): a
+    request is a data message, and dropping it would be a gap in the session; no listener
+    is taken from another requester while it may still be answered. So does a map whose
+    last attempt to open a listener failed less than ``listener_retry`` seconds ago
+    (descriptors or ports run out: not retried for every request).
 
     ``counters`` (the router's, or a new Counter): ``requests_rewritten``,
-    ``requests_unmapped_full``, ``request_listeners_opened``,
-    ``request_listeners_failed``, ``request_listeners_expired``,
-    ``request_listeners_forgotten``, ``responders_accepted``,
-    ``responders_refused_busy`` (the listener had ``max_responders``),
-    ``responders_refused_unknown`` (its listener is gone)."""
+    ``requests_unmapped_full``, ``requests_unmapped_failed``,
+    ``request_listeners_opened``, ``request_listeners_failed``,
+    ``request_listeners_expired``, ``request_listeners_forgotten``,
+    ``responders_accepted``, ``responders_refused_busy`` (the listener, or all of them,
+    had their most), ``responders_refused_unknown`` (the listener is gone)."""
 
     def __init__(self, *, max_listeners: int = DEFAULT_MAX_LISTENERS,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
                  max_responders: int = DEFAULT_MAX_RESPONDERS,
+                 max_responders_total: int = DEFAULT_MAX_RESPONDERS_TOTAL,
+                 listener_retry: float = DEFAULT_LISTENER_RETRY,
                  counters: Counter[str] | None = None) -> None:
-        if max_listeners < 1 or idle_timeout <= 0 or max_responders < 1:
-            raise ValueError("max_listeners and max_responders must be at least 1, idle_timeout positive")
+        if min(max_listeners, max_responders, max_responders_total) < 1 or idle_timeout <= 0 \
+                or listener_retry < 0:
+            raise ValueError("max_listeners, max_responders and max_responders_total must be at least 1, "
+                             "idle_timeout positive, listener_retry not negative")
         self.max_listeners = max_listeners
         self.idle_timeout = idle_timeout
         self.max_responders = max_responders
+        self.max_responders_total = max_responders_total
+        self.listener_retry = listener_retry
         self.counters: Counter[str] = counters if counters is not None else Counter()
+        self.responders = 0  # responder connections open on all the listeners
         self._slots: dict[RequesterKey, RequestSlot] = {}
         self._idle: OrderedDict[RequesterKey, None] = OrderedDict()  # slots without responders, oldest use first
+        self._retry_at = float("-inf")  # no listener opened before (after a failure)
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -407,11 +431,14 @@ class RequestMap:
                 self._idle.move_to_end(key)
             self.counters["requests_rewritten"] += 1
             return RewriteTo(slot)
+        if now < self._retry_at:
+            self.counters["requests_unmapped_failed"] += 1
+            return PassUnchanged(key, Unmapped.LISTENER_FAILED)
         if len(self._slots) >= self.max_listeners:
             self.expire(now)
             if len(self._slots) >= self.max_listeners:
                 self.counters["requests_unmapped_full"] += 1
-                return MapFull(key)
+                return PassUnchanged(key, Unmapped.FULL)
         return NeedListener(key)
 
     def add(self, key: RequesterKey, listener: tuple[str, int], now: float) -> RequestSlot:
@@ -426,36 +453,42 @@ class RequestMap:
         self.counters["requests_rewritten"] += 1
         return slot
 
-    def listener_failed(self, key: RequesterKey) -> None:
-        """Opening the listener for ``key`` failed (its request passes unchanged)."""
+    def listener_failed(self, now: float) -> None:
+        """Opening the listener :class:`NeedListener` asked for failed at ``now``: its request
+        passes unchanged, and so do new requesters' for ``listener_retry`` seconds."""
+        self._retry_at = now + self.listener_retry
         self.counters["request_listeners_failed"] += 1
+        self.counters["requests_unmapped_failed"] += 1
 
-    def responder_connected(self, key: RequesterKey, now: float) -> RequestSlot | None:
-        """A responder connected to the listener of ``key``: its slot (open the response
-        stream towards ``slot.key``), or None: refuse the connection (the listener is gone,
-        or has ``max_responders`` already)."""
-        slot = self._slots.get(key)
-        if slot is None:
+    def _current(self, slot: RequestSlot) -> bool:
+        return self._slots.get(slot.key) is slot
+
+    def responder_connected(self, slot: RequestSlot, now: float) -> bool:
+        """A responder connected to ``slot``'s listener: True to take it (open the response
+        stream towards ``slot.key``), False to refuse it (the listener is gone, or it or all
+        of them have their most responders)."""
+        if not self._current(slot):
             self.counters["responders_refused_unknown"] += 1
-            return None
-        if slot.responders >= self.max_responders:
+            return False
+        if slot.responders >= self.max_responders or self.responders >= self.max_responders_total:
             self.counters["responders_refused_busy"] += 1
-            return None
+            return False
         slot.responders += 1
+        self.responders += 1
         slot.last_used = now
-        self._idle.pop(key, None)
+        self._idle.pop(slot.key, None)
         self.counters["responders_accepted"] += 1
-        return slot
+        return True
 
-    def responder_closed(self, key: RequesterKey, now: float) -> None:
-        """A responder connection of the listener of ``key`` ended."""
-        slot = self._slots.get(key)
-        if slot is None or slot.responders == 0:
-            return
+    def responder_closed(self, slot: RequestSlot, now: float) -> None:
+        """A responder connection taken on ``slot``'s listener ended."""
+        if not self._current(slot) or slot.responders == 0:
+            return  # (forget_origin let its responders go already)
         slot.responders -= 1
+        self.responders -= 1
         slot.last_used = now
         if slot.responders == 0:
-            self._idle[key] = None
+            self._idle[slot.key] = None
 
     def next_expiry(self) -> float:
         """When :meth:`expire` next has something to do (inf: never, as things stand)."""
@@ -486,6 +519,7 @@ class RequestMap:
         for s in gone:
             del self._slots[s.key]
             self._idle.pop(s.key, None)
+            self.responders -= s.responders
         self.counters["request_listeners_forgotten"] += len(gone)
         return gone
 
