@@ -446,3 +446,80 @@ def test_uim_hop_limit_ends_loops():
     while isinstance(d := _uim(hops=hops, came_from=None if hops is None else "elsewhere"), ForwardUim):
         hops, n = d.hops, n + 1
     assert d == RefuseUim(UimRefusal.HOP_LIMIT) and n == 100
+
+
+@given(st.lists(st.tuples(st.sampled_from(["route", "connect", "close", "expire", "forget", "fail"]),
+                          st.integers(0, 7), st.floats(0, 30)), max_size=120))
+@settings(max_examples=200)
+def test_request_map_invariants_under_random_operations(ops):
+    """Whatever happens, in whatever order: never more listeners or responders than the
+    bounds, the counts add up, and nothing idle outlives idle_timeout past an expire."""
+    m = RequestMap(max_listeners=3, idle_timeout=50.0, max_responders=2, max_responders_total=4,
+                   listener_retry=5.0)
+    keys = [RequesterKey(i % 3, f"10.0.0.{i}", 1000 + i) for i in range(8)]
+    taken: list[RequestSlot] = []  # responder connections the map took
+    now = 0.0
+    for op, i, dt in ops:
+        now += dt
+        key = keys[i]
+        if op == "route":
+            r = m.route(key, now)
+            if isinstance(r, NeedListener):
+                m.add(key, ("192.168.0.1", 2000 + i), now)
+        elif op == "connect" and m.get(key) is not None:
+            s = m.get(key)
+            if m.responder_connected(s, now):
+                taken.append(s)
+        elif op == "close":
+            if taken:
+                m.responder_closed(taken.pop(i % len(taken)), now)
+        elif op == "expire":
+            for s in m.expire(now):
+                assert s.responders == 0 and s.last_used + 50.0 <= now
+            assert all(s.responders or s.last_used + 50.0 > now for s in m.slots())
+        elif op == "forget":
+            m.forget_origin(i % 3)
+        else:
+            m.listener_failed(now)
+        assert len(m) <= 3
+        assert all(s.responders <= 2 for s in m.slots())
+        assert m.responders == sum(s.responders for s in m.slots()) <= 4
+        assert m.next_expiry() == min((s.last_used + 50.0 for s in m.slots() if not s.responders),
+                                      default=float("inf"))
+
+
+def _full(model: dict, origin: int) -> bool:
+    return sum(k[0] == origin for k in model) >= 3 or len(model) >= 5
+
+
+@given(st.lists(st.tuples(st.sampled_from(["saw", "allows", "expire", "forget"]), st.integers(0, 9),
+                          st.floats(0, 30)), max_size=150))
+@settings(max_examples=200)
+def test_requester_table_invariants_under_random_operations(ops):
+    """A model: allowed exactly when seen in that origin within idle_timeout and recorded."""
+    t = RequesterTable(max_per_origin=3, max_requesters=5, idle_timeout=40.0)
+    model: dict[tuple, float] = {}
+    now = 0.0
+    for op, i, dt in ops:
+        now += dt
+        origin, ip, port = i % 3, f"10.0.0.{i}", 1000 + i
+        if op == "saw":
+            key = (origin, ip, port)
+            fits = key in model
+            if not fits:
+                if _full(model, origin):  # the table expires what it can before it refuses
+                    model = {k: v for k, v in model.items() if v + 40.0 > now}
+                fits = not _full(model, origin)
+            assert t.saw(origin, ip, port, now) is fits
+            if fits:
+                model[key] = now
+        elif op == "allows":
+            want = (origin, ip, port) in model and model[(origin, ip, port)] + 40.0 > now
+            assert t.allows(origin, ip, port, now) is want
+        elif op == "expire":
+            t.expire(now)
+            model = {k: v for k, v in model.items() if v + 40.0 > now}
+        else:
+            t.forget_origin(origin)
+            model = {k: v for k, v in model.items() if k[0] != origin}
+        assert len(t) <= 5 and len(t) == len(model)
