@@ -105,7 +105,7 @@ def test_a_message_without_the_header_is_returned_as_is():
 def test_every_header_of_the_type_is_rewritten():
     a, b = _header(REQUEST, 1, "10.0.0.1", 1000), _header(REQUEST, 2, "10.0.0.2", 2000)
     msg = C.encode(C.Message(C.MESSAGE, 1, 1, b"", (a, TCP_SID, b)))
-    assert find_header(msg, REQUEST.code, REQUEST.size) == [12, 12 + 16 + 8]
+    assert find_header(msg, REQUEST.code, REQUEST.size) == (12, 12 + 16 + 8)
     assert answer_address(msg, REQUEST) == AnswerAddress(1, "10.0.0.1", 1000)  # the first
     out = C.decode(rewrite_answer_address(msg, REQUEST, "10.9.9.9", 9000))
     assert out.headers == (_swapped(a, REQUEST, "10.9.9.9", 9000), TCP_SID, _swapped(b, REQUEST, "10.9.9.9", 9000))
@@ -136,10 +136,10 @@ def test_malformed_starts_are_errors(data, where):
 def test_the_walk_stops_at_the_end_of_the_chain():
     """Bytes after NONE (which lbmc.decode refuses, and tshark ignores) are not headers;
     an empty chain is not looked at further (the framer checked the start)."""
-    assert find_header(b"\x08\xff\x00\x06\x04\x10", REQUEST.code, REQUEST.size) == []
+    assert find_header(b"\x08\xff\x00\x06\x04\x10", REQUEST.code, REQUEST.size) == ()
     tcp_sid = C.encode(C.Message(C.CONTROL, headers=(TCP_SID,)))
-    assert find_header(tcp_sid[:4] + b"\xff\x04\x00\x00" + bytes(4), REQUEST.code, REQUEST.size) == []
-    assert find_header(b"\x18\xff\x00\x04", REQUEST.code, REQUEST.size) == []
+    assert find_header(tcp_sid[:4] + b"\xff\x04\x00\x00" + bytes(4), REQUEST.code, REQUEST.size) == ()
+    assert find_header(b"\x18\xff\x00\x04", REQUEST.code, REQUEST.size) == ()
 
 
 def _control(*chain: bytes, first: int) -> bytes:

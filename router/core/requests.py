@@ -112,10 +112,9 @@ _HOPS_AT = 14  # hops_taken (u16) within the DESTINATION header
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
 _DATA, _NONE = lbmc.NHDR_DATA, lbmc.NHDR_NONE
-_NOTHING: list[int] = []  # (never changed)
 
 
-def find_header(message: bytes | bytearray | memoryview, code: int, size: int) -> list[int]:
+def find_header(message: bytes | bytearray | memoryview, code: int, size: int) -> tuple[int, ...]:
     """The offsets of every header of type ``code`` in one LBMC message (in chain order;
     empty if there is none). Each must be ``size`` bytes long. Walks the chain only (not
     the payload). A message whose chain is empty (its ``next_hdr``, byte 1, is DATA or
@@ -129,7 +128,7 @@ def find_header(message: bytes | bytearray | memoryview, code: int, size: int) -
         raise lbmc.LbmcDecodeError(0, f"{n} bytes: shorter than the 4-byte LBMC header")
     nxt = message[1]
     if nxt == _DATA or nxt == _NONE:
-        return _NOTHING
+        return ()
     kind, msglen = lbmc.check_start(message)
     if msglen != n:
         raise lbmc.LbmcDecodeError(2, f"msglen {msglen} but the message has {n} bytes")
@@ -148,7 +147,7 @@ def find_header(message: bytes | bytearray | memoryview, code: int, size: int) -
             found.append(off)
         nxt = message[off]
         off += hlen
-    return found
+    return tuple(found)
 
 
 def answer_address(message: bytes | bytearray | memoryview, header: AnswerHeader) -> AnswerAddress | None:
@@ -259,6 +258,9 @@ class ForwardUim:
 
 @dataclass(frozen=True, slots=True)
 class RefuseUim:
+    """Refuse it (the UIM_ROUTED stream: STREAM_REFUSE code 1, ``reason.value`` as the
+    reason; a UIM that entered here: drop it and count it)."""
+
     reason: UimRefusal
 
 
