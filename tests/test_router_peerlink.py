@@ -21,6 +21,7 @@ from router.peerlink import (
     FLAG_IGNORABLE,
     FRAME_TYPES,
     HEADER_SIZE,
+    KIND_TARGET,
     MAX_PAYLOAD,
     Advertisement,
     Capability,
@@ -627,7 +628,7 @@ APP_FRAME_STRATEGIES = (
     st.builds(Interest, st.sampled_from(InterestAction), text, u32, st.sampled_from(PatternType)),
     st.builds(Advertisement, text, u32, st.binary(min_size=32, max_size=32), u8, u32,
               st.booleans(), u16),
-    st.builds(StreamOpen, u32, u32, u8, u32),
+    st.builds(StreamOpen, u32, u32, u8.filter(lambda k: k not in KIND_TARGET), u32),  # (targets: test_router_peerlink_uim)
     st.builds(StreamAccept, u32, u32),
     st.builds(StreamRefuse, u32, u16, text),
     st.builds(StreamData, u32, payload),

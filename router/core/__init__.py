@@ -14,6 +14,8 @@ sources passed between peer links), :mod:`router.core.acl` and
 proxies and the LBT-RU proxy source that re-publishes LBT-RM and LBT-RU
 origins), :mod:`router.core.lbtru_upstream` (the LBT-RU proxy receiver of
 an origin session), :mod:`router.core.fanout` (TCP sessions' fan-out
-queues). The peer-link protocol is its own sans-IO package,
+queues), :mod:`router.core.requests` (requests and responses across routers:
+answer addresses rewritten in messages, request listeners, the requesters
+a response may go to). The peer-link protocol is its own sans-IO package,
 :mod:`router.peerlink`.
 """

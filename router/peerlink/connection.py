@@ -27,6 +27,7 @@ from .frames import (
     DEFAULT_CAPABILITIES,
     FLAG_IGNORABLE,
     FRAME_TYPES,
+    KIND_CAPABILITY,
     MAGIC,
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
@@ -56,6 +57,7 @@ from .frames import (
     StreamClose,
     StreamCredit,
     StreamData,
+    StreamKind,
     StreamOpen,
     StreamRefuse,
     Topology,
@@ -453,6 +455,13 @@ class PeerConnection:
                     and not self.capabilities & cap:
                 raise LocalProtocolError(f"cannot send {name}: capability {cap.name} was not "
                                          "negotiated with this peer")
+            if type(frame) is StreamOpen and st in (State.CONNECTED, State.DISCONNECTING):
+                cap = KIND_CAPABILITY.get(int(frame.kind))
+                if cap is not None and not self.capabilities & cap:
+                    raise LocalProtocolError(
+                        f"cannot open a stream of kind {_kind_name(frame.kind)}: capability {cap.name} "
+                        "was not negotiated with this peer (it would refuse the stream, or, before "
+                        "that kind existed, close the link)")
             if st is State.CONNECTED:
                 return
             if st is State.DISCONNECTING:
@@ -666,6 +675,13 @@ class PeerConnection:
         if not keep_output:
             self._out.clear()
         events.append(ev)
+
+
+def _kind_name(kind: int) -> str:
+    try:
+        return StreamKind(kind).name
+    except ValueError:
+        return f"0x{int(kind):02x}"
 
 
 def _version_reason(major: int, minor: int) -> str:

@@ -6,6 +6,7 @@ About 600 lines: one dataclass and codec per frame type.
 
 from __future__ import annotations
 
+import socket
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
@@ -81,6 +82,14 @@ class StreamKind(IntEnum):
     # capability RU_SESSIONS: one LBT-RU origin session per link, DATAGRAMs both ways: the
     # origin's DATA and SMs from the acceptor's side, the opener's proxy's NAKs the other way
     LBTRU_SESSION = 0x81
+    # capability RESPONSES: one responder's UIM connection to a request listener of the
+    # receivers' router, carried (STREAM_DATA, from the opener) back towards the requester
+    # named in the STREAM_OPEN (:class:`ResponseTarget`)
+    RESPONSE = 0x82
+    # capability UIM_ROUTING: unicast immediate messages for one destination (domain, ip,
+    # port), carried (STREAM_DATA, from the opener) towards the router that serves the
+    # domain (:class:`RoutedUimTarget`)
+    UIM_ROUTED = 0x83
 
 
 class RefuseCode(IntEnum):
@@ -107,10 +116,30 @@ class Capability(IntFlag):
     SESSIONS = 0x08  # ADVERTISEMENT frames name the source's transport session
     ORIGIN_SID = 0x10  # ADVERTISEMENT frames carry the origin's transport session id
     RU_SESSIONS = 0x20  # LBTRU_SESSION streams (LBT-RU fan-out: one stream per origin session per link)
+    RESPONSES = 0x40  # RESPONSE streams (responses to requests relayed across the link)
+    UIM_ROUTING = 0x80  # UIM_ROUTED streams (unicast immediate messages routed by domain id)
 
 
 DEFAULT_CAPABILITIES = int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS
                            | Capability.ORIGIN_SID | Capability.RU_SESSIONS)  # a router adds ROUTING
+# stream kinds a router opens only towards a peer that announced the capability (the
+# connection refuses to send the STREAM_OPEN otherwise); every other known kind needs none
+KIND_CAPABILITY: dict[int, Capability] = {
+    StreamKind.LBTRU_SESSION: Capability.RU_SESSIONS,
+    StreamKind.RESPONSE: Capability.RESPONSES,
+    StreamKind.UIM_ROUTED: Capability.UIM_ROUTING,
+}
+
+
+def stream_kinds(capabilities: int) -> tuple[StreamKind, ...]:
+    """The stream kinds a link with these negotiated ``capabilities`` may carry: those that
+    need no capability and those whose capability is in the set (e.g. the ``kinds`` of the
+    link's :class:`router.peerlink.streams.StreamTable`: it refuses the others with
+    UNSUPPORTED_KIND, as a peer that does not know them does)."""
+    return tuple(k for k in StreamKind
+                 if k not in KIND_CAPABILITY or capabilities & KIND_CAPABILITY[k])
+
+
 MAX_TOPOLOGY_ENTRIES = 4096  # domains, and peers, in one TOPOLOGY frame
 MAX_ROUTER_ID = 255  # bytes of a router id (its name) in a TOPOLOGY frame
 
@@ -522,30 +551,119 @@ def _read_router_id(r: PayloadReader) -> str:
     return rid
 
 
+def _ipv4(ip: str, what: str) -> bytes:
+    """The 4 bytes (network order) of a dotted-quad IPv4 address."""
+    try:
+        return socket.inet_pton(socket.AF_INET, ip)
+    except (OSError, TypeError):
+        raise FrameEncodeError(f"{what}: not an IPv4 address: {ip!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseTarget:
+    """The fields a STREAM_OPEN of kind RESPONSE adds: the requester the responses go to,
+    ``ip`` (dotted quad; 4 bytes on the wire, network order, as in LBMC's REQUEST header)
+    and ``port`` (u16, 1..65535), exactly as the REQUEST header named them in the origin's
+    TRD."""
+
+    ip: str
+    port: int
+    SIZE: ClassVar[int] = 6
+
+    def encode(self) -> bytes:
+        if not 0 < self.port <= 0xFFFF:
+            raise FrameEncodeError(f"STREAM_OPEN RESPONSE: port {self.port!r} (1..65535)")
+        return _ipv4(self.ip, "STREAM_OPEN RESPONSE requester") + _U16.pack(self.port)
+
+    @classmethod
+    def parse(cls, r: PayloadReader) -> ResponseTarget:
+        ip, port = socket.inet_ntoa(r.raw(4)), r.u16()
+        if not port:
+            raise FrameDecodeError("STREAM_OPEN RESPONSE: requester port 0")
+        return cls(ip, port)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedUimTarget:
+    """The fields a STREAM_OPEN of kind UIM_ROUTED adds: the destination of the unicast
+    immediate messages the stream carries, as their DESTINATION header names it --
+    ``domain_id`` (u32, not 0), ``ip`` (dotted quad; 4 bytes, network order) and ``port``
+    (u16, 1..65535) -- and ``hops`` (u16): the peer links the stream has crossed before
+    this one (0 from the router where the messages entered)."""
+
+    domain_id: int
+    ip: str
+    port: int
+    hops: int = 0
+    SIZE: ClassVar[int] = 12
+
+    def encode(self) -> bytes:
+        if not 0 < self.domain_id <= 0xFFFFFFFF or not 0 < self.port <= 0xFFFF \
+                or not 0 <= self.hops <= 0xFFFF:
+            raise FrameEncodeError(f"STREAM_OPEN UIM_ROUTED: domain id {self.domain_id!r} (1..2**32-1), "
+                                   f"port {self.port!r} (1..65535) or hops {self.hops!r} (u16) out of range")
+        return (_U32.pack(self.domain_id) + _ipv4(self.ip, "STREAM_OPEN UIM_ROUTED destination")
+                + _U16.pack(self.port) + _U16.pack(self.hops))
+
+    @classmethod
+    def parse(cls, r: PayloadReader) -> RoutedUimTarget:
+        domain, ip, port, hops = r.u32(), socket.inet_ntoa(r.raw(4)), r.u16(), r.u16()
+        if not domain or not port:
+            raise FrameDecodeError(f"STREAM_OPEN UIM_ROUTED: domain id {domain}, port {port} (0 is invalid)")
+        return cls(domain, ip, port, hops)
+
+
+StreamTarget = ResponseTarget | RoutedUimTarget
+# the kinds whose STREAM_OPEN carries fields after the kind, and the class of those fields
+KIND_TARGET: dict[int, type[ResponseTarget] | type[RoutedUimTarget]] = {
+    StreamKind.RESPONSE: ResponseTarget,
+    StreamKind.UIM_ROUTED: RoutedUimTarget,
+}
+
+
+def check_target(kind: int, target: StreamTarget | None) -> None:
+    """:class:`FrameEncodeError` unless ``target`` is what a STREAM_OPEN of ``kind`` carries
+    (a :data:`KIND_TARGET` instance for those kinds, None for the others)."""
+    want = KIND_TARGET.get(int(kind))
+    if want is None and target is not None:
+        raise FrameEncodeError(f"STREAM_OPEN of kind 0x{int(kind):02x} carries no target, not {target!r}")
+    if want is not None and type(target) is not want:
+        raise FrameEncodeError(f"STREAM_OPEN of kind 0x{int(kind):02x} needs a {want.__name__}, not {target!r}")
+
+
 @_frame
 @dataclass(frozen=True, slots=True)
 class StreamOpen(Frame):
     """Open stream ``stream_id`` for ``advert_id``; ``initial_credit`` is how many data bytes
-    the opener lets the peer send on it before the first STREAM_CREDIT."""
+    the opener lets the peer send on it before the first STREAM_CREDIT. ``target``: the
+    fields of the kinds of :data:`KIND_TARGET` (RESPONSE: a :class:`ResponseTarget`,
+    UIM_ROUTED: a :class:`RoutedUimTarget`), None for the others. A STREAM_OPEN of a kind
+    this module does not know decodes with the bytes after its kind ignored (the stream
+    table refuses it)."""
 
     TYPE: ClassVar[FrameType] = FrameType.STREAM_OPEN
     stream_id: int
     advert_id: int
     kind: int = StreamKind.TCP
     initial_credit: int = 0
+    target: StreamTarget | None = None
 
     def payload(self) -> bytes:
-        return _pack(">IIIB", self.stream_id, self.advert_id, self.initial_credit, self.kind,
+        head = _pack(">IIIB", self.stream_id, self.advert_id, self.initial_credit, self.kind,
                      what="STREAM_OPEN")
+        check_target(self.kind, self.target)
+        return head if self.target is None else head + self.target.encode()
 
     @classmethod
     def _parse(cls, r: PayloadReader):
         sid, advert, credit, kind = r.u32(), r.u32(), r.u32(), r.u8()
         try:
             kind = StreamKind(kind)
-        except ValueError:
-            pass  # unknown kinds decode fine; the stream table refuses them
-        return cls(sid, advert, kind, credit)
+        except ValueError:  # unknown kinds decode fine; the stream table refuses them
+            r.rest()  # (a later kind's fields: not ours to check)
+            return cls(sid, advert, kind, credit)
+        target_cls = KIND_TARGET.get(kind)
+        return cls(sid, advert, kind, credit, None if target_cls is None else target_cls.parse(r))
 
 
 @_frame

@@ -56,6 +56,8 @@ from .frames import (
     StreamKind,
     StreamOpen,
     StreamRefuse,
+    StreamTarget,
+    check_target,
 )
 
 __all__ = [
@@ -100,10 +102,12 @@ class StreamEvent:
 
 @dataclass(frozen=True, slots=True)
 class StreamOpened(StreamEvent):
-    """The peer opened a stream: answer with :meth:`StreamTable.accept` or ``refuse``."""
+    """The peer opened a stream: answer with :meth:`StreamTable.accept` or ``refuse``.
+    ``target``: the STREAM_OPEN's fields of its kind (RESPONSE, UIM_ROUTED), else None."""
 
     advert_id: int
     kind: int
+    target: StreamTarget | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +220,7 @@ class Stream:
     kind: int
     local: bool  # opened by us
     state: StreamState
+    target: StreamTarget | None = None  # the fields of a RESPONSE or UIM_ROUTED stream's STREAM_OPEN
     send_credit: int = 0  # bytes we may still send
     recv_window: int = 0  # bytes the peer may still send
     unconsumed: int = 0  # received, not yet reported consumed
@@ -234,7 +239,9 @@ class StreamTable:
     Stream ids: the initiator of the TCP connection uses odd ids (1, 3, 5, ...), the acceptor
     even ids (2, 4, ...); each side's ids strictly increase and are never reused on the
     connection. ``kinds``: the stream kinds this side accepts (others are refused
-    automatically)."""
+    automatically, UNSUPPORTED_KIND); by default the four data kinds, never RESPONSE or
+    UIM_ROUTED: a router that serves those passes ``router.peerlink.stream_kinds(negotiated
+    capabilities)``."""
 
     def __init__(self, role: str, *, initial_window: int = INITIAL_WINDOW,
                  max_window: int | None = None, window_budget: int = 0, initial_budget: int = 0,
@@ -287,17 +294,26 @@ class StreamTable:
         out, self._outbox = self._outbox, []
         return out
 
-    def open(self, advert_id: int, kind: int = StreamKind.TCP) -> int:
+    def open(self, advert_id: int, kind: int = StreamKind.TCP, target: StreamTarget | None = None) -> int:
         """Open a stream for an advertisement; returns its id (STREAM_OPEN in the outbox).
-        Data may be sent once :class:`StreamAccepted` arrives."""
+        Data may be sent once :class:`StreamAccepted` arrives. ``target``: the fields of a
+        RESPONSE (:class:`router.peerlink.ResponseTarget`) or UIM_ROUTED
+        (:class:`router.peerlink.RoutedUimTarget`) stream, None for the other kinds
+        (:class:`LocalStreamError` otherwise). Open a kind of
+        :data:`router.peerlink.KIND_CAPABILITY` only on a link that negotiated its
+        capability: the connection refuses to send the STREAM_OPEN otherwise."""
+        try:
+            check_target(kind, target)
+        except LocalProtocolError as e:
+            raise LocalStreamError(str(e)) from None
         sid = self._next_id
         if sid > MAX_STREAM_ID:
             raise LocalStreamError("stream ids exhausted on this connection: reconnect")
         self._next_id += 2
         w = self._take_initial()
-        self.streams[sid] = Stream(sid, advert_id, int(kind), True, StreamState.OPENING,
+        self.streams[sid] = Stream(sid, advert_id, int(kind), True, StreamState.OPENING, target,
                                    recv_window=w, window=w, base=w)
-        self._outbox.append(StreamOpen(sid, advert_id, kind, w))
+        self._outbox.append(StreamOpen(sid, advert_id, kind, w, target))
         return sid
 
     def _take_initial(self) -> int:
@@ -495,9 +511,9 @@ class StreamTable:
             if sid not in self.streams:  # never disturb an existing stream
                 self._outbox.append(StreamRefuse(sid, *problem))
             return [StreamError(sid, problem[1])]
-        self.streams[sid] = Stream(sid, f.advert_id, f.kind, False, StreamState.PENDING,
+        self.streams[sid] = Stream(sid, f.advert_id, f.kind, False, StreamState.PENDING, f.target,
                                    send_credit=f.initial_credit)
-        return [StreamOpened(sid, f.advert_id, f.kind)]
+        return [StreamOpened(sid, f.advert_id, f.kind, f.target)]
 
     def _on_accept(self, f: StreamAccept) -> list[StreamEvent]:
         st = self.streams.get(f.stream_id)

@@ -1,0 +1,622 @@
+"""Requests and responses across routers, sans-IO: where an answer goes, and the
+maps that bring it back (``lbmr-router(8)``, "Requests and responses").
+
+In UM an *answer address* travels inside a message: a request (LBMC REQUEST
+header, 0x04) names the requester's request listener, to which each responder
+connects and sends its response UIMs, answering request index ``qidx``; a
+late-join information request (LJI_REQ, 0x4E) and a retransmission request
+(UME_RXREQ, 0x15) name the listener the answer is unicast to. Across a router
+that address is in another TRD, often unreachable from there. So:
+
+* the router in the answerers' TRD (a request's receivers; "B") rewrites the
+  address in each such message of a proxied session to a listener of its
+  own (:func:`rewrite_answer_address`; the headers have a fixed size, so
+  ``msglen`` and everything else stay as they are), one listener per
+  distinct original requester (:class:`RequestMap`), so that the request
+  index, which only the requester can interpret, need not change: the
+  response bytes pass unchanged;
+* the router where the origin session lives ("A") records the requesters it
+  saw in requests of each origin session (:class:`RequesterTable`) and
+  connects, for a response coming back across the peer links, only to one of
+  those: a peer can never make it connect to an arbitrary address.
+
+Unicast immediate messages addressed by domain (a DESTINATION header, 0x64)
+are routed by domain id: :func:`destination_of` reads it,
+:func:`with_hops_taken` sets its hop count, :func:`deliverable_address` says
+whether the router that serves the domain may connect to the address.
+
+Everything here takes and returns values: times are seconds on the caller's
+monotonic clock (``now``), addresses dotted-quad IPv4 strings and ports ints
+(big-endian, network order, on the wire). Bounds: a map never holds more than
+its ``max_*`` entries; entries idle for ``idle_timeout`` seconds go at
+:meth:`RequestMap.expire` / :meth:`RequesterTable.expire`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+from collections import Counter, OrderedDict
+from collections.abc import Collection, Hashable
+from dataclasses import dataclass
+from enum import Enum
+from typing import NamedTuple
+
+from lbmr_proto import lbmc
+
+__all__ = [
+    "AnswerHeader", "REQUEST", "LATE_JOIN_REQUEST", "RETRANSMIT_REQUEST", "ANSWER_HEADERS",
+    "AnswerAddress", "Destination", "find_header", "answer_address", "rewrite_answer_address",
+    "destination_of", "with_hops_taken", "deliverable_address",
+    "UimRefusal", "DeliverUim", "ForwardUim", "RefuseUim", "UimDecision", "route_uim",
+    "RequesterKey", "RequestSlot", "RewriteTo", "NeedListener", "Unmapped", "PassUnchanged",
+    "RequestRoute", "RequestMap", "RequesterTable",
+    "DEFAULT_MAX_LISTENERS", "DEFAULT_IDLE_TIMEOUT", "DEFAULT_MAX_RESPONDERS",
+    "DEFAULT_MAX_RESPONDERS_TOTAL", "DEFAULT_LISTENER_RETRY",
+    "DEFAULT_MAX_PER_ORIGIN", "DEFAULT_MAX_REQUESTERS",
+]
+
+# ------------------------------------------------------------------ message headers
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerHeader:
+    """An LBMC header that names the address an answer goes to: its type ``code``, its
+    ``size`` in bytes (``next_hdr`` and ``hdr_len`` included) and the byte offsets, from
+    the header's first byte, of the request index (u32), the IPv4 address (4 bytes) and
+    the port (u16), all big-endian."""
+
+    name: str
+    code: int
+    size: int
+    index_at: int
+    ip_at: int
+    port_at: int
+
+
+#: REQUEST (0x04): the requester's request listener; the index is ``qidx``
+REQUEST = AnswerHeader("REQUEST", 0x04, 16, 4, 12, 8)
+#: LJI_REQ (0x4E): where the late-join information goes; the index is ``request_idx``
+LATE_JOIN_REQUEST = AnswerHeader("LJI_REQ", 0x4E, 36, 4, 16, 20)
+#: UME_RXREQ (0x15): where the retransmission goes; the index is ``request_idx``
+RETRANSMIT_REQUEST = AnswerHeader("UME_RXREQ", 0x15, 28, 4, 24, 20)
+ANSWER_HEADERS = (REQUEST, LATE_JOIN_REQUEST, RETRANSMIT_REQUEST)
+
+
+class AnswerAddress(NamedTuple):
+    """What an :class:`AnswerHeader` says: request ``index``, ``ip`` and ``port``."""
+
+    index: int
+    ip: str
+    port: int
+
+
+class Destination(NamedTuple):
+    """A DESTINATION header (0x64): where a unicast immediate message goes (``domain_id``,
+    ``ip``, ``port``), the routers it crossed (``hops_taken``) and its sender
+    (``orig_domain_id``, ``orig_ip``, ``orig_port``)."""
+
+    domain_id: int
+    ip: str
+    port: int
+    hops_taken: int
+    orig_domain_id: int
+    orig_ip: str
+    orig_port: int
+
+
+_DESTINATION = lbmc.DestinationHeader.CODE
+_DESTINATION_SIZE = lbmc.DestinationHeader.SIZE
+_HOPS_AT = 14  # hops_taken (u16) within the DESTINATION header
+_U16 = struct.Struct("!H")
+_U32 = struct.Struct("!I")
+_DATA, _NONE = lbmc.NHDR_DATA, lbmc.NHDR_NONE
+
+
+def find_header(message: bytes | bytearray | memoryview, code: int, size: int) -> tuple[int, ...]:
+    """The offsets of every header of type ``code`` in one LBMC message (in chain order;
+    empty if there is none). Each must be ``size`` bytes long. Walks the chain only (not
+    the payload). A message whose chain is empty (its ``next_hdr``, byte 1, is DATA or
+    NONE: most data messages) has none, and is not looked at further (its start is the
+    framer's to check: :class:`lbmr_proto.lbmc.StreamFramer`). Otherwise
+    :class:`lbmr_proto.lbmc.LbmcDecodeError` (with the byte offset) for a message that is
+    not one well-formed message: bad start, ``msglen`` other than the length, a header
+    running past the end or of the wrong size."""
+    n = len(message)
+    if n < lbmc.CONTROL_HEADER.size:
+        raise lbmc.LbmcDecodeError(0, f"{n} bytes: shorter than the 4-byte LBMC header")
+    nxt = message[1]
+    if nxt == _DATA or nxt == _NONE:
+        return ()
+    kind, msglen = lbmc.check_start(message)
+    if msglen != n:
+        raise lbmc.LbmcDecodeError(2, f"msglen {msglen} but the message has {n} bytes")
+    off = lbmc.DATA_HEADER.size if kind in lbmc.DATA_KINDS else lbmc.CONTROL_HEADER.size
+    found = []
+    while nxt != _DATA and nxt != _NONE:
+        if off + 2 > n:
+            raise lbmc.LbmcDecodeError(off, f"header {nxt:#04x} announced but the message ends at byte {n}")
+        hlen = message[off + 1]
+        if hlen < lbmc.MIN_HDR_LEN or off + hlen > n:
+            raise lbmc.LbmcDecodeError(off + 1, f"header {nxt:#04x} hdr_len {hlen} (at least "
+                                                f"{lbmc.MIN_HDR_LEN}, within msglen {n})")
+        if nxt == code:
+            if hlen != size:
+                raise lbmc.LbmcDecodeError(off + 1, f"header {code:#04x} hdr_len {hlen}, expected {size}")
+            found.append(off)
+        nxt = message[off]
+        off += hlen
+    return tuple(found)
+
+
+def answer_address(message: bytes | bytearray | memoryview, header: AnswerHeader) -> AnswerAddress | None:
+    """The address the first ``header`` (e.g. :data:`REQUEST`) of one LBMC message names,
+    or None if it has none. :class:`lbmr_proto.lbmc.LbmcDecodeError` as :func:`find_header`."""
+    found = find_header(message, header.code, header.size)
+    if not found:
+        return None
+    off = found[0]
+    ip = socket.inet_ntoa(bytes(message[off + header.ip_at:off + header.ip_at + 4]))
+    return AnswerAddress(_U32.unpack_from(message, off + header.index_at)[0], ip,
+                         _U16.unpack_from(message, off + header.port_at)[0])
+
+
+def rewrite_answer_address(message: bytes, header: AnswerHeader, ip: str, port: int) -> bytes:
+    """``message`` (one LBMC message) with the address of every ``header`` in it replaced
+    by ``ip``:``port`` (the request index and every other byte unchanged, so ``msglen``
+    too); ``message`` itself (no copy) when it has no such header. Every one, not only the
+    first: no address of the origin's TRD crosses the router in a header of that type.
+    :class:`lbmr_proto.lbmc.LbmcDecodeError` as :func:`find_header`; ValueError for an
+    ``ip`` that is not IPv4 or a ``port`` outside 1..65535."""
+    found = find_header(message, header.code, header.size)
+    if not found:
+        return message
+    if not 0 < port <= 0xFFFF:
+        raise ValueError(f"port {port} (1..65535)")
+    try:
+        packed = socket.inet_pton(socket.AF_INET, ip)
+    except (OSError, TypeError):
+        raise ValueError(f"not an IPv4 address: {ip!r}") from None
+    out = bytearray(message)
+    for off in found:
+        out[off + header.ip_at:off + header.ip_at + 4] = packed
+        _U16.pack_into(out, off + header.port_at, port)
+    return bytes(out)
+
+
+def destination_of(message: bytes | bytearray | memoryview) -> Destination | None:
+    """The first DESTINATION header of one LBMC message (a unicast immediate message
+    addressed by domain), or None. :class:`lbmr_proto.lbmc.LbmcDecodeError` as
+    :func:`find_header`."""
+    found = find_header(message, _DESTINATION, _DESTINATION_SIZE)
+    if not found:
+        return None
+    h = lbmc.DestinationHeader.unpack_body(message, found[0])
+    return Destination(h.domain_id, h.ipaddr, h.port, h.hops_taken, h.orig_domain_id, h.orig_ipaddr,
+                       h.orig_port)
+
+
+def with_hops_taken(message: bytes, hops: int) -> bytes:
+    """``message`` with ``hops_taken`` of its DESTINATION header(s) set to ``hops``
+    (u16; every other byte unchanged); ``message`` itself if it has none."""
+    found = find_header(message, _DESTINATION, _DESTINATION_SIZE)
+    if not found:
+        return message
+    if not 0 <= hops <= 0xFFFF:
+        raise ValueError(f"hops_taken {hops} (a u16)")
+    out = bytearray(message)
+    for off in found:
+        _U16.pack_into(out, off + _HOPS_AT, hops)
+    return bytes(out)
+
+
+def deliverable_address(ip: str, endpoint_ip: str) -> bool:
+    """Whether a router may connect to ``ip`` in the TRD of an endpoint portal whose
+    interface address is ``endpoint_ip``, on the word of a message from elsewhere (a
+    DESTINATION header): a unicast IPv4 address -- not unspecified (0.0.0.0 reaches the
+    router's own host), multicast, broadcast or reserved (240/4) -- and loopback only when
+    the endpoint itself is on loopback. Anything else (the TRD's own networks) is the
+    operator's ACL."""
+    try:
+        a = ipaddress.IPv4Address(ip)
+    except (ipaddress.AddressValueError, ValueError):
+        return False
+    if a.is_unspecified or a.is_multicast or a.is_reserved or a == ipaddress.IPv4Address("255.255.255.255"):
+        return False
+    if a.is_loopback:
+        try:
+            return ipaddress.IPv4Address(endpoint_ip).is_loopback
+        except (ipaddress.AddressValueError, ValueError):
+            return False
+    return True
+
+
+class UimRefusal(Enum):
+    """Why a router does not take a unicast immediate message (or a UIM_ROUTED stream)
+    for a destination further."""
+
+    UNREACHABLE = "no route to the destination domain"
+    BACK = "the route to the destination domain leads back where it came from"
+    HOP_LIMIT = "it would cross more than max-hop-count peer links"
+    NOT_DELIVERABLE = "the destination address is not one to connect to on another TRD's word"
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverUim:
+    """This router serves the destination domain: connect to the destination, deliver."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardUim:
+    """Pass it on towards router ``next_router`` (on the link to it), in a UIM_ROUTED
+    stream of ``hops`` (the peer links crossed before that one)."""
+
+    next_router: str
+    hops: int
+
+
+@dataclass(frozen=True, slots=True)
+class RefuseUim:
+    """Refuse it (the UIM_ROUTED stream: STREAM_REFUSE code 1, ``reason.value`` as the
+    reason; a UIM that entered here: drop it and count it)."""
+
+    reason: UimRefusal
+
+
+UimDecision = DeliverUim | ForwardUim | RefuseUim
+
+
+def route_uim(domain_id: int, ip: str, *, hops: int | None, came_from: str | None,
+              served: Collection[int], next_router: str | None, endpoint_ip: str,
+              max_hop_count: int) -> UimDecision:
+    """Where a UIM for ``domain_id`` (its DESTINATION address ``ip``) goes from this router.
+
+    ``hops``: the hops of the UIM_ROUTED stream it came on (None: it entered here, at an
+    endpoint's UIM listener); ``came_from``: the router that stream came from (None: it
+    entered here); ``served``: the domains of this router's endpoint portals, and
+    ``endpoint_ip`` the interface of the one serving ``domain_id``; ``next_router``: the
+    next hop of this router's route to ``domain_id`` (None: no route); ``max_hop_count``:
+    the most peer links a UIM may cross (``<route-info max-hop-count>``). Never back to
+    the router it came from: a loop ends at the hop limit at the latest."""
+    if domain_id in served:
+        if deliverable_address(ip, endpoint_ip):
+            return DeliverUim()
+        return RefuseUim(UimRefusal.NOT_DELIVERABLE)
+    if next_router is None:
+        return RefuseUim(UimRefusal.UNREACHABLE)
+    if next_router == came_from:
+        return RefuseUim(UimRefusal.BACK)
+    out = 0 if hops is None else hops + 1
+    if out + 1 > max_hop_count:
+        return RefuseUim(UimRefusal.HOP_LIMIT)
+    return ForwardUim(next_router, out)
+
+
+# ------------------------------------------------------------------ receivers' side
+
+#: request listeners of one endpoint portal
+DEFAULT_MAX_LISTENERS = 256
+#: seconds a listener (or a recorded requester) lives after its last request or response
+DEFAULT_IDLE_TIMEOUT = 600.0
+#: responder connections open at once on one request listener, and on all of them
+DEFAULT_MAX_RESPONDERS = 64
+DEFAULT_MAX_RESPONDERS_TOTAL = 1024
+#: seconds without opening a listener after opening one failed
+DEFAULT_LISTENER_RETRY = 1.0
+
+
+class RequesterKey(NamedTuple):
+    """An original requester: ``ip`` and ``port`` as its requests name them in the origin's
+    TRD, and ``origin``, what names the origin session at this router (e.g. the link and
+    advert id of the session's advertisement): the same address behind two origins (two
+    TRDs with the same private networks) is two requesters."""
+
+    origin: Hashable
+    ip: str
+    port: int
+
+
+@dataclass(slots=True, eq=False)
+class RequestSlot:
+    """One request listener of the receivers' router and the requester it stands for.
+    ``listener``: the (ip, port) it listens on in the receivers' TRD (what requests are
+    rewritten to); ``last_used``: time of the last request through it, or of the last
+    responder leaving; ``responders``: responder connections open on it now."""
+
+    key: RequesterKey
+    listener: tuple[str, int]
+    created: float
+    last_used: float
+    requests: int = 0
+    responders: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteTo:
+    """Rewrite the request to ``slot.listener`` (counted ``requests_rewritten``)."""
+
+    slot: RequestSlot
+
+
+@dataclass(frozen=True, slots=True)
+class NeedListener:
+    """No listener stands for ``key`` yet and there is room: open one in the receivers'
+    TRD, then :meth:`RequestMap.add` it (or :meth:`RequestMap.listener_failed`)."""
+
+    key: RequesterKey
+
+
+class Unmapped(Enum):
+    """Why a request passes with its address unchanged."""
+
+    FULL = "every request listener is in use"
+    LISTENER_FAILED = "opening a request listener failed a moment ago"
+
+
+@dataclass(frozen=True, slots=True)
+class PassUnchanged:
+    """The request passes with its address unchanged (counted ``requests_unmapped_full``
+    or ``requests_unmapped_failed``): its receivers still get it as a message; answering it
+    needs a direct route from the responders to the requester, as without a router."""
+
+    key: RequesterKey
+    reason: Unmapped
+
+
+RequestRoute = RewriteTo | NeedListener | PassUnchanged
+
+
+class RequestMap:
+    """The request listeners of one endpoint portal on the receivers' side: one per
+    distinct original requester (:class:`RequesterKey`), at most ``max_listeners``, each
+    closed after ``idle_timeout`` seconds without a request or a responder; at most
+    ``max_responders`` responder connections at once on one listener and
+    ``max_responders_total`` on all.
+
+    Calling contract: for a message of a proxied session with a REQUEST header,
+    :meth:`route` says what to do (:data:`RequestRoute`); a responder connecting to a
+    listener is :meth:`responder_connected` (and :meth:`responder_closed`); the caller
+    calls :meth:`expire` at :meth:`next_expiry` and closes the listeners it returns, and
+    :meth:`forget_origin` when an origin session goes away.
+
+    A full map passes new requesters' requests unchanged (:class:`PassUnchanged`): a
+    request is a data message, and dropping it would be a gap in the session; no listener
+    is taken from another requester while it may still be answered. So does a map whose
+    last attempt to open a listener failed less than ``listener_retry`` seconds ago
+    (descriptors or ports run out: not retried for every request).
+
+    ``counters`` (the router's, or a new Counter): ``requests_rewritten``,
+    ``requests_unmapped_full``, ``requests_unmapped_failed``,
+    ``request_listeners_opened``, ``request_listeners_failed``,
+    ``request_listeners_expired``, ``request_listeners_forgotten``,
+    ``responders_accepted``, ``responders_refused_busy`` (the listener, or all of them,
+    had their most), ``responders_refused_unknown`` (the listener is gone)."""
+
+    def __init__(self, *, max_listeners: int = DEFAULT_MAX_LISTENERS,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                 max_responders: int = DEFAULT_MAX_RESPONDERS,
+                 max_responders_total: int = DEFAULT_MAX_RESPONDERS_TOTAL,
+                 listener_retry: float = DEFAULT_LISTENER_RETRY,
+                 counters: Counter[str] | None = None) -> None:
+        if min(max_listeners, max_responders, max_responders_total) < 1 or idle_timeout <= 0 \
+                or listener_retry < 0:
+            raise ValueError("max_listeners, max_responders and max_responders_total must be at least 1, "
+                             "idle_timeout positive, listener_retry not negative")
+        self.max_listeners = max_listeners
+        self.idle_timeout = idle_timeout
+        self.max_responders = max_responders
+        self.max_responders_total = max_responders_total
+        self.listener_retry = listener_retry
+        self.counters: Counter[str] = counters if counters is not None else Counter()
+        self.responders = 0  # responder connections open on all the listeners
+        self._slots: dict[RequesterKey, RequestSlot] = {}
+        self._idle: OrderedDict[RequesterKey, None] = OrderedDict()  # slots without responders, oldest use first
+        self._retry_at = float("-inf")  # no listener opened before (after a failure)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def get(self, key: RequesterKey) -> RequestSlot | None:
+        return self._slots.get(key)
+
+    def slots(self) -> list[RequestSlot]:
+        return list(self._slots.values())
+
+    def route(self, key: RequesterKey, now: float) -> RequestRoute:
+        """What to do with a request of requester ``key`` at ``now``."""
+        slot = self._slots.get(key)
+        if slot is not None:
+            slot.last_used = now
+            slot.requests += 1
+            if key in self._idle:
+                self._idle.move_to_end(key)
+            self.counters["requests_rewritten"] += 1
+            return RewriteTo(slot)
+        if now < self._retry_at:
+            self.counters["requests_unmapped_failed"] += 1
+            return PassUnchanged(key, Unmapped.LISTENER_FAILED)
+        if len(self._slots) >= self.max_listeners:
+            self.expire(now)
+            if len(self._slots) >= self.max_listeners:
+                self.counters["requests_unmapped_full"] += 1
+                return PassUnchanged(key, Unmapped.FULL)
+        return NeedListener(key)
+
+    def add(self, key: RequesterKey, listener: tuple[str, int], now: float) -> RequestSlot:
+        """The listener the caller opened after :class:`NeedListener` for ``key``; counts the
+        request that asked for it as rewritten. ValueError if ``key`` has one already or the
+        map is full (call it right after :meth:`route`)."""
+        if key in self._slots or len(self._slots) >= self.max_listeners:
+            raise ValueError(f"{key} already has a listener, or the map is full: add() follows NeedListener")
+        slot = self._slots[key] = RequestSlot(key, listener, now, now, requests=1)
+        self._idle[key] = None
+        self.counters["request_listeners_opened"] += 1
+        self.counters["requests_rewritten"] += 1
+        return slot
+
+    def listener_failed(self, now: float) -> None:
+        """Opening the listener :class:`NeedListener` asked for failed at ``now``: its request
+        passes unchanged, and so do new requesters' for ``listener_retry`` seconds."""
+        self._retry_at = now + self.listener_retry
+        self.counters["request_listeners_failed"] += 1
+        self.counters["requests_unmapped_failed"] += 1
+
+    def _current(self, slot: RequestSlot) -> bool:
+        return self._slots.get(slot.key) is slot
+
+    def responder_connected(self, slot: RequestSlot, now: float) -> bool:
+        """A responder connected to ``slot``'s listener: True to take it (open the response
+        stream towards ``slot.key``), False to refuse it (the listener is gone, or it or all
+        of them have their most responders)."""
+        if not self._current(slot):
+            self.counters["responders_refused_unknown"] += 1
+            return False
+        if slot.responders >= self.max_responders or self.responders >= self.max_responders_total:
+            self.counters["responders_refused_busy"] += 1
+            return False
+        slot.responders += 1
+        self.responders += 1
+        slot.last_used = now
+        self._idle.pop(slot.key, None)
+        self.counters["responders_accepted"] += 1
+        return True
+
+    def responder_closed(self, slot: RequestSlot, now: float) -> None:
+        """A responder connection taken on ``slot``'s listener ended."""
+        if not self._current(slot) or slot.responders == 0:
+            return  # (forget_origin let its responders go already)
+        slot.responders -= 1
+        self.responders -= 1
+        slot.last_used = now
+        if slot.responders == 0:
+            self._idle[slot.key] = None
+
+    def next_expiry(self) -> float:
+        """When :meth:`expire` next has something to do (inf: never, as things stand)."""
+        for key in self._idle:
+            return self._slots[key].last_used + self.idle_timeout
+        return float("inf")
+
+    def expire(self, now: float) -> list[RequestSlot]:
+        """Remove the listeners idle for ``idle_timeout`` seconds with no responder
+        connected; returns them (close them)."""
+        gone = []
+        while self._idle:
+            key = next(iter(self._idle))
+            slot = self._slots[key]
+            if slot.last_used + self.idle_timeout > now:
+                break
+            del self._idle[key]
+            del self._slots[key]
+            gone.append(slot)
+        self.counters["request_listeners_expired"] += len(gone)
+        return gone
+
+    def forget_origin(self, origin: Hashable) -> list[RequestSlot]:
+        """The origin session ``origin`` is gone (withdrawn, its link down): remove its
+        listeners, whatever their responders; returns them (close them and their
+        responder connections)."""
+        gone = [s for k, s in self._slots.items() if k.origin == origin]
+        for s in gone:
+            del self._slots[s.key]
+            self._idle.pop(s.key, None)
+            self.responders -= s.responders
+        self.counters["request_listeners_forgotten"] += len(gone)
+        return gone
+
+
+# ------------------------------------------------------------------ origin side
+
+#: distinct requesters recorded per origin session
+DEFAULT_MAX_PER_ORIGIN = 64
+#: distinct requesters recorded in all
+DEFAULT_MAX_REQUESTERS = 4096
+
+
+class RequesterTable:
+    """The requesters a router saw in requests of each origin session it serves (the
+    sources' side): a response arriving across the peer links for (origin, ip, port) is
+    delivered -- the router connects to ip:port -- only if :meth:`allows` it. At most
+    ``max_per_origin`` requesters per origin and ``max_requesters`` in all; a requester
+    unseen for ``idle_timeout`` seconds is forgotten.
+
+    A full table records no new requester (its responses are refused; counted
+    ``requesters_unrecorded_full``) and keeps the ones it has.
+
+    ``counters``: ``requesters_recorded``, ``requesters_unrecorded_full``,
+    ``requesters_expired``, ``responses_allowed``, ``responses_refused``."""
+
+    def __init__(self, *, max_per_origin: int = DEFAULT_MAX_PER_ORIGIN,
+                 max_requesters: int = DEFAULT_MAX_REQUESTERS,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                 counters: Counter[str] | None = None) -> None:
+        if max_per_origin < 1 or max_requesters < 1 or idle_timeout <= 0:
+            raise ValueError("max_per_origin and max_requesters must be at least 1, idle_timeout positive")
+        self.max_per_origin = max_per_origin
+        self.max_requesters = max_requesters
+        self.idle_timeout = idle_timeout
+        self.counters: Counter[str] = counters if counters is not None else Counter()
+        self._seen: OrderedDict[RequesterKey, float] = OrderedDict()  # last seen, oldest first
+        self._per_origin: Counter[Hashable] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def saw(self, origin: Hashable, ip: str, port: int, now: float) -> bool:
+        """A request of origin session ``origin`` named requester ``ip``:``port`` at ``now``.
+        False if it could not be recorded (the table is full)."""
+        key = RequesterKey(origin, ip, port)
+        if key in self._seen:
+            self._seen[key] = now
+            self._seen.move_to_end(key)
+            return True
+        if self._per_origin[origin] >= self.max_per_origin or len(self._seen) >= self.max_requesters:
+            self.expire(now)
+            if self._per_origin[origin] >= self.max_per_origin or len(self._seen) >= self.max_requesters:
+                self.counters["requesters_unrecorded_full"] += 1
+                return False
+        self._seen[key] = now
+        self._per_origin[origin] += 1
+        self.counters["requesters_recorded"] += 1
+        return True
+
+    def allows(self, origin: Hashable, ip: str, port: int, now: float) -> bool:
+        """Whether a response for requester ``ip``:``port`` of origin session ``origin`` may
+        be delivered at ``now``: it was seen in a request of that session within
+        ``idle_timeout`` seconds."""
+        seen = self._seen.get(RequesterKey(origin, ip, port))
+        ok = seen is not None and seen + self.idle_timeout > now
+        self.counters["responses_allowed" if ok else "responses_refused"] += 1
+        return ok
+
+    def next_expiry(self) -> float:
+        for seen in self._seen.values():
+            return seen + self.idle_timeout
+        return float("inf")
+
+    def expire(self, now: float) -> int:
+        """Forget the requesters unseen for ``idle_timeout`` seconds; returns how many."""
+        n = 0
+        while self._seen:
+            key, seen = next(iter(self._seen.items()))
+            if seen + self.idle_timeout > now:
+                break
+            del self._seen[key]
+            self._drop(key.origin)
+            n += 1
+        self.counters["requesters_expired"] += n
+        return n
+
+    def forget_origin(self, origin: Hashable) -> int:
+        """The origin session is gone: forget its requesters; returns how many."""
+        gone = [k for k in self._seen if k.origin == origin]
+        for k in gone:
+            del self._seen[k]
+        self._per_origin.pop(origin, None)
+        return len(gone)
+
+    def _drop(self, origin: Hashable) -> None:
+        self._per_origin[origin] -= 1
+        if self._per_origin[origin] <= 0:
+            del self._per_origin[origin]
