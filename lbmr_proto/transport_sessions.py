@@ -70,6 +70,8 @@ from . import lbtru as RU
 from ._capfile import UdpDatagram
 from ._ippackets import IcmpError, TcpSegment
 from .constants import LBMR_MC_PORT, LBMRD_PORT
+from .errors import LBMRDecodeError
+from .packet import decode as decode_lbmr
 from .tcpstream import TcpStreams
 
 __all__ = [
@@ -204,10 +206,21 @@ class _Histogram:
         self.max = 0.0
 
     def add(self, seconds: float) -> None:
-        b = 0 if seconds <= 1e-6 else int(math.log(seconds / 1e-6) / self._BASE) + 1
-        self.buckets[b] += 1
+        self.buckets[self._bucket(seconds)] += 1
         self.count += 1
         self.max = max(self.max, seconds)
+
+    def _bucket(self, seconds: float) -> int:
+        return 0 if seconds <= 1e-6 else int(math.log(seconds / 1e-6) / self._BASE) + 1
+
+    def remove(self, seconds: float) -> None:
+        """Take back a sample added before (the max stays: a merge replaces it by a longer one)."""
+        b = self._bucket(seconds)
+        if self.buckets[b] > 0:
+            self.buckets[b] -= 1
+            self.count -= 1
+            if not self.buckets[b]:
+                del self.buckets[b]
 
     def merge(self, other: _Histogram) -> None:
         self.buckets.update(other.buckets)
@@ -230,8 +243,11 @@ class _Histogram:
 class ReceiverState:
     """One receiver of a session: ``kind`` ``nak`` (an LBT-RM NAK sender),
     ``lbtru`` (an LBT-RU client), ``tcp`` (an LBT-TCP connection). Times in
-    seconds since the epoch; ``outstanding``: sequence number -> time of the
-    first NAK not yet followed by a retransmission of it."""
+    seconds since the epoch. ``outstanding``: sequence number -> time of the
+    first NAK not yet followed by a retransmission of it; ``first_recovery``:
+    sequence number -> the recovery time (seconds) of its first recovery here
+    whose NAK came before any retransmission of it here (what a merge with an
+    earlier part, where the NAK was outstanding already, must replace)."""
 
     address: str
     kind: str
@@ -241,6 +257,8 @@ class ReceiverState:
     nak_entries: int = 0
     naked: set = field(default_factory=set)
     outstanding: dict = field(default_factory=dict)
+    fresh: set = field(default_factory=set)  # outstanding sqns NAKed before any retransmission of them here
+    first_recovery: dict = field(default_factory=dict)
     recovery: _Histogram = field(default_factory=_Histogram)
     packets: int = 0
     zero_windows: int = 0
@@ -251,12 +269,32 @@ class ReceiverState:
         self.last_ts = max(self.last_ts, ts)
         self.packets += 1
 
-    def merge(self, later: ReceiverState, rx_first: dict, overflow: Counter) -> None:
+    def recovered(self, sqn: int, ts: float) -> None:
+        """A retransmission of ``sqn`` at ``ts``."""
+        t = self.outstanding.pop(sqn, None)
+        if t is None:
+            return
+        self.recovery.add(ts - t)
+        if sqn in self.fresh:
+            self.fresh.discard(sqn)
+            if sqn not in self.first_recovery and len(self.first_recovery) < MAX_SQNS:
+                self.first_recovery[sqn] = ts - t
+
+    def merge(self, later: ReceiverState | None, later_rx_first: dict, overflow: Counter) -> None:
+        """Add the same receiver in a later part of the capture (``later``
+        None: not seen there); ``later_rx_first``: that part's first
+        retransmission time per sequence number."""
         for s, t in list(self.outstanding.items()):
-            r = rx_first.get(s)
-            if r is not None and r >= t:
-                self.recovery.add(r - t)
-                del self.outstanding[s]
+            r = later_rx_first.get(s)
+            if r is None:
+                continue
+            del self.outstanding[s]
+            self.fresh.discard(s)
+            self.recovery.add(r - t)
+            if later is not None and s in later.first_recovery:  # there, the NAK opened what was open here
+                later.recovery.remove(later.first_recovery.pop(s))
+        if later is None:
+            return
         self.first_ts = min(self.first_ts, later.first_ts)
         self.last_ts = max(self.last_ts, later.last_ts)
         for name in ("nak_packets", "nak_entries", "packets", "zero_windows", "resets"):
@@ -266,8 +304,13 @@ class ReceiverState:
             if s not in self.outstanding:
                 if len(self.outstanding) < MAX_SQNS:
                     self.outstanding[s] = t
+                    if s in later.fresh:
+                        self.fresh.add(s)
                 else:
                     overflow["outstanding_sqns"] += 1
+        for s, d in later.first_recovery.items():
+            if s not in self.first_recovery and len(self.first_recovery) < MAX_SQNS:
+                self.first_recovery[s] = d
         self.recovery.merge(later.recovery)
 
 
@@ -338,8 +381,6 @@ class SessionState:
 
     def merge(self, later: SessionState, overflow: Counter) -> None:
         """Add ``later`` (the same session, in a later part of the capture)."""
-        for r in self.receivers.values():  # NAKs here answered by retransmissions there
-            r.merge(ReceiverState(r.address, r.kind), later.rx_first, overflow)
         self.group = self.group or later.group
         self.dport = self.dport or later.dport
         self.from_tir = self.from_tir or later.from_tir
@@ -356,11 +397,12 @@ class SessionState:
         for tidx, topic in later.topics.items():
             self.topics.setdefault(tidx, topic)
         self.source_contexts |= later.source_contexts
+        for addr, mine in self.receivers.items():  # NAKs here answered by retransmissions there
+            mine.merge(later.receivers.get(addr), later.rx_first, overflow)
         for addr, r in later.receivers.items():
-            mine = self.receivers.get(addr)
-            if mine is not None:
-                mine.merge(r, {}, overflow)
-            elif len(self.receivers) < MAX_RECEIVERS:
+            if addr in self.receivers:
+                continue
+            if len(self.receivers) < MAX_RECEIVERS:
                 self.receivers[addr] = r
             else:
                 overflow["receivers"] += 1
@@ -537,6 +579,20 @@ class TransportDecoder:
 
     # ---- capture items
 
+    def feed(self, p) -> list:
+        """:meth:`packet`, and for a UDP datagram on an LBMR port, its LBMR packet
+        decoded and learned (:meth:`lbmr`; an undecodable one is counted as
+        ``errors['lbmr_undecodable']``)."""
+        if isinstance(p, UdpDatagram) and (p.sport in self.lbmr_ports or p.dport in self.lbmr_ports):
+            try:
+                pkt = decode_lbmr(p.payload)
+            except LBMRDecodeError:
+                self.state.errors["lbmr_undecodable"] += 1
+            else:
+                self.lbmr(p, pkt)
+            return []
+        return self.packet(p)
+
     def packet(self, p) -> list:
         """The records of one item of :func:`~lbmr_proto.capture.read_packets`."""
         if isinstance(p, UdpDatagram):
@@ -674,9 +730,7 @@ class TransportDecoder:
                 else:
                     self.state.overflow["rx_first"] += 1
             for r in s.receivers.values():
-                t = r.outstanding.pop(sqn, None)
-                if t is not None:
-                    r.recovery.add(ts - t)
+                r.recovered(sqn, ts)
         else:
             s.originals += 1
             s.original_bytes += n
@@ -711,6 +765,8 @@ class TransportDecoder:
             if q not in r.outstanding:
                 if len(r.outstanding) < MAX_SQNS:
                     r.outstanding[q] = ts
+                    if q not in s.rx_first:
+                        r.fresh.add(q)
                 else:
                     ov["outstanding_sqns"] += 1
 
