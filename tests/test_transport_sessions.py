@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,7 @@ def our_fields(records) -> dict[int, dict[str, list]]:
     for r in records:
         f = out.setdefault(r.frame, {})
 
-        def add(name, *values):
+        def add(name, *values, f=f):
             f.setdefault(name, []).extend(values)
 
         if isinstance(r, MessageRecord):
@@ -380,7 +381,7 @@ def test_tcp_without_tir_found_by_its_tcp_sid_and_split_messages(tmp_path):
               + b"".join(C.data_message(3, q, b"p" * q) for q in range(6)))
     frames = [tcp_segment(rcv, t_src, 100, 0, 0x02), tcp_segment(t_src, rcv, 900, 101, 0x12)]
     cuts = [0, 5, 13, 14, 40, 41, 77, len(stream)]
-    segs = [(901 + a, stream[a:b]) for a, b in zip(cuts, cuts[1:])]
+    segs = [(901 + a, stream[a:b]) for a, b in pairwise(cuts)]
     segs[2], segs[3] = segs[3], segs[2]  # out of order
     segs.insert(5, segs[4])  # a retransmission
     frames += [tcp_segment(t_src, rcv, s, 101, 0x18, d) for s, d in segs]

@@ -1137,7 +1137,7 @@ def tshark_field_rows(pcap_path: str | Path, decode_as: Iterable[str], fields: l
     for line in proc.stdout.splitlines():
         cols = line.split("\t")
         row: dict[str, list[int | str]] = {}
-        for name, text in zip(fields, cols[1:]):
+        for name, text in zip(fields, cols[1:], strict=True):
             if text:
                 row[name] = [_number(v) for v in text.split(",")]
         out[int(cols[0])] = row
