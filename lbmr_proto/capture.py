@@ -64,6 +64,7 @@ from ._ippackets import (
     TCP_SYN,
     IcmpError,
     TcpSegment,
+    ip_packet,
     ip_packets,
 )
 from ._reassembly import MAX_DATAGRAM_SIZE, MAX_REASSEMBLY_BUFFERS, REASSEMBLY_TIMEOUT, Reassembler
@@ -81,7 +82,7 @@ from ._udpframing import (
 
 __all__ = [
     "CaptureError", "UdpDatagram", "RawFrame", "Reassembler",
-    "read_udp", "read_frames", "read_packets", "TcpSegment", "IcmpError",
+    "read_udp", "read_frames", "read_packets", "packet_from_frame", "TcpSegment", "IcmpError",
     "TCP_FIN", "TCP_SYN", "TCP_RST", "TCP_PSH", "TCP_ACK", "ICMP_UNREACHABLE", "ICMP_PORT_UNREACHABLE", "udp_from_frame", "udp_frames",
     "PcapWriter", "PcapngWriter", "write_udp_pcap",
     "MAX_REASSEMBLY_BUFFERS", "MAX_DATAGRAM_SIZE", "REASSEMBLY_TIMEOUT",
@@ -148,3 +149,13 @@ def read_packets(path_or_fileobj: str | os.PathLike | BinaryIO | bytes, *,
     (no inline fast path). Sources and errors as in :func:`read_udp`.
     """
     return ip_packets(path_or_fileobj, on_error, Reassembler() if reassembler is None else reassembler)
+
+
+def packet_from_frame(ts: float, linktype: int, frame: bytes, *, frame_number: int = 0,
+                      reassembler: Reassembler | None = None) -> UdpDatagram | TcpSegment | IcmpError | None:
+    """Decode one link-layer frame (sans-IO) as :func:`read_packets` does: a
+    :class:`UdpDatagram` (with ``offset`` -1), a :class:`TcpSegment`, an
+    :class:`IcmpError` or None. Pass the same ``reassembler`` for successive
+    frames to reassemble UDP fragments (without one, fragments yield nothing)."""
+    return ip_packet(ts, linktype, frame, 0, len(frame), frame_number, -1,
+                     reassembler if reassembler is not None else Reassembler())
