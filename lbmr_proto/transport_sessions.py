@@ -49,8 +49,10 @@ Bounds
     topic indexes per session (``MAX_TOPICS``), distinct NAKed sequence numbers
     per session and receiver and outstanding NAKs per receiver
     (``MAX_SQNS``), retransmission times kept for merging (``MAX_SQNS``), TCP
-    directions and their held bytes (:mod:`lbmr_proto.tcpstream`): beyond a
-    bound, new entries are not kept and ``SessionsState.overflow`` counts them.
+    directions followed (``MAX_TCP_FLOWS``; only those are reassembled) and
+    their held bytes (:mod:`lbmr_proto.tcpstream`): beyond a bound, new
+    entries are not kept (TCP directions: the oldest is dropped) and
+    ``SessionsState.overflow`` counts them.
 
 Time is ``float`` seconds since the Unix epoch (capture time); byte counts are
 UDP payload bytes (TCP: segment payload bytes); sequence numbers are the
@@ -78,7 +80,7 @@ __all__ = [
     "TransportRecord", "MessageRecord", "TransportDecoder", "SessionsState", "SessionState",
     "ReceiverState", "SessionRow", "ReceiverRow", "TopicRow", "session_rows", "receiver_rows",
     "topic_rows", "session_key", "source_string", "LBTRM", "LBTRU", "LBTTCP", "NCF_REASONS",
-    "MAX_SESSIONS", "MAX_RECEIVERS", "MAX_TOPICS", "MAX_SQNS",
+    "MAX_SESSIONS", "MAX_RECEIVERS", "MAX_TOPICS", "MAX_SQNS", "MAX_TCP_FLOWS",
 ]
 
 LBTRM, LBTRU, LBTTCP = "LBTRM", "LBTRU", "TCP"
@@ -87,6 +89,8 @@ MAX_SESSIONS = 4096
 MAX_RECEIVERS = 256
 MAX_TOPICS = 4096
 MAX_SQNS = 65536
+#: TCP connection directions followed at once (LBT-TCP ones, and new ones until their first bytes)
+MAX_TCP_FLOWS = 4096
 #: bytes of an LBT-TCP stream searched for a message boundary after a hole or a mid-stream start
 RESYNC_WINDOW = 65536
 _RU_NAMES = RU.TYPE_NAMES
@@ -534,6 +538,11 @@ class TransportDecoder:
         self._streams = TcpStreams()
         self._flows: dict[tuple, _TcpFlow] = {}
 
+    @property
+    def tcp_directions(self) -> int:
+        """TCP connection directions followed now (at most ``MAX_TCP_FLOWS``)."""
+        return len(self._flows)
+
     # ---- topic resolution
 
     def lbmr(self, d: UdpDatagram, pkt) -> None:
@@ -908,9 +917,9 @@ class TransportDecoder:
         direction = (seg.src, seg.sport, seg.dst, seg.dport)
         if known is None and seg.flags & _TCP_SYN and not seg.flags & 0x10:
             # a connection opening: follow it until its first bytes say whether it is LBT-TCP
-            self._flows.setdefault(direction, _TcpFlow("", False, f"{seg.src}:{seg.sport}", False))
-            self._flows.setdefault((seg.dst, seg.dport, seg.src, seg.sport),
-                                   _TcpFlow("", True, f"{seg.src}:{seg.sport}", False))
+            self._add_flow(direction, _TcpFlow("", False, f"{seg.src}:{seg.sport}", False))
+            self._add_flow((seg.dst, seg.dport, seg.src, seg.sport),
+                           _TcpFlow("", True, f"{seg.src}:{seg.sport}", False))
         if known is None and direction not in self._flows:
             return []
         out: list = []
@@ -943,10 +952,10 @@ class TransportDecoder:
                                         seg.dport, len(seg.payload), sid=sid, sqn=seg.seq, flags=flags))
             flow = self._flows.get(direction)
             if flow is None or flow.session != key:
-                if len(self._flows) >= 2 * MAX_SESSIONS:
-                    self._flows.pop(next(iter(self._flows)))
-                    self.state.overflow["tcp_flows"] += 1
-                self._flows[direction] = _TcpFlow(key, from_source, rcv, not seg.flags & _TCP_SYN)
+                self._flows.pop(direction, None)
+                self._add_flow(direction, _TcpFlow(key, from_source, rcv, not seg.flags & _TCP_SYN))
+        if direction not in self._flows:  # (only the connections followed are reassembled)
+            return out
         for chunk in self._streams.feed(seg):
             flow = self._flows.get(chunk.direction)
             if flow is not None:
@@ -956,6 +965,15 @@ class TransportDecoder:
             if seg.flags & _TCP_RST:
                 self._flows.pop((seg.dst, seg.dport, seg.src, seg.sport), None)
         return out
+
+    def _add_flow(self, direction: tuple, flow: _TcpFlow) -> None:
+        """Follow a TCP direction; beyond MAX_TCP_FLOWS the oldest followed is dropped."""
+        if direction in self._flows:
+            return
+        while len(self._flows) >= MAX_TCP_FLOWS:
+            self._flows.pop(next(iter(self._flows)))
+            self.state.overflow["tcp_flows"] += 1
+        self._flows[direction] = flow
 
     def _tcp_bytes(self, flow: _TcpFlow, chunk) -> list:
         data = chunk.data
