@@ -630,6 +630,9 @@ class TransportDecoder:
             if (dst, dport) in self._rm_groups or (dst, dport) in self._rm_naks:
                 return self._error(ts, frame, LBTRM, "", src, sport, dst, dport, len(payload),
                                    "lbtrm_bad_header", icmp)
+            if (src, sport) in self._ru or (dst, dport) in self._ru:
+                return self._error(ts, frame, LBTRU, "", src, sport, dst, dport, len(payload),
+                                   "lbtru_bad_header", icmp)
             return []
         known_rm = (dst, dport) in self._rm_groups or (dst, dport) in self._rm_naks
         if known_rm or (not ((src, sport) in self._ru or (dst, dport) in self._ru) and self._rm_shape(
@@ -681,14 +684,20 @@ class TransportDecoder:
         h = m.header
         st = self.state
         if isinstance(m, RM.Nak):
-            s = st.session(LBTRM, dst, h.ucast_port, h.session_id)
+            ip = dst
+            if _multicast(dst):  # a multicast NAK: the source is the one of that group with this port and id
+                want = session_key(LBTRM, "", h.ucast_port, h.session_id).split(":", 2)[2]
+                for k in self._rm_groups.get((dst, dport), ()):
+                    if k.endswith(":" + want):
+                        ip = k.split(":")[1]
+            s = st.session(LBTRM, ip, h.ucast_port, h.session_id)
         else:
             s = st.session(LBTRM, src, h.ucast_port, h.session_id)
             if s is not None and not s.group:
                 s.group, s.dport = dst, dport
                 self._rm_groups.setdefault((dst, dport), set()).add(s.key)
                 self._rm_naks.add((src, h.ucast_port))
-        key = session_key(LBTRM, dst if isinstance(m, RM.Nak) else src, h.ucast_port, h.session_id)
+        key = session_key(LBTRM, ip if isinstance(m, RM.Nak) else src, h.ucast_port, h.session_id)
         if icmp:
             return self._rm_icmp(ts, frame, src, sport, dst, dport, payload, key, m)
         rec = self._record
@@ -832,6 +841,15 @@ class TransportDecoder:
         try:
             m = RU.decode(payload)
         except RU.LbtruDecodeError as e:
+            known = self._ru.get((dst, dport)) or self._ru.get((src, sport))
+            if icmp and n >= 4 and known:  # a quote cut short: the address names the session
+                sip, sp = (dst, dport) if (dst, dport) in self._ru else (src, sport)
+                key = session_key(LBTRU, sip, sp, next(iter(known)) if len(known) == 1 else 0)
+                s = self.state.sessions.get(key)
+                if s is not None:
+                    s.icmp_errors += 1
+                return [self._record(ts, frame, LBTRU, key, _RU_NAMES.get(payload[0] & 0x0F, "ERROR"), src,
+                                     sport, dst, dport, n, flags=int.from_bytes(payload[2:4], "big"), icmp=True)]
             reason = "lbtru_truncated" if "shorter" in str(e) else (
                 "lbtru_nak_list" if "announces" in str(e) else "lbtru_malformed")
             return self._error(ts, frame, LBTRU, "", src, sport, dst, dport, n, reason, icmp)
@@ -1034,7 +1052,9 @@ class TransportDecoder:
 
 
 class SessionRow(NamedTuple):
-    """One transport session. Times: seconds since the epoch; ``rate_bps``:
+    """One transport session. Times: seconds since the epoch; ``lead_sqn``: the
+    newest data sequence number sent (original DATA or an SM's lead; -1 none);
+    ``rate_bps``:
     original datagram bytes per second between the first and last original
     datagram (0.0 with fewer than two); bytes: UDP (TCP) payload bytes;
     ``ncf_*``: NCFs by reason (packets); ``receivers``: ``ip:port`` of NAK
@@ -1059,6 +1079,7 @@ class SessionRow(NamedTuple):
     first_ts: float
     last_ts: float
     last_original_ts: float
+    lead_sqn: int
     rate_bps: float
     nak_packets: int
     nak_entries: int
@@ -1131,7 +1152,7 @@ def session_rows(state: SessionsState) -> list[SessionRow]:
         out.append(SessionRow(
             key, s.source, s.transport, s.ip, s.port, s.group, s.dport, s.session_id, s.from_tir, topics,
             tuple(sorted(s.source_contexts)), s.originals, s.original_bytes, s.retransmissions,
-            s.retransmission_bytes, _finite(s.first_ts), _finite(s.last_ts), _finite(s.last_original_ts), rate,
+            s.retransmission_bytes, _finite(s.first_ts), _finite(s.last_ts), _finite(s.last_original_ts), s.lead_sqn, rate,
             s.nak_packets, s.nak_entries, len(s.naked), s.ncf_packets[0], s.ncf_packets[1], s.ncf_packets[2],
             s.ncf_packets[3], s.session_messages, tuple(sorted(s.control.items())), s.icmp_errors,
             sum(s.messages.values()) + sum(s.rx_messages.values()),

@@ -485,3 +485,14 @@ def test_a_syn_flood_follows_a_bounded_number_of_connections(tmp_path, monkeypat
     for item in read_packets(_raw_capture(tmp_path / "syn.pcap", frames)):
         dec.feed(item)
     assert dec.tcp_directions == 50 and dec.state.overflow["tcp_flows"] == 150
+
+
+def test_a_multicast_nak_belongs_to_the_source_of_its_group(tmp_path):
+    ip, nport, sid, grp, dport = GEN_RM
+    frames = [udp_packet((ip, 50000), (grp, dport), RM.encode_data(nport, sid, 0, 0, C.data_message(1, 0, b""))),
+              udp_packet(("10.0.0.2", 45000), (grp, dport), RM.encode_nak(nport, sid, [0])),
+              udp_packet((ip, 50000), (grp, dport), RM.encode_sm(nport, sid, 0, 9, 0))]
+    dec, _ = decode_capture(_raw_capture(tmp_path / "mcnak.pcap", frames))
+    (row,) = session_rows(dec.state)
+    assert row.session == "LBTRM:10.0.0.1:14390:01020304" and row.nak_packets == 1
+    assert row.receivers == ("10.0.0.2:45000",) and row.lead_sqn == 9
