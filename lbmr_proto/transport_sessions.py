@@ -62,6 +62,7 @@ protocols' u32 values (all protocol fields big-endian on the wire).
 from __future__ import annotations
 
 import math
+import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -94,6 +95,10 @@ MAX_TCP_FLOWS = 4096
 #: bytes of an LBT-TCP stream searched for a message boundary after a hole or a mid-stream start
 RESYNC_WINDOW = 65536
 _RU_NAMES = RU.TYPE_NAMES
+_RM_DATA = struct.Struct("!BBHIIIB").unpack_from  # LBT-RM header + DATA's sqn, trail_sqn, flags_fec
+_LBMC_DATA = C.DATA_HEADER.unpack_from
+_PLAIN_DATA_KINDS = {k: C.KIND_NAMES[k] for k in C.DATA_KINDS}  # ver_type (version 0) -> kind name
+_NO_FRAGMENT = (-1, -1, -1)
 _RM_NAMES = RM.TYPE_NAMES
 _TCP_SYN, _TCP_FIN, _TCP_RST = 0x02, 0x01, 0x04
 
@@ -366,9 +371,10 @@ class SessionState:
     receivers: dict = field(default_factory=dict)
     rx_first: dict = field(default_factory=dict)
 
-    @property
-    def key(self) -> str:
-        return session_key(self.transport, self.ip, self.port, self.session_id)
+    key: str = ""  # session_key(...), set on creation
+
+    def __post_init__(self) -> None:
+        self.key = session_key(self.transport, self.ip, self.port, self.session_id)
 
     @property
     def source(self) -> str:
@@ -537,6 +543,7 @@ class TransportDecoder:
         self._tcp: dict[tuple[str, int], set[int]] = {}  # (source ip, port) -> session ids
         self._streams = TcpStreams()
         self._flows: dict[tuple, _TcpFlow] = {}
+        self._rm_sources: dict[tuple[str, int, int], SessionState] = {}  # (src, NAK port, id): a cache
 
     @property
     def tcp_directions(self) -> int:
@@ -668,6 +675,19 @@ class TransportDecoder:
 
     def _lbtrm(self, ts, frame, src, sport, dst, dport, payload, icmp) -> list:
         n = len(payload)
+        if n >= 20 and not payload[0] and not payload[1] and not icmp:  # DATA, version 0, no options: inline
+            _, _, port, sid, sqn, trail, fl = _RM_DATA(payload)
+            s = self._rm_sources.get((src, port, sid))
+            if s is None:
+                s = self._rm_source(src, port, sid, dst, dport)
+            key = s.key if s is not None else session_key(LBTRM, src, port, sid)
+            rx = bool(fl & RM.FLAG_RETRANSMISSION)
+            out = [TransportRecord(ts, frame, LBTRM, key, "DATA", src, sport, dst, dport, sid, sqn, trail, -1, rx,
+                                   fl & 0xF0, (), -1, -1, n, False, "")]
+            if s is not None:
+                self._data(s, ts, sqn, n, rx)
+            out += self._messages(s, ts, frame, LBTRM, key, payload[20:], rx)
+            return out
         try:
             m = RM.decode(payload)
         except RM.LbtrmDecodeError as e:
@@ -692,11 +712,7 @@ class TransportDecoder:
                         ip = k.split(":")[1]
             s = st.session(LBTRM, ip, h.ucast_port, h.session_id)
         else:
-            s = st.session(LBTRM, src, h.ucast_port, h.session_id)
-            if s is not None and not s.group:
-                s.group, s.dport = dst, dport
-                self._rm_groups.setdefault((dst, dport), set()).add(s.key)
-                self._rm_naks.add((src, h.ucast_port))
+            s = self._rm_source(src, h.ucast_port, h.session_id, dst, dport)
         key = session_key(LBTRM, ip if isinstance(m, RM.Nak) else src, h.ucast_port, h.session_id)
         if icmp:
             return self._rm_icmp(ts, frame, src, sport, dst, dport, payload, key, m)
@@ -727,6 +743,20 @@ class TransportDecoder:
             self._nak(s, f"{src}:{sport}", "nak", ts, m.sqns)
         return [rec(ts, frame, LBTRM, key, "NAK", src, sport, dst, dport, n, sid=h.session_id, sqns=m.sqns)]
 
+    def _rm_source(self, src, port, sid, dst, dport) -> SessionState | None:
+        """The session of a datagram its source sent (DATA, SM, NCF) to (dst, dport)."""
+        s = self.state.session(LBTRM, src, port, sid)
+        if s is None:
+            return None
+        if not s.group:
+            s.group, s.dport = dst, dport
+            self._rm_groups.setdefault((dst, dport), set()).add(s.key)
+            self._rm_naks.add((src, port))
+        if len(self._rm_sources) >= MAX_SESSIONS:
+            self._rm_sources.clear()
+        self._rm_sources[(src, port, sid)] = s
+        return s
+
     def _rm_icmp(self, ts, frame, src, sport, dst, dport, payload, key, m=None) -> list:
         s = self.state.sessions.get(key)
         if s is not None:
@@ -737,8 +767,10 @@ class TransportDecoder:
                              sqns=getattr(m, "sqns", ()), icmp=True)]
 
     def _data(self, s: SessionState, ts: float, sqn: int, n: int, rx: bool) -> None:
-        s.first_ts = min(s.first_ts, ts)
-        s.last_ts = max(s.last_ts, ts)
+        if ts < s.first_ts:
+            s.first_ts = ts
+        if ts > s.last_ts:
+            s.last_ts = ts
         if rx:
             s.retransmissions += 1
             s.retransmission_bytes += n
@@ -752,8 +784,10 @@ class TransportDecoder:
         else:
             s.originals += 1
             s.original_bytes += n
-            s.last_original_ts = max(s.last_original_ts, ts)
-            s.lead_sqn = max(s.lead_sqn, sqn)
+            if ts > s.last_original_ts:
+                s.last_original_ts = ts
+            if sqn > s.lead_sqn:
+                s.lead_sqn = sqn
 
     def _nak(self, s: SessionState, receiver: str, kind: str, ts: float, sqns) -> None:
         s.nak_packets += 1
@@ -797,6 +831,18 @@ class TransportDecoder:
         return [self._message(s, ts, frame, transport, key, payload[a:a + n], rx) for a, n in spans]
 
     def _message(self, s, ts, frame, transport, key, data, rx) -> MessageRecord:
+        if not data[1] and data[0] in _PLAIN_DATA_KINDS:  # a data message without headers: inline
+            _, _, msglen, tidx, sqn = _LBMC_DATA(data)
+            topic = ""
+            if s is not None:
+                counter = s.rx_messages if rx else s.messages
+                if tidx in counter or len(counter) < MAX_TOPICS:
+                    counter[tidx] += 1
+                else:
+                    self.state.overflow["topics"] += 1
+                topic = s.topics.get(tidx, "")
+            return MessageRecord(ts, frame, transport, key, _PLAIN_DATA_KINDS[data[0]], tidx, sqn, topic, msglen,
+                                 msglen - 12, (), _NO_FRAGMENT, rx, "")
         try:
             m = C.decode(data)
         except C.LbmcDecodeError:
