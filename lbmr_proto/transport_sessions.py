@@ -92,7 +92,7 @@ MAX_TOPICS = 4096
 MAX_SQNS = 65536
 #: TCP connection directions followed at once (LBT-TCP ones, and new ones until their first bytes)
 MAX_TCP_FLOWS = 4096
-#: bytes of an LBT-TCP stream searched for a message boundary after a hole or a mid-stream start
+#: bytes of an LBT-TCP stream held while hunting for a message boundary (a hole, a mid-stream start)
 RESYNC_WINDOW = 65536
 _RU_NAMES = RU.TYPE_NAMES
 _RM_DATA = struct.Struct("!BBHIIIB").unpack_from  # LBT-RM header + DATA's sqn, trail_sqn, flags_fec
@@ -490,40 +490,101 @@ def _header_name(h) -> str:
     return type(h).__name__.removesuffix("Header")
 
 
-class _TcpFlow:
-    """One direction of an LBT-TCP connection being cut into LBMC messages."""
+# header size by the first byte of a message (0: not a version-0 message of a known kind)
+_START_HLEN = bytes(0 if vt >> 4 else C.DATA_HEADER.size if vt in C.DATA_KINDS else C.CONTROL_HEADER.size
+                    if vt in C.KIND_NAMES else 0 for vt in range(256))
+_U16 = struct.Struct("!H").unpack_from
 
-    __slots__ = ("session", "framer", "hunting", "from_source", "receiver")
+
+def _starts(data, off: int, n: int) -> int:
+    """The msglen of a plausible message start at ``off`` (0: none there)."""
+    hl = _START_HLEN[data[off]]
+    if not hl or off + 4 > n:
+        return 0
+    ml = _U16(data, off + 2)[0]
+    return ml if ml >= hl else 0
+
+
+class _TcpFlow:
+    """One direction of an LBT-TCP connection cut into LBMC messages. Holds at
+    most one incomplete message (< 64 KiB) or, while hunting for a message
+    boundary (a mid-stream start, a hole, bytes that are not LBMC), at most
+    ``RESYNC_WINDOW`` + 4 bytes.
+
+    Hunting: every offset of the held bytes is looked at once; a plausible
+    message start (version 0, a known kind, ``msglen`` at least its header)
+    is a candidate until the bytes at its end arrive. The first candidate
+    followed by another plausible start, or whose message ends exactly where
+    the bytes received end, is the boundary; a candidate followed by anything
+    else is dropped. If the window fills without a boundary, its bytes are
+    dropped (counted) and the hunt starts over."""
+
+    __slots__ = ("session", "from_source", "receiver", "hunting", "buf", "_scanned", "_cands")
 
     def __init__(self, session: str, from_source: bool, receiver: str, hunting: bool) -> None:
         self.session = session
         self.from_source = from_source
         self.receiver = receiver
-        self.framer = C.StreamFramer()
-        self.hunting = hunting  # looking for a message boundary (mid-stream start, hole)
+        self.hunting = hunting
+        self.buf = b""
+        self._scanned = 0  # hunting: offsets of buf below this were looked at
+        self._cands: list[tuple[int, int]] = []  # hunting: (offset, end of its message), undecided
 
+    def resync(self) -> None:
+        """The next bytes do not continue the stream (a hole): drop what is held, hunt."""
+        self.buf, self.hunting, self._scanned, self._cands = b"", True, 0, []
 
-def _boundary(data: bytes) -> int:
-    """The first offset (within RESYNC_WINDOW) where two valid message starts
-    follow each other, or where one valid message ends the data; -1 if none."""
-    n = len(data)
-    for off in range(min(n, RESYNC_WINDOW)):
-        if n - off < 4:
-            return -1
-        try:
-            _, ml = C.check_start(data, off)
-        except (C.LbmcDecodeError, IndexError):
-            continue
-        nxt = off + ml
-        if nxt == n:
-            return off
-        if nxt + 4 <= n:
-            try:
-                C.check_start(data, nxt)
-            except (C.LbmcDecodeError, IndexError):
-                continue
-            return off
-    return -1
+    def _hunt(self, buf) -> int:
+        """The boundary's offset in ``buf`` (hunting ends), or -1 (keep hunting)."""
+        n = len(buf)
+        for off in range(self._scanned, max(n - 3, self._scanned)):
+            ml = _starts(buf, off, n)
+            if ml:
+                self._cands.append((off, off + ml))
+        self._scanned = max(n - 3, self._scanned)
+        keep = []
+        for off, end in self._cands:
+            if end == n or (end + 4 <= n and _starts(buf, end, n)):
+                self.hunting, self._scanned, self._cands = False, 0, []
+                return off
+            if end + 4 > n:
+                keep.append((off, end))
+        self._cands = keep
+        return -1
+
+    def feed(self, data: bytes) -> tuple[list[bytes], int, int]:
+        """(whole messages, bad message starts met, times bytes were dropped hunting for a boundary)."""
+        buf = self.buf + data if self.buf else data
+        msgs: list[bytes] = []
+        bad = lost = 0
+        pos = 0
+        while True:
+            if self.hunting:
+                off = self._hunt(buf)
+                if off < 0:
+                    full = len(buf) > RESYNC_WINDOW + 4
+                    if full or not self._cands:
+                        keep = max(len(buf) - 3, 0)  # (a start may straddle into the next bytes)
+                        lost += keep > 0
+                        self.buf, self._scanned, self._cands = bytes(buf[keep:]), 0, []
+                    else:
+                        self.buf = bytes(buf)
+                    return msgs, bad, lost
+                pos = off
+            n = len(buf)
+            while n - pos >= 4:
+                ml = _starts(buf, pos, n)
+                if not ml or pos + ml > n:
+                    break
+                msgs.append(bytes(buf[pos:pos + ml]))
+                pos += ml
+            if n - pos < 4 or _starts(buf, pos, n):
+                self.buf = bytes(buf[pos:])
+                return msgs, bad, lost
+            bad += 1  # not a message start: hunt in what follows
+            buf = buf[pos + 1:]
+            pos = 0
+            self.hunting, self._scanned, self._cands = True, 0, []
 
 
 # ------------------------------------------------------------------ the decoder
@@ -1040,31 +1101,20 @@ class TransportDecoder:
         self._flows[direction] = flow
 
     def _tcp_bytes(self, flow: _TcpFlow, chunk) -> list:
-        data = chunk.data
         if chunk.resync and flow.session:
-            flow.framer = C.StreamFramer()
-            flow.hunting = True
+            flow.resync()
             if chunk.skipped:
                 self.state.errors["tcp_hole"] += 1
-        if flow.hunting:
-            off = _boundary(data)
-            if off < 0:
-                self.state.errors["tcp_no_boundary"] += 1
-                return []
-            data, flow.hunting = data[off:], False
-        try:
-            msgs = flow.framer.feed(data)
-        except C.LbmcDecodeError:
-            if flow.session:
-                self.state.errors["tcp_not_lbmc"] += 1
-            flow.framer, flow.hunting = C.StreamFramer(), True
-            if not flow.session:
+        msgs, bad, lost = flow.feed(chunk.data)
+        if not flow.session:  # a new connection: LBT-TCP only if its first bytes are messages
+            if bad or lost:
                 self._flows.pop(chunk.direction, None)
-            return []
-        if not flow.session:
-            if not msgs:
                 return []
-            return self._tcp_learn(flow, chunk, msgs)
+            return self._tcp_learn(flow, chunk, msgs) if msgs else []
+        if bad:
+            self.state.errors["tcp_not_lbmc"] += bad
+        if lost:
+            self.state.errors["tcp_no_boundary"] += lost
         s = self.state.sessions.get(flow.session)
         return [self._message(s, chunk.ts, chunk.frame, LBTTCP, flow.session, m, False) for m in msgs]
 

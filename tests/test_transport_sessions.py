@@ -496,3 +496,32 @@ def test_a_multicast_nak_belongs_to_the_source_of_its_group(tmp_path):
     (row,) = session_rows(dec.state)
     assert row.session == "LBTRM:10.0.0.1:14390:01020304" and row.nak_packets == 1
     assert row.receivers == ("10.0.0.2:45000",) and row.lead_sqn == 9
+
+
+def test_a_tcp_capture_that_starts_mid_message_resynchronises(tmp_path):
+    import lbmr_proto as L
+    t_src, rcv = ("10.0.0.1", 14371), ("10.0.0.6", 45200)
+    tir = L.encode(L.Packet(0, tirs=[L.TIR("t", L.TcpSessionTransport(t_src[0], 7, t_src[1]), 0, 9)]))
+    stream = b"".join(C.data_message(9, q, b"payload-%d" % q) for q in range(8))
+    start = 5  # the capture begins inside the first message
+    frames = [udp_packet(("10.0.0.1", 40000), ("239.1.1.1", 12965), tir)]
+    frames += [tcp_segment(t_src, rcv, 1000 + a, 1, 0x18, stream[a:a + 30]) for a in range(start, len(stream), 30)]
+    dec, records = decode_capture(_raw_capture(tmp_path / "mid.pcap", frames))
+    sqns = [r.sqn for r in records if isinstance(r, MessageRecord)]
+    assert sqns == list(range(1, 8)) and not dec.state.errors
+
+
+def test_junk_on_a_tcp_session_is_counted_and_bounded(tmp_path):
+    import random
+
+    import lbmr_proto as L
+    t_src, rcv = ("10.0.0.1", 14371), ("10.0.0.6", 45200)
+    tir = L.encode(L.Packet(0, tirs=[L.TIR("t", L.TcpSessionTransport(t_src[0], 7, t_src[1]), 0, 9)]))
+    rnd = random.Random(7)
+    junk = bytes(rnd.choice(b"\x10\x20\x33\xff") for _ in range(200_000))  # no version-0 byte
+    frames = [udp_packet(("10.0.0.1", 40000), ("239.1.1.1", 12965), tir),
+              tcp_segment(rcv, t_src, 0, 0, 0x02), tcp_segment(t_src, rcv, 99, 1, 0x12)]
+    frames += [tcp_segment(t_src, rcv, 100 + a, 1, 0x18, junk[a:a + 1400]) for a in range(0, len(junk), 1400)]
+    dec, records = decode_capture(_raw_capture(tmp_path / "junk.pcap", frames))
+    assert not [r for r in records if isinstance(r, MessageRecord)]
+    assert dec.state.errors["tcp_not_lbmc"] == 1 and dec.state.errors["tcp_no_boundary"] >= 1
