@@ -1153,7 +1153,8 @@ class SessionRow(NamedTuple):
     ``rate_bps``:
     original datagram bytes per second between the first and last original
     datagram (0.0 with fewer than two); bytes: UDP (TCP) payload bytes;
-    ``ncf_*``: NCFs by reason (packets); ``receivers``: ``ip:port`` of NAK
+    ``ncf_*``: NCFs by reason (packets); ``lbmc_messages``: LBMC data messages
+    (MESSAGE, PRORX, RETRANS; not CONTROL or EOT) carried; ``receivers``: ``ip:port`` of NAK
     senders, LBT-RU clients and TCP connections, then ``ctx:ip:port`` of the
     contexts whose TQRs asked for one of the session's topics."""
 

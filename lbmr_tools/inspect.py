@@ -468,6 +468,7 @@ def main(captures, iface, as_json, ports, topic, types, stats, transport, sessio
     if transport or sessions:
         tr = TransportRun(portset, as_json=as_json, topic_re=topic_re, types=typeset,
                           print_lbmr=transport or stats, print_records=transport and not stats, out=out)
+    interrupted = False
     try:
         sources: list[Iterable] = []
         errors: list[CaptureError] = []
@@ -476,20 +477,23 @@ def main(captures, iface, as_json, ports, topic, types, stats, transport, sessio
                            else read_udp(path, ports=portset, on_error=errors.append))
         if iface:
             sources.append(_sniff_iter(iface, None, transport=tr is not None))
-        for src in sources:
-            if tr is not None:
-                n = tr.run(src, st, remaining)
-            else:
-                n = run(src, portset, as_json=as_json, topic_re=topic_re, types=typeset, stats=st,
-                        limit=remaining, out=out)
-            for e in errors:
-                click.echo(f"lbmr-inspect: {e}", err=True)
-                failed = True
-            errors.clear()
-            if remaining is not None:
-                remaining -= n
-                if remaining <= 0:
-                    break
+        try:
+            for src in sources:
+                if tr is not None:
+                    n = tr.run(src, st, remaining)
+                else:
+                    n = run(src, portset, as_json=as_json, topic_re=topic_re, types=typeset, stats=st,
+                            limit=remaining, out=out)
+                for e in errors:
+                    click.echo(f"lbmr-inspect: {e}", err=True)
+                    failed = True
+                errors.clear()
+                if remaining is not None:
+                    remaining -= n
+                    if remaining <= 0:
+                        break
+        except KeyboardInterrupt:  # how --live ends; the summaries of what was seen still follow
+            interrupted = True
         if st is not None:
             out.write((_json_line(st.as_dict()) if as_json else _printable(st.render())) + "\n")
         if sessions and tr is not None:
@@ -505,6 +509,8 @@ def main(captures, iface, as_json, ports, topic, types, stats, transport, sessio
         raise click.ClickException(str(e)) from None
     if failed:
         sys.exit(2)
+    if interrupted and not iface:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ lbmr_proto.transport_sessions, in one process, with the filters applied."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +18,11 @@ from lbmr_proto import lbtrm as RM
 from lbmr_proto.capture import LINKTYPE_RAW, PcapWriter, read_packets
 from lbmr_proto.transport_sessions import TransportDecoder, receiver_rows, session_rows, topic_rows
 from lbmr_tools.inspect import main
-from tests.helpers import GEN_RM, real_capture, udp_packet, write_transport_capture
+from tests import netns
+from tests.helpers import GEN_RM, ROOT, real_capture, udp_packet, write_transport_capture
+from tests.netns import veth
+
+netns_factory = netns.netns_factory  # the fixture, for the live test
 
 
 def _invoke(*args) -> str:
@@ -135,3 +143,76 @@ def test_bad_input_is_reported_not_raised(tmp_path):
 def test_help_names_the_options():
     out = _invoke("--help")
     assert "--transport" in out and "--sessions" in out and "SEGMENT" in out
+
+
+# ------------------------------------------------------------------ live, in network namespaces
+
+_SOURCE_HOST = r'''
+import socket, sys, time
+import lbmr_proto as L
+from lbmr_proto import lbmc as C, lbtrm as RM
+me, peer, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+tir = L.encode(L.Packet(0, tirs=[
+    L.TIR("live.rm", L.LbtrmTransport(me, "239.77.0.1", 0x5151, 14400, 14390), 0, 3),
+    L.TIR("live.tcp", L.TcpSessionTransport(me, 0x7171, 14371), 0, 4)]))
+lst = socket.create_server((me, 14371))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.bind((me, 40000))
+u.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(me))
+u.sendto(tir, (peer, 12965))
+time.sleep(0.2)
+for q in range(n):
+    u.sendto(RM.encode_data(14390, 0x5151, q, 0, C.data_message(3, q, b"live")), ("239.77.0.1", 14400))
+u.sendto(RM.encode_sm(14390, 0x5151, 0, n - 1, 0), ("239.77.0.1", 14400))
+c, _ = lst.accept()
+c.sendall(C.encode(C.Message(C.CONTROL, headers=(C.TcpSidHeader(0, 0x7171),))))
+for q in range(5):
+    c.sendall(C.data_message(4, q, b"tcp"))
+c.close()
+print("sent", flush=True)
+'''
+
+_RECEIVER_HOST = r'''
+import socket, sys, time
+from lbmr_proto import lbtrm as RM
+source = sys.argv[1]
+time.sleep(0.5)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", 45000))
+for k in range(3):  # nobody listens on the NAK port: the source's host answers ICMP port unreachable
+    s.sendto(RM.encode_nak(14390, 0x5151, [k, k + 1]), (source, 14390))
+    time.sleep(0.05)
+t = socket.create_connection((source, 14371), timeout=10)
+while t.recv(4096):
+    pass
+print("done", flush=True)
+'''
+
+
+def test_live_sessions_from_a_veth_link(netns_factory):
+    a, b = netns_factory(), netns_factory()
+    _, dev_b = veth(a, "198.18.77.1/24", b, "198.18.77.2/24")
+    sniff = b.popen([sys.executable, "-m", "lbmr_tools.inspect", "--live", dev_b, "--sessions", "--json"],
+                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)  # scapy's sniffer starting
+    source = a.popen([sys.executable, "-c", _SOURCE_HOST, "198.18.77.1", "198.18.77.2", "20"], cwd=ROOT,
+                     stdout=subprocess.PIPE, text=True)
+    receiver = b.run([sys.executable, "-c", _RECEIVER_HOST, "198.18.77.1"], timeout=60, check=True)
+    assert "done" in receiver.stdout
+    assert "sent" in source.communicate(timeout=60)[0]
+    time.sleep(1.5)
+    sniff.send_signal(signal.SIGINT)
+    out, err = sniff.communicate(timeout=60)
+    assert sniff.returncode == 0, err
+    (obj,) = _json_lines(out)
+    rows = {r["source"]: r for r in obj["sessions"]}
+    rm = rows["LBTRM:198.18.77.1:14390:00005151:239.77.0.1:14400"]
+    assert rm["from_tir"] and rm["topics"] == ["live.rm"] and rm["originals"] == 20 and rm["lead_sqn"] == 19
+    assert rm["session_messages"] == 1 and rm["nak_packets"] == 3 and rm["nak_entries"] == 6
+    assert rm["icmp_errors"] == 3 and rm["receivers"] == ["198.18.77.2:45000"]
+    tcp = rows["TCP:198.18.77.1:14371:00007171"]
+    assert tcp["topics"] == ["live.tcp"] and tcp["lbmc_messages"] == 5 and len(tcp["receivers"]) == 1
+    topics = {(t["session"], t["tidx"]): t["messages"] for t in obj["topics"]}
+    assert topics[("TCP:198.18.77.1:14371:00007171", 4)] == 5
+    assert topics[("LBTRM:198.18.77.1:14390:00005151", 3)] == 20
+    assert obj["errors"] == {}
