@@ -6,13 +6,18 @@ Calling contract
     :class:`TransportDecoder` takes, in capture order, the LBMR packets of the
     capture (:meth:`~TransportDecoder.lbmr`: its TIRs and TQRs) and every UDP
     datagram, TCP segment and ICMP error (:meth:`~TransportDecoder.packet`,
-    the items of :func:`lbmr_proto.capture.read_packets`). ``packet`` returns
+    the items of :func:`lbmr_proto.capture.read_packets`); ``packet`` returns
     the records the item decodes to (an empty list for traffic that is not a
-    UM transport). :attr:`TransportDecoder.state` is the per-session state so
+    UM transport). :meth:`~TransportDecoder.feed` does both: a UDP datagram on
+    an LBMR port is decoded as LBMR and learned, anything else goes to
+    ``packet``. :attr:`TransportDecoder.state` is the per-session state so
     far: a :class:`SessionsState`, bounded, and mergeable with
     :meth:`SessionsState.merge` (partitions of one capture, merged in time
-    order). :func:`session_rows`, :func:`receiver_rows` and :func:`topic_rows`
-    turn a state into the three tables.
+    order: counts add, sets unite, and a NAK still open at the end of one part
+    is answered by the first retransmission of it in the next, as in one
+    pass; an LBT-TCP stream cut by a partition resynchronises on the next
+    message boundary). :func:`session_rows`, :func:`receiver_rows` and
+    :func:`topic_rows` turn a state into the three tables.
 
 Finding sessions (no "Decode As")
     * from the TIRs seen so far: LBT-RM (source ip, NAK port, session id,
@@ -30,6 +35,19 @@ Finding sessions (no "Decode As")
     never raised. With partitions, feed every partition's decoder the
     capture's TIRs first (:meth:`TransportDecoder.lbmr`) so that all classify
     alike.
+
+Bad input (the keys of ``SessionsState.errors``)
+    ``lbtrm_truncated``, ``lbtrm_nak_list`` (a NAK or NCF list shorter than
+    announced), ``lbtrm_malformed``, ``lbtrm_bad_header`` (not version 0, on a
+    known session's address), the same four for ``lbtru_``; ``lbmc_malformed``
+    (a DATA payload that is not whole LBMC messages, or a message that does not
+    decode); ``nak_duplicate_sqns`` (a NAK naming a sequence number twice; the
+    NAK still counts); ``tcp_not_lbmc`` (bytes on an LBT-TCP connection that
+    are not a message start), ``tcp_no_boundary`` (bytes dropped hunting for a
+    message boundary), ``tcp_hole`` (a TCP hole skipped), ``tcp_sid_mismatch``
+    (a TCP_SID header naming another session); ``lbmr_undecodable``. A
+    datagram quoted in an ICMP error is counted as the session's
+    ``icmp_errors``, never as a NAK, DATA or NCF of it.
 
 Session names
     UM's source strings, session ids in lowercase hex (8 digits):
