@@ -525,3 +525,27 @@ def test_junk_on_a_tcp_session_is_counted_and_bounded(tmp_path):
     dec, records = decode_capture(_raw_capture(tmp_path / "junk.pcap", frames))
     assert not [r for r in records if isinstance(r, MessageRecord)]
     assert dec.state.errors["tcp_not_lbmc"] == 1 and dec.state.errors["tcp_no_boundary"] >= 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_a_damaged_capture_never_crashes_the_decoder(data):
+    """Bytes of the generated capture flipped, cut or repeated: capture errors
+    are reported (on_error), the decoder never raises."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.pcap"
+        write_transport_capture(path)
+        raw = bytearray(path.read_bytes())
+    for _ in range(data.draw(st.integers(1, 20))):
+        i = data.draw(st.integers(24, len(raw) - 1))
+        raw[i] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        raw = raw[:data.draw(st.integers(24, len(raw)))]
+    errors = []
+    dec = TransportDecoder()
+    for item in read_packets(bytes(raw), on_error=errors.append):
+        for r in dec.feed(item):
+            assert isinstance(r, (TransportRecord, MessageRecord))
+    session_rows(dec.state), receiver_rows(dec.state), topic_rows(dec.state)
+    assert len(errors) <= 1
