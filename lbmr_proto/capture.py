@@ -17,6 +17,10 @@ Reading
     reassembled by a bounded :class:`Reassembler`.  :func:`read_frames` yields the
     raw link-layer frames instead.  Both also accept the capture as ``bytes``, and
     :func:`udp_from_frame` decodes a single frame, for sans-IO use.
+    :func:`read_packets` yields, beside the UDP datagrams, every TCP segment
+    (:class:`TcpSegment`) and every ICMP destination-unreachable error quoting a
+    UDP datagram (:class:`IcmpError`): the transport-session decoders'
+    input (:mod:`lbmr_proto.tcpstream` reassembles the TCP streams).
 
 Writing
     :class:`PcapWriter` (classic pcap, little-endian) and :class:`PcapngWriter`
@@ -37,7 +41,8 @@ lbmr_proto, each importing only ones listed before it (and the codec's
 writing), ``_capfile`` (byte source, format magic numbers, result types,
 :class:`CaptureError`), ``_pcapngread`` (the pcapng block loop), ``_pcapread``
 (the classic pcap record loop, and the generator behind :func:`read_udp` with
-its inline fast path) and ``_capwrite`` (the writers).
+its inline fast path), ``_ippackets`` (TCP segments and ICMP errors, for
+:func:`read_packets`) and ``_capwrite`` (the writers).
 """
 
 from __future__ import annotations
@@ -49,6 +54,19 @@ from typing import Any, BinaryIO
 from . import _capfile, _pcapngread, _pcapread
 from ._capfile import CHUNK_SIZE, MAX_RECORD_SIZE, CaptureError, RawFrame, UdpDatagram
 from ._capwrite import PcapngWriter, PcapWriter, write_udp_pcap
+from ._ippackets import (
+    ICMP_PORT_UNREACHABLE,
+    ICMP_UNREACHABLE,
+    TCP_ACK,
+    TCP_FIN,
+    TCP_PSH,
+    TCP_RST,
+    TCP_SYN,
+    IcmpError,
+    TcpSegment,
+    ip_packet,
+    ip_packets,
+)
 from ._reassembly import MAX_DATAGRAM_SIZE, MAX_REASSEMBLY_BUFFERS, REASSEMBLY_TIMEOUT, Reassembler
 from ._udpframing import (
     LINKTYPE_ETHERNET,
@@ -64,7 +82,8 @@ from ._udpframing import (
 
 __all__ = [
     "CaptureError", "UdpDatagram", "RawFrame", "Reassembler",
-    "read_udp", "read_frames", "udp_from_frame", "udp_frames",
+    "read_udp", "read_frames", "read_packets", "packet_from_frame", "TcpSegment", "IcmpError",
+    "TCP_FIN", "TCP_SYN", "TCP_RST", "TCP_PSH", "TCP_ACK", "ICMP_UNREACHABLE", "ICMP_PORT_UNREACHABLE", "udp_from_frame", "udp_frames",
     "PcapWriter", "PcapngWriter", "write_udp_pcap",
     "MAX_REASSEMBLY_BUFFERS", "MAX_DATAGRAM_SIZE", "REASSEMBLY_TIMEOUT",
     "MAX_RECORD_SIZE", "CHUNK_SIZE",
@@ -117,3 +136,26 @@ def read_udp(path_or_fileobj: str | os.PathLike | BinaryIO | bytes, *,
     """
     return _pcapread.udp_datagrams(path_or_fileobj, None if ports is None else frozenset(ports),
                                    on_error, Reassembler() if reassembler is None else reassembler)
+
+
+def read_packets(path_or_fileobj: str | os.PathLike | BinaryIO | bytes, *,
+                 on_error: Callable[[CaptureError], Any] | None = None,
+                 reassembler: Reassembler | None = None
+                 ) -> Iterator[UdpDatagram | TcpSegment | IcmpError]:
+    """Yield the UDP datagrams (:class:`UdpDatagram`, fragments reassembled), the
+    TCP segments (:class:`TcpSegment`; IPv4 fragments of TCP are dropped) and the
+    ICMP destination-unreachable errors quoting a UDP datagram (:class:`IcmpError`)
+    of a pcap or pcapng capture, in capture order. Slower than :func:`read_udp`
+    (no inline fast path). Sources and errors as in :func:`read_udp`.
+    """
+    return ip_packets(path_or_fileobj, on_error, Reassembler() if reassembler is None else reassembler)
+
+
+def packet_from_frame(ts: float, linktype: int, frame: bytes, *, frame_number: int = 0,
+                      reassembler: Reassembler | None = None) -> UdpDatagram | TcpSegment | IcmpError | None:
+    """Decode one link-layer frame (sans-IO) as :func:`read_packets` does: a
+    :class:`UdpDatagram` (with ``offset`` -1), a :class:`TcpSegment`, an
+    :class:`IcmpError` or None. Pass the same ``reassembler`` for successive
+    frames to reassemble UDP fragments (without one, fragments yield nothing)."""
+    return ip_packet(ts, linktype, frame, 0, len(frame), frame_number, -1,
+                     reassembler if reassembler is not None else Reassembler())

@@ -1,8 +1,11 @@
 """lbmr-inspect: print LBMR (UM topic resolution) packets from captures or live traffic.
 
 One line per LBMR datagram (or one JSON object per line with ``--json``), and
-a per-type / per-topic / per-sender summary with ``--stats``. See
-lbmr-inspect(1).
+a per-type / per-topic / per-sender summary with ``--stats``. With
+``--transport``, also the UM transport datagrams (LBT-RM, LBT-RU, LBT-TCP) and
+the LBMC messages inside them; with ``--sessions``, the transport-session
+tables (per session, per receiver, per topic). Both decode with
+:mod:`lbmr_proto.transport_sessions`, in this one process. See lbmr-inspect(1).
 """
 
 from __future__ import annotations
@@ -17,13 +20,33 @@ from datetime import UTC, datetime
 import click
 
 from lbmr_proto import LBMRDecodeError, decode
-from lbmr_proto.capture import CaptureError, UdpDatagram, read_udp
+from lbmr_proto.capture import (
+    LINKTYPE_RAW,
+    CaptureError,
+    UdpDatagram,
+    packet_from_frame,
+    read_packets,
+    read_udp,
+)
 from lbmr_proto.constants import LBMR_MC_PORT, LBMRD_PORT
 from lbmr_proto.jsonview import packet_dict
 from lbmr_proto.packet import TYPE_NAMES, Packet
+from lbmr_proto.transport_sessions import (
+    NCF_REASONS,
+    MessageRecord,
+    SessionsState,
+    TransportDecoder,
+    TransportRecord,
+    receiver_rows,
+    session_rows,
+    topic_rows,
+)
 
 DEFAULT_PORTS = frozenset({LBMR_MC_PORT, LBMRD_PORT})
 TYPE_CHOICES = sorted(TYPE_NAMES.values())
+#: record kinds of --transport (datagrams, TCP segments, LBMC messages); ERROR is shared
+TRANSPORT_KINDS = ["DATA", "SM", "NAK", "NCF", "ACK", "CREQ", "RST", "SYN", "FIN", "SEGMENT",
+                   "MESSAGE", "RETRANS", "PRORX", "CONTROL", "EOT"]
 
 
 def _addr(t) -> str:
@@ -78,8 +101,9 @@ def _from_scapy(p, frame, IP, UDP) -> UdpDatagram:  # noqa: N803
     return UdpDatagram(float(p.time), ip.src, udp.sport, ip.dst, udp.dport, bytes(udp.payload), frame, -1)
 
 
-def _sniff_iter(iface: str, count: int | None) -> Iterator[UdpDatagram]:
-    """Yield sniffed datagrams as they arrive (AsyncSniffer + queue, bounded)."""
+def _sniff_iter(iface: str, count: int | None, *, transport: bool = False) -> Iterator:
+    """Yield sniffed datagrams as they arrive (AsyncSniffer + queue, bounded);
+    with ``transport``, also TCP segments and ICMP errors (as :func:`read_packets`)."""
     import queue
 
     from scapy.all import IP, UDP, AsyncSniffer
@@ -88,14 +112,21 @@ def _sniff_iter(iface: str, count: int | None) -> Iterator[UdpDatagram]:
     state = {"frame": 0}
 
     def on_packet(p):
-        if IP in p and UDP in p:
+        if IP in p and (transport or UDP in p):
             state["frame"] += 1
+            if transport:
+                item = packet_from_frame(float(p.time), LINKTYPE_RAW, bytes(p[IP]), frame_number=state["frame"])
+                if item is None:
+                    return
+            else:
+                item = _from_scapy(p, state["frame"], IP, UDP)
             try:
-                q.put_nowait(_from_scapy(p, state["frame"], IP, UDP))
+                q.put_nowait(item)
             except queue.Full:
                 pass  # a flood must not grow memory without bound
 
-    sniffer = AsyncSniffer(iface=iface, filter="udp", prn=on_packet, store=False)
+    sniffer = AsyncSniffer(iface=iface, filter="udp or tcp or icmp" if transport else "udp", prn=on_packet,
+                           store=False)
     sniffer.start()
     try:
         n = 0
@@ -225,6 +256,169 @@ def run(datagrams: Iterable[UdpDatagram], ports: frozenset[int], *, as_json: boo
     return shown
 
 
+def _sqn_list(sqns: tuple[int, ...], most: int = 12) -> str:
+    shown = ",".join(str(q) for q in sqns[:most])
+    return shown + (f",... ({len(sqns)})" if len(sqns) > most else "")
+
+
+def describe_record(r: TransportRecord | MessageRecord) -> str:
+    """One human-readable line for a transport record (without frame, time and addresses)."""
+    if isinstance(r, MessageRecord):
+        if r.error:
+            return f"  LBMC ERROR {r.error} ({r.msglen} bytes)"
+        parts = [f"  LBMC {r.kind}"]
+        if r.kind in ("MESSAGE", "RETRANS", "PRORX"):
+            parts.append(f"tidx {r.tidx} sqn {r.sqn}" + (f" topic '{_printable(r.topic)}'" if r.topic else ""))
+        parts.append(f"{r.msglen} bytes")
+        if r.headers:
+            parts.append("[" + ",".join(r.headers) + "]")
+        if r.fragment[0] >= 0:
+            parts.append(f"frag {r.fragment[1]}/{r.fragment[2]} of sqn {r.fragment[0]}")
+        if r.retransmission:
+            parts.append("(in a retransmission)")
+        return " ".join(parts)
+    head = f"{r.transport} {r.kind}" + (" (quoted in ICMP port unreachable)" if r.icmp else "")
+    if r.error:
+        return f"{head} {r.error} ({r.length} bytes) {r.session}".rstrip()
+    parts = [head]
+    if r.kind == "DATA":
+        parts.append(f"sqn {r.sqn} trail {r.trail_sqn}" + (" RX" if r.retransmission else ""))
+    elif r.kind == "SM":
+        parts.append(f"sqn {r.sqn} lead {r.lead_sqn} trail {r.trail_sqn}" + (" SYN" if r.flags & 0x8000 and
+                                                                             r.transport == "LBTRU" else ""))
+    elif r.kind == "NAK":
+        parts.append(f"{len(r.sqns)} sqns {_sqn_list(r.sqns)}")
+    elif r.kind == "NCF":
+        parts.append(f"{NCF_REASONS.get(r.reason, r.reason)} trail {r.trail_sqn} {len(r.sqns)} sqns "
+                     f"{_sqn_list(r.sqns)}")
+    elif r.kind == "ACK":
+        parts.append(f"sqn {r.sqn}")
+    elif r.transport == "TCP":
+        parts.append(f"seq {r.sqn} {r.length} bytes")
+    parts.append(r.session)
+    return " ".join(parts)
+
+
+def _record_dict(r: TransportRecord | MessageRecord) -> dict:
+    obj = r._asdict()
+    obj["record"] = "message" if isinstance(r, MessageRecord) else "transport"
+    return obj
+
+
+class TransportRun:
+    """``--transport`` and ``--sessions``: one :class:`TransportDecoder` over every
+    capture item. With ``print_lbmr``, LBMR datagrams are shown (or counted by
+    ``stats``) as without ``--transport``; with ``print_records``, the transport
+    records are printed in capture order among them; both filtered by ``--type``
+    and ``--topic``."""
+
+    def __init__(self, ports: frozenset[int], *, as_json: bool, topic_re: re.Pattern | None, types: set[str],
+                 print_lbmr: bool, print_records: bool, out) -> None:
+        self.decoder = TransportDecoder(lbmr_ports=ports)
+        self.ports = ports
+        self.as_json, self.topic_re, self.types = as_json, topic_re, types
+        self.print_lbmr, self.print_records = print_lbmr, print_records
+        self.out = out
+
+    def _wanted(self, r) -> bool:
+        if self.types and r.kind not in self.types:
+            return False
+        if self.topic_re is None:
+            return True
+        if isinstance(r, MessageRecord):
+            return bool(r.topic) and self.topic_re.search(r.topic) is not None
+        s = self.decoder.state.sessions.get(r.session)
+        return s is not None and any(self.topic_re.search(t) for t in s.topics.values())
+
+    def run(self, items: Iterable, stats: Stats | None, limit: int | None) -> int:
+        """Decode, filter and print; returns the number of records (and LBMR datagrams) shown."""
+        shown = 0
+        for item in items:
+            if limit is not None and shown >= limit:
+                break
+            if isinstance(item, UdpDatagram) and (item.sport in self.ports or item.dport in self.ports):
+                self.decoder.feed(item)
+                if self.print_lbmr:
+                    shown += run((item,), self.ports, as_json=self.as_json, topic_re=self.topic_re,
+                                 types=self.types, stats=stats, limit=None, out=self.out)
+                continue
+            for r in self.decoder.feed(item):
+                if not self.print_records or not self._wanted(r) or (limit is not None and shown >= limit):
+                    continue
+                shown += 1
+                if self.as_json:
+                    self.out.write(_json_line(_record_dict(r)) + "\n")
+                elif isinstance(r, MessageRecord):
+                    self.out.write(f"{r.frame:>7} {describe_record(r)}\n")
+                else:
+                    self.out.write(f"{r.frame:>7} {_ts_text(r.ts)} {r.src}:{r.sport} -> {r.dst}:{r.dport} "
+                                   f"{describe_record(r)}\n")
+        return shown
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def sessions_dict(state: SessionsState) -> dict:
+    """The three tables (and the bad-input counts) as one JSON-ready object."""
+    return {"sessions": [r._asdict() for r in session_rows(state)],
+            "receivers": [r._asdict() for r in receiver_rows(state)],
+            "topics": [r._asdict() for r in topic_rows(state)],
+            "errors": dict(state.errors), "overflow": dict(state.overflow)}
+
+
+def render_sessions(state: SessionsState) -> str:
+    """The session table for people: a block per session, its receivers and topics."""
+    rows = session_rows(state)
+    recv: dict[str, list] = {}
+    for r in receiver_rows(state):
+        recv.setdefault(r.session, []).append(r)
+    topics: dict[str, list] = {}
+    for t in topic_rows(state):
+        topics.setdefault(t.session, []).append(t)
+    lines = [f"{len(rows)} transport sessions"]
+    for s in rows:
+        lines += ["", f"{s.source}  ({'TIR' if s.from_tir else 'no TIR: found by its headers'})"]
+        if s.source_contexts:
+            lines.append(f"  source context: {', '.join(s.source_contexts)}")
+        if s.originals or s.retransmissions:
+            lines.append(f"  {s.originals} original datagrams ({s.original_bytes} bytes), {s.retransmissions} "
+                         f"retransmissions ({s.retransmission_bytes} bytes), {s.rate_bps:.0f} bytes/s")
+            lines.append(f"  first {_ts_text(s.first_ts)}  last original {_ts_text(s.last_original_ts)}  "
+                         f"last {_ts_text(s.last_ts)}")
+        ncfs = ", ".join(f"{name} {n}" for name, n in zip(NCF_REASONS.values(), (
+            s.ncf_no_retry, s.ncf_ignored, s.ncf_rx_delay, s.ncf_shed), strict=True) if n)
+        lines.append(f"  NAKs {s.nak_packets} ({s.nak_entries} entries, {s.naked_sqns} sqns); "
+                     f"NCFs {ncfs or 0}; session messages {s.session_messages}; ICMP errors {s.icmp_errors}")
+        if s.control:
+            lines.append("  control: " + ", ".join(f"{k} {n}" for k, n in s.control))
+        lines.append(f"  receivers ({len(s.receivers)}):")
+        for r in recv.get(s.session, []):
+            desc = f"    {r.receiver} {r.kind}: {r.packets} packets"
+            if r.nak_packets:
+                desc += (f", NAKs {r.nak_packets} ({r.nak_entries} entries, {r.naked_sqns} sqns), loss ~"
+                         f"{r.loss_estimate:.2%}, recovery p50 {_ms(r.recovery_p50)} max {_ms(r.recovery_max)}, "
+                         f"{r.outstanding_count} never retransmitted")
+                if r.outstanding:
+                    desc += f" ({_sqn_list(r.outstanding)})"
+            if r.zero_windows:
+                desc += f", zero windows {r.zero_windows}"
+            if r.resets:
+                desc += f", resets {r.resets}"
+            lines.append(desc)
+        lines += [f"    {c[4:]} (context whose queries resolved here)" for c in s.receivers if c.startswith("ctx:")]
+        lines.append("  topics:")
+        for t in topics.get(s.session, []):
+            name = f"'{_printable(t.topic)}'" if t.topic else "(no TIR)"
+            lines.append(f"    tidx {t.tidx} {name}: {t.messages} messages, {t.rx_messages} retransmitted")
+    if state.errors:
+        lines += ["", "Bad input: " + ", ".join(f"{k} {n}" for k, n in sorted(state.errors.items()))]
+    if state.overflow:
+        lines += ["", "Not kept (bounds): " + ", ".join(f"{k} {n}" for k, n in sorted(state.overflow.items()))]
+    return "\n".join(lines)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("captures", nargs=-1, type=click.Path(exists=True, dir_okay=False))
 @click.option("--live", "iface", metavar="IFACE", help="Sniff live traffic on IFACE through scapy (needs root).")
@@ -232,11 +426,20 @@ def run(datagrams: Iterable[UdpDatagram], ports: frozenset[int], *, as_json: boo
 @click.option("--port", "ports", type=click.IntRange(1, 65535), multiple=True, metavar="N",
               help="Also treat UDP port N as LBMR (repeatable). Always: 12965, 15380.")
 @click.option("--topic", "topic", metavar="REGEX", help="Only packets with a topic/pattern/queue matching REGEX.")
-@click.option("--type", "types", type=click.Choice(TYPE_CHOICES + ["ERROR"], case_sensitive=False),
-              multiple=True, help="Only packets of this type (repeatable); ERROR = undecodable.")
+@click.option("--type", "types", type=click.Choice(TYPE_CHOICES + TRANSPORT_KINDS + ["ERROR"], case_sensitive=False),
+              multiple=True, help="Only packets of this type (repeatable); ERROR = undecodable. With "
+              "--transport also DATA, SM, NAK, NCF, ACK, CREQ, RST, SYN, FIN, SEGMENT (TCP) and the LBMC kinds "
+              "MESSAGE, RETRANS, PRORX, CONTROL, EOT.")
 @click.option("--stats", is_flag=True, help="Print counts per type, per topic and per sender instead of packets.")
-@click.option("-c", "--count", type=click.IntRange(min=1), help="Stop after N LBMR datagrams.")
-def main(captures, iface, as_json, ports, topic, types, stats, count):
+@click.option("--transport", is_flag=True,
+              help="Also print UM transport traffic: LBT-RM, LBT-RU and LBT-TCP datagrams (NAKs, NCFs, "
+              "retransmissions, session messages, ICMP errors quoting them) and the LBMC messages inside, found "
+              "from the TIRs and the headers (no port settings needed).")
+@click.option("--sessions", is_flag=True,
+              help="Print the transport-session tables at the end: per session, per receiver, per topic.")
+@click.option("-c", "--count", type=click.IntRange(min=1), help="Stop after N LBMR datagrams (with --transport: "
+              "N records shown).")
+def main(captures, iface, as_json, ports, topic, types, stats, transport, sessions, count):
     """Print the LBMR (Ultra Messaging topic resolution) datagrams in CAPTURES
     (pcap or pcapng files) or, with --live, on a network interface.
 
@@ -246,6 +449,8 @@ def main(captures, iface, as_json, ports, topic, types, stats, count):
       lbmr-inspect --json --topic '^md\\.' trace.pcap | jq .tirs
       lbmr-inspect --stats trace.pcap
       sudo lbmr-inspect --live eth0 --type NORMAL
+      lbmr-inspect --transport --type NAK --type NCF trace.pcap
+      lbmr-inspect --sessions trace.pcap
     """
     if not captures and not iface:
         raise click.UsageError("give at least one capture file or --live IFACE")
@@ -259,26 +464,41 @@ def main(captures, iface, as_json, ports, topic, types, stats, count):
     out = sys.stdout
     failed = False
     remaining = count
+    tr = None
+    if transport or sessions:
+        tr = TransportRun(portset, as_json=as_json, topic_re=topic_re, types=typeset,
+                          print_lbmr=transport or stats, print_records=transport and not stats, out=out)
+    interrupted = False
     try:
-        sources: list[Iterable[UdpDatagram]] = []
+        sources: list[Iterable] = []
         errors: list[CaptureError] = []
         for path in captures:
-            sources.append(read_udp(path, ports=portset, on_error=errors.append))
+            sources.append(read_packets(path, on_error=errors.append) if tr is not None
+                           else read_udp(path, ports=portset, on_error=errors.append))
         if iface:
-            sources.append(_sniff_iter(iface, None))
-        for src in sources:
-            n = run(src, portset, as_json=as_json, topic_re=topic_re, types=typeset, stats=st,
-                    limit=remaining, out=out)
-            for e in errors:
-                click.echo(f"lbmr-inspect: {e}", err=True)
-                failed = True
-            errors.clear()
-            if remaining is not None:
-                remaining -= n
-                if remaining <= 0:
-                    break
+            sources.append(_sniff_iter(iface, None, transport=tr is not None))
+        try:
+            for src in sources:
+                if tr is not None:
+                    n = tr.run(src, st, remaining)
+                else:
+                    n = run(src, portset, as_json=as_json, topic_re=topic_re, types=typeset, stats=st,
+                            limit=remaining, out=out)
+                for e in errors:
+                    click.echo(f"lbmr-inspect: {e}", err=True)
+                    failed = True
+                errors.clear()
+                if remaining is not None:
+                    remaining -= n
+                    if remaining <= 0:
+                        break
+        except KeyboardInterrupt:  # how --live ends; the summaries of what was seen still follow
+            interrupted = True
         if st is not None:
             out.write((_json_line(st.as_dict()) if as_json else _printable(st.render())) + "\n")
+        if sessions and tr is not None:
+            state = tr.decoder.state
+            out.write((_json_line(sessions_dict(state)) if as_json else _printable(render_sessions(state))) + "\n")
         out.flush()
     except BrokenPipeError:  # e.g. `| head`
         sys.stderr.close()
@@ -289,6 +509,8 @@ def main(captures, iface, as_json, ports, topic, types, stats, count):
         raise click.ClickException(str(e)) from None
     if failed:
         sys.exit(2)
+    if interrupted and not iface:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

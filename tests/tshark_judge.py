@@ -1111,3 +1111,41 @@ def compare_lbmc(layer: dict, msg) -> list[str]:
         if got != exp:
             problems.append(f"{name}: tshark {got!r} != expected {exp!r}")
     return problems
+
+
+# --------------------------------------------------------------------------- transport fields
+
+
+def tshark_field_rows(pcap_path: str | Path, decode_as: Iterable[str], fields: list[str],
+                      display_filter: str = "") -> dict[int, dict[str, list[int | str]]]:
+    """tshark's ``fields`` of every frame matching ``display_filter``, with each
+    ``decode_as`` rule (e.g. ``udp.port==14400,lbtrm``): frame number ->
+    {field: [values in order]} (numbers as ints, decimal or 0x hex; absent
+    fields omitted)."""
+    cmd = [tshark_path(), "-r", str(pcap_path)]
+    for rule in decode_as:
+        cmd += ["-d", rule]
+    if display_filter:
+        cmd += ["-Y", display_filter]
+    cmd += ["-T", "fields", "-E", "occurrence=a", "-E", "aggregator=,", "-e", "frame.number"]
+    for f in fields:
+        cmd += ["-e", f]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    out: dict[int, dict[str, list[int | str]]] = {}
+    for line in proc.stdout.splitlines():
+        cols = line.split("\t")
+        row: dict[str, list[int | str]] = {}
+        for name, text in zip(fields, cols[1:], strict=True):
+            if text:
+                row[name] = [_number(v) for v in text.split(",")]
+        out[int(cols[0])] = row
+    return out
+
+
+def _number(v: str) -> int | str:
+    try:
+        return int(v, 0)
+    except ValueError:
+        return v
