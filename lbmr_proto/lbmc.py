@@ -456,8 +456,8 @@ class MessageRun:
 
 _START = struct.Struct("!BxH")  # ver_type, msglen
 # header size by ver_type (0: not a version-0 message of a known kind)
-_HLEN = bytes(DATA_HEADER.size if vt & 0x0F in DATA_KINDS else CONTROL_HEADER.size
-              if vt >> 4 == VERSION and vt & 0x0F in KIND_NAMES else 0 for vt in range(256))
+_HLEN = bytes(0 if vt >> 4 != VERSION or vt & 0x0F not in KIND_NAMES
+              else DATA_HEADER.size if vt & 0x0F in DATA_KINDS else CONTROL_HEADER.size for vt in range(256))
 
 
 class StreamFramer:
