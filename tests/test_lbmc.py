@@ -280,8 +280,8 @@ def test_framer_holds_at_most_one_message():
     (bytes.fromhex("08ff0003"), 2, "shorter than the 4-byte"),
     (bytes.fromhex("0000"), None, None),  # not enough to judge yet
     (bytes.fromhex("f0ff0004"), 0, "version 15"),
-    (bytes.fromhex("10ff000c"), 0, "version 1"),  # a data kind (MESSAGE) of another version
-    (bytes.fromhex("1aff000c"), 0, "version 1"),  # RETRANS likewise
+    (bytes.fromhex("10ff000c" + "00" * 8), 0, "version 1"),  # a whole MESSAGE of another version
+    (bytes.fromhex("1aff000c" + "00" * 8), 0, "version 1"),  # a whole RETRANS likewise
     (bytes.fromhex("07ff0004"), 0, "unknown LBMC message type"),
 ])
 def test_framer_rejects_a_bad_start_with_the_stream_offset(head, off, why):
