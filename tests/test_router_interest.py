@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from router.core.interest import (
@@ -71,14 +71,20 @@ def test_literal_hints_examples():
     assert literal_hints("ab*c") == ("", "a")
 
 
+SOME_TOPICS = st.sampled_from(["", "a", "ab", "a.b", "xab1", "b.x", "1", "ba"])
+SOME_INTERESTS = st.one_of(SOME_TOPICS, st.sampled_from(
+    ["a", "b$", "^a", r"\.", "x|1", "^$", "[ab]+", "(ab)?", r"a\.b", "b.", "^a.*b$", "."]).map(lambda p: ("p", p)),
+    patterns.map(lambda p: ("p", p)))
 OPS = st.lists(st.one_of(
-    st.tuples(st.just("add"), st.integers(0, 5), st.one_of(topics, patterns.map(lambda p: ("p", p)))),
-    st.tuples(st.just("remove"), st.integers(0, 5), st.none()),
-    st.tuples(st.just("ask"), st.integers(0, 5), topics),
-), max_size=40)
+    st.tuples(st.just("add"), st.integers(0, 4), SOME_INTERESTS),
+    st.tuples(st.just("remove"), st.integers(0, 4), st.none()),
+    st.tuples(st.just("ask"), st.integers(0, 4), st.one_of(SOME_TOPICS, topics)),
+    st.tuples(st.just("cover"), st.integers(0, 4), SOME_TOPICS),
+), min_size=8, max_size=40)
 
 
-@given(OPS, st.integers(1, 4), st.integers(1, 12))
+@settings(max_examples=400)
+@given(OPS, st.integers(1, 6), st.integers(1, 30))
 def test_answers_are_the_brute_force_answers(ops, max_topics, max_facts):
     """Adds, removes and questions in any order, with a cache small enough to
     evict all the time: every answer is the one computed from scratch."""
@@ -104,11 +110,13 @@ def test_answers_are_the_brute_force_answers(ops, max_topics, max_facts):
         elif op == "remove":
             assert index.remove(key) == (key in held)
             held.pop(key, None)
+        elif op == "cover":  # one key alone, maybe before the topic is asked about
+            assert index.covers(key, arg) == (key in held and want(held[key], arg))
         else:
             expect = {k for k, i in held.items() if want(i, arg)}
             assert index.matches(arg) == expect
             assert index.wants(arg) == bool(expect)
-            for k in range(6):
+            for k in range(5):
                 assert index.covers(k, arg) == (k in expect)
         assert set(index) == set(held) and len(index) == len(held)
         assert len(index.cache) <= max_topics and index.cache.facts <= max_facts
@@ -175,6 +183,10 @@ def test_covers_answers_from_the_cache_and_feeds_it(searches):
     assert searches[1:] == [("b", "xaab")]
     assert index.covers("a", "xaab") and index.covers("b", "xaab") and len(searches) == 2
     assert not index.covers("a", "zzz") and len(searches) == 2  # no "a" in it: not searched
+    # a pattern added after the topic's answer: searched alone, then known
+    index.add("c", Pattern("aab$"))
+    assert index.covers("c", "xaab") and searches[2:] == [("aab$", "xaab")]
+    assert index.matches("xaab") == {"a", "b", "c"} and len(searches) == 3
 
 
 def test_the_cache_is_bounded_under_a_flood_of_distinct_topics(searches):

@@ -390,6 +390,7 @@ class Acl:
         for i, ace in enumerate(self.entries):
             for j, c in enumerate(ace.topics):
                 self._index.add((i, j), c.topic if isinstance(c, TopicIs) else c.compiled)
+        self._topicless = frozenset(i for i, ace in enumerate(self.entries) if not ace.topics)
 
     def __repr__(self) -> str:
         return f"Acl({self.direction.value}, {len(self.entries)} entries)"
@@ -405,10 +406,13 @@ class Acl:
         """The topics whose results the list remembers (its index's cache)."""
         return self._index.cache
 
-    def _topic_results(self, topic: str) -> tuple[bool | None, ...]:
-        """For each entry: does one of its topic conditions match (None: it has none)?"""
+    def _candidates(self, topic: str) -> list[tuple[int, Ace, bool | None]]:
+        """The entries that may match ``topic``, in order, as (index, entry,
+        topic match): those a topic condition of which matches (True), and
+        those without topic conditions (None)."""
         hit = {i for i, _ in self._index.matches(topic)}
-        return tuple(i in hit if a.topics else None for i, a in enumerate(self.entries))
+        entries = self.entries
+        return [(i, entries[i], True if i in hit else None) for i in sorted(hit.union(self._topicless))]
 
     def decide(self, topic: str, session: Session | None = None) -> Decision:
         """The decision for a source of ``topic`` with transport ``session``
@@ -418,9 +422,7 @@ class Acl:
             return Decision(False, None)
         if self.direction is Direction.OUTBOUND:
             session = None
-        for i, (ace, t) in enumerate(zip(self.entries, self._topic_results(topic), strict=True)):
-            if t is False:
-                continue
+        for i, ace, t in self._candidates(topic):
             s = ace.session_match(session)
             if s is False or (t is None and s is None):
                 continue
@@ -438,9 +440,7 @@ class Acl:
         match: an accepting one answers yes, a rejecting one is passed over."""
         if len(topic) > MAX_TOPIC_CHARS:
             return False
-        for ace, t in zip(self.entries, self._topic_results(topic), strict=True):
-            if t is False:
-                continue
+        for _, ace, t in self._candidates(topic):
             if ace.session and self.direction is Direction.INBOUND:
                 if ace.action is Action.ACCEPT:
                     return True

@@ -169,15 +169,17 @@ def interest_of(pattern_type: int, text: str) -> str | Pattern:
 class _Answer:
     """What an index knows of one topic: every pattern with an id up to
     ``upto`` was searched; ``hit`` holds the ids that matched (up to ``upto``
-    and among ``alone``); ``alone`` the ids above ``upto`` searched one by
-    one (:meth:`InterestIndex.covers`)."""
+    and among ``alone``; ids of patterns removed since ``pruned`` may remain);
+    ``alone`` the ids above ``upto`` searched one by one
+    (:meth:`InterestIndex.covers`)."""
 
-    __slots__ = ("upto", "hit", "alone")
+    __slots__ = ("upto", "hit", "alone", "pruned")
 
-    def __init__(self) -> None:
+    def __init__(self, pruned: int) -> None:
         self.upto = 0
         self.hit: tuple[int, ...] = ()
         self.alone: frozenset[int] = frozenset()
+        self.pruned = pruned  # the index's count of removed patterns when ``hit`` was last pruned
 
     @property
     def facts(self) -> int:
@@ -256,6 +258,7 @@ class InterestIndex(Generic[K]):
         self._by_source: dict[str, _Group] = {}
         self._gids: list[int] = []  # ascending; ids of removed groups are dropped now and then
         self._last_gid = 0
+        self._removed = 0  # patterns removed so far (an answer older than that is pruned when used)
         self._states = 0
 
     def __repr__(self) -> str:
@@ -324,6 +327,7 @@ class InterestIndex(Generic[K]):
         if not held.keys:
             del self._groups[held.gid]
             del self._by_source[held.pattern.source]
+            self._removed += 1
             self._states -= held.pattern.size
             if not self._groups:
                 self._gids.clear()
@@ -362,7 +366,7 @@ class InterestIndex(Generic[K]):
         hit = p.matcher.search(topic)
         old = 0
         if a is None:
-            a = _Answer()
+            a = _Answer(self._removed)
         else:
             old = a.facts
         a.alone = a.alone | {gid}
@@ -371,16 +375,16 @@ class InterestIndex(Generic[K]):
         self.cache.put(topic, a, old)
         return hit
 
-    def _hits(self, topic: str) -> list[int]:
+    def _hits(self, topic: str) -> tuple[int, ...]:
         """The ids of the live patterns matching ``topic``, from the cache
         where it knows, searching the patterns added since."""
         if not self._groups:
-            return []
+            return ()
         groups = self._groups
         a = self.cache.get(topic)
         old = 0
         if a is None:
-            a = _Answer()
+            a = _Answer(self._removed)
             changed = True
         else:
             old = a.facts
@@ -395,10 +399,10 @@ class InterestIndex(Generic[K]):
                     hit.append(gid)
             a.upto, a.hit, a.alone = self._last_gid, tuple(hit), frozenset()
             changed = True
-        live = [gid for gid in a.hit if gid in groups]
-        if len(live) < len(a.hit):  # patterns removed since: forget them
-            a.hit = tuple(live)
+        if a.pruned != self._removed:  # patterns removed since: forget them
+            a.hit = tuple(gid for gid in a.hit if gid in groups)
+            a.pruned = self._removed
             changed = True
         if changed:
             self.cache.put(topic, a, old)
-        return live
+        return a.hit
