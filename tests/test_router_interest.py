@@ -173,6 +173,26 @@ def test_a_hot_topic_is_searched_once_and_a_new_pattern_alone(searches):
     assert index.matches(hot) == {7, 100} and searches[first + 1:] == [(".x7$", hot)]
 
 
+def test_thousands_of_patterns_cost_one_search_per_change_for_hot_topics(searches):
+    """3000 patterns from the wire, 50 topics asked about all the time: after
+    their first answers, a pattern added costs one search per hot topic, a
+    pattern removed none, and asking again none."""
+    index: InterestIndex[tuple[str, int]] = InterestIndex()
+    for i in range(3000):
+        index.add((f".q{i}$", 7), Pattern(f".q{i}$"))
+    hot = [f"md.q{i}" for i in range(50)]
+    for t in hot:
+        assert index.matches(t) == {(f".q{t[4:]}$", 7)}
+    assert len(searches) == 50 * 3000
+    searches.clear()
+    index.add(("md", 8), Pattern("md"))
+    index.remove((".q3$", 7))
+    for _ in range(3):
+        for i, t in enumerate(hot):
+            assert index.matches(t) == ({(f".q{i}$", 7)} if i != 3 else set()) | {("md", 8)}
+    assert sorted(searches) == sorted(("md", t) for t in hot)
+
+
 def test_covers_answers_from_the_cache_and_feeds_it(searches):
     index: InterestIndex[str] = InterestIndex()
     index.add("a", Pattern("ab+"))

@@ -178,12 +178,12 @@ class _Answer:
     def __init__(self, pruned: int) -> None:
         self.upto = 0
         self.hit: tuple[int, ...] = ()
-        self.alone: frozenset[int] = frozenset()
+        self.alone: set[int] | None = None
         self.pruned = pruned  # the index's count of removed patterns when ``hit`` was last pruned
 
     @property
     def facts(self) -> int:
-        return 1 + len(self.hit) + len(self.alone)
+        return 1 + len(self.hit) + (len(self.alone) if self.alone else 0)
 
 
 class TopicCache:
@@ -361,7 +361,7 @@ class InterestIndex(Generic[K]):
         if not p.admits(topic):
             return False
         a = self.cache.get(topic)
-        if a is not None and (gid <= a.upto or gid in a.alone):
+        if a is not None and (gid <= a.upto or a.alone and gid in a.alone):
             return gid in a.hit
         hit = p.matcher.search(topic)
         old = 0
@@ -369,7 +369,9 @@ class InterestIndex(Generic[K]):
             a = _Answer(self._removed)
         else:
             old = a.facts
-        a.alone = a.alone | {gid}
+        if a.alone is None:
+            a.alone = set()
+        a.alone.add(gid)
         if hit:
             a.hit += (gid,)
         self.cache.put(topic, a, old)
@@ -391,13 +393,13 @@ class InterestIndex(Generic[K]):
             changed = False
         if a.upto < self._last_gid:
             hit = list(a.hit)
-            alone = a.alone
+            alone = a.alone or ()
             gids = self._gids
             for gid in gids[bisect_right(gids, a.upto):]:
                 g = groups.get(gid)
                 if g is not None and gid not in alone and g.pattern.search(topic):
                     hit.append(gid)
-            a.upto, a.hit, a.alone = self._last_gid, tuple(hit), frozenset()
+            a.upto, a.hit, a.alone = self._last_gid, tuple(hit), None
             changed = True
         if a.pruned != self._removed:  # patterns removed since: forget them
             a.hit = tuple(gid for gid in a.hit if gid in groups)
