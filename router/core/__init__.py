@@ -10,6 +10,8 @@ session), :mod:`router.core.routing` and :mod:`router.core.topology` (route
 info, the map and its trees), :mod:`router.core.transit` (interest and
 sources passed between peer links), :mod:`router.core.acl` and
 :mod:`router.core.wildcard` (ACL decisions, patterns without backtracking),
+:mod:`router.core.interest` (which interest, topics and patterns, wants a
+topic: the one index and cache they are matched with),
 :mod:`router.core.lbtrm` and :mod:`router.core.lbtru_fanout` (LBT-RM
 proxies and the LBT-RU proxy source that re-publishes LBT-RM and LBT-RU
 origins), :mod:`router.core.lbtru_upstream` (the LBT-RU proxy receiver of

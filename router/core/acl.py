@@ -56,8 +56,10 @@ topic's length) and a list's patterns may hold at most
 with file and line by the loader). A topic longer than
 :data:`MAX_TOPIC_CHARS` (UM's ``LBM_MSG_MAX_TOPIC_LEN`` is 256 bytes with the
 NUL) is no UM topic: a configured list rejects it without running a
-pattern. The topic-condition results of the last :data:`CACHE_TOPICS`
-topics are remembered per list, so the repeated TIRs and TQRs of a topic
+pattern. Each list's topic conditions are one
+:class:`router.core.interest.InterestIndex` (keyed by entry): the results
+of up to :data:`CACHE_TOPICS` topics are remembered per list (the least
+recently used forgotten first), so the repeated TIRs and TQRs of a topic
 cost a dictionary look-up.
 """
 
@@ -67,12 +69,11 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from re import _constants as _C  # type: ignore[attr-defined]
-from re import _parser as sre_parse  # type: ignore[attr-defined]
 
 from lbmr_proto.constants import Transport
 
-from .wildcard import Matcher, PatternError
+from .interest import CACHE_TOPICS, InterestIndex, Pattern, TopicCache
+from .wildcard import PatternError
 
 __all__ = [
     "MAX_TOPIC_CHARS",
@@ -101,8 +102,7 @@ __all__ = [
 MAX_TOPIC_CHARS = 255
 #: States (after expansion) of all the patterns of one list, at most.
 MAX_ACL_STATES = 1000
-#: Topics whose topic-condition results each list remembers.
-CACHE_TOPICS = 4096
+# CACHE_TOPICS (from router.core.interest): topics whose results each list remembers
 
 
 class AclError(ValueError):
@@ -266,53 +266,18 @@ def _posix_to_pcre(pattern: str) -> str:
     return _POSIX_CLASS_RE.sub(repl, pattern)
 
 
-def _literal_hints(source: str) -> tuple[str, tuple[str, ...]]:
-    """Necessary conditions of a match, cheap to test first: the literal
-    text right after a leading ``^``/``\\A`` (the topic must start with it)
-    and each run of literal characters of the pattern's top-level sequence
-    (the topic must contain it). Empty when the pattern ignores case."""
-    try:
-        parsed = sre_parse.parse(source)
-    except (re.error, RecursionError, OverflowError, ValueError):
-        return "", ()
-    if parsed.state.flags & re.IGNORECASE:
-        return "", ()
-    items = list(parsed)
-    runs: list[str] = []
-    run: list[str] = []
-    prefix = None
-    anchored = bool(items) and items[0][0] is _C.AT and items[0][1] in (_C.AT_BEGINNING,
-                                                                     _C.AT_BEGINNING_STRING)
-    for i, (op, av) in enumerate(items):
-        if op is _C.LITERAL:
-            run.append(chr(av))
-            continue
-        if prefix is None and anchored and i > 0:
-            prefix = "".join(run)
-        if run:
-            runs.append("".join(run))
-            run = []
-    if run:
-        runs.append("".join(run))
-    if prefix is None and anchored:
-        prefix = "".join(run) if len(items) > 1 and all(o is _C.LITERAL for o, _ in items[1:]) else ""
-    return prefix or "", tuple(r for r in runs if r)
-
-
 @dataclass(frozen=True, slots=True)
 class TopicPattern:
     """``<pcre-pattern>`` / ``<regex-pattern>``: the pattern is found in the
     topic (``re.search`` semantics; anchor it with ``^``/``$`` as in UM).
     ``kind`` is ``"pcre"`` or ``"regex"`` (POSIX extended). Compiled when
     built: AclError if the matcher refuses it (syntax, unsupported
-    construct, too large). A topic that lacks the pattern's literal prefix
-    or one of its literal runs is refused without running the matcher."""
+    construct, too large): ``compiled`` is the :class:`router.core.interest.
+    Pattern` a list's :class:`~router.core.interest.InterestIndex` holds."""
 
     pattern: str
     kind: str = "pcre"
-    matcher: Matcher = field(init=False, repr=False, compare=False)
-    prefix: str = field(init=False, repr=False, compare=False)
-    required: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    compiled: Pattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in ("pcre", "regex"):
@@ -321,26 +286,18 @@ class TopicPattern:
             raise AclError("the pattern is empty")
         source = _posix_to_pcre(self.pattern) if self.kind == "regex" else self.pattern
         try:
-            matcher = Matcher(source)
+            compiled = Pattern(source)
         except PatternError as e:
             raise AclError(str(e)) from None
-        object.__setattr__(self, "matcher", matcher)
-        prefix, required = _literal_hints(source)
-        object.__setattr__(self, "prefix", prefix)
-        object.__setattr__(self, "required", required)
+        object.__setattr__(self, "compiled", compiled)
 
     @property
     def states(self) -> int:
         """The pattern's matcher states (a test costs at most this times the topic's length)."""
-        return self.matcher.size
+        return self.compiled.size
 
     def matches(self, topic: str) -> bool:
-        if not topic.startswith(self.prefix):
-            return False
-        for lit in self.required:
-            if lit not in topic:
-                return False
-        return self.matcher.search(topic)
+        return self.compiled.search(topic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,12 +352,6 @@ class Ace:
         if not self.topics and not self.session:
             raise AclError("an entry needs at least one condition")
 
-    def topic_match(self, topic: str) -> bool | None:
-        """Any topic condition matches (None: the entry has none)."""
-        if not self.topics:
-            return None
-        return any(c.matches(topic) for c in self.topics)
-
     def session_match(self, session: Session | None) -> bool | None:
         """Every session condition that applies holds (None: none applies)."""
         if session is None:
@@ -434,7 +385,12 @@ class Acl:
         if states > MAX_ACL_STATES:
             raise AclError(f"the patterns of <{self.direction.value}> hold {states} matcher states "
                            f"in all (at most {MAX_ACL_STATES}): simplify or merge them")
-        self._cache: dict[str, tuple[bool | None, ...]] = {}
+        # the topic conditions, keyed (entry's index, condition's index)
+        self._index: InterestIndex[tuple[int, int]] = InterestIndex(max_topics=CACHE_TOPICS)
+        for i, ace in enumerate(self.entries):
+            for j, c in enumerate(ace.topics):
+                self._index.add((i, j), c.topic if isinstance(c, TopicIs) else c.compiled)
+        self._topicless = frozenset(i for i, ace in enumerate(self.entries) if not ace.topics)
 
     def __repr__(self) -> str:
         return f"Acl({self.direction.value}, {len(self.entries)} entries)"
@@ -445,14 +401,18 @@ class Acl:
     def __hash__(self) -> int:
         return hash((self.direction, self.entries))
 
-    def _topic_results(self, topic: str) -> tuple[bool | None, ...]:
-        hit = self._cache.get(topic)
-        if hit is None:
-            hit = tuple(a.topic_match(topic) for a in self.entries)
-            if len(self._cache) >= CACHE_TOPICS:
-                del self._cache[next(iter(self._cache))]  # the oldest
-            self._cache[topic] = hit
-        return hit
+    @property
+    def _cache(self) -> TopicCache:
+        """The topics whose results the list remembers (its index's cache)."""
+        return self._index.cache
+
+    def _candidates(self, topic: str) -> list[tuple[int, Ace, bool | None]]:
+        """The entries that may match ``topic``, in order, as (index, entry,
+        topic match): those a topic condition of which matches (True), and
+        those without topic conditions (None)."""
+        hit = {i for i, _ in self._index.matches(topic)}
+        entries = self.entries
+        return [(i, entries[i], True if i in hit else None) for i in sorted(hit.union(self._topicless))]
 
     def decide(self, topic: str, session: Session | None = None) -> Decision:
         """The decision for a source of ``topic`` with transport ``session``
@@ -462,9 +422,7 @@ class Acl:
             return Decision(False, None)
         if self.direction is Direction.OUTBOUND:
             session = None
-        for i, (ace, t) in enumerate(zip(self.entries, self._topic_results(topic), strict=True)):
-            if t is False:
-                continue
+        for i, ace, t in self._candidates(topic):
             s = ace.session_match(session)
             if s is False or (t is None and s is None):
                 continue
@@ -482,9 +440,7 @@ class Acl:
         match: an accepting one answers yes, a rejecting one is passed over."""
         if len(topic) > MAX_TOPIC_CHARS:
             return False
-        for ace, t in zip(self.entries, self._topic_results(topic), strict=True):
-            if t is False:
-                continue
+        for _, ace, t in self._candidates(topic):
             if ace.session and self.direction is Direction.INBOUND:
                 if ace.action is Action.ACCEPT:
                     return True

@@ -40,6 +40,7 @@ import itertools
 import math
 from dataclasses import replace
 
+from .interest import InterestIndex, interest_of
 from .tr import (
     PATTERN_TOPIC,
     LocalInterest,
@@ -50,6 +51,7 @@ from .tr import (
     SourceGone,
     SourceSeen,
 )
+from .wildcard import PatternError
 
 __all__ = ["EndpointPortal", "PortalView"]
 
@@ -65,7 +67,7 @@ class PortalView:
         self.name = name
         self.domain_id = portal.tr.domain_id
         self._interest: set[Key] = set()
-        self._patterns: set[Key] = set()
+        self._matching: InterestIndex[Key] = InterestIndex()  # _interest, to match (patterns that compile)
         self._proxies: dict[int, int] = {}  # the link's advert id -> the portal's proxy id
         self._events: list = []
 
@@ -83,8 +85,10 @@ class PortalView:
         self._portal.tr.add_remote_interest(topic, now, pattern_type=pattern_type)
         if new:
             self._interest.add(key)
-            if pattern_type != PATTERN_TOPIC:
-                self._patterns.add(key)
+            try:
+                self._matching.add(key, interest_of(pattern_type, topic))
+            except PatternError:
+                pass  # held (the portal queries it), matches nothing (the portal counts it)
             self._portal.holders.setdefault(key, set()).add(self)
         self._portal.dispatch(caller=self)
 
@@ -148,9 +152,7 @@ class PortalView:
     def wants_source(self, topic: str) -> bool:
         """Does this link's remote interest (the topic, or a pattern covering it)
         want sources of ``topic``?"""
-        if (PATTERN_TOPIC, topic) in self._interest:
-            return True
-        return any(self._portal.tr.covers(k, topic) for k in self._patterns)
+        return self._matching.wants(topic)
 
     def remote_interests(self) -> list[tuple[str, int]]:
         return [(t, pt) for pt, t in self._interest]
@@ -177,7 +179,7 @@ class PortalView:
     def forget_interest(self, key: Key) -> None:
         """The link's interest ``key`` is gone (cancelled, or expired at the portal)."""
         self._interest.discard(key)
-        self._patterns.discard(key)
+        self._matching.remove(key)
 
 
 class EndpointPortal:

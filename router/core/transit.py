@@ -31,13 +31,14 @@ Inputs take ``now`` (seconds) where time matters; outputs are
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from .. import peerlink as P
+from .interest import InterestIndex, Pattern, literal_hints
 from .routing import Routing
 from .sessions import carried, session_key
-from .wildcard import Matcher, PatternError
+from .wildcard import PatternError
 
 __all__ = ["SendOnLink", "Transit", "MAX_TRANSIT_INTERESTS", "MAX_TRANSIT_PATTERNS",
            "MAX_TRANSIT_PATTERN_STATES"]
@@ -53,8 +54,6 @@ MAX_TRANSIT_PATTERN_STATES = 2000
 # that could take more than this many matcher steps (its states times the characters of
 # the topics its literal prefix lets through; about 0.23 us a step: at most ~5 s)
 MAX_PATTERN_SCAN_STEPS = 20_000_000
-MAX_MATCHERS = 4096  # compiled patterns kept
-MAX_MATCH_CACHE = 1 << 18  # (pattern, topic) answers kept
 
 Key = tuple[str, int, int]  # (topic or pattern, pattern type, origin domain)
 
@@ -76,39 +75,16 @@ class _Upstream:
     body: object  # the proxy's transport body (where a stream for it connects)
 
 
-_LITERAL = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-/:@#%=,;<>!\"'~&")
-_ESCAPED = frozenset(".-_/:@#%=,;<>!\"'~&$^*+?()[]{}|\\")
-
-
 def literal_prefix(pattern: str) -> str:
     """What every topic ``pattern`` matches starts with ("" when that is not
-    plain from the pattern): the literal run after a leading ``^``, for a
-    pattern without ``|`` or flags. A cheap test before the matcher."""
-    if not pattern.startswith("^"):
-        return ""
-    return literal_run(pattern, 1)
+    plain from the pattern: :func:`router.core.interest.literal_hints`)."""
+    return literal_hints(pattern).prefix
 
 
-def literal_run(pattern: str, i: int = 0) -> str:
-    """The literal characters ``pattern`` starts with at ``i`` (each required
-    once, in order: a repeated last one is left out); "" for a pattern with
-    ``|`` or flags (whose parts need not all hold)."""
-    if "|" in pattern or "(?" in pattern:
-        return ""
-    out: list[str] = []
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch in _LITERAL:
-            out.append(ch)
-            i += 1
-        elif ch == "\\" and i + 1 < len(pattern) and pattern[i + 1] in _ESCAPED:
-            out.append(pattern[i + 1])
-            i += 2
-        else:
-            break
-    if out and i < len(pattern) and pattern[i] in "*?{+":
-        out.pop()  # the last one is repeated, maybe zero times
-    return "".join(out)
+def literal_run(pattern: str) -> str:
+    """Literal text every topic ``pattern`` matches contains ("" when that is
+    not plain from the pattern: :func:`router.core.interest.literal_hints`)."""
+    return literal_hints(pattern).run
 
 
 class Transit:
@@ -123,12 +99,10 @@ class Transit:
         self.max_interests = max_interests
         self._held: dict[Key, set[str]] = {}  # interest from peer links -> the links that sent it
         self._per_link: Counter[str] = Counter()  # interests each link holds (each has its bound)
-        self._link_patterns: dict[str, set[Key]] = {}  # the patterns each link holds
+        # the patterns each link holds (matched only for the sources of other links)
+        self._link_patterns: dict[str, InterestIndex[Key]] = {}
         self._link_states: Counter[str] = Counter()  # and their NFA states summed
         self._pattern_size: dict[Key, int] = {}
-        self._hits: dict[tuple[int, str, str], bool] = {}  # (type, pattern, topic) -> matches
-        # pattern -> (what every topic it matches starts with, a part every such topic holds)
-        self._prefixes: dict[str, tuple[str, str]] = {}
         self._up_chars = 0  # characters (plus one each) of the topics of _up_by_topic
         self._by_domain: dict[int, set[Key]] = {}  # held keys by origin domain
         self._trees_seen: dict[int, tuple] = {}  # origin domain -> (root, children links) last synced
@@ -141,7 +115,6 @@ class Transit:
         self._down: dict[tuple[str, int], tuple[str, int]] = {}
         self._down_by_source: dict[tuple[str, str, bytes], int] = {}
         self._down_by_topic: dict[str, set[tuple[str, int]]] = {}
-        self._matchers: dict[tuple[int, str], Matcher | None] = {}
 
     # ------------------------------------------------------------------ interest
 
@@ -158,23 +131,23 @@ class Transit:
         if f.action == P.InterestAction.CANCEL:
             if holders is None or link not in holders:
                 return []
-            self._unhold(key, link)
-            return self._sync_key(key)
+            return self._sync_key(key, self._unhold(key, link))
+        pattern: Pattern | None = None
         if holders is None or link not in holders:
             # each link has its own bound: a busy or hostile peer cannot starve the others
-            size = 0
             if key[1] != P.PatternType.TOPIC:
-                m = self._matcher(key)
-                if m is None:
+                try:
+                    pattern = Pattern(key[0])
+                except PatternError:
                     self.counters["transit_interest_bad"] += 1  # we cannot match it: useless here
                     return []
-                size = m.size
+            size = pattern.size if pattern is not None else 0
             if self._per_link[link] >= self.max_interests or size and (
                     len(self._link_patterns.get(link, ())) >= MAX_TRANSIT_PATTERNS
                     or self._link_states[link] + size > MAX_TRANSIT_PATTERN_STATES):
                 self.counters["transit_interest_full"] += 1
                 return []
-            if size and self._scan_cost(key, size) > MAX_PATTERN_SCAN_STEPS:
+            if pattern is not None and self._scan_cost(pattern) > MAX_PATTERN_SCAN_STEPS:
                 self.counters["transit_pattern_costly"] += 1
                 return []
         if holders is None:
@@ -194,10 +167,10 @@ class Transit:
                     for lk, sent in self._sent.items() if key in sent]
         holders.add(link)
         self._per_link[link] += 1
-        if key[1] != P.PatternType.TOPIC:
-            self._link_patterns.setdefault(link, set()).add(key)
-            self._pattern_size[key] = size = self._matcher(key).size
-            self._link_states[link] += size
+        if pattern is not None:
+            self._link_patterns.setdefault(link, InterestIndex()).add(key, pattern)
+            self._pattern_size[key] = pattern.size
+            self._link_states[link] += pattern.size
         out = self._sync_key(key)
         return out + self._advertise_to(link, key)
 
@@ -244,7 +217,10 @@ class Transit:
         r.charge(steps)
         return out
 
-    def _sync_key(self, key: Key) -> list[SendOnLink]:
+    def _sync_key(self, key: Key, covered: Sequence[str] = ()) -> list[SendOnLink]:
+        """Send ADD / CANCEL of ``key`` where its holders' trees say; if nobody
+        holds it any more, withdraw our adverts of the topics it ``covered``
+        (:meth:`_unhold`) where they are no longer wanted."""
         holders = self._held.get(key, set())
         want = set()
         if holders and self.routing.origin_router(key[2]) is None:
@@ -268,7 +244,7 @@ class Transit:
                 out.append(SendOnLink(link, P.Interest(P.InterestAction.ADD, key[0], key[2],
                                                        P.PatternType(key[1]))))
         if not holders:
-            out += self._withdraw_unwanted(key)
+            out += self._withdraw_unwanted(covered)
         return out
 
     # ------------------------------------------------------------------ adverts
@@ -325,9 +301,9 @@ class Transit:
         self._trees_seen.clear()  # what was sent on the link is forgotten: sync everything
         out: list[SendOnLink] = []
         for key in [k for k, h in self._held.items() if link in h]:
-            self._unhold(key, link)
+            covered = self._unhold(key, link)
             if key not in self._held:  # nobody else wants it: cancel it where it went
-                out += self._sync_key(key)
+                out += self._sync_key(key, covered)
         self._per_link.pop(link, None)
         self._link_patterns.pop(link, None)
         self._link_states.pop(link, None)
@@ -350,7 +326,7 @@ class Transit:
             ukeys = []
             for t, us in self._up_by_topic.items():
                 cands = [u for u in us if u[0] != link and self._on_path(key, self._up[u].advert.origin_domain)]
-                if cands and self._matches(key, t):
+                if cands and self._link_patterns[link].covers(key, t):
                     ukeys += cands
         out = []
         for ukey in ukeys:
@@ -398,13 +374,10 @@ class Transit:
             if not got:
                 del self._down_by_topic[topic]
 
-    def _withdraw_unwanted(self, key: Key) -> list[SendOnLink]:
-        """Interest ``key`` is gone: withdraw our transit adverts of the topics it
-        covered on the links that no longer want them."""
-        if key[1] == P.PatternType.TOPIC:
-            downs = list(self._down_by_topic.get(key[0], ()))
-        else:
-            downs = [d for t, ds in self._down_by_topic.items() if self._matches(key, t) for d in ds]
+    def _withdraw_unwanted(self, topics: Sequence[str]) -> list[SendOnLink]:
+        """An interest is gone: withdraw our transit adverts of the ``topics``
+        it covered on the links that no longer want them."""
+        downs = [d for t in topics for d in self._down_by_topic.get(t, ())]
         out = []
         for link, aid in downs:
             up = self._up.get(self._down[(link, aid)])
@@ -414,17 +387,25 @@ class Transit:
 
     # ------------------------------------------------------------------ matching
 
-    def _unhold(self, key: Key, link: str) -> None:
+    def _unhold(self, key: Key, link: str) -> list[str]:
+        """``link`` no longer holds interest ``key``. If nobody does, it is
+        forgotten, and the topics of our transit adverts it covered are
+        returned (to withdraw where no longer wanted); else []."""
         holders = self._held[key]
         holders.discard(link)
         self._per_link[link] -= 1
-        if key[1] != P.PatternType.TOPIC:
-            got = self._link_patterns.get(link)
-            if got is not None and key in got:
-                got.discard(key)
-                self._link_states[link] -= self._pattern_size.get(key, 0)
+        covered: list[str] = []
+        got = self._link_patterns.get(link) if key[1] != P.PatternType.TOPIC else None
+        if got is not None and key in got:
+            if not holders:  # asked before it goes: what it matched is cached there
+                covered = [t for t in self._down_by_topic if got.covers(key, t)]
+            got.remove(key)
+            self._link_states[link] -= self._pattern_size.get(key, 0)
+        elif not holders and key[0] in self._down_by_topic:
+            covered = [key[0]]
         if not holders:
             self._forget(key)
+        return covered
 
     def _forget(self, key: Key) -> None:
         del self._held[key]
@@ -441,65 +422,28 @@ class Transit:
         self._patterns.discard(key)
         self._pattern_size.pop(key, None)
 
-    def _keys_for(self, topic: str, links) -> list[Key]:
+    def _keys_for(self, topic: str, links) -> set[Key]:
         """The held interests that ``topic`` satisfies: exact topics, and the
         patterns held by ``links`` (only those are searched: a link's own
         patterns never cost anything for what it advertises)."""
-        keys = list(self._by_topic.get(topic, ()))
-        seen: set[Key] = set()
+        keys = set(self._by_topic.get(topic, ()))
         for lk in links:
-            for k in self._link_patterns.get(lk, ()):
-                if k not in seen:
-                    seen.add(k)
-                    if self._matches(k, topic):
-                        keys.append(k)
+            got = self._link_patterns.get(lk)
+            if got:
+                keys |= got.matches(topic)
         return keys
 
     def _link_wants(self, link: str, topic: str, origin_domain: int) -> bool:
         return any(link in self._held[k] and self._on_path(k, origin_domain)
                    for k in self._keys_for(topic, (link,)))
 
-    def _scan_cost(self, key: Key, size: int) -> int:
-        """At most how many matcher steps searching pattern ``key`` (``size``
-        states) against the topics we proxy would take."""
-        if size * self._up_chars <= MAX_PATTERN_SCAN_STEPS:
-            return size * self._up_chars  # cheap: no need to look closer
-        prefix = literal_prefix(key[0])
-        return size * sum(len(t) + 1 for t in self._up_by_topic if t.startswith(prefix)
-                          and (key[1], key[0], t) not in self._hits)
-
-    def _matcher(self, key: Key) -> Matcher | None:
-        mkey = (key[1], key[0])
-        if mkey not in self._matchers:
-            if len(self._matchers) >= MAX_MATCHERS:
-                self._matchers.clear()
-            try:
-                self._matchers[mkey] = Matcher(key[0])
-            except PatternError:
-                self._matchers[mkey] = None
-        return self._matchers[mkey]
-
-    def _matches(self, key: Key, topic: str) -> bool:
-        """Does pattern ``key`` match ``topic``? Each answer is kept: an
-        advertisement asks again for every link it may go to."""
-        pattern, ptype, _ = key
-        if ptype == P.PatternType.TOPIC:
-            return pattern == topic
-        hkey = (ptype, pattern, topic)
-        got = self._hits.get(hkey)
-        if got is None:
-            m = self._matcher(key)
-            need = self._prefixes.get(pattern)
-            if need is None:
-                if len(self._prefixes) >= MAX_MATCHERS:
-                    self._prefixes.clear()
-                need = self._prefixes[pattern] = (literal_prefix(pattern), literal_run(pattern))
-            got = (m is not None and topic.startswith(need[0]) and need[1] in topic
-                   and m.search(topic))
-            if len(self._hits) >= MAX_MATCH_CACHE:
-                self._hits.clear()
-            self._hits[hkey] = got
-        return got
+    def _scan_cost(self, pattern: Pattern) -> int:
+        """At most how many matcher steps searching ``pattern`` against the
+        topics we proxy would take (those its literal prefix lets through)."""
+        if pattern.size * self._up_chars <= MAX_PATTERN_SCAN_STEPS:
+            return pattern.size * self._up_chars  # cheap: no need to look closer
+        prefix = pattern.hints.prefix
+        return pattern.size * sum(len(t) + 1 for t in self._up_by_topic if t.startswith(prefix))
 
     # ------------------------------------------------------------------ views
 
