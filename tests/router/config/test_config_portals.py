@@ -4,7 +4,7 @@ portal per TRD and one link per pair of routers."""
 
 from __future__ import annotations
 
-from .test_router_config import (
+from tests.router.config.test_config import (
     ACCEPTOR,
     INITIATOR,
     TR_LBMRD,

@@ -43,10 +43,9 @@ from router.config import (
     parse_config,
     validate,
 )
+from tests.helpers import expect_config_error, line_of, write
 
-from .helpers import expect_config_error, line_of, write
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "configs"
 
 

@@ -22,10 +22,16 @@ from router.peerlink import streams as S
 from router.relay import Relay
 from router.relay_tcp import pump_down, pump_up
 from router.splice import PIPE_POOL
-
-from .helpers import LoneSite
-from .test_router_e2e import advertise_forever, pattern, resolve, start_lbmrd, start_routers, udp
-from .test_router_faults import _ca, _certs
+from tests.helpers import LoneSite
+from tests.router.shell.test_faults import _ca, _certs
+from tests.router.system.test_e2e import (
+    advertise_forever,
+    pattern,
+    resolve,
+    start_lbmrd,
+    start_routers,
+    udp,
+)
 
 
 def fd_kinds() -> Counter[str]:

@@ -8,9 +8,8 @@ import lbmr_proto as L
 from router.config_model import PortRange, acceptor_peer, initiator_peer, lbmrd_endpoint
 from router.core.tr import synthesize_otid
 from router.daemon import Router
-
-from .helpers import LoneSite
-from .test_router_e2e import TOPIC, resolve, start_lbmrd, start_routers, tirs_in, udp
+from tests.helpers import LoneSite
+from tests.router.system.test_e2e import TOPIC, resolve, start_lbmrd, start_routers, tirs_in, udp
 
 
 async def ru_source(nursery, ip, *, count=1_000_000, size=200):
@@ -135,7 +134,7 @@ async def test_lbtru_from_5000_ports_is_bounded_and_tcp_still_gets_its_stream():
     """Defect (hostile TRD): LBT-RU datagrams from 5,000 receiver ports opened
     4,096 streams (and far sockets) that never ended, after which a TCP
     receiver got an empty stream (the peer's stream table was full)."""
-    from .test_router_e2e import advertise_forever, pattern, tcp_source
+    from tests.router.system.test_e2e import advertise_forever, pattern, tcp_source
 
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
@@ -265,7 +264,7 @@ async def test_dead_source_is_withdrawn_after_the_source_deletion_delay():
     """Defect: a source's proxy was withdrawn 16 s (the source timeout) after
     the source died; the DRO deletes it source-deletion-delay (1 s) after the
     end of session."""
-    from .test_router_e2e import endless_source
+    from tests.router.system.test_e2e import endless_source
 
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
@@ -417,8 +416,7 @@ async def test_a_stream_closed_before_the_source_answers_does_not_kill_the_route
     accepting the stream it no longer knew raised out of the link and the
     router exited. The connection is dropped and the router lives."""
     from router import peerlink as P
-
-    from .test_router_e2e import endless_source
+    from tests.router.system.test_e2e import endless_source
 
     async with trio.open_nursery() as n:
         _, trd2 = await start_lbmrd(n, "127.0.2.1")

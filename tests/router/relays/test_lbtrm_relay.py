@@ -3,7 +3,7 @@ accepts one LBT-RM stream per advertisement of an LBT-RM source and refuses
 the rest (a second one, one for a TCP source, more than its limit), drops
 what is not a NAK, and passes NAKs to the source rewritten for its session;
 a flood of datagrams is bounded. The far side only joins a group here (it
-sends no multicast: that is tested in namespaces, test_router_lbtrm_netns)."""
+sends no multicast: that is tested in namespaces, tests/router/system/test_lbtrm_netns.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import lbmr_proto as L
 from lbmr_proto import lbtrm as RM
 from router import peerlink as P
 from router.peerlink import streams as S
-
-from .test_router_defects import acceptor, handshake
-from .test_router_e2e import start_lbmrd, udp
+from tests.router.shell.test_defects import acceptor, handshake
+from tests.router.system.test_e2e import start_lbmrd, udp
 
 RM_TOPIC, TCP_TOPIC = "md.rm.evil", "md.tcp.evil"
 GROUP, DPORT, SESSION = "239.255.77.1", 14777, 0xABCD1234

@@ -16,7 +16,7 @@ from lbmr_proto import lbmc
 from lbmr_proto import lbtru as RU
 from router.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 PY = [sys.executable, "-c"]
 ROUTER = PY + ["import sys; from router.cli import main; sys.exit(main(sys.argv[1:]))"]
 LBMRD = PY + ["import sys; from lbmrd.cli import main; sys.exit(main(sys.argv[1:]))"]

@@ -16,9 +16,8 @@ from lbmr_proto import lbmc
 from lbmr_tools.sim.dataplane import TcpDataReceiver, TcpDataSource
 from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint
 from router.daemon import Router
-
-from .test_router_e2e import advertise_forever, resolve, start_lbmrd, udp
-from .tshark_judge import compare_lbmc, run_tshark_lbmc, segments, write_lbttcp_pcap
+from tests.router.system.test_e2e import advertise_forever, resolve, start_lbmrd, udp
+from tests.tshark_judge import compare_lbmc, run_tshark_lbmc, segments, write_lbttcp_pcap
 
 SRC_IP = "127.0.1.5"
 SEED, TIDX, SID = 21, 3, 0x5EED
@@ -350,7 +349,7 @@ async def test_the_session_lingers_briefly_after_its_last_receiver_and_then_lets
 
 
 async def test_an_origin_that_sends_bytes_that_are_not_lbmc_ends_its_session():
-    from .test_router_e2e import tcp_source
+    from tests.router.system.test_e2e import tcp_source
 
     async with trio.open_nursery() as n:
         ra, rb, fwd, trd1, trd2 = await start_pair(n)
@@ -368,7 +367,7 @@ async def test_a_peer_stream_that_is_not_lbmc_is_closed_at_the_proxy():
     """Router A relays per connection (fanout off: the origin's bytes as they
     are), router B fans out: bytes on the stream that are not LBMC close the
     proxy's stream (counted), and its receiver gets nothing of them."""
-    from .test_router_e2e import tcp_source
+    from tests.router.system.test_e2e import tcp_source
 
     async with trio.open_nursery() as n:
         ra, rb, fwd, trd1, trd2 = await start_pair(n, a={"fanout": False})

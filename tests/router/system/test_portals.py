@@ -19,7 +19,8 @@ from router.config_model import (
 )
 from router.core.tr import synthesize_otid
 from router.multi import MultiRouter
-from tests.test_router_e2e import (
+from tests.router.shell.test_faults import fetch
+from tests.router.system.test_e2e import (
     advertise_forever,
     pattern,
     resolve,
@@ -28,7 +29,6 @@ from tests.test_router_e2e import (
     tirs_in,
     udp,
 )
-from tests.test_router_faults import fetch
 
 
 def ep(name, dom, trd, ip):

@@ -16,11 +16,10 @@ from lbmr_proto import lbtru as RU
 from lbmr_proto.capture import write_udp_pcap
 from lbmr_tools.sim.dataplane import RuLiveReceiver, RuLiveSource
 from router import peerlink as P
-
-from .test_dataplane_rulive import _RU_CHAT, _forward
-from .test_router_e2e import TOPIC, resolve, udp
-from .test_router_fanout import start_chain, start_pair
-from .tshark_judge import compare_lbmc, tshark_frames
+from tests.router.relays.test_fanout_relay import start_chain, start_pair
+from tests.router.system.test_e2e import TOPIC, resolve, udp
+from tests.test_dataplane_rulive import _RU_CHAT, _forward
+from tests.tshark_judge import compare_lbmc, tshark_frames
 
 SRC_IP = "127.0.1.5"
 SEED, TIDX, SID = 33, 4, 0x5E55

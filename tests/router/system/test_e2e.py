@@ -26,7 +26,7 @@ async def start_routers(nursery, trd1, trd2, *, reconnect=1.0, **endpoint):
     """Router B (acceptor, TRD2) and router A (initiator, TRD1); ``endpoint``:
     more EndpointConfig fields for both. The TCP sources of these tests send
     byte patterns, not LBMC: the routers relay each connection on its own
-    (``fanout=False``) unless told otherwise (fan-out: tests/test_router_fanout.py)."""
+    (``fanout=False``) unless told otherwise (fan-out: tests/router/relays/test_fanout_relay.py)."""
     endpoint.setdefault("fanout", False)
     rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1", **endpoint),
                 acceptor_peer("B-to-A", 0, interface="127.0.0.1"))

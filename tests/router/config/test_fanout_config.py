@@ -10,9 +10,8 @@ from lxml import etree
 from router.config import load_config
 from router.config_grammar import DTD_TEXT
 from router.config_model import EndpointConfig
-
-from .helpers import write
-from .test_router_config import doc, endpoint, expect_error, peer
+from tests.helpers import write
+from tests.router.config.test_config import doc, endpoint, expect_error, peer
 
 
 def relay(attrs: str) -> str:

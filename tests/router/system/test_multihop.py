@@ -16,8 +16,15 @@ from router.config_model import (
     router_config,
 )
 from router.multi import MultiRouter
-from tests.test_router_e2e import advertise_forever, pattern, resolve, start_lbmrd, tcp_source, udp
-from tests.test_router_portals import _every_trd_gets_the_others, _ru_through, fetch_tcp
+from tests.router.system.test_e2e import (
+    advertise_forever,
+    pattern,
+    resolve,
+    start_lbmrd,
+    tcp_source,
+    udp,
+)
+from tests.router.system.test_portals import _every_trd_gets_the_others, _ru_through, fetch_tcp
 
 IPS = {d: f"127.0.{d}.1" for d in range(1, 5)}
 ROUTE_INFO = RouteInfoConfig(propagation_interval_ms=500, timeout_ms=2000)

@@ -1,7 +1,7 @@
 """The LBT-RU proxy of an LBT-RM source (``<lbt-rm transport="lbt-ru"/>``)
 under hostile receivers, end to end inside one network namespace the test
 creates (routers, lbmrds, source and receivers in one process, as in
-tests/test_router_lbtrm_chain.py): r1 in TRD1 relays a multicast source to
+tests/router/system/test_lbtrm_chain.py): r1 in TRD1 relays a multicast source to
 r2, whose proxy in TRD2 is an LBT-RU source any host there can reach."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from lbmr_tools.sim.dataplane import UmRuDataReceiver
 from router import lbtru_relay
 from router.config_model import LbtrmConfig, RouteInfoConfig, acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
 from router.multi import MultiRouter
-from tests.test_router_e2e import resolve, rm_source, start_lbmrd, udp
+from tests.router.system.test_e2e import resolve, rm_source, start_lbmrd, udp
 
 IPS = {1: "127.0.1.1", 2: "127.0.2.1"}
 RI = RouteInfoConfig(propagation_interval_ms=500, timeout_ms=2000)

@@ -25,9 +25,9 @@ from router.core.tr import (
     SourceSeen,
 )
 from router.multi import MultiRouter
-from tests.test_router_bridge import APP, GROUP, OTID, TOPIC, advert, dgram, source_tir
-from tests.test_router_e2e import start_lbmrd, udp
-from tests.test_router_portals import ep, router_config
+from tests.router.core.test_bridge import APP, GROUP, OTID, TOPIC, advert, dgram, source_tir
+from tests.router.system.test_e2e import start_lbmrd, udp
+from tests.router.system.test_portals import ep, router_config
 
 RELAY = ("10.1.0.1", 24000)
 

@@ -9,8 +9,7 @@ import trio
 import lbmr_proto as L
 from router.config_model import TlsConfig, acceptor_peer, initiator_peer, lbmrd_endpoint
 from router.daemon import Router
-
-from .test_router_e2e import (
+from tests.router.system.test_e2e import (
     TOPIC,
     advertise_forever,
     pattern,

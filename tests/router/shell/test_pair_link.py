@@ -16,9 +16,8 @@ from router.link import StreamState
 from router.multi import MultiRouter
 from router.pair_link import pair_links
 from router.peerlink import streams as S
-
-from .test_router_e2e import resolve, start_lbmrd, udp
-from .test_router_fanout import SID, live_source, receiver
+from tests.router.relays.test_fanout_relay import SID, live_source, receiver
+from tests.router.system.test_e2e import resolve, start_lbmrd, udp
 
 
 def _sockets() -> set[int]:
@@ -200,9 +199,9 @@ async def test_an_lbtru_session_crosses_an_endpoint_pair_once():
     router: every receiver gets whole consecutive messages, the origin has one
     client (the router's upstream receiver), and the session crossed the pair
     as one stream whose datagrams the pair's side passed."""
-    from .test_router_lbtru_sessions import live_source as ru_source
-    from .test_router_lbtru_sessions import receiver as ru_receiver
-    from .test_router_lbtru_sessions import run_all
+    from tests.router.relays.test_lbtru_relay import live_source as ru_source
+    from tests.router.relays.test_lbtru_relay import receiver as ru_receiver
+    from tests.router.relays.test_lbtru_relay import run_all
 
     async with trio.open_nursery() as n:
         r, trd1, trd2 = await start_router(n)

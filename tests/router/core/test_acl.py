@@ -42,13 +42,19 @@ from router.core.acl import (
 from router.core.bridge import Bridge, Notice, SendFrame, StartProxy
 from router.core.tr import PortalTR
 from router.multi import MultiRouter
-
-from .helpers import free_port, write
-from .test_router_bridge import APP, GROUP, OTID, advert, dgram, source_tir
-from .test_router_config import doc, endpoint, expect_error, expect_ok, peer
-from .test_router_e2e import advertise_forever, pattern, resolve, start_lbmrd, tcp_source, udp
-from .test_router_faults import fetch
-from .test_router_multihop import IPS, ROUTE_INFO, converged
+from tests.helpers import free_port, write
+from tests.router.config.test_config import doc, endpoint, expect_error, expect_ok, peer
+from tests.router.core.test_bridge import APP, GROUP, OTID, advert, dgram, source_tir
+from tests.router.shell.test_faults import fetch
+from tests.router.system.test_e2e import (
+    advertise_forever,
+    pattern,
+    resolve,
+    start_lbmrd,
+    tcp_source,
+    udp,
+)
+from tests.router.system.test_multihop import IPS, ROUTE_INFO, converged
 
 ACCEPT, REJECT = Action.ACCEPT, Action.REJECT
 
@@ -632,7 +638,7 @@ def test_config_bad_acl_on_a_peer(tmp_path):
 
 
 def test_shipped_acl_example(tmp_path):
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "router-acl.xml")
+    cfg = load_config(Path(__file__).resolve().parents[3] / "configs" / "router-acl.xml")
     assert cfg.warnings == ()
     trd1, trd2 = (e.acl for e in cfg.endpoints)
     assert trd1.allows_source_in("md.eq.IBM", TCP) and trd1.allows_source_in("health_check", TCP)
