@@ -312,8 +312,14 @@ def bench_convergence(tmp: Path, hops: int, n: int) -> None:
 def bench_reroute() -> None:
     import trio
 
-    from tests.router.system.test_e2e import advertise_forever, resolve, tcp_source, udp
-    from tests.router.system.test_multihop import ROUTE_INFO, start_loop
+    from tests.router.helpers import (
+        ROUTE_INFO,
+        advertise_forever,
+        resolve,
+        start_loop,
+        tcp_source,
+        udp,
+    )
 
     async def main() -> float:
         async with trio.open_nursery() as n:

@@ -36,75 +36,28 @@ from router.config import (
     PeerConfig,
     PortRange,
     RelayConfig,
-    RouterConfig,
     TlsConfig,
     UseQuery,
     load_config,
     parse_config,
     validate,
 )
-from tests.helpers import expect_config_error, line_of, write
+from tests.helpers import line_of, write
+from tests.router.helpers import (
+    ACCEPTOR,
+    CONFIGS,
+    DAEMON,
+    INITIATOR,
+    TR_LBMRD,
+    TR_MULTICAST,
+    doc,
+    endpoint,
+    expect_error,
+    expect_ok,
+    peer,
+)
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "configs"
-
-
-def expect_error(tmp_path: Path, name: str, text: str, marker: str, *needles: str,
-                 offset: int = 0) -> ConfigError:
-    """Loading fails at the line of ``marker`` (+ offset); the message has every needle."""
-    return expect_config_error(load_config, ConfigError, tmp_path, name, text, marker, *needles,
-                               offset=offset)
-
-
-def expect_ok(tmp_path: Path, name: str, text: str) -> RouterConfig:
-    return load_config(write(tmp_path, name, text))
-
-
-HEAD = '<?xml version="1.0" encoding="UTF-8" ?>\n'
-DAEMON = """\
-  <daemon>
-    <name>router-x</name>
-  </daemon>
-"""
-TR_LBMRD = """\
-      <topic-resolution>
-        <lbmrd address="10.1.1.50"/>
-      </topic-resolution>
-"""
-TR_MULTICAST = """\
-      <topic-resolution>
-        <multicast group="239.192.0.1" port="13000" interface="10.2.0.0/16"/>
-      </topic-resolution>
-"""
 RELAY = '      <relay port-low="15000" port-high="15009"/>\n'
-INITIATOR = """\
-        <initiator>
-          <address>203.0.113.7</address>
-          <port>26123</port>
-        </initiator>
-"""
-ACCEPTOR = """\
-        <acceptor>
-          <listen-port>26123</listen-port>
-        </acceptor>
-"""
-
-
-def endpoint(tr: str = TR_LBMRD, *, name: str = "ep", domain: str = "1", extra: str = "") -> str:
-    return (f"    <endpoint>\n      <name>{name}</name>\n      <domain-id>{domain}</domain-id>\n"
-            f"{tr}{extra}    </endpoint>\n")
-
-
-def peer(link: str = INITIATOR, *, name: str = "pe", tcp_head: str = "", after: str = "") -> str:
-    return (f"    <peer>\n      <name>{name}</name>\n      <single-tcp>\n{tcp_head}{link}"
-            f"      </single-tcp>\n{after}    </peer>\n")
-
-
-def doc(*, root: str = '<lbmr-router version="1.0">', daemon: str = DAEMON,
-        portals: str | None = None) -> str:
-    if portals is None:
-        portals = endpoint() + peer()
-    return f"{HEAD}{root}\n{daemon}  <portals>\n{portals}  </portals>\n</lbmr-router>\n"
 
 
 # --------------------------------------------------------------------------- shipped files

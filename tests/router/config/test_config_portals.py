@@ -4,7 +4,8 @@ portal per TRD and one link per pair of routers."""
 
 from __future__ import annotations
 
-from tests.router.config.test_config import (
+from tests.helpers import line_of
+from tests.router.helpers import (
     ACCEPTOR,
     INITIATOR,
     TR_LBMRD,
@@ -13,7 +14,6 @@ from tests.router.config.test_config import (
     endpoint,
     expect_error,
     expect_ok,
-    line_of,
     peer,
 )
 

@@ -11,7 +11,7 @@ from router.config import load_config
 from router.config_grammar import DTD_TEXT
 from router.config_model import EndpointConfig
 from tests.helpers import write
-from tests.router.config.test_config import doc, endpoint, expect_error, peer
+from tests.router.helpers import doc, endpoint, expect_error, peer
 
 
 def relay(attrs: str) -> str:

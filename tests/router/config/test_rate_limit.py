@@ -12,7 +12,7 @@ import io
 import pytest
 from lxml import etree
 
-from router.config import load_config
+from router.config import DTD_TEXT, load_config
 from router.config_model import (
     DOMAIN_ROUTE_RATE_LIMIT,
     INTEREST_RATE_LIMIT,
@@ -24,16 +24,18 @@ from router.config_model import (
 )
 from router.portal_task import portal_timing
 from tests.helpers import write
-from tests.router.config.test_config import (
+from tests.router.helpers import (
+    APP,
     CONFIGS,
-    DTD_TEXT,
     doc,
     endpoint,
     expect_error,
     expect_ok,
     peer,
+    portal,
+    run_until,
+    use_queries,
 )
-from tests.router.config.test_settings import APP, portal, run_until, use_queries
 
 LBMRD = '        <lbmrd address="10.1.1.50" port="15380"/>\n'
 
@@ -212,7 +214,7 @@ def test_shipped_config_with_rate_limits_loads():
 def test_a_changed_rate_limit_in_the_file_changes_the_portals_pacing(tmp_path):
     """File -> portal_timing -> PortalTR: 5 use queries a second instead of 500."""
     from router.core.tr import PortalTR
-    from tests.router.core.test_bridge import dgram
+    from tests.router.helpers import dgram
 
     timing = ('        <topic-use-query periodic-interval="10000" timeout="60000">\n'
               '          <rate-limit objects-per-second="5"/>\n'
@@ -254,7 +256,7 @@ def _max_in_window(points, width):
 
 
 def _flood(tr, n, *, name="md.{:04d}", now=0.0):
-    from tests.router.core.test_bridge import dgram
+    from tests.router.helpers import dgram
 
     for i in range(n):
         tr.on_datagram(dgram(tqrs=[name.format(i)]), APP, now)

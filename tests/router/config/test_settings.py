@@ -14,8 +14,18 @@ from router.config import ConfigError, load_config
 from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint, multicast_endpoint
 from router.daemon import Router
 from tests.helpers import free_port, write
-from tests.router.config.test_config import ACCEPTOR, doc, endpoint, peer
-from tests.router.system.test_e2e import start_lbmrd
+from tests.router.helpers import (
+    ACCEPTOR,
+    APP,
+    GROUP,
+    doc,
+    endpoint,
+    peer,
+    portal,
+    run_until,
+    start_lbmrd,
+    use_queries,
+)
 
 
 async def wait_connected(*routers, timeout=10.0):
@@ -97,7 +107,7 @@ async def test_multicast_ttl_is_set_on_the_portals_tr_socket():
 
 def test_cancelled_interest_withdraws_the_adverts_sent_for_it():
     from router import peerlink as P
-    from tests.router.core.test_bridge import OTID, TOPIC, bridge, dgram, frames, source_tir
+    from tests.router.helpers import OTID, TOPIC, bridge, dgram, frames, source_tir
 
     b = bridge()
     b.link_up(0.0)
@@ -118,7 +128,7 @@ def test_cancelled_interest_withdraws_the_adverts_sent_for_it():
 
 def test_a_pattern_cancel_keeps_adverts_another_interest_still_covers():
     from router import peerlink as P
-    from tests.router.core.test_bridge import TOPIC, bridge, dgram, frames, source_tir
+    from tests.router.helpers import TOPIC, bridge, dgram, frames, source_tir
 
     b = bridge()
     b.link_up(0.0)
@@ -133,15 +143,6 @@ def test_a_pattern_cancel_keeps_adverts_another_interest_still_covers():
 
 
 # ------------------------------------------------ topic resolution timing (PortalTR, sans-IO)
-
-GROUP = ("239.192.1.1", 12965)
-APP = ("10.1.0.5", 12965)
-
-
-def portal(**kw):
-    from router.core.tr import PortalTR
-
-    return PortalTR("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=GROUP, now=0.0, **kw)
 
 
 def tmb(*tmrs, src_id=b"APPCTX01") -> bytes:
@@ -158,33 +159,9 @@ def tmb(*tmrs, src_id=b"APPCTX01") -> bytes:
     return bytes((0x1C, 0, 0, 0)) + struct.pack("!HH", 4 + len(body), len(tmrs)) + body + trailer
 
 
-def use_queries(out) -> list[tuple[str, int]]:
-    """(name, flags) of the use queries in the datagrams ``out``."""
-    from lbmr_proto import decode
-
-    got = []
-    for o in out:
-        pkt = decode(o.data)
-        if pkt.type == 4:
-            got += [(m.name, m.flags) for m in pkt.tmb.tmrs if m.type == 1 and not m.flags & 0x80]
-    return got
-
-
-def run_until(tr, until, step_events=None):
-    """tick at every deadline up to ``until``: [(time, outgoing list, events)]."""
-    log = []
-    for _ in range(100_000):
-        t = tr.next_deadline()
-        if t > until:
-            return log
-        out = tr.tick(t)
-        log.append((t, out, tr.events()))
-    raise AssertionError("too many deadlines")
-
-
 def test_use_queries_drop_a_silent_interest_after_max_unanswered():
     from router.core.tr import LocalInterest, LocalInterestGone, UseQuery
-    from tests.router.core.test_bridge import dgram
+    from tests.router.helpers import dgram
 
     tr = portal(use_query=UseQuery(timeout=3.0, max=5, periodic_interval=300.0))
     tr.on_datagram(dgram(tqrs=["md.a"]), APP, 0.0)
@@ -200,7 +177,7 @@ def test_use_queries_drop_a_silent_interest_after_max_unanswered():
 
 def test_a_use_response_or_a_query_keeps_the_interest_even_with_a_proxy():
     from router.core.tr import LocalInterestGone, ProxySource, UseQuery, relay_transport
-    from tests.router.core.test_bridge import OTID, dgram
+    from tests.router.helpers import OTID, dgram
 
     tr = portal(use_query=UseQuery(timeout=2.0, max=2, periodic_interval=100.0))
     tr.on_datagram(dgram(tqrs=["md.a"]), APP, 0.0)
@@ -223,7 +200,7 @@ def test_a_use_response_or_a_query_keeps_the_interest_even_with_a_proxy():
 
 def test_an_answer_in_the_same_instant_as_the_use_query_counts():
     from router.core.tr import UseQuery
-    from tests.router.core.test_bridge import dgram
+    from tests.router.helpers import dgram
 
     tr = portal(use_query=UseQuery(timeout=1.0, max=1, periodic_interval=10.0))
     tr.on_datagram(dgram(tqrs=["md.a"]), APP, 0.0)
@@ -250,7 +227,7 @@ def test_pattern_use_queries_have_their_own_timing_and_flags():
 
 def test_a_leave_notice_asks_at_once_whether_others_still_use_the_topic():
     from router.core.tr import UseQuery
-    from tests.router.core.test_bridge import dgram
+    from tests.router.helpers import dgram
 
     tr = portal(use_query=UseQuery(3.0, 5, 300.0))
     tr.on_datagram(dgram(tqrs=["md.a"]), APP, 0.0)
@@ -262,7 +239,7 @@ def test_a_leave_notice_asks_at_once_whether_others_still_use_the_topic():
 
 def test_use_queries_are_rate_limited_and_batched():
     from router.core.tr import UseQuery
-    from tests.router.core.test_bridge import dgram
+    from tests.router.helpers import dgram
 
     tr = portal(use_query=UseQuery(30.0, 5, 100.0), use_query_rate=100.0)
     for i in range(300):
@@ -279,7 +256,7 @@ def test_use_queries_are_rate_limited_and_batched():
 def test_without_use_queries_an_interest_held_by_a_proxy_never_ends():
     """The embedding default (use_query None) keeps the first version's rule."""
     from router.core.tr import ProxySource, relay_transport
-    from tests.router.core.test_bridge import OTID, dgram
+    from tests.router.helpers import OTID, dgram
 
     tr = portal(interest_timeout=10.0)
     tr.on_datagram(dgram(tqrs=["md.a"]), APP, 0.0)
@@ -291,7 +268,7 @@ def test_without_use_queries_an_interest_held_by_a_proxy_never_ends():
 
 def test_interest_refreshes_are_paced_from_min_doubling_to_max():
     from router.core.tr import LocalInterestRefresh
-    from tests.router.core.test_bridge import dgram
+    from tests.router.helpers import dgram
 
     tr = portal(refresh_pacing=(1.0, 8.0))
     tr.on_datagram(dgram(tqrs=["md.a"]), APP, 0.0)
@@ -340,7 +317,7 @@ def test_an_interest_refresh_travels_hop_by_hop_where_the_interest_went():
     """Each hop's portal drops interest that is not refreshed (<remote-topic>):
     a transit router passes the receivers' REFRESH on, once per link."""
     from router import peerlink as P
-    from tests.router.core.test_routing import Net
+    from tests.router.helpers import Net
 
     n = Net("ABC")
     n.link("A", "B")
@@ -388,7 +365,7 @@ def test_bridge_refreshes_the_interest_it_sent_and_an_unrefreshed_one_withdraws(
     from router import peerlink as P
     from router.core.bridge import Bridge
     from router.core.tr import PortalTR, RemoteCheck
-    from tests.router.core.test_bridge import OTID, TOPIC, dgram, frames, source_tir
+    from tests.router.helpers import OTID, TOPIC, dgram, frames, source_tir
 
     tr = PortalTR("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=GROUP, now=0.0,
                   source_timeout=300.0, requery_interval=100.0,
@@ -565,7 +542,7 @@ def _run_router_process(args, until, timeout=20.0):
     import subprocess
     import time
 
-    from tests.router.system.test_cli import ROUTER
+    from tests.helpers import ROUTER
 
     p = subprocess.Popen(ROUTER + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -615,10 +592,10 @@ def test_console_log_without_stats_lines(tmp_path):
 
 def test_gateway_keepalive_idle_no_sends_keepalives_whatever_else_is_sent():
     from router.peerlink import Interest, InterestAction, Keepalive, decode
-    from tests.router.peerlink.test_peerlink import connected, relay
+    from tests.router.helpers import connected_peers, deliver_and_answer
 
     for idle, expected in ((True, []), (False, [5, 10, 15, 20])):
-        a, b = connected(a_keepalive_idle=idle, a_dead_after=0)
+        a, b = connected_peers(a_keepalive_idle=idle, a_dead_after=0)
         sent = []
         for t in range(1, 21):  # a sends a frame every second: never idle
             data = a.send(Interest(InterestAction.REFRESH, "md.x", 1), float(t))
@@ -628,7 +605,7 @@ def test_gateway_keepalive_idle_no_sends_keepalives_whatever_else_is_sent():
                 assert isinstance(decode(out), Keepalive)
                 sent.append(t)
                 data += out
-            relay(a, b, data, float(t))
+            deliver_and_answer(a, b, data, float(t))
         assert sent == expected, idle
     assert a.rtt.count == 4  # answered
 
@@ -665,7 +642,7 @@ async def test_receiver_that_left_is_noticed_by_use_queries_and_its_proxy_withdr
 
     from lbmr_proto import decode
     from router.config_model import UseQuery as UseQueryConfig
-    from tests.router.system.test_e2e import TOPIC, advertise_forever, resolve, udp
+    from tests.router.helpers import ROUTED_TOPIC, advertise_forever, resolve, udp
 
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
@@ -691,8 +668,8 @@ async def test_receiver_that_left_is_noticed_by_use_queries_and_its_proxy_withdr
             while True:
                 data, _ = await rcv.recvfrom(65535)
                 pkt = decode(data)
-                if pkt.type == 4 and any(m.name == TOPIC and not m.flags & 0x80 for m in pkt.tmb.tmrs):
-                    await rcv.sendto(tmb((TOPIC, 1, 0x80)), trd2)
+                if pkt.type == 4 and any(m.name == ROUTED_TOPIC and not m.flags & 0x80 for m in pkt.tmb.tmrs):
+                    await rcv.sendto(tmb((ROUTED_TOPIC, 1, 0x80)), trd2)
                     answered += 1
         assert answered >= 3
         assert rb.tr.stats()["use_responses_received"] >= 3
@@ -738,7 +715,7 @@ async def test_source_deletion_delay_is_the_configured_one(autojump_clock):
     """A source whose session ended is withdrawn <source-deletion-delay> later:
     5 s configured, so not at the default 1 s, and well before the 16 s
     source timeout."""
-    from tests.router.system.test_e2e import endless_source, resolve, start_routers, udp
+    from tests.router.helpers import endless_source, resolve, start_routers, udp
 
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
@@ -765,11 +742,11 @@ async def test_source_deletion_delay_is_the_configured_one(autojump_clock):
 
 async def test_cipher_suites_decide_the_links_cipher(tmp_path):
     from router.config_model import TlsConfig
-    from tests.router.shell.test_faults import _ca, _certs
+    from tests.router.helpers import make_ca, make_certs
 
-    ca_key, ca = _ca(tmp_path, "ca")
-    a_crt, a_key = _certs(tmp_path, "a", ca_key, ca)
-    b_crt, b_key = _certs(tmp_path, "b", ca_key, ca)
+    ca_key, ca = make_ca(tmp_path, "ca")
+    a_crt, a_key = make_certs(tmp_path, "a", ca_key, ca)
+    b_crt, b_key = make_certs(tmp_path, "b", ca_key, ca)
     suite, other = "ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-RSA-AES256-GCM-SHA384"
 
     async def link(a_suites, b_suites):

@@ -43,18 +43,29 @@ from router.core.bridge import Bridge, Notice, SendFrame, StartProxy
 from router.core.tr import PortalTR
 from router.multi import MultiRouter
 from tests.helpers import free_port, write
-from tests.router.config.test_config import doc, endpoint, expect_error, expect_ok, peer
-from tests.router.core.test_bridge import APP, GROUP, OTID, advert, dgram, source_tir
-from tests.router.shell.test_faults import fetch
-from tests.router.system.test_e2e import (
+from tests.router.helpers import (
+    APP,
+    GROUP,
+    IPS,
+    OTID,
+    ROUTE_INFO,
+    advert,
     advertise_forever,
+    converged,
+    dgram,
+    doc,
+    endpoint,
+    expect_error,
+    expect_ok,
+    fetch,
     pattern,
+    peer,
     resolve,
+    source_tir,
     start_lbmrd,
     tcp_source,
     udp,
 )
-from tests.router.system.test_multihop import IPS, ROUTE_INFO, converged
 
 ACCEPT, REJECT = Action.ACCEPT, Action.REJECT
 

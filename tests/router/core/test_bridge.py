@@ -10,46 +10,19 @@ import pytest
 
 from lbmr_proto import (
     TIR,
-    TQR,
     CostOption,
     DomainIdOption,
     OtidOption,
-    Packet,
-    SourceIdOption,
-    SourceTypeOption,
     TcpTransport,
     decode,
-    encode,
 )
 from router import peerlink as P
 from router.core.bridge import Bridge, Notice, ProxyDown, ProxyUp, SendFrame, StartProxy, StopProxy
 from router.core.sessions import session_key
 from router.core.tr import PortalTR
+from tests.router.helpers import APP, GROUP, OTID, TOPIC, advert, bridge, dgram, frames, source_tir
 
-GROUP = ("239.192.1.1", 12965)
-APP = ("10.1.0.5", 12965)
 RELAY = ("10.1.0.1", 24000)
-TOPIC = "md.quotes"
-OTID = bytes([0]) + bytes(range(1, 31)) + b"\x01"
-
-
-def bridge(domain: int = 1, name: str = "A") -> Bridge:
-    tr = PortalTR(name, domain, src_id=name.encode() * 8, mode="multicast", multicast=GROUP,
-                  source_timeout=3.0, requery_interval=1.0, now=0.0)
-    return Bridge(tr)
-
-
-def dgram(*, tqrs=(), tirs=(), src_id=b"APPCTX01", src_type=0) -> bytes:
-    opts = [SourceIdOption(0x8000, src_id), SourceTypeOption(0x80, src_type)]
-    return encode(Packet(type=0, version=1, tqrs=[TQR(t) for t in tqrs], tirs=list(tirs), options=opts))
-
-
-def source_tir(topic=TOPIC, port=14371, otid=OTID) -> TIR:
-    return TIR(topic, TcpTransport("10.1.0.5", port), 60, 7, [OtidOption(0x8000, otid)])
-
-
-def frames(b: Bridge) -> list:
-    return [o.frame for o in b.outputs() if isinstance(o, SendFrame)]
 
 
 def sent_tirs(b: Bridge, now: float) -> list[TIR]:
@@ -58,10 +31,6 @@ def sent_tirs(b: Bridge, now: float) -> list[TIR]:
 
 def sent_tqrs(b: Bridge, now: float) -> list[str]:
     return [q.topic for o in b.tick(now) for q in decode(o.data).tqrs]
-
-
-def advert(aid=11, topic=TOPIC, domain=2, transport=P.StreamKind.TCP, withdraw=False):
-    return P.Advertisement(topic, domain, OTID, transport, aid, withdraw)
 
 
 def test_local_interest_goes_to_the_peer_once_the_link_is_up():

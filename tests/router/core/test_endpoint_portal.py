@@ -13,7 +13,7 @@ import trio
 
 import lbmr_proto as L
 from router import peerlink as P
-from router.config_model import acceptor_peer, initiator_peer
+from router.config_model import acceptor_peer, initiator_peer, router_config
 from router.core.bridge import Bridge, SendFrame
 from router.core.endpoint_portal import EndpointPortal
 from router.core.tr import (
@@ -25,9 +25,18 @@ from router.core.tr import (
     SourceSeen,
 )
 from router.multi import MultiRouter
-from tests.router.core.test_bridge import APP, GROUP, OTID, TOPIC, advert, dgram, source_tir
-from tests.router.system.test_e2e import start_lbmrd, udp
-from tests.router.system.test_portals import ep, router_config
+from tests.router.helpers import (
+    APP,
+    GROUP,
+    OTID,
+    TOPIC,
+    advert,
+    dgram,
+    ep,
+    source_tir,
+    start_lbmrd,
+    udp,
+)
 
 RELAY = ("10.1.0.1", 24000)
 

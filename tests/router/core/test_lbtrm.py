@@ -131,7 +131,7 @@ def test_datagram_queue_is_bounded():
 
 def test_lbtrm_config_element(tmp_path):
     from router.config import LbtrmConfig
-    from tests.router.config.test_config import doc, endpoint, expect_ok, peer
+    from tests.router.helpers import doc, endpoint, expect_ok, peer
 
     cfg = expect_ok(tmp_path, "r.xml", doc(portals=endpoint(extra='      <lbt-rm group-low="239.1.1.1" '
                                                                   'group-high="239.1.1.4" destination-port="15400" '
@@ -160,7 +160,7 @@ def test_lbtrm_config_element(tmp_path):
     ('transport="lbt-ru" max-clients="0"', "max-clients"),
 ])
 def test_lbtrm_config_errors(tmp_path, attrs, needle):
-    from tests.router.config.test_config import doc, endpoint, expect_error, peer
+    from tests.router.helpers import doc, endpoint, expect_error, peer
 
     expect_error(tmp_path, "r.xml", doc(portals=endpoint(extra=f"      <lbt-rm {attrs}/>\n") + peer()),
                  "<lbt-rm", needle)

@@ -20,7 +20,7 @@ from router.core.router_core import (
 )
 from router.core.routing import Routing
 from router.core.tr import PortalTR
-from tests.router.core.test_bridge import APP, GROUP, OTID, TOPIC, dgram, source_tir
+from tests.router.helpers import APP, GROUP, OTID, TOPIC, dgram, source_tir
 
 RELAY = ("10.2.0.1", 24000)
 CAPS = int(P.DEFAULT_CAPABILITIES | P.Capability.ROUTING)

@@ -6,87 +6,12 @@ interest came, a cut link reroutes, silent routers are forgotten."""
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 
 from router import peerlink as P
 from router.core.routing import Routing
-from router.core.transit import Transit
+from tests.router.helpers import Net
 
 OTID = bytes(range(32))
-
-
-class Net:
-    """Routers named by letter; router X serves domain ord(X) - 64 (A=1, B=2 ...)
-    unless told otherwise; link names are "X-Y" as seen from X."""
-
-    def __init__(self, names, domains=None, **kw):
-        ids = itertools.count(1)
-        self.r = {}
-        self.t = {}
-        for n in names:
-            doms = (domains or {}).get(n, {ord(n) - 64: 1})
-            self.r[n] = Routing(n, doms, now=0.0, **kw)
-            self.t[n] = Transit(self.r[n], ids)
-        self.up: set[tuple[str, str]] = set()
-        self.local: dict[str, set[tuple[str, int]]] = {x: set() for x in names}  # receivers' interest
-        self.sent: dict[tuple[str, str], set] = {}  # local interest sent, by (router, link)
-        self.got: list[tuple[str, str, P.Frame]] = []  # (to router, link, frame) of interest/adverts
-        self.now = 0.0
-
-    def deliver(self, sender, outputs):
-        queue = [(sender, o) for o in outputs]
-        while queue:
-            frm, o = queue.pop(0)
-            to = o.link.split("-")[1]
-            if (frm, to) not in self.up:
-                continue
-            back = f"{to}-{frm}"
-            if isinstance(o.frame, P.Topology):
-                queue += [(to, x) for x in self.r[to].on_topology(back, o.frame, self.now)]
-            else:
-                self.got.append((to, back, o.frame))
-                if isinstance(o.frame, P.Interest):
-                    queue += [(to, x) for x in self.t[to].on_interest(back, o.frame)]
-            queue += [(to, x) for x in self.resync(to)]
-
-    def resync(self, name):
-        """Transit's resync and the bridges' (local interest where the routes say)."""
-        out = self.t[name].resync()
-        from router.core.transit import SendOnLink
-
-        dom = next(iter(self.r[name].domains))
-        kids = set(self.r[name].children_links(dom))
-        for link in self.r[name].links():
-            sent = self.sent.setdefault((name, link), set())
-            want = self.local[name] if link in kids else set()
-            for topic, pt in want - sent:
-                out.append(SendOnLink(link, P.Interest(P.InterestAction.ADD, topic, dom, P.PatternType(pt))))
-            for topic, pt in sent - want:
-                out.append(SendOnLink(link, P.Interest(P.InterestAction.CANCEL, topic, dom, P.PatternType(pt))))
-            self.sent[(name, link)] = set(want)
-        return out
-
-    def link(self, a, b, cost=1):
-        self.up |= {(a, b), (b, a)}
-        out_a = self.r[a].link_up(f"{a}-{b}", b, cost, self.now)  # both ends connected, then
-        out_b = self.r[b].link_up(f"{b}-{a}", a, cost, self.now)  # their frames cross
-        self.deliver(a, out_a)
-        self.deliver(b, out_b)
-
-    def cut(self, a, b):
-        self.up -= {(a, b), (b, a)}
-        self.deliver(a, self.r[a].link_down(f"{a}-{b}", self.now) + self.t[a].link_down(f"{a}-{b}"))
-        self.deliver(b, self.r[b].link_down(f"{b}-{a}", self.now) + self.t[b].link_down(f"{b}-{a}"))
-
-    def want(self, name, topic, ptype=P.PatternType.TOPIC):
-        """Receivers in ``name``'s domain want ``topic``: the interest goes where
-        the routes say (what the bridges do with their local interest)."""
-        self.local[name].add((topic, int(ptype)))
-        self.deliver(name, self.resync(name))
-
-    def adds(self, topic):
-        return Counter(to for to, _, f in self.got
-                       if isinstance(f, P.Interest) and f.topic == topic and f.action == P.InterestAction.ADD)
 
 
 def _send(link, frame):

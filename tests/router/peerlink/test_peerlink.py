@@ -85,50 +85,16 @@ from router.peerlink.streams import (
     StreamState,
     StreamTable,
 )
+from tests.router.helpers import (
+    A_ID,
+    B_ID,
+    connected_peers,
+    deliver_and_answer,
+    peer_handshake,
+    peer_pair,
+)
 
-A_ID = RouterIdentity("router-a", (1, 2))
-B_ID = RouterIdentity("router-b", (3,))
 OTID = bytes(range(32))
-
-
-def pair(a_id=A_ID, b_id=B_ID, **kw):
-    a_kw = {k[2:]: v for k, v in kw.items() if k.startswith("a_")}
-    b_kw = {k[2:]: v for k, v in kw.items() if k.startswith("b_")}
-    common = {k: v for k, v in kw.items() if not k.startswith(("a_", "b_"))}
-    a = PeerConnection("initiator", a_id, nonce=0xA, **common, **a_kw)
-    b = PeerConnection("acceptor", b_id, nonce=0xB, **common, **b_kw)
-    return a, b
-
-
-def handshake(a, b, now=0.0):
-    """Run the handshake; returns (events of a, events of b)."""
-    ea, eb = [], []
-    b.start(now)
-    req = a.start(now)
-    eb += b.receive_data(req, now)
-    resp = b.data_to_send()
-    if resp:
-        ea += a.receive_data(resp, now)
-    ok = a.data_to_send()
-    if ok:  # (b"" would mean EOF)
-        eb += b.receive_data(ok, now)
-    return ea, eb
-
-
-def connected(now=0.0, **kw):
-    a, b = pair(**kw)
-    handshake(a, b, now)
-    assert a.state is b.state is State.CONNECTED
-    return a, b
-
-
-def relay(src, dst, data, now):
-    """Deliver ``data`` to ``dst``, then deliver its automatic answers back to ``src``."""
-    evs = dst.receive_data(data, now)
-    back = dst.data_to_send()
-    if back:
-        src.receive_data(back, now)
-    return evs
 
 
 # --------------------------------------------------------------------------- handshake
@@ -137,7 +103,7 @@ def relay(src, dst, data, now):
 @pytest.mark.parametrize("a_caps, b_caps", [
     (3, 3), (Capability.STREAMS, 3), (3, Capability.DATAGRAMS), (0x80000003, 0x40000001)])
 def test_handshake_both_sides_get_connected(a_caps, b_caps):
-    a, b = pair(RouterIdentity("router-a", (1, 2), a_caps), RouterIdentity("router-b", (3,), b_caps))
+    a, b = peer_pair(RouterIdentity("router-a", (1, 2), a_caps), RouterIdentity("router-b", (3,), b_caps))
     assert a.state is b.state is State.IDLE
     b.start(0.0)
     req = a.start(0.0)
@@ -169,12 +135,12 @@ def test_an_advertisement_names_its_session_only_to_a_peer_with_sessions():
     with pytest.raises(FrameDecodeError):
         decode(_with_payload(plain, plain.payload() + b"\x01\x02\x03"))
     # negotiated: carried; a peer without SESSIONS: left out when sending, an error when received
-    a, b = pair()
-    handshake(a, b)
+    a, b = peer_pair()
+    peer_handshake(a, b)
     assert a.capabilities & Capability.SESSIONS
     assert b.receive_data(a.send(f, 1.0), 1.0) == [f]
-    a, b = pair(RouterIdentity("router-a", (1,), Capability.STREAMS), B_ID)
-    handshake(a, b)
+    a, b = peer_pair(RouterIdentity("router-a", (1,), Capability.STREAMS), B_ID)
+    peer_handshake(a, b)
     assert b.receive_data(a.send(f, 1.0), 1.0) == [plain]
     evs = a.receive_data(encode(f), 1.0)
     assert isinstance(evs[0], ProtocolError) and "SESSIONS was not negotiated" in evs[0].reason
@@ -189,13 +155,13 @@ def test_an_advertisement_carries_the_origin_session_id_only_to_a_peer_with_orig
         encode(Advertisement("md.a", 1, bytes(32), 0, 7, origin_session_id=9))
     with pytest.raises(FrameDecodeError, match="origin session id 0"):
         decode(_with_payload(with_session, with_session.payload() + bytes(4)))
-    a, b = pair()
-    handshake(a, b)
+    a, b = peer_pair()
+    peer_handshake(a, b)
     assert a.capabilities & Capability.ORIGIN_SID
     assert b.receive_data(a.send(f, 1.0), 1.0) == [f]
     old = Capability.STREAMS | Capability.SESSIONS  # a router before ORIGIN_SID
-    a, b = pair(RouterIdentity("router-a", (1,), old), B_ID)
-    handshake(a, b)
+    a, b = peer_pair(RouterIdentity("router-a", (1,), old), B_ID)
+    peer_handshake(a, b)
     assert b.receive_data(a.send(f, 1.0), 1.0) == [with_session]
     evs = a.receive_data(encode(f), 1.0)
     assert isinstance(evs[0], ProtocolError) and "ORIGIN_SID was not negotiated" in evs[0].reason
@@ -206,8 +172,8 @@ def _with_payload(f, payload: bytes) -> bytes:
 
 
 def test_frames_of_a_capability_not_negotiated_are_refused():
-    a, b = pair(RouterIdentity("router-a", (1,), Capability.STREAMS), B_ID)
-    handshake(a, b)
+    a, b = peer_pair(RouterIdentity("router-a", (1,), Capability.STREAMS), B_ID)
+    peer_handshake(a, b)
     assert a.capabilities == b.capabilities == Capability.STREAMS
     with pytest.raises(LocalProtocolError, match="capability DATAGRAMS"):
         a.send(Datagram(1, b"x"), 1.0)
@@ -219,7 +185,7 @@ def test_frames_of_a_capability_not_negotiated_are_refused():
 
 
 def test_acceptor_starts_implicitly_and_handshake_survives_one_byte_chunks():
-    a, b = pair()
+    a, b = peer_pair()
     req = a.start(0.0)
     evs = []
     for i in range(len(req)):  # b never called start(): receive_data does it
@@ -233,8 +199,8 @@ def test_acceptor_starts_implicitly_and_handshake_survives_one_byte_chunks():
 
 
 def test_reject_same_domain_id_with_reason():
-    a, b = pair(RouterIdentity("router-a", (1, 5)), RouterIdentity("router-b", (5, 7)))
-    ea, eb = handshake(a, b)
+    a, b = peer_pair(RouterIdentity("router-a", (1, 5)), RouterIdentity("router-b", (5, 7)))
+    ea, eb = peer_handshake(a, b)
     assert a.state is b.state is State.CLOSED
     assert len(eb) == 1 and isinstance(eb[0], Rejected) and not eb[0].by_peer
     assert len(ea) == 1 and isinstance(ea[0], Rejected) and ea[0].by_peer
@@ -252,7 +218,7 @@ def test_reject_same_domain_id_with_reason():
 def test_reject_duplicate_name_and_bad_identity(b_identity, code, words):
     # the initiator announces the faulty identity; the acceptor (A_ID) refuses it
     b, a = PeerConnection("initiator", b_identity), PeerConnection("acceptor", A_ID)
-    eb, ea = handshake(b, a)
+    eb, ea = peer_handshake(b, a)
     assert eb[0].code == code and words in eb[0].reason and eb[0].by_peer
 
 
@@ -263,22 +229,22 @@ def test_reject_by_accept_callback():
         seen.append(peer)
         return False, "router-a is not on the allow list"
 
-    a, b = pair(b_accept=accept)
-    ea, eb = handshake(a, b)
+    a, b = peer_pair(b_accept=accept)
+    ea, eb = peer_handshake(a, b)
     assert seen[0].name == "router-a" and seen[0].domains == (1, 2)
     assert ea == [Rejected("peer 'router-b' refused the connection: router-a is not on the allow list",
                            ConnectCode.REFUSED, True)]
 
 
 def test_accept_callback_that_raises_is_a_refusal_not_a_crash():
-    a, b = pair(b_accept=lambda peer: 1 / 0)
-    ea, eb = handshake(a, b)
+    a, b = peer_pair(b_accept=lambda peer: 1 / 0)
+    ea, eb = peer_handshake(a, b)
     assert ea[0].code == ConnectCode.REFUSED and "ZeroDivisionError" in ea[0].reason
 
 
 def test_initiator_may_refuse_the_response_and_acceptor_times_out():
-    a, b = pair(a_accept=lambda peer: (False, "wrong peer"))
-    ea, eb = handshake(a, b)
+    a, b = peer_pair(a_accept=lambda peer: (False, "wrong peer"))
+    ea, eb = peer_handshake(a, b)
     assert ea == [Rejected("wrong peer", ConnectCode.REFUSED, by_peer=False)]
     assert a.data_to_send() == b"" and a.state is State.CLOSED
     assert eb == [] and b.state is State.CONNECTING and b.next_deadline() == 5.0
@@ -346,7 +312,7 @@ def test_unknown_type_before_handshake_is_an_error_even_if_ignorable():
 
 
 def test_handshake_frames_after_the_handshake_are_errors():
-    a, b = connected()
+    a, b = connected_peers()
     evs = b.receive_data(encode(ConnectRequest("x", (9,), 1)), 1.0)
     assert isinstance(evs[0], ProtocolError) and "after the handshake" in evs[0].reason
 
@@ -355,19 +321,19 @@ def test_handshake_frames_after_the_handshake_are_errors():
 
 
 def test_keepalive_only_when_idle_answered_and_rtt():
-    a, b = connected()
+    a, b = connected_peers()
     ka_times = []
     for t in range(1, 21):  # a sends something every second: it never needs a keepalive
         data = a.send(Interest(InterestAction.REFRESH, "md.x", 1), float(t))
         out, evs = a.tick(float(t))
         assert out == b"" and evs == []
-        relay(a, b, data, float(t))
+        deliver_and_answer(a, b, data, float(t))
         out, evs = b.tick(float(t))  # b only receives: it keeps its side alive
         assert evs == []
         if out:
             assert isinstance(decode(out), Keepalive)
             ka_times.append(t)
-            assert relay(b, a, out, float(t)) == []  # answered at once; no event for a
+            assert deliver_and_answer(b, a, out, float(t)) == []  # answered at once; no event for a
     assert ka_times == [5, 10, 15, 20]
     assert a.stats.keepalives_sent == 0 and b.stats.keepalives_sent == 4
     assert b.rtt.count == 4 and b.rtt.last == 0.0
@@ -389,7 +355,7 @@ def test_keepalive_only_when_idle_answered_and_rtt():
 
 
 def test_keepalive_is_due_exactly_after_the_idle_interval():
-    a, b = connected(keepalive_interval=2.0)
+    a, b = connected_peers(keepalive_interval=2.0)
     a.send(Interest(InterestAction.ADD, "t", 1), 3.0)
     assert a.next_deadline() == 5.0
     assert a.tick(4.999)[0] == b""
@@ -398,7 +364,7 @@ def test_keepalive_is_due_exactly_after_the_idle_interval():
 
 
 def test_rtt_statistics_over_several_samples():
-    a, b = connected()
+    a, b = connected_peers()
     for i, rtt in enumerate([0.030, 0.010, 0.050]):
         t0 = 5.0 * (i + 1)
         out, _ = a.tick(t0)
@@ -410,7 +376,7 @@ def test_rtt_statistics_over_several_samples():
 
 
 def test_timeout_after_15_seconds_of_silence():
-    a, b = connected(now=100.0)
+    a, b = connected_peers(now=100.0)
     sent = []
     t = 100.0
     while a.state is State.CONNECTED:
@@ -425,8 +391,8 @@ def test_timeout_after_15_seconds_of_silence():
 
 
 def test_any_received_frame_counts_as_liveness():
-    a, b = connected()
-    relay(b, a, b.send(Advertisement("t", 3, OTID, 0, 1), 14.0), 14.0)
+    a, b = connected_peers()
+    deliver_and_answer(b, a, b.send(Advertisement("t", 3, OTID, 0, 1), 14.0), 14.0)
     out, evs = a.tick(15.0)  # not dead (heard at 14); its own keepalive was overdue
     assert evs == [] and isinstance(decode(out), Keepalive)
     sent = []
@@ -438,7 +404,7 @@ def test_any_received_frame_counts_as_liveness():
 
 
 def test_keepalives_can_be_disabled():
-    a, b = connected(keepalive_interval=0, dead_after=0)
+    a, b = connected_peers(keepalive_interval=0, dead_after=0)
     assert a.next_deadline() == math.inf and a.tick(1e6) == (b"", [])
 
 
@@ -447,7 +413,7 @@ def test_keepalives_can_be_disabled():
 
 @pytest.mark.parametrize("who", ["initiator", "acceptor"])
 def test_graceful_disconnect_request_response_ok(who):
-    a, b = connected()
+    a, b = connected_peers()
     x, y = (a, b) if who == "initiator" else (b, a)  # x asks, y answers
     req = x.send(DisconnectRequest("shutting down"), 1.0)
     assert x.state is State.DISCONNECTING
@@ -472,7 +438,7 @@ def test_graceful_disconnect_request_response_ok(who):
 
 
 def test_disconnect_requests_that_cross():
-    a, b = connected()
+    a, b = connected_peers()
     ra, rb = a.send(DisconnectRequest("a"), 1.0), b.send(DisconnectRequest("b"), 1.0)
     assert a.receive_data(rb, 1.1) == [DisconnectRequested("b")]
     assert b.receive_data(ra, 1.1) == [DisconnectRequested("a")]
@@ -484,7 +450,7 @@ def test_disconnect_requests_that_cross():
 
 
 def test_disconnect_times_out_if_the_peer_never_answers():
-    a, b = connected()
+    a, b = connected_peers()
     b.receive_data(a.send(DisconnectRequest("bye"), 1.0), 1.0)  # b never responds
     assert a.next_deadline() == 6.0
     assert a.tick(5.9)[1] == []
@@ -494,7 +460,7 @@ def test_disconnect_times_out_if_the_peer_never_answers():
 
 
 def test_disconnect_times_out_if_the_ok_never_comes():
-    a, b = connected()
+    a, b = connected_peers()
     b.receive_data(a.send(DisconnectRequest("bye"), 10.0), 10.0)
     b.send(DisconnectResponse(), 11.0)  # never delivered
     assert b.tick(15.9)[1] == [] and b.next_deadline() == 16.0
@@ -503,21 +469,21 @@ def test_disconnect_times_out_if_the_ok_never_comes():
 
 
 def test_disconnect_rule_breaking_peer_is_a_protocol_error():
-    a, b = connected()
+    a, b = connected_peers()
     b.receive_data(a.send(DisconnectRequest("bye"), 1.0), 1.0)
     # a promised to send nothing but receive-side frames after its request
     evs = b.receive_data(encode(StreamData(1, b"sneaky")), 1.1)
     assert isinstance(evs[0], ProtocolError) and "after the peer's DISCONNECT_REQUEST" in evs[0].reason
-    a, b = connected()
+    a, b = connected_peers()
     evs = b.receive_data(encode(DisconnectResponse()), 1.0)
     assert isinstance(evs[0], ProtocolError)
-    a, b = connected()
+    a, b = connected_peers()
     with pytest.raises(LocalProtocolError):
         a.send(DisconnectResponse(), 1.0)  # nothing to answer
 
 
 def test_eof_before_close_is_connection_lost():
-    a, b = connected()
+    a, b = connected_peers()
     assert b.receive_data(encode(Interest(InterestAction.ADD, "t", 1))[:5], 1.0) == []
     evs = b.receive_data(b"", 1.0)
     assert evs == [ConnectionLost("peer closed the connection in the middle of a frame (state CONNECTED)")]
@@ -525,7 +491,7 @@ def test_eof_before_close_is_connection_lost():
 
 
 def test_link_frames_cannot_be_sent_by_hand():
-    a, b = connected()
+    a, b = connected_peers()
     for f in (Keepalive(1, 1), KeepaliveAck(1, 1), ConnectOk(), DisconnectOk(),
               ConnectRequest("x", (), 1)):
         with pytest.raises(LocalProtocolError, match="produced by the connection"):
@@ -592,14 +558,14 @@ def test_arbitrary_bytes_never_crash(data, role):
 @given(st.binary(min_size=1, max_size=300))
 @settings(max_examples=200, deadline=None)
 def test_arbitrary_bytes_after_the_handshake_never_crash(data):
-    a, b = connected()
+    a, b = connected_peers()
     evs = b.receive_data(b"LBRP\x01" + data, 1.0)
     for e in evs:
         assert isinstance(e, ProtocolError | DisconnectRequested) or type(e) in FRAME_TYPES.values()
 
 
 def test_unknown_frame_types_after_the_handshake():
-    a, b = connected()
+    a, b = connected_peers()
     interest = Interest(InterestAction.ADD, "t", 1)
     data = encode_raw(0x7F, b"from the future", FLAG_IGNORABLE) + encode(interest)
     assert b.receive_data(data, 1.0) == [interest] and b.stats.ignored_frames == 1
@@ -608,10 +574,10 @@ def test_unknown_frame_types_after_the_handshake():
 
 
 def test_malformed_known_frame_after_handshake():
-    a, b = connected()
+    a, b = connected_peers()
     evs = b.receive_data(encode_raw(FrameType.INTEREST, b"\x09\x00\x00\x00\x00\x01\x00\x00"), 1.0)
     assert isinstance(evs[0], ProtocolError) and "InterestAction value 9" in evs[0].reason
-    a, b = connected()
+    a, b = connected_peers()
     evs = b.receive_data(encode_raw(FrameType.STREAM_CREDIT, bytes(9)), 1.0)
     assert "1 unexpected trailing byte" in evs[0].reason
 
@@ -712,9 +678,9 @@ def test_payload_limit_is_configurable():
     big = StreamData(1, bytes(MAX_PAYLOAD))  # 4 bytes over the 1 MiB default
     with pytest.raises(FrameEncodeError):
         encode(big)
-    a, b = connected(max_payload=2 * MAX_PAYLOAD)
+    a, b = connected_peers(max_payload=2 * MAX_PAYLOAD)
     assert b.receive_data(a.send(big, 1.0), 1.0) == [big]
-    a, b = connected(b_max_payload=1000)
+    a, b = connected_peers(b_max_payload=1000)
     with pytest.raises(FrameDecodeError):
         decode(encode(StreamData(1, bytes(2000))), max_payload=1000)
     evs = b.receive_data(a.send(StreamData(1, bytes(2000)), 1.0), 1.0)
@@ -732,7 +698,7 @@ def _chunks(data: bytes, cuts: list[int]) -> list[bytes]:
 def test_random_chunkings_decode_identically(frames, data):
     wire = b"".join(encode(f) for f in frames)
     cuts = data.draw(st.lists(st.integers(0, len(wire)), max_size=40))
-    a, b = connected()
+    a, b = connected_peers()
     got = []
     for chunk in _chunks(wire, cuts):
         got += b.receive_data(chunk, 1.0)
@@ -747,10 +713,10 @@ def test_every_byte_boundary_decodes_identically():
               StreamRefuse(5, 2, "no such advert"), StreamClose(1, 0)]
     wire = b"".join(encode(f) for f in frames)
     for i in range(len(wire) + 1):
-        a, b = connected()
+        a, b = connected_peers()
         got = [e for part in (wire[:i], wire[i:]) if part for e in b.receive_data(part, 1.0)]
         assert got == frames, i
-    a, b = connected()
+    a, b = connected_peers()
     got = [e for i in range(len(wire)) for e in b.receive_data(wire[i:i + 1], 1.0)]
     assert got == frames
 
@@ -808,7 +774,7 @@ class Link:
     def __init__(self, seed=0, max_data_bytes=8 << 20, **table_kw):
         self.rng = random.Random(seed)
         self.now = 0.0
-        self.a, self.b = connected()
+        self.a, self.b = connected_peers()
         self.ta, self.tb = StreamTable("initiator", **table_kw), StreamTable("acceptor", **table_kw)
         self.qa, self.qb = OutQueue(max_data_bytes=max_data_bytes), OutQueue(max_data_bytes=max_data_bytes)
         self.events = {"a": [], "b": []}
@@ -1214,7 +1180,7 @@ async def _drive(conn, stream, log, *, hang_after=None):
 
 async def test_keepalives_over_a_memory_stream_then_a_hung_peer_times_out(autojump_clock):
     sa, sb = trio.testing.memory_stream_pair()
-    a, b = pair()
+    a, b = peer_pair()
     la, lb = [], []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_drive, a, sa, la)
@@ -1237,7 +1203,7 @@ async def test_keepalives_over_a_memory_stream_then_a_hung_peer_times_out(autoju
 async def test_loopback_tcp_handshake_interest_and_graceful_disconnect():
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
-    a, b = pair()
+    a, b = peer_pair()
     la, lb = [], []
     interest = Interest(InterestAction.ADD, "md.quotes", 1)
     with trio.fail_after(10):

@@ -23,9 +23,10 @@ from router.relay import Relay
 from router.relay_tcp import pump_down, pump_up
 from router.splice import PIPE_POOL
 from tests.helpers import LoneSite
-from tests.router.shell.test_faults import _ca, _certs
-from tests.router.system.test_e2e import (
+from tests.router.helpers import (
     advertise_forever,
+    make_ca,
+    make_certs,
     pattern,
     resolve,
     start_lbmrd,
@@ -130,9 +131,9 @@ async def test_zero_copy_transfer_is_byte_exact_and_spliced():
 
 
 async def test_tls_link_takes_the_copy_path_byte_exact(tmp_path):
-    ca_key, ca = _ca(tmp_path, "ca")
-    a_crt, a_key = _certs(tmp_path, "a", ca_key, ca)
-    b_crt, b_key = _certs(tmp_path, "b", ca_key, ca)
+    ca_key, ca = make_ca(tmp_path, "ca")
+    a_crt, a_key = make_certs(tmp_path, "a", ca_key, ca)
+    b_crt, b_key = make_certs(tmp_path, "b", ca_key, ca)
     total = 12 << 20
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")

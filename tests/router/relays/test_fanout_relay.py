@@ -13,118 +13,25 @@ import pytest
 import trio
 
 from lbmr_proto import lbmc
-from lbmr_tools.sim.dataplane import TcpDataReceiver, TcpDataSource
+from lbmr_tools.sim.dataplane import TcpDataReceiver
 from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint
 from router.daemon import Router
-from tests.router.system.test_e2e import advertise_forever, resolve, start_lbmrd, udp
+from tests.router.helpers import (
+    SRC_IP,
+    TCP_SEED,
+    TCP_SID,
+    TCP_TIDX,
+    Forwarder,
+    advertise_forever,
+    resolve,
+    start_forwarded_chain,
+    start_forwarded_pair,
+    start_lbmrd,
+    tcp_live_source,
+    tcp_receiver,
+    udp,
+)
 from tests.tshark_judge import compare_lbmc, run_tshark_lbmc, segments, write_lbttcp_pcap
-
-SRC_IP = "127.0.1.5"
-SEED, TIDX, SID = 21, 3, 0x5EED
-
-
-class Forwarder:
-    """A TCP forwarder between two routers' peer ports that counts the bytes
-    of each direction (``a_to_b``: from the initiator, A, to B); ``pace``:
-    bytes per second it relays from A to B (None: as fast as it goes)."""
-
-    def __init__(self, target: tuple[str, int], pace: float | None = None) -> None:
-        self.target = target
-        self.pace = pace
-        self.a_to_b = 0
-        self.b_to_a = 0
-
-    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        task_status.started(listeners[0].socket.getsockname()[:2])
-        await trio.serve_listeners(self._handle, listeners)
-
-    async def _handle(self, a: trio.SocketStream) -> None:
-        b = await trio.open_tcp_stream(*self.target)
-        async with a, b, trio.open_nursery() as n:
-            n.start_soon(self._copy, a, b, "a_to_b", n.cancel_scope)
-            n.start_soon(self._copy, b, a, "b_to_a", n.cancel_scope)
-
-    async def _copy(self, src, dst, name, scope) -> None:
-        try:
-            paced = self.pace if name == "a_to_b" else None
-            while data := await src.receive_some(1 << 14 if paced else 1 << 18):
-                setattr(self, name, getattr(self, name) + len(data))
-                await dst.send_all(data)
-                if paced:
-                    await trio.sleep(len(data) / paced)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        scope.cancel()
-
-
-async def start_pair(n, a: dict | None = None, b: dict | None = None, **endpoint):
-    """lbmrds, router B (TRD2, acceptor), the forwarder, router A (TRD1, initiator
-    to the forwarder); ``endpoint``: EndpointConfig fields of both, ``a``/``b``:
-    of one. The link is up when it returns. (ra, rb, fwd, trd1, trd2)."""
-    _, trd1 = await start_lbmrd(n, "127.0.1.1")
-    _, trd2 = await start_lbmrd(n, "127.0.2.1")
-    rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1", **endpoint | (b or {})),
-                acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
-    b_addr = await n.start(rb.run)
-    fwd = Forwarder(b_addr["peer"])
-    f_addr = await n.start(fwd.serve)
-    ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [trd1], interface="127.0.1.1", **endpoint | (a or {})),
-                initiator_peer("A-to-B", *f_addr, reconnect_interval_ms=500))
-    await n.start(ra.run)
-    with trio.fail_after(5):
-        while rb.status()["peer"]["state"] != "CONNECTED":
-            await trio.sleep(0.05)
-    return ra, rb, fwd, trd1, trd2
-
-
-async def start_chain(n):
-    """lbmrds of TRD1..3 on 127.0.d.1 and routers r1 - r2 - r3 (r2 the
-    acceptor of both links), each link through a counting :class:`Forwarder`
-    (``f12.a_to_b``: r1 to r2, ``f32.b_to_a``: r2 to r3). The routers are
-    running when it returns: (r1, r2, r3, f12, f32, trds, ips)."""
-    from router.config_model import router_config
-    from router.multi import MultiRouter
-
-    ips = {d: f"127.0.{d}.1" for d in (1, 2, 3)}
-    trds = {d: (await start_lbmrd(n, ip))[1] for d, ip in ips.items()}
-
-    def ep(d):
-        return lbmrd_endpoint(f"T{d}", d, [trds[d]], interface=ips[d])
-
-    r2 = MultiRouter(router_config("r2", [ep(2)], [acceptor_peer("2-1", 0, interface="127.0.0.1"),
-                                                    acceptor_peer("2-3", 0, interface="127.0.0.1")]))
-    links = (await n.start(r2.run))["links"]
-    f12, f32 = Forwarder(links[0]["peer"]), Forwarder(links[1]["peer"])
-    a12, a32 = await n.start(f12.serve), await n.start(f32.serve)
-    r1 = MultiRouter(router_config("r1", [ep(1)], [initiator_peer("1-2", *a12, reconnect_interval_ms=300)]))
-    r3 = MultiRouter(router_config("r3", [ep(3)], [initiator_peer("3-2", *a32, reconnect_interval_ms=300)]))
-    await n.start(r1.run)
-    await n.start(r3.run)
-    return r1, r2, r3, f12, f32, trds, ips
-
-
-async def live_source(n, trd1, **kw) -> tuple[TcpDataSource, trio.CancelScope]:
-    """lbmr-sim's live TCP source at SRC_IP, advertised in TRD1; cancelling the
-    scope ends the session (the source closes every connection, and advertises
-    no more)."""
-    src = TcpDataSource(SRC_IP, 0, seed=SEED, tidx=TIDX, session_id=SID, **kw)
-    scope = trio.CancelScope()
-
-    async def run(task_status):
-        with scope:
-            async with trio.open_nursery() as sn:
-                ip, port = await sn.start(src.serve)
-                sn.start_soon(advertise_forever, udp(SRC_IP), trd1, ip, port)
-                task_status.started()
-
-    await n.start(run)
-    return src, scope
-
-
-def receiver(tir, k: int, **kw) -> TcpDataReceiver:
-    return TcpDataReceiver(tir.transport.ip, tir.transport.port, None, SEED, tidx=TIDX,
-                           bind_ip=f"127.0.2.{20 + k}", timeout=60, **kw)
 
 
 async def deaf_receiver(tir):
@@ -141,11 +48,11 @@ async def deaf_receiver(tir):
 @pytest.mark.parametrize("receivers", [1, 10])
 async def test_one_copy_on_the_link_and_one_source_connection_for_any_number_of_receivers(receivers):
     async with trio.open_nursery() as n:
-        ra, rb, fwd, trd1, trd2 = await start_pair(n)
-        src, src_scope = await live_source(n, trd1, rate=2000, message_size=1000)
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        src, src_scope = await tcp_live_source(n, trd1, rate=2000, message_size=1000)
         tir = await resolve(udp("127.0.2.9"), trd2)
         link0 = fwd.a_to_b
-        rxs = [receiver(tir, k) for k in range(receivers)]
+        rxs = [tcp_receiver(tir, k) for k in range(receivers)]
         results = []
 
         async def run(rx, task_status):
@@ -159,7 +66,7 @@ async def test_one_copy_on_the_link_and_one_source_connection_for_any_number_of_
         link = fwd.a_to_b - link0
         for r in results:
             assert r.error is None and r.eof and r.messages > 1000, r
-            assert r.session_id == SID  # the session's TCP_SID came first
+            assert r.session_id == TCP_SID  # the session's TCP_SID came first
         one = max(r.stream_bytes for r in results)
         print(f"{receivers} receivers: link {link} bytes, one receiver {one} bytes, "
               f"ratio {link / one:.3f}")
@@ -176,10 +83,10 @@ async def test_a_receiver_that_never_reads_slows_nobody_and_its_drops_are_counte
     messages (counted), and it is disconnected after the stall timeout."""
     rate, size = 2000, 1000
     async with trio.open_nursery() as n:
-        ra, rb, fwd, trd1, trd2 = await start_pair(n, fanout_max_queue=100_000, fanout_stall_timeout_ms=4000)
-        src, _ = await live_source(n, trd1, rate=rate, message_size=size)
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n, fanout_max_queue=100_000, fanout_stall_timeout_ms=4000)
+        src, _ = await tcp_live_source(n, trd1, rate=rate, message_size=size)
         tir = await resolve(udp("127.0.2.9"), trd2)
-        rxs = [receiver(tir, k) for k in range(3)]
+        rxs = [tcp_receiver(tir, k) for k in range(3)]
         for rx in rxs:
             n.start_soon(rx.run)
         deaf = await deaf_receiver(tir)
@@ -207,15 +114,15 @@ async def test_a_receiver_that_never_reads_slows_nobody_and_its_drops_are_counte
 
 async def test_a_late_joiner_starts_at_a_message_boundary_after_the_session_id():
     async with trio.open_nursery() as n:
-        ra, rb, fwd, trd1, trd2 = await start_pair(n)
-        src, _ = await live_source(n, trd1, rate=3000, message_size=3001)
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        src, _ = await tcp_live_source(n, trd1, rate=3000, message_size=3001)
         tir = await resolve(udp("127.0.2.9"), trd2)
-        first, late = receiver(tir, 0, max_bytes=30_000_000), receiver(tir, 1, max_bytes=3_000_000)
+        first, late = tcp_receiver(tir, 0, max_bytes=30_000_000), tcp_receiver(tir, 1, max_bytes=3_000_000)
         n.start_soon(first.run)
         await trio.sleep(1.0)
         r2 = await late.run()
         assert r2.error is None and r2.messages > 100, r2
-        assert r2.session_id == SID and r2.control_messages == 1  # TCP_SID first, once
+        assert r2.session_id == TCP_SID and r2.control_messages == 1  # TCP_SID first, once
         with trio.fail_after(20):
             while not first.result.done:
                 await trio.sleep(0.1)
@@ -230,13 +137,13 @@ async def test_the_origin_ends_the_session_and_the_proxy_is_withdrawn_in_the_del
     proxy is withdrawn within source-deletion-delay (1 s) plus a margin; one
     receiver leaving earlier did not end the session for the others."""
     async with trio.open_nursery() as n:
-        ra, rb, fwd, trd1, trd2 = await start_pair(n)
-        src, src_scope = await live_source(n, trd1, rate=2000, message_size=500)
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        src, src_scope = await tcp_live_source(n, trd1, rate=2000, message_size=500)
         tir = await resolve(udp("127.0.2.9"), trd2)
-        rxs = [receiver(tir, k) for k in range(3)]
+        rxs = [tcp_receiver(tir, k) for k in range(3)]
         for rx in rxs:
             await n.start(rx.run)
-        leaver = receiver(tir, 5, max_bytes=100_000)
+        leaver = tcp_receiver(tir, 5, max_bytes=100_000)
         assert (await leaver.run()).error is None  # leaves after 100 kB
         await trio.sleep(0.5)
         assert all(not rx.result.done for rx in rxs)  # the session goes on for the others
@@ -257,8 +164,8 @@ async def test_the_origin_ends_the_session_and_the_proxy_is_withdrawn_in_the_del
 
 async def test_tshark_decodes_a_capture_of_the_proxys_stream_with_no_expert(tmp_path):
     async with trio.open_nursery() as n:
-        ra, rb, fwd, trd1, trd2 = await start_pair(n)
-        await live_source(n, trd1, rate=3000, message_size=700)
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        await tcp_live_source(n, trd1, rate=3000, message_size=700)
         tir = await resolve(udp("127.0.2.9"), trd2)
         stream = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
         framer = lbmc.StreamFramer()
@@ -275,7 +182,7 @@ async def test_tshark_decodes_a_capture_of_the_proxys_stream_with_no_expert(tmp_
     layers = [layer for f in frames for layer in f.lbmc]
     assert len(layers) == 60 and not any(f.flagged for f in frames)
     assert [compare_lbmc(layer, lbmc.decode(m)) for layer, m in zip(layers, msgs, strict=True)] == [[]] * 60
-    assert lbmc.decode(msgs[0]).header(lbmc.TcpSidHeader).session_id == SID
+    assert lbmc.decode(msgs[0]).header(lbmc.TcpSidHeader).session_id == TCP_SID
 
 
 async def test_receiver_control_is_counted_at_the_proxy_and_bad_bytes_close_only_that_receiver():
@@ -283,14 +190,14 @@ async def test_receiver_control_is_counted_at_the_proxy_and_bad_bytes_close_only
     proxy, not passed to the origin; a receiver that sends bytes that are not
     LBMC is disconnected, the others go on."""
     async with trio.open_nursery() as n:
-        ra, rb, fwd, trd1, trd2 = await start_pair(n)
-        src, _ = await live_source(n, trd1, rate=2000, message_size=500)
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        src, _ = await tcp_live_source(n, trd1, rate=2000, message_size=500)
         tir = await resolve(udp("127.0.2.9"), trd2)
-        good = receiver(tir, 0, max_bytes=3_000_000)
+        good = tcp_receiver(tir, 0, max_bytes=3_000_000)
         n.start_soon(good.run)
         talker = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
         ctl = lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(lbmc.TcpSidHeader(0, 7),)))
-        ssf = lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(lbmc.SsfInitHeader(0, 0, TIDX, 1, 14391),)))
+        ssf = lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(lbmc.SsfInitHeader(0, 0, TCP_TIDX, 1, 14391),)))
         await talker.send_all(ctl + ssf)
         bad = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
         await bad.send_all(b"\xff" * 16)
@@ -314,10 +221,10 @@ async def test_receiver_control_is_counted_at_the_proxy_and_bad_bytes_close_only
 async def test_fanout_off_relays_each_receiver_connection_on_its_own():
     """<relay fanout="off">: one stream and one source connection per receiver."""
     async with trio.open_nursery() as n:
-        ra, rb, fwd, trd1, trd2 = await start_pair(n, fanout=False)
-        src, _ = await live_source(n, trd1, rate=2000, message_size=500)
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n, fanout=False)
+        src, _ = await tcp_live_source(n, trd1, rate=2000, message_size=500)
         tir = await resolve(udp("127.0.2.9"), trd2)
-        results = [await receiver(tir, k, max_bytes=200_000).run() for k in range(3)]
+        results = [await tcp_receiver(tir, k, max_bytes=200_000).run() for k in range(3)]
         assert all(r.error is None and r.messages > 100 for r in results), results
         assert len(src.connections) == 3 and rb.counters["fanout_streams_opened"] == 0
         n.cancel_scope.cancel()
@@ -331,11 +238,11 @@ async def test_the_session_lingers_briefly_after_its_last_receiver_and_then_lets
     from router.fanout_relay import NEAR_LINGER, UPSTREAM_LINGER
 
     async with trio.open_nursery() as n:
-        ra, rb, fwd, trd1, trd2 = await start_pair(n)
-        src, _ = await live_source(n, trd1, rate=1000, message_size=500)
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        src, _ = await tcp_live_source(n, trd1, rate=1000, message_size=500)
         tir = await resolve(udp("127.0.2.9"), trd2)
-        assert (await receiver(tir, 0, max_bytes=50_000).run()).error is None
-        assert (await receiver(tir, 1, max_bytes=50_000).run()).error is None  # at once: same session
+        assert (await tcp_receiver(tir, 0, max_bytes=50_000).run()).error is None
+        assert (await tcp_receiver(tir, 1, max_bytes=50_000).run()).error is None  # at once: same session
         assert len(src.connections) == 1 and src.connections[0].finished is None
         left = trio.current_time()
         with trio.fail_after(NEAR_LINGER + 2 * UPSTREAM_LINGER + 2):
@@ -343,16 +250,16 @@ async def test_the_session_lingers_briefly_after_its_last_receiver_and_then_lets
                 await trio.sleep(0.05)
         assert trio.current_time() - left >= NEAR_LINGER
         assert rb.status()["streams"] == 0 and ra.status()["streams"] == 0
-        r = await receiver(tir, 2, max_bytes=50_000).run()  # a new session for a new receiver
+        r = await tcp_receiver(tir, 2, max_bytes=50_000).run()  # a new session for a new receiver
         assert r.error is None and len(src.connections) == 2
         n.cancel_scope.cancel()
 
 
 async def test_an_origin_that_sends_bytes_that_are_not_lbmc_ends_its_session():
-    from tests.router.system.test_e2e import tcp_source
+    from tests.router.helpers import tcp_source
 
     async with trio.open_nursery() as n:
-        ra, rb, fwd, trd1, trd2 = await start_pair(n)
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
         addr = await tcp_source(n, SRC_IP, 1 << 20)  # a byte pattern
         n.start_soon(advertise_forever, udp(SRC_IP), trd1, *addr)
         tir = await resolve(udp("127.0.2.9"), trd2)
@@ -367,10 +274,10 @@ async def test_a_peer_stream_that_is_not_lbmc_is_closed_at_the_proxy():
     """Router A relays per connection (fanout off: the origin's bytes as they
     are), router B fans out: bytes on the stream that are not LBMC close the
     proxy's stream (counted), and its receiver gets nothing of them."""
-    from tests.router.system.test_e2e import tcp_source
+    from tests.router.helpers import tcp_source
 
     async with trio.open_nursery() as n:
-        ra, rb, fwd, trd1, trd2 = await start_pair(n, a={"fanout": False})
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n, a={"fanout": False})
         addr = await tcp_source(n, SRC_IP, 1 << 20)
         n.start_soon(advertise_forever, udp(SRC_IP), trd1, *addr)
         tir = await resolve(udp("127.0.2.9"), trd2)
@@ -386,15 +293,15 @@ async def test_receivers_relayed_per_connection_share_a_fanned_out_session_at_th
     link, one connection to the origin, every receiver whole messages from its
     join point."""
     async with trio.open_nursery() as n:
-        ra, rb, fwd, trd1, trd2 = await start_pair(n, b={"fanout": False})
-        src, _ = await live_source(n, trd1, rate=2000, message_size=500)
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n, b={"fanout": False})
+        src, _ = await tcp_live_source(n, trd1, rate=2000, message_size=500)
         tir = await resolve(udp("127.0.2.9"), trd2)
-        rxs = [receiver(tir, k, max_bytes=300_000) for k in range(3)]
+        rxs = [tcp_receiver(tir, k, max_bytes=300_000) for k in range(3)]
         async with trio.open_nursery() as rn:
             for rx in rxs:
                 rn.start_soon(rx.run)
         assert all(rx.result.error is None and rx.result.messages > 100 for rx in rxs), [rx.result for rx in rxs]
-        assert all(rx.result.session_id == SID for rx in rxs)
+        assert all(rx.result.session_id == TCP_SID for rx in rxs)
         assert len(src.connections) == 1 and ra.counters["fanout_upstreams"] == 1
         assert rb.counters["streams_opened"] == 3 and rb.counters["fanout_streams_opened"] == 0
         n.cancel_scope.cancel()
@@ -406,8 +313,8 @@ async def test_one_copy_on_each_link_of_a_chain_of_three_for_ten_receivers():
     session (r2 passes it on through its own fan-out), the origin has one
     connection, and every receiver gets whole, consecutive messages."""
     async with trio.open_nursery() as n:
-        r1, r2, r3, f12, f32, trds, ips = await start_chain(n)
-        src, src_scope = await live_source(n, trds[1], rate=2000, message_size=1000)
+        r1, r2, r3, f12, f32, trds, ips = await start_forwarded_chain(n)
+        src, src_scope = await tcp_live_source(n, trds[1], rate=2000, message_size=1000)
         tir = await resolve(udp("127.0.3.9"), trds[3], timeout=20)
         assert tir.transport.ip == ips[3]
         l12, l23 = f12.a_to_b, f32.b_to_a
@@ -418,7 +325,7 @@ async def test_one_copy_on_each_link_of_a_chain_of_three_for_ten_receivers():
 
         async with trio.open_nursery() as rn:
             for k in range(10):
-                rx = TcpDataReceiver(tir.transport.ip, tir.transport.port, None, SEED, tidx=TIDX,
+                rx = TcpDataReceiver(tir.transport.ip, tir.transport.port, None, TCP_SEED, tidx=TCP_TIDX,
                                      bind_ip=f"127.0.3.{20 + k}", timeout=60)
                 await rn.start(run, rx)
             await trio.sleep(3)
@@ -451,7 +358,7 @@ async def test_a_link_queue_smaller_than_the_sessions_backlog_loses_no_frame():
         ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [trd1], interface="127.0.1.1"),
                     initiator_peer("A-to-B", *f_addr, reconnect_interval_ms=500, max_queue=64 << 10))
         await n.start(ra.run)
-        await live_source(n, trd1, rate=4000, message_size=3000, max_burst=64)
+        await tcp_live_source(n, trd1, rate=4000, message_size=3000, max_burst=64)
         tir = await resolve(udp("127.0.2.9"), trd2)
         framer, got = lbmc.StreamFramer(), 0
         with trio.move_on_after(4):

@@ -13,8 +13,7 @@ import lbmr_proto as L
 from lbmr_proto import lbtrm as RM
 from router import peerlink as P
 from router.peerlink import streams as S
-from tests.router.shell.test_defects import acceptor, handshake
-from tests.router.system.test_e2e import start_lbmrd, udp
+from tests.router.helpers import acceptor_router, connect_as_peer, start_lbmrd, udp
 
 RM_TOPIC, TCP_TOPIC = "md.rm.evil", "md.tcp.evil"
 GROUP, DPORT, SESSION = "239.255.77.1", 14777, 0xABCD1234
@@ -68,14 +67,14 @@ class Evil:
 async def test_hostile_peer_lbtrm_streams_are_bounded_and_only_naks_reach_the_source():
     async with trio.open_nursery() as n:
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        rb = acceptor(trd2)
+        rb = acceptor_router(trd2)
         addr = await n.start(rb.run)
         nak_sock = udp("127.0.2.5")  # the LBT-RM source's unicast (NAK) port
         sip, sport = nak_sock.getsockname()
         await advertise(n, trd2, [
             L.TIR(RM_TOPIC, L.LbtrmTransport(sip, GROUP, SESSION, DPORT, sport), 60, 1),
             L.TIR(TCP_TOPIC, L.TcpTransport(sip, 9), 60, 2)])
-        evil = Evil(*await handshake(addr["peer"]))
+        evil = Evil(*await connect_as_peer(addr["peer"]))
         await evil.send(P.Interest(P.InterestAction.ADD, RM_TOPIC, 1, P.PatternType.TOPIC),
                         P.Interest(P.InterestAction.ADD, TCP_TOPIC, 1, P.PatternType.TOPIC))
         await evil.pump(lambda: len(evil.adverts) == 2)
@@ -113,13 +112,13 @@ async def test_hostile_peer_lbtrm_streams_are_bounded_and_only_naks_reach_the_so
 async def test_far_side_stream_limit_per_link():
     async with trio.open_nursery() as n:
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        rb = acceptor(trd2)
+        rb = acceptor_router(trd2)
         addr = await n.start(rb.run)
         rb.relay.lbtrm.max_streams = 2
         topics = [f"md.rm.limit.{i}" for i in range(3)]
         await advertise(n, trd2, [L.TIR(t, L.LbtrmTransport("127.0.2.5", GROUP, i + 1, DPORT, 9), 60, i + 1)
                                   for i, t in enumerate(topics)])
-        evil = Evil(*await handshake(addr["peer"]))
+        evil = Evil(*await connect_as_peer(addr["peer"]))
         await evil.send(*(P.Interest(P.InterestAction.ADD, t, 1, P.PatternType.TOPIC) for t in topics))
         await evil.pump(lambda: len(evil.adverts) == 3)
         sids = [evil.table.open(evil.adverts[t], P.StreamKind.LBTRM) for t in topics]

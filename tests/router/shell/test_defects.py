@@ -5,11 +5,20 @@ from __future__ import annotations
 import trio
 
 import lbmr_proto as L
-from router.config_model import PortRange, acceptor_peer, initiator_peer, lbmrd_endpoint
+from router.config_model import PortRange, initiator_peer, lbmrd_endpoint
 from router.core.tr import synthesize_otid
 from router.daemon import Router
 from tests.helpers import LoneSite
-from tests.router.system.test_e2e import TOPIC, resolve, start_lbmrd, start_routers, tirs_in, udp
+from tests.router.helpers import (
+    ROUTED_TOPIC,
+    acceptor_router,
+    connect_as_peer,
+    resolve,
+    start_lbmrd,
+    start_routers,
+    tirs_in,
+    udp,
+)
 
 
 async def ru_source(nursery, ip, *, count=1_000_000, size=200):
@@ -37,7 +46,7 @@ async def ru_source(nursery, ip, *, count=1_000_000, size=200):
     return (*src.getsockname(), seen)
 
 
-async def advertise_ru(nursery, trd, ip, port, *, topic=TOPIC, ctx_ip="127.0.1.6", otid=None, interval=0.5):
+async def advertise_ru(nursery, trd, ip, port, *, topic=ROUTED_TOPIC, ctx_ip="127.0.1.6", otid=None, interval=0.5):
     otid = otid or synthesize_otid(L.LbtruTransport(ip, port), 7)
     tir = L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, L.LbtruTransport(ip, port), 60, 7,
                                               [L.OtidOption(0x8000, otid)])]))
@@ -134,7 +143,7 @@ async def test_lbtru_from_5000_ports_is_bounded_and_tcp_still_gets_its_stream():
     """Defect (hostile TRD): LBT-RU datagrams from 5,000 receiver ports opened
     4,096 streams (and far sockets) that never ended, after which a TCP
     receiver got an empty stream (the peer's stream table was full)."""
-    from tests.router.system.test_e2e import advertise_forever, pattern, tcp_source
+    from tests.router.helpers import advertise_forever, pattern, tcp_source
 
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
@@ -169,32 +178,6 @@ async def test_lbtru_from_5000_ports_is_bounded_and_tcp_still_gets_its_stream():
         n.cancel_scope.cancel()
 
 
-def acceptor(trd2, **peer):
-    return Router("routerB", lbmrd_endpoint("B", 2, [trd2], interface="127.0.2.1"),
-                  acceptor_peer("B-to-A", 0, interface="127.0.0.1", **peer))
-
-
-async def handshake(addr, name="evil", domain=1, rcvbuf=None):
-    """A peer of our own: connects, completes the handshake; (stream, conn)."""
-    import socket
-
-    from router import peerlink as P
-
-    sock = trio.socket.socket()
-    if rcvbuf:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    await sock.connect(addr)
-    stream = trio.SocketStream(sock)
-    conn = P.PeerConnection("initiator", P.RouterIdentity(name, (domain,)))
-    await stream.send_all(conn.start(trio.current_time()))
-    with trio.fail_after(5):
-        while not any(isinstance(e, P.Connected) for e in conn.receive_data(await stream.receive_some(65536),
-                                                                            trio.current_time())):
-            pass
-    await stream.send_all(conn.data_to_send())  # CONNECT_OK
-    return stream, conn
-
-
 async def test_peer_flooding_keepalives_without_reading_is_bounded_and_dropped():
     """Defect (hostile peer): a peer that floods KEEPALIVEs and never reads
     made the router buffer every acknowledgement (RSS 38 -> 364 MB) and the
@@ -203,9 +186,9 @@ async def test_peer_flooding_keepalives_without_reading_is_bounded_and_dropped()
 
     async with trio.open_nursery() as n:
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        rb = acceptor(trd2, keepalive_timeout_ms=2000, keepalive_interval_ms=500)
+        rb = acceptor_router(trd2, keepalive_timeout_ms=2000, keepalive_interval_ms=500)
         addr = await n.start(rb.run)
-        stream, _ = await handshake(addr["peer"], rcvbuf=4096)
+        stream, _ = await connect_as_peer(addr["peer"], rcvbuf=4096)
         burst = b"".join(P.encode(P.Keepalive(i, i)) for i in range(4096))
         peak = sent = 0
         with trio.move_on_after(30) as cs:
@@ -234,7 +217,7 @@ async def test_idle_connections_never_keep_the_real_peer_out():
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        rb = acceptor(trd2)
+        rb = acceptor_router(trd2)
         addr = await n.start(rb.run)
 
         async def idler():  # an idle connection, opened again as soon as the router drops it
@@ -264,7 +247,7 @@ async def test_dead_source_is_withdrawn_after_the_source_deletion_delay():
     """Defect: a source's proxy was withdrawn 16 s (the source timeout) after
     the source died; the DRO deletes it source-deletion-delay (1 s) after the
     end of session."""
-    from tests.router.system.test_e2e import endless_source
+    from tests.router.helpers import endless_source
 
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
@@ -393,10 +376,10 @@ async def test_twenty_thousand_advertisements_from_the_peer_bind_nothing_unwante
 
     async with trio.open_nursery() as n:
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        rb = acceptor(trd2)
+        rb = acceptor_router(trd2)
         addr = await n.start(rb.run)
         fds = open_fds()
-        stream, conn = await handshake(addr["peer"])
+        stream, conn = await connect_as_peer(addr["peer"])
         otid = bytes(32)
         burst = b"".join(conn.send(P.Advertisement(f"md.flood.{i}", 1, otid, P.StreamKind.TCP, i + 1, False),
                                    trio.current_time()) for i in range(20_000))
@@ -416,15 +399,15 @@ async def test_a_stream_closed_before_the_source_answers_does_not_kill_the_route
     accepting the stream it no longer knew raised out of the link and the
     router exited. The connection is dropped and the router lives."""
     from router import peerlink as P
-    from tests.router.system.test_e2e import endless_source
+    from tests.router.helpers import endless_source
 
     async with trio.open_nursery() as n:
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        rb = acceptor(trd2)
+        rb = acceptor_router(trd2)
         addr = await n.start(rb.run)
         await endless_source(n, trd2, ip="127.0.2.5")
-        stream, conn = await handshake(addr["peer"], name="evil", domain=1)
-        await stream.send_all(P.encode(P.Interest(P.InterestAction.ADD, TOPIC, 1)))
+        stream, conn = await connect_as_peer(addr["peer"], name="evil", domain=1)
+        await stream.send_all(P.encode(P.Interest(P.InterestAction.ADD, ROUTED_TOPIC, 1)))
         aid = None
         with trio.fail_after(10):
             while aid is None:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import trio
 
 import lbmr_proto as L
 from router.config_model import TlsConfig, acceptor_peer, initiator_peer, lbmrd_endpoint
 from router.daemon import Router
-from tests.router.system.test_e2e import (
-    TOPIC,
+from tests.router.helpers import (
+    ROUTED_TOPIC,
     advertise_forever,
+    fetch,
+    make_ca,
+    make_certs,
     pattern,
     resolve,
     start_lbmrd,
@@ -19,16 +20,6 @@ from tests.router.system.test_e2e import (
     tcp_source,
     udp,
 )
-
-
-async def fetch(ip, port, limit=None):
-    stream = await trio.open_tcp_stream(ip, port)
-    got = bytearray()
-    with trio.fail_after(60):
-        while chunk := await stream.receive_some(1 << 16):
-            got += chunk
-    await stream.aclose()
-    return bytes(got)
 
 
 async def test_peer_link_cut_and_restored_repeatedly():
@@ -144,7 +135,7 @@ async def test_lbtru_datagrams_both_directions():
 
         n.start_soon(ru_source)
         otid = bytes([1]) + bytes(31)
-        tir = L.encode(L.Packet(0, 1, tirs=[L.TIR(TOPIC, L.LbtruTransport("127.0.1.5", sport), 60, 7,
+        tir = L.encode(L.Packet(0, 1, tirs=[L.TIR(ROUTED_TOPIC, L.LbtruTransport("127.0.1.5", sport), 60, 7,
                                                   [L.OtidOption(0x8000, otid)])]))
         ctx = udp("127.0.1.6")
 
@@ -167,30 +158,14 @@ async def test_lbtru_datagrams_both_directions():
         n.cancel_scope.cancel()
 
 
-def _certs(tmp, name, ca_key, ca_crt):
-    subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{tmp}/{name}.key",
-                    "-out", f"{tmp}/{name}.csr", "-subj", f"/CN={name}"], check=True, capture_output=True)
-    subprocess.run(["openssl", "x509", "-req", "-in", f"{tmp}/{name}.csr", "-CA", ca_crt, "-CAkey", ca_key,
-                    "-CAcreateserial", "-out", f"{tmp}/{name}.pem", "-days", "2"], check=True,
-                   capture_output=True)
-    return f"{tmp}/{name}.pem", f"{tmp}/{name}.key"
-
-
-def _ca(tmp, name):
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{tmp}/{name}.key",
-                    "-out", f"{tmp}/{name}.pem", "-days", "2", "-subj", f"/CN={name}"], check=True,
-                   capture_output=True)
-    return f"{tmp}/{name}.key", f"{tmp}/{name}.pem"
-
-
 async def test_tls_mutual_auth_and_wrong_certificate(tmp_path):
 
 
-    ca_key, ca = _ca(tmp_path, "ca")
-    rogue_key, rogue_ca = _ca(tmp_path, "rogue")
-    a_crt, a_key = _certs(tmp_path, "a", ca_key, ca)
-    b_crt, b_key = _certs(tmp_path, "b", ca_key, ca)
-    x_crt, x_key = _certs(tmp_path, "x", rogue_key, rogue_ca)
+    ca_key, ca = make_ca(tmp_path, "ca")
+    rogue_key, rogue_ca = make_ca(tmp_path, "rogue")
+    a_crt, a_key = make_certs(tmp_path, "a", ca_key, ca)
+    b_crt, b_key = make_certs(tmp_path, "b", ca_key, ca)
+    x_crt, x_key = make_certs(tmp_path, "x", rogue_key, rogue_ca)
 
     def tls(crt, key):
         return TlsConfig(crt, key, trusted_certificates=ca)

@@ -16,8 +16,7 @@ from router.link import StreamState
 from router.multi import MultiRouter
 from router.pair_link import pair_links
 from router.peerlink import streams as S
-from tests.router.relays.test_fanout_relay import SID, live_source, receiver
-from tests.router.system.test_e2e import resolve, start_lbmrd, udp
+from tests.router.helpers import TCP_SID, resolve, start_lbmrd, tcp_live_source, tcp_receiver, udp
 
 
 def _sockets() -> set[int]:
@@ -60,7 +59,7 @@ async def test_sessions_cross_an_endpoint_pair_in_memory(fanout):
         r, trd1, trd2 = await start_router(n, fanout=fanout)
         unix = _sockets() - before & _unix_inodes()
         assert not unix, f"the router opened Unix sockets {unix}"
-        src, src_scope = await live_source(n, trd1, rate=2000, message_size=1000)
+        src, src_scope = await tcp_live_source(n, trd1, rate=2000, message_size=1000)
         tir = await resolve(udp("127.0.2.9"), trd2)
         results = []
 
@@ -69,13 +68,13 @@ async def test_sessions_cross_an_endpoint_pair_in_memory(fanout):
 
         async with trio.open_nursery() as rn:
             for k in range(10):
-                await rn.start(run, receiver(tir, k))
+                await rn.start(run, tcp_receiver(tir, k))
             await trio.sleep(2)
             src_scope.cancel()
         assert len(results) == 10
         for res in results:
             assert res.error is None and res.eof and res.messages > 500, res
-            assert res.session_id == SID
+            assert res.session_id == TCP_SID
         assert len(src.connections) == (1 if fanout else 10)
         t1, t2 = r.status()["portals"]
         pair = next(lk for lk in t2["links"] if lk["name"] == "T1<->T2")
@@ -110,7 +109,7 @@ async def test_a_pair_and_a_peer_link_share_the_origin_connection():
     TRD1 get whole messages, and router 1 holds one connection to the origin."""
     async with trio.open_nursery() as n:
         _, _, trds = await start_three_trds(n)
-        src, _ = await live_source(n, trds[1], rate=2000, message_size=1000)
+        src, _ = await tcp_live_source(n, trds[1], rate=2000, message_size=1000)
         tirs = [await resolve(udp("127.0.2.9"), trds[2]), await resolve(udp("127.0.3.9"), trds[3])]
         res = []
 
@@ -119,7 +118,7 @@ async def test_a_pair_and_a_peer_link_share_the_origin_connection():
 
         async with trio.open_nursery() as rn:
             for k in range(4):
-                await rn.start(run, receiver(tirs[k % 2], k, max_bytes=300_000))
+                await rn.start(run, tcp_receiver(tirs[k % 2], k, max_bytes=300_000))
         assert [x.error for x in res] == [None] * 4 and all(x.messages >= 250 for x in res), res
         assert len(src.connections) == 1
         n.cancel_scope.cancel()
@@ -132,7 +131,7 @@ async def test_a_session_outlives_the_link_whose_stream_opened_it():
     async with trio.open_nursery() as n:
         _, r3_scope, trds = await start_three_trds(n)
         trd1, trd2, trd3 = trds[1], trds[2], trds[3]
-        src, _ = await live_source(n, trd1, rate=500, message_size=1000)
+        src, _ = await tcp_live_source(n, trd1, rate=500, message_size=1000)
         tir3 = await resolve(udp("127.0.3.9"), trd3)
         tir2 = await resolve(udp("127.0.2.9"), trd2)
         res = {}
@@ -141,12 +140,12 @@ async def test_a_session_outlives_the_link_whose_stream_opened_it():
             res[name] = await rx.run(task_status=task_status)
 
         async with trio.open_nursery() as rn:
-            await rn.start(run, "trd3", receiver(tir3, 0))
+            await rn.start(run, "trd3", tcp_receiver(tir3, 0))
             with trio.fail_after(5):
                 while not src.connections:
                     await trio.sleep(0.05)
             await trio.sleep(0.3)
-            await rn.start(run, "trd2", receiver(tir2, 1, max_bytes=1_000_000))
+            await rn.start(run, "trd2", tcp_receiver(tir2, 1, max_bytes=1_000_000))
             await trio.sleep(0.3)
             r3_scope.cancel()
         assert res["trd2"].error is None and res["trd2"].stream_bytes >= 1_000_000, res["trd2"]
@@ -199,9 +198,8 @@ async def test_an_lbtru_session_crosses_an_endpoint_pair_once():
     router: every receiver gets whole consecutive messages, the origin has one
     client (the router's upstream receiver), and the session crossed the pair
     as one stream whose datagrams the pair's side passed."""
-    from tests.router.relays.test_lbtru_relay import live_source as ru_source
-    from tests.router.relays.test_lbtru_relay import receiver as ru_receiver
-    from tests.router.relays.test_lbtru_relay import run_all
+    from tests.router.helpers import ru_live_source as ru_source
+    from tests.router.helpers import ru_receiver, run_all
 
     async with trio.open_nursery() as n:
         r, trd1, trd2 = await start_router(n)

@@ -25,7 +25,7 @@ import sys
 from lbmr_tools.sim.dataplane import RmDataReceiver, UmRuDataReceiver
 from router.config_model import LbtrmConfig, RouteInfoConfig, acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
 from router.multi import MultiRouter
-from tests.router.system.test_e2e import resolve, rm_source, start_lbmrd, udp
+from tests.router.helpers import resolve, rm_source, start_lbmrd, udp
 
 IPS = {d: f"127.0.{d}.1" for d in (1, 2, 3)}
 RI = RouteInfoConfig(propagation_interval_ms=500, timeout_ms=2000)

@@ -20,7 +20,7 @@ from lbmr_tools.sim.dataplane import UmRuDataReceiver
 from router import lbtru_relay
 from router.config_model import LbtrmConfig, RouteInfoConfig, acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
 from router.multi import MultiRouter
-from tests.router.system.test_e2e import resolve, rm_source, start_lbmrd, udp
+from tests.router.helpers import resolve, rm_source, start_lbmrd, udp
 
 IPS = {1: "127.0.1.1", 2: "127.0.2.1"}
 RI = RouteInfoConfig(propagation_interval_ms=500, timeout_ms=2000)

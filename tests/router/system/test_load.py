@@ -14,7 +14,7 @@ import lbmr_proto as L
 from lbmr_proto.um import Timing
 from lbmr_tools.sim.context import Context
 from router.config_model import PortRange
-from tests.router.system.test_e2e import start_lbmrd, start_routers, tirs_in, udp
+from tests.router.helpers import start_lbmrd, start_routers, tirs_in, udp
 
 N_SESSIONS = 1000
 # UM's advertisement timing, shortened: past its sustain phase the source answers queries

@@ -8,58 +8,36 @@ from __future__ import annotations
 import trio
 
 import lbmr_proto as L
-from router.config_model import (
-    RouteInfoConfig,
-    acceptor_peer,
-    initiator_peer,
-    lbmrd_endpoint,
-    router_config,
-)
-from router.multi import MultiRouter
-from tests.router.system.test_e2e import (
+from tests.router.helpers import (
+    IPS,
+    Cuttable,
+    acceptor_link,
     advertise_forever,
+    converged,
+    every_trd_gets_the_others,
+    fetch_tcp,
+    initiator_link,
+    multihop_router,
     pattern,
     resolve,
+    ru_through,
     start_lbmrd,
+    start_loop,
     tcp_source,
     udp,
 )
-from tests.router.system.test_portals import _every_trd_gets_the_others, _ru_through, fetch_tcp
-
-IPS = {d: f"127.0.{d}.1" for d in range(1, 5)}
-ROUTE_INFO = RouteInfoConfig(propagation_interval_ms=500, timeout_ms=2000)
-
-
-def router(name, d, trd, peers):
-    return MultiRouter(router_config(name, [lbmrd_endpoint(f"T{d}", d, [trd], interface=IPS[d], fanout=False)],
-                                     peers,
-                                     route_info=ROUTE_INFO))
-
-
-def acc(name, cost=1):
-    return acceptor_peer(name, 0, interface="127.0.0.1", cost=cost)
-
-
-def ini(name, addr, cost=1):
-    return initiator_peer(name, addr[0], addr[1], reconnect_interval_ms=200, cost=cost)
 
 
 async def start_chain(n):
     """r1 (TRD1) - r2 (TRD2) - r3 (TRD3)."""
     trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2, 3)}
-    r2 = router("r2", 2, trds[2], [acc("2-1"), acc("2-3")])
+    r2 = multihop_router("r2", 2, trds[2], [acceptor_link("2-1"), acceptor_link("2-3")])
     p21, p23 = (lk["peer"] for lk in (await n.start(r2.run))["links"])
-    r1 = router("r1", 1, trds[1], [ini("1-2", p21)])
-    r3 = router("r3", 3, trds[3], [ini("3-2", p23)])
+    r1 = multihop_router("r1", 1, trds[1], [initiator_link("1-2", p21)])
+    r3 = multihop_router("r3", 3, trds[3], [initiator_link("3-2", p23)])
     await n.start(r1.run)
     await n.start(r3.run)
     return (r1, r2, r3), trds
-
-
-async def converged(routers, domains, timeout=10.0):
-    with trio.fail_after(timeout):
-        while not all(set(map(int, r.status()["topology"]["routes"])) >= set(domains) for r in routers):
-            await trio.sleep(0.02)
 
 
 async def test_chain_tcp_from_trd1_reaches_trd3_through_two_hops():
@@ -88,7 +66,7 @@ async def test_chain_lbtru_from_trd1_reaches_trd3_through_two_hops():
     async with trio.open_nursery() as n:
         (r1, r2, r3), trds = await start_chain(n)
         await converged((r1, r2, r3), (1, 2, 3))
-        await _ru_through(n, "127.0.1.5", trds[1], trds[3], "127.0.3.9", IPS[3], "chain.ru", count=3000)
+        await ru_through(n, "127.0.1.5", trds[1], trds[3], "127.0.3.9", IPS[3], "chain.ru", count=3000)
         n.cancel_scope.cancel()
 
 
@@ -120,72 +98,20 @@ async def test_mesh_of_four_every_topic_once_per_trd():
     once into each TRD (no router carries a source on off its path)."""
     async with trio.open_nursery() as n:
         trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in IPS}
-        r4 = router("r4", 4, trds[4], [acc("4-1"), acc("4-2"), acc("4-3")])
+        r4 = multihop_router("r4", 4, trds[4], [acceptor_link("4-1"), acceptor_link("4-2"), acceptor_link("4-3")])
         p41, p42, p43 = (lk["peer"] for lk in (await n.start(r4.run))["links"])
-        r3 = router("r3", 3, trds[3], [acc("3-1"), acc("3-2"), ini("3-4", p43)])
+        r3 = multihop_router("r3", 3, trds[3], [acceptor_link("3-1"), acceptor_link("3-2"), initiator_link("3-4", p43)])
         p31, p32 = (lk["peer"] for lk in (await n.start(r3.run))["links"][:2])
-        r2 = router("r2", 2, trds[2], [acc("2-1"), ini("2-3", p32), ini("2-4", p42)])
+        r2 = multihop_router("r2", 2, trds[2], [acceptor_link("2-1"), initiator_link("2-3", p32), initiator_link("2-4", p42)])
         p21 = (await n.start(r2.run))["links"][0]["peer"]
-        r1 = router("r1", 1, trds[1], [ini("1-2", p21), ini("1-3", p31), ini("1-4", p41)])
+        r1 = multihop_router("r1", 1, trds[1], [initiator_link("1-2", p21), initiator_link("1-3", p31), initiator_link("1-4", p41)])
         await n.start(r1.run)
         routers = (r1, r2, r3, r4)
         await converged(routers, IPS)
-        await _every_trd_gets_the_others(n, IPS, trds)
+        await every_trd_gets_the_others(n, IPS, trds)
         for r in routers:
             assert r.status()["topology"]["transit"]["adverts"] == 0  # all direct: nothing carried on
         n.cancel_scope.cancel()
-
-
-class Cuttable:
-    """A TCP forwarder on 127.0.0.1 between two routers: :meth:`cut` closes
-    every connection through it and stops accepting (a link cut)."""
-
-    def __init__(self, target):
-        self.target = target
-        self.scope = trio.CancelScope()
-
-    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED):
-        with self.scope:
-            listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-            task_status.started(listeners[0].socket.getsockname())
-            await trio.serve_listeners(self._handle, listeners)
-
-    async def _handle(self, a):
-        async with a, await trio.open_tcp_stream(*self.target) as b:
-            async with trio.open_nursery() as n:
-                n.start_soon(_pump, a, b)
-                n.start_soon(_pump, b, a)
-
-    def cut(self):
-        self.scope.cancel()
-
-
-async def _pump(src, dst):
-    try:
-        while data := await src.receive_some(65536):
-            await dst.send_all(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    finally:
-        await trio.aclose_forcefully(dst)
-
-
-async def start_loop(n):
-    """A loop of three routers, one TRD each: r1 - r2 - r3 the cheap way (cost 2
-    a link), r1 - r3 direct the dear one (cost 10), the r1-r2 link through a
-    :class:`Cuttable` forwarder. Returns (routers, trds, forwarder) once the
-    routes have converged."""
-    trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2, 3)}
-    r2 = router("r2", 2, trds[2], [acc("2-1"), acc("2-3")])
-    p21, p23 = (lk["peer"] for lk in (await n.start(r2.run))["links"])
-    r3 = router("r3", 3, trds[3], [acc("3-1", cost=5), ini("3-2", p23)])
-    p31 = (await n.start(r3.run))["links"][0]["peer"]
-    fwd = Cuttable(p21)
-    via = await n.start(fwd.serve)
-    r1 = router("r1", 1, trds[1], [ini("1-2", via), ini("1-3", p31, cost=5)])
-    await n.start(r1.run)
-    await converged((r1, r2, r3), (1, 2, 3))
-    return (r1, r2, r3), trds, fwd
 
 
 async def test_loop_of_three_survives_a_cut_of_the_cheapest_link():
@@ -261,12 +187,12 @@ async def test_a_silent_router_is_forgotten_after_the_route_timeout(autojump_clo
     timeout (15 s) declares the link dead. On trio's virtual clock."""
     async with trio.open_nursery() as n:
         trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2, 3)}
-        r2 = router("r2", 2, trds[2], [acc("2-1"), acc("2-3")])
+        r2 = multihop_router("r2", 2, trds[2], [acceptor_link("2-1"), acceptor_link("2-3")])
         p21, p23 = (lk["peer"] for lk in (await n.start(r2.run))["links"])
         fwd = Freezable(p21)
         via = await n.start(fwd.serve)
-        r1 = router("r1", 1, trds[1], [ini("1-2", via)])
-        r3 = router("r3", 3, trds[3], [ini("3-2", p23)])
+        r1 = multihop_router("r1", 1, trds[1], [initiator_link("1-2", via)])
+        r3 = multihop_router("r3", 3, trds[3], [initiator_link("3-2", p23)])
         await n.start(r1.run)
         await n.start(r3.run)
         await converged((r1, r2, r3), (1, 2, 3))

@@ -4,7 +4,6 @@ three TRDs). TRDs are in-process lbmrds on 127.0.1.1, 127.0.2.1, 127.0.3.1."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from functools import partial
 
 import trio
@@ -17,28 +16,19 @@ from router.config_model import (
     lbmrd_endpoint,
     router_config,
 )
-from router.core.tr import synthesize_otid
 from router.multi import MultiRouter
-from tests.router.shell.test_faults import fetch
-from tests.router.system.test_e2e import (
+from tests.router.helpers import (
     advertise_forever,
+    ep,
+    every_trd_gets_the_others,
+    fetch_tcp,
     pattern,
     resolve,
+    ru_through,
     start_lbmrd,
     tcp_source,
-    tirs_in,
     udp,
 )
-
-
-def ep(name, dom, trd, ip):
-    """An endpoint portal; its TCP sources send byte patterns, not LBMC: each
-    receiver connection relayed on its own."""
-    return lbmrd_endpoint(name, dom, [trd], interface=ip, fanout=False)
-
-
-async def fetch_tcp(tir, total):
-    return await fetch(tir.transport.ip, tir.transport.port)
 
 
 async def start_direct(n):
@@ -109,39 +99,12 @@ async def test_direct_link_drops_are_shown_per_portal():
         n.cancel_scope.cancel()
 
 
-async def _ru_through(n, src_ip, trd, other_trd, rcv_ip, relay_ip, topic, count=5000):
-    """An LBT-RU source (lbmr_tools.sim.dataplane) at ``src_ip`` advertised in
-    ``trd``; a receiver at ``rcv_ip`` resolves it in ``other_trd`` at
-    ``relay_ip`` and gets every datagram, verified."""
-    from lbmr_tools.sim.dataplane import RuDataReceiver, RuDataSource
-
-    src = RuDataSource(src_ip, count=count, seed=3, rate=20_000.0)
-    sip, sport = await n.start(src.serve)
-    otid = synthesize_otid(L.LbtruTransport(sip, sport), 7)
-    pkt = L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, L.LbtruTransport(sip, sport), 60, 7,
-                                              [L.OtidOption(0x8000, otid)])]))
-    ctx = udp(src_ip)
-
-    async def adv():
-        while True:
-            await ctx.sendto(pkt, trd)
-            await trio.sleep(0.5)
-
-    n.start_soon(adv)
-    t = await resolve(udp(rcv_ip), other_trd, topic=topic)
-    assert t.transport.NAME == "LBTRU" and t.transport.ip == relay_ip
-    res = await RuDataReceiver(t.transport.ip, t.transport.port, seed=3, expect_count=count,
-                               bind_ip=rcv_ip, idle_timeout=5.0, timeout=60.0).run()
-    assert res.error is None and res.corrupt == 0, res
-    assert res.received == count and res.end_count == count, res
-
-
 async def test_direct_link_lbtru_both_ways():
     """LBT-RU through a direct-link router, each way: every datagram verified."""
     async with trio.open_nursery() as n:
         r, trd1, trd2 = await start_direct(n)
-        await _ru_through(n, "127.0.1.5", trd1, trd2, "127.0.2.9", "127.0.2.1", "ru.one")
-        await _ru_through(n, "127.0.2.5", trd2, trd1, "127.0.1.9", "127.0.1.1", "ru.two")
+        await ru_through(n, "127.0.1.5", trd1, trd2, "127.0.2.9", "127.0.2.1", "ru.one")
+        await ru_through(n, "127.0.2.5", trd2, trd1, "127.0.1.9", "127.0.1.1", "ru.two")
         n.cancel_scope.cancel()
 
 
@@ -158,18 +121,9 @@ async def test_second_endpoint_on_a_peer_link_relays_lbtru_both_ways():
                                               ep("T2", 2, trds[2], "127.0.2.1")],
                                        [initiator_peer("1-3", p31[0], p31[1])]))
         await n.start(r1.run)
-        await _ru_through(n, "127.0.2.5", trds[2], trds[3], "127.0.3.9", "127.0.3.1", "ru.two")
-        await _ru_through(n, "127.0.3.5", trds[3], trds[2], "127.0.2.9", "127.0.2.1", "ru.three")
+        await ru_through(n, "127.0.2.5", trds[2], trds[3], "127.0.3.9", "127.0.3.1", "ru.two")
+        await ru_through(n, "127.0.3.5", trds[3], trds[2], "127.0.2.9", "127.0.2.1", "ru.three")
         n.cancel_scope.cancel()
-
-
-async def _count_proxies(sock, counts, stop):
-    """Collect the (topic, OTID, address) of every router TIR seen by ``sock``."""
-    while not stop.is_set():
-        data, _ = await sock.recvfrom(65535)
-        for t in tirs_in(data):
-            otid = next((o.otid for o in t.options or () if isinstance(o, L.OtidOption)), b"")
-            counts[t.topic].add((otid, t.transport.ip, t.transport.port))
 
 
 async def test_second_link_to_the_same_router_is_refused():
@@ -221,57 +175,12 @@ async def test_three_routers_two_peer_links_each_topic_once_per_trd():
                                        [ini("1-2", address=p21[0], port=p21[1]),
                                         ini("1-3", address=p31[0], port=p31[1])]))
         await n.start(r1.run)
-        await _every_trd_gets_the_others(n, ips, trds)
+        await every_trd_gets_the_others(n, ips, trds)
         for r in (r1, r2, r3):
             (portal,) = r.status()["portals"]
             assert [lk["state"] for lk in portal["links"]] == ["CONNECTED", "CONNECTED"]
             assert portal["proxies"] == 2 and portal["adverts"] == 2
         n.cancel_scope.cancel()
-
-
-async def _every_trd_gets_the_others(n, ips, trds):
-    """A TCP source of ``topic.<d>`` in each TRD d: a receiver in every TRD
-    resolves every other TRD's topic at its own TRD's router address and gets
-    its bytes exactly; then each topic is advertised once per TRD."""
-    sources = {}
-    for d in ips:
-        ip = f"127.0.{d}.5"
-        sources[d] = await tcp_source(n, ip, 1000 * d)
-        n.start_soon(advertise_forever, udp(ip), trds[d], *sources[d], f"topic.{d}")
-    for d in ips:
-        rcv = udp(f"127.0.{d}.9")
-        for k in ips:
-            if k != d:
-                tir = await resolve(rcv, trds[d], topic=f"topic.{k}")
-                assert tir.transport.ip == ips[d]
-                assert await fetch_tcp(tir, 1000 * k) == pattern(1000 * k)
-    await _each_topic_once_per_trd(ips, trds, sources)
-
-
-async def _each_topic_once_per_trd(ips, trds, sources, listen=3.0):
-    """A second receiver in each TRD asks for every topic and listens for
-    ``listen`` s: its own TRD's topic has only the real source (a router never
-    advertises it back), every other topic exactly one proxy (one OTID, one
-    address: this TRD's router address)."""
-    counts = {d: defaultdict(set) for d in ips}
-    stop = trio.Event()
-    async with trio.open_nursery() as watch:
-        for d in ips:
-            s = udp(f"127.0.{d}.10")
-            tqr = L.encode(L.Packet(0, 1, tqrs=[L.TQR(f"topic.{k}") for k in ips]))
-            await s.sendto(tqr, trds[d])  # registers with the lbmrd, asks everything
-            watch.start_soon(_count_proxies, s, counts[d], stop)
-            watch.start_soon(_requery, s, tqr, trds[d])
-        await trio.sleep(listen)
-        stop.set()
-        watch.cancel_scope.cancel()
-    for d in ips:
-        for k in ips:
-            seen = counts[d][f"topic.{k}"]
-            if k == d:
-                assert seen == {(synthesize_otid(L.TcpTransport(*sources[k]), 7), *sources[k])}, seen
-            else:
-                assert len(seen) == 1 and next(iter(seen))[1] == ips[d], (d, k, seen)
 
 
 async def test_direct_link_three_trds_each_topic_once_per_trd():
@@ -285,16 +194,10 @@ async def test_direct_link_three_trds_each_topic_once_per_trd():
         r = MultiRouter(router_config("mesh", [ep(f"T{d}", d, trds[d], ip) for d, ip in ips.items()]))
         rep = await n.start(r.run)
         assert len(rep["links"]) == 6  # 3 pairs, one portal link on each side
-        await _every_trd_gets_the_others(n, ips, trds)
+        await every_trd_gets_the_others(n, ips, trds)
         for portal in r.status()["portals"]:
             assert portal["proxies"] == 2 and portal["adverts"] == 2 and len(portal["links"]) == 2
         n.cancel_scope.cancel()
-
-
-async def _requery(sock, tqr, trd):
-    while True:
-        await trio.sleep(0.5)
-        await sock.sendto(tqr, trd)
 
 
 async def test_two_endpoints_and_a_peer_three_trds_each_topic_once_per_trd():
@@ -310,7 +213,7 @@ async def test_two_endpoints_and_a_peer_three_trds_each_topic_once_per_trd():
         r1 = MultiRouter(router_config("r1", [ep("T1", 1, trds[1], ips[1]), ep("T2", 2, trds[2], ips[2])],
                                        [initiator_peer("1-3", p31[0], p31[1])]))
         await n.start(r1.run)
-        await _every_trd_gets_the_others(n, ips, trds)
+        await every_trd_gets_the_others(n, ips, trds)
         t1, t2 = r1.status()["portals"]
         assert [lk["name"] for lk in t1["links"]] == ["1-3", "T1<->T2"]
         assert all(lk["state"] == "CONNECTED" for p in (t1, t2) for lk in p["links"])
