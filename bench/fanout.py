@@ -7,7 +7,7 @@ socket and writes every read to N sockets, in the same run.
   data messages over and over to each connection, paced to a rate in bytes
   per second or as fast as the socket takes it (rate 0).
 * The receivers are sockets of this process read by one epoll loop
-  (``recv_into``, bytes counted, not checked: tests/test_router_fanout.py
+  (``recv_into``, bytes counted, not checked: tests/router/relays/test_fanout_relay.py
   checks them), read from the start, measured over a window after a
   warm-up.
 * The link between the routers goes through :class:`CountingForwarder`

@@ -11,7 +11,7 @@ convergence across the routers.
 Everything runs on loopback (127.0.0.0/8) and stops by itself (a hard limit
 of HARD_LIMIT_S seconds ends a stuck run).
 
-Deployment (as tests/test_router_cli.py runs it): two lbmrds
+Deployment (as tests/router/system/test_cli.py runs it): two lbmrds
 (``lbmrd.cli``, TRD1 on 127.0.1.1, TRD2 on 127.0.2.1) and two routers
 (``router.cli`` with configs/router-a.xml and router-b.xml, every port moved
 to a free one and the relay range widened to RELAY_PORTS ports) are separate
@@ -47,7 +47,7 @@ between its endpoints in memory.
    everything else on the machine: a shared machine shows here). The routed
    measurement is also made with both lbmrds and both routers in one trio
    loop in a thread of this process (``lbmrd.server.Daemon`` and
-   ``router.daemon.Router`` as tests/test_router_e2e.py sets them up): the
+   ``router.daemon.Router`` as tests/router/system/test_e2e.py sets them up): the
    "in-process" number.
 
 2. LBT-RU. A source of the LBT-RU-like protocol (lbmr_tools.sim.dataplane,

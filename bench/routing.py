@@ -20,7 +20,7 @@ receiver contexts are UDP sockets of this process.
    first TRD (one lbmrd, no router). Target: under 50 ms over three hops.
 
 2. Reroute. A loop of three routers in one trio loop of this process (as
-   tests/test_router_multihop.py sets it up): the cheap path r3-r2-r1 and the
+   tests/router/helpers.py's start_loop sets it up): the cheap path r3-r2-r1 and the
    dear link r3-r1; the r1-r2 link is cut (a forwarder in between closes) and
    the time until the receiver in TRD3 resolves the source of TRD1 at a new
    proxy is measured. Target: within the route timeout + 1 s.
@@ -312,8 +312,14 @@ def bench_convergence(tmp: Path, hops: int, n: int) -> None:
 def bench_reroute() -> None:
     import trio
 
-    from tests.test_router_e2e import advertise_forever, resolve, tcp_source, udp
-    from tests.test_router_multihop import ROUTE_INFO, start_loop
+    from tests.router.helpers import (
+        ROUTE_INFO,
+        advertise_forever,
+        resolve,
+        start_loop,
+        tcp_source,
+        udp,
+    )
 
     async def main() -> float:
         async with trio.open_nursery() as n:

@@ -26,14 +26,14 @@ from lbmr_analyze import splits as S
 from lbmr_analyze.findings import SEVERITIES
 from lbmr_analyze.job import TABLES, analyse, build_session, run
 from lbmr_analyze.rows import write_split
-from tests.test_analyze import (
+from tests.helpers import (
     PORTS,
     T0,
-    _ref_for,
-    _tir,
     assert_tables_equal,
+    hashed_tir,
     iso,
     iso_s,
+    reference_for,
     write_pcap,
 )
 
@@ -74,7 +74,7 @@ def no_src_id_storm() -> list[tuple]:
 def test_storm_without_src_id_pure(tmp_path):
     cap = write_pcap(tmp_path / "old.pcap", no_src_id_storm())
     summary, t = pure_analyse(cap, tmp_path)
-    assert_tables_equal(t, _ref_for(cap, ports=PORTS, storm=STORM))
+    assert_tables_equal(t, reference_for(cap, ports=PORTS, storm=STORM))
     assert [(r["context"], r["src_id"], r["packets"]) for r in t["storm_contexts"]] == \
         [("10.4.4.4:14402", None, 6), ("10.0.0.1:15380", None, 3)]
     assert summary["storm_seconds"] == 1
@@ -83,7 +83,7 @@ def test_storm_without_src_id_pure(tmp_path):
 def test_storm_without_src_id_spark(spark, tmp_path):
     cap = write_pcap(tmp_path / "old.pcap", no_src_id_storm())
     res = run(spark, [cap], tmp_path / "out", storm_threshold=STORM, report=False)
-    assert_tables_equal(res.tables, _ref_for(cap, ports=PORTS, storm=STORM))
+    assert_tables_equal(res.tables, reference_for(cap, ports=PORTS, storm=STORM))
     assert [f["kind"] for f in res.tables["findings"]].count("storm") == 1
 
 
@@ -94,7 +94,7 @@ def test_two_relayed_publishers_without_src_id_are_not_one_context(tmp_path):
     lb = ("10.0.0.1", 15380)
 
     def relayed(ts, tr, options=None, via=lb):
-        return (T0 + ts, *via, *HOST, L.encode(L.Packet(tirs=[_tir("X", TRANSPORTS[tr])], options=options)))
+        return (T0 + ts, *via, *HOST, L.encode(L.Packet(tirs=[hashed_tir("X", TRANSPORTS[tr])], options=options)))
 
     bare = [relayed(1, 0), relayed(1.5, 1)]
     cap = write_pcap(tmp_path / "bare.pcap", bare)
@@ -165,7 +165,7 @@ def captures(draw) -> tuple[list[tuple], list[dict], list[tuple]]:
 def _payload(c: dict, kind: str, topic: str, tr: int) -> bytes:
     v, o = c["version"], c["options"]
     if kind == "TIR":
-        return L.encode(L.Packet(version=v, tirs=[_tir(topic, TRANSPORTS[tr], tr)], options=o))
+        return L.encode(L.Packet(version=v, tirs=[hashed_tir(topic, TRANSPORTS[tr], tr)], options=o))
     if kind == "TQR":
         return L.encode(L.Packet(version=v, tqrs=[L.TQR(topic)], options=o))
     if kind == "WC":
@@ -195,14 +195,14 @@ def datagrams(ctxs: list[dict], evs: list[tuple]) -> list[tuple]:
 def truth(ctxs: list[dict], evs: list[tuple]) -> tuple[dict, dict, dict]:
     """What each context really advertised: (context, topic) -> transport
     identities; transport identity -> contexts; OTID -> contexts."""
-    from tests.test_analyze import ref_tid
+    from tests.helpers import ref_tid
     adv, by_tid, by_otid = defaultdict(set), defaultdict(set), defaultdict(set)
     for _t, w, kind, topic, tr in evs:
         if kind == "TIR":
             tid = ref_tid(TRANSPORTS[tr])
             adv[(w, topic)].add(tid)
             by_tid[tid].add(w)
-            by_otid[_tir(topic, TRANSPORTS[tr]).options[0].otid.hex()].add(w)
+            by_otid[hashed_tir(topic, TRANSPORTS[tr]).options[0].otid.hex()].add(w)
     return adv, by_tid, by_otid
 
 
@@ -245,7 +245,7 @@ def test_generated_captures_pure(tmp_path_factory, cap):
     d = tmp_path_factory.mktemp("gen")
     path = write_pcap(d / "g.pcap", dgs)
     _summary, t = pure_analyse(path, d)
-    assert_tables_equal(t, _ref_for(path, ports=PORTS, storm=STORM))
+    assert_tables_equal(t, reference_for(path, ports=PORTS, storm=STORM))
     check_claims(t, ctxs, evs)
 
 
@@ -257,7 +257,7 @@ def test_generated_captures_spark(spark, tmp_path_factory, cap):
     d = tmp_path_factory.mktemp("gen-spark")
     path = write_pcap(d / "g.pcap", dgs)
     res = run(spark, [path], d / "out", storm_threshold=STORM, report=False)
-    assert_tables_equal(res.tables, _ref_for(path, ports=PORTS, storm=STORM))
+    assert_tables_equal(res.tables, reference_for(path, ports=PORTS, storm=STORM))
     check_claims(res.tables, ctxs, evs)
 
 
@@ -277,7 +277,7 @@ def test_storm_shares_and_query_at_capture_end(tmp_path):
     d += [(T0 + 20 + 0.01 * i, "10.4.4.4", 14402, *MCAST, q) for i in range(7)]    # second 20: one context
     for k in range(1, 38, 2):                               # E advertised until +37 s, G until +5 s
         d.append((T0 + k, "10.1.1.10", 14402, *MCAST,
-                  L.encode(L.Packet(tirs=[_tir("E", TRANSPORTS[0])] + ([_tir("G", TRANSPORTS[1])] if k <= 5 else [])))))
+                  L.encode(L.Packet(tirs=[hashed_tir("E", TRANSPORTS[0])] + ([hashed_tir("G", TRANSPORTS[1])] if k <= 5 else [])))))
     for ts in (0, 30):                                      # the capture starts at T0
         d.append((T0 + ts, "10.4.4.5", 14402, *MCAST, L.encode(L.Packet(tqrs=[L.TQR("G")]))))
     d.append((T0 + 38.5, "10.4.4.5", 14402, *MCAST, L.encode(L.Packet(tqrs=[L.TQR("E")]))))
@@ -361,6 +361,6 @@ def test_storm_contexts_tied_at_one_lbmrd_are_in_a_stable_order(tmp_path):
               (t0, "10.0.0.2", 15380, "10.1.1.5", 14402, pkt(1))])
     path = write_pcap(tmp_path / "g.pcap", dgs)
     _summary, t = pure_analyse(path, tmp_path)
-    assert_tables_equal(t, _ref_for(path, ports=PORTS, storm=STORM))
+    assert_tables_equal(t, reference_for(path, ports=PORTS, storm=STORM))
     (storm,) = t["storms"]
     assert storm["top_contexts"].endswith("[0000000000000001] via lbmrd 10.0.0.2:15380 1/s (10.0 %)")

@@ -32,8 +32,8 @@ from lbmr_tools.sim.dataplane import (
     topic_seed,
 )
 from lbmrd.server import Daemon, Settings
+from tests.helpers import LO, tcp_proxy
 
-LO = "127.0.0.1"
 MiB = 1 << 20
 
 
@@ -139,31 +139,6 @@ def test_ru_datagram_layouts():
 
 
 # --------------------------------------------------------------- test proxies
-
-
-async def tcp_proxy(upstream, *, flip_at: int | None = None, cut_at: int | None = None,
-                    task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Accept one connection, relay it to ``upstream``; downstream, flip
-    the byte at stream offset ``flip_at`` or stop (closing both sides)
-    after ``cut_at`` bytes."""
-    (listener,) = await trio.open_tcp_listeners(0, host=LO)
-    async with listener:
-        task_status.started(listener.socket.getsockname()[:2])
-        client = await listener.accept()
-    server = await trio.open_tcp_stream(*upstream)
-    async with client, server:
-        off = 0
-        while True:
-            want = 65536 if cut_at is None else min(65536, cut_at - off)
-            if want <= 0:
-                return
-            data = bytearray(await server.receive_some(want))
-            if not data:
-                return
-            if flip_at is not None and off <= flip_at < off + len(data):
-                data[flip_at - off] ^= 0xFF
-            await client.send_all(data)
-            off += len(data)
 
 
 class UdpProxy:

@@ -15,41 +15,9 @@ from lbmr_proto import lbmc
 from lbmr_proto import lbtru as RU
 from lbmr_proto.capture import write_udp_pcap
 from lbmr_tools.sim.dataplane import RuLiveReceiver, RuLiveSource, live_ru_payload, message_payload
+from tests.helpers import LO, RU_CHAT, udp_forwarder
 
 from .tshark_judge import compare_lbmc, tshark_frames
-
-LO = "127.0.0.1"
-#: the LBT-RU dissector's chat-level notes of the session's steps (not findings, like TCP's SYN)
-_RU_CHAT = {"CREQ SYN", "SM SYN", "ACK"}
-
-
-async def _forward(source, *, drop=lambda data: False, log=None, task_status=trio.TASK_STATUS_IGNORED):
-    """A UDP forwarder for one receiver: datagrams from the receiver go to
-    ``source`` and back; ``drop(data)`` true discards one from the source,
-    ``log`` gets (from_receiver, receiver address, datagram) of each passed on."""
-    front = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    back = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with front, back:
-        await front.bind((LO, 0))
-        await back.bind((LO, 0))
-        task_status.started(front.getsockname()[:2])
-        peer = None
-
-        async def down():
-            while True:
-                data, _ = await back.recvfrom(65536)
-                if peer is not None and not drop(data):
-                    if log is not None:
-                        log.append((False, peer, data))
-                    await front.sendto(data, peer)
-
-        async with trio.open_nursery() as n:
-            n.start_soon(down)
-            while True:
-                data, peer = await front.recvfrom(65536)
-                if log is not None:
-                    log.append((True, peer, data))
-                await back.sendto(data, source)
 
 
 def _udp() -> trio.socket.SocketType:
@@ -136,7 +104,7 @@ async def test_a_lost_datagram_is_a_gap():
             seen.append(msg)
             return isinstance(msg, RU.Data) and sum(isinstance(m, RU.Data) for m in seen) == 20
 
-        front = await nursery.start(lambda task_status: _forward(addr, drop=drop, task_status=task_status))
+        front = await nursery.start(lambda task_status: udp_forwarder(addr, drop=drop, task_status=task_status))
         r = await RuLiveReceiver(*front, expect_count=100, seed=4).run()
         nursery.cancel_scope.cancel()
     assert not r.ok and r.messages == 19
@@ -196,7 +164,7 @@ async def test_tshark_decodes_a_session_as_lbtru_with_lbmc_inside_and_no_expert(
     async with trio.open_nursery() as nursery:
         src = RuLiveSource(LO, 0, seed=10, tidx=5, session_id=0x5E55, rate=3000, datagram_size=400)
         ip, port = await nursery.start(src.serve)
-        front = await nursery.start(lambda task_status: _forward((ip, port), log=log, task_status=task_status))
+        front = await nursery.start(lambda task_status: udp_forwarder((ip, port), log=log, task_status=task_status))
         r = await RuLiveReceiver(*front, expect_count=40, seed=10, tidx=5, session_id=0x5E55,
                                  ack_interval=0.005).run()
         nursery.cancel_scope.cancel()
@@ -207,7 +175,7 @@ async def test_tshark_decodes_a_session_as_lbtru_with_lbmc_inside_and_no_expert(
     pcap = tmp_path / "sim-lbtru.pcap"
     write_udp_pcap(pcap, dgs)
     frames = list(tshark_frames(pcap, f"udp.port=={port},lbtru"))
-    assert len(frames) == len(log) and [(n, e, m) for n, _, e, m in frames if set(e) - _RU_CHAT or m] == []
+    assert len(frames) == len(log) and [(n, e, m) for n, _, e, m in frames if set(e) - RU_CHAT or m] == []
     types = [RU.decode(d) for _, _, d in log]
     assert {type(t).__name__ for t in types} >= {"Creq", "SessionMessage", "Data", "Ack"}
     data = [(layers, t) for (_, layers, _, _), t in zip(frames, types, strict=True) if isinstance(t, RU.Data)]

@@ -13,8 +13,8 @@ import trio
 
 from lbmr_proto import lbmc
 from lbmr_tools.sim.dataplane import TcpDataReceiver, TcpDataSource, data_message, message_payload
+from tests.helpers import tcp_proxy
 
-from .test_dataplane import tcp_proxy
 from .tshark_judge import compare_lbmc, run_tshark_lbmc, segments, write_lbttcp_pcap
 
 LO = "127.0.0.1"

@@ -6,6 +6,9 @@ downward and only on public names. Checked from the source's own imports."""
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,3 +162,50 @@ def test_lbmr_proto_modules_import_one_another_without_cycles():
     cycles = [c for c in (visit(m, []) for m in sorted(graph)) if c]
     assert not cycles, " -> ".join(cycles[0])
     assert {"_capfile", "_pcapread", "_udpframing"} <= graph["capture"] | graph["_pcapread"]
+
+
+#: an import of a test module, in code or in a script a test runs: ``from tests.x.test_y import``,
+#: ``from .test_y import``, ``import tests.test_y``, ``from tests.x import test_y``
+TEST_MODULE_IMPORT = re.compile(
+    r"^[ \t]*(?:from[ \t]+(?:tests(?:\.\w+)*\.|\.+(?:\w+\.)*)test_\w+[ \t]+import"
+    r"|import[ \t]+tests(?:\.\w+)*\.test_\w+"
+    r"|from[ \t]+(?:tests(?:\.\w+)*|\.+\w*(?:\.\w+)*)[ \t]+import[ \t]+\(?[^\n]*\btest_\w+)", re.M)
+
+
+def test_the_pattern_finds_imports_of_test_modules():
+    found = ["from tests.router.system.test_e2e import udp", "    from .test_dataplane import tcp_proxy",
+             "import tests.test_analyze", "from tests.router.core import test_bridge",
+             "from . import test_sim as S", "from ..core.test_tr import PortalTR"]
+    not_found = ["from tests.helpers import free_port", "from tests.router.helpers import udp",
+                 "from . import strategies as S", "from tests import netns", "def test_x():"]
+    assert [s for s in found if not TEST_MODULE_IMPORT.search(s)] == []
+    assert [s for s in not_found if TEST_MODULE_IMPORT.search(s)] == []
+
+
+def test_no_test_module_imports_another():
+    """Tests share their drivers through support modules (tests/helpers.py,
+    tests/router/helpers.py, strategies, netns, tshark_judge, report_tables),
+    never by importing a test module: each test module reads on its own and
+    can be moved or split without breaking another. Scripts a test runs in a
+    subprocess (source text in a string) count too."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        text = path.read_text()
+        for m in TEST_MODULE_IMPORT.finditer(text):
+            line = text[: m.start()].count("\n") + 1
+            bad.append(f"{path.relative_to(ROOT)}:{line}: {m.group(0).strip()}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_router_tests_package_does_not_shadow_the_router():
+    """tests/router is the package ``tests.router``: ``import router`` is still
+    the project's router, in the test process and in a fresh one started from
+    the checkout as the namespace and CLI tests start theirs."""
+    import router
+    import tests.router
+
+    assert Path(router.__file__).resolve() == ROOT / "router" / "__init__.py"
+    assert Path(tests.router.__file__).resolve() == ROOT / "tests" / "router" / "__init__.py"
+    out = subprocess.run([sys.executable, "-c", "import router, tests.router; print(router.__file__)"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert Path(out.strip()).resolve() == ROOT / "router" / "__init__.py"

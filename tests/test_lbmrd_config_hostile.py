@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lbmrd.config import MAX_CONFIG_BYTES, ConfigError, load_config, network_conflicts, parse_config
+from tests.helpers import networks_file
 
 from .helpers import LBMRD
 
@@ -115,26 +116,6 @@ def test_size_limit(tmp_path):
         load_config(big)
     with pytest.raises(ConfigError, match="more than the limit"):
         parse_config(b" " * (MAX_CONFIG_BYTES + 1), "x.xml")
-
-
-def networks_file(n: int, per_domain: int = 1000, overlap_every: int = 0) -> str:
-    out = ['<?xml version="1.0"?>', '<lbmrd version="1.0">', "<domains>"]
-    for d in range(max(1, n // per_domain)):
-        out.append(f'<domain name="d{d}">')
-        for k in range(per_domain):
-            i = d * per_domain + k
-            out.append(f"<network>10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}/32</network>")
-            if overlap_every and i % overlap_every == 0:
-                out.append(f"<network>10.{(i >> 16) & 255}.{(i >> 8) & 255}.0/24</network>")
-        out.append("</domain>")
-    out += ["</domains>", "<transformations>"]
-    for k in range(n // 10):  # one rule in ten shadowed by the one before
-        port = "*" if k % 10 == 0 else str(1000 + k)
-        out.append(f'<transform source="d0" destination="d{k % max(1, n // per_domain)}"><rule>'
-                   f'<match address="10.9.{(k >> 8) & 255}.{k & 255}" port="{port}"/>'
-                   '<replace address="10.8.0.1" port="*"/></rule></transform>')
-    out += ["</transformations>", "</lbmrd>"]
-    return "\n".join(out)
 
 
 def _cpu_to_load(path) -> float:

@@ -17,9 +17,9 @@ import trio
 import lbmr_proto as L
 from lbmrd.config import load_config
 from lbmrd.server import FANOUT_CHUNK, SWEEP_SLICE, Daemon, Settings
+from tests.helpers import networks_file
 
 from .helpers import LBMRD, free_port
-from .test_lbmrd_config_hostile import networks_file
 
 TQR = L.encode(L.Packet(0, 1, tqrs=[L.TQR("md.X")]))
 KA = b"\x02\x00\x00\x00"

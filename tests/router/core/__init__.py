@@ -1,0 +1,1 @@
+"""Tests of router/core/: the sans-IO core (topic resolution, bridge, routing, fan-out cores)."""

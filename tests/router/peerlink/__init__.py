@@ -1,0 +1,1 @@
+"""Tests of router/peerlink/: the peer-link protocol, sans-IO."""

@@ -1,0 +1,1 @@
+"""The router end to end: several routers, real processes, network namespaces."""
