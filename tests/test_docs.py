@@ -155,6 +155,19 @@ def test_every_readme_command_uses_real_options_and_files():
     assert seen == tools, f"README shows no command of {sorted(tools - seen)}"
 
 
+def test_every_file_the_readme_names_exists():
+    """Paths in backquotes, the benchmark table's scripts and its man pages."""
+    text = README.read_text()
+    paths = set(re.findall(r"`((?:configs|bench|man|scripts|router|tests|\.ci)/[\w./-]+)`", text))
+    paths |= set(re.findall(r"man -l (man/[\w.-]+)", text))
+    table = [ln.split("|")[1:-1] for ln in text.splitlines() if re.match(r"\| `\w+\.py` \|", ln)]
+    assert len(table) >= 7
+    paths |= {"bench/" + row[0].strip(" `") for row in table}
+    paths |= {"man/" + row[-1].strip(" `") for row in table}
+    for path in sorted(paths):
+        assert (ROOT / path).exists(), f"README names {path}, which does not exist"
+
+
 def test_readme_lbmr_proto_example_runs():
     text = README.read_text()
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
