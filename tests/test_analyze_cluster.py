@@ -184,7 +184,7 @@ def test_spark_submit(cluster, exenv, inputs, local_tables):
     log4j = subprocess.run([VENV_BIN / "lbmr-analyze", "--log4j-config"], capture_output=True, text=True,
                            check=True).stdout.strip()
     out = cluster["tmp"] / "out-submit"
-    # the documented form (README, lbmr-analyze(1)): quiet from the JVM's start
+    # the documented form (lbmr-analyze(1)): quiet from the JVM's start
     p = subprocess.run([SPARK_HOME / "bin" / "spark-submit", "--master", cluster["url"],
                         "--driver-java-options", f"-Dlog4j2.configurationFile={log4j}",
                         "--conf", f"spark.pyspark.python={exenv}",

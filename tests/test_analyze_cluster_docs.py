@@ -1,12 +1,12 @@
-"""The cluster commands of lbmr-analyze(1) and the README, run as written.
+"""The cluster commands of lbmr-analyze(1), run as written.
 
-The lines between the ``cluster-commands`` markers (the same in both documents)
-start a standalone master and worker from pip's pyspark on 127.0.0.1, run
+The lines between the ``cluster-commands`` markers (CLUSTERS; the README points
+there) start a standalone master and worker from pip's pyspark on 127.0.0.1, run
 ``lbmr-analyze --master spark://...`` and ``spark-submit`` on the real capture,
 and stop the master and worker.  They are fed one command at a time to one
 ``bash``, as a user types them; the test changes only the values of the
-variables the documents define for that (the port, the captures, the output
-folder), waits where the documents say to wait, and after each job asks bash
+variables the page defines for that (the port, the captures, the output
+folder), waits where the page says to wait, and after each job asks bash
 for its exit status.  ``spark-submit``'s error messages must reach its standard
 error, not its standard output.
 """
@@ -16,15 +16,15 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyspark  # noqa: F401  - a test requirement: a missing pyspark fails, never skips
 import pytest
+
+from .shell import Shell, logical
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_CAPTURE = ROOT.parent / "shared" / "captures" / "um614-multicast-tr.pcap"
@@ -42,28 +42,8 @@ def man_commands() -> list[str]:
     return [ln.replace("\\-", "-").replace("\\e", "\\").replace("\\&", "") for ln in lines]
 
 
-def readme_commands() -> list[str]:
-    """The marked lines of the README, without the code block's indent."""
-    text = (ROOT / "README.md").read_text()
-    block = text.split(BEGIN, 1)[1].split(END, 1)[0].splitlines()[1:-1]
-    assert all(ln.startswith("    ") for ln in block), block
-    return [ln[4:] for ln in block]
-
-
-def logical(lines: list[str]) -> list[str]:
-    """Commands as bash reads them: a line ending in a backslash goes on."""
-    out, cur = [], ""
-    for ln in lines:
-        cur += ln + "\n"
-        if not ln.endswith("\\"):
-            out.append(cur)
-            cur = ""
-    assert not cur, "the block ends inside a command"
-    return out
-
-
 def assign(cmd: str, name: str, value: str) -> str:
-    """``cmd`` with the value of the documents' ``NAME=...`` line replaced."""
+    """``cmd`` with the value of the page's ``NAME=...`` line replaced."""
     new, n = re.subn(rf"^{name}=\S+", f"{name}={shlex.quote(value)}", cmd)
     assert n == 1, (name, cmd)
     return new
@@ -73,71 +53,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class Shell:
-    """One bash reading commands from a pipe, its output in two files (opened for
-    appending, as ``>>`` does: spark-submit's driver writes its standard error
-    beside the JVM's only to a terminal, a pipe or such a file)."""
-
-    def __init__(self, cwd: Path, env: dict) -> None:
-        self.out_path, self.err_path = cwd / "shell.out", cwd / "shell.err"
-        self._files = [open(self.out_path, "ab"), open(self.err_path, "ab")]
-        self.proc = subprocess.Popen(["bash", "-s"], stdin=subprocess.PIPE, stdout=self._files[0],
-                                     stderr=self._files[1], cwd=cwd, env=env, text=True,
-                                     start_new_session=True)
-        self.marks = 0
-
-    def send(self, cmd: str) -> None:
-        self.proc.stdin.write(cmd)
-        self.proc.stdin.flush()
-
-    def out(self) -> str:
-        return self.out_path.read_text(errors="replace")
-
-    def err(self) -> str:
-        return self.err_path.read_text(errors="replace")
-
-    def wait_for(self, what, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while not what():
-            assert self.proc.poll() is None, ("bash ended", self.out()[-2000:], self.err()[-4000:])
-            assert time.monotonic() < deadline, ("timed out", self.out()[-2000:], self.err()[-4000:])
-            time.sleep(0.5)
-
-    def status(self, seconds: float) -> int:
-        """Wait for the command sent last to end; its exit status."""
-        self.marks += 1
-        mark = f"doc-test-status-{self.marks}"
-        self.send(f'echo "{mark} $?"\n')
-        self.wait_for(lambda: mark in self.out(), seconds)
-        return int(re.search(rf"{mark} (\d+)", self.out()).group(1))
-
-    def close(self) -> None:
-        """End bash and everything it started (bounded: TERM, then KILL)."""
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                try:
-                    os.killpg(self.proc.pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.2)
-        self.proc.wait(10)
-        for f in self._files:
-            f.close()
-
-
-def test_readme_and_man_page_give_the_same_commands():
-    assert man_commands() == readme_commands()
 
 
 def venv_env() -> dict:
@@ -182,7 +97,7 @@ def test_cluster_commands_work_as_written(tmp_path, shell):
             assert (out / "report.html").is_file()
             assert "lbmr-analyze: 1 file(s), 1 byte range(s): 179 LBMR datagrams" in shell.out()
             (out / "report.html").unlink()
-    assert values == {}, f"the documents no longer define {sorted(values)}"
+    assert values == {}, f"the page no longer defines {sorted(values)}"
     assert shell.status(60) == 0                            # kill %2 %1
     shell.send("wait\n")
     assert shell.status(120) == 0                           # the master and the worker have ended
