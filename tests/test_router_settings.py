@@ -734,16 +734,21 @@ async def test_receiver_that_left_is_noticed_by_use_queries_and_its_proxy_withdr
 
 
 def test_a_peer_adding_and_cancelling_in_a_loop_keeps_the_check_queue_bounded():
-    from router.core.tr import RemoteCheck
+    from router.core.tr import RemoteCheck, RemoteInterestExpired
 
     tr = portal(remote_topic=RemoteCheck(90.0, 100, 300.0))
     tr.add_remote_interest("kept", 0.0)
     for i in range(50_000):
         tr.add_remote_interest("churn", float(i))
         tr.cancel_remote_interest("churn", float(i))
-    ck = tr._checkers[0]
-    assert len(ck.queue) <= 2 * 1 + 1024 + 1
-    assert ("kept" in [k[1] for k, _ in ck.queue])
+    assert tr.stats()["remote_checks_queued"] <= 2 * 1 + 1024 + 1
+    # "kept" is still queued: a later check finds it stale and expires it
+    tr.events()
+    expired = []
+    for k in range(1, 21):
+        tr.tick(50_000.0 + 90.0 * k)
+        expired += [ev.topic for ev in tr.events() if isinstance(ev, RemoteInterestExpired)]
+    assert expired == ["kept"]
 
 
 # ------------------------------------------------ <source-deletion-delay>
