@@ -450,8 +450,7 @@ def test_log_file_rolls_daily_and_keeps_every_rolled_file(tmp_path):
 
     day = calendar.timegm((2026, 11, 23, 0, 0, 0))
     path = tmp_path / "router.log"
-    h = RollingFileHandler(str(path), "daily")
-    h._next_roll = h._boundary_after(day + 10)  # as if started on the 23rd
+    h = RollingFileHandler(str(path), "daily", start=day + 10)  # as if started on the 23rd
     h.emit(_record("first", day + 10))
     h.emit(_record("second", day + 86399))
     h.emit(_record("third", day + 86400 + 5))  # the 24th: the 23rd's file is rolled
@@ -469,8 +468,7 @@ def test_log_file_rolls_hourly_and_by_size_with_sequence_numbers(tmp_path):
 
     hour = calendar.timegm((2026, 11, 23, 7, 0, 0))
     path = tmp_path / "r.log"
-    h = RollingFileHandler(str(path), "hourly", max_bytes=100)
-    h._next_roll = h._boundary_after(hour)
+    h = RollingFileHandler(str(path), "hourly", max_bytes=100, start=hour)
     line = "x" * 39  # 40 bytes with the newline: two fit in 100, the third rolls
     for i in range(5):
         h.emit(_record(line, hour + i))
