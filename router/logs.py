@@ -32,19 +32,23 @@ _MB = 1 << 20
 class RollingFileHandler(logging.handlers.BaseRotatingHandler):
     """Append to ``path``; roll it by UTC time (``frequency`` "daily" or
     "hourly"; "disable" = never) and/or by size (``max_bytes``, 0 = never).
-    Rolled files are kept (see the module doc)."""
+    Rolled files are kept (see the module doc). ``start``: when the file's
+    current period began (seconds since the epoch, UTC; None: the file's
+    modification time if it holds anything, else now)."""
 
-    def __init__(self, path: str, frequency: str = "disable", max_bytes: int = 0) -> None:
+    def __init__(self, path: str, frequency: str = "disable", max_bytes: int = 0, *,
+                 start: float | None = None) -> None:
         if frequency not in ("disable", "daily", "hourly"):
             raise ValueError(f"frequency must be disable, daily or hourly, not {frequency!r}")
         super().__init__(path, "a", encoding="utf-8", delay=False)
         self.frequency = frequency
         self.max_bytes = max_bytes
         self._period = {"daily": 86400, "hourly": 3600}.get(frequency, 0)
-        try:
-            start = os.stat(path).st_mtime if os.path.getsize(path) else time.time()
-        except OSError:
-            start = time.time()
+        if start is None:
+            try:
+                start = os.stat(path).st_mtime if os.path.getsize(path) else time.time()
+            except OSError:
+                start = time.time()
         self._next_roll = self._boundary_after(start)
         self._roll_time = start
 

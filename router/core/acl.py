@@ -72,7 +72,7 @@ from enum import Enum
 
 from lbmr_proto.constants import Transport
 
-from .interest import CACHE_TOPICS, InterestIndex, Pattern, TopicCache
+from .interest import CACHE_TOPICS, InterestIndex, Pattern
 from .wildcard import PatternError
 
 __all__ = [
@@ -402,9 +402,10 @@ class Acl:
         return hash((self.direction, self.entries))
 
     @property
-    def _cache(self) -> TopicCache:
-        """The topics whose results the list remembers (its index's cache)."""
-        return self._index.cache
+    def topics_cached(self) -> int:
+        """How many topics' results the list remembers (at most
+        :data:`~router.core.interest.CACHE_TOPICS`)."""
+        return len(self._index.cache)
 
     def _candidates(self, topic: str) -> list[tuple[int, Ace, bool | None]]:
         """The entries that may match ``topic``, in order, as (index, entry,

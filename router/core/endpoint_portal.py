@@ -15,7 +15,12 @@ calls and answers of a PortalTR of its own:
   is cancelled there when the last link cancels it). :meth:`PortalView.
   remote_interests` and :meth:`PortalView.wants_source` answer for the link.
   Each link may hold ``max_remote_interests`` (the PortalTR's limit at
-  creation) of its own: one link cannot take another's share. A remote
+  creation) of its own, and patterns of at most ``max_remote_pattern_states``
+  NFA states summed (the PortalTR's at creation:
+  :data:`router.core.interest.MAX_HELD_STATES` by default; a pattern beyond
+  it is refused and counted, ``remote_pattern_states_refused``): one link
+  cannot take another's share, nor make every new topic cost more than its
+  share of matcher steps. A remote
   interest that no link refreshes expires for every link that held it
   (:class:`RemoteInterestExpired` to each of them).
 * **Sources.** :class:`SourceSeen` goes to the views whose interest covers
@@ -40,7 +45,7 @@ import itertools
 import math
 from dataclasses import replace
 
-from .interest import InterestIndex, interest_of
+from .interest import InterestIndex, Pattern, interest_of
 from .tr import (
     PATTERN_TOPIC,
     LocalInterest,
@@ -67,7 +72,8 @@ class PortalView:
         self.name = name
         self.domain_id = portal.tr.domain_id
         self._interest: set[Key] = set()
-        self._matching: InterestIndex[Key] = InterestIndex()  # _interest, to match (patterns that compile)
+        # _interest, to match (the patterns that compile), its states bounded
+        self._matching: InterestIndex[Key] = InterestIndex(max_states=portal.max_states_per_link)
         self._proxies: dict[int, int] = {}  # the link's advert id -> the portal's proxy id
         self._events: list = []
 
@@ -75,20 +81,28 @@ class PortalView:
 
     def add_remote_interest(self, topic: str, now: float, *, pattern_type: int = PATTERN_TOPIC) -> None:
         """As :meth:`PortalTR.add_remote_interest`, for this link (ValueError
-        beyond the link's own share)."""
+        beyond the link's own share of interests or of pattern states)."""
         key = (pattern_type, topic)
         new = key not in self._interest
-        if new and len(self._interest) >= self._portal.max_per_link:
-            self._portal.tr.count("remote_interest_refused")
-            raise ValueError(f"{len(self._interest)} remote interests already on this link "
-                             f"(limit {self._portal.max_per_link})")
+        interest: str | Pattern | None = None
+        if new:
+            if len(self._interest) >= self._portal.max_per_link:
+                self._portal.tr.count("remote_interest_refused")
+                raise ValueError(f"{len(self._interest)} remote interests already on this link "
+                                 f"(limit {self._portal.max_per_link})")
+            try:
+                interest = interest_of(pattern_type, topic)
+            except PatternError:
+                pass  # held (the portal queries it), matches nothing (the portal counts it)
+            if interest is not None and not self._matching.fits(interest):
+                self._portal.tr.count("remote_pattern_states_refused")
+                raise ValueError(f"pattern {topic[:80]!r} ({interest.size} states) would take this link's "
+                                 f"patterns past {self._portal.max_states_per_link} states")
         self._portal.tr.add_remote_interest(topic, now, pattern_type=pattern_type)
         if new:
             self._interest.add(key)
-            try:
-                self._matching.add(key, interest_of(pattern_type, topic))
-            except PatternError:
-                pass  # held (the portal queries it), matches nothing (the portal counts it)
+            if interest is not None:
+                self._matching.add(key, interest)
             self._portal.holders.setdefault(key, set()).add(self)
         self._portal.dispatch(caller=self)
 
@@ -184,12 +198,13 @@ class PortalView:
 
 class EndpointPortal:
     """The shared topic resolution of one endpoint portal (module doc):
-    ``tr`` is its :class:`router.core.tr.PortalTR` (its ``max_remote_interests`` is
-    each link's share)."""
+    ``tr`` is its :class:`router.core.tr.PortalTR` (its ``max_remote_interests``
+    and ``max_remote_pattern_states`` are each link's share)."""
 
     def __init__(self, tr: PortalTR) -> None:
         self.tr = tr
         self.max_per_link = tr.max_remote_interests
+        self.max_states_per_link = tr.max_remote_pattern_states
         self.views: list[PortalView] = []
         self.holders: dict[Key, set[PortalView]] = {}  # remote interest -> the links holding it
         self.proxy_ids = itertools.count(1)  # the portal's own numbering of the links' proxies
@@ -199,6 +214,7 @@ class EndpointPortal:
         v = PortalView(self, name)
         self.views.append(v)
         self.tr.max_remote_interests = self.max_per_link * len(self.views)
+        self.tr.max_remote_pattern_states = self.max_states_per_link * len(self.views)
         return v
 
     # ------------------------------------------------------------------ the TRD

@@ -24,9 +24,13 @@ conditions); topics come from the wire. Everything is bounded:
   starts with, which a match must contain (:func:`literal_hints`), are
   looked for in the topic: a topic that lacks them costs a string
   comparison. A topic searched against every pattern an index holds costs
-  at most :attr:`InterestIndex.states` steps per character: its callers
-  bound what they hold by that (a portal's ACL list, a peer link's
-  transit patterns).
+  at most :attr:`InterestIndex.states` steps per character. An index made
+  with ``max_states`` refuses a pattern that would take it past that sum
+  (:meth:`~InterestIndex.fits`); patterns from the wire are held under
+  :data:`MAX_HELD_STATES` per peer link (a peer link's transit patterns,
+  its remote interest at an endpoint portal), so one peer's patterns cost
+  a new topic at most that many steps per character wherever they are
+  matched. A portal's ACL list has its own bound (its own configuration).
 * **Caching.** What the searches found is kept per topic in the index's
   :class:`TopicCache`: for each topic, the patterns that matched it and up
   to which pattern (in the order they were added) that answer is complete.
@@ -59,7 +63,7 @@ from .wildcard import Matcher
 
 __all__ = [
     "PATTERN_TOPIC", "PATTERN_PCRE", "PATTERN_REGEX",
-    "CACHE_TOPICS", "CACHE_FACTS", "MAX_CACHED_TOPIC",
+    "CACHE_TOPICS", "CACHE_FACTS", "MAX_CACHED_TOPIC", "MAX_HELD_STATES",
     "LiteralHints", "literal_hints", "Pattern", "interest_of", "TopicCache", "InterestIndex",
 ]
 
@@ -73,6 +77,14 @@ CACHE_TOPICS = 4096
 CACHE_FACTS = 1 << 16
 #: Characters of the longest topic whose answer is kept (UM topics are at most 255 bytes).
 MAX_CACHED_TOPIC = 256
+#: NFA states, summed over its distinct patterns, that the wire interest of one
+#: peer link may hold where it is matched (transit, an endpoint portal's view of
+#: the link): the most one new topic costs against them is this many matcher
+#: steps per character. One worst-case pattern
+#: (:data:`~router.core.wildcard.MAX_STATES` states) fills it: about 0.1 s
+#: for a 255-byte topic on a 2-core host; a plain prefix pattern such as
+#: ``^md\.quotes\.`` takes a dozen states.
+MAX_HELD_STATES = 2000
 
 K = TypeVar("K", bound=Hashable)
 
@@ -248,10 +260,13 @@ class _Group:
 class InterestIndex(Generic[K]):
     """Keys wanting exact topics or patterns, matched against topics with
     one bounded cache (module doc). ``max_topics`` / ``max_facts``: the
-    cache's bounds."""
+    cache's bounds. ``max_states``: the most :attr:`states` may reach (None:
+    no bound); the holder may change it (a portal's grows with its links)."""
 
-    def __init__(self, *, max_topics: int = CACHE_TOPICS, max_facts: int = CACHE_FACTS) -> None:
+    def __init__(self, *, max_topics: int = CACHE_TOPICS, max_facts: int = CACHE_FACTS,
+                 max_states: int | None = None) -> None:
         self.cache = TopicCache(max_topics, max_facts)
+        self.max_states = max_states
         self._where: dict[K, str | _Group] = {}  # key -> its exact topic, or its pattern's group
         self._exact: dict[str, set[K]] = {}
         self._groups: dict[int, _Group] = {}
@@ -285,12 +300,20 @@ class InterestIndex(Generic[K]):
         against all of them costs at most this many steps per character."""
         return self._states
 
+    def fits(self, interest: str | Pattern) -> bool:
+        """Could ``interest`` be added within ``max_states``? An exact topic,
+        or a pattern whose text is held already, adds no state and always fits."""
+        if isinstance(interest, str) or self.max_states is None or interest.source in self._by_source:
+            return True
+        return self._states + interest.size <= self.max_states
+
     # ------------------------------------------------------------------ inputs
 
     def add(self, key: K, interest: str | Pattern) -> bool:
         """``key`` wants ``interest``: an exact topic (str) or a
         :class:`Pattern`. False if it did already; ValueError if ``key``
-        wants something else (remove it first)."""
+        wants something else (remove it first) or if ``interest`` does not
+        :meth:`fit <fits>`."""
         held = self._where.get(key)
         if held is not None:
             same = held == interest if isinstance(held, str) else held.pattern == interest
@@ -303,6 +326,9 @@ class InterestIndex(Generic[K]):
             return True
         g = self._by_source.get(interest.source)
         if g is None:
+            if not self.fits(interest):
+                raise ValueError(f"{interest!r} ({interest.size} states) would take the index past "
+                                 f"{self.max_states} states ({self._states} held)")
             self._last_gid += 1
             g = _Group(self._last_gid, interest)
             self._groups[g.gid] = self._by_source[interest.source] = g

@@ -285,6 +285,12 @@ class RuFanout:
         self._sm_interval = sm_min
         self._sm_at = math.inf
 
+    @property
+    def pending_naks(self) -> int:
+        """The (sequence, client) pairs of :attr:`pending`: NAKs waiting for the
+        origin's retransmission (at most :data:`MAX_PENDING`)."""
+        return self._pending_n
+
     # ------------------------------------------------------------ the origin
 
     def from_peer(self, data: bytes, now: float) -> Out:

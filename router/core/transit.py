@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from .. import peerlink as P
-from .interest import InterestIndex, Pattern, literal_hints
+from .interest import MAX_HELD_STATES, InterestIndex, Pattern
 from .routing import Routing
 from .sessions import carried, session_key
 from .wildcard import PatternError
@@ -46,10 +46,10 @@ __all__ = ["SendOnLink", "Transit", "MAX_TRANSIT_INTERESTS", "MAX_TRANSIT_PATTER
 MAX_TRANSIT_INTERESTS = 100_000  # interests (topic or pattern, type, origin) held for each link
 # patterns among them (per link): every advertisement from another link is matched against
 # each, and a search costs up to the pattern's NFA states per character of the topic, so
-# a link's patterns are bounded by count and by their states summed (a worst-case pattern
-# of 2000 states against a 255-byte topic: about 0.1 s on a 2-core host)
+# a link's patterns are bounded by count and by their distinct patterns' states summed
+# (router.core.interest.MAX_HELD_STATES, the bound of a peer link's wire patterns)
 MAX_TRANSIT_PATTERNS = 1000
-MAX_TRANSIT_PATTERN_STATES = 2000
+MAX_TRANSIT_PATTERN_STATES = MAX_HELD_STATES
 # a pattern newly held is searched against every topic we proxy for transit: refused if
 # that could take more than this many matcher steps (its states times the characters of
 # the topics its literal prefix lets through; about 0.23 us a step: at most ~5 s)
@@ -75,18 +75,6 @@ class _Upstream:
     body: object  # the proxy's transport body (where a stream for it connects)
 
 
-def literal_prefix(pattern: str) -> str:
-    """What every topic ``pattern`` matches starts with ("" when that is not
-    plain from the pattern: :func:`router.core.interest.literal_hints`)."""
-    return literal_hints(pattern).prefix
-
-
-def literal_run(pattern: str) -> str:
-    """Literal text every topic ``pattern`` matches contains ("" when that is
-    not plain from the pattern: :func:`router.core.interest.literal_hints`)."""
-    return literal_hints(pattern).run
-
-
 class Transit:
     """See the module doc. ``advert_ids``: the router's advert id numbering
     (unique on every link)."""
@@ -99,15 +87,13 @@ class Transit:
         self.max_interests = max_interests
         self._held: dict[Key, set[str]] = {}  # interest from peer links -> the links that sent it
         self._per_link: Counter[str] = Counter()  # interests each link holds (each has its bound)
-        # the patterns each link holds (matched only for the sources of other links)
+        # the patterns each link holds (matched only for the sources of other links),
+        # their states bounded
         self._link_patterns: dict[str, InterestIndex[Key]] = {}
-        self._link_states: Counter[str] = Counter()  # and their NFA states summed
-        self._pattern_size: dict[Key, int] = {}
         self._up_chars = 0  # characters (plus one each) of the topics of _up_by_topic
         self._by_domain: dict[int, set[Key]] = {}  # held keys by origin domain
         self._trees_seen: dict[int, tuple] = {}  # origin domain -> (root, children links) last synced
         self._by_topic: dict[str, set[Key]] = {}  # exact-topic keys of _held, by topic
-        self._patterns: set[Key] = set()  # pattern keys of _held
         self._sent: dict[str, set[Key]] = {}  # interest we passed on, by link
         self._up: dict[tuple[str, int], _Upstream] = {}  # (link, their advert id) -> our proxy
         self._up_by_topic: dict[str, set[tuple[str, int]]] = {}  # the same, by topic
@@ -141,13 +127,12 @@ class Transit:
                 except PatternError:
                     self.counters["transit_interest_bad"] += 1  # we cannot match it: useless here
                     return []
-            size = pattern.size if pattern is not None else 0
-            if self._per_link[link] >= self.max_interests or size and (
-                    len(self._link_patterns.get(link, ())) >= MAX_TRANSIT_PATTERNS
-                    or self._link_states[link] + size > MAX_TRANSIT_PATTERN_STATES):
+            got = self._patterns_of(link) if pattern is not None else None
+            if self._per_link[link] >= self.max_interests or got is not None and (
+                    len(got) >= MAX_TRANSIT_PATTERNS or not got.fits(pattern)):
                 self.counters["transit_interest_full"] += 1
                 return []
-            if pattern is not None and self._scan_cost(pattern) > MAX_PATTERN_SCAN_STEPS:
+            if pattern is not None and self.scan_cost(pattern) > MAX_PATTERN_SCAN_STEPS:
                 self.counters["transit_pattern_costly"] += 1
                 return []
         if holders is None:
@@ -155,8 +140,6 @@ class Transit:
             self._by_domain.setdefault(key[2], set()).add(key)
             if key[1] == P.PatternType.TOPIC:
                 self._by_topic.setdefault(key[0], set()).add(key)
-            else:
-                self._patterns.add(key)
         if link in holders:
             if f.action != P.InterestAction.REFRESH:
                 return []
@@ -168,9 +151,7 @@ class Transit:
         holders.add(link)
         self._per_link[link] += 1
         if pattern is not None:
-            self._link_patterns.setdefault(link, InterestIndex()).add(key, pattern)
-            self._pattern_size[key] = pattern.size
-            self._link_states[link] += pattern.size
+            self._patterns_of(link).add(key, pattern)
         out = self._sync_key(key)
         return out + self._advertise_to(link, key)
 
@@ -306,7 +287,6 @@ class Transit:
                 out += self._sync_key(key, covered)
         self._per_link.pop(link, None)
         self._link_patterns.pop(link, None)
-        self._link_states.pop(link, None)
         for dkey in [d for d in self._down if d[0] == link]:
             ukey = self._down.pop(dkey)
             up = self._up.get(ukey)
@@ -400,7 +380,6 @@ class Transit:
             if not holders:  # asked before it goes: what it matched is cached there
                 covered = [t for t in self._down_by_topic if got.covers(key, t)]
             got.remove(key)
-            self._link_states[link] -= self._pattern_size.get(key, 0)
         elif not holders and key[0] in self._down_by_topic:
             covered = [key[0]]
         if not holders:
@@ -419,8 +398,13 @@ class Transit:
             keys.discard(key)
             if not keys:
                 del self._by_topic[key[0]]
-        self._patterns.discard(key)
-        self._pattern_size.pop(key, None)
+
+    def _patterns_of(self, link: str) -> InterestIndex[Key]:
+        """The index of the patterns ``link`` holds (made empty if it has none)."""
+        got = self._link_patterns.get(link)
+        if got is None:
+            got = self._link_patterns[link] = InterestIndex(max_states=MAX_TRANSIT_PATTERN_STATES)
+        return got
 
     def _keys_for(self, topic: str, links) -> set[Key]:
         """The held interests that ``topic`` satisfies: exact topics, and the
@@ -437,15 +421,24 @@ class Transit:
         return any(link in self._held[k] and self._on_path(k, origin_domain)
                    for k in self._keys_for(topic, (link,)))
 
-    def _scan_cost(self, pattern: Pattern) -> int:
+    def scan_cost(self, pattern: Pattern) -> int:
         """At most how many matcher steps searching ``pattern`` against the
-        topics we proxy would take (those its literal prefix lets through)."""
+        topics we proxy would take (those its literal prefix lets through): a
+        pattern interest costing more than :data:`MAX_PATTERN_SCAN_STEPS` is
+        refused (``transit_pattern_costly``)."""
         if pattern.size * self._up_chars <= MAX_PATTERN_SCAN_STEPS:
             return pattern.size * self._up_chars  # cheap: no need to look closer
         prefix = pattern.hints.prefix
         return pattern.size * sum(len(t) + 1 for t in self._up_by_topic if t.startswith(prefix))
 
     # ------------------------------------------------------------------ views
+
+    def link_patterns(self, link: str) -> tuple[int, int]:
+        """The pattern interests peer link ``link`` holds here, and the NFA
+        states of its distinct patterns summed (at most
+        :data:`MAX_TRANSIT_PATTERNS` and :data:`MAX_TRANSIT_PATTERN_STATES`)."""
+        got = self._link_patterns.get(link)
+        return (0, 0) if got is None else (len(got), got.states)
 
     def status(self) -> dict:
         return {"interest_held": len(self._held),

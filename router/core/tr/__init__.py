@@ -133,8 +133,10 @@ The package: :mod:`.portal` (:class:`PortalTR`, the state machine),
 :class:`RemoteCheck`), :mod:`.events` (what it takes and hands out),
 :mod:`.timers` (its typed timers and their heap), :mod:`.pacing` (rate
 limits), :mod:`.datagrams` (the datagrams it builds, its outgoing buffer),
-:mod:`.adverts` (the proxies it advertises), :mod:`.local_interest` (its
-TRD's interest) and :mod:`.matching` (which interest covers which topic).
+:mod:`.adverts` (the proxies it advertises) and :mod:`.local_interest` (its
+TRD's interest). Which interest covers which topic is answered by
+:class:`router.core.interest.InterestIndex`, one for the remote interest and
+one for the local.
 Every public name of those is importable from here. UM's timing,
 destinations, OTIDs and datagram packing are in :mod:`lbmr_proto.um`.
 
@@ -142,6 +144,12 @@ Pattern types are the LBMR/LBRP values: 0 exact topic, 1 PCRE, 2 POSIX regex
 (:class:`router.peerlink.PatternType`). Patterns are matched with
 :class:`router.core.wildcard.Matcher` (``search``, Python's pattern syntax run
 without backtracking), close enough to PCRE and POSIX ERE for topic names.
+A pattern that cannot be matched is still queried (``bad_patterns``) but
+covers no topic. The remote interest's distinct patterns hold at most
+``max_remote_pattern_states`` NFA states summed
+(:data:`router.core.interest.MAX_HELD_STATES` by default: one new topic costs
+at most that many matcher steps per character against them); a pattern
+beyond it is refused (``remote_pattern_states_refused``).
 """
 
 from .adverts import relay_transport

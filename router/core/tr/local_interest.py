@@ -19,6 +19,8 @@ from lbmr_proto.constants import (
 )
 from lbmr_proto.um import EPS
 
+from ..interest import InterestIndex, interest_of
+from ..wildcard import PatternError
 from .adverts import ProxyAdverts
 from .datagrams import TROutbox, use_query_record
 from .events import (
@@ -29,7 +31,6 @@ from .events import (
     LocalInterestGone,
     LocalInterestRefresh,
 )
-from .matching import InterestMatching
 from .pacing import RatePacer, interest_frame_size
 from .settings import PortalTRSettings
 from .timers import InterestTimer, TimerHeap
@@ -44,23 +45,25 @@ class LocalInterests:
     pattern)``. Their timers wait in the portal's ``heap``; use queries go to
     its ``outbox``, events (:class:`LocalInterest`, :class:`LocalInterestGone`,
     :class:`LocalInterestRefresh`) to its ``events`` list, counters to its
-    ``stats``. An interest is held while one of the portal's ``adverts``
-    covers it (``matching``) when use queries are off."""
+    ``stats``. An interest is held while it covers one of the portal's
+    ``adverts`` when use queries are off. Which interest covers which topic
+    is answered by one :class:`~router.core.interest.InterestIndex` (a
+    pattern that cannot be matched is held, and queried, but covers nothing).
+    """
 
-    __slots__ = ("_settings", "_heap", "_st", "_events", "_outbox", "_adverts", "_match", "_lint",
-                 "_lint_patterns", "_use_pacers", "_refresh_pacers")
+    __slots__ = ("_settings", "_heap", "_st", "_events", "_outbox", "_adverts", "_lint", "_index",
+                 "_use_pacers", "_refresh_pacers")
 
     def __init__(self, settings: PortalTRSettings, heap: TimerHeap, stats: Counter[str], events: list,
-                 outbox: TROutbox, adverts: ProxyAdverts, matching: InterestMatching) -> None:
+                 outbox: TROutbox, adverts: ProxyAdverts) -> None:
         s = self._settings = settings
         self._heap = heap
         self._st = stats
         self._events = events
         self._outbox = outbox
         self._adverts = adverts
-        self._match = matching
         self._lint: dict[Key, InterestTimer] = {}
-        self._lint_patterns: set[Key] = set()
+        self._index: InterestIndex[Key] = InterestIndex()  # _lint's interest, to match
         # the DRO's <rate-limit>s: use queries of topics / patterns, INTEREST REFRESHes
         use_default = (0.0, float(s.use_query_rate))
         self._use_pacers = (
@@ -79,9 +82,11 @@ class LocalInterests:
 
     def wants(self, topic: str) -> bool:
         """Does local interest (``topic``, or a pattern covering it) want ``topic``?"""
-        if (PATTERN_TOPIC, topic) in self._lint:
-            return True
-        return any(self._match.covers(k, topic) for k in self._lint_patterns)
+        return self._index.wants(topic)
+
+    def covers(self, key: Key, topic: str) -> bool:
+        """Does local interest ``key`` (live) cover ``topic``?"""
+        return self._index.covers(key, topic)
 
     def heard(self, key: Key, now: float) -> None:
         """A TQR (WC-TQR) for ``key``: the interest starts, or is refreshed."""
@@ -96,8 +101,10 @@ class LocalInterests:
                            s.use_query if topic_kind else s.pattern_use_query,
                            pace[0] if pace is not None else math.inf)
         self._lint[key] = li
-        if key[0] != PATTERN_TOPIC:
-            self._lint_patterns.add(key)
+        try:
+            self._index.add(key, interest_of(*key))
+        except PatternError:
+            pass  # held (it is queried), covers nothing
         self._heap.arm(li)
         self._events.append(LocalInterest(key[1], key[0] != PATTERN_TOPIC, key[0]))
         self._st["local_interest_added"] += 1
@@ -127,9 +134,9 @@ class LocalInterests:
     def proxy_removed(self, topic: str, now: float) -> None:
         """The proxy of ``topic`` is no longer advertised: local interest it held
         starts counting down now."""
-        for key in [(PATTERN_TOPIC, topic), *self._lint_patterns]:
-            li = self._lint.get(key)
-            if li is not None and self._match.covers(key, topic) and not self._pinned(key):
+        for key in self._index.matches(topic):
+            if not self._pinned(key):
+                li = self._lint[key]
                 li.refreshed = max(li.refreshed, now)
 
     def due(self, li: InterestTimer, now: float) -> None:
@@ -195,7 +202,7 @@ class LocalInterests:
     def _drop(self, li: InterestTimer, why: str) -> None:
         li.alive = False
         del self._lint[li.key]
-        self._lint_patterns.discard(li.key)
+        self._index.remove(li.key)
         pt, topic = li.key
         self._events.append(LocalInterestGone(topic, pt != PATTERN_TOPIC, pt))
         self._st[why] += 1
@@ -205,4 +212,4 @@ class LocalInterests:
         proxy_topics = self._adverts.topics
         if key[0] == PATTERN_TOPIC:
             return bool(proxy_topics.get(key[1]))
-        return any(self._match.covers(key, t) for t in proxy_topics)
+        return any(self._index.covers(key, t) for t in proxy_topics)

@@ -34,6 +34,8 @@ from lbmr_proto.constants import (
 )
 from lbmr_proto.um import EPS, Schedule, synthesize_otid
 
+from ..interest import InterestIndex, Pattern, interest_of
+from ..wildcard import PatternError
 from .adverts import ProxyAdverts
 from .datagrams import DueRecords, TROutbox
 from .events import (
@@ -49,7 +51,6 @@ from .events import (
     SourceSeen,
 )
 from .local_interest import LocalInterests
-from .matching import InterestMatching
 from .pacing import Pacer, query_step
 from .settings import PortalTRSettings
 from .timers import (
@@ -72,8 +73,9 @@ class PortalTR:
     """Topic resolution of one endpoint portal, made from its ``settings``
     (:class:`PortalTRSettings`) at ``now`` (rules: :mod:`router.core.tr`).
 
-    ``max_remote_interests`` starts as the settings' and may be changed (the
-    portal's limit when links share it: :mod:`router.core.endpoint_portal`).
+    ``max_remote_interests`` and ``max_remote_pattern_states`` start as the
+    settings' and may be changed (the portal's limits when links share it:
+    :mod:`router.core.endpoint_portal`).
     """
 
     def __init__(self, settings: PortalTRSettings, *, now: float) -> None:
@@ -102,13 +104,12 @@ class PortalTR:
         self._adverts = ProxyAdverts(s, self._heap, self._st)
         # remote interest (queries) and local interest (TQRs), keyed (pattern type, topic)
         self._rint: dict[Key, QueryTimer] = {}
-        self._rint_patterns: set[Key] = set()
+        # _rint's interest, to match (the patterns that compile), its states bounded
+        self._remote: InterestIndex[Key] = InterestIndex(max_states=s.max_remote_pattern_states)
         # sources seen in the TRD
         self._sources: dict[tuple[str, bytes], SourceTimer] = {}
         self._src_by_topic: dict[str, dict[bytes, SourceTimer]] = {}
-        self._match = InterestMatching(self._rint, self._rint_patterns, self._src_by_topic)
-        self._local = LocalInterests(s, self._heap, self._st, self._events, self._outbox, self._adverts,
-                                     self._match)
+        self._local = LocalInterests(s, self._heap, self._st, self._events, self._outbox, self._adverts)
         # what runs a due timer, by the timer's class
         self._on_due: dict[type[Timer], Callable[[Any, float, DueRecords], None]] = {
             ProxyTimer: self._due_proxy, QueryTimer: self._due_query, SourceTimer: self._due_source,
@@ -117,6 +118,15 @@ class PortalTR:
         ir = s.initial_request
         if ir is not None and ir[1] > 0:
             self._heap.arm(InitialRequestTimer(now, *ir))
+
+    @property
+    def max_remote_pattern_states(self) -> int:
+        """The most NFA states the remote interest's distinct patterns may hold, summed."""
+        return self._remote.max_states
+
+    @max_remote_pattern_states.setter
+    def max_remote_pattern_states(self, states: int) -> None:
+        self._remote.max_states = states
 
     def __repr__(self) -> str:
         s = self.settings
@@ -219,12 +229,10 @@ class PortalTR:
                 continue
             key = (w.pattern_type, w.pattern)
             self._local.heard(key, now)
-            rx = self._match.regex(key)
-            if rx is not None:
-                for topic, ps in proxy_topics.items():
-                    if rx.search(topic):
-                        for aid, p in ps.items():
-                            answers[aid] = p.record
+            for topic, ps in proxy_topics.items():
+                if self._local.covers(key, topic):
+                    for aid, p in ps.items():
+                        answers[aid] = p.record
         if answers:
             st["tirs_answered"] += len(answers)
             self._outbox.send_records(DueRecords(tirs=list(answers.values())), now, "answer")
@@ -234,17 +242,28 @@ class PortalTR:
         report its sources. Known sources are reported at once (SourceSeen).
         Adding an existing interest is a refresh (known sources re-reported with
         first=False) and keeps it alive (``remote_topic``). ValueError if the
-        topic cannot be an LBMR name."""
+        topic cannot be an LBMR name, beyond ``max_remote_interests``, or for
+        a pattern that would take the patterns held past
+        ``max_remote_pattern_states`` (counted: ``remote_interest_refused``,
+        ``remote_pattern_states_refused``). A pattern that cannot be matched
+        is queried but matches no source (``bad_patterns``)."""
         if pattern_type not in (PATTERN_TOPIC, PATTERN_PCRE, PATTERN_REGEX):
             raise ValueError(f"unknown pattern type {pattern_type}")
         key = (pattern_type, topic)
         q = self._rint.get(key)
-        known = self._match.matching_sources(key)
         if q is None:
             if len(self._rint) >= self.max_remote_interests:
                 self._st["remote_interest_refused"] += 1
                 raise ValueError(f"{len(self._rint)} remote interests already (limit "
                                  f"{self.max_remote_interests})")
+            try:
+                interest: str | Pattern | None = interest_of(pattern_type, topic)
+            except PatternError:
+                interest = None
+            if interest is not None and not self._remote.fits(interest):
+                self._st["remote_pattern_states_refused"] += 1
+                raise ValueError(f"pattern {topic[:80]!r} ({interest.size} states) would take the remote "
+                                 f"patterns past {self.max_remote_pattern_states} states")
             try:
                 record = (TQR(topic) if pattern_type == PATTERN_TOPIC else WcTQR(topic, pattern_type)).encode()
             except LBMREncodeError as e:
@@ -261,11 +280,11 @@ class PortalTR:
                     ck.queue = collections.deque(e for e in ck.queue if self._rint.get(e[0]) is e[1])
                 ck.queue.append((key, q))
                 self._heap.arm(ck)
-            if pattern_type != PATTERN_TOPIC:
-                self._rint_patterns.add(key)
-                if self._match.regex(key) is None:
-                    self._st["bad_patterns"] += 1
-            if known and pattern_type == PATTERN_TOPIC:
+            if interest is None:
+                self._st["bad_patterns"] += 1  # queried, matches nothing
+            else:
+                self._remote.add(key, interest)
+            if pattern_type == PATTERN_TOPIC and topic in self._src_by_topic:
                 q.next_requery = now  # one query at once to verify, then the requery period
             else:
                 q.sched = Schedule(now, self.timing.query_phase())
@@ -274,7 +293,7 @@ class PortalTR:
         else:
             q.refreshed = max(q.refreshed, now)
             self._st["remote_interest_refreshed"] += 1
-        for s in known:
+        for s in self._matching_sources(key):
             first = not s.announced
             s.announced = True
             self._events.append(SourceSeen(s.topic, s.otid, s.body, first, s.index))
@@ -288,9 +307,10 @@ class PortalTR:
         if q is None:
             return False
         q.alive = False
-        self._rint_patterns.discard(key)
-        for s in self._match.matching_sources(key):
-            if not self._match.wanted(s.topic):
+        covered = self._matching_sources(key)  # asked while it is held: its answers are cached
+        self._remote.remove(key)
+        for s in covered:
+            if not self._remote.wants(s.topic):
                 s.announced = False
         self._st["remote_interest_cancelled"] += 1
         return True
@@ -366,12 +386,7 @@ class PortalTR:
     def wants_source(self, topic: str) -> bool:
         """Does remote interest (the topic, or a pattern covering it) want
         sources of ``topic``?"""
-        return self._match.wanted(topic)
-
-    def covers(self, key: Key, topic: str) -> bool:
-        """Does interest ``key`` ((pattern type, topic or pattern)) cover
-        ``topic``? Patterns run on the portal's bounded, cached matchers."""
-        return self._match.covers(key, topic)
+        return self._remote.wants(topic)
 
     def count(self, what: str) -> None:
         """Count ``what`` in :meth:`stats` (for those sharing this portal)."""
@@ -390,9 +405,15 @@ class PortalTR:
                 for s in self._src_by_topic.get(topic, {}).values()]
 
     def stats(self) -> dict[str, int]:
-        """Counters (only those that happened) and current sizes."""
+        """Counters (only those that happened) and current sizes
+        (``remote_pattern_states``: the NFA states of the remote interest's
+        distinct patterns, summed; ``remote_checks_queued``: the entries
+        waiting for the expiry checks of remote interest, stale ones
+        included)."""
         d = dict(self._st)
         d.update(proxies=len(self._adverts), remote_interests=len(self._rint),
+                 remote_pattern_states=self._remote.states,
+                 remote_checks_queued=sum(len(ck.queue) for ck in self._checkers.values() if ck is not None),
                  local_interests=len(self._local), sources=len(self._sources),
                  events_pending=len(self._events), datagrams_pending=len(self._outbox))
         return d
@@ -497,7 +518,7 @@ class PortalTR:
             return
         topic = tir.topic
         s = self._sources.get((topic, otid))
-        wanted = self._match.wanted(topic)
+        wanted = self._remote.wants(topic)
         if s is None:
             if len(self._sources) >= self.settings.max_sources and not wanted:
                 st["sources_not_kept"] += 1
@@ -535,7 +556,7 @@ class PortalTR:
         del ss[s.otid]
         if not ss:
             del self._src_by_topic[s.topic]
-        if not (s.announced and self._match.wanted(s.topic)):
+        if not (s.announced and self._remote.wants(s.topic)):
             self._st["sources_purged"] += 1
             return
         self._events.append(SourceGone(s.topic, s.otid))
@@ -544,3 +565,10 @@ class PortalTR:
         if q is not None and s.topic not in self._src_by_topic:
             q.sched = Schedule(now, self.timing.query_phase())  # look for another source
             self._heap.arm(q)
+
+    def _matching_sources(self, key: Key) -> list[SourceTimer]:
+        """The TRD's sources whose topic remote interest ``key`` (held) covers."""
+        if key[0] == PATTERN_TOPIC:
+            return list(self._src_by_topic.get(key[1], {}).values())
+        covers = self._remote.covers
+        return [s for t, ss in self._src_by_topic.items() if covers(key, t) for s in ss.values()]

@@ -15,6 +15,7 @@ from dataclasses import KW_ONLY, dataclass
 from lbmr_proto.constants import SourceType
 from lbmr_proto.um import DEFAULT_MAX_DATAGRAM, Timing, um_trailer
 
+from ..interest import MAX_HELD_STATES
 from .events import Addr
 
 __all__ = ["PortalTRSettings", "UseQuery", "RemoteCheck"]
@@ -90,6 +91,11 @@ class PortalTRSettings:
     requery_jitter: float = 0.0
     query_rate: float = 5000.0  # queries (the UM bursts too) a second at most (bursts of 500)
     max_remote_interests: int = 20_000  # more are refused (ValueError)
+    #: NFA states of the remote interest's distinct patterns, summed
+    #: (:data:`router.core.interest.MAX_HELD_STATES`: one new topic costs at
+    #: most this many matcher steps per character against them); a pattern
+    #: beyond it is refused (ValueError, ``remote_pattern_states_refused``)
+    max_remote_pattern_states: int = MAX_HELD_STATES
     #: use queries of local interest in topics / patterns (they replace interest_timeout)
     use_query: UseQuery | None = None
     pattern_use_query: UseQuery | None = None
@@ -153,6 +159,8 @@ class PortalTRSettings:
             rc = getattr(self, what)
             if rc is not None and not (rc.check_interval > 0 and rc.max_checked >= 1 and rc.timeout > 0):
                 raise ValueError(f"{what}: check_interval and timeout must be positive, max_checked >= 1")
+        if self.max_remote_interests < 0 or self.max_remote_pattern_states < 0:
+            raise ValueError("max_remote_interests and max_remote_pattern_states must be >= 0")
         if self.use_query_rate <= 0:
             raise ValueError("use_query_rate must be positive")
         if not (self.requery_rate > 0 and self.query_rate > 0) or not 0 <= self.requery_jitter < 1:

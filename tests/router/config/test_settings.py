@@ -415,8 +415,7 @@ def test_log_file_rolls_daily_and_keeps_every_rolled_file(tmp_path):
 
     day = calendar.timegm((2026, 11, 23, 0, 0, 0))
     path = tmp_path / "router.log"
-    h = RollingFileHandler(str(path), "daily")
-    h._next_roll = h._boundary_after(day + 10)  # as if started on the 23rd
+    h = RollingFileHandler(str(path), "daily", start=day + 10)  # as if started on the 23rd
     h.emit(_record("first", day + 10))
     h.emit(_record("second", day + 86399))
     h.emit(_record("third", day + 86400 + 5))  # the 24th: the 23rd's file is rolled
@@ -434,8 +433,7 @@ def test_log_file_rolls_hourly_and_by_size_with_sequence_numbers(tmp_path):
 
     hour = calendar.timegm((2026, 11, 23, 7, 0, 0))
     path = tmp_path / "r.log"
-    h = RollingFileHandler(str(path), "hourly", max_bytes=100)
-    h._next_roll = h._boundary_after(hour)
+    h = RollingFileHandler(str(path), "hourly", max_bytes=100, start=hour)
     line = "x" * 39  # 40 bytes with the newline: two fit in 100, the third rolls
     for i in range(5):
         h.emit(_record(line, hour + i))
@@ -697,16 +695,21 @@ async def test_receiver_that_left_is_noticed_by_use_queries_and_its_proxy_withdr
 
 
 def test_a_peer_adding_and_cancelling_in_a_loop_keeps_the_check_queue_bounded():
-    from router.core.tr import RemoteCheck
+    from router.core.tr import RemoteCheck, RemoteInterestExpired
 
     tr = portal(remote_topic=RemoteCheck(90.0, 100, 300.0))
     tr.add_remote_interest("kept", 0.0)
     for i in range(50_000):
         tr.add_remote_interest("churn", float(i))
         tr.cancel_remote_interest("churn", float(i))
-    ck = tr._checkers[0]
-    assert len(ck.queue) <= 2 * 1 + 1024 + 1
-    assert ("kept" in [k[1] for k, _ in ck.queue])
+    assert tr.stats()["remote_checks_queued"] <= 2 * 1 + 1024 + 1
+    # "kept" is still queued: a later check finds it stale and expires it
+    tr.events()
+    expired = []
+    for k in range(1, 21):
+        tr.tick(50_000.0 + 90.0 * k)
+        expired += [ev.topic for ev in tr.events() if isinstance(ev, RemoteInterestExpired)]
+    assert expired == ["kept"]
 
 
 # ------------------------------------------------ <source-deletion-delay>

@@ -269,7 +269,7 @@ def test_cache_is_bounded():
     a = acl(accept(TopicPattern("^keep")))
     for i in range(CACHE_TOPICS + 500):
         a.allows(f"t{i}")
-    assert len(a._cache) == CACHE_TOPICS
+    assert a.topics_cached == CACHE_TOPICS
     assert a.allows("keep.1") and not a.allows("t1")
 
 
@@ -556,7 +556,7 @@ def test_bridge_flood_of_rejected_interest_is_counted_and_logged_sparingly():
     assert not [o for o in outs if isinstance(o, SendFrame)]
     assert b.acl_rejected == {"ep": 20_000}
     assert len([o for o in outs if isinstance(o, Notice) and o.kind == "acl_rejected"]) == 15  # 1 .. 16384
-    assert len(out._cache) <= CACHE_TOPICS
+    assert out.topics_cached <= CACHE_TOPICS
 
 
 def test_portal_acl_is_a_value():

@@ -120,6 +120,40 @@ def test_one_link_cannot_take_another_links_share_of_interest():
     assert portal.tr.stats()["remote_interest_refused"] == 1
 
 
+def test_one_links_heavy_patterns_cannot_take_another_links_share_of_states(monkeypatch):
+    """Each link's patterns hold at most the portal's ``max_remote_pattern_states``
+    (MAX_HELD_STATES) NFA states summed: a hostile peer's flood of worst-case
+    patterns is refused past its share and counted, the other link still adds
+    its own, and a new topic's TIR costs at most the links' shares in matcher
+    steps per character (each pattern searched once)."""
+    from router.core.interest import MAX_HELD_STATES
+    from router.core.wildcard import Matcher
+
+    searched: list[int] = []
+    real = Matcher.search
+    monkeypatch.setattr(Matcher, "search", lambda self, text: searched.append(self.size) or real(self, text))
+    portal = shared()
+    hostile, other = portal.view("hostile"), portal.view("other")
+    assert portal.tr.max_remote_pattern_states == 2 * MAX_HELD_STATES
+    refused = 0
+    for k in range(50):
+        try:
+            hostile.add_remote_interest(f"(.?){{990}}x{k}", 0.0, pattern_type=1)
+        except ValueError:
+            refused += 1
+    held = 50 - refused
+    assert 1 <= held < 5 and portal.tr.stats()["remote_pattern_states_refused"] == refused
+    assert len(hostile.remote_interests()) == held
+    for k in range(held):
+        other.add_remote_interest(f"(.?){{990}}y{k}", 0.0, pattern_type=1)
+    with pytest.raises(ValueError):
+        other.add_remote_interest("(.?){990}y999", 0.0, pattern_type=1)
+    assert portal.tr.stats()["remote_pattern_states"] <= 2 * MAX_HELD_STATES
+    searched.clear()
+    portal.on_datagram(dgram(tirs=[source_tir(topic="a" * 254 + "!")]), APP, 0.1)
+    assert len(searched) == 2 * held and sum(searched) <= 2 * MAX_HELD_STATES  # wanted by none
+
+
 def test_interest_no_link_refreshes_expires_for_each_link_that_held_it():
     portal = shared(remote_topic=RemoteCheck(1.0, 100, 2.0))
     a, b = portal.view("a"), portal.view("b")

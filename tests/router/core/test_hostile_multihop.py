@@ -223,7 +223,7 @@ def test_hostile_patterns_cost_at_most_the_state_bound_and_never_their_own_adver
     for k in range(10):
         t.on_interest("A-C", P.Interest(P.InterestAction.ADD, f"(.?){{990}}x{k}", 3, P.PatternType.PCRE))
     assert t.counters["transit_interest_full"] == 9
-    assert sum(t._pattern_size[k] for k in t._link_patterns["A-C"]) <= MAX_TRANSIT_PATTERN_STATES
+    assert t.link_patterns("A-C")[1] <= MAX_TRANSIT_PATTERN_STATES
     # a pattern we cannot match is not held (it would cost and never match)
     t.on_interest("A-C", P.Interest(P.InterestAction.ADD, "(a)\\1", 3, P.PatternType.PCRE))
     assert t.counters["transit_interest_bad"] == 1
@@ -248,8 +248,14 @@ def test_a_pattern_is_searched_only_against_topics_it_could_match(monkeypatch):
     not searched."""
     import re
 
-    from router.core.transit import literal_prefix, literal_run
+    from router.core.interest import literal_hints
     from router.core.wildcard import Matcher
+
+    def literal_prefix(pattern: str) -> str:
+        return literal_hints(pattern).prefix
+
+    def literal_run(pattern: str) -> str:
+        return literal_hints(pattern).run
 
     for pat, topic in [(r"^md\.quotes\..*", "md.quotes.x"), (r"^ab*c", "ac"), (r"^ab+", "ab"),
                        (r"^md\\x", "md\\x1"), (r"^a{2}", "aa"), (r"^x|y", "y"), (r"(?i)^MD", "md"),
@@ -295,7 +301,9 @@ def test_a_pattern_is_searched_only_against_topics_it_could_match(monkeypatch):
     # the bookkeeping of the topics' characters follows the proxies
     for i in range(n):
         t.on_proxy_gone("A-B", i + 1)
-    assert t._up_chars == 0 and not t._up_by_topic
+    from router.core.interest import Pattern
+
+    assert t.status()["proxies"] == 0 and t.scan_cost(Pattern("x")) == 0 == t.scan_cost(Pattern("(.?){990}y"))
 
 
 def test_a_peer_flapping_a_small_announcement_is_paced():

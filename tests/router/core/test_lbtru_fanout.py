@@ -249,16 +249,16 @@ def test_an_expiring_client_forgets_its_own_pending_naks_without_scanning_all():
     connect(f, B)
     f.from_client(RU.encode_nak(list(range(0, 300)), session_id=SID), A, 0.0)
     f.from_client(RU.encode_nak(list(range(200, 400)), session_id=SID), B, 0.0)
-    assert f._pending_n == 500 and len(f.pending) == 400
+    assert f.pending_naks == 500 and len(f.pending) == 400
     f.pending = _NoScan(f.pending)
     f.from_client(RU.encode_ack(0, session_id=SID), B, 5.0)
     f.tick(10.0)  # A expires, B stays
     assert set(f.clients) == {B} and f.counters["lbtru_clients_expired"] == 1
-    assert f._pending_n == 200 and sorted(dict(f.pending)) == list(range(200, 400))
+    assert f.pending_naks == 200 and sorted(dict(f.pending)) == list(range(200, 400))
     assert all(v == {B} for v in dict.values(f.pending))
     # the origin's retransmission goes to B alone, and leaves nothing pending
     assert [to for _, to in f.from_peer(rm_data(250, rx=True), 10.1)] == [B]
-    assert f._pending_n == 199 and f.clients[B].waiting == set(range(200, 400)) - {250}
+    assert f.pending_naks == 199 and f.clients[B].waiting == set(range(200, 400)) - {250}
 
 
 def test_a_sequence_that_wraps_or_restarts_far_behind_starts_the_window_over():

@@ -181,7 +181,7 @@ def test_a_peer_cannot_make_every_advert_cost_more_than_the_pattern_bound():
     fit = next(k for k in range(len(sizes) + 1) if k == len(sizes) or sum(sizes[:k + 1]) > MAX_TRANSIT_PATTERN_STATES)
     fit = min(fit, MAX_TRANSIT_PATTERNS)
     assert t.counters["transit_interest_full"] == MAX_TRANSIT_PATTERNS + 50 - fit
-    assert len(t._patterns) == fit and sum(sizes[:fit]) <= MAX_TRANSIT_PATTERN_STATES
+    assert t.link_patterns("B-C") == (fit, sum(sizes[:fit])) and sum(sizes[:fit]) <= MAX_TRANSIT_PATTERN_STATES
     # exact topics still pass while patterns are full
     t.on_interest("B-C", P.Interest(P.InterestAction.ADD, "exact", 3))
     assert t.wants("B-A", "exact", 1)

@@ -564,6 +564,59 @@ def test_hostile_wildcard_patterns_cannot_freeze_the_portal():
     assert q.stats()["bad_patterns"] == 1
 
 
+def test_a_flood_of_heavy_remote_patterns_is_refused_past_the_state_bound(monkeypatch):
+    """Defect: a portal bounded how many remote interests it held but not
+    their patterns' states: a peer's thousands of 2000-state patterns made
+    every new topic of the TRD cost a search of each (~75 ms apiece). The
+    remote patterns' distinct states, summed, are bounded
+    (``max_remote_pattern_states``, MAX_HELD_STATES by default): a pattern
+    beyond it is refused (ValueError) and counted; a new topic's TIR then
+    costs at most that many matcher steps per character."""
+    from router.core.interest import MAX_HELD_STATES
+    from router.core.wildcard import Matcher
+
+    searched: list[int] = []  # the states of each matcher searched
+    real = Matcher.search
+    monkeypatch.setattr(Matcher, "search", lambda self, text: searched.append(self.size) or real(self, text))
+    p = mc_portal()
+    assert p.max_remote_pattern_states == MAX_HELD_STATES
+    refused = 0
+    for k in range(100):
+        try:
+            p.add_remote_interest(f"(.?){{990}}x{k}", 0.0, pattern_type=1)
+        except ValueError:
+            refused += 1
+    held = 100 - refused
+    st = p.stats()
+    assert 1 <= held < 5 and st["remote_pattern_states_refused"] == refused
+    assert st["remote_interests"] == held and st["remote_pattern_states"] <= MAX_HELD_STATES
+    # refused: not queried either
+    assert len([w for o in p.tick(0.0) for w in decode(o.data).wc_tqrs]) == held
+    # exact topics and patterns already held still pass
+    p.add_remote_interest("exact", 0.1)
+    p.add_remote_interest("(.?){990}x0", 0.1, pattern_type=1)
+    p.add_remote_interest("(.?){990}x0", 0.1, pattern_type=2)  # the same text: no new states
+    # a new topic's TIR: each pattern held searched once, their states summed within the bound
+    searched.clear()
+    topic = "a" * 254 + "!"
+    for i in range(3):
+        p.on_datagram(dgram(tirs=[app_tir(topic, TcpTransport("10.1.0.5", 1 + i), otid_n(70 + i))]),
+                      SRC_ADDR, 0.2 + i / 100)
+    assert len(searched) == held and sum(searched) <= MAX_HELD_STATES
+    # cancelling gives the states back
+    p.cancel_remote_interest("(.?){990}x0", 0.5, pattern_type=1)
+    p.cancel_remote_interest("(.?){990}x0", 0.5, pattern_type=2)
+    assert p.stats()["remote_pattern_states"] < st["remote_pattern_states"]
+    p.add_remote_interest("(.?){990}x999", 0.6, pattern_type=1)
+    # many cheap patterns fit
+    q = mc_portal()
+    for k in range(100):
+        q.add_remote_interest(f"^md\\.{k}\\.", 0.0, pattern_type=1)
+    assert q.stats()["remote_interests"] == 100 and "remote_pattern_states_refused" not in q.stats()
+    with pytest.raises(ValueError):
+        mc_portal(max_remote_pattern_states=-1)
+
+
 def test_equal_otid_in_both_trds_is_not_taken_for_our_echo():
     """Defect: a source of this TRD with the same OTID as one of our proxies
     (e.g. synthesised from an identical private address in both TRDs) was
