@@ -1,20 +1,24 @@
 """The router's data relay on trio, for one endpoint on one link: the proxies'
-relay ports, the proxy listeners on the near side, and the dispatch of the
-streams the peer opens on the far side to the relay of their transport.
+relay ports, the proxy listeners on the near side, and the dispatch of
+proxies and of the streams the peer opens to the relay of their transport,
+by one table (:data:`RELAYS`, keyed (LBMR transport code, the endpoint's
+mode); every relay implements :class:`router.transport_relay.TransportRelay`,
+whose docstring states the lifecycle).
 
-Near side: a proxy (:meth:`Relay.serve_proxy`) listens at the relay address
-for one of the peer's advertisements; TCP receivers share one stream of the
-proxy on the current link (fan-out, :mod:`router.fanout_relay`), LBT-RU
-receivers one LBT-RU proxy source (:mod:`router.lbtru_relay`), LBT-RM has
-its proxies and sources in :mod:`router.lbtrm_relay`, or, with
-``fanout="off"``, every TCP connection opens a stream
-(:mod:`router.relay_tcp`), as does every LBT-RU receiver address
-(:mod:`router.relay_ru`). Far side: a stream the peer opens
-(:meth:`Relay.stream_event`) joins the session's one connection to the real
-source of our advertisement (fan-out) or connects to it; a source that cannot
-be reached refuses the stream. Relay ports come from the endpoint's range,
-round robin, with a quarantine shared by every link of the endpoint
-(:class:`PortPool`).
+Near side: a proxy (:meth:`Relay.serve_proxy`) binds at the relay address
+for one of the peer's advertisements and its relay serves it: TCP receivers
+share one stream of the proxy on the current link (fan-out,
+:mod:`router.fanout_relay`), LBT-RU receivers one LBT-RU proxy source
+(:mod:`router.lbtru_relay`), LBT-RM has its proxies and sources in
+:mod:`router.lbtrm_relay`, or, with ``fanout="off"``, every TCP connection
+opens a stream (:mod:`router.relay_tcp`), as does every LBT-RU receiver
+address (:mod:`router.relay_ru`; also when the peer does not know LBT-RU
+sessions). Far side: a stream the peer opens (:meth:`Relay.stream_event`)
+goes to the relay that takes its kind: it joins the session's one
+connection to the real source of our advertisement (fan-out) or connects to
+it; a source that cannot be reached refuses the stream. Relay ports come
+from the endpoint's range, round robin, with a quarantine shared by every
+link of the endpoint (:class:`PortPool`).
 """
 
 from __future__ import annotations
