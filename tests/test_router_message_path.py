@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import ClassVar
 
 import pytest
+import trio
 
 from lbmr_proto import lbmc
 from lbmr_proto import lbtru as RU
 from router import peerlink as P
-from router.config_model import lbmrd_endpoint
+from router.config_model import lbmrd_endpoint, router_config
 from router.core.fanout import SessionFanout
 from router.core.lbtru_upstream import RuUpstream
 from router.core.message_path import (
@@ -31,6 +33,7 @@ from router.core.message_path import (
 from router.fanout_relay import FanoutRelay
 from router.lbtrm_relay import RmRelay
 from router.lbtru_relay import RuSessionRelay
+from router.multi import MultiRouter
 from router.relay import RELAYS, Relay
 from router.relay_ru import RuStreamRelay
 from router.relay_tcp import TcpStreamRelay
@@ -46,6 +49,7 @@ from router.transport_relay import (
 )
 
 from .helpers import LoneSite
+from .test_router_e2e import advertise_forever, resolve, start_lbmrd, udp
 
 REQ = lbmc.RequestHeader(transport=0, qidx=7, port=14391, ipaddr="10.29.4.121")
 ODOMAIN = lbmc.OriginDomainHeader(domain_id=3)
@@ -317,3 +321,67 @@ def test_settings_are_the_endpoints():
     fan = relay.relays[TCP, Mode.FANOUT]
     ru = relay.relays[LBTRU, Mode.PER_CONNECTION]
     assert (fan.max_queue, fan.stall_timeout, ru.ru_idle_timeout, ru.ru_max_streams) == (200_000, 2.5, 4.0, 9)
+
+
+# ------------------------------------- end to end: an endpoint pair, real sockets
+
+
+async def _origin(n, ip: str) -> tuple[str, int]:
+    """A live TCP source: to each connection its TCP_SID message, then a
+    plain message and a request every 10 ms (for at most 20 s)."""
+    sid_msg = lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(lbmc.TcpSidHeader(session_id=0x77),)))
+
+    async def serve(stream):
+        try:
+            await stream.send_all(sid_msg)
+            for i in range(2000):
+                await stream.send_all(plain(2 * i) + request(2 * i + 1))
+                await trio.sleep(0.01)
+        except trio.BrokenResourceError:
+            pass
+
+    listeners = await n.start(partial(trio.serve_tcp, serve, 0, host=ip))
+    return listeners[0].socket.getsockname()[:2]
+
+
+async def test_a_request_crossing_the_router_is_rewritten_by_the_origins_side():
+    """The rules of the origin's endpoint rewrite the REQUEST header of every
+    request the receivers get (the message path at the far upstream); the
+    receivers' own messages pass the receivers' endpoint's upstream path."""
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        r = MultiRouter(router_config("pair", [lbmrd_endpoint("T1", 1, [trd1], interface="127.0.1.1"),
+                                               lbmrd_endpoint("T2", 2, [trd2], interface="127.0.2.1")]))
+        r.relay_settings["T1"] = replace(r.relay_settings["T1"],
+                                         downstream_rules=(SetRequestAddress("127.0.2.77", 15555),))
+        r.relay_settings["T2"] = replace(r.relay_settings["T2"],
+                                         upstream_rules=(SetRequestAddress("127.0.1.88", 16666),))
+        await n.start(r.run)
+        ip, port = await _origin(n, "127.0.1.5")
+        n.start_soon(advertise_forever, udp("127.0.1.5"), trd1, ip, port)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        conn = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+        framer = lbmc.StreamFramer()
+        got: list[bytes] = []
+        with trio.fail_after(20):
+            while sum(m[1] == lbmc.RequestHeader.CODE for m in got) < 5:
+                data = await conn.receive_some(65536)
+                assert data
+                got += framer.feed(data)
+            await conn.send_all(request(1) + plain(2) + request(3))  # what a receiver sends: not passed on
+            near = [u.relay.relays[TCP, Mode.FANOUT] for u in r.links if u.endpoint.name == "T2"]
+            while sum(f.upstream.rewritten for f in near) < 2:
+                await trio.sleep(0.01)
+        assert lbmc.decode(got[0]).header(lbmc.TcpSidHeader).session_id == 0x77
+        requests = [lbmc.decode(m) for m in got if m[1] == lbmc.RequestHeader.CODE]
+        for m in requests:
+            assert m.header(lbmc.RequestHeader) == lbmc.RequestHeader(transport=0, qidx=7, port=15555,
+                                                                      ipaddr="127.0.2.77")
+            assert m.payload == b"what is the price?"
+        plains = [m for m in got[1:] if m[1] == lbmc.NHDR_DATA]
+        assert plains and all(m == plain(lbmc.decode(m).sqn) for m in plains)
+        sqns = [lbmc.decode(m).sqn for m in got[1:]]
+        assert sqns == list(range(sqns[0], sqns[0] + len(sqns)))  # whole and in order from the join
+        await conn.aclose()
+        n.cancel_scope.cancel()
