@@ -13,7 +13,7 @@ not fit is dropped and counted: the origin is never paced by a link). The
 origin's EOF ends every stream of the session; the connection closes
 UPSTREAM_LINGER seconds after its last stream left.
 
-Near side (:meth:`FanoutRelay.serve_tcp`): the first receiver that connects to
+Near side (:meth:`FanoutRelay.serve_proxy`): the first receiver that connects to
 a proxy opens the one link stream of the proxy; every receiver gets whole
 messages from the next boundary through its own queue of ``max_queue`` bytes,
 written with non-blocking ``writev``; one that holds bytes and takes none for
