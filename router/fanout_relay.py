@@ -50,7 +50,7 @@ from .core.fanout import (
 from .core.message_path import MessagePath
 from .link import CONNECT_TIMEOUT, READ_SIZE, Link, StreamState
 from .peerlink import streams as S
-from .transport_relay import TransportRelay, Upstreams
+from .transport_relay import RelayContext, TransportRelay, Upstreams
 
 __all__ = ["FanoutRelay", "Upstream", "Upstreams", "accept_stream", "refuse_stream", "UPSTREAM_LINGER",
            "NEAR_LINGER", "FANOUT_MAX_RECEIVERS"]
@@ -124,7 +124,7 @@ class FanoutRelay(TransportRelay):
     SOCKET_TYPE = socket.SOCK_STREAM
     STREAM_KIND = P.StreamKind.TCP
 
-    def __init__(self, context) -> None:
+    def __init__(self, context: RelayContext) -> None:
         super().__init__(context)
         settings = self.settings
         self.upstreams: Upstreams = context.upstreams

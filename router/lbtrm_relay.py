@@ -41,7 +41,7 @@ from .core.lbtru_fanout import LbtrmInput, RuFanout, WindowBudget
 from .lbtru_relay import RuProxySource, receive
 from .link import Link, StreamState
 from .peerlink import streams as S
-from .transport_relay import RelaySettings, TransportRelay
+from .transport_relay import RelayContext, RelaySettings, TransportRelay
 
 __all__ = ["RmRelay", "LBTRM", "QUEUE_LIMIT", "MAX_STREAMS"]
 
@@ -78,7 +78,7 @@ class RmRelay(TransportRelay):
     SOCKET_TYPE = socket.SOCK_DGRAM
     STREAM_KIND = LBTRM
 
-    def __init__(self, context) -> None:
+    def __init__(self, context: RelayContext) -> None:
         super().__init__(context)
         e = self.settings
         self.pool = GroupPool(e.lbtrm_group_low, e.lbtrm_group_high, dest_port=e.lbtrm_dest_port,

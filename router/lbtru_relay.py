@@ -51,7 +51,7 @@ from .core.message_path import MessagePath
 from .fanout_relay import NEAR_LINGER, UPSTREAM_LINGER, accept_stream, refuse_stream
 from .link import Link, StreamState
 from .peerlink import streams as S
-from .transport_relay import TransportRelay, Upstreams
+from .transport_relay import RelayContext, TransportRelay, Upstreams
 
 __all__ = ["RuProxySource", "RuSessionRelay", "ru_socket", "udp_raw", "receive", "drain", "QUEUE_LIMIT", "FANOUT_YIELD"]
 
@@ -327,7 +327,7 @@ class RuSessionRelay(TransportRelay):
     SOCKET_TYPE = socket.SOCK_DGRAM
     STREAM_KIND = P.StreamKind.LBTRU_SESSION
 
-    def __init__(self, context) -> None:
+    def __init__(self, context: RelayContext) -> None:
         super().__init__(context)
         self.upstreams: Upstreams = context.ru_upstreams
         self.budget: WindowBudget = context.window_budget

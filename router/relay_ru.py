@@ -21,7 +21,7 @@ from .fanout_relay import accept_stream, refuse_stream
 from .lbtru_relay import ru_socket
 from .link import Link, StreamState
 from .peerlink import streams as S
-from .transport_relay import RelaySettings, TransportRelay
+from .transport_relay import RelayContext, RelaySettings, TransportRelay
 
 RU_BACKLOG = 64  # datagrams held per LBT-RU stream until the far side accepts
 # LBT-RU streams (one per receiver address) end after this long with no datagram
@@ -56,7 +56,7 @@ class RuStreamRelay(TransportRelay):
     SOCKET_TYPE = socket.SOCK_DGRAM
     STREAM_KIND = P.StreamKind.LBTRU
 
-    def __init__(self, context) -> None:
+    def __init__(self, context: RelayContext) -> None:
         super().__init__(context)
         self.ru_idle_timeout = self.settings.ru_idle_timeout
         self.ru_max_streams = self.settings.ru_max_streams

@@ -88,6 +88,7 @@ from .core.message_path import Rule
 if TYPE_CHECKING:
     from .link import Link
     from .peerlink.streams import StreamOpened
+    from .relay_site import RelaySite
 
 __all__ = ["TransportRelay", "RelaySettings", "RelayContext", "RelayTable", "Upstreams", "Mode", "near_relay",
            "far_table", "PORT_QUARANTINE", "TCP", "LBTRU", "LBTRM"]
@@ -192,7 +193,7 @@ class RelayContext:
     settings: RelaySettings
     counters: Counter[str]
     event: Callable[[str, str], None]
-    site: object
+    site: RelaySite
     upstreams: Upstreams
     ru_upstreams: Upstreams
     window_budget: WindowBudget
