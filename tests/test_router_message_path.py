@@ -88,6 +88,26 @@ def test_headed_picks_the_messages_with_extension_headers():
     assert headed(lbmc.MessageRun.of([request(1)])) == [0]
 
 
+def test_headed_agrees_with_reading_each_message():
+    """Runs of messages of one size (a strided look) and of mixed sizes."""
+    import random
+
+    rng = random.Random(23)
+    same = [request(i) for i in range(3)]  # REQUEST messages and plain ones of their size
+    filler = lbmc.data_message(1, 9, bytes(len(same[0]) - lbmc.DATA_HEADER.size))
+    assert len(filler) == len(same[0])
+    for _ in range(300):
+        if rng.random() < 0.5:
+            msgs = [rng.choice([same[0], filler]) for _ in range(rng.randint(1, 40))]
+        else:
+            msgs = [rng.choice([plain(1, rng.randint(0, 300)), request(2), same[1]]) for _ in range(rng.randint(1, 40))]
+        run = lbmc.MessageRun.of(msgs)
+        want = [i for i, m in enumerate(msgs) if m[1] not in (lbmc.NHDR_DATA, lbmc.NHDR_NONE)]
+        assert headed(run) == want
+        view = lbmc.MessageRun(memoryview(run.data).toreadonly(), run.ends)
+        assert headed(view) == want
+
+
 def test_plain_messages_are_not_touched_by_an_active_path():
     run = lbmc.MessageRun.of([plain(i) for i in range(50)])
     path = MessagePath([SetRequestAddress("192.168.7.1", 15000)])

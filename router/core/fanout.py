@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from lbmr_proto import lbmc
 
-from .message_path import MessagePath
+from .message_path import MessagePath, headed
 
 __all__ = ["DEFAULT_MAX_QUEUE", "MIN_MAX_QUEUE", "DEFAULT_STALL_TIMEOUT", "DEFAULT_BUDGET", "Batch",
            "Dropped", "QueueBudget", "SinkQueue", "SessionFanout"]
@@ -217,11 +217,15 @@ class SessionFanout:
 
     def _offer(self, batches: list[Batch], now: float) -> list[Dropped]:
         out = []
-        path = self.path
+        path = self.path if self.path is not None and self.path.active else None
         for batch in batches:
-            if path is not None:
-                batch = path.run(batch)
-            self._note_controls(batch)
+            if path is None:
+                self._note_controls(batch)
+            else:  # one scan for the path and the TCP_SID control messages (both have headers)
+                which = headed(batch)
+                if which:
+                    batch = path.run_at(batch, which)
+                    self._note_controls_at(batch, which)
             self.messages += batch.count
             self.nbytes += len(batch.data)
             for key, q in self.sinks.items():
@@ -236,6 +240,15 @@ class SessionFanout:
             if data[start] & 0x0F == lbmc.CONTROL:
                 self._note_control(bytes(data[start:end]))
             start = end
+
+    def _note_controls_at(self, batch: Batch, which: list[int]) -> None:
+        """:meth:`_note_controls` for the messages ``which`` (those with extension
+        headers: a TCP_SID control message has one)."""
+        data, ends = batch.data, batch.ends
+        for i in which:
+            start = ends[i - 1] if i else 0
+            if data[start] & 0x0F == lbmc.CONTROL:
+                self._note_control(bytes(data[start:ends[i]]))
 
     def _note_control(self, message: bytes) -> None:
         try:

@@ -58,9 +58,14 @@ _START = struct.Struct("!BxH")  # ver_type, msglen
 def headed(run: lbmc.MessageRun) -> list[int]:
     """The indexes (ascending) of the messages of ``run`` that have extension
     headers: whose base header's ``next_hdr`` (the message's byte 1) is
-    neither DATA nor NONE. One C-level pass when there are none."""
+    neither DATA nor NONE. C-level passes only when there are none (a strided
+    slice when the messages are all of one size)."""
     data, ends = run.data, run.ends
-    nexts = bytes(map(data.__getitem__, map(_ONE, chain((0,), islice(ends, len(ends) - 1)))))
+    n, size = len(ends), ends[0]
+    if ends[-1] == size * n and ends == list(range(size, size * n + 1, size)):  # messages of one size
+        nexts = bytes(memoryview(data)[1::size])
+    else:
+        nexts = bytes(map(data.__getitem__, map(_ONE, chain((0,), islice(ends, n - 1)))))
     if not nexts.translate(None, _NO_HEADERS):
         return []
     return [i for i, b in enumerate(nexts) if b != lbmc.NHDR_DATA and b != lbmc.NHDR_NONE]
@@ -168,8 +173,11 @@ class MessagePath:
         if not self._by_code:
             return run
         which = headed(run)
-        if not which:
-            return run
+        return self.run_at(run, which) if which else run
+
+    def run_at(self, run: lbmc.MessageRun, which: list[int]) -> lbmc.MessageRun:
+        """:meth:`run` for a caller that has the run's :func:`headed` indexes
+        ``which`` already (the messages not in it are not looked at)."""
         data, ends = run.data, run.ends
         changes: list[tuple[int, bytes]] = []
         for i in which:
