@@ -23,7 +23,9 @@ extension header (its base header's ``next_hdr`` is DATA, 0x00, or NONE,
 0xFF: the common case) is not parsed: one C-level pass over a run picks
 the messages that have headers, and only those are decoded. A rewritten
 message may change length; the run that holds it is rebuilt (new bytes,
-new message ends), the others are passed on untouched (the same object).
+new message ends; when every rewrite kept its message's length, a copy of
+the run patched in place, the same ends), the others are passed on
+untouched (the same object).
 A message the rules would make longer than 65535 bytes, or that does not
 decode, passes as it is (counted: :attr:`MessagePath.too_long`,
 :attr:`MessagePath.undecodable`): the path never raises on wire input.
@@ -37,7 +39,6 @@ offset just past each); :meth:`MessagePath.payload` a datagram's payload
 
 from __future__ import annotations
 
-import dataclasses
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
@@ -94,7 +95,8 @@ class SetRequestAddress(Rule):
     def rewrite(self, header):
         if header.ipaddr == self.ip and header.port == self.port:
             return header
-        return dataclasses.replace(header, ipaddr=self.ip, port=self.port)
+        h = header
+        return lbmc.RequestHeader(h.flags, h.transport, h.qidx, self.port, h.reserved, self.ip)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +110,9 @@ class SetLateJoinAddress(Rule):
     def rewrite(self, header):
         if header.req_ip == self.ip and header.req_port == self.port:
             return header
-        return dataclasses.replace(header, req_ip=self.ip, req_port=self.port)
+        h = header
+        return lbmc.LateJoinRequestHeader(h.flags, h.request_idx, h.transport_idx, h.topic_idx, self.ip, self.port,
+                                          h.reserved, h.tx_low_sqn, h.rx_req_max, h.rx_req_outstanding_max)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +126,9 @@ class SetRetransmissionAddress(Rule):
     def rewrite(self, header):
         if header.rx_ip == self.ip and header.rx_port == self.port:
             return header
-        return dataclasses.replace(header, rx_ip=self.ip, rx_port=self.port)
+        h = header
+        return lbmc.UmeRxReqHeader(h.flags, h.request_idx, h.transport_idx, h.id_2, h.seqnum, self.port,
+                                   h.reserved, self.ip)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +192,12 @@ class MessagePath:
                 changes.append((i, new))
         if not changes:
             return run
+        if all(len(new) == ends[i] - (ends[i - 1] if i else 0) for i, new in changes):
+            # lengths kept (addresses rewritten): the run copied once and patched, the ends as they were
+            buf = bytearray(data)
+            for i, new in changes:
+                buf[ends[i] - len(new):ends[i]] = new
+            return lbmc.MessageRun(memoryview(buf).toreadonly(), ends)
         parts: list = []
         new_ends: list[int] = []
         prev_i, prev_end, shift = 0, 0, 0
@@ -242,7 +254,7 @@ class MessagePath:
         if not changed:
             return None
         try:
-            out = lbmc.encode(dataclasses.replace(m, headers=tuple(headers)))
+            out = lbmc.encode(lbmc.Message(m.kind, m.tidx, m.sqn, m.payload, tuple(headers), m.end))
         except LBMREncodeError:
             self.too_long += 1
             return None
