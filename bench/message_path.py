@@ -6,8 +6,9 @@ with, a message path (:mod:`router.core.message_path`) in the same run.
 
 Cases: no path (the baseline), a path without rules (every relayed session
 today), a path with a rule (the messages have no extension header: the
-common case the path must keep cheap), and a path with a rule where one
-message in ``--request-every`` is a request it rewrites. Sessions: messages
+common case the path must keep cheap); then a session where one message
+in ``--request-every`` is a request, without a path and with a rule that
+rewrites every request. Sessions: messages
 of one size (``--sizes``) and of mixed sizes. Printed: seconds of CPU per GB
 through the fan-out (best of ``--runs``) and each case's ratio to the
 baseline of the same session.
@@ -82,13 +83,18 @@ def main(argv: list[str] | None = None) -> int:
         requests = session(size, args.mbytes, args.request_every)
         cases = [("no path", plain, lambda: None), ("path, no rules", plain, MessagePath),
                  ("path, a rule", plain, lambda: MessagePath(rule)),
-                 (f"path, a rule, 1 request in {args.request_every}", requests, lambda: MessagePath(rule))]
+                 (f"1 request in {args.request_every}, no path", requests, lambda: None),
+                 (f"1 request in {args.request_every}, a rule", requests, lambda: MessagePath(rule))]
         best = {label: float("inf") for label, _, _ in cases}
         for _ in range(args.runs):  # interleaved: the machine's noise spreads over every case
             for label, stream, make in cases:
                 best[label] = min(best[label], measure(stream, make()))
         base = best["no path"]
         print(f"  {name:>7}: " + "; ".join(f"{label} {v:.3f} ({v / base:.2f})" for label, v in best.items()))
+        if args.request_every:
+            with_requests = best[f"1 request in {args.request_every}, a rule"]
+            print(f"  {'':>7}  requests rewritten: {with_requests / best[f'1 request in {args.request_every}, no path']:.2f}"
+                  " of the same session without a path")
     return 0
 
 

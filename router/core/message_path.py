@@ -39,6 +39,7 @@ offset just past each); :meth:`MessagePath.payload` a datagram's payload
 
 from __future__ import annotations
 
+import re
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
@@ -52,6 +53,7 @@ __all__ = ["MessagePath", "Rule", "SetRequestAddress", "SetLateJoinAddress", "Se
            "DropHeaders", "headed"]
 
 _NO_HEADERS = bytes((lbmc.NHDR_DATA, lbmc.NHDR_NONE))
+_HEADED = re.compile(b"[^%c%c]" % (lbmc.NHDR_DATA, lbmc.NHDR_NONE))  # a next_hdr that names a header
 _ONE = (1).__add__
 _START = struct.Struct("!BxH")  # ver_type, msglen
 
@@ -69,7 +71,7 @@ def headed(run: lbmc.MessageRun) -> list[int]:
         nexts = bytes(map(data.__getitem__, map(_ONE, chain((0,), islice(ends, n - 1)))))
     if not nexts.translate(None, _NO_HEADERS):
         return []
-    return [i for i, b in enumerate(nexts) if b != lbmc.NHDR_DATA and b != lbmc.NHDR_NONE]
+    return [m.start() for m in _HEADED.finditer(nexts)]
 
 
 class Rule(ABC):
@@ -147,6 +149,11 @@ class DropHeaders(Rule):
 
 def _code(h) -> int:
     return h.code if isinstance(h, lbmc.UnknownHeader) else h.CODE
+
+
+def _size(h) -> int:
+    """Bytes of header ``h`` on the wire."""
+    return 2 + len(h.data) if isinstance(h, lbmc.UnknownHeader) else h.SIZE
 
 
 class MessagePath:
@@ -234,29 +241,48 @@ class MessagePath:
         return data if out.data is data else bytes(out.data)
 
     def _message(self, message) -> bytes | None:
-        """The rewritten message, or None when it stays as it is."""
+        """The rewritten message, or None when it stays as it is. Headers
+        replaced by ones of the same type and length are written over the old
+        ones in a copy of the message; any other change encodes it anew."""
         try:
             m = lbmc.decode(message)
         except lbmc.LbmcDecodeError:
             self.undecodable += 1
             return None
-        headers, changed = [], False
-        for h in m.headers:
+        hs = m.headers
+        off = lbmc.DATA_HEADER.size if m.kind in lbmc.DATA_KINDS else lbmc.CONTROL_HEADER.size
+        headers, patches, in_place = [], [], True
+        for k, h in enumerate(hs):
+            size = _size(h)
+            new = h
             for rule in self._by_code.get(_code(h), ()):
-                new = rule.rewrite(h)
-                if new is not h:
-                    changed = True
-                h = new
-                if h is None:
+                new = rule.rewrite(new)
+                if new is None:
                     break
-            if h is not None:
-                headers.append(h)
-        if not changed:
-            return None
+            if new is not h:
+                if new is None or type(new) is not type(h) or _size(new) != size:
+                    in_place = False
+                elif in_place:
+                    try:
+                        patches.append((off, new.encode(_code(hs[k + 1]) if k + 1 < len(hs) else m.end)))
+                    except LBMREncodeError:  # a rule's value out of range: the message as it was
+                        self.undecodable += 1
+                        return None
+            if new is not None:
+                headers.append(new)
+            off += size
+        if in_place:
+            if not patches:
+                return None
+            out = bytearray(message)
+            for at, b in patches:
+                out[at:at + len(b)] = b
+            self.rewritten += 1
+            return bytes(out)
         try:
-            out = lbmc.encode(lbmc.Message(m.kind, m.tidx, m.sqn, m.payload, tuple(headers), m.end))
+            encoded = lbmc.encode(lbmc.Message(m.kind, m.tidx, m.sqn, m.payload, tuple(headers), m.end))
         except LBMREncodeError:
             self.too_long += 1
             return None
         self.rewritten += 1
-        return out
+        return encoded
