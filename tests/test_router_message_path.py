@@ -145,6 +145,12 @@ def test_a_rewrite_that_changes_the_length_moves_every_later_message():
     assert frame(bytes(out.data)) == got  # the ends are the messages' boundaries
 
 
+@pytest.mark.parametrize("ip, port", [("10.0.0.256", 1), ("host", 1), ("10.0.0.1", 65536), ("10.0.0.1", -1)])
+def test_an_address_rule_is_checked_when_made(ip, port):
+    with pytest.raises(ValueError):
+        SetRequestAddress(ip, port)
+
+
 def test_late_join_and_retransmission_requests():
     lji = lbmc.LateJoinRequestHeader(request_idx=1, req_ip="10.0.0.9", req_port=1111, rx_req_max=5)
     rx = lbmc.UmeRxReqHeader(seqnum=42, rx_ip="10.0.0.9", rx_port=2222)

@@ -39,6 +39,7 @@ offset just past each); :meth:`MessagePath.payload` a datagram's payload
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import struct
 from abc import ABC, abstractmethod
@@ -86,13 +87,25 @@ class Rule(ABC):
 
 
 @dataclass(frozen=True, slots=True)
-class SetRequestAddress(Rule):
+class _SetAddress(Rule):
+    """A rule that puts (``ip``, ``port``) in a header: a dotted quad and a
+    u16, checked when the rule is made (ValueError)."""
+
+    ip: str
+    port: int
+
+    def __post_init__(self) -> None:
+        ipaddress.IPv4Address(self.ip)  # ValueError if not a dotted quad
+        if not (isinstance(self.port, int) and 0 <= self.port <= 0xFFFF):
+            raise ValueError(f"port {self.port!r}: not a u16")
+
+
+@dataclass(frozen=True, slots=True)
+class SetRequestAddress(_SetAddress):
     """REQUEST headers (0x04) name (``ip``, ``port``) as the requester's
     request port (the responder connects there)."""
 
     CODES: ClassVar[frozenset[int]] = frozenset({lbmc.RequestHeader.CODE})
-    ip: str
-    port: int
 
     def rewrite(self, header):
         if header.ipaddr == self.ip and header.port == self.port:
@@ -102,12 +115,10 @@ class SetRequestAddress(Rule):
 
 
 @dataclass(frozen=True, slots=True)
-class SetLateJoinAddress(Rule):
+class SetLateJoinAddress(_SetAddress):
     """Late-join requests (LJI_REQ, 0x4E) ask for the answer at (``ip``, ``port``)."""
 
     CODES: ClassVar[frozenset[int]] = frozenset({lbmc.LateJoinRequestHeader.CODE})
-    ip: str
-    port: int
 
     def rewrite(self, header):
         if header.req_ip == self.ip and header.req_port == self.port:
@@ -118,12 +129,10 @@ class SetLateJoinAddress(Rule):
 
 
 @dataclass(frozen=True, slots=True)
-class SetRetransmissionAddress(Rule):
+class SetRetransmissionAddress(_SetAddress):
     """Retransmission requests (UME_RXREQ, 0x15) ask for the retransmission at (``ip``, ``port``)."""
 
     CODES: ClassVar[frozenset[int]] = frozenset({lbmc.UmeRxReqHeader.CODE})
-    ip: str
-    port: int
 
     def rewrite(self, header):
         if header.rx_ip == self.ip and header.rx_port == self.port:
