@@ -20,8 +20,10 @@ The map, bottom up:
   and the writer task) and :mod:`router.link_reader` (the zero-copy reader);
   :mod:`router.pair_link` a side of a pair of endpoints, in memory), per
   proxy and relayed stream (:mod:`router.relay`, the relay of an endpoint
-  on a link: relay ports, proxies, and the dispatch to the relays of each
-  transport: :mod:`router.fanout_relay` and :mod:`router.relay_tcp` for TCP,
+  on a link: relay ports, proxies, and the dispatch, by one table, to the
+  relays of each transport, all of one interface (:mod:`router.transport_relay`:
+  the interface, its lifecycle and the relays' typed settings):
+  :mod:`router.fanout_relay` and :mod:`router.relay_tcp` for TCP,
   :mod:`router.lbtru_relay` and :mod:`router.relay_ru` for LBT-RU,
   :mod:`router.lbtrm_relay` for LBT-RM; :mod:`router.splice` is zero copy;
   each relay sees the router through :mod:`router.relay_site`), and the

@@ -13,7 +13,7 @@ not fit is dropped and counted: the origin is never paced by a link). The
 origin's EOF ends every stream of the session; the connection closes
 UPSTREAM_LINGER seconds after its last stream left.
 
-Near side (:meth:`FanoutRelay.serve_tcp`): the first receiver that connects to
+Near side (:meth:`FanoutRelay.serve_proxy`): the first receiver that connects to
 a proxy opens the one link stream of the proxy; every receiver gets whole
 messages from the next boundary through its own queue of ``max_queue`` bytes,
 written with non-blocking ``writev``; one that holds bytes and takes none for
@@ -21,12 +21,18 @@ written with non-blocking ``writev``; one that holds bytes and takes none for
 or NEAR_LINGER seconds after the last receiver left. What receivers send (UM
 control messages: TCP session id, source-side filtering) is framed, counted
 and not passed on; a receiver whose bytes are not LBMC is disconnected.
+
+Every message passes the relay's message path once
+(:mod:`router.core.message_path`): the origin's, at the far router, in the
+upstream session before the link streams' queues (``downstream_rules``);
+a receiver's, at the near router, as it is framed (``upstream_rules``).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import socket
 from collections import Counter
 from collections.abc import Callable
 from itertools import count
@@ -37,14 +43,17 @@ from lbmr_proto import lbmc
 
 from . import peerlink as P
 from .core.fanout import (
-    DEFAULT_MAX_QUEUE,
-    DEFAULT_STALL_TIMEOUT,
     QueueBudget,
     SessionFanout,
     SinkQueue,
 )
+from .core.message_path import MessagePath
 from .link import CONNECT_TIMEOUT, READ_SIZE, Link, StreamState
 from .peerlink import streams as S
+from .transport_relay import RelayContext, TransportRelay, Upstreams
+
+__all__ = ["FanoutRelay", "Upstream", "Upstreams", "accept_stream", "refuse_stream", "UPSTREAM_LINGER",
+           "NEAR_LINGER", "FANOUT_MAX_RECEIVERS"]
 
 # seconds a session's upstream connection stays open after its last stream left,
 # and a proxy's link stream after its last receiver left (a receiver that
@@ -76,16 +85,6 @@ class Upstream:
         self.done = False
 
 
-class Upstreams(dict):
-    """The endpoint's upstream sessions of one transport (TCP here, LBT-RU in
-    :mod:`router.lbtru_relay`), origin (ip, port, session id) -> its upstream,
-    shared by the relays of all its links. ``nursery``: where
-    their tasks run (the router's: a session outlives the link whose stream
-    opened it, while streams of other links use it); None: the opening link's."""
-
-    nursery: trio.Nursery | None = None
-
-
 class _Receiver:
     __slots__ = ("conn", "fd", "queue", "peer", "blocked", "broken", "wake")
 
@@ -114,32 +113,39 @@ def _peer(conn: trio.SocketStream) -> str:
         return "?"
 
 
-class FanoutRelay:
-    """The fan-out data plane of one endpoint's relay. ``counters``/``event``:
-    the router's; ``site``: the router around it
-    (:class:`router.relay_site.RelaySite`); ``upstreams``: shared with the
-    relays of the endpoint's other links. ``max_queue`` (bytes) and
-    ``stall_timeout`` (seconds) from the endpoint (``fanout_max_queue``,
-    ``fanout_stall_timeout_ms``)."""
+class FanoutRelay(TransportRelay):
+    """The fan-out data plane of one endpoint's relay
+    (:class:`router.transport_relay.TransportRelay`): ``upstreams`` shared
+    with the relays of the endpoint's other links; ``max_queue`` (bytes) and
+    ``stall_timeout`` (seconds) from the settings (``fanout_max_queue``,
+    ``fanout_stall_timeout``); ``downstream`` and ``upstream``: the message
+    paths of the origin's messages and of the receivers'."""
 
-    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None],
-                 site, upstreams: Upstreams) -> None:
-        self.counters = counters
-        self.event = event
-        self.site = site
-        self.upstreams = upstreams
-        self.max_queue = getattr(endpoint, "fanout_max_queue", DEFAULT_MAX_QUEUE)
-        self.stall_timeout = getattr(endpoint, "fanout_stall_timeout_ms", DEFAULT_STALL_TIMEOUT * 1000) / 1000
+    SOCKET_TYPE = socket.SOCK_STREAM
+    STREAM_KIND = P.StreamKind.TCP
+
+    def __init__(self, context: RelayContext) -> None:
+        super().__init__(context)
+        settings = self.settings
+        self.upstreams: Upstreams = context.upstreams
+        self.max_queue = settings.fanout_max_queue
+        self.stall_timeout = settings.fanout_stall_timeout
+        self.downstream = MessagePath(settings.downstream_rules)
+        self.upstream = MessagePath(settings.upstream_rules)
         self._keys = count()
         self.budget = QueueBudget()  # every queue of this relay's sessions
         self.receivers = 0  # receiver connections of all this relay's proxies
 
     # ------------------------------------------------------- near side
 
-    async def serve_tcp(self, sock, proxy_id: int) -> None:
-        """Accept receivers at proxy ``proxy_id``'s listening socket ``sock`` until cancelled."""
+    async def serve_proxy(self, advert: P.Advertisement, sock, task_status) -> None:
+        """Accept receivers at the proxy of ``advert``'s socket ``sock``
+        (listening from now) until cancelled."""
+        sock.listen(64)
+        task_status.started(sock.getsockname())
         listener = trio.SocketListener(sock)
         proxy = _Proxy()
+        proxy_id = advert.advert_id
         async with trio.open_nursery() as n:
             while True:
                 conn = await listener.accept()
@@ -193,15 +199,18 @@ class FanoutRelay:
                        f"of {q.messages + q.dropped_messages}")
 
     async def _receiver_reads(self, rx: _Receiver, scope: trio.CancelScope) -> None:
-        """What the receiver sends: framed and counted, not passed on; ends the
-        receiver at EOF, on an error, or on bytes that are not LBMC."""
+        """What the receiver sends: framed, passed through the upstream message
+        path and counted, not passed on; ends the receiver at EOF, on an
+        error, or on bytes that are not LBMC."""
         framer = lbmc.StreamFramer()
+        path = self.upstream
         try:
             while True:
                 data = await rx.conn.receive_some(RECEIVER_READ)
                 if not data:
                     break
-                self.counters["fanout_receiver_messages"] += len(framer.feed(data))
+                for run in framer.cut(data):
+                    self.counters["fanout_receiver_messages"] += path.run(run).count
         except lbmc.LbmcDecodeError as e:
             self.counters["fanout_receiver_malformed"] += 1
             self.event("fanout_receiver_malformed", f"{rx.peer}: {e}")
@@ -314,14 +323,14 @@ class FanoutRelay:
 
     # -------------------------------------------------------- far side
 
-    def open_far(self, link: Link, ev: S.StreamOpened, body) -> None:
-        """The peer opened a stream for an advertisement of the TCP session ``body``."""
+    def open_far(self, link: Link, ev: S.StreamOpened, origin) -> None:
+        """The peer opened a stream for an advertisement of the TCP session ``origin``."""
         st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
         st.advert_id = ev.advert_id
-        key = (body.ip, body.port, getattr(body, "session_id", None))
+        key = (origin.ip, origin.port, getattr(origin, "session_id", None))
         up = self.upstreams.get(key)
         if up is None or up.done or up.by_origin:
-            up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget))
+            up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget, self.downstream))
             (self.upstreams.nursery or link.nursery).start_soon(self._upstream, up)
         up.waiting += 1
         link.nursery.start_soon(self._far_stream, up, link, st)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import secrets
 import socket
 from collections import Counter
-from collections.abc import Callable
 from functools import partial
 
 import trio
@@ -42,12 +41,13 @@ from .core.lbtru_fanout import LbtrmInput, RuFanout, WindowBudget
 from .lbtru_relay import RuProxySource, receive
 from .link import Link, StreamState
 from .peerlink import streams as S
+from .transport_relay import RelayContext, RelaySettings, TransportRelay
 
 __all__ = ["RmRelay", "LBTRM", "QUEUE_LIMIT", "MAX_STREAMS"]
 
 LBTRM = 0x10  # the LBMR transport code of LBT-RM, also the peer-link stream kind
-QUEUE_LIMIT = 4096  # datagrams waiting per stream and direction
-MAX_STREAMS = 256  # far side: LBT-RM streams (joined groups) per link
+QUEUE_LIMIT = RelaySettings().lbtrm_queue_limit  # datagrams waiting per stream and direction (default)
+MAX_STREAMS = RelaySettings().lbtrm_max_streams  # far side: LBT-RM streams (joined groups) per link (default)
 RETRY_INTERVAL = 1.0  # seconds before a proxy opens its stream again
 SOCKET_BUFFER = 4 << 20
 
@@ -70,60 +70,57 @@ def _wrap(raw: socket.socket):
     return s
 
 
-class RmRelay:
-    """The LBT-RM part of one endpoint's relay. ``endpoint``: its settings
-    (``relay_ip``, ``multicast_ttl``, and optionally ``lbtrm_group_low`` /
-    ``lbtrm_group_high`` / ``lbtrm_dest_port`` / ``lbtrm_same_group``);
-    ``counters``, ``event`` and ``site`` as :class:`router.relay.Relay`'s."""
+class RmRelay(TransportRelay):
+    """The LBT-RM part of one endpoint's relay
+    (:class:`router.transport_relay.TransportRelay`); of the settings,
+    ``relay_ip``, ``multicast_ttl`` and the ``lbtrm_*`` ones."""
 
-    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None], site) -> None:
-        self.endpoint = endpoint
-        self.counters = counters
-        self.event = event
-        self.site = site
-        self.pool = GroupPool(getattr(endpoint, "lbtrm_group_low", None) or "224.10.10.10",
-                              getattr(endpoint, "lbtrm_group_high", None) or "224.10.10.14",
-                              dest_port=getattr(endpoint, "lbtrm_dest_port", 14400),
-                              same=getattr(endpoint, "lbtrm_same_group", False))
-        self.ttl = getattr(endpoint, "multicast_ttl", 16)
-        self.queue_limit = getattr(endpoint, "lbtrm_queue_limit", QUEUE_LIMIT)
-        self.max_streams = getattr(endpoint, "lbtrm_max_streams", MAX_STREAMS)
+    SOCKET_TYPE = socket.SOCK_DGRAM
+    STREAM_KIND = LBTRM
+
+    def __init__(self, context: RelayContext) -> None:
+        super().__init__(context)
+        e = self.settings
+        self.pool = GroupPool(e.lbtrm_group_low, e.lbtrm_group_high, dest_port=e.lbtrm_dest_port,
+                              same=e.lbtrm_same_group)
+        self.ttl = e.multicast_ttl
+        self.queue_limit = e.lbtrm_queue_limit
+        self.max_streams = e.lbtrm_max_streams
         self.retry_interval = RETRY_INTERVAL
         self.bodies: dict[int, object] = {}  # advert id -> the proxy's advertised transport
-        self.window_budget = WindowBudget()  # the LBT-RU proxies' retransmission windows, together
+        self.window_budget: WindowBudget = context.window_budget  # the LBT-RU proxies' windows, together
         self._far: dict[int, dict[int, int]] = {}  # id(link) -> advert id -> far streams
 
-    def proxy_body(self, advert_id: int):
-        """The LBT-RM transport a proxy advertises (None: not an LBT-RM proxy)."""
+    def advertised_transport(self, advert_id: int):
         return self.bodies.get(advert_id)
 
     # ------------------------------------------------------------ near side
 
-    async def serve_proxy(self, f: P.Advertisement, sock, task_status) -> None:
-        """Run the proxy of advertisement ``f`` on ``sock`` (a UDP socket bound
+    async def serve_proxy(self, advert: P.Advertisement, sock, task_status) -> None:
+        """Run the proxy of advertisement ``advert`` on ``sock`` (a UDP socket bound
         at the relay address, with ``raw``); reports its address through
         ``task_status`` once its advertised transport is known."""
-        e = self.endpoint
-        if getattr(e, "lbtrm_proxy_transport", "lbt-rm") == "lbt-ru":
-            await self._serve_fanout(f, sock, task_status)
+        e = self.settings
+        if e.lbtrm_proxy_transport == "lbt-ru":
+            await self._serve_fanout(advert, sock, task_status)
             return
         raw = sock.raw
         raw.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(e.relay_ip))
         raw.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
         raw.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, self.ttl)
         ip, port = sock.getsockname()[:2]
-        group, dport = self.pool.take(f.otid)
+        group, dport = self.pool.take(advert.otid)
         proxy = RmProxy(ip, port, group, dport, secrets.randbits(32), self.counters)
-        self.bodies[f.advert_id] = proxy.transport_body
+        self.bodies[advert.advert_id] = proxy.transport_body
         try:
             task_status.started((ip, port))
             while True:
                 link = self.site.link
                 if link is not None and link.connected and not link.closed:
-                    await self._near_stream(link, f.advert_id, partial(self._multicast, link, proxy, sock))
+                    await self._near_stream(link, advert.advert_id, partial(self._multicast, link, proxy, sock))
                 await trio.sleep(self.retry_interval)
         finally:
-            self.bodies.pop(f.advert_id, None)
+            self.bodies.pop(advert.advert_id, None)
             self.pool.give(group)
 
     async def _near_stream(self, link: Link, aid: int, serve) -> None:
@@ -192,7 +189,7 @@ class RmRelay:
         ip, port = sock.getsockname()[:2]
         fan = RuFanout(secrets.randbits(32), self.counters, origin=LbtrmInput(port, secrets.randbits(32)),
                        budget=self.window_budget,
-                       max_clients=getattr(self.endpoint, "lbtrm_max_clients", 256))
+                       max_clients=self.settings.lbtrm_max_clients)
         self.bodies[f.advert_id] = LbtruSessionTransport(ip, fan.session_id, port)
         try:
             task_status.started((ip, port))
@@ -203,12 +200,12 @@ class RmRelay:
 
     # ------------------------------------------------------------- far side
 
-    def open_far(self, link: Link, ev: S.StreamOpened, body) -> None:
-        """The peer opened an LBT-RM stream for our advertisement of ``body``
+    def open_far(self, link: Link, ev: S.StreamOpened, origin) -> None:
+        """The peer opened an LBT-RM stream for our advertisement of ``origin``
         (the source's transport): refuse it or start relaying."""
         per_link = self._far.setdefault(id(link), {})
         reason = None
-        if getattr(body, "NAME", None) != "LBTRM":
+        if getattr(origin, "NAME", None) != "LBTRM":
             reason = (P.RefuseCode.UNSUPPORTED_KIND, "the advertised source is not LBT-RM")
         elif per_link.get(ev.advert_id, 0) >= 1:
             reason = (P.RefuseCode.TOO_MANY_STREAMS, "an LBT-RM stream is open for this advertisement")
@@ -222,12 +219,12 @@ class RmRelay:
         per_link[ev.advert_id] = per_link.get(ev.advert_id, 0) + 1
         st = self._state(link, ev.stream_id)
         st.advert_id = ev.advert_id
-        link.nursery.start_soon(self._far_stream, link, st, RmOrigin(body, self.counters), per_link)
+        link.nursery.start_soon(self._far_stream, link, st, RmOrigin(origin, self.counters), per_link)
 
     async def _far_stream(self, link: Link, st: StreamState, origin: RmOrigin, per_link: dict) -> None:
         mc = uc = None
         try:
-            e = self.endpoint
+            e = self.settings
             group, port = origin.group
             try:
                 mc = _wrap(open_multicast_socket(group, port, 0, e.relay_ip, e.relay_ip, self.ttl,

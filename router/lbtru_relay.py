@@ -22,6 +22,10 @@ end (RST, silence, refused datagrams) closes every stream of the session;
 the connection is dropped UPSTREAM_LINGER seconds after its last stream
 left (the origin forgets it after its client activity timeout).
 
+The payload of every DATA of the origin passes the relay's message path
+(:mod:`router.core.message_path`, ``downstream_rules``) at the far router,
+in the upstream core, before it goes to the links.
+
 Bounds: datagrams waiting for a proxy's stream at most ``queue_limit`` per
 stream (more are dropped, ``lbtru_queue_full``); a socket read takes at most
 64 datagrams at a time; the origin's datagrams are checked by the upstream
@@ -34,7 +38,6 @@ import math
 import secrets
 import socket
 from collections import Counter
-from collections.abc import Callable
 
 import trio
 
@@ -44,9 +47,11 @@ from . import peerlink as P
 from .core.lbtrm import DatagramQueue
 from .core.lbtru_fanout import LbtruInput, RuFanout, WindowBudget
 from .core.lbtru_upstream import EndReason, RuUpstream, UpstreamState
-from .fanout_relay import NEAR_LINGER, UPSTREAM_LINGER, Upstreams, accept_stream, refuse_stream
+from .core.message_path import MessagePath
+from .fanout_relay import NEAR_LINGER, UPSTREAM_LINGER, accept_stream, refuse_stream
 from .link import Link, StreamState
 from .peerlink import streams as S
+from .transport_relay import RelayContext, TransportRelay, Upstreams
 
 __all__ = ["RuProxySource", "RuSessionRelay", "ru_socket", "udp_raw", "receive", "drain", "QUEUE_LIMIT", "FANOUT_YIELD"]
 
@@ -311,35 +316,41 @@ class RuUpstreamSession:
         self.done = False
 
 
-class RuSessionRelay:
-    """LBT-RU fan-out for one endpoint's relay. ``endpoint``: its settings
-    (``relay_ip``); ``counters``, ``event`` and ``site`` as
-    :class:`router.relay.Relay`'s; ``upstreams``: shared with the relays of
-    the endpoint's other links; ``budget``: the retransmission windows of the
-    endpoint's LBT-RU proxies."""
+class RuSessionRelay(TransportRelay):
+    """LBT-RU fan-out for one endpoint's relay
+    (:class:`router.transport_relay.TransportRelay`): ``upstreams`` shared
+    with the relays of the endpoint's other links (at most ``ru_max_streams``
+    of the settings at once); ``budget``: the retransmission windows of the
+    endpoint's LBT-RU proxies; ``downstream``: the message path of the
+    origin's DATA payloads."""
 
-    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None], site,
-                 upstreams: Upstreams, budget: WindowBudget) -> None:
-        self.endpoint = endpoint
-        self.counters, self.event = counters, event
-        self.site = site
-        self.upstreams = upstreams
-        self.budget = budget
+    SOCKET_TYPE = socket.SOCK_DGRAM
+    STREAM_KIND = P.StreamKind.LBTRU_SESSION
+
+    def __init__(self, context: RelayContext) -> None:
+        super().__init__(context)
+        self.upstreams: Upstreams = context.ru_upstreams
+        self.budget: WindowBudget = context.window_budget
+        self.downstream = MessagePath(self.settings.downstream_rules)
         self.bodies: dict[int, LbtruSessionTransport] = {}  # advert id -> the proxy's advertised transport
         # upstream sessions (one UDP socket each) of the endpoint at once, at most
-        self.max_upstreams = getattr(endpoint, "ru_max_streams", MAX_CLIENTS)
+        self.max_upstreams = self.settings.ru_max_streams
+
+    def advertised_transport(self, advert_id: int):
+        return self.bodies.get(advert_id)
 
     # ------------------------------------------------------- near side
 
-    def wants(self, link: Link | None) -> bool:
+    def serves(self, link: Link | None) -> bool:
         """Whether a new LBT-RU proxy is a fan-out source (the link, if any,
         knows LBTRU_SESSION streams) rather than a per-receiver relay."""
         return link is None or bool(link.capabilities & P.Capability.RU_SESSIONS)
 
-    async def serve_proxy(self, f: P.Advertisement, sock, task_status) -> None:
-        """The proxy of advertisement ``f`` (an LBT-RU session) as one LBT-RU
-        source on ``sock``, with the origin's session id (the proxy's own
-        when the peer did not say it)."""
+    async def serve_proxy(self, advert: P.Advertisement, sock, task_status) -> None:
+        """The proxy of ``advert`` (an LBT-RU session) as one LBT-RU source on
+        ``sock``, with the origin's session id (the proxy's own when the peer
+        did not say it)."""
+        f = advert
         ip, port = sock.getsockname()[:2]
         sid = f.origin_session_id or secrets.randbits(32)
         fan = RuFanout(sid, self.counters, origin=LbtruInput(), budget=self.budget, max_clients=MAX_CLIENTS)
@@ -353,20 +364,21 @@ class RuSessionRelay:
 
     # -------------------------------------------------------- far side
 
-    def open_far(self, link: Link, ev: S.StreamOpened, body) -> None:
-        """The peer opened a LBTRU_SESSION stream for our advertisement of the LBT-RU session ``body``."""
-        if getattr(body, "NAME", None) != "LBTRU":
+    def open_far(self, link: Link, ev: S.StreamOpened, origin) -> None:
+        """The peer opened a LBTRU_SESSION stream for our advertisement of the LBT-RU session ``origin``."""
+        if getattr(origin, "NAME", None) != "LBTRU":
             self._refuse(link, ev, P.RefuseCode.UNSUPPORTED_KIND, "the advertised source is not LBT-RU",
                          "streams_refused")
             return
-        key = (body.ip, body.port, getattr(body, "session_id", None))
+        key = (origin.ip, origin.port, getattr(origin, "session_id", None))
         up = self.upstreams.get(key)
         if (up is None or up.done) and len(self.upstreams) >= self.max_upstreams:
             self._refuse(link, ev, P.RefuseCode.TOO_MANY_STREAMS,
                          f"{len(self.upstreams)} LBT-RU upstream sessions already open", "lbtru_upstreams_full")
             return
         if up is None or up.done:
-            up = self.upstreams[key] = RuUpstreamSession(key, RuUpstream(key[:2], key[2], self.counters))
+            core = RuUpstream(key[:2], key[2], self.counters, path=self.downstream)
+            up = self.upstreams[key] = RuUpstreamSession(key, core)
             (self.upstreams.nursery or link.nursery).start_soon(self._upstream, up)
         st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
         st.advert_id = ev.advert_id
@@ -388,7 +400,7 @@ class RuSessionRelay:
             sock = ru_socket()
             with sock:
                 try:
-                    await sock.bind((self.endpoint.relay_ip, 0))
+                    await sock.bind((self.settings.relay_ip, 0))
                     await sock.connect(core.origin)
                 except OSError as e:
                     self.event("lbtru_upstream_failed", f"cannot reach {core.origin[0]}:{core.origin[1]}: {e}")

@@ -51,6 +51,7 @@ from .pair_link import PairLink, pair_links
 from .portal_task import IO_BATCH, PortalTask, new_portal
 from .relay import PortPool, Relay
 from .relay_site import RelaySite
+from .transport_relay import RelaySettings
 from .wake import Wake
 
 __all__ = ["MultiRouter", "Unit", "serve_signals", "proxy_bound"]
@@ -165,6 +166,7 @@ class MultiRouter:
         self.config = config
         self.handle_signals = handle_signals
         self.pools = {e.name: PortPool() for e in config.endpoints}
+        self.relay_settings = {e.name: RelaySettings.of(e) for e in config.endpoints}
         self.portals = {e.name: PortalTask(e) for e in config.endpoints}
         self.wake = Wake()
         self.core: RouterCore | None = None
@@ -257,9 +259,8 @@ class MultiRouter:
 
     def _relay(self, unit: Unit, task: LinkTask) -> Relay:
         e = unit.endpoint
-        relay = Relay(e, unit.counters, unit.event, RelaySite(self.core, self.wake, task, e.name))
-        relay.share_ports(self.pools[e.name])
-        return relay
+        return Relay(self.relay_settings[e.name], unit.counters, unit.event, RelaySite(self.core, self.wake, task, e.name),
+                     self.pools[e.name])
 
     # --------------------------------------------------------------- the core's task
 

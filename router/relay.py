@@ -1,20 +1,24 @@
 """The router's data relay on trio, for one endpoint on one link: the proxies'
-relay ports, the proxy listeners on the near side, and the dispatch of the
-streams the peer opens on the far side to the relay of their transport.
+relay ports, the proxy listeners on the near side, and the dispatch of
+proxies and of the streams the peer opens to the relay of their transport,
+by one table (:data:`RELAYS`, keyed (LBMR transport code, the endpoint's
+mode); every relay implements :class:`router.transport_relay.TransportRelay`,
+whose docstring states the lifecycle).
 
-Near side: a proxy (:meth:`Relay.serve_proxy`) listens at the relay address
-for one of the peer's advertisements; TCP receivers share one stream of the
-proxy on the current link (fan-out, :mod:`router.fanout_relay`), LBT-RU
-receivers one LBT-RU proxy source (:mod:`router.lbtru_relay`), LBT-RM has
-its proxies and sources in :mod:`router.lbtrm_relay`, or, with
-``fanout="off"``, every TCP connection opens a stream
-(:mod:`router.relay_tcp`), as does every LBT-RU receiver address
-(:mod:`router.relay_ru`). Far side: a stream the peer opens
-(:meth:`Relay.stream_event`) joins the session's one connection to the real
-source of our advertisement (fan-out) or connects to it; a source that cannot
-be reached refuses the stream. Relay ports come from the endpoint's range,
-round robin, with a quarantine shared by every link of the endpoint
-(:class:`PortPool`).
+Near side: a proxy (:meth:`Relay.serve_proxy`) binds at the relay address
+for one of the peer's advertisements and its relay serves it: TCP receivers
+share one stream of the proxy on the current link (fan-out,
+:mod:`router.fanout_relay`), LBT-RU receivers one LBT-RU proxy source
+(:mod:`router.lbtru_relay`), LBT-RM has its proxies and sources in
+:mod:`router.lbtrm_relay`, or, with ``fanout="off"``, every TCP connection
+opens a stream (:mod:`router.relay_tcp`), as does every LBT-RU receiver
+address (:mod:`router.relay_ru`; also when the peer does not know LBT-RU
+sessions). Far side: a stream the peer opens (:meth:`Relay.stream_event`)
+goes to the relay that takes its kind: it joins the session's one
+connection to the real source of our advertisement (fan-out) or connects to
+it; a source that cannot be reached refuses the stream. Relay ports come
+from the endpoint's range, round robin, with a quarantine shared by every
+link of the endpoint (:class:`PortPool`).
 """
 
 from __future__ import annotations
@@ -26,22 +30,44 @@ from collections.abc import Callable, Iterator
 import trio
 
 from . import peerlink as P
+from .core.lbtru_fanout import WindowBudget
 from .core.tr import relay_transport
-from .fanout_relay import FanoutRelay, Upstreams
-from .lbtrm_relay import LBTRM, RmRelay
+from .fanout_relay import FanoutRelay
+from .lbtrm_relay import RmRelay
 from .lbtru_relay import RuSessionRelay, ru_socket, udp_raw
 from .link import Link
 from .peerlink import streams as S
 from .relay_ru import RU_BACKLOG, RU_BATCH, RU_IDLE_TIMEOUT, RU_MAX_STREAMS, RuStreamRelay, drain
 from .relay_tcp import TX_DEPTH, TcpStreamRelay
+from .transport_relay import (
+    LBTRM,
+    LBTRU,
+    PORT_QUARANTINE,
+    TCP,
+    Mode,
+    RelayContext,
+    RelaySettings,
+    RelayTable,
+    TransportRelay,
+    Upstreams,
+    far_table,
+    near_relay,
+)
 
-__all__ = ["Relay", "PortPool", "PORT_QUARANTINE", "RU_BACKLOG", "RU_BATCH", "RU_IDLE_TIMEOUT",
+__all__ = ["Relay", "RELAYS", "PortPool", "PORT_QUARANTINE", "RU_BACKLOG", "RU_BATCH", "RU_IDLE_TIMEOUT",
            "RU_MAX_STREAMS", "TX_DEPTH", "drain"]
 
-# A relay port given up by a proxy is not given to another proxy for this long
-# (a TIR lives 60 s: receivers that resolved the old proxy may still connect),
-# unless every other port of the range is taken.
-PORT_QUARANTINE = 60.0
+#: The relay of a proxy of an LBMR transport under the endpoint's mode
+#: (:mod:`router.transport_relay`: the interface, and how a stream the peer opens
+#: finds its relay). LBT-RM relays one way whatever the mode.
+RELAYS: dict[tuple[int, Mode], type[TransportRelay]] = {
+    (TCP, Mode.FANOUT): FanoutRelay,
+    (TCP, Mode.PER_CONNECTION): TcpStreamRelay,
+    (LBTRU, Mode.FANOUT): RuSessionRelay,
+    (LBTRU, Mode.PER_CONNECTION): RuStreamRelay,
+    (LBTRM, Mode.FANOUT): RmRelay,
+    (LBTRM, Mode.PER_CONNECTION): RmRelay,
+}
 
 
 class PortPool:
@@ -51,6 +77,8 @@ class PortPool:
     sessions (one connection to each origin session, whichever link's
     streams it feeds)."""
 
+    __slots__ = ("released", "in_use", "upstreams", "ru_upstreams")
+
     def __init__(self) -> None:
         self.released: dict[int, float] = {}  # relay port -> when its proxy gave it up
         self.in_use: set[int] = set()  # relay ports our proxies hold
@@ -59,42 +87,36 @@ class PortPool:
 
 
 class Relay:
-    """The data relay of one endpoint on one link. ``endpoint``: its settings
-    (``relay_ip``, ``relay_port_low``/``high``); ``counters`` and ``event(kind,
-    detail)``: the router's counters and event log; ``site``: the router
-    around it (:class:`router.relay_site.RelaySite`: the link up now, the
-    sources behind our advertisements, our proxies' live advertisements, and
-    where a session's end is reported)."""
+    """The data relay of one endpoint on one link. ``settings``: the
+    endpoint's (:class:`router.transport_relay.RelaySettings`); ``counters``
+    and ``event(kind, detail)``: the router's counters and event log;
+    ``site``: the router around it (:class:`router.relay_site.RelaySite`: the
+    link up now, the sources behind our advertisements, our proxies' live
+    advertisements, and where a session's end is reported); ``pool``: the
+    relay ports and upstream sessions it shares with the endpoint's other
+    links (default: its own). It holds one relay of each class of
+    :data:`RELAYS` (``relays``, keyed as that table) and chooses among them."""
 
-    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None], site) -> None:
-        self.endpoint = endpoint
+    def __init__(self, settings: RelaySettings, counters: Counter[str], event: Callable[[str, str], None], site,
+                 pool: PortPool | None = None) -> None:
+        pool = pool if pool is not None else PortPool()
+        self.settings = settings
         self.site = site
         self.counters = counters
         self.event = event
-        self.port_quarantine = getattr(endpoint, "relay_port_quarantine", PORT_QUARANTINE)
-        self._released: dict[int, float] = {}  # relay port -> when its proxy gave it up
+        self._released = pool.released  # relay port -> when its proxy gave it up
+        self._in_use = pool.in_use  # relay ports our proxies hold
         self._next_port = 0  # where the round robin over the range goes on
-        self._in_use: set[int] = set()  # relay ports our proxies hold
-        self.tcp = TcpStreamRelay(counters, event, site)  # TCP, one stream per connection
-        self.ru = RuStreamRelay(endpoint, counters, event, site)  # LBT-RU, one stream per receiver
-        self.lbtrm = RmRelay(endpoint, counters, event, site)  # LBT-RM proxies and sources
-        # TCP sessions: fanned out (one source connection per router, one stream per
-        # proxy per link) unless the endpoint says fanout="off"
-        self.fanout = FanoutRelay(endpoint, counters, event, site, Upstreams()) \
-            if getattr(endpoint, "fanout", True) else None
-        # LBT-RU sessions: fanned out likewise (one upstream receiver per router, one proxy
-        # source per proxy) unless fanout="off" or the peer does not know LBTRU_SESSION
-        self.rufan = RuSessionRelay(endpoint, counters, event, site, Upstreams(),
-                                    self.lbtrm.window_budget)
+        context = RelayContext(settings, counters, event, site, pool.upstreams, pool.ru_upstreams, WindowBudget())
+        instances = {cls: cls(context) for cls in dict.fromkeys(RELAYS.values())}
+        self.relays: RelayTable = {key: instances[cls] for key, cls in RELAYS.items()}
+        self._far = far_table(self.relays, settings.mode)  # stream kind -> the relay that accepts it
+        self._serving: dict[int, TransportRelay] = {}  # proxy id -> the relay of its proxy
 
-    def share_ports(self, pool: PortPool) -> None:
-        """Use ``pool``'s in-use and quarantine tables and upstream sessions
-        (shared with other relays)."""
-        self._released = pool.released
-        self._in_use = pool.in_use
-        if self.fanout is not None:
-            self.fanout.upstreams = pool.upstreams
-        self.rufan.upstreams = pool.ru_upstreams
+    @property
+    def lbtrm(self) -> RmRelay:
+        """The LBT-RM relay."""
+        return self.relays[LBTRM, self.settings.mode]
 
     def relay_ports(self) -> Iterator[int]:
         """The relay ports to try, in order: round robin over the range from the
@@ -102,11 +124,11 @@ class Relay:
         quarantined ones, longest released first. Lazy, and the quarantine is
         kept in release order, so taking a port costs about the ports skipped,
         not the size of the range (thousands of proxies bind one after the other)."""
-        e = self.endpoint
+        e = self.settings
         if e.relay_port_low == 0:
             yield 0
             return
-        cutoff = trio.current_time() - self.port_quarantine
+        cutoff = trio.current_time() - e.port_quarantine
         released = self._released
         while released:  # oldest first: end of quarantine
             port, t = next(iter(released.items()))
@@ -127,32 +149,39 @@ class Relay:
         of its transport session). Reports its (ip, port) through
         ``task_status`` once bound (None when no relay port is free; it then
         returns), then relays every receiver that connects (TCP) or registers
-        (LBT-RU). A new stream names the advert id the site gives for the
-        proxy (a live advertisement of the session; None: the receiver is
-        refused)."""
-        e = self.endpoint
-        tcp = f.transport == 0x00
-        sock = self._bind_relay(tcp)
+        (LBT-RU), with the relay :data:`RELAYS` names for its transport and
+        the endpoint's mode (:func:`router.transport_relay.near_relay`). A new
+        stream names the advert id the site gives for the proxy (a live
+        advertisement of the session; None: the receiver is refused)."""
+        e = self.settings
+        relay = near_relay(self.relays, f.transport, e.mode, self.site.link)
+        sock = self._bind_relay(relay.SOCKET_TYPE)
         if sock is None:
             self.counters["relay_ports_exhausted"] += 1
             self.event("relay_ports_exhausted", f"no free relay port for {f.topic}")
             task_status.started(None)
             return
         bound = sock.getsockname()[1]
+        self._serving[f.advert_id] = relay
         try:
-            await self._serve_proxy_socket(f, sock, tcp, task_status)
+            with sock:
+                await relay.serve_proxy(f, sock, task_status)
         finally:
+            if self._serving.get(f.advert_id) is relay:
+                del self._serving[f.advert_id]
             self._in_use.discard(bound)
             if e.relay_port_low:
                 self._released.pop(bound, None)  # to the end: the dict is in release order
                 self._released[bound] = trio.current_time()
 
-    def _bind_relay(self, tcp: bool):
-        """A listener (TCP) or socket (LBT-RU) bound at the relay address on the
-        first port of :meth:`relay_ports` that is free, or None. Synchronous:
-        proxies started together never race for the same port (the bind storm
-        of a thousand proxies on one port after the other took 30 s)."""
-        e = self.endpoint
+    def _bind_relay(self, socket_type: int):
+        """A listener (``SOCK_STREAM``) or socket (``SOCK_DGRAM``) bound at the
+        relay address on the first port of :meth:`relay_ports` that is free,
+        or None. Synchronous: proxies started together never race for the
+        same port (the bind storm of a thousand proxies on one port after the
+        other took 30 s)."""
+        e = self.settings
+        tcp = socket_type == socket.SOCK_STREAM
         for port in self.relay_ports():
             if port in self._in_use:
                 continue
@@ -175,42 +204,24 @@ class Relay:
 
     def proxy_transport(self, f: P.Advertisement, address):
         """The transport a proxy for ``f`` bound at ``address`` advertises: the
-        relay address (with the origin's session id when the peer said it: the
-        proxy's receivers get the origin's session), and for LBT-RM the proxy's
-        group, port and session id."""
-        body = self.lbtrm.proxy_body(f.advert_id) if f.transport == LBTRM else self.rufan.bodies.get(f.advert_id)
+        one its relay chose (LBT-RM: the proxy's group, port and session id;
+        fanned-out LBT-RU: the proxy's session id), else the relay address
+        (with the origin's session id when the peer said it: the proxy's
+        receivers get the origin's session)."""
+        relay = self._serving.get(f.advert_id)
+        body = relay.advertised_transport(f.advert_id) if relay is not None else None
         if body is not None:
             return body
         return relay_transport(f.transport, address[0], address[1], f.origin_session_id or None)
-
-    async def _serve_proxy_socket(self, f: P.Advertisement, sock, tcp: bool, task_status) -> None:
-        pid = f.advert_id
-        if f.transport == LBTRM:
-            with sock:
-                await self.lbtrm.serve_proxy(f, sock, task_status)
-            return
-        if not tcp and self.fanout is not None and self.rufan.wants(self.site.link):
-            with sock:
-                await self.rufan.serve_proxy(f, sock, task_status)
-            return
-        with sock:
-            if tcp:
-                sock.listen(64)
-            task_status.started(sock.getsockname())
-            if tcp and self.fanout is not None:
-                await self.fanout.serve_tcp(sock, pid)
-            elif tcp:
-                await self.tcp.serve_proxy(pid, sock)
-            else:
-                await self.ru.serve_proxy(pid, sock)
 
     # ------------------------------------------------- far side: sources
 
     def stream_event(self, link: Link, ev) -> None:
         """A stream event of the peer on ``link``: a stream opened for one of our
-        advertisements goes to the relay of its transport (refused when the
+        advertisements goes to the relay that takes its kind
+        (:func:`router.transport_relay.far_table`; refused when the
         advertisement is unknown or withdrawn); the other events update the
-        state of the stream they are for."""
+        state of the stream they are for (the one stream lifecycle of every relay)."""
         st = link.state.get(ev.stream_id)
         if isinstance(ev, S.StreamOpened):
             body = self.site.advert_source(ev.advert_id)
@@ -218,19 +229,12 @@ class Relay:
                 link.streams.refuse(ev.stream_id, P.RefuseCode.REFUSED, "unknown or withdrawn advertisement")
                 self.counters["streams_refused"] += 1
                 return
-            if ev.kind == LBTRM:
-                self.lbtrm.open_far(link, ev, body)
+            relay = self._far.get(ev.kind)
+            if relay is None:
+                link.streams.refuse(ev.stream_id, P.RefuseCode.UNSUPPORTED_KIND, f"stream kind {ev.kind:#04x}")
+                self.counters["streams_refused"] += 1
                 return
-            if ev.kind == P.StreamKind.TCP and self.fanout is not None:
-                self.fanout.open_far(link, ev, body)
-                return
-            if ev.kind == P.StreamKind.LBTRU_SESSION:
-                self.rufan.open_far(link, ev, body)
-                return
-            if ev.kind == P.StreamKind.TCP:
-                self.tcp.open_far(link, ev, body)
-            else:
-                self.ru.open_far(link, ev, body)
+            relay.open_far(link, ev, body)
         elif st is None:
             return
         elif isinstance(ev, S.StreamAccepted):

@@ -12,8 +12,7 @@ with no datagram either way.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
+import socket
 
 import trio
 
@@ -22,14 +21,16 @@ from .fanout_relay import accept_stream, refuse_stream
 from .lbtru_relay import ru_socket
 from .link import Link, StreamState
 from .peerlink import streams as S
+from .transport_relay import RelayContext, RelaySettings, TransportRelay
 
 RU_BACKLOG = 64  # datagrams held per LBT-RU stream until the far side accepts
 # LBT-RU streams (one per receiver address) end after this long with no datagram
 # either way (UM's transport_lbtru_client_activity_timeout: a source forgets a
 # receiver that stayed silent this long), and at most RU_MAX_STREAMS of them run
-# on a link: the rest of the peer's stream table stays free for TCP receivers.
-RU_IDLE_TIMEOUT = 10.0
-RU_MAX_STREAMS = 1024
+# on a link: the rest of the peer's stream table stays free for TCP receivers
+# (the endpoint's ru_idle_timeout and ru_max_streams; these are their defaults).
+RU_IDLE_TIMEOUT = RelaySettings().ru_idle_timeout
+RU_MAX_STREAMS = RelaySettings().ru_max_streams
 RU_BATCH = 64  # datagrams read from a relay socket at one wake-up
 
 
@@ -47,28 +48,28 @@ def drain(raw, receive) -> tuple[list, OSError | None]:
     return out, None
 
 
-class RuStreamRelay:
+class RuStreamRelay(TransportRelay):
     """LBT-RU receivers relayed one stream per address, for one endpoint on one
-    link. ``endpoint``: its settings (``relay_ip``; ``ru_idle_timeout`` in
-    seconds and ``ru_max_streams``, when given); ``counters`` and
-    ``event(kind, detail)``: the router's counters and event log; ``site``:
-    the router around it (:class:`router.relay_site.RelaySite`)."""
+    link (:class:`router.transport_relay.TransportRelay`); of the settings,
+    ``relay_ip``, ``ru_idle_timeout`` (seconds) and ``ru_max_streams``."""
 
-    def __init__(self, endpoint, counters: Counter[str], event: Callable[[str, str], None], site) -> None:
-        self.endpoint = endpoint
-        self.counters = counters
-        self.event = event
-        self.site = site
-        self.ru_idle_timeout = getattr(endpoint, "ru_idle_timeout", RU_IDLE_TIMEOUT)
-        self.ru_max_streams = getattr(endpoint, "ru_max_streams", RU_MAX_STREAMS)
+    SOCKET_TYPE = socket.SOCK_DGRAM
+    STREAM_KIND = P.StreamKind.LBTRU
+
+    def __init__(self, context: RelayContext) -> None:
+        super().__init__(context)
+        self.ru_idle_timeout = self.settings.ru_idle_timeout
+        self.ru_max_streams = self.settings.ru_max_streams
 
     # ------------------------------------------------- near side: receivers
 
-    async def serve_proxy(self, proxy_id: int, sock) -> None:
-        """Near side: datagrams from receivers of proxy ``proxy_id`` at its
-        ``sock`` (until cancelled): one stream per receiver address
+    async def serve_proxy(self, advert: P.Advertisement, sock, task_status) -> None:
+        """Near side: datagrams from receivers of the proxy of ``advert`` at
+        its ``sock`` (until cancelled): one stream per receiver address
         (at most ``ru_max_streams`` on the link; each ends after ``ru_idle_timeout``
         of silence either way)."""
+        task_status.started(sock.getsockname())
+        proxy_id = advert.advert_id
         by_addr: dict[tuple[str, int], StreamState] = {}
         async with trio.open_nursery() as n:
             while True:
@@ -176,8 +177,8 @@ class RuStreamRelay:
 
     # ------------------------------------------------- far side: sources
 
-    def open_far(self, link: Link, ev: S.StreamOpened, body) -> None:
-        """Far side: the peer opened stream ``ev`` for the LBT-RU source ``body``
+    def open_far(self, link: Link, ev: S.StreamOpened, origin) -> None:
+        """Far side: the peer opened stream ``ev`` for the LBT-RU source ``origin``
         (its ip and port): refused when ``ru_max_streams`` LBT-RU streams are
         open on the link already, else a socket connected to the source relays it."""
         if ev.kind == P.StreamKind.LBTRU and link.ru_streams_far >= self.ru_max_streams:
@@ -187,13 +188,13 @@ class RuStreamRelay:
             return
         st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
         st.advert_id = ev.advert_id
-        link.nursery.start_soon(self._far, link, st, body)
+        link.nursery.start_soon(self._far, link, st, origin)
 
     async def _far(self, link: Link, st: StreamState, body) -> None:
         try:
             s = ru_socket()
             try:
-                await s.bind((self.endpoint.relay_ip, 0))
+                await s.bind((self.settings.relay_ip, 0))
                 await s.connect((body.ip, body.port))
             except OSError as e:
                 s.close()

@@ -12,8 +12,8 @@ through pipes, a frame at a time.
 
 from __future__ import annotations
 
-from collections import Counter, deque
-from collections.abc import Callable
+import socket
+from collections import deque
 
 import trio
 
@@ -22,26 +22,27 @@ from .fanout_relay import accept_stream, refuse_stream
 from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
 from .peerlink import streams as S
 from .splice import splice
+from .transport_relay import TransportRelay
 
 # Zero copy, sending: frames (pipes) of one stream queued for the writer at once (the pump
 # fills the next while the writer writes one).
 TX_DEPTH = 2
 
 
-class TcpStreamRelay:
-    """TCP connections relayed one stream each, for one endpoint on one link.
-    ``counters`` and ``event(kind, detail)``: the router's counters and event
-    log; ``site``: the router around it (:class:`router.relay_site.RelaySite`)."""
+class TcpStreamRelay(TransportRelay):
+    """TCP connections relayed one stream each, for one endpoint on one link
+    (:class:`router.transport_relay.TransportRelay`)."""
 
-    def __init__(self, counters: Counter[str], event: Callable[[str, str], None], site) -> None:
-        self.counters = counters
-        self.event = event
-        self.site = site
+    SOCKET_TYPE = socket.SOCK_STREAM
+    STREAM_KIND = P.StreamKind.TCP
 
-    async def serve_proxy(self, proxy_id: int, sock) -> None:
-        """Near side: accept receivers on the listening ``sock`` of proxy
-        ``proxy_id``, each relayed on a stream of its own, until cancelled."""
+    async def serve_proxy(self, advert: P.Advertisement, sock, task_status) -> None:
+        """Near side: accept receivers on ``sock`` (listening from now) for the
+        proxy of ``advert``, each relayed on a stream of its own, until cancelled."""
+        sock.listen(64)
+        task_status.started(sock.getsockname())
         listener = trio.SocketListener(sock)
+        proxy_id = advert.advert_id
         async with trio.open_nursery() as n:
             while True:
                 conn = await listener.accept()
@@ -63,12 +64,12 @@ class TcpStreamRelay:
         finally:
             await trio.aclose_forcefully(conn)
 
-    def open_far(self, link: Link, ev: S.StreamOpened, body) -> None:
-        """Far side: the peer opened stream ``ev`` for the TCP source ``body``
+    def open_far(self, link: Link, ev: S.StreamOpened, origin) -> None:
+        """Far side: the peer opened stream ``ev`` for the TCP source ``origin``
         (its ip and port): connect to it and relay."""
         st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
         st.advert_id = ev.advert_id
-        link.nursery.start_soon(self._far, link, st, body)
+        link.nursery.start_soon(self._far, link, st, origin)
 
     async def _far(self, link: Link, st: StreamState, body) -> None:
         try:

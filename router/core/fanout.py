@@ -22,9 +22,12 @@ joined, through its own bounded queue:
   bytes and takes none for ``stall_timeout`` seconds is stalled
   (:meth:`SinkQueue.stalled`): the shell disconnects it.
 
-Every message passes through :meth:`SessionFanout.feed` whole, the place
-where a later router can rewrite addresses inside it (REQUEST, late join,
-retransmission requests). Units: bytes and seconds (the caller's clock).
+Every run of whole messages passes the session's message path
+(:class:`router.core.message_path.MessagePath`, when it has one: the far
+router's upstream session) before any sink's queue: the place where the
+router rewrites them (REQUEST, late join, retransmission requests); a
+rewritten run is what every sink gets, and what is counted. Units: bytes and
+seconds (the caller's clock).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from lbmr_proto import lbmc
+
+from .message_path import MessagePath, headed
 
 __all__ = ["DEFAULT_MAX_QUEUE", "MIN_MAX_QUEUE", "DEFAULT_STALL_TIMEOUT", "DEFAULT_BUDGET", "Batch",
            "Dropped", "QueueBudget", "SinkQueue", "SessionFanout"]
@@ -161,13 +166,16 @@ class SessionFanout:
     """One live session's messages to its sinks (keys chosen by the caller).
     ``max_queue``: bytes per sink (at least :data:`MIN_MAX_QUEUE`); ``budget``:
     shared with the other sessions of the portal (default: this session's own,
-    :data:`DEFAULT_BUDGET`)."""
+    :data:`DEFAULT_BUDGET`); ``path``: the message path every run passes
+    before the queues (None: none, the messages go as they came)."""
 
-    def __init__(self, max_queue: int = DEFAULT_MAX_QUEUE, budget: QueueBudget | None = None) -> None:
+    def __init__(self, max_queue: int = DEFAULT_MAX_QUEUE, budget: QueueBudget | None = None,
+                 path: MessagePath | None = None) -> None:
         if max_queue < MIN_MAX_QUEUE:
             raise ValueError(f"max_queue must be at least {MIN_MAX_QUEUE} bytes (one message)")
         self.max_queue = max_queue
         self.budget = budget if budget is not None else QueueBudget()
+        self.path = path
         self.framer = lbmc.StreamFramer()
         self.sinks: dict[Hashable, SinkQueue] = {}
         self.session_id_message: bytes | None = None  # the last TCP_SID control message
@@ -209,8 +217,15 @@ class SessionFanout:
 
     def _offer(self, batches: list[Batch], now: float) -> list[Dropped]:
         out = []
+        path = self.path if self.path is not None and self.path.active else None
         for batch in batches:
-            self._note_controls(batch)
+            if path is None:
+                self._note_controls(batch)
+            else:  # one scan for the path and the TCP_SID control messages (both have headers)
+                which = headed(batch)
+                if which:
+                    batch = path.run_at(batch, which)
+                    self._note_controls_at(batch, which)
             self.messages += batch.count
             self.nbytes += len(batch.data)
             for key, q in self.sinks.items():
@@ -225,6 +240,15 @@ class SessionFanout:
             if data[start] & 0x0F == lbmc.CONTROL:
                 self._note_control(bytes(data[start:end]))
             start = end
+
+    def _note_controls_at(self, batch: Batch, which: list[int]) -> None:
+        """:meth:`_note_controls` for the messages ``which`` (those with extension
+        headers: a TCP_SID control message has one)."""
+        data, ends = batch.data, batch.ends
+        for i in which:
+            start = ends[i - 1] if i else 0
+            if data[start] & 0x0F == lbmc.CONTROL:
+                self._note_control(bytes(data[start:ends[i]]))
 
     def _note_control(self, message: bytes) -> None:
         try:

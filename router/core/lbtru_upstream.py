@@ -14,7 +14,10 @@ UM's LBT-RU (:mod:`lbmr_proto.lbtru`) to the origin:
   goes on every ACK and NAK after it, and an ACK answers it at once (an
   origin confirms a client by its first ACK or NAK);
 * **data**: the origin's DATA and SM datagrams go to the links as they came
-  (:attr:`UpstreamOut.to_links`), retransmissions included; its NCFs are its
+  (:attr:`UpstreamOut.to_links`), retransmissions included, but for the
+  payload of a DATA, which passes the message path (``path``,
+  :class:`router.core.message_path.MessagePath`): a payload it rewrote goes
+  in a DATA of the same sequences, flags and options; its NCFs are its
   answer to us and go no further. A gap in the sequences (a DATA past the
   next one expected) is NAKed at once, at most :data:`MAX_GAP` sequences of
   it (the newest): the links then get the origin's retransmissions;
@@ -46,6 +49,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from lbmr_proto import lbtru as RU
+
+from .message_path import MessagePath
 
 __all__ = ["RuUpstream", "UpstreamOut", "UpstreamState", "EndReason", "CONNECT_INTERVAL",
            "CONNECT_ATTEMPTS", "ACK_INTERVAL", "ACTIVITY_TIMEOUT", "NAK_IGNORE", "MAX_GAP", "MAX_NAKED",
@@ -86,9 +91,11 @@ class UpstreamOut:
 
 class RuUpstream:
     """The LBT-RU receiver of the origin at ``origin`` (ip, port) for session
-    ``session_id`` (None: the one its SYN names). See the module doc."""
+    ``session_id`` (None: the one its SYN names); ``path``: the message path
+    of the DATA payloads (None: none). See the module doc."""
 
     def __init__(self, origin: Addr, session_id: int | None, counters: Counter[str] | None = None, *,
+                 path: MessagePath | None = None,
                  connect_interval: float = CONNECT_INTERVAL, connect_attempts: int = CONNECT_ATTEMPTS,
                  ack_interval: float = ACK_INTERVAL, activity_timeout: float = ACTIVITY_TIMEOUT,
                  nak_ignore: float = NAK_IGNORE, max_datagram: int = MAX_DATAGRAM) -> None:
@@ -97,6 +104,7 @@ class RuUpstream:
             raise ValueError("LBT-RU upstream: intervals, attempts and bounds must be positive")
         self.origin = (origin[0], origin[1])
         self.session_id = session_id
+        self.path = path
         self.counters: Counter[str] = counters if counters is not None else Counter()
         self.connect_interval, self.connect_attempts = connect_interval, connect_attempts
         self.ack_interval, self.activity_timeout = ack_interval, activity_timeout
@@ -132,7 +140,7 @@ class RuUpstream:
         self.heard = now
         if isinstance(m, RU.Data):
             self._data(m, now, out)
-            out.to_links.append(bytes(data))
+            out.to_links.append(bytes(data) if self.path is None else self._relayed(m, data))
         elif isinstance(m, RU.SessionMessage):
             out.to_links.append(bytes(data))
         elif isinstance(m, RU.Ncf):
@@ -160,6 +168,14 @@ class RuUpstream:
             c["lbtru_upstream_other_session"] += 1
             return None
         return m
+
+    def _relayed(self, m: RU.Data, data: bytes) -> bytes:
+        """The DATA ``m`` (``data`` on the wire) after the message path."""
+        payload = self.path.payload(m.payload)
+        if payload is m.payload:
+            return bytes(data)
+        return RU.encode_data(m.sqn, m.trail_sqn, payload, session_id=m.header.session_id,
+                              client_id=m.header.client_id, retransmission=m.retransmission)
 
     def _connected(self, m: RU.SessionMessage, now: float, out: UpstreamOut) -> None:
         self.state = UpstreamState.CONNECTED

@@ -10,7 +10,6 @@ import os
 import random
 import socket
 from collections import Counter
-from types import SimpleNamespace
 
 import trio
 
@@ -22,6 +21,7 @@ from router.peerlink import streams as S
 from router.relay import Relay
 from router.relay_tcp import pump_down, pump_up
 from router.splice import PIPE_POOL
+from router.transport_relay import RelaySettings
 from tests.helpers import LoneSite
 from tests.router.helpers import (
     advertise_forever,
@@ -317,7 +317,7 @@ async def link_pair(n, rng, read_sink: bool = True, sink_read: int = 1 << 20, si
     assert link.zero_copy
     peer = RawPeer(client, rng, peer_pause, peer_window)
     items: list = []
-    relay = Relay(SimpleNamespace(relay_ip="127.0.0.1", relay_port_low=0, relay_port_high=0), Counter(),
+    relay = Relay(RelaySettings(relay_ip="127.0.0.1"), Counter(),
                   lambda kind, detail: None, LoneSite(link))
     sink_l = await trio.open_tcp_listeners(0, host="127.0.0.1")
     sink_out = await trio.open_tcp_stream("127.0.0.1", sink_l[0].socket.getsockname()[1])

@@ -280,10 +280,11 @@ async def test_relay_port_of_a_withdrawn_proxy_is_quarantined(autojump_clock):
 
     from router import peerlink as P
     from router.relay import Relay
+    from router.transport_relay import RelaySettings
 
     e = lbmrd_endpoint("A", 1, [("127.0.1.1", 1)], relay_interface="127.0.1.1",
                        relay_ports=PortRange(24101, 24104))
-    relay = Relay(e, Counter(), lambda kind, detail: None, LoneSite())
+    relay = Relay(RelaySettings.of(e), Counter(), lambda kind, detail: None, LoneSite())
 
     def advert(aid):
         return P.Advertisement(f"t{aid}", 2, bytes(32), P.StreamKind.TCP, aid, False)
