@@ -47,7 +47,7 @@ between its endpoints in memory.
    everything else on the machine: a shared machine shows here). The routed
    measurement is also made with both lbmrds and both routers in one trio
    loop in a thread of this process (``lbmrd.server.Daemon`` and
-   ``router.daemon.Router`` as tests/router/system/test_e2e.py sets them up): the
+   ``router.shell.single.Router`` as tests/router/system/test_e2e.py sets them up): the
    "in-process" number.
 
 2. LBT-RU. A source of the LBT-RU-like protocol (lbmr_tools.sim.dataplane,

@@ -460,8 +460,8 @@ class InProcess:
     async def _main(self, q: queue.Queue) -> None:
         trio = self._trio
         from lbmrd.server import Daemon, Settings
-        from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint
-        from router.daemon import Router
+        from router.config.model import acceptor_peer, initiator_peer, lbmrd_endpoint
+        from router.shell.single import Router
 
         self.token = trio.lowlevel.current_trio_token()
         self.done = trio.Event()

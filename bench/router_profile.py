@@ -116,7 +116,7 @@ def _short(frame: str) -> str:
 
 def report_pyspy(path: Path, top: int) -> None:
     """Wall-time breakdown: waiting in epoll, in socket syscalls (trio's
-    _nonblocking_helper is the Python frame around send/recv, router/splice.py's splice
+    _nonblocking_helper is the Python frame around send/recv, router/link/splice.py's splice
     the one around os.splice), Python."""
     selfc: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
@@ -133,8 +133,8 @@ def report_pyspy(path: Path, top: int) -> None:
         leaf = frames[-1]
         if leaf.startswith(("EpollIOManager.get_events", "EpollIOManager._epoll_wait")):
             idle += n
-        elif leaf.startswith(("_SocketType._nonblocking_helper", "splice (router/splice.py")):
-            sys_ += n  # (router/splice.py's splice is the os.splice system call)
+        elif leaf.startswith(("_SocketType._nonblocking_helper", "splice (router/link/splice.py")):
+            sys_ += n  # (router/link/splice.py's splice is the os.splice system call)
         selfc[leaf] += n
         for f in set(frames):
             incl[f] += n

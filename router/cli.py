@@ -23,9 +23,9 @@ from lbmr_runtime.process import (
     setup_logging,
 )
 
-from .link_task import tls_context
 from .logs import log_handler, stats_line
-from .multi import MultiRouter
+from .shell.link_task import tls_context
+from .shell.router import MultiRouter
 
 __all__ = ["build_parser", "check_settings", "entry", "main", "tls_context"]
 

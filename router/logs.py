@@ -91,7 +91,7 @@ class RollingFileHandler(logging.handlers.BaseRotatingHandler):
 
 
 def log_handler(log, *, syslog_address=None) -> logging.Handler | None:
-    """The handler for a :class:`router.config_model.LogConfig` (None: standard
+    """The handler for a :class:`router.config.model.LogConfig` (None: standard
     output). ``syslog_address`` overrides where syslog messages go (tests).
     OSError if the file cannot be opened."""
     if log.type == "file" and log.file:
@@ -107,7 +107,7 @@ def log_handler(log, *, syslog_address=None) -> logging.Handler | None:
 
 
 def stats_line(router) -> str:
-    """The periodic statistics line of a :class:`router.multi.MultiRouter`:
+    """The periodic statistics line of a :class:`router.shell.router.MultiRouter`:
     links up / links, and per router totals of proxies, adverts, local and
     remote interest, relayed streams, datagrams dropped towards peers, TR
     datagrams in and out, and drops."""

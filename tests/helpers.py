@@ -167,7 +167,7 @@ def start_pair(a, b, cfg_a, cfg_b, logs: dict) -> tuple:
 
 class LoneSite:
     """The site of a relay tested without a router around it
-    (:class:`router.relay_site.RelaySite`'s calls): ``link`` fixed (or None),
+    (:class:`router.shell.relay_site.RelaySite`'s calls): ``link`` fixed (or None),
     no source behind any advertisement, a proxy's streams name the proxy's own
     id, and the ends of sessions reported are kept in ``ended``."""
 

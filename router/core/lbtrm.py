@@ -1,6 +1,6 @@
 """LBT-RM sources across the peer link, sans-IO: what the router keeps, drops
 and rewrites of an LBT-RM transport session (the trio shell that owns the
-sockets is :mod:`router.lbtrm_relay`).
+sockets is :mod:`router.relays.lbtrm`).
 
 An LBT-RM source multicasts its session (DATA, SM, NCF datagrams,
 :mod:`lbmr_proto.lbtrm`) to a group and destination port; receivers ask for

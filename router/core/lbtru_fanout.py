@@ -1,7 +1,7 @@
 """One origin session re-published as an LBT-RU source to many receivers,
-sans-IO: the proxy of an LBT-RU origin (fan-out, :mod:`router.lbtru_relay`)
+sans-IO: the proxy of an LBT-RU origin (fan-out, :mod:`router.relays.lbtru_fanout`)
 and of an LBT-RM origin in a TRD without multicast (the endpoint's
-``<lbt-rm transport="lbt-ru"/>``, :mod:`router.lbtrm_relay`). The
+``<lbt-rm transport="lbt-ru"/>``, :mod:`router.relays.lbtrm`). The
 datagrams are :mod:`lbmr_proto.lbtru` (UM's LBT-RU) towards the receivers;
 from the peer they are the origin's as it sent them, read by the proxy's
 origin input: :class:`LbtrmInput` (LBT-RM DATA and SM; NAKs up are LBT-RM

@@ -2,7 +2,7 @@
 
 Per origin session (address, port, session id) the router is ONE LBT-RU
 receiver of the origin, whatever the number of links and receivers behind
-them (:mod:`router.lbtru_relay` runs it on one UDP socket and passes what it
+them (:mod:`router.relays.lbtru_fanout` runs it on one UDP socket and passes what it
 takes to every link stream of the session; the near router's proxy source,
 :class:`router.core.lbtru_fanout.RuFanout`, re-publishes it). It speaks
 UM's LBT-RU (:mod:`lbmr_proto.lbtru`) to the origin:

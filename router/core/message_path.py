@@ -9,7 +9,7 @@ it enters the relay from its sender's side):
   as the upstream connection frames it (:class:`router.core.fanout.SessionFanout`
   of the upstream, before any sink's queue); receivers to origin: at the
   near router, what each receiver sends (framed, passed, counted; today
-  not sent on: :mod:`router.fanout_relay`);
+  not sent on: :mod:`router.relays.tcp_fanout`);
 * LBT-RU fan-out, origin to receivers: at the far router, the payload of
   every DATA datagram of the origin (:class:`router.core.lbtru_upstream.RuUpstream`,
   before it goes to the links); receivers to origin nothing LBMC is relayed

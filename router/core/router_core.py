@@ -16,7 +16,7 @@ links, one per side (``A<->B@A`` serving A and ``A<->B@B`` serving B), never
 routed, up from the start, whose frames go from one side's bridge to the
 other's in the core itself (the shell never sees them). The sessions relayed
 between the two endpoints cross in the shell's memory
-(:class:`router.pair_link.PairLink`).
+(:class:`router.shell.pair_link.PairLink`).
 
 Calling contract (calls are made serially, each returns at once):
 

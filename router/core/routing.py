@@ -2,7 +2,7 @@
 flooding of every router's announcements over the peer links, and the
 :class:`router.core.topology.TopologyMap` they build.
 
-A :class:`Routing` belongs to one router (:class:`router.multi.MultiRouter`).
+A :class:`Routing` belongs to one router (:class:`router.shell.router.MultiRouter`).
 It announces a :class:`~router.peerlink.Topology` frame -- our router id (the
 router's name), a sequence number, the domain ids of our endpoint portals with
 their ``<cost>``, the routers our connected peer links reach with the link

@@ -30,7 +30,7 @@ from lbmr_tools.sim.dataplane import RuLiveReceiver, RuLiveSource, TcpDataReceiv
 from lbmrd.server import Daemon, Settings
 from router import peerlink as P
 from router.config import ConfigError, RouterConfig, load_config
-from router.config_model import (
+from router.config.model import (
     RouteInfoConfig,
     acceptor_peer,
     initiator_peer,
@@ -41,9 +41,9 @@ from router.core.bridge import Bridge, SendFrame
 from router.core.routing import Routing
 from router.core.tr import PortalTR, PortalTRSettings
 from router.core.transit import Transit
-from router.daemon import Router
-from router.multi import MultiRouter
 from router.peerlink import PeerConnection, RouterIdentity, State
+from router.shell.router import MultiRouter
+from router.shell.single import Router
 from tests.helpers import expect_config_error, write
 
 # --------------- TR datagrams, advertisements and a bridge for the sans-IO cores (times explicit)
@@ -612,8 +612,8 @@ async def start_forwarded_chain(n):
     acceptor of both links), each link through a counting :class:`Forwarder`
     (``f12.a_to_b``: r1 to r2, ``f32.b_to_a``: r2 to r3). The routers are
     running when it returns: (r1, r2, r3, f12, f32, trds, ips)."""
-    from router.config_model import router_config
-    from router.multi import MultiRouter
+    from router.config.model import router_config
+    from router.shell.router import MultiRouter
 
     ips = {d: f"127.0.{d}.1" for d in (1, 2, 3)}
     trds = {d: (await start_lbmrd(n, ip))[1] for d, ip in ips.items()}

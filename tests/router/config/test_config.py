@@ -382,7 +382,7 @@ def test_bad_cipher_suites(tmp_path):
 
 
 def test_dtd_text_is_package_data_and_parses():
-    assert DTD_TEXT == resources.files("router").joinpath("router.dtd").read_text(encoding="utf-8")
+    assert DTD_TEXT == resources.files("router.config").joinpath("router.dtd").read_text(encoding="utf-8")
     dtd = etree.DTD(io.StringIO(DTD_TEXT))
     elements = {e.name: e for e in dtd.iterelements()}
     for name in ("lbmr-router", "daemon", "portals", "endpoint", "topic-resolution", "multicast",

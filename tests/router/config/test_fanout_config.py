@@ -8,8 +8,8 @@ import io
 from lxml import etree
 
 from router.config import load_config
-from router.config_grammar import DTD_TEXT
-from router.config_model import EndpointConfig
+from router.config.grammar import DTD_TEXT
+from router.config.model import EndpointConfig
 from tests.helpers import write
 from tests.router.helpers import doc, endpoint, expect_error, peer
 

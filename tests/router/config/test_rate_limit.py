@@ -13,7 +13,7 @@ import pytest
 from lxml import etree
 
 from router.config import DTD_TEXT, load_config
-from router.config_model import (
+from router.config.model import (
     DOMAIN_ROUTE_RATE_LIMIT,
     INTEREST_RATE_LIMIT,
     USE_QUERY_RATE_LIMIT,
@@ -22,7 +22,7 @@ from router.config_model import (
     RateLimit,
     UseQuery,
 )
-from router.portal_task import portal_timing
+from router.shell.portal_task import portal_timing
 from tests.helpers import write
 from tests.router.helpers import (
     APP,

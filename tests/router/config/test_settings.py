@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from router.config import ConfigError, load_config
-from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint, multicast_endpoint
-from router.daemon import Router
+from router.config.model import acceptor_peer, initiator_peer, lbmrd_endpoint, multicast_endpoint
+from router.shell.single import Router
 from tests.helpers import free_port, write
 from tests.router.helpers import (
     ACCEPTOR,
@@ -453,7 +453,7 @@ def test_log_file_rolls_hourly_and_by_size_with_sequence_numbers(tmp_path):
 def test_log_type_syslog_sends_to_the_syslog_socket(tmp_path):
     import logging
 
-    from router.config_model import LogConfig
+    from router.config.model import LogConfig
     from router.logs import log_handler
 
     addr = str(tmp_path / "log.sock")
@@ -475,8 +475,8 @@ async def test_stats_line_every_stats_interval(autojump_clock):
     import logging
 
     from router.cli import run_router
-    from router.config_model import router_config
-    from router.multi import MultiRouter
+    from router.config.model import router_config
+    from router.shell.router import MultiRouter
 
     lines = []
 
@@ -610,7 +610,7 @@ def test_gateway_keepalive_idle_no_sends_keepalives_whatever_else_is_sent():
 
 
 def test_the_router_passes_idle_no_to_its_link():
-    from router.config_model import KeepaliveConfig, PeerConfig
+    from router.config.model import KeepaliveConfig, PeerConfig
 
     p = initiator_peer("p", "127.0.0.1", 1)
     assert p.keepalive.idle and p.keepalive_interval == 5.0
@@ -640,7 +640,7 @@ async def test_receiver_that_left_is_noticed_by_use_queries_and_its_proxy_withdr
     import dataclasses
 
     from lbmr_proto import decode
-    from router.config_model import UseQuery as UseQueryConfig
+    from router.config.model import UseQuery as UseQueryConfig
     from tests.router.helpers import ROUTED_TOPIC, advertise_forever, resolve, udp
 
     async with trio.open_nursery() as n:
@@ -745,7 +745,7 @@ async def test_source_deletion_delay_is_the_configured_one(autojump_clock):
 
 
 async def test_cipher_suites_decide_the_links_cipher(tmp_path):
-    from router.config_model import TlsConfig
+    from router.config.model import TlsConfig
     from tests.router.helpers import make_ca, make_certs
 
     ca_key, ca = make_ca(tmp_path, "ca")
@@ -785,7 +785,7 @@ async def test_cipher_suites_decide_the_links_cipher(tmp_path):
 
 
 async def test_tr_socket_binds_the_first_free_port_of_its_range_and_max_queue_bounds_the_link():
-    from router.config_model import PortRange
+    from router.config.model import PortRange
 
     base = free_port(ip="127.0.2.1")
     busy = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -1,5 +1,5 @@
 """Access control lists of lbmr-router's portals (the DRO's ``<acl>``): the
-evaluator (router/core/acl.py), the ``<acl>`` parser (router/acl_config.py), the
+evaluator (router/core/acl.py), the ``<acl>`` parser (router/config/acl.py), the
 configuration loader's file:line errors, and the bridge's enforcement."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from lbmr_proto import Packet, SourceIdOption, WcTQR, encode
 from lbmr_proto.constants import PacketType, Transport
 from lbmr_proto.records import LbtipcTransport, LbtrmTransport, LbtruTransport, TcpTransport
 from router import peerlink as P
-from router.acl_config import parse_acl
 from router.config import ConfigError, load_config
+from router.config.acl import parse_acl
 from router.core.acl import (
     CACHE_TOPICS,
     MAX_ACL_STATES,
@@ -41,7 +41,7 @@ from router.core.acl import (
 )
 from router.core.bridge import Bridge, Notice, SendFrame, StartProxy
 from router.core.tr import PortalTR, PortalTRSettings
-from router.multi import MultiRouter
+from router.shell.router import MultiRouter
 from tests.helpers import free_port, write
 from tests.router.helpers import (
     APP,
@@ -777,7 +777,7 @@ async def start_chain(n, *, link23_acl=None, endpoint2_acl=None):
     """Chain r1 (TRD1) - r2 (TRD2) - r3 (TRD3) on loopback, converged: the lbmrds
     by domain and the routers; ``link23_acl``: r2's peer portal towards r3,
     ``endpoint2_acl``: r2's endpoint portal."""
-    from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
+    from router.config.model import acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
 
     def router(name, d, trd, peers, **kw):
         return MultiRouter(router_config(name, [lbmrd_endpoint(f"T{d}", d, [trd], interface=IPS[d], fanout=False, **kw)],

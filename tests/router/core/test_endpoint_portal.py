@@ -1,5 +1,5 @@
 """One endpoint portal, one UM context in its TRD, shared by its links
-(router/core/endpoint_portal.py sans-IO; router/portal_task.py and router/multi.py
+(router/core/endpoint_portal.py sans-IO; router/shell/portal_task.py and router/shell/router.py
 on real sockets): remote interest per link, sources to the links that want
 them, proxies of several links with the same advert ids, each link's share of
 the interest limit, and one TR socket and one source id per endpoint."""
@@ -13,7 +13,7 @@ import trio
 
 import lbmr_proto as L
 from router import peerlink as P
-from router.config_model import acceptor_peer, initiator_peer, router_config
+from router.config.model import acceptor_peer, initiator_peer, router_config
 from router.core.bridge import Bridge, SendFrame
 from router.core.endpoint_portal import EndpointPortal
 from router.core.tr import (
@@ -25,7 +25,7 @@ from router.core.tr import (
     SourceGone,
     SourceSeen,
 )
-from router.multi import MultiRouter
+from router.shell.router import MultiRouter
 from tests.router.helpers import (
     APP,
     GROUP,

@@ -1,7 +1,7 @@
 """router.core.message_path: the one place every relayed LBMC message of a
 fanned-out session passes whole (rewrites that keep or change a message's
 length, through a fan-out sink queue and an LBT-RU upstream), and
-router.transport_relay: the relays' one interface and the table that
+router.relays.interface: the relays' one interface and the table that
 chooses one."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import trio
 from lbmr_proto import lbmc
 from lbmr_proto import lbtru as RU
 from router import peerlink as P
-from router.config_model import lbmrd_endpoint, router_config
+from router.config.model import lbmrd_endpoint, router_config
 from router.core.fanout import SessionFanout
 from router.core.lbtru_upstream import RuUpstream
 from router.core.message_path import (
@@ -30,14 +30,8 @@ from router.core.message_path import (
     SetRetransmissionAddress,
     headed,
 )
-from router.fanout_relay import FanoutRelay
-from router.lbtrm_relay import RmRelay
-from router.lbtru_relay import RuSessionRelay
-from router.multi import MultiRouter
-from router.relay import RELAYS, Relay
-from router.relay_ru import RuStreamRelay
-from router.relay_tcp import TcpStreamRelay
-from router.transport_relay import (
+from router.relays.endpoint_relay import RELAYS, Relay
+from router.relays.interface import (
     LBTRM,
     LBTRU,
     TCP,
@@ -47,6 +41,12 @@ from router.transport_relay import (
     far_table,
     near_relay,
 )
+from router.relays.lbtrm import RmRelay
+from router.relays.lbtru_fanout import RuSessionRelay
+from router.relays.lbtru_streams import RuStreamRelay
+from router.relays.tcp_fanout import FanoutRelay
+from router.relays.tcp_streams import TcpStreamRelay
+from router.shell.router import MultiRouter
 from tests.helpers import LoneSite
 from tests.router.helpers import advertise_forever, resolve, start_lbmrd, udp
 

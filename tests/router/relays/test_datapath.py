@@ -14,14 +14,14 @@ from collections import Counter
 import trio
 
 from router import peerlink as P
-from router.config_model import TlsConfig, acceptor_peer, initiator_peer, lbmrd_endpoint
-from router.daemon import Router
+from router.config.model import TlsConfig, acceptor_peer, initiator_peer, lbmrd_endpoint
 from router.link import SPLICE_MIN, Link, StreamState
+from router.link.splice import PIPE_POOL
 from router.peerlink import streams as S
-from router.relay import Relay
-from router.relay_tcp import pump_down, pump_up
-from router.splice import PIPE_POOL
-from router.transport_relay import RelaySettings
+from router.relays.endpoint_relay import Relay
+from router.relays.interface import RelaySettings
+from router.relays.tcp_streams import pump_down, pump_up
+from router.shell.single import Router
 from tests.helpers import LoneSite
 from tests.router.helpers import (
     advertise_forever,
@@ -521,7 +521,7 @@ def test_outqueue_counts_held_data_and_hands_it_back():
 
 
 def test_pipe_pool_keeps_empty_pipes_only_while_streams_run_and_within_its_limit():
-    from router.splice import PipePool
+    from router.link.splice import PipePool
 
     pool = PipePool(limit=3, idle=2)
     a = pool.acquire()

@@ -1,4 +1,4 @@
-"""TCP fan-out through a router pair (router.fanout_relay): lbmr-sim's live TCP
+"""TCP fan-out through a router pair (router.relays.tcp_fanout): lbmr-sim's live TCP
 source in TRD1, its receivers in TRD2, routers A (TRD1) and B (TRD2) joined
 through a counting TCP forwarder, all on 127.0.0.1. One connection to the
 source per session, one copy on the link, every receiver whole and
@@ -14,8 +14,8 @@ import trio
 
 from lbmr_proto import lbmc
 from lbmr_tools.sim.dataplane import TcpDataReceiver
-from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint
-from router.daemon import Router
+from router.config.model import acceptor_peer, initiator_peer, lbmrd_endpoint
+from router.shell.single import Router
 from tests.router.helpers import (
     SRC_IP,
     TCP_SEED,
@@ -235,7 +235,7 @@ async def test_the_session_lingers_briefly_after_its_last_receiver_and_then_lets
     (still one connection at the origin); once nobody comes back, the proxy's
     stream closes after NEAR_LINGER and the origin connection within twice
     UPSTREAM_LINGER after that."""
-    from router.fanout_relay import NEAR_LINGER, UPSTREAM_LINGER
+    from router.relays.tcp_fanout import NEAR_LINGER, UPSTREAM_LINGER
 
     async with trio.open_nursery() as n:
         ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)

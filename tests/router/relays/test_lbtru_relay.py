@@ -1,4 +1,4 @@
-"""LBT-RU fan-out through a router pair (router.lbtru_relay): lbmr-sim's live
+"""LBT-RU fan-out through a router pair (router.relays.lbtru_fanout): lbmr-sim's live
 LBT-RU source in TRD1, its receivers in TRD2, routers A (TRD1) and B (TRD2)
 joined through a counting TCP forwarder, all on 127.0.0.1. One upstream
 LBT-RU client at the origin per session, one copy on the link, every

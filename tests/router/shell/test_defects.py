@@ -6,8 +6,8 @@ import trio
 
 import lbmr_proto as L
 from lbmr_proto.um import synthesize_otid
-from router.config_model import PortRange, initiator_peer, lbmrd_endpoint
-from router.daemon import Router
+from router.config.model import PortRange, initiator_peer, lbmrd_endpoint
+from router.shell.single import Router
 from tests.helpers import LoneSite
 from tests.router.helpers import (
     ROUTED_TOPIC,
@@ -279,8 +279,8 @@ async def test_relay_port_of_a_withdrawn_proxy_is_quarantined(autojump_clock):
     from collections import Counter
 
     from router import peerlink as P
-    from router.relay import Relay
-    from router.transport_relay import RelaySettings
+    from router.relays.endpoint_relay import Relay
+    from router.relays.interface import RelaySettings
 
     e = lbmrd_endpoint("A", 1, [("127.0.1.1", 1)], relay_interface="127.0.1.1",
                        relay_ports=PortRange(24101, 24104))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import trio
 
 import lbmr_proto as L
-from router.config_model import TlsConfig, acceptor_peer, initiator_peer, lbmrd_endpoint
-from router.daemon import Router
+from router.config.model import TlsConfig, acceptor_peer, initiator_peer, lbmrd_endpoint
+from router.shell.single import Router
 from tests.router.helpers import (
     ROUTED_TOPIC,
     advertise_forever,

@@ -1,5 +1,5 @@
 """Two endpoint portals of one router (an endpoint pair): the sessions relayed
-between them cross in memory (router.pair_link), not over a socket. One
+between them cross in memory (router.shell.pair_link), not over a socket. One
 router, TRD1 and TRD2 on 127.0.0.1 addresses; lbmr-sim's live TCP source in
 TRD1, its receivers in TRD2."""
 
@@ -11,11 +11,11 @@ import stat
 import pytest
 import trio
 
-from router.config_model import acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
+from router.config.model import acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
 from router.link import StreamState
-from router.multi import MultiRouter
-from router.pair_link import pair_links
 from router.peerlink import streams as S
+from router.shell.pair_link import pair_links
+from router.shell.router import MultiRouter
 from tests.router.helpers import TCP_SID, resolve, start_lbmrd, tcp_live_source, tcp_receiver, udp
 
 

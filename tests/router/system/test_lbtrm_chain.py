@@ -23,8 +23,8 @@ SCRIPT = r'''
 import json, trio
 import sys
 from lbmr_tools.sim.dataplane import RmDataReceiver, UmRuDataReceiver
-from router.config_model import LbtrmConfig, RouteInfoConfig, acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
-from router.multi import MultiRouter
+from router.config.model import LbtrmConfig, RouteInfoConfig, acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
+from router.shell.router import MultiRouter
 from tests.router.helpers import resolve, rm_source, start_lbmrd, udp
 
 IPS = {d: f"127.0.{d}.1" for d in (1, 2, 3)}

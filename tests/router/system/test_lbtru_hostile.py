@@ -18,8 +18,8 @@ import json, socket, trio
 from lbmr_proto import lbtru as RU
 from lbmr_tools.sim.dataplane import UmRuDataReceiver
 from router import lbtru_relay
-from router.config_model import LbtrmConfig, RouteInfoConfig, acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
-from router.multi import MultiRouter
+from router.config.model import LbtrmConfig, RouteInfoConfig, acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
+from router.shell.router import MultiRouter
 from tests.router.helpers import resolve, rm_source, start_lbmrd, udp
 
 IPS = {1: "127.0.1.1", 2: "127.0.2.1"}

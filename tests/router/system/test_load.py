@@ -13,7 +13,7 @@ import trio
 import lbmr_proto as L
 from lbmr_proto.um import Timing
 from lbmr_tools.sim.context import Context
-from router.config_model import PortRange
+from router.config.model import PortRange
 from tests.router.helpers import start_lbmrd, start_routers, tirs_in, udp
 
 N_SESSIONS = 1000

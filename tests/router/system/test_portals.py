@@ -9,14 +9,14 @@ from functools import partial
 import trio
 
 import lbmr_proto as L
-from router.config_model import (
+from router.config.model import (
     PortRange,
     acceptor_peer,
     initiator_peer,
     lbmrd_endpoint,
     router_config,
 )
-from router.multi import MultiRouter
+from router.shell.router import MultiRouter
 from tests.router.helpers import (
     advertise_forever,
     ep,

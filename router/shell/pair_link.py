@@ -4,7 +4,7 @@ no encoding, no copy.
 The control of an endpoint pair is joined inside the core
 (:class:`router.core.router_core.RouterCore`). What remains between the two
 sides is the relayed sessions, as between two routers: a proxy in one
-endpoint (its :class:`router.relay.Relay`) opens a stream to the other
+endpoint (its :class:`router.relays.endpoint_relay.Relay`) opens a stream to the other
 endpoint's relay, which takes the session from its origin (the proxy
 receiver) and hands it over. The streams keep the peer-link stream protocol
 (:class:`router.peerlink.streams.StreamTable`: stream ids, accept and
@@ -14,7 +14,7 @@ table and writer queue (:class:`router.peerlink.OutQueue`, bounded like a
 peer link's). What one side's table and relay queue (frames as objects; the
 data they carry by reference) the other side takes from that queue
 (:meth:`PairLink.receive`): one task per side, in its link task
-(:class:`router.link_task.LinkTask`). Datagrams go straight to their
+(:class:`router.shell.link_task.LinkTask`). Datagrams go straight to their
 streams, as on a peer link's fast path. Nothing here is zero copy in the
 splice sense, and nothing needs to be: bytes are never copied between the
 sides.
@@ -31,8 +31,8 @@ import logging
 
 import trio
 
-from . import peerlink as P
-from .link import (
+from .. import peerlink as P
+from ..link import (
     LINK_INITIAL_BUDGET,
     LINK_WINDOW_BUDGET,
     MAX_CONTROL_FRAMES,
@@ -42,8 +42,8 @@ from .link import (
     StreamState,
     forget_stream,
 )
-from .peerlink import streams as S
-from .splice import PIPE_POOL
+from ..link.splice import PIPE_POOL
+from ..peerlink import streams as S
 
 __all__ = ["PairLink", "pair_links"]
 

@@ -17,7 +17,7 @@ from collections import deque
 
 import trio
 
-from .peerlink import streams as S
+from ..peerlink import streams as S
 from .splice import Pipe, PipePool, splice
 
 READ_SIZE = 256 << 10  # bytes per read from the link and from relayed TCP streams
@@ -72,7 +72,7 @@ class HeldChunk:
 
 class StreamState:
     """The I/O side of one relayed stream (either end of the link). The methods
-    of its zero-copy path take the link's :class:`~router.splice.PipePool`
+    of its zero-copy path take the link's :class:`~router.link.splice.PipePool`
     (``pool``), where its pipes come from and go back to."""
 
     def __init__(self, sid: int, kind: int) -> None:
@@ -199,7 +199,7 @@ class StreamState:
 
 def forget_stream(link, st: StreamState) -> None:
     """Close stream ``st`` towards ``link``'s other end (a :class:`router.link.Link` or a
-    :class:`router.pair_link.PairLink`; unless the stream or the link is closed
+    :class:`router.shell.pair_link.PairLink`; unless the stream or the link is closed
     already) and forget its state."""
     if not link.closed:
         try:

@@ -10,9 +10,9 @@ from lxml import etree
 
 from lbmr_runtime.xmlconfig import Grammar
 
-from .acl_config import ACL_SESSION_ELEMENTS, ACL_TOPIC_ELEMENTS
+from .acl import ACL_SESSION_ELEMENTS, ACL_TOPIC_ELEMENTS
 
-#: The DTD printed by ``lbmr-router -d`` (package data ``router/router.dtd``).
+#: The DTD printed by ``lbmr-router -d`` (package data ``router/config/router.dtd``).
 DTD_TEXT: str = resources.files(__package__ or "router").joinpath("router.dtd").read_text(encoding="utf-8")
 
 _TIMING = ("<initial-request/>, <topic-use-query>, <pattern-use-query>, "

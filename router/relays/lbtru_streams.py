@@ -1,6 +1,6 @@
 """One peer-link stream per LBT-RU receiver address, on trio (the LBT-RU
 relay of an endpoint with ``fanout="off"``, or of a link whose peer does not
-know LBT-RU sessions; fanned-out LBT-RU is :mod:`router.lbtru_relay`).
+know LBT-RU sessions; fanned-out LBT-RU is :mod:`router.relays.lbtru_fanout`).
 
 Near side: the datagrams that arrive at a proxy's socket open one stream per
 receiver address (at most ``ru_max_streams`` on the link), held until the far
@@ -16,12 +16,12 @@ import socket
 
 import trio
 
-from . import peerlink as P
-from .fanout_relay import accept_stream, refuse_stream
-from .lbtru_relay import ru_socket
-from .link import Link, StreamState
-from .peerlink import streams as S
-from .transport_relay import RelayContext, RelaySettings, TransportRelay
+from .. import peerlink as P
+from ..link import Link, StreamState
+from ..peerlink import streams as S
+from .interface import RelayContext, RelaySettings, TransportRelay
+from .lbtru_fanout import ru_socket
+from .tcp_fanout import accept_stream, refuse_stream
 
 RU_BACKLOG = 64  # datagrams held per LBT-RU stream until the far side accepts
 # LBT-RU streams (one per receiver address) end after this long with no datagram
@@ -50,7 +50,7 @@ def drain(raw, receive) -> tuple[list, OSError | None]:
 
 class RuStreamRelay(TransportRelay):
     """LBT-RU receivers relayed one stream per address, for one endpoint on one
-    link (:class:`router.transport_relay.TransportRelay`); of the settings,
+    link (:class:`router.relays.interface.TransportRelay`); of the settings,
     ``relay_ip``, ``ru_idle_timeout`` (seconds) and ``ru_max_streams``."""
 
     SOCKET_TYPE = socket.SOCK_DGRAM

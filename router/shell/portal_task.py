@@ -5,7 +5,7 @@ the core has for it (:class:`router.core.router_core.SendTR`) it sends.
 The portal's topic resolution is the core's (one
 :class:`router.core.endpoint_portal.EndpointPortal` per endpoint: one UM
 context in its TRD, whatever the number of links it serves); its timers run
-when the router's core runs (:class:`router.multi.MultiRouter`). Times are
+when the router's core runs (:class:`router.shell.router.MultiRouter`). Times are
 seconds (trio's clock).
 """
 
@@ -20,8 +20,8 @@ import trio
 
 from lbmr_runtime.netif import open_multicast_socket
 
-from .config_model import EndpointConfig
-from .core.tr import PortalTR, PortalTRSettings, RemoteCheck, UseQuery
+from ..config.model import EndpointConfig
+from ..core.tr import PortalTR, PortalTRSettings, RemoteCheck, UseQuery
 
 __all__ = ["PortalTask", "portal_timing", "new_portal", "TR_SOCKET_BUFFER"]
 

@@ -8,7 +8,7 @@ and open no sockets.
 The grammar is modelled on the DRO's ``<tnw-gateway>`` file (element names,
 order, defaults, milliseconds), with ``<lbmr-router version="1.0">`` as the
 root and ``<topic-resolution>``/``<relay>`` instead of a UM configuration
-file; :data:`DTD_TEXT` (``router/router.dtd``, printed by ``lbmr-router -d``)
+file; :data:`DTD_TEXT` (``router/config/router.dtd``, printed by ``lbmr-router -d``)
 documents every element.  Following the DRO, the peer link is written in
 child-element style (``<initiator><address>..</address><port>..</port>``,
 ``<acceptor><listen-port>..</listen-port>``, ``<name>``, ``<domain-id>``),
@@ -34,15 +34,15 @@ This module holds the entry points (:func:`load_config`, :func:`parse_config`,
 :func:`validate`), the root checks and the ``<daemon>`` checker, and is the
 public face of the layer (its ``__all__`` names the values too).  The rest:
 
-* :mod:`router.config_model` — the values (immutable dataclasses, defaults);
-* :mod:`router.config_grammar` — the DTD and the translation of its messages;
-* :mod:`router.config_checker` — the :class:`~router.config_checker.Checker`
+* :mod:`router.config.model` — the values (immutable dataclasses, defaults);
+* :mod:`router.config.grammar` — the DTD and the translation of its messages;
+* :mod:`router.config.checker` — the :class:`~router.config.checker.Checker`
   that collects errors and warnings, and the shared value parsers;
-* :mod:`router.config_endpoint` — the checkers of an ``<endpoint>`` and its
+* :mod:`router.config.endpoint` — the checkers of an ``<endpoint>`` and its
   topic resolution, relay and LBT-RM elements;
-* :mod:`router.config_peer` — the checkers of a ``<peer>`` and its TLS files;
-* :mod:`router.config_cross_checks` — the checks that read across portals;
-* :mod:`router.acl_config` — a portal's ``<acl>``.
+* :mod:`router.config.peer` — the checkers of a ``<peer>`` and its TLS files;
+* :mod:`router.config.cross_checks` — the checks that read across portals;
+* :mod:`router.config.acl` — a portal's ``<acl>``.
 """
 
 from __future__ import annotations
@@ -62,11 +62,11 @@ from lbmr_runtime.xmlconfig import (
     refuse_entities_and_xinclude,
 )
 
-from .config_checker import INT_MAX, Checker, parse_ipv4, parse_number
-from .config_cross_checks import check_across_portals, check_supported
-from .config_endpoint import parse_endpoint
-from .config_grammar import DTD_TEXT, dtd_errors
-from .config_model import (
+from .checker import INT_MAX, Checker, parse_ipv4, parse_number
+from .cross_checks import check_across_portals, check_supported
+from .endpoint import parse_endpoint
+from .grammar import DTD_TEXT, dtd_errors
+from .model import (
     DEFAULT_KEEPALIVE_INTERVAL_MS,
     DEFAULT_KEEPALIVE_TIMEOUT_MS,
     DEFAULT_LBMRD_PORT,
@@ -101,7 +101,7 @@ from .config_model import (
     TopicResolution,
     UseQuery,
 )
-from .config_peer import parse_peer
+from .peer import parse_peer
 
 __all__ = [
     "DTD_TEXT",

@@ -1,9 +1,9 @@
 """The value checkers of a ``<peer>`` portal of lbmr-router's configuration:
 :func:`parse_peer` (``<single-tcp>`` with its ``<initiator>`` or
 ``<acceptor>``, socket buffers, ``<max-queue>``, ``<gateway-keepalive>``; the
-portal's ``<acl>`` through :meth:`router.config_checker.Checker.portal_acl`)
+portal's ``<acl>`` through :meth:`router.config.checker.Checker.portal_acl`)
 and the ``<tls>`` checker, which opens the PEM files it names (when the
-:class:`~router.config_checker.Checker` checks files) to report a missing,
+:class:`~router.config.checker.Checker` checks files) to report a missing,
 unreadable, wrong or encrypted-without-password file before the router starts.
 
 Times are in milliseconds, sizes in bytes.
@@ -20,8 +20,8 @@ from lxml import etree
 
 from lbmr_runtime.xmlconfig import element_text
 
-from .config_checker import INT_MAX, Checker, parse_unicast
-from .config_model import (
+from .checker import INT_MAX, Checker, parse_unicast
+from .model import (
     DEFAULT_KEEPALIVE_INTERVAL_MS,
     DEFAULT_KEEPALIVE_TIMEOUT_MS,
     DEFAULT_MAX_QUEUE,

@@ -3,7 +3,7 @@
 
 Near side (:meth:`RmRelay.serve_proxy`): a proxy of the peer's LBT-RM
 advertisement is one UDP socket at the relay address (bound by
-:class:`router.relay.Relay` in the relay port range). It opens one stream
+:class:`router.relays.endpoint_relay.Relay` in the relay port range). It opens one stream
 (kind LBT-RM) on the current link for the advertisement as soon as it is
 bound -- multicast receivers do not register, so the session is relayed
 while the proxy exists -- multicasts what the peer sends on it to its group
@@ -35,13 +35,13 @@ import trio
 from lbmr_proto import LbtruSessionTransport
 from lbmr_runtime.netif import open_multicast_socket
 
-from . import peerlink as P
-from .core.lbtrm import DatagramQueue, GroupPool, RmOrigin, RmProxy
-from .core.lbtru_fanout import LbtrmInput, RuFanout, WindowBudget
-from .lbtru_relay import RuProxySource, receive
-from .link import Link, StreamState
-from .peerlink import streams as S
-from .transport_relay import RelayContext, RelaySettings, TransportRelay
+from .. import peerlink as P
+from ..core.lbtrm import DatagramQueue, GroupPool, RmOrigin, RmProxy
+from ..core.lbtru_fanout import LbtrmInput, RuFanout, WindowBudget
+from ..link import Link, StreamState
+from ..peerlink import streams as S
+from .interface import RelayContext, RelaySettings, TransportRelay
+from .lbtru_fanout import RuProxySource, receive
 
 __all__ = ["RmRelay", "LBTRM", "QUEUE_LIMIT", "MAX_STREAMS"]
 
@@ -72,7 +72,7 @@ def _wrap(raw: socket.socket):
 
 class RmRelay(TransportRelay):
     """The LBT-RM part of one endpoint's relay
-    (:class:`router.transport_relay.TransportRelay`); of the settings,
+    (:class:`router.relays.interface.TransportRelay`); of the settings,
     ``relay_ip``, ``multicast_ttl`` and the ``lbtrm_*`` ones."""
 
     SOCKET_TYPE = socket.SOCK_DGRAM
@@ -181,7 +181,7 @@ class RmRelay(TransportRelay):
     # ------------------------------------------- near side, unicast (LBT-RU)
 
     async def _serve_fanout(self, f: P.Advertisement, sock, task_status) -> None:
-        """The proxy as an LBT-RU source (:class:`router.lbtru_relay.RuProxySource`):
+        """The proxy as an LBT-RU source (:class:`router.relays.lbtru_fanout.RuProxySource`):
         receivers connect to ``sock`` and get the session unicast. Its
         clients are served (connections, NAKs answered from the window) even
         while the link is down; the stream runs while the proxy lives, opened

@@ -1,7 +1,7 @@
 """Where one endpoint's data relay works on one link: the router around it, as
 the relay's tasks see it (:class:`RelaySite`).
 
-A relay (:mod:`router.relay` and the relays it holds) moves bytes; what it
+A relay (:mod:`router.relays.endpoint_relay` and the relays it holds) moves bytes; what it
 asks of the router, and what it tells it, goes through the router core's
 public calling contract (:class:`router.core.router_core.RouterCore`), as
 the link and portal tasks' input does: which source is behind one of our
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import trio
 
-from .core.router_core import RouterCore
+from ..core.router_core import RouterCore
 from .link_task import LinkTask
 from .wake import Wake
 
@@ -35,7 +35,7 @@ class RelaySite:
     @property
     def link(self):
         """The link up now (:class:`router.link.Link` or, for an endpoint pair,
-        :class:`router.pair_link.PairLink`), or None."""
+        :class:`router.shell.pair_link.PairLink`), or None."""
         return self.link_task.link
 
     def advert_source(self, advert_id: int):

@@ -1,6 +1,6 @@
 """The reader of one zero-copy peer link on trio (:class:`LinkReader`; a plain TCP
 link, not TLS): large STREAM_DATA payloads never enter Python (see
-:mod:`router.splice`).
+:mod:`router.link.splice`).
 
 The reader peeks at what the socket holds, hands whole frames to the connection
 as usual and, when a STREAM_DATA frame of at least SPLICE_MIN data bytes is next,
@@ -10,7 +10,7 @@ and statistics of a STREAM_DATA), the stream table accounts the real size
 (:meth:`~router.peerlink.streams.StreamTable.receive_held`) and the payload is
 spliced from the socket into the stream's pipe, to be spliced on into its socket at
 once as far as that socket takes it (:meth:`LinkReader.forward`), the rest by the
-stream's pump (in the order of :mod:`router.link_stream`). When no pipe is free, or
+stream's pump (in the order of :mod:`router.link.stream`). When no pipe is free, or
 the stream's pipe is full, bytes take the copy path: correct either way, and bounded
 by the stream's credit. Runs of whole DATAGRAM frames go straight to their streams.
 """
@@ -21,11 +21,11 @@ import socket
 
 import trio
 
-from . import peerlink as P
-from .link_stream import READ_SIZE, StreamState
-from .link_writer import LinkWriter, wait_link_socket
-from .peerlink import streams as S
+from .. import peerlink as P
+from ..peerlink import streams as S
 from .splice import Pipe, PipePool, splice
+from .stream import READ_SIZE, StreamState
+from .writer import LinkWriter, wait_link_socket
 
 SPLICE_MIN = 16 << 10  # payloads from this many bytes on are spliced, smaller ones copied
 PEEK_SIZE = 64 << 10  # bytes peeked: whole bursts of control frames and datagrams at a time ...

@@ -1,9 +1,9 @@
 """One connected peer link on trio (:class:`Link`): the sans-IO connection
 (:class:`router.peerlink.PeerConnection`), its stream table and the state of
 each relayed stream on either end of the link (:class:`StreamState`, in
-:mod:`router.link_stream`), its writer (:class:`router.link_writer.LinkWriter`:
+:mod:`router.link.stream`), its writer (:class:`router.link.writer.LinkWriter`:
 the bounded queue and the writer task) and, on a zero-copy link (plain TCP, not
-TLS), its reader (:class:`router.link_reader.LinkReader`: large STREAM_DATA
+TLS), its reader (:class:`router.link.reader.LinkReader`: large STREAM_DATA
 payloads spliced, never in Python). The names the relays and tests use are all
 here.
 """
@@ -15,9 +15,11 @@ import socket
 
 import trio
 
-from . import peerlink as P
-from .link_reader import SPLICE_MIN, LinkReader
-from .link_stream import (
+from .. import peerlink as P
+from ..peerlink import streams as S
+from .reader import SPLICE_MIN, LinkReader
+from .splice import PIPE_POOL, PipePool, splice_supported
+from .stream import (
     LINK_INITIAL_BUDGET,
     LINK_WINDOW_BUDGET,
     READ_SIZE,
@@ -29,9 +31,7 @@ from .link_stream import (
     StreamState,
     forget_stream,
 )
-from .link_writer import MAX_CONTROL_FRAMES, LinkWriter
-from .peerlink import streams as S
-from .splice import PIPE_POOL, PipePool, splice_supported
+from .writer import MAX_CONTROL_FRAMES, LinkWriter
 
 __all__ = [
     "CONNECT_TIMEOUT", "LINK_INITIAL_BUDGET", "LINK_WINDOW_BUDGET", "MAX_CONTROL_FRAMES",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from lxml import etree
 
-from .config_checker import Checker
-from .config_model import EndpointConfig, PeerConfig
+from .checker import Checker
+from .model import EndpointConfig, PeerConfig
 
 
 def check_across_portals(c: Checker, endpoints: list[EndpointConfig], peers: list[PeerConfig]) -> None:

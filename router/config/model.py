@@ -1,6 +1,6 @@
 """lbmr-router's settings: the immutable dataclasses that
 :func:`router.config.load_config` returns and the running router reads (the
-one settings type of the daemon: :class:`router.multi.MultiRouter` takes a
+one settings type of the daemon: :class:`router.shell.router.MultiRouter` takes a
 :class:`RouterConfig`, each portal link its :class:`EndpointConfig` and
 :class:`PeerConfig`), and the defaults.
 
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 from lbmr_runtime.netif import resolve_interface
 
-from .core.acl import OPEN, PortalAcl
-from .core.fanout import DEFAULT_MAX_QUEUE as DEFAULT_FANOUT_MAX_QUEUE
-from .core.fanout import DEFAULT_STALL_TIMEOUT as _FANOUT_STALL_S
+from ..core.acl import OPEN, PortalAcl
+from ..core.fanout import DEFAULT_MAX_QUEUE as DEFAULT_FANOUT_MAX_QUEUE
+from ..core.fanout import DEFAULT_STALL_TIMEOUT as _FANOUT_STALL_S
 
 DEFAULT_STATS_INTERVAL_MS = 60000
 DEFAULT_MULTICAST_GROUP = "224.9.10.11"  # UM resolver_multicast_address

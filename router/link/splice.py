@@ -2,8 +2,8 @@
 that move bytes between sockets and pipes without a copy into Python.
 
 A relayed TCP stream over a plain TCP peer link moves its bytes like this
-(:mod:`router.link_reader`, :mod:`router.link_writer`,
-:mod:`router.link_stream` and :mod:`router.relay_tcp` use the pieces here):
+(:mod:`router.link.reader`, :mod:`router.link.writer`,
+:mod:`router.link.stream` and :mod:`router.relays.tcp_streams` use the pieces here):
 
 * sending (a source's or receiver's socket -> peer link): the stream's pump
   splices up to the stream's credit (and the writer queue's space) from its

@@ -4,7 +4,7 @@ frames, the connection's own bytes (handshake, acks) and the task that writes th
 Frames leave in the order they were queued, each whole: the writer finishes the frame
 it is in the middle of before it writes anything else.
 
-Zero copy (a plain TCP link; not TLS, see :mod:`router.splice`): a queued
+Zero copy (a plain TCP link; not TLS, see :mod:`router.link.splice`): a queued
 :class:`~router.peerlink.streams.HeldData` frame is written as its head, from the
 connection (:meth:`~router.peerlink.PeerConnection.send_data_head`), then its payload
 spliced from its pipe; a large STREAM_DATA frame as its head and its data from
@@ -25,10 +25,10 @@ import socket
 
 import trio
 
-from . import peerlink as P
-from .link_stream import HeldChunk, StreamState
-from .peerlink import streams as S
+from .. import peerlink as P
+from ..peerlink import streams as S
 from .splice import PipePool, splice
+from .stream import HeldChunk, StreamState
 
 log = logging.getLogger("lbmr-router")
 

@@ -1,6 +1,6 @@
 """The tools of lbmr-router's value pass (after DTD validation): the
-:class:`Checker` that the per-element checkers of :mod:`router.config_endpoint`,
-:mod:`router.config_peer` and :mod:`router.config_cross_checks` (and the
+:class:`Checker` that the per-element checkers of :mod:`router.config.endpoint`,
+:mod:`router.config.peer` and :mod:`router.config.cross_checks` (and the
 ``<daemon>`` checker of :mod:`router.config`) report to, and the value parsers
 they share.
 
@@ -25,9 +25,9 @@ from lxml import etree
 from lbmr_runtime.values import DIGITS_RE, octets, parse_int, parse_network
 from lbmr_runtime.xmlconfig import element_text
 
-from .acl_config import parse_acl
-from .config_model import PortRange
-from .core.acl import OPEN, PortalAcl
+from ..core.acl import OPEN, PortalAcl
+from .acl import parse_acl
+from .model import PortRange
 
 INT_MAX = 2**31 - 1  # timers and buffer sizes, as C ints in UM
 _NAME_MAX = 255  # characters in router and portal names
@@ -183,7 +183,7 @@ class Checker:
     # ---- portals
 
     def portal_acl(self, portal: etree._Element, name: str) -> PortalAcl:
-        """The portal's ``<acl>`` (:mod:`router.acl_config`), OPEN without one."""
+        """The portal's ``<acl>`` (:mod:`router.config.acl`), OPEN without one."""
         el = portal.find("acl")
         return OPEN if el is None else parse_acl(el, name, self.error, self.warn)
 

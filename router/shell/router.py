@@ -2,14 +2,14 @@
 its TRD) and peer links, with the router's control plane in one sans-IO core
 (:class:`router.core.router_core.RouterCore`). One nursery per router.
 
-Tasks: one per endpoint's TR socket (:class:`router.portal_task.PortalTask`),
-one per link (:class:`router.link_task.LinkTask`: each ``<peer>``, and each
+Tasks: one per endpoint's TR socket (:class:`router.shell.portal_task.PortalTask`),
+one per link (:class:`router.shell.link_task.LinkTask`: each ``<peer>``, and each
 side of a pair of endpoints, whose control is joined in the core and whose
-relayed sessions cross in memory, :class:`router.pair_link.PairLink`), one per proxy listener and relayed stream
-(:class:`router.relay.Relay`, one per link and endpoint, sharing the
+relayed sessions cross in memory, :class:`router.shell.pair_link.PairLink`), one per proxy listener and relayed stream
+(:class:`router.relays.endpoint_relay.Relay`, one per link and endpoint, sharing the
 endpoint's relay ports), the HTTP endpoint, the signals, and the core task:
 it runs the core's timers at its deadline and, whenever another task gave
-the core input (and set the :class:`router.wake.Wake`), carries out its
+the core input (and set the :class:`router.shell.wake.Wake`), carries out its
 outputs (TR datagrams, frames, proxies to start and stop, events).
 
 A *unit* (:class:`Unit`) is one endpoint on one link: its bridge in the core,
@@ -33,9 +33,9 @@ import trio
 from lbmr_runtime.events import EventRing
 from lbmr_runtime.http import PrometheusText, serve_http
 
-from . import peerlink as P
-from .config_model import EndpointConfig, PeerConfig, RouterConfig, acceptor_peer, initiator_peer
-from .core.router_core import (
+from .. import peerlink as P
+from ..config.model import EndpointConfig, PeerConfig, RouterConfig, acceptor_peer, initiator_peer
+from ..core.router_core import (
     EndpointRules,
     LinkSpec,
     Notice,
@@ -45,13 +45,13 @@ from .core.router_core import (
     StartProxy,
     StopProxy,
 )
-from .core.routing import Routing
+from ..core.routing import Routing
+from ..relays.endpoint_relay import PortPool, Relay
+from ..relays.interface import RelaySettings
 from .link_task import LinkTask
 from .pair_link import PairLink, pair_links
 from .portal_task import IO_BATCH, PortalTask, new_portal
-from .relay import PortPool, Relay
 from .relay_site import RelaySite
-from .transport_relay import RelaySettings
 from .wake import Wake
 
 __all__ = ["MultiRouter", "Unit", "serve_signals", "proxy_bound"]

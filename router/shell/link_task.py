@@ -1,12 +1,12 @@
 """One link of the router on trio: a peer link (connect or accept, TLS,
 handshake, reader, writer and timers; reconnect every ``reconnect_interval``)
-or one side of a pair of endpoints (:class:`router.pair_link.PairLink`: the
+or one side of a pair of endpoints (:class:`router.shell.pair_link.PairLink`: the
 stream frames of the pair's relayed sessions, in memory).
 
 The link's control frames and events go to the router's core
 (:class:`router.core.router_core.RouterCore`: link up, frames, link down),
 followed by a wake-up of the task that acts on its outputs; its stream frames
-go to the data relay of the endpoint they are for (:class:`router.relay.Relay`).
+go to the data relay of the endpoint they are for (:class:`router.relays.endpoint_relay.Relay`).
 Times are seconds (trio's clock).
 """
 
@@ -19,12 +19,12 @@ from functools import partial
 
 import trio
 
-from . import peerlink as P
-from .config_model import PeerConfig
-from .core.router_core import LinkSpec, RouterCore
-from .link import CONNECT_TIMEOUT, RAW_LIMIT, Link
+from .. import peerlink as P
+from ..config.model import PeerConfig
+from ..core.router_core import LinkSpec, RouterCore
+from ..link import CONNECT_TIMEOUT, RAW_LIMIT, Link
+from ..peerlink import streams as S
 from .pair_link import PairLink
-from .peerlink import streams as S
 from .wake import Wake
 
 __all__ = ["LinkTask", "tls_context", "set_peer_socket_options", "open_peer_stream", "MAX_HANDSHAKES"]
@@ -36,7 +36,7 @@ MAX_HANDSHAKES = 4  # incoming connections in their handshake at once (the oldes
 
 
 def tls_context(tls, server_side: bool) -> ssl.SSLContext:
-    """A peer link's TLS context from its :class:`router.config_model.TlsConfig`:
+    """A peer link's TLS context from its :class:`router.config.model.TlsConfig`:
     mutual authentication, our certificate, and the peer's must chain to the CA;
     TLS 1.2 or later, exactly 1.2 when ``cipher_suites`` restricts the suites."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server_side else ssl.PROTOCOL_TLS_CLIENT)
@@ -97,7 +97,7 @@ class LinkTask:
     None). ``spec``: the link (:class:`LinkSpec`); ``peer``: its peer portal's
     settings; ``identity``: what the handshake tells the peer; ``core`` and
     ``wake``: where its frames go; ``relays``: endpoint name -> that endpoint's
-    :class:`router.relay.Relay` on this link; ``counters`` and ``event(kind,
+    :class:`router.relays.endpoint_relay.Relay` on this link; ``counters`` and ``event(kind,
     detail)``: the link's counters and event log; ``pair``: this side of an
     endpoint pair (None for a peer link)."""
 

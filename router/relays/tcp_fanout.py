@@ -41,16 +41,16 @@ import trio
 
 from lbmr_proto import lbmc
 
-from . import peerlink as P
-from .core.fanout import (
+from .. import peerlink as P
+from ..core.fanout import (
     QueueBudget,
     SessionFanout,
     SinkQueue,
 )
-from .core.message_path import MessagePath
-from .link import CONNECT_TIMEOUT, READ_SIZE, Link, StreamState
-from .peerlink import streams as S
-from .transport_relay import RelayContext, TransportRelay, Upstreams
+from ..core.message_path import MessagePath
+from ..link import CONNECT_TIMEOUT, READ_SIZE, Link, StreamState
+from ..peerlink import streams as S
+from .interface import RelayContext, TransportRelay, Upstreams
 
 __all__ = ["FanoutRelay", "Upstream", "Upstreams", "accept_stream", "refuse_stream", "UPSTREAM_LINGER",
            "NEAR_LINGER", "FANOUT_MAX_RECEIVERS"]
@@ -115,7 +115,7 @@ def _peer(conn: trio.SocketStream) -> str:
 
 class FanoutRelay(TransportRelay):
     """The fan-out data plane of one endpoint's relay
-    (:class:`router.transport_relay.TransportRelay`): ``upstreams`` shared
+    (:class:`router.relays.interface.TransportRelay`): ``upstreams`` shared
     with the relays of the endpoint's other links; ``max_queue`` (bytes) and
     ``stall_timeout`` (seconds) from the settings (``fanout_max_queue``,
     ``fanout_stall_timeout``); ``downstream`` and ``upstream``: the message

@@ -29,7 +29,7 @@ from lxml import etree
 
 from lbmr_runtime.values import DIGITS_RE, octets
 
-from .core.acl import (
+from ..core.acl import (
     COMPARISON_WORDS,
     MAX_TOPIC_CHARS,
     TRANSPORT_WORDS,

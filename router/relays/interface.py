@@ -1,14 +1,14 @@
 """The one interface of the router's transport relays (:class:`TransportRelay`),
 their typed settings (:class:`RelaySettings`), what each is given
 (:class:`RelayContext`), and how the table of relays chooses one
-(:data:`router.relay.RELAYS`, :func:`near_relay`, :func:`far_table`).
+(:data:`router.relays.endpoint_relay.RELAYS`, :func:`near_relay`, :func:`far_table`).
 
 Five relays move a TRD's transport sessions across a peer link: TCP fanned
-out (:class:`router.fanout_relay.FanoutRelay`), TCP one stream per receiver
-connection (:class:`router.relay_tcp.TcpStreamRelay`), LBT-RU fanned out
-(:class:`router.lbtru_relay.RuSessionRelay`), LBT-RU one stream per receiver
-address (:class:`router.relay_ru.RuStreamRelay`) and LBT-RM
-(:class:`router.lbtrm_relay.RmRelay`). :class:`router.relay.Relay` holds one
+out (:class:`router.relays.tcp_fanout.FanoutRelay`), TCP one stream per receiver
+connection (:class:`router.relays.tcp_streams.TcpStreamRelay`), LBT-RU fanned out
+(:class:`router.relays.lbtru_fanout.RuSessionRelay`), LBT-RU one stream per receiver
+address (:class:`router.relays.lbtru_streams.RuStreamRelay`) and LBT-RM
+(:class:`router.relays.lbtrm.RmRelay`). :class:`router.relays.endpoint_relay.Relay` holds one
 of each for one endpoint on one link and, for a proxy or a stream, asks the
 table which one serves it: keyed by (LBMR transport code, :class:`Mode`),
 the mode being the endpoint's ``fanout`` setting. A fan-out relay that cannot
@@ -21,7 +21,7 @@ Lifecycle, and what each step may assume and must guarantee:
 1. **construction**, once per endpoint and link: ``cls(context)``
    (:class:`RelayContext`: the settings, the router's counters and event log,
    the relay site, the endpoint's shared upstream tables). No I/O.
-2. **bind** (by :class:`router.relay.Relay`): a socket of the relay's
+2. **bind** (by :class:`router.relays.endpoint_relay.Relay`): a socket of the relay's
    :attr:`TransportRelay.SOCKET_TYPE` (``SOCK_STREAM``: a trio socket not yet
    listening; ``SOCK_DGRAM``: a trio UDP socket with the underlying
    non-blocking ``raw`` socket), bound at the relay address on a port of the
@@ -71,8 +71,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import trio
 
-from . import peerlink as P
-from .config_model import (
+from .. import peerlink as P
+from ..config.model import (
     DEFAULT_LBTRM_DEST_PORT,
     DEFAULT_LBTRM_GROUPS,
     DEFAULT_MULTICAST_TTL,
@@ -81,14 +81,14 @@ from .config_model import (
     EndpointConfig,
     LbtrmConfig,
 )
-from .core.fanout import DEFAULT_MAX_QUEUE, DEFAULT_STALL_TIMEOUT
-from .core.lbtru_fanout import WindowBudget
-from .core.message_path import Rule
+from ..core.fanout import DEFAULT_MAX_QUEUE, DEFAULT_STALL_TIMEOUT
+from ..core.lbtru_fanout import WindowBudget
+from ..core.message_path import Rule
 
 if TYPE_CHECKING:
-    from .link import Link
-    from .peerlink.streams import StreamOpened
-    from .relay_site import RelaySite
+    from ..link import Link
+    from ..peerlink.streams import StreamOpened
+    from ..shell.relay_site import RelaySite
 
 __all__ = ["TransportRelay", "RelaySettings", "RelayContext", "RelayTable", "Upstreams", "Mode", "near_relay",
            "far_table", "PORT_QUARANTINE", "TCP", "LBTRU", "LBTRM"]
@@ -171,7 +171,7 @@ class RelaySettings:
 
 class Upstreams(dict):
     """The endpoint's upstream sessions of one transport (TCP:
-    :mod:`router.fanout_relay`, LBT-RU: :mod:`router.lbtru_relay`), origin
+    :mod:`router.relays.tcp_fanout`, LBT-RU: :mod:`router.relays.lbtru_fanout`), origin
     (ip, port, session id) -> its upstream, shared by the relays of all its
     links. ``nursery``: where their tasks run (the router's: a session
     outlives the link whose stream opened it, while streams of other links
@@ -185,7 +185,7 @@ class RelayContext:
     """What every transport relay of one endpoint on one link is given:
     ``settings``; ``counters`` and ``event(kind, detail)``, the router's
     counters and event log; ``site``, the router around it
-    (:class:`router.relay_site.RelaySite`); ``upstreams`` and
+    (:class:`router.shell.relay_site.RelaySite`); ``upstreams`` and
     ``ru_upstreams``, the endpoint's TCP and LBT-RU upstream sessions
     (shared by its links); ``window_budget``, the retransmission windows of
     the LBT-RU proxies of the relay (LBT-RU and LBT-RM origins together)."""
@@ -237,7 +237,7 @@ class TransportRelay(ABC):
 
 
 # ------------------------------------------------------------------ the table
-# (the table itself, (transport, mode) -> relay class, is :data:`router.relay.RELAYS`:
+# (the table itself, (transport, mode) -> relay class, is :data:`router.relays.endpoint_relay.RELAYS`:
 # it names every relay, and the relays import this module)
 
 RelayTable = dict[tuple[int, Mode], TransportRelay]

@@ -1,12 +1,12 @@
 """One peer-link stream per TCP connection, on trio (the TCP relay of an
-endpoint with ``fanout="off"``; fanned-out TCP is :mod:`router.fanout_relay`).
+endpoint with ``fanout="off"``; fanned-out TCP is :mod:`router.relays.tcp_fanout`).
 
 Near side: every receiver that connects to a proxy's listener opens a stream
 of the proxy on the current link. Far side: a stream the peer opens connects
 to the real source of our advertisement (a source that cannot be reached
 refuses the stream). Both sides move bytes with the pumps here: socket to
 peer link within the stream's credit and the link queue's space, peer link to
-socket returning consumed bytes as credit; with zero copy (:mod:`router.splice`)
+socket returning consumed bytes as credit; with zero copy (:mod:`router.link.splice`)
 through pipes, a frame at a time.
 """
 
@@ -17,12 +17,12 @@ from collections import deque
 
 import trio
 
-from . import peerlink as P
-from .fanout_relay import accept_stream, refuse_stream
-from .link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
-from .peerlink import streams as S
-from .splice import splice
-from .transport_relay import TransportRelay
+from .. import peerlink as P
+from ..link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
+from ..link.splice import splice
+from ..peerlink import streams as S
+from .interface import TransportRelay
+from .tcp_fanout import accept_stream, refuse_stream
 
 # Zero copy, sending: frames (pipes) of one stream queued for the writer at once (the pump
 # fills the next while the writer writes one).
@@ -31,7 +31,7 @@ TX_DEPTH = 2
 
 class TcpStreamRelay(TransportRelay):
     """TCP connections relayed one stream each, for one endpoint on one link
-    (:class:`router.transport_relay.TransportRelay`)."""
+    (:class:`router.relays.interface.TransportRelay`)."""
 
     SOCKET_TYPE = socket.SOCK_STREAM
     STREAM_KIND = P.StreamKind.TCP

@@ -5,7 +5,7 @@ session to every local receiver (the protocol logic is
 :mod:`router.core.lbtru_upstream` and :mod:`router.core.lbtru_fanout`).
 
 Near side (:class:`RuProxySource`, shared with the LBT-RM proxies that
-re-publish as LBT-RU, :mod:`router.lbtrm_relay`): the proxy's socket, a
+re-publish as LBT-RU, :mod:`router.relays.lbtrm`): the proxy's socket, a
 :class:`router.core.lbtru_fanout.RuFanout`, and one link stream that feeds
 it. For an LBT-RU origin (stream kind LBTRU_SESSION) the stream is opened
 when the first receiver connects and closed NEAR_LINGER seconds after the
@@ -43,15 +43,15 @@ import trio
 
 from lbmr_proto import LbtruSessionTransport
 
-from . import peerlink as P
-from .core.lbtrm import DatagramQueue
-from .core.lbtru_fanout import LbtruInput, RuFanout, WindowBudget
-from .core.lbtru_upstream import EndReason, RuUpstream, UpstreamState
-from .core.message_path import MessagePath
-from .fanout_relay import NEAR_LINGER, UPSTREAM_LINGER, accept_stream, refuse_stream
-from .link import Link, StreamState
-from .peerlink import streams as S
-from .transport_relay import RelayContext, TransportRelay, Upstreams
+from .. import peerlink as P
+from ..core.lbtrm import DatagramQueue
+from ..core.lbtru_fanout import LbtruInput, RuFanout, WindowBudget
+from ..core.lbtru_upstream import EndReason, RuUpstream, UpstreamState
+from ..core.message_path import MessagePath
+from ..link import Link, StreamState
+from ..peerlink import streams as S
+from .interface import RelayContext, TransportRelay, Upstreams
+from .tcp_fanout import NEAR_LINGER, UPSTREAM_LINGER, accept_stream, refuse_stream
 
 __all__ = ["RuProxySource", "RuSessionRelay", "ru_socket", "udp_raw", "receive", "drain", "QUEUE_LIMIT", "FANOUT_YIELD"]
 
@@ -128,7 +128,7 @@ def send_datagram(link: Link, st: StreamState, data: bytes, counters: Counter[st
 
 class RuProxySource:
     """The near side of one LBT-RU proxy source (proxy ``proxy_id`` of
-    ``site``, a :class:`router.relay_site.RelaySite`): ``fan`` on the socket
+    ``site``, a :class:`router.shell.relay_site.RelaySite`): ``fan`` on the socket
     ``sock`` (a bound UDP socket with ``raw``), fed by a stream of ``kind``
     on the site's link for the advertisement the site names for the proxy
     when the stream opens (a live one of the session; None: not now).
@@ -318,7 +318,7 @@ class RuUpstreamSession:
 
 class RuSessionRelay(TransportRelay):
     """LBT-RU fan-out for one endpoint's relay
-    (:class:`router.transport_relay.TransportRelay`): ``upstreams`` shared
+    (:class:`router.relays.interface.TransportRelay`): ``upstreams`` shared
     with the relays of the endpoint's other links (at most ``ru_max_streams``
     of the settings at once); ``budget``: the retransmission windows of the
     endpoint's LBT-RU proxies; ``downstream``: the message path of the

@@ -2,17 +2,17 @@
 relay ports, the proxy listeners on the near side, and the dispatch of
 proxies and of the streams the peer opens to the relay of their transport,
 by one table (:data:`RELAYS`, keyed (LBMR transport code, the endpoint's
-mode); every relay implements :class:`router.transport_relay.TransportRelay`,
+mode); every relay implements :class:`router.relays.interface.TransportRelay`,
 whose docstring states the lifecycle).
 
 Near side: a proxy (:meth:`Relay.serve_proxy`) binds at the relay address
 for one of the peer's advertisements and its relay serves it: TCP receivers
 share one stream of the proxy on the current link (fan-out,
-:mod:`router.fanout_relay`), LBT-RU receivers one LBT-RU proxy source
-(:mod:`router.lbtru_relay`), LBT-RM has its proxies and sources in
-:mod:`router.lbtrm_relay`, or, with ``fanout="off"``, every TCP connection
-opens a stream (:mod:`router.relay_tcp`), as does every LBT-RU receiver
-address (:mod:`router.relay_ru`; also when the peer does not know LBT-RU
+:mod:`router.relays.tcp_fanout`), LBT-RU receivers one LBT-RU proxy source
+(:mod:`router.relays.lbtru_fanout`), LBT-RM has its proxies and sources in
+:mod:`router.relays.lbtrm`, or, with ``fanout="off"``, every TCP connection
+opens a stream (:mod:`router.relays.tcp_streams`), as does every LBT-RU receiver
+address (:mod:`router.relays.lbtru_streams`; also when the peer does not know LBT-RU
 sessions). Far side: a stream the peer opens (:meth:`Relay.stream_event`)
 goes to the relay that takes its kind: it joins the session's one
 connection to the real source of our advertisement (fan-out) or connects to
@@ -29,17 +29,12 @@ from collections.abc import Callable, Iterator
 
 import trio
 
-from . import peerlink as P
-from .core.lbtru_fanout import WindowBudget
-from .core.tr import relay_transport
-from .fanout_relay import FanoutRelay
-from .lbtrm_relay import RmRelay
-from .lbtru_relay import RuSessionRelay, ru_socket, udp_raw
-from .link import Link
-from .peerlink import streams as S
-from .relay_ru import RU_BACKLOG, RU_BATCH, RU_IDLE_TIMEOUT, RU_MAX_STREAMS, RuStreamRelay, drain
-from .relay_tcp import TX_DEPTH, TcpStreamRelay
-from .transport_relay import (
+from .. import peerlink as P
+from ..core.lbtru_fanout import WindowBudget
+from ..core.tr import relay_transport
+from ..link import Link
+from ..peerlink import streams as S
+from .interface import (
     LBTRM,
     LBTRU,
     PORT_QUARANTINE,
@@ -53,12 +48,24 @@ from .transport_relay import (
     far_table,
     near_relay,
 )
+from .lbtrm import RmRelay
+from .lbtru_fanout import RuSessionRelay, ru_socket, udp_raw
+from .lbtru_streams import (
+    RU_BACKLOG,
+    RU_BATCH,
+    RU_IDLE_TIMEOUT,
+    RU_MAX_STREAMS,
+    RuStreamRelay,
+    drain,
+)
+from .tcp_fanout import FanoutRelay
+from .tcp_streams import TX_DEPTH, TcpStreamRelay
 
 __all__ = ["Relay", "RELAYS", "PortPool", "PORT_QUARANTINE", "RU_BACKLOG", "RU_BATCH", "RU_IDLE_TIMEOUT",
            "RU_MAX_STREAMS", "TX_DEPTH", "drain"]
 
 #: The relay of a proxy of an LBMR transport under the endpoint's mode
-#: (:mod:`router.transport_relay`: the interface, and how a stream the peer opens
+#: (:mod:`router.relays.interface`: the interface, and how a stream the peer opens
 #: finds its relay). LBT-RM relays one way whatever the mode.
 RELAYS: dict[tuple[int, Mode], type[TransportRelay]] = {
     (TCP, Mode.FANOUT): FanoutRelay,
@@ -88,9 +95,9 @@ class PortPool:
 
 class Relay:
     """The data relay of one endpoint on one link. ``settings``: the
-    endpoint's (:class:`router.transport_relay.RelaySettings`); ``counters``
+    endpoint's (:class:`router.relays.interface.RelaySettings`); ``counters``
     and ``event(kind, detail)``: the router's counters and event log;
-    ``site``: the router around it (:class:`router.relay_site.RelaySite`: the
+    ``site``: the router around it (:class:`router.shell.relay_site.RelaySite`: the
     link up now, the sources behind our advertisements, our proxies' live
     advertisements, and where a session's end is reported); ``pool``: the
     relay ports and upstream sessions it shares with the endpoint's other
@@ -150,7 +157,7 @@ class Relay:
         ``task_status`` once bound (None when no relay port is free; it then
         returns), then relays every receiver that connects (TCP) or registers
         (LBT-RU), with the relay :data:`RELAYS` names for its transport and
-        the endpoint's mode (:func:`router.transport_relay.near_relay`). A new
+        the endpoint's mode (:func:`router.relays.interface.near_relay`). A new
         stream names the advert id the site gives for the proxy (a live
         advertisement of the session; None: the receiver is refused)."""
         e = self.settings
@@ -219,7 +226,7 @@ class Relay:
     def stream_event(self, link: Link, ev) -> None:
         """A stream event of the peer on ``link``: a stream opened for one of our
         advertisements goes to the relay that takes its kind
-        (:func:`router.transport_relay.far_table`; refused when the
+        (:func:`router.relays.interface.far_table`; refused when the
         advertisement is unknown or withdrawn); the other events update the
         state of the stream they are for (the one stream lifecycle of every relay)."""
         st = link.state.get(ev.stream_id)

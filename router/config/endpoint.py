@@ -3,11 +3,11 @@ configuration: :func:`parse_endpoint` and one function per element inside it
 (``<topic-resolution>`` with its ``<multicast>`` or ``<lbmrd>`` list and its
 timing elements, ``<relay>``, ``<lbt-rm>``, ``<remote-topic>``,
 ``<remote-pattern>``; the portal's ``<acl>`` through
-:meth:`router.config_checker.Checker.portal_acl`).
+:meth:`router.config.checker.Checker.portal_acl`).
 
 Each checker reads one element that the DTD has already validated, reports
-problems to the :class:`~router.config_checker.Checker` and returns the
-:mod:`router.config_model` value (the default after an error). Times are in
+problems to the :class:`~router.config.checker.Checker` and returns the
+:mod:`router.config.model` value (the default after an error). Times are in
 milliseconds, sizes in bytes, rates in bits or objects a second (the DRO's
 units).
 """
@@ -20,8 +20,10 @@ from lxml import etree
 
 from lbmr_runtime.xmlconfig import element_text
 
-from .config_checker import INT_MAX, Checker, parse_ipv4, parse_unicast
-from .config_model import (
+from ..core.fanout import DEFAULT_MAX_QUEUE as DEFAULT_FANOUT_MAX_QUEUE
+from ..core.fanout import MIN_MAX_QUEUE as MIN_FANOUT_QUEUE
+from .checker import INT_MAX, Checker, parse_ipv4, parse_unicast
+from .model import (
     DEFAULT_LBMRD_PORT,
     DEFAULT_MAX_PROXIES,
     DEFAULT_MULTICAST_GROUP,
@@ -43,8 +45,6 @@ from .config_model import (
     TopicResolution,
     UseQuery,
 )
-from .core.fanout import DEFAULT_MAX_QUEUE as DEFAULT_FANOUT_MAX_QUEUE
-from .core.fanout import MIN_MAX_QUEUE as MIN_FANOUT_QUEUE
 
 _BPS_MAX = 10**12  # <rate-limit bps>: a terabit a second is more than any link
 _DOMAIN_ID_MAX = 2**32 - 1  # u32 on the peer link, 0 invalid

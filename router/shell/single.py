@@ -1,12 +1,12 @@
 """A router of one endpoint portal and one peer link, on trio: the form the
 router had at first, still handy for tests, benchmarks and embedding. It is a
-:class:`router.multi.MultiRouter` of that configuration, with the one unit's
+:class:`router.shell.router.MultiRouter` of that configuration, with the one unit's
 link, bridge, portal view and counters at hand."""
 
 from __future__ import annotations
 
-from .config_model import EndpointConfig, PeerConfig, RouterConfig
-from .multi import MultiRouter
+from ..config.model import EndpointConfig, PeerConfig, RouterConfig
+from .router import MultiRouter
 
 __all__ = ["Router"]
 
