@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 import lbmr_proto as L
 from lbmr_proto.capture import PcapWriter
 from lbmr_proto.constants import (
@@ -278,3 +280,26 @@ def test_each_router_announces_the_domains_its_routes_reach_and_stops_when_the_l
     assert a.portal("A").tr.reachable_domains() == []
     a.tick(2.0)
     assert not [r for o in a.outputs() if isinstance(o, SendTR) for r in records([o])]
+
+
+def test_a_router_joining_two_trds_directly_announces_each_to_the_other():
+    tr = {e: PortalTR(PortalTRSettings(e, d, src_id=e.encode().ljust(8, b"_"), mode="multicast", multicast=GROUP,
+                                       domain_routes=DomainRoutes((f"10.{d}.0.9", 14391))), now=0.0)
+          for e, d in (("E1", 1), ("E2", 2))}
+    links = [LinkSpec("E1<->E2@E1", "E1<->E2", ("E1",), 1, OPEN, False, pair="E1<->E2@E2"),
+             LinkSpec("E1<->E2@E2", "E1<->E2", ("E2",), 1, OPEN, False, pair="E1<->E2@E1")]
+    c = RouterCore("R", tr, {"E1": EndpointRules(1, OPEN, 1.0, 100), "E2": EndpointRules(2, OPEN, 1.0, 100)},
+                   links, Routing("R", {1: 1, 2: 1}, now=0.0), now=0.0)
+    c.tick(0.0)
+    heard = {(o.endpoint, r.ip, tuple(r.domains)) for o in c.outputs() if isinstance(o, SendTR)
+             for r in records([o])}
+    assert heard == {("E1", "10.1.0.9", (2,)), ("E2", "10.2.0.9", (1,))}
+
+
+def test_settings_refuse_an_address_applications_cannot_use_and_bad_timing():
+    for bad in (dict(address=("0.0.0.0", 14391)), dict(address=("10.0.0.1", 0)),
+                dict(address=("10.0.0.1", 70000)), dict(address=("10.0.0.1", 1), min_interval=0.0),
+                dict(address=("10.0.0.1", 1), min_interval=2.0, max_interval=1.0),
+                dict(address=("10.0.0.1", 1), limit=(-1.0, 50.0))):
+        with pytest.raises(ValueError):
+            DomainRoutes(**bad)
