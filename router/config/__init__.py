@@ -99,6 +99,7 @@ from .model import (
     RouterConfig,
     TlsConfig,
     TopicResolution,
+    UimListener,
     UseQuery,
 )
 from .peer import parse_peer
@@ -127,6 +128,7 @@ __all__ = [
     "InterestPacing",
     "RateLimit",
     "DomainRoute",
+    "UimListener",
     "RemoteInterest",
     "TopicResolution",
     "RelayConfig",

@@ -1,7 +1,7 @@
 """The value checkers of an ``<endpoint>`` portal of lbmr-router's
 configuration: :func:`parse_endpoint` and one function per element inside it
 (``<topic-resolution>`` with its ``<multicast>`` or ``<lbmrd>`` list and its
-timing elements, ``<relay>``, ``<lbt-rm>``, ``<remote-topic>``,
+timing elements, ``<relay>``, ``<lbt-rm>``, ``<uim>``, ``<remote-topic>``,
 ``<remote-pattern>``; the portal's ``<acl>`` through
 :meth:`router.config.checker.Checker.portal_acl`).
 
@@ -32,6 +32,7 @@ from .model import (
     DEFAULT_RELAY_PORTS,
     DEFAULT_SOURCE_DELETION_DELAY_MS,
     DEFAULT_TR_PORTS,
+    DEFAULT_UIM_PORT,
     DomainRoute,
     EndpointConfig,
     InitialRequest,
@@ -43,6 +44,7 @@ from .model import (
     RelayConfig,
     RemoteInterest,
     TopicResolution,
+    UimListener,
     UseQuery,
 )
 
@@ -98,17 +100,41 @@ def _pacing(c: Checker, el: etree._Element | None) -> InterestPacing:
 
 
 def _domain_route(c: Checker, el: etree._Element | None) -> DomainRoute | None:
-    """``<domain-route>``: values checked, then ignored with a warning."""
+    """``<domain-route>``: the timing of the remote domain route records (sent
+    with a ``<uim>`` listener only; :func:`_uim` warns otherwise)."""
     if el is None:
         return None
     d = DomainRoute()
     pair = _interval_pair(c, el, d.min_interval_ms, d.max_interval_ms)
     limit = _rate_limit(c, el, d.rate_limit, "domain route messages")
-    c.warn(el, "<domain-route> is ignored: lbmr-router sends no domain route messages (the "
-               "DRO's records that tell UM contexts which domains a router reaches, for "
-               "request/response and unicast immediate messages across domains)")
     lo, hi = pair if pair is not None else (d.min_interval_ms, d.max_interval_ms)
     return DomainRoute(lo, hi, limit, line=el.sourceline or 0)
+
+
+def _uim(c: Checker, el: etree._Element | None, tr: TopicResolution, relay: RelayConfig) -> UimListener | None:
+    """``<uim interface port/>``: the UIM listener advertised in the domain
+    route records. Its address must be one UM applications can connect to."""
+    if el is None:
+        if tr.domain_route is not None:
+            c.warn(tr.domain_route.line, "<domain-route> has no effect without a <uim> listener in "
+                                         "this <endpoint>: domain route records advertise its address")
+        return None
+    port = c.attr_port(el, "port", DEFAULT_UIM_PORT, "TCP")
+    iface = c.attr_interface(el, "interface")
+    where = iface if iface is not None else tr.interface
+    if el.get("interface") is None and where in (None, "0.0.0.0"):
+        c.error(el, "<uim> has no interface and neither has <topic-resolution>: domain route records "
+                    "advertise the listener's address to UM applications, which must be able to "
+                    'connect to it: give interface="..." (an address, a CIDR network or a device name)')
+    elif iface == "0.0.0.0":
+        c.error(el, '<uim> interface "*" (any address) cannot be advertised: give the address (or '
+                    "network, or device) UM applications connect to")
+    if relay.ports is not None and port in relay.ports:
+        riface = relay.interface
+        if riface in (None, "0.0.0.0") or where in (None, "0.0.0.0") or riface == where:
+            c.error(el, f"<uim> port {port} is inside the <relay> port range {relay.ports} on the same "
+                        "interface: the proxies may take it; give a port outside the range")
+    return UimListener(iface, port, el.sourceline or 0)
 
 
 def _remote(c: Checker, el: etree._Element | None, max_attr: str) -> RemoteInterest:
@@ -222,13 +248,14 @@ def parse_endpoint(c: Checker, ep: etree._Element) -> EndpointConfig:
     fanout, fanout_queue = _fanout(c, relay_el)
     rm_el = ep.find("lbt-rm")
     lbtrm = LbtrmConfig() if rm_el is None else _lbtrm(c, rm_el)
+    uim = _uim(c, ep.find("uim"), tr, relay)
     return EndpointConfig(
         name=name, domain_id=domain_id, topic_resolution=tr, relay=relay, lbtrm=lbtrm,
         fanout=fanout, fanout_max_queue=fanout_queue,
         source_deletion_delay_ms=delay, cost=cost, max_proxies=max_proxies,
         remote_topic=_remote(c, ep.find("remote-topic"), "max-topics"),
         remote_pattern=_remote(c, ep.find("remote-pattern"), "max-patterns"),
-        line=ep.sourceline or 0, acl=c.portal_acl(ep, name),
+        line=ep.sourceline or 0, acl=c.portal_acl(ep, name), uim=uim,
     )
 
 

@@ -164,8 +164,10 @@ class InterestPacing:
 
 @dataclass(frozen=True, slots=True)
 class DomainRoute:
-    """``<domain-route>``: accepted for DRO files and ignored with a warning
-    (lbmr-router sends no domain route messages); kept to show what was read."""
+    """``<domain-route>``: the timing of the remote domain route records the
+    portal sends (with a ``<uim>`` listener only): each reachable domain at
+    gaps of ``min_interval_ms`` doubling up to ``max_interval_ms``, within
+    ``rate_limit`` (domains a second)."""
 
     min_interval_ms: int = 100
     max_interval_ms: int = 1000
@@ -202,7 +204,7 @@ class TopicResolution:
     remote_topic_interest: InterestPacing = InterestPacing()
     remote_pattern_interest: InterestPacing = InterestPacing()
     line: int = field(default=0, compare=False)
-    domain_route: DomainRoute | None = None  # given in the file (and ignored), else None
+    domain_route: DomainRoute | None = None  # as given in the file, else None (the DRO's defaults)
 
     @property
     def kind(self) -> str:
@@ -239,6 +241,22 @@ class LbtrmConfig:
     max_clients: int = 256
 
 
+#: UM's request_tcp_port_low: the default port of an endpoint's UIM listener
+DEFAULT_UIM_PORT = 14391
+
+
+@dataclass(frozen=True, slots=True)
+class UimListener:
+    """``<uim>``: the endpoint's UIM listener (UM's request_tcp_interface and
+    request_tcp_port of the DRO's endpoint context), the address the portal's
+    remote domain route records advertise for every domain the router
+    reaches. ``interface`` None: the ``<topic-resolution>`` interface."""
+
+    interface: str | None = None
+    port: int = DEFAULT_UIM_PORT
+    line: int = field(default=0, compare=False)
+
+
 @dataclass(frozen=True, slots=True)
 class EndpointConfig:
     """An ``<endpoint>`` portal: attaches the router to one TRD.
@@ -270,8 +288,24 @@ class EndpointConfig:
     fanout: bool = True
     fanout_max_queue: int = DEFAULT_FANOUT_MAX_QUEUE
     fanout_stall_timeout_ms: int = round(_FANOUT_STALL_S * 1000)
+    uim: UimListener | None = None  # <uim>: the UIM listener (None: no domain route records)
 
     # ------------------------------------------------ what the runtime reads
+
+    @property
+    def uim_address(self) -> tuple[str, int] | None:
+        """(address, port) of the UIM listener, advertised in the domain route
+        records (None: no ``<uim>``). The interface is the ``<uim>``'s, else the
+        ``<topic-resolution>``'s, resolved once per process."""
+        u = self.uim
+        if u is None:
+            return None
+        return bind_address(u.interface or self.topic_resolution.interface, "0.0.0.0"), u.port
+
+    @property
+    def domain_route(self) -> DomainRoute:
+        """The ``<domain-route>`` timing (the DRO's defaults when not given)."""
+        return self.topic_resolution.domain_route or DomainRoute()
 
     @property
     def mode(self) -> str:

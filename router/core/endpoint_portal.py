@@ -232,6 +232,11 @@ class EndpointPortal:
     def next_deadline(self) -> float:
         return self.tr.next_deadline()
 
+    def set_reachable_domains(self, domains, now: float) -> None:
+        """The domains the router reaches (its routes): the portal's remote
+        domain route records announce them (:meth:`PortalTR.set_reachable_domains`)."""
+        self.tr.set_reachable_domains(domains, now)
+
     def stats(self) -> dict[str, int]:
         return self.tr.stats()
 

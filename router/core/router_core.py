@@ -217,6 +217,7 @@ class RouterCore:
                 for b in st.bridges.values():
                     b.link_up(now)
         self._settle(now)
+        self._announce_domains(now)
 
     # ------------------------------------------------------------------ outputs and views
 
@@ -464,6 +465,13 @@ class RouterCore:
             elif isinstance(out, BridgeNotice):
                 self._out.append(Notice(spec.id, endpoint, out.kind, out.detail))
 
+    def _announce_domains(self, now: float) -> None:
+        """Every endpoint portal announces, in its remote domain route records,
+        the domains the routes reach (its own left out)."""
+        reachable = list(self.routing.map.routes())
+        for portal in self.portals.values():
+            portal.set_reachable_domains(reachable, now)
+
     def _settle(self, now: float) -> None:
         """Hand the frames one side of an endpoint pair produced to the other
         side's bridge, until none are left (an answer never asks again, so this
@@ -518,6 +526,7 @@ class RouterCore:
         self.routing_counters["route_recalculations"] += 1
         self._send(self.transit.resync())
         costs = {d: r.cost for d, r in self.routing.map.routes().items()}
+        self._announce_domains(now)
         for st in self._links.values():
             if not st.spec.routed:
                 continue

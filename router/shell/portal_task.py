@@ -21,7 +21,7 @@ import trio
 from lbmr_runtime.netif import open_multicast_socket
 
 from ..config.model import EndpointConfig
-from ..core.tr import PortalTR, PortalTRSettings, RemoteCheck, UseQuery
+from ..core.tr import DomainRoutes, PortalTR, PortalTRSettings, RemoteCheck, UseQuery
 
 __all__ = ["PortalTask", "portal_timing", "new_portal", "TR_SOCKET_BUFFER"]
 
@@ -33,7 +33,8 @@ IO_BATCH = 64  # datagrams received (or sent) between two checkpoints of the loo
 
 def portal_timing(e: EndpointConfig) -> dict:
     """The endpoint's ``<topic-resolution>`` timing (with the ``<rate-limit>``s of
-    its elements), ``<remote-topic>`` and ``<remote-pattern>`` as
+    its elements), ``<remote-topic>``, ``<remote-pattern>`` and the domain route
+    records (``<uim>`` with ``<domain-route>``) as
     :class:`router.core.tr.PortalTRSettings` fields (seconds; rate limits as (bits a
     second, objects a second))."""
     tr = e.topic_resolution
@@ -48,7 +49,12 @@ def portal_timing(e: EndpointConfig) -> dict:
         return float(timing.rate_limit.bps), float(timing.rate_limit.objects_per_second)
 
     ir = tr.initial_request
+    dr = e.domain_route
+    uim = e.uim_address
+    routes = None if uim is None else DomainRoutes(
+        uim, dr.min_interval_ms / 1000.0, dr.max_interval_ms / 1000.0, rl(dr))
     return dict(
+        domain_routes=routes,
         initial_request=(ir.periodic_interval_ms / 1000.0, float(ir.duration_s)),
         use_query=uq(tr.topic_use_query), pattern_use_query=uq(tr.pattern_use_query),
         use_query_limit=rl(tr.topic_use_query), pattern_use_query_limit=rl(tr.pattern_use_query),

@@ -120,6 +120,11 @@ Rules this module chose (the issue leaves them open):
   ``period`` for ``duration`` seconds from its creation, so that receivers
   that are quiet (resolved, or past their query phase) query again and the
   router learns the TRD's interest at start (the DRO's ``<initial-request>``).
+* **Domain routes.** With ``domain_routes`` (the endpoint's UIM listener
+  address and the DRO's ``<domain-route>`` timing) the portal sends remote
+  domain route records (extended type 0x06) for the domains the router
+  reaches (:meth:`~PortalTR.set_reachable_domains`) and answers TR requests
+  that ask for them (:mod:`.domain_routes`).
 * **Final advertisements.** :meth:`~PortalTR.remove_proxy` stops the normal
   advertisements and the TQR answers at once, then sends ``final_adverts``
   (default 3; 0 = none) final TIRs at the initial advertisement gaps (0, 10,
@@ -134,7 +139,8 @@ The package: :mod:`.portal` (:class:`PortalTR`, the state machine),
 :mod:`.timers` (its typed timers and their heap), :mod:`.pacing` (rate
 limits), :mod:`.datagrams` (the datagrams it builds, its outgoing buffer),
 :mod:`.adverts` (the proxies it advertises) and :mod:`.local_interest` (its
-TRD's interest). Which interest covers which topic is answered by
+TRD's interest) and :mod:`.domain_routes` (its remote domain route
+records). Which interest covers which topic is answered by
 :class:`router.core.interest.InterestIndex`, one for the remote interest and
 one for the local.
 Every public name of those is importable from here. UM's timing,
@@ -169,10 +175,10 @@ from .events import (
 )
 from .pacing import INTEREST_FRAME_OVERHEAD, QUERY_STEP, interest_frame_size
 from .portal import PortalTR
-from .settings import PortalTRSettings, RemoteCheck, UseQuery
+from .settings import DomainRoutes, PortalTRSettings, RemoteCheck, UseQuery
 
 __all__ = [
-    "PortalTR", "PortalTRSettings", "UseQuery", "RemoteCheck", "Addr", "Outgoing", "ProxySource",
+    "PortalTR", "PortalTRSettings", "UseQuery", "RemoteCheck", "DomainRoutes", "Addr", "Outgoing", "ProxySource",
     "LocalInterest", "LocalInterestGone", "LocalInterestRefresh", "SourceSeen", "SourceGone",
     "RemoteInterestExpired", "PATTERN_TOPIC", "PATTERN_PCRE", "PATTERN_REGEX", "relay_transport",
     "interest_frame_size", "INTEREST_FRAME_OVERHEAD", "QUERY_STEP",

@@ -5,8 +5,9 @@ portal's packet-options trailer (:func:`lbmr_proto.um.um_options`: its source
 id, source type TNWGD, UM's version and its domain id) and at most
 ``max_datagram`` bytes: NORMAL (TQRs then TIRs) and WC_TQR datagrams of the
 records due together (:func:`lbmr_proto.um.pack_records`), TOPIC_MGMT
-datagrams of use queries, and the TR request (extended type 0x04) of the
-start. Keepalives are UM's 4-byte ones (:class:`lbmr_proto.um.Targets`), no
+datagrams of use queries, the TR request (extended type 0x04) of the start,
+and remote domain route records (extended type 0x06, one a datagram, as many
+domain ids as fit). Keepalives are UM's 4-byte ones (:class:`lbmr_proto.um.Targets`), no
 trailer. Byte counts are UDP payload bytes.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from lbmr_proto import TMR, Packet, TopicMgmtBlock, TopicResRequest
+from lbmr_proto import TMR, Packet, RemoteDomainRoute, TopicMgmtBlock, TopicResRequest
 from lbmr_proto.constants import (
     TMR_FLAG_WILDCARD_PCRE,
     TMR_FLAG_WILDCARD_REGEX,
@@ -28,23 +29,27 @@ from lbmr_proto.constants import (
 from lbmr_proto.popts import encode_packet_options
 from lbmr_proto.um import Targets, pack_records, um_options
 
-from .events import PATTERN_PCRE, PATTERN_TOPIC, Outgoing
+from .events import PATTERN_PCRE, PATTERN_TOPIC, Addr, Outgoing
 from .pacing import RatePacer
 from .settings import PortalTRSettings
 
-__all__ = ["DueRecords", "TROutbox", "use_query_record", "TMB_HEADER"]
+__all__ = ["DueRecords", "TROutbox", "use_query_record", "TMB_HEADER", "ROUTE_HEADER"]
 
 TMB_HEADER = 8  # a TOPIC_MGMT datagram: packet header (4), TMB header (4), records, trailer
+#: a remote domain route datagram: its 16-byte header, 4 bytes per domain id, trailer
+ROUTE_HEADER = 16
 
 
 @dataclass(slots=True)
 class DueRecords:
     """Encoded records that fell due together, sent in as few datagrams as fit:
-    TQRs, wildcard TQRs and TIRs."""
+    TQRs, wildcard TQRs and TIRs; and the domain ids whose route records fell
+    due (``routes``)."""
 
     tqrs: list[bytes] = field(default_factory=list)
     wcs: list[bytes] = field(default_factory=list)
     tirs: list[bytes] = field(default_factory=list)
+    routes: list[int] = field(default_factory=list)
 
 
 def use_query_record(topic: str, pattern_type: int) -> TMR:
@@ -142,6 +147,27 @@ class TROutbox:
         """One TR request (queries and wildcard queries)."""
         self._append(self._tr_request, self.targets.send_tr(now))
         self._st["tr_requests_sent"] += 1
+
+    def route_overhead(self) -> int:
+        """Bytes of a remote domain route datagram besides its domain ids."""
+        return ROUTE_HEADER + len(self.trailer)
+
+    def send_domain_routes(self, domains: list[int], address: Addr, now: float) -> int:
+        """Remote domain route datagrams: ``domains`` reachable through
+        ``address`` (ip, port), in order, as many a datagram as ``max_datagram``
+        holds. Returns the number of datagrams."""
+        if not domains:
+            return 0
+        dest = self.targets.send_tr(now)
+        per = min(0xFFFF, (self.max_datagram - self.route_overhead()) // 4)
+        ip, port = address
+        n = 0
+        for i in range(0, len(domains), per):
+            rec = RemoteDomainRoute(domains[i:i + per], ip, port)
+            self._append(Packet(PacketType.EXT, 1, ext=rec, options=self.options).encode(), dest)
+            self._st["route_datagrams_sent"] += 1
+            n += 1
+        return n
 
     def send_keepalives(self, now: float) -> None:
         """The keepalives due at ``now`` (lbmrd mode)."""

@@ -25,6 +25,7 @@ from lbmr_proto import (
     OtidOption,
     SourceIdOption,
     SourceTypeOption,
+    TopicResRequest,
     WcTQR,
     decode,
 )
@@ -38,6 +39,7 @@ from ..interest import InterestIndex, Pattern, interest_of
 from ..wildcard import PatternError
 from .adverts import ProxyAdverts
 from .datagrams import DueRecords, TROutbox
+from .domain_routes import DomainRouteRecords
 from .events import (
     PATTERN_PCRE,
     PATTERN_REGEX,
@@ -54,6 +56,7 @@ from .local_interest import LocalInterests
 from .pacing import Pacer, query_step
 from .settings import PortalTRSettings
 from .timers import (
+    DomainRouteTimer,
     InitialRequestTimer,
     InterestTimer,
     ProxyTimer,
@@ -114,7 +117,10 @@ class PortalTR:
         self._on_due: dict[type[Timer], Callable[[Any, float, DueRecords], None]] = {
             ProxyTimer: self._due_proxy, QueryTimer: self._due_query, SourceTimer: self._due_source,
             InterestTimer: self._due_interest, RemoteCheckTimer: self._due_remote_check,
-            InitialRequestTimer: self._due_initial_request}
+            InitialRequestTimer: self._due_initial_request, DomainRouteTimer: self._due_domain_route}
+        # remote domain route records (None: not sent)
+        self._routes = (DomainRouteRecords(s.domain_routes, self._heap, self._st, self._outbox)
+                        if s.domain_routes is not None else None)
         ir = s.initial_request
         if ir is not None and ir[1] > 0:
             self._heap.arm(InitialRequestTimer(now, *ir))
@@ -158,6 +164,8 @@ class PortalTR:
                 heap.arm(tm)
         out = self._outbox
         out.send_records(due, now, "tr")
+        if self._routes is not None:
+            self._routes.send(due, now)
         out.send_use_queries(now)
         out.send_keepalives(now)
         return out.drain()
@@ -204,6 +212,11 @@ class PortalTR:
         from_router = src_type == SourceType.TNWGD
         if pkt.type == PacketType.TOPIC_MGMT and pkt.tmb is not None and not from_router:
             self._local.on_topic_mgmt(pkt.tmb.tmrs, now)
+            return
+        if pkt.type == PacketType.EXT and isinstance(pkt.ext, TopicResRequest):
+            st["tr_requests_received"] += 1
+            if self._routes is not None:
+                self._routes.on_tr_request(pkt.ext.flags, now)
             return
         if pkt.type not in (PacketType.NORMAL, PacketType.WC_TQR):
             st["other_packets"] += 1
@@ -331,6 +344,18 @@ class PortalTR:
         self._local.proxy_removed(spec.topic, now)
         return True
 
+    def set_reachable_domains(self, domains, now: float) -> None:
+        """The router now reaches ``domains`` (ids; this TRD's own is left out):
+        the remote domain route records announce them from ``now`` (a domain
+        new to the set at once; see :mod:`router.core.tr.domain_routes`).
+        Nothing is sent without ``domain_routes`` settings."""
+        if self._routes is not None:
+            self._routes.set_domains((d for d in domains if 0 < d <= 0xFFFFFFFF and d != self.domain_id), now)
+
+    def reachable_domains(self) -> list[int]:
+        """The domains the route records announce, by id (none without ``domain_routes``)."""
+        return self._routes.domains() if self._routes is not None else []
+
     def requery(self, topic: str, now: float) -> float | None:
         """Query remote interest ``topic`` as soon as ``query_rate`` lets it
         (e.g. to check that a source whose session ended is alive): it is not
@@ -415,6 +440,7 @@ class PortalTR:
                  remote_pattern_states=self._remote.states,
                  remote_checks_queued=sum(len(ck.queue) for ck in self._checkers.values() if ck is not None),
                  local_interests=len(self._local), sources=len(self._sources),
+                 domain_routes=len(self._routes) if self._routes is not None else 0,
                  events_pending=len(self._events), datagrams_pending=len(self._outbox))
         return d
 
@@ -460,6 +486,9 @@ class PortalTR:
     def _due_initial_request(self, tm: InitialRequestTimer, now: float, due: DueRecords) -> None:
         self._outbox.send_tr_request(now)
         tm.next = now + tm.period
+
+    def _due_domain_route(self, tm: DomainRouteTimer, now: float, due: DueRecords) -> None:
+        self._routes.due(tm, now, due)
 
     def _due_interest(self, li: InterestTimer, now: float, due: DueRecords) -> None:
         self._local.due(li, now)

@@ -1,6 +1,7 @@
 """The settings of one portal's topic resolution: :class:`PortalTRSettings`
 (what :class:`~router.core.tr.portal.PortalTR` is built from) and the DRO's
-endpoint timing records it holds, :class:`UseQuery` and :class:`RemoteCheck`.
+endpoint timing records it holds, :class:`UseQuery`, :class:`RemoteCheck` and
+:class:`DomainRoutes`.
 Frozen values, checked (and normalised) when made: a bad value is a
 ValueError naming the field. Times are seconds, rates per second.
 """
@@ -18,7 +19,7 @@ from lbmr_proto.um import DEFAULT_MAX_DATAGRAM, Timing, um_trailer
 from ..interest import MAX_HELD_STATES
 from .events import Addr
 
-__all__ = ["PortalTRSettings", "UseQuery", "RemoteCheck"]
+__all__ = ["PortalTRSettings", "UseQuery", "RemoteCheck", "DomainRoutes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,34 @@ class RemoteCheck:
     check_interval: float = 90.0
     max_checked: int = 100
     timeout: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class DomainRoutes:
+    """The remote domain route records (LBMR extended type 0x06) a portal sends
+    into its TRD: ``address``, the (IPv4 address, TCP port) of the endpoint's
+    UIM listener, through which every domain the router reaches is reachable;
+    and the DRO's ``<domain-route>``: each reachable domain is announced first
+    at once, then at gaps of ``min_interval`` seconds doubling up to
+    ``max_interval`` (then every ``max_interval``), within ``limit`` (bits a
+    second, domains a second; 0 = no limit of that kind; the DRO's default:
+    50 domains a second)."""
+
+    address: Addr
+    min_interval: float = 0.1
+    max_interval: float = 1.0
+    limit: tuple[float, float] = (0.0, 50.0)
+
+    def __post_init__(self) -> None:
+        ip, port = self.address
+        object.__setattr__(self, "address", (_check_ip(str(ip), "UIM listener"), int(port)))
+        if not 0 < int(port) <= 0xFFFF or self.address[0] == "0.0.0.0":
+            raise ValueError(f"domain routes: {ip}:{port} is not an address UM contexts can connect to")
+        if not 0 < self.min_interval <= self.max_interval < math.inf:
+            raise ValueError(f"domain routes: 0 < min_interval <= max_interval, not "
+                             f"{self.min_interval!r}, {self.max_interval!r}")
+        if not all(0 <= v < math.inf for v in self.limit):
+            raise ValueError(f"domain routes: limit (bps, per second) must be >= 0 and finite, not {self.limit!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +146,9 @@ class PortalTRSettings:
     #: (period, duration) seconds: a TR request (queries and wildcard queries)
     #: every period for duration from creation, so that quiet receivers query again
     initial_request: tuple[float, float] | None = None
+    #: the remote domain route records sent into the TRD (None: none; they are
+    #: also none while the router reaches no other domain)
+    domain_routes: DomainRoutes | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # normalising a frozen value while it is made

@@ -1,7 +1,7 @@
 """The portal's timers: one class per kind of thing with a due time (a proxy's
 advertisements, a remote interest's queries, a source's expiry, a local
 interest's use queries and refreshes, the remote-interest checks, the start's
-TR requests), and :class:`TimerHeap`, the heap they wait in. Each timer holds
+TR requests, a reachable domain's route records), and :class:`TimerHeap`, the heap they wait in. Each timer holds
 the state its kind needs; :class:`~router.core.tr.portal.PortalTR` runs a due
 timer with the handler it keeps for the timer's class. Times are seconds on
 the portal's clock (``math.inf``: never).
@@ -21,7 +21,7 @@ from .events import ProxySource
 from .settings import RemoteCheck, UseQuery
 
 __all__ = ["Timer", "TimerHeap", "ProxyTimer", "QueryTimer", "SourceTimer", "InterestTimer",
-           "RemoteCheckTimer", "InitialRequestTimer"]
+           "RemoteCheckTimer", "InitialRequestTimer", "DomainRouteTimer"]
 
 
 class Timer(ABC):
@@ -193,3 +193,22 @@ class InitialRequestTimer(Timer):
 
     def due(self) -> float:
         return self.next if self.next < self.end else math.inf
+
+
+class DomainRouteTimer(Timer):
+    """A domain the router reaches: its remote domain route records, on the
+    ``<domain-route>`` schedule (``sched``); ``slot``: the time the rate limit
+    reserved for its next record (None: not reserved); ``last_sent``: when its
+    last record went (-inf: never)."""
+
+    __slots__ = ("domain", "sched", "slot", "last_sent")
+
+    def __init__(self, domain: int, sched: Schedule) -> None:
+        super().__init__()
+        self.domain = domain
+        self.sched = sched
+        self.slot: float | None = None
+        self.last_sent = -math.inf
+
+    def due(self) -> float:
+        return self.sched.next
