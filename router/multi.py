@@ -245,8 +245,8 @@ class MultiRouter:
                 reports.append({"tr": tr, "peer": peer_addr, "metrics": None})
             metrics_addr = None
             if s.metrics is not None:
-                routes = {"/metrics": ("text/plain; version=0.0.4", self.prometheus_text),
-                          "/status": ("application/json", lambda: json.dumps(self.status()))}
+                routes = {"/metrics": ("text/plain; version=0.0.4", lambda query: self.prometheus_text()),
+                          "/status": ("application/json", lambda query: json.dumps(self.status()))}
                 metrics_addr = await nursery.start(partial(serve_http, logger=log), routes, s.metrics)
             if self.handle_signals:
                 await nursery.start(partial(serve_signals, self.status, self._stop))

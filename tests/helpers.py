@@ -167,3 +167,126 @@ class LoneSite:
 
     def session_ended(self, advert_id: int) -> None:
         self.ended.append(advert_id)
+
+
+# ---------------------------------------------------------------- operators' pages in a browser
+
+#: Debian's chromium (scripts/test installs it); Playwright drives it and downloads nothing
+CHROMIUM = "/usr/bin/chromium"
+#: the sizes a page must read at: a laptop screen and a phone
+PAGE_SIZES = {"wide": (1280, 800), "narrow": (390, 844)}
+#: a page's blocks: no two may overlap (unless one holds the other)
+PAGE_BLOCKS = "header,h1,h2,section.card,div.tile,div.tools,div.scroll,svg.topology,p.note"
+
+_PAGE_OVERLAPS = """sel => {
+  const els = Array.from(document.querySelectorAll(sel)).filter(e => e.checkVisibility());
+  const box = els.map(e => e.getBoundingClientRect());
+  const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + ' "' + e.textContent.trim().slice(0, 30) + '"';
+  const bad = [];
+  for (let i = 0; i < els.length; i++) for (let j = i + 1; j < els.length; j++) {
+    if (els[i].contains(els[j]) || els[j].contains(els[i])) continue;
+    const a = box[i], b = box[j];
+    const w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+    const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+    if (w > 0.5 && h > 0.5) bad.push(name(els[i]) + ' / ' + name(els[j]));
+  }
+  return {checked: els.length, bad: bad};
+}"""
+
+
+def launch_chromium(playwright):
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+
+
+class MonitorPage:
+    """A daemon's page (``base``: ``http[s]://host:port``) open in a fresh
+    browser context of ``size`` (a :data:`PAGE_SIZES` key), with what it
+    logged, every request it made and every dialog it opened; ``credentials``:
+    (user, password) for HTTP basic authentication."""
+
+    def __init__(self, browser, base: str, size: str = "wide", *, credentials=None,
+                 ignore_https_errors: bool = False) -> None:
+        w, h = PAGE_SIZES[size]
+        self.base = base
+        self.context = browser.new_context(
+            viewport={"width": w, "height": h}, ignore_https_errors=ignore_https_errors,
+            http_credentials=None if credentials is None else {"username": credentials[0],
+                                                                 "password": credentials[1]})
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.dialogs: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+
+    def open(self, path: str = "/", timeout: float = 20.0) -> MonitorPage:
+        """Load the page and wait until its data came (the header says "updated")."""
+        self.page.goto(self.base + path, wait_until="load")
+        self.wait_updated(timeout)
+        return self
+
+    def wait_updated(self, timeout: float = 20.0) -> None:
+        self.page.wait_for_function(
+            "() => (document.getElementById('updated') || {}).textContent.startsWith('updated')",
+            timeout=timeout * 1000)
+
+    def js(self, script: str, arg=None):
+        return self.page.evaluate(script, arg)
+
+    def overlaps(self) -> dict:
+        return self.js(_PAGE_OVERLAPS, PAGE_BLOCKS)
+
+    def horizontal_overflow(self) -> int:
+        """Pixels the document is wider than the window (0: no sideways scrolling)."""
+        return self.js("() => document.documentElement.scrollWidth - window.innerWidth")
+
+    def column(self, table_id: str, index: int) -> list[str]:
+        return self.js("""([id, i]) => Array.from(document.getElementById(id).tBodies[0].rows)
+                          .filter(r => !r.classList.contains('empty')).map(r => r.cells[i].textContent)""",
+                       [table_id, index])
+
+    def screenshot(self, path, full_page: bool = False) -> bytes:
+        return self.page.screenshot(path=str(path), full_page=full_page)
+
+    def close(self) -> None:
+        self.context.close()
+
+
+def check_page_basics(p: MonitorPage) -> None:
+    """No console error, no request outside the endpoint, no dialog, no
+    overlapping blocks, no sideways scrolling of the whole page."""
+    assert p.errors == [], p.errors
+    assert p.requests and all(u.startswith(p.base + "/") for u in p.requests), p.requests
+    assert p.dialogs == []
+    ov = p.overlaps()
+    assert ov["checked"] > 5 and ov["bad"] == [], ov
+    assert p.horizontal_overflow() <= 0
+
+
+def wait_http(url: str, timeout: float = 20.0, **kw) -> bytes:
+    """GET ``url`` until it answers 200 (a daemon starting); its body."""
+    import time
+    import urllib.request
+
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5, **kw) as r:
+                return r.read()
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.1)
+
+
+def spoof_udp(sock: socket.socket, payload: bytes, src: tuple[str, int], dst: tuple[str, int]) -> None:
+    """One UDP datagram on loopback with a forged source, through ``sock``
+    (a raw IPPROTO_RAW socket: root)."""
+    import struct
+
+    udp = struct.pack("!HHHH", src[1], dst[1], 8 + len(payload), 0) + payload  # checksum 0: none
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
+                     socket.inet_aton(src[0]), socket.inet_aton(dst[0]))
+    sock.sendto(ip + udp, (dst[0], 0))

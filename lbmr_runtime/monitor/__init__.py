@@ -1,0 +1,170 @@
+"""The operators' pages on a daemon's HTTP endpoint (``GET /``): one static
+HTML document per daemon, its stylesheet and scripts (package data, served
+from the daemon's own origin under ``/static/``), and the JSON they read.
+
+Safe by construction: the page builds every cell with ``textContent`` (no
+markup from data), the endpoint's Content-Security-Policy allows only its
+own scripts and styles (:data:`lbmr_runtime.http.SECURITY_HEADERS`), and
+every string of the JSON goes through :func:`visible` first, so a name
+from the wire (a topic, a pattern, a router or context name: any bytes a
+peer chose) arrives as printable text: undecodable bytes as ``\\xNN``,
+control and bidirectional-override characters as ``\\uNNNN``, at most
+:data:`MAX_NAME` characters. Lists are paged (:class:`TableQuery`) or cut
+(:func:`bounded`), so a response stays small whatever the daemon holds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import re
+import unicodedata
+from collections.abc import Callable, Iterable
+from importlib import resources
+
+__all__ = ["MAX_NAME", "MAX_ROWS", "TableQuery", "bounded", "page_json", "page_routes", "visible"]
+
+MAX_NAME = 1024  # characters of one string shown at most (the rest is cut, with a mark)
+MAX_ROWS = 500  # rows of one page of a table at most
+MAX_LIST = 1000  # entries of a list in a summary at most (bounded())
+MAX_FILTER = 200  # characters of a filter string at most
+
+_PLAIN = re.compile(r"[\x20-\x7e]*")  # the common case: nothing to do
+
+
+def _escape_char(ch: str) -> str:
+    o = ord(ch)
+    if 0xDC80 <= o <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
+        return f"\\x{o - 0xDC00:02x}"
+    if o == 0x5C:
+        return "\\\\"
+    cat = unicodedata.category(ch)
+    # controls, format characters (bidi overrides and isolates, zero-width ...),
+    # surrogates, private use, unassigned, and separators other than the space
+    if cat[0] in "CZ" and ch != " ":
+        return f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}"
+    return ch
+
+
+def visible(s: str) -> str:
+    """``s`` as printable text: see the module's doc. A backslash is shown
+    doubled, so an escape in the result always stands for a character
+    that was not printable (a name cannot pass for another)."""
+    if len(s) <= MAX_NAME and _PLAIN.fullmatch(s) and "\\" not in s:
+        return s
+    cut = len(s) > MAX_NAME
+    out = "".join(_escape_char(ch) for ch in s[:MAX_NAME])
+    return out + "\u2026" if cut else out
+
+
+def _visible_tree(obj):
+    t = type(obj)
+    if t is str:
+        return visible(obj)
+    if t is dict:
+        return {(visible(k) if type(k) is str else str(k)): _visible_tree(v) for k, v in obj.items()}
+    if t is list or t is tuple:
+        return [_visible_tree(v) for v in obj]
+    if t is float and obj != obj:  # NaN is not JSON
+        return None
+    return obj
+
+
+def page_json(obj) -> bytes:
+    """``obj`` as compact JSON for a page, every string (keys too) through
+    :func:`visible`."""
+    return json.dumps(_visible_tree(obj), separators=(",", ":"), allow_nan=False).encode()
+
+
+def bounded(items: list, limit: int = MAX_LIST) -> dict:
+    """``{"total": n, "items": the first limit}``: a list cut for a summary."""
+    return {"total": len(items), "items": list(items[:limit])}
+
+
+def _int_param(q: dict[str, str], name: str, default: int, low: int, high: int) -> int:
+    text = q.get(name)
+    if text is None or text == "":
+        return default
+    if not text.isdigit() or len(text) > 9:
+        raise ValueError(f"{name} must be a whole number from {low} to {high}, not {text[:20]!r}")
+    v = int(text)
+    if not low <= v <= high:
+        raise ValueError(f"{name} must be from {low} to {high}, not {v}")
+    return v
+
+
+class TableQuery:
+    """One page of a table: ``offset``, ``limit`` (1 to :data:`MAX_ROWS`),
+    ``q`` (a filter: rows whose text contains it, case-insensitive),
+    ``sort`` (a column name of the table's) and ``order`` (``asc`` or
+    ``desc``), from a request's query parameters; ValueError on a bad one
+    (the endpoint answers 400 with its text)."""
+
+    __slots__ = ("offset", "limit", "q", "sort", "desc")
+
+    def __init__(self, query: dict[str, str], columns: Iterable[str], *, default_sort: str,
+                 default_limit: int = 100) -> None:
+        self.offset = _int_param(query, "offset", 0, 0, 10**9)
+        self.limit = _int_param(query, "limit", default_limit, 1, MAX_ROWS)
+        self.q = query.get("q", "")[:MAX_FILTER].casefold()
+        self.sort = query.get("sort") or default_sort
+        if self.sort not in columns:
+            raise ValueError(f"sort must be one of {', '.join(sorted(columns))}")
+        order = query.get("order", "asc")
+        if order not in ("asc", "desc"):
+            raise ValueError("order must be asc or desc")
+        self.desc = order == "desc"
+
+    def page(self, rows: Iterable, total: int, key: Callable, text: Callable[[object], str],
+             natural: bool = False) -> tuple[int, list]:
+        """(rows matching the filter, this page of them, sorted by ``key``).
+        ``text(row)``: what the filter looks in; ``natural``: ``rows`` come
+        in this sort's ascending order already (no filter: only the page is
+        looked at). With a filter or a sort every row is looked at once
+        (heap selection of offset + limit rows), never sorted whole."""
+        q = self.q
+        if q:
+            rows = [r for r in rows if q in text(r).casefold()]
+            total = len(rows)
+        end = self.offset + self.limit
+        if self.offset >= total:
+            return total, []
+        if natural and not self.desc and not q:
+            from itertools import islice
+
+            return total, list(islice(rows, self.offset, end))
+        pick = heapq.nlargest if self.desc else heapq.nsmallest
+        return total, pick(end, rows, key=key)[self.offset:]
+
+
+_STATIC = {  # served name -> (file, content type)
+    "/static/monitor.css": ("monitor.css", "text/css; charset=utf-8"),
+    "/static/monitor.js": ("monitor.js", "text/javascript; charset=utf-8"),
+    "/static/icon.svg": ("icon.svg", "image/svg+xml"),
+}
+
+
+def _asset(name: str) -> bytes:
+    return resources.files(__package__).joinpath(name).read_bytes()
+
+
+def page_routes(page: str, api: dict[str, Callable[[dict[str, str]], object]]) -> dict:
+    """The routes of daemon page ``page`` (``lbmrd`` or ``router``): ``/``
+    (its HTML), its stylesheet and scripts, and ``/api/<name>`` for every
+    ``api`` function of the query parameters (its result as
+    :func:`page_json`). The assets are read once, here."""
+    routes = {"/": ("text/html; charset=utf-8", _const(_asset(f"{page}.html")))}
+    for path, (name, ctype) in _STATIC.items():
+        routes[path] = (ctype, _const(_asset(name)))
+    routes[f"/static/{page}.js"] = ("text/javascript; charset=utf-8", _const(_asset(f"{page}.js")))
+    for name, fn in api.items():
+        routes[f"/api/{name}"] = ("application/json", _json_of(fn))
+    return routes
+
+
+def _const(data: bytes):
+    return lambda query: data
+
+
+def _json_of(fn):
+    return lambda query: page_json(fn(query))
