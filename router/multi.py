@@ -32,6 +32,7 @@ import trio
 
 from lbmr_runtime.events import EventRing
 from lbmr_runtime.http import PrometheusText, serve_http
+from lbmr_runtime.monitor import page_routes
 
 from . import peerlink as P
 from .config_model import EndpointConfig, PeerConfig, RouterConfig, acceptor_peer, initiator_peer
@@ -47,6 +48,7 @@ from .core.router_core import (
 )
 from .core.routing import Routing
 from .link_task import LinkTask
+from .monitor import router_page, sessions_page
 from .pair_link import PairLink, pair_links
 from .portal_task import IO_BATCH, PortalTask, new_portal
 from .relay import PortPool, Relay
@@ -175,6 +177,7 @@ class MultiRouter:
         self._units: dict[tuple[str, str], Unit] = {}  # (link id, endpoint name) -> its unit
         self._nursery: trio.Nursery | None = None
         self._advertising: set[tuple[str, str, int]] = set()  # (link, endpoint, proxy id): topics to go
+        self.started: float | None = None  # when run() began (trio's clock, seconds)
         self._plan()
 
     def _plan(self) -> None:
@@ -210,6 +213,7 @@ class MultiRouter:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         s = self.config
+        self.started = trio.current_time()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for pool in self.pools.values():
@@ -246,7 +250,9 @@ class MultiRouter:
             metrics_addr = None
             if s.metrics is not None:
                 routes = {"/metrics": ("text/plain; version=0.0.4", lambda query: self.prometheus_text()),
-                          "/status": ("application/json", lambda query: json.dumps(self.status()))}
+                          "/status": ("application/json", lambda query: json.dumps(self.status())),
+                          **page_routes("router", {"router": lambda query: router_page(self, query),
+                                                   "sessions": lambda query: sessions_page(self, query)})}
                 metrics_addr = await nursery.start(partial(serve_http, logger=log), routes, s.metrics)
             if self.handle_signals:
                 await nursery.start(partial(serve_signals, self.status, self._stop))
