@@ -198,7 +198,8 @@
       const p = pos.get(name);
       const g = svg("g", {class: "router" + (name === me ? " self" : ""), "data-name": name});
       g.append(svg("title", {}, name + (n.unknown ? " (not in the topology map)" : "") +
-                   (n.domains.length ? `\ndomains ${n.domains.join(", ")}` : "")));
+                   (n.domains.length ? `\ndomains ${n.domains.join(", ")}` : "") +
+                   (n.peers.length ? `\npeers ${n.peers.map(x => `${x.name} (cost ${x.cost})`).join(", ")}` : "")));
       g.append(svg("rect", {x: p.x - RW / 2, y: p.y - RH / 2, width: RW, height: RH, rx: 6}));
       g.append(svg("text", {x: p.x, y: p.y}, short(name, 20)));
       gNodes.append(g);
