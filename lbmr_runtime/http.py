@@ -175,20 +175,28 @@ def load_token(path: str) -> str:
 
 
 def server_tls(certificate: str, key: str, password: str | None = None,
-               ciphers: str | None = None) -> ssl.SSLContext:
+               ciphers: str | None = None, client_ca: str | None = None) -> ssl.SSLContext:
     """A TLS server context (TLS 1.2 at least) for PEM files ``certificate``
-    and ``key``; ValueError naming the file and the problem."""
+    and ``key``; with ``client_ca`` (a PEM CA bundle) every client must
+    present a certificate it signed. ValueError naming the file and the problem."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if client_ca is not None:
+        try:
+            ctx.load_verify_locations(client_ca)
+        except (OSError, ssl.SSLError) as e:
+            raise ValueError(f"client CA bundle {client_ca}: {getattr(e, 'strerror', None) or e}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    for path in (certificate, key):
+        if not os.path.isfile(path):
+            raise ValueError(f"TLS certificate or key {path}: no such file")
     try:
         ctx.load_cert_chain(certificate, key, password)
-    except FileNotFoundError as e:
-        raise ValueError(f"TLS certificate or key: {e.filename}: no such file") from None
-    except OSError as e:
-        raise ValueError(f"TLS certificate {certificate} or key {key}: {e.strerror or e}") from None
-    except ssl.SSLError as e:
+    except ssl.SSLError as e:  # (an OSError too)
         raise ValueError(f"TLS certificate {certificate} and key {key} cannot be used: "
                          f"{e.reason or e}") from None
+    except OSError as e:
+        raise ValueError(f"TLS certificate {certificate} or key {key}: {e.strerror or e}") from None
     if ciphers:
         try:
             ctx.set_ciphers(ciphers)

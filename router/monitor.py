@@ -15,9 +15,10 @@ import time
 import trio
 
 from lbmr_proto import Transport
+from lbmr_runtime.http import Access, load_token, server_tls
 from lbmr_runtime.monitor import TableQuery, bounded
 
-__all__ = ["router_page", "sessions_page"]
+__all__ = ["monitor_access", "router_page", "sessions_page"]
 
 EVENTS_SHOWN = 200  # newest events of all links in the page's summary
 NODES_SHOWN = 200  # routers of the topology map shown at most
@@ -180,3 +181,14 @@ def sessions_page(router, query: dict[str, str]) -> dict:
     matched, page = tq.page(rows, len(rows), SESSION_SORT[tq.sort], _session_text)
     return {"total": len(rows), "matched": matched, "offset": tq.offset, "limit": tq.limit,
             "sort": tq.sort, "order": "desc" if tq.desc else "asc", "rows": page}
+
+
+def monitor_access(cfg) -> Access:
+    """The endpoint's :class:`~lbmr_runtime.http.Access` from ``<metrics token-file>``
+    and ``<metrics-tls>`` (:class:`router.config_model.MonitorAccessConfig`);
+    ValueError naming a file that cannot be used."""
+    token = load_token(cfg.token_file) if cfg.token_file else None
+    t = cfg.tls
+    tls = None if t is None else server_tls(t.certificate, t.certificate_key, t.certificate_key_password,
+                                            t.cipher_suites, client_ca=t.trusted_certificates)
+    return Access(token, tls)

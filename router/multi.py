@@ -48,7 +48,7 @@ from .core.router_core import (
 )
 from .core.routing import Routing
 from .link_task import LinkTask
-from .monitor import router_page, sessions_page
+from .monitor import monitor_access, router_page, sessions_page
 from .pair_link import PairLink, pair_links
 from .portal_task import IO_BATCH, PortalTask, new_portal
 from .relay import PortPool, Relay
@@ -253,7 +253,8 @@ class MultiRouter:
                           "/status": ("application/json", lambda query: json.dumps(self.status())),
                           **page_routes("router", {"router": lambda query: router_page(self, query),
                                                    "sessions": lambda query: sessions_page(self, query)})}
-                metrics_addr = await nursery.start(partial(serve_http, logger=log), routes, s.metrics)
+                metrics_addr = await nursery.start(partial(serve_http, logger=log, access=monitor_access(s.monitor)),
+                                                   routes, s.metrics)
             if self.handle_signals:
                 await nursery.start(partial(serve_signals, self.status, self._stop))
             first = reports[0] if reports else {"tr": self.portals[s.endpoints[0].name].sock.getsockname(),

@@ -203,7 +203,8 @@ class MonitorPage:
     """A daemon's page (``base``: ``http[s]://host:port``) open in a fresh
     browser context of ``size`` (a :data:`PAGE_SIZES` key), with what it
     logged, every request it made and every dialog it opened; ``credentials``:
-    (user, password) for HTTP basic authentication."""
+    (user, password): what a person types when the browser asks (HTTP basic
+    authentication, after the endpoint's 401 challenge)."""
 
     def __init__(self, browser, base: str, size: str = "wide", *, credentials=None,
                  ignore_https_errors: bool = False) -> None:
@@ -216,7 +217,9 @@ class MonitorPage:
         self.page = self.context.new_page()
         self.errors: list[str] = []
         self.requests: list[str] = []
+        self.responses: list[tuple[int, str]] = []
         self.dialogs: list[str] = []
+        self.page.on("response", lambda r: self.responses.append((r.status, r.url)))
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.on("request", lambda r: self.requests.append(r.url))
@@ -256,10 +259,11 @@ class MonitorPage:
 
 
 def check_page_basics(p: MonitorPage) -> None:
-    """No console error, no request outside the endpoint, no dialog, no
+    """No console error, no request outside the endpoint, every answer 200, no dialog, no
     overlapping blocks, no sideways scrolling of the whole page."""
     assert p.errors == [], p.errors
     assert p.requests and all(u.startswith(p.base + "/") for u in p.requests), p.requests
+    assert all(status == 200 for status, _ in p.responses if status != 401), p.responses  # 401: the challenge
     assert p.dialogs == []
     ov = p.overlaps()
     assert ov["checked"] > 5 and ov["bad"] == [], ov
@@ -368,3 +372,28 @@ class RouterChain:
                 p.wait()
             log.close()
         self.procs = []
+
+
+def make_ca(tmp: Path, name: str) -> tuple[str, str]:
+    """A self-signed CA made by openssl: (key file, certificate file)."""
+    import subprocess
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{tmp}/{name}.key",
+                    "-out", f"{tmp}/{name}.pem", "-days", "2", "-subj", f"/CN={name}"], check=True,
+                   capture_output=True)
+    return f"{tmp}/{name}.key", f"{tmp}/{name}.pem"
+
+
+def make_cert(tmp: Path, name: str, ca: tuple[str, str], san: str = "IP:127.0.0.1") -> tuple[str, str]:
+    """A certificate for ``san`` signed by ``ca`` (from :func:`make_ca`): (certificate, key)."""
+    import subprocess
+
+    ca_key, ca_crt = ca
+    subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{tmp}/{name}.key",
+                    "-out", f"{tmp}/{name}.csr", "-subj", f"/CN={name}", "-addext", f"subjectAltName={san}"],
+                   check=True, capture_output=True)
+    subprocess.run(["openssl", "x509", "-req", "-in", f"{tmp}/{name}.csr", "-CA", ca_crt, "-CAkey", ca_key,
+                    "-CAcreateserial", "-out", f"{tmp}/{name}.pem", "-days", "2", "-copy_extensions", "copy"],
+                   check=True, capture_output=True)
+    os.chmod(f"{tmp}/{name}.key", 0o600)
+    return f"{tmp}/{name}.pem", f"{tmp}/{name}.key"
