@@ -370,14 +370,15 @@ async def serve_http(routes: dict[str, Route], addr: tuple[str, int], *,
     try:
         listeners = await trio.open_tcp_listeners(addr[1], host=addr[0])
     except OSError as e:
-        raise OSError(e.errno, f"HTTP endpoint {addr[0]}:{addr[1]} ({', '.join(routes)}): "
+        shown = ", ".join(r for r in routes if not r.startswith(("/static/", "/api/")))
+        raise OSError(e.errno, f"HTTP endpoint {addr[0]}:{addr[1]} ({shown}): "
                                f"{e.strerror or e}") from e
     bound = listeners[0].socket.getsockname()
     access.loopback_only_names = all(ipaddress.ip_address(lst.socket.getsockname()[0]).is_loopback
                                      for lst in listeners)
     scheme = "https" if access.tls is not None else "http"
     log.info("monitor and metrics on %s://%s:%d (%s)%s", scheme, bound[0], bound[1],
-             ", ".join(r for r in routes if not r.startswith("/static/")),
+             ", ".join(r for r in routes if not r.startswith(("/static/", "/api/"))),
              ", token required" if access.token is not None else "")
     async with trio.open_nursery() as nursery:
         for listener in listeners:

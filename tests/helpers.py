@@ -177,7 +177,7 @@ CHROMIUM = "/usr/bin/chromium"
 #: the sizes a page must read at: a laptop screen and a phone
 PAGE_SIZES = {"wide": (1280, 800), "narrow": (390, 844)}
 #: a page's blocks: no two may overlap (unless one holds the other)
-PAGE_BLOCKS = "header,h1,h2,h3,section.card,div.tile,div.tools,div.scroll,svg.topology,div.legend,p.note"
+PAGE_BLOCKS = "header,h1,h2,h3,summary,section.card,div.tile,div.tools,div.scroll,svg.topology,div.legend,p.note"
 
 _PAGE_OVERLAPS = """sel => {
   const els = Array.from(document.querySelectorAll(sel)).filter(e => e.checkVisibility());

@@ -211,6 +211,7 @@ def test_hostile_names_are_text_and_run_nothing(pair, browser, tmp_path, size):
         p.open()
         p.page.wait_for_function("() => document.querySelector('#sessions .tools .info').textContent"
                                  " === '1 in all'")  # one source session: its seven topics
+        p.page.click("#interest summary")  # the interest list unfolded: its names laid out too
         p.page.wait_for_timeout(3500)  # one more refresh: every table redrawn from fresh data
         p.screenshot(tmp_path / f"hostile-{size}.png", full_page=True)
         d = p.js(_DOM)

@@ -120,6 +120,9 @@ def test_the_page_reads_at_both_sizes(lbmrd, browser, tmp_path, size):
     try:
         p.open()
         p.page.wait_for_function("() => document.querySelectorAll('#client-table tbody tr').length === 100")
+        # a second refresh gives the rates (per second between the two)
+        p.page.wait_for_function("() => document.querySelector('#traffic-tiles .tile:nth-child(2) .v')"
+                                 ".textContent.endsWith('/s')", timeout=15000)
         shot = tmp_path / f"lbmrd-{size}.png"
         assert png_size(p.screenshot(shot)) == PAGE_SIZES[size]
         keep_shot(shot, f"lbmrd-page-{size}.png")

@@ -59,7 +59,9 @@
     }},
     {key: "acl_rejected", label: "ACL refused", num: true, fmt: r => count(r.acl_rejected)},
   ], {id: "portal-table", label: "portals", sort: "name"});
-  const interestBox = el("div", {cls: "sub"}, el("h3", null, "Interest (topics and patterns)"));
+  const interestCount = el("span", {cls: "count"});
+  const interestBox = el("details", {cls: "sub", id: "interest"},
+                         el("summary", null, "Interest (topics and patterns) ", interestCount));
   portalCard.append(interestBox);
   const interest = new Table(interestBox, [
     {key: "portal", label: "portal", name: true},
@@ -252,6 +254,7 @@
       for (const t of p.remote_interest.items) rows.push({portal: p.name, side: "remote", topic: t});
     }
     interest.set(rows);
+    interestCount.textContent = count(rows.length);
     links.set(s.links);
     linkCard.count.textContent = `${up} of ${s.links.length} up`;
     events.set(s.events.items);
