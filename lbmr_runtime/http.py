@@ -9,6 +9,7 @@ import base64
 import binascii
 import errno
 import hmac
+import inspect
 import ipaddress
 import logging
 import os
@@ -68,7 +69,8 @@ def _escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-#: (content type, function of the request's query parameters returning the body)
+#: (content type, function of the request's query parameters returning the body, as
+#: str or bytes, or an awaitable of it: work on a large table done in slices)
 Route = tuple[str, "callable"]
 
 MAX_QUERY_FIELDS = 16  # query parameters read at most (the rest are ignored)
@@ -265,7 +267,7 @@ def _headers(lines: list[bytes]) -> dict[bytes, bytes]:
     return out
 
 
-def _response(req: bytes, routes: dict[str, Route], access: Access | None = None) -> bytes:
+async def _response(req: bytes, routes: dict[str, Route], access: Access | None = None) -> bytes:
     """The whole HTTP/1.0 response (head and body) to request head ``req``."""
     lines = req.replace(b"\r\n", b"\n").split(b"\n")
     parts = lines[0].split()
@@ -290,6 +292,8 @@ def _response(req: bytes, routes: dict[str, Route], access: Access | None = None
         status, (ctype, fn) = "200 OK", route
         try:
             body = fn(parse_query(query))
+            if inspect.isawaitable(body):
+                body = await body
         except ValueError as e:  # a bad query parameter
             status, ctype, body = "400 Bad Request", "text/plain", f"{e}\n"
     data = body if isinstance(body, bytes) else body.encode()
@@ -308,7 +312,7 @@ async def _handle(stream: trio.SocketStream, routes: dict[str, Route], conn: _Co
                 await stream.do_handshake()
             req = await _read_request(stream)
             conn.requested = True
-            await stream.send_all(_response(req, routes, access))
+            await stream.send_all(await _response(req, routes, access))
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass
     finally:

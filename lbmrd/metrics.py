@@ -73,17 +73,20 @@ def _client_text(c) -> str:
     return f"{c.addr[0]}:{c.addr[1]} {c.domain or ''}"
 
 
-def clients_page(daemon, query: dict[str, str]) -> dict:
+async def clients_page(daemon, query: dict[str, str], lock: trio.Lock | None = None) -> dict:
     """One page of the client table (:class:`TableQuery` parameters; sort
-    ``first_seen`` ascending, the table's own order, by default)."""
+    ``first_seen`` ascending, the table's own order, by default). A filter or
+    another sort looks at the clients in slices (the relay runs between
+    them), one such request at a time (``lock``)."""
     tq = TableQuery(query, CLIENT_SORT, default_sort="first_seen")
     table = daemon.core.table
+    rows = list(table)  # the clients now (one C-level copy); some may expire while we look
+    matched, page = await tq.page_in_slices(rows, CLIENT_SORT[tq.sort], _client_text,
+                                            natural=tq.sort == "first_seen", lock=lock)
     now = trio.current_time()
-    matched, rows = tq.page(iter(table), len(table), CLIENT_SORT[tq.sort], _client_text,
-                            natural=tq.sort == "first_seen")
-    return {"total": len(table), "matched": matched, "offset": tq.offset, "limit": tq.limit,
+    return {"total": len(rows), "matched": matched, "offset": tq.offset, "limit": tq.limit,
             "sort": tq.sort, "order": "desc" if tq.desc else "asc",
-            "rows": [c.as_dict(now) for c in rows]}
+            "rows": [c.as_dict(now) for c in page]}
 
 
 def summary(daemon, query: dict[str, str] | None = None) -> dict:
@@ -129,10 +132,15 @@ def monitor_access(settings) -> Access:
 
 async def serve_metrics(daemon, addr: tuple[str, int], *, access: Access | None = None,
                         task_status=trio.TASK_STATUS_IGNORED) -> None:
+    scans = trio.Lock()  # one sliced scan of the client table at a time
+
+    async def clients(query):
+        return await clients_page(daemon, query, scans)
+
     routes = {
         "/metrics": ("text/plain; version=0.0.4", lambda query: prometheus_text(daemon)),
         "/status": ("application/json", lambda query: json.dumps(daemon.core.snapshot(trio.current_time()))),
         **page_routes("lbmrd", {"summary": lambda query: summary(daemon, query),
-                                "clients": lambda query: clients_page(daemon, query)}),
+                                "clients": clients}),
     }
     await serve_http(routes, addr, logger=log, access=access, task_status=task_status)

@@ -220,3 +220,37 @@ def test_the_json_is_paged_bounded_and_read_only(lbmrd):
     # the page's HTML holds no script of its own: only same-origin files
     html = get(lbmrd + "/")[2].decode()
     assert html.count("<script") == 2 and html.count('<script src="/static/') == 2
+
+
+async def test_a_sliced_scan_gives_the_page_a_whole_sort_would():
+    """TableQuery.page_in_slices (filter and heap selection SLICE rows at a time, the
+    daemon's loop running between slices) against sorting the whole list."""
+    import random
+
+    import trio
+
+    from lbmr_runtime.monitor import SLICE, TableQuery
+
+    rng = random.Random(5)
+    rows = [(rng.randrange(1000), f"10.{i >> 8 & 255}.{i & 255}.1") for i in range(3 * SLICE + 17)]
+    cols = {"v": lambda r: (r[0], r[1]), "ip": lambda r: r[1]}
+    turns = 0
+
+    async def count_turns():
+        nonlocal turns
+        while True:
+            await trio.sleep(0)
+            turns += 1
+
+    async with trio.open_nursery() as n:
+        n.start_soon(count_turns)
+        for query in ({"sort": "v"}, {"sort": "v", "order": "desc", "offset": "7000", "limit": "500"},
+                      {"sort": "ip", "q": "10.3.", "limit": "50"}, {"sort": "v", "q": "no such"},
+                      {"sort": "ip", "offset": "15016", "limit": "5"}):
+            tq = TableQuery(query, cols, default_sort="v")
+            want = sorted((r for r in rows if tq.q in r[1]), key=cols[tq.sort], reverse=tq.desc)
+            before = turns
+            matched, page = await tq.page_in_slices(rows, cols[tq.sort], lambda r: r[1], lock=trio.Lock())
+            assert matched == len(want) and page == want[tq.offset:tq.offset + tq.limit], query
+            assert turns - before >= 3  # the other task ran between the slices
+        n.cancel_scope.cancel()
