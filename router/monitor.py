@@ -22,7 +22,10 @@ __all__ = ["monitor_access", "router_page", "sessions_page"]
 
 EVENTS_SHOWN = 200  # newest events of all links in the page's summary
 NODES_SHOWN = 200  # routers of the topology map shown at most
+PER_NODE_SHOWN = 64  # domains, and peers, of one router shown at most (a TOPOLOGY frame may list 4096)
 INTEREST_SHOWN = 50  # topics and patterns of a portal's interest shown (the rest counted)
+SESSION_TOPICS_SHOWN = 20  # topics of one proxied session shown (the rest counted)
+SESSIONS_PAGE = 100  # sessions in one page at most
 RECEIVERS_SHOWN = 50  # receivers of one session shown at most
 
 
@@ -38,13 +41,18 @@ def _topology(router) -> dict:
     if routing is None:
         return {"self": router.config.name, "nodes": [], "routes": []}
     st = routing.status()
-    nodes = [{"name": name, "domains": sorted(int(d) for d in n.get("domains", {})),
-              "peers": [{"name": p, "cost": c} for p, c in sorted(n.get("peers", {}).items())]}
-             for name, n in sorted(st.get("nodes", {}).items())]
+    nodes = []
+    for name, n in sorted(st.get("nodes", {}).items())[:NODES_SHOWN]:
+        domains = sorted(int(d) for d in n.get("domains", {}))
+        peers = sorted(n.get("peers", {}).items())
+        nodes.append({"name": name, "domains": domains[:PER_NODE_SHOWN], "domains_total": len(domains),
+                      "peers": [{"name": p, "cost": c} for p, c in peers[:PER_NODE_SHOWN]],
+                      "peers_total": len(peers)})
+    total_nodes = len(st.get("nodes", {}))
     routes = [{"domain": int(d), "cost": r["cost"], "hops": r["hops"], "next_hop": r["next_hop"],
                "path": " \u2192 ".join(r["path"])} for d, r in sorted(st.get("routes", {}).items(),
                                                                      key=lambda kv: int(kv[0]))]
-    return {"self": st.get("router_id", router.config.name), "nodes": bounded(nodes, NODES_SHOWN),
+    return {"self": st.get("router_id", router.config.name), "nodes": {"total": total_nodes, "items": nodes},
             "routes": bounded(routes, NODES_SHOWN),
             "counters": dict(router.core.routing_counters) if router.core is not None else {}}
 
@@ -148,7 +156,7 @@ def _session_rows(router) -> list[dict]:
         for row in by_proxy.values():
             rx = row["receivers"]
             row["topic"] = row["topics"][0]
-            row["topics"] = bounded(row["topics"], INTEREST_SHOWN)
+            row["topics"] = bounded(row["topics"], SESSION_TOPICS_SHOWN)
             row["receivers"] = bounded(rx, RECEIVERS_SHOWN)
             row["queued_bytes"] = sum(r["queued_bytes"] for r in rx)
             row["dropped_messages"] = sum(r["dropped_messages"] for r in rx)
@@ -176,7 +184,7 @@ def _session_text(r: dict) -> str:
 def sessions_page(router, query: dict[str, str]) -> dict:
     """``/api/sessions``: one page of the proxied sessions (:class:`TableQuery`
     parameters; by topic by default)."""
-    tq = TableQuery(query, SESSION_SORT, default_sort="topic")
+    tq = TableQuery(query, SESSION_SORT, default_sort="topic", max_limit=SESSIONS_PAGE)
     rows = _session_rows(router)
     matched, page = tq.page(rows, len(rows), SESSION_SORT[tq.sort], _session_text)
     return {"total": len(rows), "matched": matched, "offset": tq.offset, "limit": tq.limit,

@@ -54,10 +54,11 @@ PATTERNS = ["^<script>alert(1)</script>.*", "\u202e(evil)|<img src=x onerror=ale
 PEER_TOPICS = [f"p{i}.{h}" for i, h in enumerate(HOSTILE)]
 assert max(len(t.encode("utf-8", "surrogateescape")) for t in TOPICS + PEER_TOPICS) == 255
 FAKE_NAME = "<img src=x onerror=\"window.__pwned='name'\">\u202eretuor"
+MANY_PEERS = 1500  # more peers of 255 bytes in its TOPOLOGY (the map holds 2048 peers in all)
 FAKE_PEERS = ["</script><script>window.__pwned='peer'</script>", "y" * 255, BAD_UTF8[:20] + "q"]
 
 #: the fake router (a process): handshake on r2's spare peer portal as FAKE_NAME in domain 7,
-#: then every half second a TOPOLOGY naming FAKE_PEERS, INTEREST in PEER_TOPICS and
+#: then every half second a TOPOLOGY naming FAKE_PEERS and MANY_PEERS more, INTEREST in PEER_TOPICS and
 #: PATTERNS, and an ADVERTISEMENT of each of TOPICS (a source behind it)
 FAKE_ROUTER = r'''
 import sys, json, trio
@@ -104,7 +105,9 @@ async def main():
         print("connected", flush=True)
         seq = 1
         while True:
-            frames = [P.Topology(name, seq, 0, ((7, 1),), tuple((p, 1) for p in peers) + (("r2", 1),))]
+            # 255 bytes each, sorted after the hostile ones (the page shows the first 64)
+            many = tuple((f"\U0001f600{'z' * 246}{i:05d}", 1) for i in range(arg["many"]))
+            frames = [P.Topology(name, seq, 0, ((7, 1),), tuple((p, 1) for p in peers) + (("r2", 1),) + many)]
             action = P.InterestAction.ADD if seq == 1 else P.InterestAction.REFRESH
             frames += [P.Interest(action, t, 7) for t in topics]
             frames += [P.Interest(action, p, 7, P.PatternType.PCRE) for p in patterns]
@@ -146,7 +149,7 @@ def pair(tmp_path_factory):
         until(lambda: len(api(c.base("r2"), "router")["topology"]["routes"]["items"]) == 2, "the pair's routes")
         arg = json.dumps({"name": _hex(FAKE_NAME), "peers": [_hex(p) for p in FAKE_PEERS],
                           "topics": [_hex(t) for t in PEER_TOPICS], "patterns": [_hex(p) for p in PATTERNS],
-                          "adverts": [_hex(t) for t in TOPICS]}).encode().hex()
+                          "adverts": [_hex(t) for t in TOPICS], "many": MANY_PEERS}).encode().hex()
         c.spawn("fake", [sys.executable, "-c", FAKE_ROUTER, str(c.spare_ports["r2"][0]), arg])
         # a source in TRD1 (a listening socket it advertises) and a receiver in TRD2
         src = socket.socket()
@@ -166,7 +169,7 @@ def pair(tmp_path_factory):
         def proxied() -> set[str]:
             for data, dst in ((tirs, c.lbmrd[1]), (tqrs, c.lbmrd[2]), (wc, c.lbmrd[2])):
                 (ctx if dst == c.lbmrd[1] else rcv).sendto(data, dst)
-            rows = api(c.base("r2"), "sessions?limit=500")["rows"]
+            rows = api(c.base("r2"), "sessions?limit=100")["rows"]
             return {t for r in rows for t in r["topics"]["items"]}
 
         shown = {visible(t) for t in TOPICS}
@@ -233,7 +236,10 @@ def test_hostile_names_are_text_and_run_nothing(pair, browser, tmp_path, size):
 
 def test_the_json_carries_printable_names(pair):
     body = wait_http(pair.base("r2") + "/api/router").decode("ascii")  # JSON escapes: ASCII only
+    assert len(body) < 256 * 1024  # a router announcing 1,500 peers of 255 bytes: 64 of them shown
     s = json.loads(body)
+    fake = [n for n in s["topology"]["nodes"]["items"] if n["name"] == visible(FAKE_NAME)]
+    assert len(fake) == 1 and len(fake[0]["peers"]) == 64, fake[0]["peers_total"]
     text = json.dumps(s, ensure_ascii=False)
     assert "\u202e" not in text and not any(0xDC80 <= ord(ch) <= 0xDCFF for ch in text)
     assert visible(FAKE_NAME) in {lk["peer"] for lk in s["links"]}

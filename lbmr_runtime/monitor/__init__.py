@@ -96,7 +96,7 @@ def _int_param(q: dict[str, str], name: str, default: int, low: int, high: int) 
 
 
 class TableQuery:
-    """One page of a table: ``offset``, ``limit`` (1 to :data:`MAX_ROWS`),
+    """One page of a table: ``offset``, ``limit`` (1 to ``max_limit``, :data:`MAX_ROWS` by default),
     ``q`` (a filter: rows whose text contains it, case-insensitive),
     ``sort`` (a column name of the table's) and ``order`` (``asc`` or
     ``desc``), from a request's query parameters; ValueError on a bad one
@@ -105,9 +105,9 @@ class TableQuery:
     __slots__ = ("offset", "limit", "q", "sort", "desc")
 
     def __init__(self, query: dict[str, str], columns: Iterable[str], *, default_sort: str,
-                 default_limit: int = 100) -> None:
+                 default_limit: int = 100, max_limit: int = MAX_ROWS) -> None:
         self.offset = _int_param(query, "offset", 0, 0, 10**9)
-        self.limit = _int_param(query, "limit", default_limit, 1, MAX_ROWS)
+        self.limit = _int_param(query, "limit", min(default_limit, max_limit), 1, max_limit)
         self.q = query.get("q", "")[:MAX_FILTER].casefold()
         self.sort = query.get("sort") or default_sort
         if self.sort not in columns:
