@@ -125,8 +125,14 @@ def test_lbmrd_token_and_tls(pki, tmp_path, browser):
                 assert status == 401 and b"token" in body, (path, kw, status)
                 assert headers["WWW-Authenticate"].startswith('Basic realm="lbmr-kit monitor"')
                 assert "lbmrd" not in body.decode() and len(body) < 100
-        # a scrape with the token, as Prometheus sends it (authorization: credentials_file)
-        status, headers, body = fetch(base + "/metrics", ca=pki["ca"], token=TOKEN)
+        # a scrape with the token, as Prometheus sends it (authorization: credentials_file), while
+        # 100 connections sit idle without a TLS handshake: the oldest idle ones are closed for it
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(100)]
+        try:
+            status, headers, body = fetch(base + "/metrics", ca=pki["ca"], token=TOKEN)
+        finally:
+            for s in idle:
+                s.close()
         assert status == 200 and b"lbmrd_clients 0" in body and headers["Content-Type"].startswith("text/plain")
         assert fetch(base + "/api/summary", ca=pki["ca"], basic="anyone:" + TOKEN)[0] == 200
         # the page, as a person opens it: the browser asks for the credentials
