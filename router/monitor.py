@@ -181,12 +181,13 @@ def _session_text(r: dict) -> str:
                      r["session"], *(x["peer"] for x in r["receivers"]["items"])])
 
 
-def sessions_page(router, query: dict[str, str]) -> dict:
+async def sessions_page(router, query: dict[str, str], lock: trio.Lock | None = None) -> dict:
     """``/api/sessions``: one page of the proxied sessions (:class:`TableQuery`
-    parameters; by topic by default)."""
+    parameters; by topic by default), filtered and sorted in slices, one
+    such request at a time (``lock``)."""
     tq = TableQuery(query, SESSION_SORT, default_sort="topic", max_limit=SESSIONS_PAGE)
     rows = _session_rows(router)
-    matched, page = tq.page(rows, len(rows), SESSION_SORT[tq.sort], _session_text)
+    matched, page = await tq.page_in_slices(rows, SESSION_SORT[tq.sort], _session_text, lock=lock)
     return {"total": len(rows), "matched": matched, "offset": tq.offset, "limit": tq.limit,
             "sort": tq.sort, "order": "desc" if tq.desc else "asc", "rows": page}
 

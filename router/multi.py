@@ -252,7 +252,7 @@ class MultiRouter:
                 routes = {"/metrics": ("text/plain; version=0.0.4", lambda query: self.prometheus_text()),
                           "/status": ("application/json", lambda query: json.dumps(self.status())),
                           **page_routes("router", {"router": lambda query: router_page(self, query),
-                                                   "sessions": lambda query: sessions_page(self, query)})}
+                                                   "sessions": partial(self._sessions_page, trio.Lock())})}
                 metrics_addr = await nursery.start(partial(serve_http, logger=log, access=monitor_access(s.monitor)),
                                                    routes, s.metrics)
             if self.handle_signals:
@@ -329,6 +329,10 @@ class MultiRouter:
                 for task in self._tasks.values():
                     n.start_soon(task.disconnect, "shutting down")
         self._nursery.cancel_scope.cancel()
+
+    async def _sessions_page(self, scans: trio.Lock, query: dict[str, str]) -> dict:
+        """The page's ``/api/sessions`` (``scans``: one filter or sort at a time)."""
+        return await sessions_page(self, query, scans)
 
     def portal_summary(self) -> list[dict]:
         """Per endpoint portal: its links and its interest, proxy and advert counts

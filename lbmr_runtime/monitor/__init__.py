@@ -119,10 +119,15 @@ class TableQuery:
 
     async def page_in_slices(self, rows: list, key: Callable, text: Callable[[object], str], *,
                              natural: bool = False, lock=None) -> tuple[int, list]:
-        """As :meth:`page`, over the list ``rows``, :data:`SLICE` rows at a time with
-        a checkpoint between slices (the daemon's other tasks run meanwhile: a
-        filter or sort of 100,000 clients never holds its loop for long); ``lock``
-        (a :class:`trio.Lock`): one such scan at a time, whoever asks."""
+        """(rows matching the filter, this page of them, sorted by ``key``).
+        ``text(row)``: what the filter looks in; ``natural``: ``rows`` come in
+        this sort's ascending order already (no filter: only the page is
+        looked at). Otherwise every row is looked at once, :data:`SLICE` rows
+        at a time with a checkpoint between slices (the daemon's other tasks
+        run meanwhile: a filter or sort of 100,000 clients never holds its
+        loop for long), by heap selection of offset + limit rows, never a
+        sort of the whole list; ``lock`` (a :class:`trio.Lock`): one such
+        scan at a time, whoever asks."""
         import trio
 
         q = self.q
@@ -144,27 +149,6 @@ class TableQuery:
                     best = pick(end, best + part, key=key)
                 await trio.sleep(0)
         return matched, best[self.offset:end]
-
-    def page(self, rows: Iterable, total: int, key: Callable, text: Callable[[object], str],
-             natural: bool = False) -> tuple[int, list]:
-        """(rows matching the filter, this page of them, sorted by ``key``).
-        ``text(row)``: what the filter looks in; ``natural``: ``rows`` come
-        in this sort's ascending order already (no filter: only the page is
-        looked at). With a filter or a sort every row is looked at once
-        (heap selection of offset + limit rows), never sorted whole."""
-        q = self.q
-        if q:
-            rows = [r for r in rows if q in text(r).casefold()]
-            total = len(rows)
-        end = self.offset + self.limit
-        if self.offset >= total:
-            return total, []
-        if natural and not self.desc and not q:
-            from itertools import islice
-
-            return total, list(islice(rows, self.offset, end))
-        pick = heapq.nlargest if self.desc else heapq.nsmallest
-        return total, pick(end, rows, key=key)[self.offset:]
 
 
 class _NoLock:
@@ -205,9 +189,11 @@ def _const(data: bytes):
 
 
 def _json_of(fn):
-    """The route of ``fn`` (a function of the query, or an async one) as :func:`page_json`."""
-    if inspect.iscoroutinefunction(fn):
-        async def route(query):
-            return page_json(await fn(query))
-        return route
-    return lambda query: page_json(fn(query))
+    """The route of ``fn`` (a function of the query returning data, or an awaitable of it)
+    answering :func:`page_json`."""
+    async def route(query):
+        data = fn(query)
+        if inspect.isawaitable(data):
+            data = await data
+        return page_json(data)
+    return route
