@@ -4,6 +4,7 @@ helpers, and a driver for sans-IO objects with deadlines."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -173,7 +174,7 @@ class LoneSite:
 # ---------------------------------------------------------------- operators' pages in a browser
 
 #: Debian's chromium (scripts/test installs it); Playwright drives it and downloads nothing
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 #: the sizes a page must read at: a laptop screen and a phone
 PAGE_SIZES = {"wide": (1280, 800), "narrow": (390, 844)}
 #: a page's blocks: no two may overlap (unless one holds the other)

@@ -81,11 +81,16 @@ def lbmrd(tmp_path_factory):
     try:
         wait_http(base + "/metrics")
         with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as raw:
-            for _ in range(5):  # a keepalive each; again for those the socket buffer dropped
+            sent = 0
+            for _ in range(8):  # a keepalive each; again for those the socket buffer dropped
                 for i in range(CLIENTS):
                     spoof_udp(raw, b"\x02\x00\x00\x00", client_addr(i), ("127.0.0.1", port))
-                    if i % 500 == 499:
-                        time.sleep(0.004)  # the daemon keeps up (bounded: 200 pauses a pass)
+                    sent += 1
+                    if i % 1000 == 999:  # paced by the daemon: it has read what was sent (or 1 s)
+                        end = time.monotonic() + 1.0
+                        while summary(base)["counters"]["received"] < sent and time.monotonic() < end:
+                            time.sleep(0.002)
+                        sent = summary(base)["counters"]["received"]  # what the kernel dropped is gone
                 if summary(base)["clients_total"] >= CLIENTS:
                     break
         assert summary(base)["clients_total"] == CLIENTS

@@ -52,7 +52,7 @@
     {key: "detail", label: "detail", name: true},
   ], {id: "event-table", label: "events", sort: "age_s"});
 
-  const rates = new M.Rates();
+  const rates = new M.Rates(), dropRateOf = new M.Rates();
   const sum = o => Object.values(o || {}).reduce((a, b) => a + b, 0);
 
   let asked = 0;  // the newest request for clients: an older answer arriving late is dropped
@@ -94,16 +94,15 @@
       ["NAT rewrites", count(c.nat_rewrites)],
     ]);
     const dropRows = [];
-    const prev = drops.lastCounts || {};
-    const now = {};
+    const counts = {};
     for (const [where, obj] of [["input", c.drops], ["relay", c.relays_dropped], ["copy", c.copies_dropped],
                                 ["send error", c.send_errors], ["receive error", c.recv_errors]])
       for (const [reason, n] of Object.entries(obj || {})) {
-        const key = where + "/" + reason;
-        now[key] = n;
-        dropRows.push({where, reason, count: n, rate: key in prev ? (n - prev[key]) / 3 : null});
+        counts[where + "/" + reason] = n;
+        dropRows.push({where, reason, count: n});
       }
-    drops.lastCounts = now;
+    const dropRates = dropRateOf.update(counts);
+    for (const row of dropRows) row.rate = dropRates[row.where + "/" + row.reason] ?? null;
     drops.set(dropRows);
     dropsCard.count.textContent = count(dropRows.reduce((a, x) => a + x.count, 0));
     domains.set(s.by_domain.items);
