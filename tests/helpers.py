@@ -313,6 +313,7 @@ class RouterChain:
 
         self.tmp, self.n = tmp, n
         self.procs: list = []
+        self.by_name: dict = {}  # process name (r1, lbmrd1, a spawned one's) -> its Popen
         self.lbmrd = {i: (f"127.0.{i}.1", free_port(socket.SOCK_DGRAM, f"127.0.{i}.1")) for i in range(1, n + 1)}
         self.metrics = {f"r{i}": free_port(socket.SOCK_STREAM) for i in range(1, n + 1)}
         link_ports = {i: free_port(socket.SOCK_STREAM) for i in range(2, n + 1)}  # r{i} accepts r{i-1}
@@ -350,10 +351,23 @@ class RouterChain:
 
         log = open(self.tmp / f"{name}.log", "wb")
         self.procs.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), log))
+        self.by_name[name] = self.procs[-1][0]
 
     def spawn(self, name: str, argv: list[str]) -> None:
         """One more process of the test's (stopped with the others)."""
         self._spawn(name, argv)
+
+    def end(self, name: str) -> None:
+        """Stop one process (SIGTERM, then SIGKILL after 10 s)."""
+        import subprocess
+
+        p = self.by_name[name]
+        p.terminate()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
     def base(self, router: str, scheme: str = "http") -> str:
         return f"{scheme}://127.0.0.1:{self.metrics[router]}"

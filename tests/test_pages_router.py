@@ -194,3 +194,25 @@ def test_the_router_json_is_bounded(chain):
     s = json.loads(body)
     assert {lk["name"]: lk["state"] for lk in s["links"]} == {"2-from-1": "CONNECTED", "2-to-3": "CONNECTED"}
     assert all(lk["bytes_sent"] > 0 and lk["bytes_received"] > 0 for lk in s["links"])
+
+
+def test_a_link_that_goes_down_is_drawn_down(chain, browser):
+    """Last in this module: it stops r3. r2's page then draws its link to r3
+    red and dashed (down), its own router for the link while r3's announcement
+    lives, and says so in the peer links table."""
+    chain.end("r3")
+    p = MonitorPage(browser, chain.base("r2")).open()
+    try:
+        p.page.wait_for_function("() => Array.from(document.querySelectorAll('svg.topology line.edge'))"
+                                 ".some(l => l.classList.contains('down'))", timeout=30000)
+        d = p.js(_DRAWING)
+        down = [e for e, cls in d["edges"] if "down" in cls.split()]
+        assert len(down) == 1 and "r2" in down[0].split("-"), d["edges"]
+        assert ("r1-r2", "edge up") in [tuple(e) for e in d["edges"]]
+        states = dict(zip(p.column("link-table", 0), p.column("link-table", 2), strict=True))
+        assert states["2-from-1"] == "CONNECTED" and states["2-to-3"] != "CONNECTED"
+        assert p.js("() => document.querySelector('#link-table tbody tr:nth-child(2) .state').className") \
+            in ("state bad", "state warn")
+        check_page_basics(p)
+    finally:
+        p.close()
