@@ -12,8 +12,10 @@ import it; it imports none of them.
   with readable errors;
 * :mod:`lbmr_runtime.process` -- exit codes, UTC text/JSON logging, and
   ``run_daemon`` (trio.run with the daemons' exit codes);
-* :mod:`lbmr_runtime.http` -- a bounded HTTP/1.0 GET endpoint and the
-  Prometheus text writer;
+* :mod:`lbmr_runtime.http` -- a bounded, read-only HTTP/1.0 GET endpoint
+  (security headers, optional token and TLS) and the Prometheus text writer;
+* :mod:`lbmr_runtime.monitor` -- the operators' pages (static HTML, CSS and
+  scripts as package data) and the bounded, printable JSON they read;
 * :mod:`lbmr_runtime.events` -- the recent-events ring;
 * :mod:`lbmr_runtime.netif` -- local interfaces, interface specs, multicast
   interface checks and multicast socket set-up.

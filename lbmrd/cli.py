@@ -113,7 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with -v: require UM's strict grammar (<domains> and <transformations> present)")
     x = p.add_argument_group("lbmr-kit extensions")
     x.add_argument("--metrics", type=_hostport, metavar="ADDR:PORT",
-                   help="serve Prometheus /metrics and JSON /status over HTTP (off by default)")
+                   help="serve Prometheus /metrics, JSON /status and the operators' page / over "
+                        "HTTP (off by default; see lbmrd(8), MONITOR)")
+    x.add_argument("--metrics-token-file", metavar="FILE",
+                   help="with --metrics: require the token in FILE (Authorization: Bearer, or as "
+                        "the password of HTTP basic authentication)")
+    x.add_argument("--metrics-cert", metavar="FILE",
+                   help="with --metrics: serve HTTPS with this PEM certificate (chain)")
+    x.add_argument("--metrics-key", metavar="FILE",
+                   help="with --metrics-cert: the certificate's PEM private key")
     x.add_argument("--allow", type=_cidr, action="append", default=[], metavar="CIDR",
                    help="accept clients only from these networks (repeatable; default: everyone)")
     x.add_argument("--max-clients", type=_positive_int, metavar="N",
@@ -143,7 +151,9 @@ def effective_settings(args, cfg) -> Settings:
     cli = Settings(interface=args.interface, port=args.port, activity_ms=args.activity,
                    ttl_s=None if args.ttl is None else float(args.ttl), log=args.logfile,
                    rcv_buf=args.rcv_buf, snd_buf=args.snd_buf,
-                   config_path=args.config, metrics=args.metrics, allow=tuple(args.allow),
+                   config_path=args.config, metrics=args.metrics,
+                   metrics_token_file=args.metrics_token_file, metrics_cert=args.metrics_cert,
+                   metrics_key=args.metrics_key, allow=tuple(args.allow),
                    max_clients=args.max_clients, rate=args.rate_limit, burst=args.burst,
                    ip_rate=args.ip_rate_limit, ip_burst=args.ip_burst,
                    peer_daemons=tuple(args.peer_daemon), echo=args.echo,
@@ -204,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     if settings.bind_ip == "0.0.0.0":
         log.warning("bound to all interfaces: replies leave from the address the route picks; give -i "
                     "the address clients use in resolver_unicast_daemon")
+    monitor_opts = [o for o, v in (("--metrics-token-file", args.metrics_token_file),
+                                   ("--metrics-cert", args.metrics_cert),
+                                   ("--metrics-key", args.metrics_key)) if v is not None]
+    if monitor_opts and args.metrics is None:
+        log.error("%s needs --metrics ADDR:PORT", " and ".join(monitor_opts))
+        return EXIT_USAGE
     if args.metrics is not None and args.metrics[0] in ("0.0.0.0", ""):
         log.warning("--metrics %s:%d serves the client table (every client's address) on all "
                     "interfaces: give a loopback or management address unless that is intended",
@@ -216,7 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         return new, effective_settings(args, new)
 
     reload = reload if args.config else None
-    daemon = Daemon(settings, cfg, reload=reload)
+    try:
+        daemon = Daemon(settings, cfg, reload=reload)
+    except ValueError as e:  # the HTTP endpoint's token or TLS files
+        log.error("%s", e)
+        return EXIT_USAGE
     return run_daemon(daemon.run, log)
 
 

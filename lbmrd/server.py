@@ -17,6 +17,7 @@ import socket
 import time
 from collections import deque
 from dataclasses import replace
+from functools import partial
 
 import trio
 
@@ -127,6 +128,12 @@ class Daemon:
         self.fanout: Fanout | None = None
         self._waiter: SocketWaiter | None = None
         self.metrics_addr: tuple[str, int] | None = None
+        self.started = 0.0  # when run() began (trio's clock, seconds)
+        self.monitor_access = None  # the endpoint's token and TLS (lbmrd.metrics.monitor_access)
+        if settings.metrics is not None:
+            from .metrics import monitor_access
+
+            self.monitor_access = monitor_access(settings)  # ValueError: a bad token or TLS file
         self._nursery: trio.Nursery | None = None
         self._idle_scope: trio.CancelScope | None = None
         self._fanning = 0  # > 0 while a fan-out may pause between chunks
@@ -169,6 +176,7 @@ class Daemon:
             self.core.set_own_addresses([ip], port)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self.started = trio.current_time()
         self.sock = sock = self.open_socket()
         self.fanout = Fanout(sock)
         self._waiter = SocketWaiter(sock)
@@ -187,7 +195,8 @@ class Daemon:
                 if self.settings.metrics is not None:
                     from .metrics import serve_metrics
 
-                    self.metrics_addr = await nursery.start(serve_metrics, self, self.settings.metrics)
+                    self.metrics_addr = await nursery.start(
+                        partial(serve_metrics, access=self.monitor_access), self, self.settings.metrics)
                 task_status.started(bound)
                 await self._recv_loop()
         finally:

@@ -58,6 +58,9 @@ class Settings:
     bind_ip: str | None = None  # the address to bind (None: ``interface`` resolved)
     config_path: str | None = None
     metrics: tuple[str, int] | None = None  # HTTP endpoint (address, port)
+    metrics_token_file: str | None = None  # the endpoint's bearer token, in this file
+    metrics_cert: str | None = None  # the endpoint's TLS certificate (PEM) ...
+    metrics_key: str | None = None  # ... and its private key (PEM)
     allow: tuple[str, ...] = ()  # CIDR networks clients may come from (empty = any)
     max_clients: int | None = None
     rate: float | None = None  # per client (ip:port)

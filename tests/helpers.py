@@ -7,7 +7,9 @@ router's in-process drivers are in ``tests.router.helpers``.)"""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import shutil
 import socket
 import sys
 from collections import defaultdict
@@ -835,3 +837,244 @@ def networks_file(n: int, per_domain: int = 1000, overlap_every: int = 0) -> str
                    '<replace address="10.8.0.1" port="*"/></rule></transform>')
     out += ["</transformations>", "</lbmrd>"]
     return "\n".join(out)
+# ---------------------------------------------------------------- operators' pages in a browser
+
+#: Debian's chromium (scripts/test installs it); Playwright drives it and downloads nothing
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+#: the sizes a page must read at: a laptop screen and a phone
+PAGE_SIZES = {"wide": (1280, 800), "narrow": (390, 844)}
+#: a page's blocks: no two may overlap (unless one holds the other)
+PAGE_BLOCKS = "header,h1,h2,h3,summary,section.card,div.tile,div.tools,div.scroll,svg.topology,div.legend,p.note"
+
+_PAGE_OVERLAPS = """sel => {
+  const els = Array.from(document.querySelectorAll(sel)).filter(e => e.checkVisibility());
+  const box = els.map(e => e.getBoundingClientRect());
+  const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + ' "' + e.textContent.trim().slice(0, 30) + '"';
+  const bad = [];
+  for (let i = 0; i < els.length; i++) for (let j = i + 1; j < els.length; j++) {
+    if (els[i].contains(els[j]) || els[j].contains(els[i])) continue;
+    const a = box[i], b = box[j];
+    const w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+    const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+    if (w > 0.5 && h > 0.5) bad.push(name(els[i]) + ' / ' + name(els[j]));
+  }
+  return {checked: els.length, bad: bad};
+}"""
+
+
+def launch_chromium(playwright):
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+
+
+class MonitorPage:
+    """A daemon's page (``base``: ``http[s]://host:port``) open in a fresh
+    browser context of ``size`` (a :data:`PAGE_SIZES` key), with what it
+    logged, every request it made and every dialog it opened; ``credentials``:
+    (user, password): what a person types when the browser asks (HTTP basic
+    authentication, after the endpoint's 401 challenge)."""
+
+    def __init__(self, browser, base: str, size: str = "wide", *, credentials=None,
+                 ignore_https_errors: bool = False) -> None:
+        w, h = PAGE_SIZES[size]
+        self.base = base
+        self.context = browser.new_context(
+            viewport={"width": w, "height": h}, ignore_https_errors=ignore_https_errors,
+            http_credentials=None if credentials is None else {"username": credentials[0],
+                                                                 "password": credentials[1]})
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.responses: list[tuple[int, str]] = []
+        self.dialogs: list[str] = []
+        self.page.on("response", lambda r: self.responses.append((r.status, r.url)))
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+
+    def open(self, path: str = "/", timeout: float = 20.0) -> MonitorPage:
+        """Load the page and wait until its data came (the header says "updated")."""
+        self.page.goto(self.base + path, wait_until="load")
+        self.wait_updated(timeout)
+        return self
+
+    def wait_updated(self, timeout: float = 20.0) -> None:
+        self.page.wait_for_function(
+            "() => (document.getElementById('updated') || {}).textContent.startsWith('updated')",
+            timeout=timeout * 1000)
+
+    def js(self, script: str, arg=None):
+        return self.page.evaluate(script, arg)
+
+    def overlaps(self) -> dict:
+        return self.js(_PAGE_OVERLAPS, PAGE_BLOCKS)
+
+    def horizontal_overflow(self) -> int:
+        """Pixels the document is wider than the window (0: no sideways scrolling)."""
+        return self.js("() => document.documentElement.scrollWidth - window.innerWidth")
+
+    def column(self, table_id: str, index: int) -> list[str]:
+        return self.js("""([id, i]) => Array.from(document.getElementById(id).tBodies[0].rows)
+                          .filter(r => !r.classList.contains('empty')).map(r => r.cells[i].textContent)""",
+                       [table_id, index])
+
+    def screenshot(self, path, full_page: bool = False) -> bytes:
+        return self.page.screenshot(path=str(path), full_page=full_page)
+
+    def close(self) -> None:
+        self.context.close()
+
+
+def check_page_basics(p: MonitorPage) -> None:
+    """No console error, no request outside the endpoint, every answer 200, no dialog, no
+    overlapping blocks, no sideways scrolling of the whole page."""
+    assert p.errors == [], p.errors
+    assert p.requests and all(u.startswith(p.base + "/") for u in p.requests), p.requests
+    assert all(status == 200 for status, _ in p.responses if status != 401), p.responses  # 401: the challenge
+    assert p.dialogs == []
+    ov = p.overlaps()
+    assert ov["checked"] > 5 and ov["bad"] == [], ov
+    assert p.horizontal_overflow() <= 0
+
+
+def wait_http(url: str, timeout: float = 20.0, **kw) -> bytes:
+    """GET ``url`` until it answers 200 (a daemon starting); its body."""
+    import time
+    import urllib.request
+
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5, **kw) as r:
+                return r.read()
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.1)
+
+
+def spoof_udp(sock: socket.socket, payload: bytes, src: tuple[str, int], dst: tuple[str, int]) -> None:
+    """One UDP datagram on loopback with a forged source, through ``sock``
+    (a raw IPPROTO_RAW socket: root)."""
+    import struct
+
+    udp = struct.pack("!HHHH", src[1], dst[1], 8 + len(payload), 0) + payload  # checksum 0: none
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
+                     socket.inet_aton(src[0]), socket.inet_aton(dst[0]))
+    sock.sendto(ip + udp, (dst[0], 0))
+
+
+class RouterChain:
+    """lbmrds and lbmr-routers as processes on loopback, for the pages'
+    tests and benchmarks: router ``r{i}`` (i from 1) in domain i, its TRD an
+    lbmrd on 127.0.i.1 (a free port), its ``<metrics>`` endpoint on
+    127.0.0.1 (a free port; ``metrics_extra``: more ``<metrics>`` attributes
+    and ``daemon_extra``: more ``<daemon>`` elements after it), each linked
+    to the next (``r{i}`` initiator, ``r{i+1}`` acceptor, on 127.0.0.1).
+    ``spare_acceptors``: router name -> extra acceptor peer portals (their
+    listen ports in ``spare_ports``), for a test's own peer. Logs in ``tmp``."""
+
+    def __init__(self, tmp: Path, n: int, *, spare_acceptors: dict[str, int] | None = None,
+                 metrics_extra: str = "", daemon_extra: str = "") -> None:
+
+        self.tmp, self.n = tmp, n
+        self.procs: list = []
+        self.by_name: dict = {}  # process name (r1, lbmrd1, a spawned one's) -> its Popen
+        self.lbmrd = {i: (f"127.0.{i}.1", free_port(socket.SOCK_DGRAM, f"127.0.{i}.1")) for i in range(1, n + 1)}
+        self.metrics = {f"r{i}": free_port(socket.SOCK_STREAM) for i in range(1, n + 1)}
+        link_ports = {i: free_port(socket.SOCK_STREAM) for i in range(2, n + 1)}  # r{i} accepts r{i-1}
+        self.spare_ports: dict[str, list[int]] = {}
+        try:
+            for i, (ip, port) in self.lbmrd.items():
+                self._spawn(f"lbmrd{i}", LBMRD + ["-i", ip, "-p", str(port), "--stats-interval", "0"])
+            for i in range(1, n + 1):
+                ip, lport = self.lbmrd[i]
+                tr = (f'<topic-resolution>\n        <interface>{ip}</interface>\n'
+                      f'        <lbmrd address="{ip}" port="{lport}"/>\n      </topic-resolution>')
+                low = 30000 + 40 * i + (os.getpid() % 200) * 200
+                peers = []
+                if i > 1:
+                    peers.append(peer_xml(f"{i}-from-{i - 1}", "127.0.0.1", acceptor_xml(link_ports[i])))
+                if i < n:
+                    peers.append(peer_xml(f"{i}-to-{i + 1}", "127.0.0.1",
+                                          initiator_xml("127.0.0.1", link_ports[i + 1], 300)))
+                for k in range((spare_acceptors or {}).get(f"r{i}", 0)):
+                    p = free_port(socket.SOCK_STREAM)
+                    self.spare_ports.setdefault(f"r{i}", []).append(p)
+                    peers.append(peer_xml(f"{i}-spare-{k}", "127.0.0.1", acceptor_xml(p)))
+                daemon = (f"\n    <metrics{metrics_extra}>127.0.0.1:{self.metrics[f'r{i}']}</metrics>"
+                          f"{daemon_extra}")
+                cfg = tmp / f"r{i}.xml"
+                cfg.write_text(router_xml(f"r{i}", [endpoint_xml(f"T{i}", i, ip, tr=tr, relay=(low, low + 39))],
+                                          peers, daemon=daemon), encoding="utf-8")
+                self._spawn(f"r{i}", ROUTER + [str(cfg)])
+        except BaseException:
+            self.stop()
+            raise
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        import subprocess
+
+        log = open(self.tmp / f"{name}.log", "wb")
+        self.procs.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), log))
+        self.by_name[name] = self.procs[-1][0]
+
+    def spawn(self, name: str, argv: list[str]) -> None:
+        """One more process of the test's (stopped with the others)."""
+        self._spawn(name, argv)
+
+    def end(self, name: str) -> None:
+        """Stop one process (SIGTERM, then SIGKILL after 10 s)."""
+        import subprocess
+
+        p = self.by_name[name]
+        p.terminate()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+    def base(self, router: str, scheme: str = "http") -> str:
+        return f"{scheme}://127.0.0.1:{self.metrics[router]}"
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for p, _ in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        for p, log in self.procs:
+            try:
+                p.wait(10)
+            except Exception:  # noqa: BLE001 - a process that ignores SIGTERM
+                p.kill()
+                p.wait()
+            log.close()
+        self.procs = []
+
+
+def make_ca(tmp: Path, name: str) -> tuple[str, str]:
+    """A self-signed CA made by openssl: (key file, certificate file)."""
+    import subprocess
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{tmp}/{name}.key",
+                    "-out", f"{tmp}/{name}.pem", "-days", "2", "-subj", f"/CN={name}"], check=True,
+                   capture_output=True)
+    return f"{tmp}/{name}.key", f"{tmp}/{name}.pem"
+
+
+def make_cert(tmp: Path, name: str, ca: tuple[str, str], san: str = "IP:127.0.0.1") -> tuple[str, str]:
+    """A certificate for ``san`` signed by ``ca`` (from :func:`make_ca`): (certificate, key)."""
+    import subprocess
+
+    ca_key, ca_crt = ca
+    subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{tmp}/{name}.key",
+                    "-out", f"{tmp}/{name}.csr", "-subj", f"/CN={name}", "-addext", f"subjectAltName={san}"],
+                   check=True, capture_output=True)
+    subprocess.run(["openssl", "x509", "-req", "-in", f"{tmp}/{name}.csr", "-CA", ca_crt, "-CAkey", ca_key,
+                    "-CAcreateserial", "-out", f"{tmp}/{name}.pem", "-days", "2", "-copy_extensions", "copy"],
+                   check=True, capture_output=True)
+    os.chmod(f"{tmp}/{name}.key", 0o600)
+    return f"{tmp}/{name}.pem", f"{tmp}/{name}.key"

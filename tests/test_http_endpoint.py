@@ -37,7 +37,8 @@ def long_timeout(monkeypatch):
     monkeypatch.setattr(http, "REQUEST_TIMEOUT", 120.0)
 
 
-ROUTES = {"/metrics": ("text/plain", lambda: "up 1\n"), "/big": ("text/plain", lambda: "x" * BIG)}
+ROUTES = {"/metrics": ("text/plain", lambda query: "up 1\n"),
+          "/big": ("text/plain", lambda query: "x" * BIG)}
 
 
 def scrape(addr: tuple[str, int], path: str = "/metrics") -> tuple[int, bytes]:

@@ -53,6 +53,7 @@ from pathlib import Path
 
 from lxml import etree
 
+from lbmr_runtime.http import load_token
 from lbmr_runtime.xmlconfig import (
     ConfigError,
     element_text,
@@ -89,6 +90,7 @@ from .model import (
     LbmrdAddress,
     LbtrmConfig,
     LogConfig,
+    MonitorAccessConfig,
     MulticastResolver,
     PeerConfig,
     PortRange,
@@ -102,7 +104,7 @@ from .model import (
     UimListener,
     UseQuery,
 )
-from .peer import parse_peer
+from .peer import parse_peer, parse_tls
 
 __all__ = [
     "DTD_TEXT",
@@ -138,6 +140,7 @@ __all__ = [
     "AcceptorConfig",
     "KeepaliveConfig",
     "TlsConfig",
+    "MonitorAccessConfig",
     "PeerConfig",
     "RouterConfig",
     "load_config",
@@ -163,7 +166,30 @@ def _route_info(c: Checker, el: etree._Element | None) -> RouteInfoConfig:
     return RouteInfoConfig(interval, timeout, hops, el.sourceline or 0)
 
 
-def _daemon(c: Checker, daemon: etree._Element) -> tuple[str, LogConfig, tuple[str, int] | None, int]:
+def _monitor(c: Checker, m_el: etree._Element, daemon: etree._Element) -> MonitorAccessConfig:
+    """``<metrics token-file="...">`` and ``<metrics-tls>``: who may read the endpoint."""
+    token_file = None
+    text = m_el.get("token-file")
+    if text is not None:
+        p = os.path.normpath(c.base_dir / Path(text.strip()).expanduser()) if text.strip() else ""
+        if not p:
+            c.error(m_el, '<metrics> token-file is empty: give the file holding the token')
+        elif c.check_files:
+            try:
+                load_token(p)
+            except ValueError as e:
+                c.error(m_el, f"<metrics> {e}")
+            else:
+                token_file = p
+        else:
+            token_file = p
+    tls_el = daemon.find("metrics-tls")
+    tls = parse_tls(c, tls_el, peer=False) if tls_el is not None else None
+    return MonitorAccessConfig(token_file, tls)
+
+
+def _daemon(c: Checker, daemon: etree._Element) -> tuple[str, LogConfig, tuple[str, int] | None, int,
+                                                        MonitorAccessConfig]:
     name = c.name(daemon.find("name"), "this router's name, unique among your routers")
     log = LogConfig()
     log_el = daemon.find("log")
@@ -187,8 +213,10 @@ def _daemon(c: Checker, daemon: etree._Element) -> tuple[str, LogConfig, tuple[s
                 c.warn(log_el, f'frequency and size roll a log file: they do nothing with type="{kind}"')
         log = LogConfig(kind, file, frequency, size)
     metrics = None
+    access = MonitorAccessConfig()
     m_el = daemon.find("metrics")
     if m_el is not None:
+        access = _monitor(c, m_el, daemon)
         text = element_text(m_el)
         host, colon, port_text = text.rpartition(":")
         try:
@@ -200,12 +228,15 @@ def _daemon(c: Checker, daemon: etree._Element) -> tuple[str, LogConfig, tuple[s
             c.error(m_el, f"<metrics> {e}")
         else:
             metrics = (addr, port)
-            if not ipaddress.IPv4Address(addr).is_loopback:
+            if not ipaddress.IPv4Address(addr).is_loopback and access.token_file is None:
                 c.warn(m_el, f"<metrics> listens on {addr}, not on loopback: the endpoint has "
                              "no authentication, restrict access with a firewall")
+    elif daemon.find("metrics-tls") is not None:
+        c.error(daemon.find("metrics-tls"), "<metrics-tls> without <metrics>: give the endpoint's "
+                                            "ADDR:PORT in <metrics>")
     stats = c.text_int(daemon.find("stats-interval"), DEFAULT_STATS_INTERVAL_MS,
                        f"milliseconds 0..{INT_MAX} (0 = no statistics in the log)", 0, INT_MAX)
-    return name, log, metrics, stats
+    return name, log, metrics, stats, access
 
 # --------------------------------------------------------------------------- parsing
 
@@ -248,7 +279,7 @@ def parse_config(text: bytes | str, path: str | os.PathLike[str] = "<string>", *
         raise_errors(path, errors)
 
     c = Checker(path, Path(base_dir), check_files)
-    name, log, metrics, stats = _daemon(c, root.find("daemon"))
+    name, log, metrics, stats, monitor = _daemon(c, root.find("daemon"))
     route_info = _route_info(c, root.find("daemon").find("route-info"))
     portals = root.find("portals")
     endpoints = [parse_endpoint(c, ep) for ep in portals.iterchildren("endpoint")]
@@ -261,7 +292,7 @@ def parse_config(text: bytes | str, path: str | os.PathLike[str] = "<string>", *
         raise_errors(path, c.errors)
     return RouterConfig(
         path=path, name=name, endpoints=tuple(endpoints), peers=tuple(peers), log=log,
-        metrics=metrics, stats_interval_ms=stats,
+        metrics=metrics, monitor=monitor, stats_interval_ms=stats,
         warnings=tuple(sorted(c.warnings, key=lambda w: w[0])), route_info=route_info,
     )
 

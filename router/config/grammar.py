@@ -21,7 +21,8 @@ _TIMING_ELEMENTS = ("initial-request", "topic-use-query", "pattern-use-query",
                     "remote-topic-interest", "remote-pattern-interest", "domain-route")
 _CONTENT = {
     "lbmr-router": "<daemon> followed by <portals>",
-    "daemon": "<name>, then optionally <log>, <metrics>, <stats-interval>, <route-info/>, in this order",
+    "daemon": ("<name>, then optionally <log>, <metrics>, <metrics-tls>, <stats-interval>, <route-info/>, "
+               "in this order"),
     "portals": "one or more <endpoint> and <peer> elements",
     "endpoint": ("<name>, <domain-id>, optionally <cost>, <source-deletion-delay>, then "
                  "<topic-resolution>, then optionally <relay/>, <lbt-rm/>, <uim/>, <acl>, "
@@ -46,6 +47,8 @@ _CONTENT = {
         "remote-pattern-interest", "domain-route")},
     "tls": ("<certificate>, <certificate-key>, then optionally <certificate-key-password>, "
             "<trusted-certificates>, <cipher-suites>, in this order"),
+    "metrics-tls": ("<certificate>, <certificate-key>, then optionally <certificate-key-password>, "
+                    "<trusted-certificates>, <cipher-suites>, in this order"),
 }
 _REQUIRED = {
     "lbmr-router": ("daemon", "portals"),
@@ -55,6 +58,7 @@ _REQUIRED = {
     "initiator": ("address", "port"),
     "acceptor": ("listen-port",),
     "tls": ("certificate", "certificate-key"),
+    "metrics-tls": ("certificate", "certificate-key"),
 }
 _ATTR_HINT = {
     ("lbmrd", "address"): ' (the IPv4 address of the lbmrd, e.g. address="10.1.1.50")',

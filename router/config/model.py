@@ -542,10 +542,21 @@ class RouteInfoConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MonitorAccessConfig:
+    """Who may read the HTTP endpoint (``<metrics token-file>``, ``<metrics-tls>``):
+    ``token_file`` (absolute path; None = no token asked) and ``tls`` (None =
+    plain HTTP)."""
+
+    token_file: str | None = None
+    tls: TlsConfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     """A checked configuration file.
 
-    ``name`` is ``<daemon><name>``; ``metrics`` is ``(address, port)`` or None.
+    ``name`` is ``<daemon><name>``; ``metrics`` is ``(address, port)`` or None,
+    ``monitor`` its token and TLS.
     :attr:`endpoint` and :attr:`peer` are the first of each (the only ones
     of a router with one endpoint and one peer).
     """
@@ -556,6 +567,7 @@ class RouterConfig:
     peers: tuple[PeerConfig, ...]
     log: LogConfig = LogConfig()
     metrics: tuple[str, int] | None = None
+    monitor: MonitorAccessConfig = MonitorAccessConfig()
     stats_interval_ms: int = DEFAULT_STATS_INTERVAL_MS
     warnings: tuple[tuple[int, str], ...] = field(default=(), compare=False)
     route_info: RouteInfoConfig = RouteInfoConfig()

@@ -39,7 +39,10 @@ _PEM_KEY_RE = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )?PRIVATE KEY-----")
 _PEM_ENCRYPTED = (b"-----BEGIN ENCRYPTED PRIVATE KEY-----", b"Proc-Type: 4,ENCRYPTED")
 
 
-def _tls(c: Checker, el: etree._Element) -> TlsConfig | None:
+def parse_tls(c: Checker, el: etree._Element, *, peer: bool = True) -> TlsConfig | None:
+    """A ``<tls>`` element (a peer's; ``peer=False``: the monitor's ``<metrics-tls>``,
+    where ``<trusted-certificates>`` names the CA of the clients' certificates and
+    without it no client certificate is asked for)."""
     cert_el, key_el = el.find("certificate"), el.find("certificate-key")
     pw_el, ca_el = el.find("certificate-key-password"), el.find("trusted-certificates")
     ciphers_el = el.find("cipher-suites")
@@ -54,7 +57,7 @@ def _tls(c: Checker, el: etree._Element) -> TlsConfig | None:
             c.error(ciphers_el, f'<cipher-suites> "{ciphers}" selects no cipher suite known to '
                                 "this OpenSSL: give OpenSSL cipher names separated by commas "
                                 "or colons")
-    if ca_el is None:
+    if ca_el is None and peer:
         c.warn(el, "<tls> has no <trusted-certificates>: the peer's certificate is checked "
                    "against the system CA store; give your own CA bundle for mutual "
                    "authentication between your routers")
@@ -102,7 +105,7 @@ def parse_peer(c: Checker, peer: etree._Element) -> PeerConfig:
     rcv = c.text_int(st.find("receive-buffer"), 0, buf_what, 0, INT_MAX)
     snd = c.text_int(st.find("send-buffer"), 0, buf_what, 0, INT_MAX)
     tls_el = st.find("tls")
-    tls = _tls(c, tls_el) if tls_el is not None else None
+    tls = parse_tls(c, tls_el) if tls_el is not None else None
     initiator = acceptor = None
     ini = st.find("initiator")
     acc = st.find("acceptor")

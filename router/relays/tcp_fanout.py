@@ -135,6 +135,7 @@ class FanoutRelay(TransportRelay):
         self._keys = count()
         self.budget = QueueBudget()  # every queue of this relay's sessions
         self.receivers = 0  # receiver connections of all this relay's proxies
+        self._proxies: dict[int, _Proxy] = {}  # the near side of each proxy serving, by proxy id
 
     # ------------------------------------------------------- near side
 
@@ -144,12 +145,25 @@ class FanoutRelay(TransportRelay):
         sock.listen(64)
         task_status.started(sock.getsockname())
         listener = trio.SocketListener(sock)
-        proxy = _Proxy()
         proxy_id = advert.advert_id
-        async with trio.open_nursery() as n:
-            while True:
-                conn = await listener.accept()
-                n.start_soon(self._receiver, proxy, conn, proxy_id, n)
+        proxy = self._proxies[proxy_id] = _Proxy()
+        try:
+            async with trio.open_nursery() as n:
+                while True:
+                    conn = await listener.accept()
+                    n.start_soon(self._receiver, proxy, conn, proxy_id, n)
+        finally:
+            if self._proxies.get(proxy_id) is proxy:
+                del self._proxies[proxy_id]
+
+    def receivers_of(self, proxy_id: int) -> list[dict]:
+        """The receivers of proxy ``proxy_id`` (for the status page): address,
+        bytes queued, messages and bytes dropped for want of room."""
+        proxy = self._proxies.get(proxy_id)
+        if proxy is None:
+            return []
+        return [{"peer": rx.peer, "queued_bytes": rx.queue.held, "dropped_messages": rx.queue.dropped_messages,
+                 "dropped_bytes": rx.queue.dropped_bytes} for rx in proxy.receivers.values()]
 
     def _open_stream(self, proxy: _Proxy, link: Link, aid: int, nursery) -> None:
         sid = link.streams.open(aid, P.StreamKind.TCP)

@@ -32,6 +32,7 @@ import trio
 
 from lbmr_runtime.events import EventRing
 from lbmr_runtime.http import PrometheusText, serve_http
+from lbmr_runtime.monitor import page_routes
 
 from .. import peerlink as P
 from ..config.model import EndpointConfig, PeerConfig, RouterConfig, acceptor_peer, initiator_peer
@@ -49,6 +50,7 @@ from ..core.routing import Routing
 from ..relays.endpoint_relay import PortPool, Relay
 from ..relays.interface import RelaySettings
 from .link_task import LinkTask
+from .monitor import monitor_access, router_page, sessions_page
 from .pair_link import PairLink, pair_links
 from .portal_task import IO_BATCH, PortalTask, new_portal
 from .relay_site import RelaySite
@@ -177,6 +179,7 @@ class MultiRouter:
         self._units: dict[tuple[str, str], Unit] = {}  # (link id, endpoint name) -> its unit
         self._nursery: trio.Nursery | None = None
         self._advertising: set[tuple[str, str, int]] = set()  # (link, endpoint, proxy id): topics to go
+        self.started: float | None = None  # when run() began (trio's clock, seconds)
         self._plan()
 
     def _plan(self) -> None:
@@ -212,6 +215,7 @@ class MultiRouter:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         s = self.config
+        self.started = trio.current_time()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for pool in self.pools.values():
@@ -247,9 +251,12 @@ class MultiRouter:
                 reports.append({"tr": tr, "peer": peer_addr, "metrics": None})
             metrics_addr = None
             if s.metrics is not None:
-                routes = {"/metrics": ("text/plain; version=0.0.4", self.prometheus_text),
-                          "/status": ("application/json", lambda: json.dumps(self.status()))}
-                metrics_addr = await nursery.start(partial(serve_http, logger=log), routes, s.metrics)
+                routes = {"/metrics": ("text/plain; version=0.0.4", lambda query: self.prometheus_text()),
+                          "/status": ("application/json", lambda query: json.dumps(self.status())),
+                          **page_routes("router", {"router": lambda query: router_page(self, query),
+                                                   "sessions": partial(self._sessions_page, trio.Lock())})}
+                metrics_addr = await nursery.start(partial(serve_http, logger=log, access=monitor_access(s.monitor)),
+                                                   routes, s.metrics)
             if self.handle_signals:
                 await nursery.start(partial(serve_signals, self.status, self._stop))
             first = reports[0] if reports else {"tr": self.portals[s.endpoints[0].name].sock.getsockname(),
@@ -323,6 +330,10 @@ class MultiRouter:
                 for task in self._tasks.values():
                     n.start_soon(task.disconnect, "shutting down")
         self._nursery.cancel_scope.cancel()
+
+    async def _sessions_page(self, scans: trio.Lock, query: dict[str, str]) -> dict:
+        """The page's ``/api/sessions`` (``scans``: one filter or sort at a time)."""
+        return await sessions_page(self, query, scans)
 
     def portal_summary(self) -> list[dict]:
         """Per endpoint portal: its links and its interest, proxy and advert counts
