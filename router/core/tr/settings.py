@@ -117,6 +117,11 @@ class PortalTRSettings:
     #: (period, duration) seconds: a TR request (queries and wildcard queries)
     #: every period for duration from creation, so that quiet receivers query again
     initial_request: tuple[float, float] | None = None
+    #: (IPv4 address, TCP port) of the router's request listener in this TRD (UM's
+    #: request_tcp_interface / request_tcp_port): what proxies advertise as the source's
+    #: late-join and retransmission request address; None: none (the origin's late-join,
+    #: UME and extended-functionality options are not advertised)
+    request_address: Addr | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # normalising a frozen value while it is made
@@ -174,6 +179,11 @@ class PortalTRSettings:
         ir = self.initial_request
         if ir is not None and ir[1] > 0 and not ir[0] > 0:
             raise ValueError("initial_request period must be positive")
+        ra = self.request_address
+        if ra is not None:
+            if not isinstance(ra[1], int) or not 0 < ra[1] <= 0xFFFF:
+                raise ValueError(f"request_address port must be 1..65535, not {ra[1]!r}")
+            put(self, "request_address", (_check_ip(str(ra[0]), "request_address"), ra[1]))
 
 
 def _check_ip(ip: str, what: str) -> str:
