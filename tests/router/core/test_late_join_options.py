@@ -131,6 +131,16 @@ def test_the_portal_reports_the_options_of_the_sources_tir():
     assert a.known_sources(TOPIC)[0].tir_options == LATE_JOIN.encode()
 
 
+def test_a_multicast_portal_fills_an_unset_request_address_with_the_senders():
+    a = PortalTR(PortalTRSettings("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=("239.192.1.1", 12965)),
+                 now=0.0)
+    a.add_remote_interest(TOPIC, 0.0)
+    any_lj = LateJoinOption(0, 14391, 0, "0.0.0.0", 3, 1200, 1000)
+    a.on_datagram(app_datagram(tirs=[source_tir(any_lj)]), ("10.1.0.5", 12965), 0.1)
+    (seen,) = [e for e in a.events() if isinstance(e, SourceSeen)]
+    assert seen.tir_options == LATE_JOIN.encode()
+
+
 def test_the_bridge_advertises_them_and_a_peer_bridge_proxies_them_at_its_request_address():
     a = Bridge(trd_portal("A", 1, DAEMON1))
     b = Bridge(trd_portal("B", 2, DAEMON2, request_address=ROUTER_B))
