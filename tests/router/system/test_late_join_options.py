@@ -4,7 +4,8 @@ port; a receiver in TRD2 resolves the proxy of router B and finds those options 
 router B's request listener (<request-tcp>), the OTID, domain id and cost options as
 before, and tshark dissects the proxy's TIR without expert info. Without a request
 listener the options are left out (counted); towards an older peer (no TIR_OPTIONS
-capability) they are never sent."""
+capability) they are never sent; along a chain of routers each one that advertises a
+proxy names its own listener."""
 
 from __future__ import annotations
 
@@ -14,11 +15,17 @@ import lbmr_proto as L
 from lbmr_proto.capture import write_udp_pcap
 from lbmr_proto.um import synthesize_otid
 from router import peerlink as P
-from router.config_model import RequestTcpConfig
+from router.config_model import RequestTcpConfig, lbmrd_endpoint, router_config
+from router.multi import MultiRouter
 from tests.router.helpers import (
+    IPS,
+    ROUTE_INFO,
     ROUTED_TOPIC,
+    acceptor_link,
     acceptor_router,
     connect_as_peer,
+    converged,
+    initiator_link,
     start_lbmrd,
     start_routers,
     tcp_source,
@@ -151,3 +158,34 @@ async def test_an_older_peer_never_gets_the_options():
     ad, caps = await _first_advert(P.DEFAULT_CAPABILITIES & ~P.Capability.TIR_OPTIONS)
     assert not caps & P.Capability.TIR_OPTIONS
     assert ad.tir_options == b"" and ad.session and ad.origin_domain == 2
+
+
+def chain_router(name: str, d: int, trd, peers) -> MultiRouter:
+    """A router with an endpoint in TRD ``d`` (at IPS[d]) whose request listener is port
+    15390 + d, and the ``peers``."""
+    ep = lbmrd_endpoint(f"T{d}", d, [trd], interface=IPS[d], fanout=False,
+                        request_tcp=RequestTcpConfig(15390 + d))
+    return MultiRouter(router_config(name, [ep], peers, route_info=ROUTE_INFO))
+
+
+async def test_along_a_chain_each_router_names_its_own_request_listener():
+    """r1 (TRD1, the source) - r2 (TRD2) - r3 (TRD3): r3's proxy in TRD3 names r3's
+    listener, r2's proxy in TRD2 names r2's; the options crossed r2 unchanged."""
+    async with trio.open_nursery() as n:
+        trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2, 3)}
+        r2 = chain_router("r2", 2, trds[2], [acceptor_link("2-1"), acceptor_link("2-3")])
+        p21, p23 = (lk["peer"] for lk in (await n.start(r2.run))["links"])
+        r1 = chain_router("r1", 1, trds[1], [initiator_link("1-2", p21)])
+        r3 = chain_router("r3", 3, trds[3], [initiator_link("3-2", p23)])
+        await n.start(r1.run)
+        await n.start(r3.run)
+        await converged((r1, r2, r3), (1, 2, 3))
+        src = await tcp_source(n, "127.0.1.5", 1024)
+        n.start_soon(advertise_with_options, udp("127.0.1.5"), trds[1], *src)
+        for d in (3, 2):
+            _, tir = await resolve_raw(udp(f"127.0.{d}.9"), trds[d])
+            assert tir.transport.ip == IPS[d]
+            assert of(tir, L.LateJoinOption) == [L.LateJoinOption(0, 15390 + d, 0, IPS[d], 1, 0, 0)]
+            assert of(tir, L.ExFuncOption) == [L.ExFuncOption(0x8000, 15390 + d, 0, IPS[d], 0x1)]
+            assert of(tir, L.CostOption)[0].hop_count == d - 1
+        n.cancel_scope.cancel()
