@@ -1,7 +1,7 @@
 """The value checkers of an ``<endpoint>`` portal of lbmr-router's
 configuration: :func:`parse_endpoint` and one function per element inside it
 (``<topic-resolution>`` with its ``<multicast>`` or ``<lbmrd>`` list and its
-timing elements, ``<relay>``, ``<lbt-rm>``, ``<uim>``, ``<remote-topic>``,
+timing elements, ``<relay>``, ``<lbt-rm>``, ``<uim>``, ``<request-tcp>``, ``<remote-topic>``,
 ``<remote-pattern>``; the portal's ``<acl>`` through
 :meth:`router.config.checker.Checker.portal_acl`).
 
@@ -43,6 +43,7 @@ from .model import (
     RateLimit,
     RelayConfig,
     RemoteInterest,
+    RequestTcpConfig,
     TopicResolution,
     UimListener,
     UseQuery,
@@ -251,12 +252,26 @@ def parse_endpoint(c: Checker, ep: etree._Element) -> EndpointConfig:
     uim = _uim(c, ep.find("uim"), tr, relay)
     return EndpointConfig(
         name=name, domain_id=domain_id, topic_resolution=tr, relay=relay, lbtrm=lbtrm,
+        request_tcp=_request_tcp(c, ep.find("request-tcp")),
         fanout=fanout, fanout_max_queue=fanout_queue,
         source_deletion_delay_ms=delay, cost=cost, max_proxies=max_proxies,
         remote_topic=_remote(c, ep.find("remote-topic"), "max-topics"),
         remote_pattern=_remote(c, ep.find("remote-pattern"), "max-patterns"),
         line=ep.sourceline or 0, acl=c.portal_acl(ep, name), uim=uim,
     )
+
+
+def _request_tcp(c: Checker, el: etree._Element | None) -> RequestTcpConfig | None:
+    """``<request-tcp interface port/>``: the router's request listener in the TRD."""
+    if el is None:
+        return None
+    if el.get("port") is None:  # (the DTD requires it; a clear word all the same)
+        c.error(el, "<request-tcp> needs port: the TCP port of the router's request listener "
+                    "(UM's request_tcp_port), 1..65535")
+        return None
+    port = c.attr_port(el, "port", 0, "TCP")
+    iface = c.attr_interface(el, "interface")
+    return RequestTcpConfig(port, iface, el.sourceline or 0) if port else None
 
 
 def _lbtrm(c: Checker, el: etree._Element) -> LbtrmConfig:

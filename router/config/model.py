@@ -223,6 +223,17 @@ class RelayConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestTcpConfig:
+    """``<request-tcp>``: the router's request listener in the endpoint's TRD (UM's
+    request_tcp_interface / request_tcp_port): the late-join and retransmission request
+    address its proxies advertise. ``interface`` None = the relay's."""
+
+    port: int
+    interface: str | None = None
+    line: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
 class LbtrmConfig:
     """``<lbt-rm>``: the multicast groups ``group_low`` .. ``group_high`` and the
     destination port of the LBT-RM proxy sources this portal creates in its TRD
@@ -289,6 +300,7 @@ class EndpointConfig:
     fanout_max_queue: int = DEFAULT_FANOUT_MAX_QUEUE
     fanout_stall_timeout_ms: int = round(_FANOUT_STALL_S * 1000)
     uim: UimListener | None = None  # <uim>: the UIM listener (None: no domain route records)
+    request_tcp: RequestTcpConfig | None = None  # <request-tcp>: None = no request listener
 
     # ------------------------------------------------ what the runtime reads
 
@@ -350,6 +362,16 @@ class EndpointConfig:
     def relay_ip(self) -> str:
         """The address of the proxy listeners (default: any)."""
         return bind_address(self.relay.interface, "0.0.0.0")
+
+    @property
+    def request_address(self) -> tuple[str, int] | None:
+        """(address, TCP port) of the router's request listener in this TRD, which its
+        proxies advertise for late join and OTR (None: none configured)."""
+        rt = self.request_tcp
+        if rt is None:
+            return None
+        return bind_address(rt.interface if rt.interface is not None else self.relay.interface,
+                            "0.0.0.0"), rt.port
 
     @property
     def relay_port_low(self) -> int:

@@ -341,7 +341,8 @@ class Bridge:
         cost = self.route_costs.get(f.origin_domain) if self.route_costs is not None else None
         if f.advert_id not in self._transit_only:
             self.portal.add_proxy(ProxySource(f.advert_id, f.topic, ps.body, f.origin_domain, f.otid,
-                                              hop_count=hops, cost=hops if cost is None else cost), now)
+                                              hop_count=hops, cost=hops if cost is None else cost,
+                                              tir_options=f.tir_options), now)
         self._out.append(ProxyUp(f, ps.body))
 
     def proxy_advert(self, proxy_id: int) -> int | None:
@@ -466,14 +467,15 @@ class Bridge:
         return True
 
     def _advertise(self, aid: int, topic: str, otid: bytes, transport: int, *, withdraw: bool,
-                   session: int = 0, origin_session_id: int = 0) -> None:
+                   session: int = 0, origin_session_id: int = 0, tir_options: bytes = b"") -> None:
         if not self.is_link_up:
             return
         if transport not in RELAYED_TRANSPORTS:
             self.counters["unrelayable_transport"] += 1
             return
         self._send(P.Advertisement(topic, self.domain_id, bytes(otid), transport, aid, withdraw,
-                                   session=session, origin_session_id=origin_session_id if session else 0))
+                                   session=session, origin_session_id=origin_session_id if session else 0,
+                                   tir_options=b"" if withdraw else tir_options))
         self.counters["adverts_withdrawn" if withdraw else "adverts_sent"] += 1
 
     def drain_portal(self) -> None:
@@ -517,7 +519,8 @@ class Bridge:
                 session = self._adverts.set(key, aid, ev.transport_body)
                 self._advertise(aid, ev.topic, ev.otid, ev.transport_body.TYPE, withdraw=False,
                                 session=session,
-                                origin_session_id=getattr(ev.transport_body, "session_id", 0) or 0)
+                                origin_session_id=getattr(ev.transport_body, "session_id", 0) or 0,
+                                tir_options=ev.tir_options)
             elif isinstance(ev, SourceGone):
                 self._portal_events_gone(ev.topic, ev.otid)
 

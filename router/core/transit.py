@@ -332,7 +332,8 @@ class Transit:
         session = session_key(up.body)
         origin_sid = (getattr(up.body, "session_id", 0) or 0) if session else 0  # said with a session only
         return [SendOnLink(link, P.Advertisement(f.topic, f.origin_domain, f.otid, _proxy_transport(up),
-                                                 aid, False, f.hop_count + 1, session, origin_sid))]
+                                                 aid, False, f.hop_count + 1, session, origin_sid,
+                                                 f.tir_options))]
 
     def _withdraw(self, link: str, aid: int) -> SendOnLink:
         ukey = self._down.pop((link, aid))

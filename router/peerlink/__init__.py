@@ -58,6 +58,9 @@ from .connection import (
     Timeout,
 )
 from .frames import (
+    ADVERT_TIR_OPTION_TYPES,
+    ADVERT_TIR_OPTIONS,
+    ADVERT_TIR_OPTIONS_MAX,
     ADVERT_WITHDRAW,
     DEFAULT_CAPABILITIES,
     FLAG_IGNORABLE,
@@ -108,6 +111,7 @@ from .frames import (
     StreamTarget,
     Topology,
     check_target,
+    check_tir_options,
     stream_kinds,
 )
 from .outqueue import (
@@ -123,7 +127,8 @@ __all__ = [
     "DisconnectRequest", "DisconnectResponse", "DisconnectOk", "Interest", "Advertisement", "Topology",
     "StreamOpen", "StreamAccept", "StreamRefuse", "StreamData", "StreamCredit", "StreamClose",
     "Datagram", "ResponseTarget", "RoutedUimTarget", "StreamTarget", "KIND_CAPABILITY", "KIND_TARGET",
-    "check_target", "stream_kinds", "FRAME_TYPES", "encode", "encode_raw", "decode", "decode_payload", "RawFrame",
+    "check_target", "stream_kinds", "check_tir_options", "ADVERT_TIR_OPTION_TYPES", "ADVERT_TIR_OPTIONS",
+    "ADVERT_TIR_OPTIONS_MAX", "FRAME_TYPES", "encode", "encode_raw", "decode", "decode_payload", "RawFrame",
     "FrameReader", "Event", "Connected", "DisconnectRequested", "Terminated", "Rejected",
     "Closed", "ConnectionLost", "Timeout", "ProtocolError", "RouterIdentity", "PeerInfo",
     "RttStats", "LinkStats", "PeerConnection", "OutQueue",

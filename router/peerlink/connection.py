@@ -288,13 +288,16 @@ class PeerConnection:
         """Encode an application frame (or DisconnectRequest / DisconnectResponse) and return
         all pending outgoing bytes. :class:`LocalProtocolError` if not allowed now. An
         ADVERTISEMENT's session goes only to a peer that has capability SESSIONS, its origin
-        session id only to one that has ORIGIN_SID."""
+        session id only to one that has ORIGIN_SID, its TIR options only to one that has
+        TIR_OPTIONS."""
         self._check_send(frame)
         if type(frame) is Advertisement:
             if frame.session and not self.capabilities & Capability.SESSIONS:
                 frame = dataclasses.replace(frame, session=0, origin_session_id=0)
             elif frame.origin_session_id and not self.capabilities & Capability.ORIGIN_SID:
                 frame = dataclasses.replace(frame, origin_session_id=0)
+            if frame.tir_options and not self.capabilities & Capability.TIR_OPTIONS:
+                frame = dataclasses.replace(frame, tir_options=b"")
         self._emit(frame, now)
         if isinstance(frame, DisconnectRequest):
             self._req_sent, self._req_reason = True, frame.reason
@@ -656,6 +659,10 @@ class PeerConnection:
             if type(frame) is Advertisement and frame.origin_session_id \
                     and not self.capabilities & Capability.ORIGIN_SID:
                 raise FrameDecodeError("ADVERTISEMENT with an origin session id but capability ORIGIN_SID "
+                                       "was not negotiated")
+            if type(frame) is Advertisement and frame.tir_options \
+                    and not self.capabilities & Capability.TIR_OPTIONS:
+                raise FrameDecodeError("ADVERTISEMENT with TIR options but capability TIR_OPTIONS "
                                        "was not negotiated")
             if peer_done and not isinstance(frame, _RECEIVE_SIDE):
                 raise FrameDecodeError(f"{name} after the peer's DISCONNECT_"

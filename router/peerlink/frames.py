@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from enum import Enum, IntEnum, IntFlag
 from typing import ClassVar
 
+from lbmr_proto import ExFuncOption, LateJoinOption, UmeOption
+
 # --------------------------------------------------------------------------- constants
 
 MAGIC = b"LBRP"
@@ -24,6 +26,7 @@ HEADER_SIZE = HEADER.size  # 12
 MAX_PAYLOAD = 1 << 20  # 1 MiB
 FLAG_IGNORABLE = 0x01  # header flag: a receiver that does not know the type may skip the frame
 ADVERT_WITHDRAW = 0x01  # ADVERTISEMENT flags bit
+ADVERT_TIR_OPTIONS = 0x02  # ADVERTISEMENT flags bit: origin TIR options follow the topic
 U64 = (1 << 64) - 1
 
 
@@ -118,10 +121,12 @@ class Capability(IntFlag):
     RU_SESSIONS = 0x20  # LBTRU_SESSION streams (LBT-RU fan-out: one stream per origin session per link)
     RESPONSES = 0x40  # RESPONSE streams (responses to requests relayed across the link)
     UIM_ROUTING = 0x80  # UIM_ROUTED streams (unicast immediate messages routed by domain id)
+    TIR_OPTIONS = 0x100  # ADVERTISEMENT frames carry the origin's late-join, exfunc and UME TIR options
 
 
 DEFAULT_CAPABILITIES = int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS
-                           | Capability.ORIGIN_SID | Capability.RU_SESSIONS)  # a router adds ROUTING
+                           | Capability.ORIGIN_SID | Capability.RU_SESSIONS
+                           | Capability.TIR_OPTIONS)  # a router adds ROUTING
 # stream kinds a router opens only towards a peer that announced the capability (the
 # connection refuses to send the STREAM_OPEN otherwise); every other known kind needs none
 KIND_CAPABILITY: dict[int, Capability] = {
@@ -138,6 +143,14 @@ def stream_kinds(capabilities: int) -> tuple[StreamKind, ...]:
     UNSUPPORTED_KIND, as a peer that does not know them does)."""
     return tuple(k for k in StreamKind
                  if k not in KIND_CAPABILITY or capabilities & KIND_CAPABILITY[k])
+
+
+# The origin TIR options an ADVERTISEMENT may carry (capability TIR_OPTIONS), by LBMR TIR
+# option type: UME (0x01), late join (0x04) and extended functionality (0x0E), the options
+# that name the source's request (late-join, retransmission) address; each at most once,
+# with its fixed size, so the field is at most ADVERT_TIR_OPTIONS_MAX bytes
+ADVERT_TIR_OPTION_TYPES: dict[int, int] = {c.CODE: c.SIZE for c in (UmeOption, LateJoinOption, ExFuncOption)}
+ADVERT_TIR_OPTIONS_MAX = sum(ADVERT_TIR_OPTION_TYPES.values())  # 72 bytes
 
 
 MAX_TOPOLOGY_ENTRIES = 4096  # domains, and peers, in one TOPOLOGY frame
@@ -174,6 +187,35 @@ class OutQueueOverflow(Exception):
 
 
 # --------------------------------------------------------------------------- payload codec
+
+def check_tir_options(raw: bytes | bytearray | memoryview, error: type[ValueError] = FrameDecodeError) -> bytes:
+    """``raw`` as an ADVERTISEMENT's origin TIR options field: TIR options as on the wire
+    (``type:u8 len:u8 ...``, big-endian, no length option), only the kinds of
+    :data:`ADVERT_TIR_OPTION_TYPES`, each once and of its size, not empty. Returns the bytes;
+    raises ``error`` (:class:`FrameDecodeError` for received bytes) naming what is wrong."""
+    raw = bytes(raw)
+    if not raw or len(raw) > ADVERT_TIR_OPTIONS_MAX:
+        raise error(f"ADVERTISEMENT: TIR options field of {len(raw)} bytes (1..{ADVERT_TIR_OPTIONS_MAX})")
+    seen = set()
+    p = 0
+    while p < len(raw):
+        if p + 2 > len(raw):
+            raise error(f"ADVERTISEMENT: TIR option header truncated at offset {p}")
+        typ, ln = raw[p], raw[p + 1]
+        want = ADVERT_TIR_OPTION_TYPES.get(typ)
+        if want is None:
+            raise error(f"ADVERTISEMENT: TIR option type 0x{typ:02x} is not carried "
+                        f"(only {', '.join(f'0x{t:02x}' for t in ADVERT_TIR_OPTION_TYPES)})")
+        if ln != want or p + ln > len(raw):
+            raise error(f"ADVERTISEMENT: TIR option 0x{typ:02x} of {ln} bytes ({want} expected, "
+                        f"{len(raw) - p} left)")
+        if typ in seen:
+            raise error(f"ADVERTISEMENT: TIR option 0x{typ:02x} twice")
+        seen.add(typ)
+        p += ln
+    return raw
+
+
 
 _U8, _U16, _U32, _U64 = (struct.Struct(f) for f in (">B", ">H", ">I", ">Q"))
 
@@ -453,7 +495,11 @@ class Advertisement(Frame):
     router serves with one proxy (one listener, one stream per receiver connection).
     ``origin_session_id`` (capability ORIGIN_SID; 0 = not said, and said only with a session):
     the origin TIR's 32-bit transport session id (TCP or LBT-RU "with session id"), which the
-    proxy advertises too: its receivers get the origin's session in the stream."""
+    proxy advertises too: its receivers get the origin's session in the stream.
+    ``tir_options`` (capability TIR_OPTIONS; empty = not said, never with ``withdraw``): the
+    origin TIR's UME, late-join and extended-functionality options as on the wire
+    (:func:`check_tir_options`), which the proxy advertises with the request address
+    substituted."""
 
     TYPE: ClassVar[FrameType] = FrameType.ADVERTISEMENT
     topic: str
@@ -465,14 +511,22 @@ class Advertisement(Frame):
     hop_count: int = 0
     session: int = 0
     origin_session_id: int = 0
+    tir_options: bytes = b""
 
     def payload(self) -> bytes:
         if not isinstance(self.otid, bytes | bytearray) or len(self.otid) != 32:
             raise FrameEncodeError(f"ADVERTISEMENT: OTID must be 32 bytes, not {self.otid!r}")
         flags = ADVERT_WITHDRAW if self.withdraw else 0
+        opts = b""
+        if self.tir_options:
+            if self.withdraw:
+                raise FrameEncodeError("ADVERTISEMENT: a withdrawal carries no TIR options")
+            opts = check_tir_options(self.tir_options, FrameEncodeError)
+            opts = _U16.pack(len(opts)) + opts
+            flags |= ADVERT_TIR_OPTIONS
         out = (_pack(">IIBBH", self.origin_domain, self.advert_id, self.transport, flags,
                      self.hop_count, what="ADVERTISEMENT")
-               + bytes(self.otid) + _str(self.topic, "topic"))
+               + bytes(self.otid) + _str(self.topic, "topic") + opts)
         if self.origin_session_id and not self.session:
             raise FrameEncodeError("ADVERTISEMENT: an origin session id goes with a session")
         if self.session:  # the optional trailer (capability SESSIONS)
@@ -486,6 +540,15 @@ class Advertisement(Frame):
         domain, advert_id, transport, flags, hops = r.u32(), r.u32(), r.u8(), r.u8(), r.u16()
         otid = r.raw(32)
         topic = r.string()
+        opts = b""
+        if flags & ADVERT_TIR_OPTIONS:  # the origin TIR options (capability TIR_OPTIONS)
+            if flags & ADVERT_WITHDRAW:
+                raise FrameDecodeError("ADVERTISEMENT: a withdrawal with TIR options")
+            n = r.u16()
+            if not 0 < n <= ADVERT_TIR_OPTIONS_MAX:
+                raise FrameDecodeError(f"ADVERTISEMENT: TIR options field of {n} bytes "
+                                       f"(1..{ADVERT_TIR_OPTIONS_MAX})")
+            opts = check_tir_options(r.raw(n))
         session = sid = 0
         if r.pos < len(r.buf):  # the optional trailer
             session = r.u64()
@@ -496,7 +559,7 @@ class Advertisement(Frame):
             if not sid:
                 raise FrameDecodeError("ADVERTISEMENT: origin session id 0 is said by leaving the field out")
         return cls(topic, domain, otid, transport, advert_id, bool(flags & ADVERT_WITHDRAW),
-                   hops, session, sid)
+                   hops, session, sid, opts)
 
 
 @_frame

@@ -74,7 +74,7 @@ def new_portal(e: EndpointConfig, src_id: bytes, now: float) -> PortalTR:
         daemons=e.daemons if e.mode == "lbmrd" else (),
         multicast=e.multicast if e.mode == "multicast" else None,
         source_timeout=e.source_timeout, requery_interval=e.requery_interval,
-        requery_jitter=0.2, **portal_timing(e)), now=now)
+        requery_jitter=0.2, request_address=e.request_address, **portal_timing(e)), now=now)
 
 
 class PortalTask:

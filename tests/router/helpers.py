@@ -722,14 +722,15 @@ def acceptor_router(trd2, **peer):
                   acceptor_peer("B-to-A", 0, interface="127.0.0.1", **peer))
 
 
-async def connect_as_peer(addr, name="evil", domain=1, rcvbuf=None):
-    """A peer of our own: connects, completes the handshake; (stream, conn)."""
+async def connect_as_peer(addr, name="evil", domain=1, rcvbuf=None, capabilities=P.DEFAULT_CAPABILITIES):
+    """A peer of our own (announcing ``capabilities``): connects, completes the handshake;
+    (stream, conn)."""
     sock = trio.socket.socket()
     if rcvbuf:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     await sock.connect(addr)
     stream = trio.SocketStream(sock)
-    conn = P.PeerConnection("initiator", P.RouterIdentity(name, (domain,)))
+    conn = P.PeerConnection("initiator", P.RouterIdentity(name, (domain,), int(capabilities)))
     await stream.send_all(conn.start(trio.current_time()))
     with trio.fail_after(5):
         while not any(isinstance(e, P.Connected) for e in conn.receive_data(await stream.receive_some(65536),

@@ -8,33 +8,102 @@ the origin's topic index. It goes on UM's source timing (10 ms doubling to
 only). A removed proxy sends ``final_adverts`` final TIRs at the initial
 advertisement gaps: the same TIR with CostOption(hop count, cost -1), the
 "infinite cost = withdrawn" marker. Times are seconds on the portal's clock.
+
+Late join and OTR: the origin's UME (0x01), late-join (0x04) and extended
+functionality (0x0E) options cross the peer link
+(:func:`origin_request_options`; the ADVERTISEMENT's ``tir_options``), and the
+proxy's TIR carries them with the address that names the source's request
+port (late-join and retransmission requests go there) replaced by the
+router's request listener in this TRD, ``request_address`` of the settings
+(:func:`proxy_request_options`; the UME option loses its store address and
+store flag: store traffic is not routed). Without a request listener the
+options are left out (``tir_options_dropped_no_listener``): the TRD's
+receivers never ask for late join at an address that cannot answer.
 """
 
 from __future__ import annotations
 
 import struct
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from lbmr_proto import (
     TIR,
     CostOption,
     DomainIdOption,
+    ExFuncOption,
+    LateJoinOption,
+    LBMRDecodeError,
     LBMREncodeError,
     LbtruSessionTransport,
     LbtruTransport,
     OtidOption,
     TcpSessionTransport,
     TcpTransport,
+    UmeOption,
 )
 from lbmr_proto.constants import Transport
+from lbmr_proto.topts import decode_tir_options
 from lbmr_proto.um import OTID_SIZE, TIR_TTL, Schedule, otid_topic_index
 
-from .events import ProxySource
+from ...peerlink import ADVERT_TIR_OPTION_TYPES
+from .events import Addr, ProxySource
 from .settings import PortalTRSettings
 from .timers import ProxyTimer, TimerHeap
 
-__all__ = ["ProxyAdverts", "relay_transport"]
+__all__ = ["ProxyAdverts", "relay_transport", "origin_request_options", "proxy_request_options"]
+
+# the options that cross, and their fields (IPv4 address, port) that name the source's
+# request port: where late-join and retransmission requests go
+_REQUEST_FIELDS: dict[type, tuple[str, str]] = {
+    UmeOption: ("src_tcp_addr", "src_tcp_port"),
+    LateJoinOption: ("src_ip_addr", "src_tcp_port"),
+    ExFuncOption: ("src_ip_addr", "src_tcp_port"),
+}
+_UME_STORE_FLAG = 0x2000  # UmeOption flags: stores are specified (by store options)
+assert {c.CODE for c in _REQUEST_FIELDS} == set(ADVERT_TIR_OPTION_TYPES)
+
+
+def origin_request_options(options: Iterable[object] | None, fill_ip: str | None = None) -> bytes:
+    """What of an origin TIR's ``options`` (lbmr_proto option objects) crosses the peer
+    link: its UME, late-join and extended-functionality options, the first of each kind,
+    as on the wire (an ADVERTISEMENT's ``tir_options``; b"" if it has none). ``fill_ip``:
+    put in place of a request address 0.0.0.0 (multicast TR, where no lbmrd fills in
+    the sender's address)."""
+    out: dict[type, bytes] = {}
+    for o in options or ():
+        fields = _REQUEST_FIELDS.get(type(o))
+        if fields is None or type(o) in out:
+            continue
+        if fill_ip is not None and getattr(o, fields[0]) == "0.0.0.0":
+            o = replace(o, **{fields[0]: fill_ip})
+        out[type(o)] = o.encode()
+    return b"".join(out.values())
+
+
+def proxy_request_options(raw: bytes, request: Addr) -> list:
+    """The options a proxy's TIR carries for the origin's ``raw`` options (an
+    ADVERTISEMENT's ``tir_options``): each with its request address and port replaced by
+    ``request`` (the router's request listener in the proxy's TRD); the UME option
+    without store (address, port and store flag cleared). ValueError for bytes that are
+    not such options."""
+    if not raw:
+        return []
+    try:
+        opts, _ = decode_tir_options(struct.pack("!BBH", 0, 4, 4 + len(raw)) + raw, 0, 4 + len(raw))
+    except (LBMRDecodeError, struct.error) as e:
+        raise ValueError(f"bad origin TIR options: {e}") from None
+    out = []
+    for o in opts:
+        fields = _REQUEST_FIELDS.get(type(o))
+        if fields is None:
+            raise ValueError(f"origin TIR option {o!r} does not cross")
+        o = replace(o, **{fields[0]: request[0], fields[1]: request[1]})
+        if isinstance(o, UmeOption):
+            o = replace(o, flags=o.flags & ~_UME_STORE_FLAG, store_tcp_addr="0.0.0.0", store_tcp_port=0)
+        out.append(o)
+    return out
 
 
 def relay_transport(code: int, ip: str, port: int, session_id: int | None = None):
@@ -58,10 +127,11 @@ class ProxyAdverts:
     happens is counted in ``stats`` (the portal's counters)."""
 
     __slots__ = ("_domain_id", "_timing", "_final_adverts", "_heap", "_st", "_proxies", "_finals",
-                 "_topics", "_echoes")
+                 "_topics", "_echoes", "_request_address")
 
     def __init__(self, settings: PortalTRSettings, heap: TimerHeap, stats: Counter[str]) -> None:
         self._domain_id = settings.domain_id
+        self._request_address = settings.request_address
         self._timing = settings.timing
         self._final_adverts = settings.final_adverts
         self._heap = heap
@@ -105,6 +175,14 @@ class ProxyAdverts:
         opts = [OtidOption(0x8000, bytes(proxy.otid)), DomainIdOption(0x8000, proxy.origin_domain)]
         hops = max(1, min(255, proxy.hop_count))
         cost = max(0, min(2**31 - 1, proxy.cost))
+        request_opts = []
+        if proxy.tir_options:
+            if self._request_address is None:
+                self._st["tir_options_dropped_no_listener"] += 1
+            else:
+                request_opts = proxy_request_options(proxy.tir_options, self._request_address)
+                self._st["tir_options_substituted"] += 1
+        opts += request_opts
         try:
             record = TIR(proxy.topic, proxy.transport_body, TIR_TTL, index,
                          opts + [CostOption(0, hops, cost)]).encode()

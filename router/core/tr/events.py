@@ -51,6 +51,9 @@ class ProxySource:
     topic_index: int | None = None
     hop_count: int = 1  # peer links between the source's TRD and this one (1: one hop)
     cost: int = 0  # what the route from this TRD to the source's costs (sum of portal costs)
+    #: the origin TIR's UME, late-join and extended-functionality options as on the wire
+    #: (an ADVERTISEMENT's ``tir_options``): advertised with the portal's request address
+    tir_options: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +80,16 @@ class SourceSeen:
     """A source of a topic the peer wants exists in this TRD: send (or resend) an
     ADVERTISEMENT. ``first``: not reported before (or reported, then gone or no
     longer wanted). ``transport_body`` is the TIR's transport (join it to get the
-    data); ``topic_index`` the TIR's topic index."""
+    data); ``topic_index`` the TIR's topic index; ``tir_options`` its UME, late-join and
+    extended-functionality options as on the wire (the ADVERTISEMENT's ``tir_options``;
+    :func:`router.core.tr.adverts.origin_request_options`)."""
 
     topic: str
     otid: bytes
     transport_body: object
     first: bool
     topic_index: int = 0
+    tir_options: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from lbmr_proto.um import EPS, Schedule, synthesize_otid
 
 from ..interest import InterestIndex, Pattern, interest_of
 from ..wildcard import PatternError
-from .adverts import ProxyAdverts
+from .adverts import ProxyAdverts, origin_request_options
 from .datagrams import DueRecords, TROutbox
 from .domain_routes import DomainRouteRecords
 from .events import (
@@ -309,7 +309,7 @@ class PortalTR:
         for s in self._matching_sources(key):
             first = not s.announced
             s.announced = True
-            self._events.append(SourceSeen(s.topic, s.otid, s.body, first, s.index))
+            self._events.append(SourceSeen(s.topic, s.otid, s.body, first, s.index, s.tir_options))
 
     def cancel_remote_interest(self, topic: str, now: float, *, pattern_type: int = PATTERN_TOPIC) -> bool:
         """The peer no longer wants ``topic`` (or pattern): stop querying. Sources
@@ -426,7 +426,7 @@ class PortalTR:
 
     def known_sources(self, topic: str) -> list[SourceSeen]:
         """The sources of ``topic`` currently known in this TRD (``first`` = not yet reported)."""
-        return [SourceSeen(s.topic, s.otid, s.body, not s.announced, s.index)
+        return [SourceSeen(s.topic, s.otid, s.body, not s.announced, s.index, s.tir_options)
                 for s in self._src_by_topic.get(topic, {}).values()]
 
     def stats(self) -> dict[str, int]:
@@ -534,8 +534,11 @@ class PortalTR:
                 st["tirs_ignored_domain"] += 1
                 return
         body = tir.transport
-        if self.settings.multicast is not None and getattr(body, "ip", None) == "0.0.0.0":
+        multicast = self.settings.multicast is not None
+        if multicast and getattr(body, "ip", None) == "0.0.0.0":
             body = replace(body, ip=src[0])  # INADDR_ANY: the sender's address (no lbmrd fills it in)
+        # what crosses for late join and OTR (the source's request address among it)
+        options = origin_request_options(tir.options, src[0] if multicast else None)
         if otid is None:
             otid = synthesize_otid(body, tir.index)
             st["otids_synthesised"] += 1
@@ -552,7 +555,7 @@ class PortalTR:
             if len(self._sources) >= self.settings.max_sources and not wanted:
                 st["sources_not_kept"] += 1
                 return
-            s = SourceTimer(topic, otid, body, tir.index, now, self.settings.source_timeout)
+            s = SourceTimer(topic, otid, body, tir.index, now, self.settings.source_timeout, options)
             self._sources[(topic, otid)] = s
             self._src_by_topic.setdefault(topic, {})[otid] = s
             self._heap.arm(s)
@@ -560,6 +563,7 @@ class PortalTR:
             changed = False
         else:
             s.last_seen = max(s.last_seen, now)
+            s.tir_options = options  # (a change alone is not re-advertised: no frame per TIR)
             changed = s.body != body or s.index != tir.index
             if changed:
                 s.body, s.index = body, tir.index
@@ -568,9 +572,9 @@ class PortalTR:
             return
         if not s.announced:
             s.announced = True
-            self._events.append(SourceSeen(topic, otid, body, True, tir.index))
+            self._events.append(SourceSeen(topic, otid, body, True, tir.index, options))
         elif changed:
-            self._events.append(SourceSeen(topic, otid, body, False, tir.index))
+            self._events.append(SourceSeen(topic, otid, body, False, tir.index, options))
         q = self._rint.get((PATTERN_TOPIC, topic))
         if q is not None and q.sched is not None:  # resolved: stop the burst, re-query later
             q.sched = None

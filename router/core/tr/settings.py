@@ -149,6 +149,11 @@ class PortalTRSettings:
     #: the remote domain route records sent into the TRD (None: none; they are
     #: also none while the router reaches no other domain)
     domain_routes: DomainRoutes | None = None
+    #: (IPv4 address, TCP port) of the router's request listener in this TRD (UM's
+    #: request_tcp_interface / request_tcp_port): what proxies advertise as the source's
+    #: late-join and retransmission request address; None: none (the origin's late-join,
+    #: UME and extended-functionality options are not advertised)
+    request_address: Addr | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # normalising a frozen value while it is made
@@ -206,6 +211,11 @@ class PortalTRSettings:
         ir = self.initial_request
         if ir is not None and ir[1] > 0 and not ir[0] > 0:
             raise ValueError("initial_request period must be positive")
+        ra = self.request_address
+        if ra is not None:
+            if not isinstance(ra[1], int) or not 0 < ra[1] <= 0xFFFF:
+                raise ValueError(f"request_address port must be 1..65535, not {ra[1]!r}")
+            put(self, "request_address", (_check_ip(str(ra[0]), "request_address"), ra[1]))
 
 
 def _check_ip(ip: str, what: str) -> str:

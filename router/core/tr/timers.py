@@ -116,14 +116,16 @@ class QueryTimer(Timer):
 class SourceTimer(Timer):
     """A source seen in the TRD (one TIR identity: topic + OTID)."""
 
-    __slots__ = ("topic", "otid", "body", "index", "last_seen", "announced", "timeout")
+    __slots__ = ("topic", "otid", "body", "index", "last_seen", "announced", "timeout", "tir_options")
 
-    def __init__(self, topic: str, otid: bytes, body, index: int, now: float, timeout: float) -> None:
+    def __init__(self, topic: str, otid: bytes, body, index: int, now: float, timeout: float,
+                 tir_options: bytes = b"") -> None:
         super().__init__()
         self.topic = topic
         self.otid = otid
         self.body = body
         self.index = index
+        self.tir_options = tir_options  # its latest TIR's options that cross (as on the wire)
         self.last_seen = now
         self.announced = False  # reported to the caller (SourceSeen) and not withdrawn since
         self.timeout = timeout

@@ -536,14 +536,17 @@ def _router_file(tmp_path, log: str, stats_ms: int) -> str:
 """
 
 
-def _run_router_process(args, until, timeout=20.0):
+def _run_router_process(args, until, timeout=20.0, stdout_file=None):
+    """Run lbmr-router with ``args`` until ``until()``, then SIGTERM it; its standard
+    output (written to ``stdout_file`` as it runs, when given)."""
     import signal
     import subprocess
     import time
 
     from tests.helpers import ROUTER
 
-    p = subprocess.Popen(ROUTER + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out_to = open(stdout_file, "wb") if stdout_file else subprocess.PIPE
+    p = subprocess.Popen(ROUTER + args, stdout=out_to, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + timeout
         while not until():
@@ -553,6 +556,9 @@ def _run_router_process(args, until, timeout=20.0):
     finally:
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=10)
+        if stdout_file:
+            out_to.close()
+            out = stdout_file.read_bytes()
     assert p.returncode == 0, err
     return out.decode()
 
@@ -580,8 +586,15 @@ def test_console_log_without_stats_lines(tmp_path):
     cfg = write(tmp_path, "c.xml", _router_file(tmp_path, '<log type="console"/>', 0))
     import time
 
-    t = time.monotonic()
-    out = _run_router_process([str(cfg)], lambda: time.monotonic() > t + 1.5)
+    console = tmp_path / "stdout"
+    started: list[float] = []
+
+    def a_while_after_start() -> bool:  # the router runs 1.5 s once it logged its start (a loaded host starts late)
+        if not started and console.exists() and b"lbmr-router logger starting" in console.read_bytes():
+            started.append(time.monotonic())
+        return bool(started) and time.monotonic() > started[0] + 1.5
+
+    out = _run_router_process([str(cfg)], a_while_after_start, stdout_file=console)
     assert "lbmr-router logger starting" in out
     assert "] lbmr-router: stats " not in out and "final stats" in out
 

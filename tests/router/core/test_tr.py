@@ -255,7 +255,10 @@ def test_interest_to_proxy_across_two_trds():
     assert all(not p.tirs for _, p in trd1.sent_by("R1"))  # R1 advertises nothing in TRD1
     # the source's TIR -> SourceSeen at R1
     seen = [(t, e) for t, e in glue.r1_events if isinstance(e, SourceSeen)]
-    assert seen == [(approx(1.0), SourceSeen(TOPIC, s.otid, TcpTransport("10.1.0.5", 14371), True, s.index))]
+    # (with the source's extended-functionality option, which crosses for late join)
+    exfunc = [o for o in s.tir.options if o.CODE == 0x0E]
+    assert seen == [(approx(1.0), SourceSeen(TOPIC, s.otid, TcpTransport("10.1.0.5", 14371), True, s.index,
+                                             exfunc[0].encode()))]
 
     # R2 advertises the proxy TIR in TRD2 with UM advertisement timing
     ads = [(t, p) for t, p in trd2.sent_by("R2") if p.tirs]
