@@ -57,6 +57,7 @@ from .cli import (
     parse_timing,
 )
 from .config import (
+    DEFAULT_DATA_MESSAGE_SIZE,
     DEFAULT_DATA_RATE,
     LBTRM_DEST_PORT,
     LBTRM_GROUP,

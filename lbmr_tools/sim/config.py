@@ -22,7 +22,6 @@ from lbmr_proto.um import (
 
 from .context import DEFAULT_DAEMON, REQUEST_PORT_BASE, Context
 from .dataplane import (
-    DEFAULT_MESSAGE_SIZE,
     LIVE_RU_MIN_DATAGRAM,
     MAX_PAYLOAD,
     RM_MIN_DATAGRAM,
@@ -40,7 +39,12 @@ PORT_BASES = {"tcp": 14371, "lbtru": 14380, "lbtrm": 14390}  # UM's *_port_low d
 MC_GROUP = "224.9.10.11"  # UM resolver_multicast_address
 MC_PORT = 12965  # UM resolver_multicast_port
 MC_INTERFACE = "127.0.0.1"
-DEFAULT_DATA_RATE = 10000.0  # LBT-RU-like datagrams per second per receiver
+# Messages (datagrams with LBT-RM) per second per source, and TCP payload bytes per message:
+# 1,000 x 1 KiB, about 1 MB/s a source (1.4 MB/s over LBT-RU), so that a routed pair carries a
+# hundred default sources (the LBT-RU relay sends a system call per datagram: thousands a second,
+# not tens of thousands). lbmr-sim(1), DATA RATE.
+DEFAULT_DATA_RATE = 1000.0
+DEFAULT_DATA_MESSAGE_SIZE = 1024
 MAX_DATA_DATAGRAMS = 10_000_000
 
 
@@ -122,7 +126,7 @@ class SimConfig:
     data_seed: int = 0
     data_rate: float = DEFAULT_DATA_RATE
     data_datagram_size: int = RU_MAX_DATAGRAM
-    data_message_size: int = DEFAULT_MESSAGE_SIZE
+    data_message_size: int = DEFAULT_DATA_MESSAGE_SIZE
     data_rate_limit: float | None = None
     verify_data: bool = False
     data_drop_every: int = 0

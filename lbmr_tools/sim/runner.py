@@ -243,6 +243,8 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                 nursery.start_soon(ticker, ctx, sock, me, wake)
                 nursery.start_soon(listener, ctx, sock, me, wake)
         elapsed = trio.current_time() - start
+        if not ctxs:  # the duration ended while the data sources were starting
+            ctxs[:] = build_contexts(config, clients, start, rng)
     finally:
         for s in socks:
             s.close()

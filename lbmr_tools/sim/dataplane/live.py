@@ -33,9 +33,16 @@ def data_message(seed: int, tidx: int, sqn: int, size: int) -> bytes:
 
 class MessageClock:
     """Message ``sqn`` is due ``sqn / rate`` seconds (``rate``: messages per
-    second) after :meth:`start`; :meth:`next_batch` waits until at least one
-    is due and hands out the next at most ``max_burst``, up to
-    ``max_messages`` (None: no end)."""
+    second) after :meth:`start`, counting only the time the clock runs;
+    :meth:`next_batch` waits until at least one is due and hands out the next
+    at most ``max_burst``, up to ``max_messages`` (None: no end).
+
+    The clock runs only while its source has receivers: it starts stopped,
+    :meth:`run` (a receiver arrived) makes ``next_sqn`` due at once and the
+    rest follow at ``rate``, :meth:`stop` (the last receiver left) makes
+    :meth:`next_batch` wait, without a timer, for the next :meth:`run`. A
+    source with no receivers costs nothing and its stream goes on at the next
+    sequence number."""
 
     def __init__(self, rate: float, max_burst: int, max_messages: int | None) -> None:
         if not (rate > 0 and math.isfinite(rate)):
@@ -47,9 +54,22 @@ class MessageClock:
         self.rate, self.max_burst, self.max_messages = float(rate), max_burst, max_messages
         self.next_sqn = 0  # messages handed out so far
         self._t0 = 0.0
+        self.running = False
+        self._run = trio.Event()
 
-    def start(self) -> None:
-        self._t0 = trio.current_time()
+    def run(self) -> None:
+        """A receiver is there: ``next_sqn`` is due now (no-op if running)."""
+        if self.running:
+            return
+        self.running = True
+        self._t0 = trio.current_time() - self.next_sqn / self.rate
+        self._run.set()
+
+    def stop(self) -> None:
+        """No receiver is left: :meth:`next_batch` waits for :meth:`run`."""
+        if self.running:
+            self.running = False
+            self._run = trio.Event()
 
     @property
     def ended(self) -> bool:
@@ -59,6 +79,9 @@ class MessageClock:
         """(first sequence, count) of the next due batch; (next_sqn, 0) once ended."""
         last = self.max_messages
         while not self.ended:
+            if not self.running:
+                await self._run.wait()
+                continue
             sqn = self.next_sqn
             # + 1e-6: waking at t0 + sqn / rate must make sqn due despite float rounding
             due = math.floor((trio.current_time() - self._t0) * self.rate + 1e-6) + 1

@@ -171,11 +171,12 @@ class RuLiveSource:
 
     def _forget(self, addr: Addr, c: RuClient) -> None:
         self._live.pop(addr, None)
+        if not self._live:
+            self.clock.stop()
         c.finished = trio.current_time()
 
     async def _clock(self) -> None:
         clock = self.clock
-        clock.start()
         while True:
             sqn, n = await clock.next_batch()
             if not n:
@@ -252,6 +253,7 @@ class RuLiveSource:
             c = RuClient(key, client_id=self._next_client_id, started=now)
             self.clients[f"{key}#{c.client_id}"] = c
             self._live[src] = c
+            self.clock.run()
             self._trim_history()
         c.creqs += 1
         c.last_heard = now

@@ -154,6 +154,7 @@ class TcpDataSource:
             c = _Conn(stream, TcpConnStats(peer, started=trio.current_time()), self._prefix())
             self.connections.append(c.stats)
             self._live.append(c)
+            self.clock.run()
             nursery.start_soon(self._read, c)
 
     async def _read(self, c: _Conn) -> None:
@@ -173,13 +174,14 @@ class TcpDataSource:
     def _close(self, c: _Conn, error: str | None) -> None:
         if c in self._live:
             self._live.remove(c)
+            if not self._live:
+                self.clock.stop()
         c.stats.error = c.stats.error or error
         c.stats.finished = trio.current_time()
         c.stream.socket.close()
 
     async def _clock(self) -> None:
         clock = self.clock
-        clock.start()
         while True:
             sqn, n = await clock.next_batch()
             if not n:

@@ -1,0 +1,74 @@
+"""lbmr-sim at scale: a source without receivers costs nothing, so a thousand
+TCP sources advertise at once; the data defaults are what a routed pair carries."""
+
+from __future__ import annotations
+
+import socket
+
+import trio
+
+import lbmr_proto as L
+from lbmr_tools.sim import (
+    DEFAULT_DATA_MESSAGE_SIZE,
+    DEFAULT_DATA_RATE,
+    SimConfig,
+    parse_args,
+    run_sim,
+)
+from lbmr_tools.sim.dataplane import TcpDataReceiver, TcpDataSource
+
+LO = "127.0.0.1"
+
+
+def _advertised(sent) -> tuple[dict[str, int], int | None]:
+    """(topic -> index of the first datagram that advertised it, index of the
+    first datagram that advertised a topic again)."""
+    first: dict[str, int] = {}
+    again = None
+    for i, d in enumerate(sent):
+        for t in L.decode(d.payload).tirs:
+            if t.topic in first and again is None:
+                again = i
+            first.setdefault(t.topic, i)
+    return first, again
+
+
+async def test_a_thousand_tcp_sources_advertise_in_their_first_datagrams():
+    sink = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # stands in for lbmrd: just receives
+    with sink:
+        await sink.bind((LO, 0))
+        cfg = SimConfig(daemons=[sink.getsockname()[:2]], contexts=10, topics=1000, receivers_per_context=0,
+                        data_bytes=1 << 20, duration=2.0, keep_running=True, record_sent=True,
+                        source_port_base=30000, seed=5)
+        r = await run_sim(cfg)
+    tr = [d for d in r.sent if len(d.payload) > 4]  # not keepalives
+    first, again = _advertised(tr)
+    assert len(first) == 1000  # every source advertised...
+    # ...in the first round of advertisements, before any topic is advertised again
+    assert again is not None and max(first.values()) < again
+    # and no source made a message: nobody listened
+    assert len(r.data_sources) == 1000
+    assert all(d["messages"] == 0 and d["dropped"] == 0 and d["receivers"] == 0 for d in r.data_sources)
+
+
+async def test_the_clock_stops_without_receivers_and_resumes_at_the_next_sequence(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        src = TcpDataSource(LO, 0, seed=3, rate=1000, message_size=100)
+        ip, port = await nursery.start(src.serve)
+        await trio.sleep(5)
+        assert src.next_sqn == 0
+        a = await TcpDataReceiver(ip, port, 1000, 3).run()  # 10 messages, then it leaves
+        await trio.sleep(0.5)  # the source notices when it next sends: one batch at most
+        made = src.next_sqn
+        await trio.sleep(5)
+        assert src.next_sqn == made <= a.last_sqn + 1 + 8
+        b = await TcpDataReceiver(ip, port, 1000, 3).run()
+        nursery.cancel_scope.cancel()
+    assert a.ok and b.ok and (a.first_sqn, a.messages) == (0, 10)
+    assert b.first_sqn == made and src.dropped == 0
+
+
+def test_data_defaults_are_about_a_megabyte_a_second_a_source():
+    cfg, _ = parse_args(["--data-bytes", "1M"])
+    assert (cfg.data_rate, cfg.data_message_size) == (DEFAULT_DATA_RATE, DEFAULT_DATA_MESSAGE_SIZE) == (1000, 1024)
+    assert cfg.data_rate * cfg.data_message_size < 1.1e6
