@@ -46,6 +46,8 @@ MC_INTERFACE = "127.0.0.1"
 DEFAULT_DATA_RATE = 1000.0
 DEFAULT_DATA_MESSAGE_SIZE = 1024
 MAX_DATA_DATAGRAMS = 10_000_000
+MAX_REQUESTS = 1_000_000  # requests per source, and messages between two
+MAX_RETENTION = 1_000_000  # messages retained per source (a range: payloads are derived)
 
 
 # ---------------------------------------------------------------- topology
@@ -98,7 +100,19 @@ class SimConfig:
     resolved, fetches and verifies the data of the address it resolved,
     expecting ``data_bytes`` (TCP) or ``data_datagrams`` (LBT-RU, LBT-RM), reading
     TCP at most ``data_rate_limit`` bytes per second when given; the run
-    then also waits for the data."""
+    then also waits for the data.
+
+    UM's request/response, late join and OTR (TCP sources; see
+    :mod:`.dataplane.umtcp`): with ``requests`` n > 0 every source sends n
+    requests, on messages ``request_interval``, ``2 * request_interval``, ...
+    of its stream, naming its context's request port, and every receiver
+    responds to each request it gets; ``retention`` keeps the last that many
+    messages of each source for ``late_join`` receivers (which ask for them
+    once the first live message is in) and ``otr`` receivers (which ask for
+    every message missing from the stream; ``data_drop_every`` n discards
+    some on purpose). With any of these every context opens its request
+    port (UM's request_tcp_port: 14391 + context index, or a kernel-chosen
+    port when taken) and advertises it."""
 
     daemons: list[Addr] = field(default_factory=list)
     contexts: int = 4
@@ -131,6 +145,16 @@ class SimConfig:
     verify_data: bool = False
     data_drop_every: int = 0
     lbtru_wire: str = "sim"
+    requests: int = 0
+    request_interval: int = 100
+    retention: int = 0
+    late_join: bool = False
+    otr: bool = False
+
+    @property
+    def uses_uim(self) -> bool:
+        """Requests, late join or OTR: every context opens its request port."""
+        return bool(self.requests or self.late_join or self.otr)
 
 
 def daemon_list(cfg: SimConfig) -> list[Addr]:
@@ -249,6 +273,18 @@ def check_data_config(cfg: SimConfig) -> None:
     if cfg.data_rate_limit is not None and not (cfg.data_rate_limit > 0
                                                 and math.isfinite(cfg.data_rate_limit)):
         raise ValueError("data rate limit must be a positive number of bytes per second")
+    if not 0 <= cfg.requests <= MAX_REQUESTS or not 1 <= cfg.request_interval <= MAX_REQUESTS:
+        raise ValueError(f"requests must be 0..{MAX_REQUESTS} and the request interval 1..{MAX_REQUESTS}")
+    if not 0 <= cfg.retention <= MAX_RETENTION:
+        raise ValueError(f"retention must be 0..{MAX_RETENTION} messages")
+    if cfg.uses_uim or cfg.retention:
+        if cfg.transport != "tcp" or cfg.data_bytes is None:
+            raise ValueError("requests, retention, late join and OTR are modelled for TCP sources "
+                             "with --data-bytes")
+    if (cfg.late_join or cfg.otr) and not cfg.retention:
+        raise ValueError("late join and OTR need sources with a retention buffer (--retention)")
+    if cfg.transport == "tcp" and cfg.data_drop_every and not cfg.otr:
+        raise ValueError("TCP receivers discard messages on purpose only with --otr (to recover them)")
     if cfg.topics * cfg.sources_per_topic:
         if cfg.data_bytes is not None and cfg.transport != "tcp":
             raise ValueError(f"--data-bytes is for TCP sources; these sources use {cfg.transport} "
@@ -304,15 +340,18 @@ def source_port_base(cfg: SimConfig) -> int:
 
 
 def build_contexts(cfg: SimConfig, addrs: Sequence[Addr], start: float,
-                   rng: random.Random, ports: Sequence[int] | None = None) -> list[Context]:
+                   rng: random.Random, ports: Sequence[int] | None = None,
+                   request_ports: Sequence[int] | None = None) -> list[Context]:
     """Place sources and receivers: source k of topic j lives on context
     ``(j * sources_per_topic + k) mod contexts``; each context gets
     ``receivers_per_context`` receivers (see :func:`receiver_topics`).
-    Source number n advertises ``ports[n]`` (default: the port base + n)."""
+    Source number n advertises ``ports[n]`` (default: the port base + n),
+    context i the request port ``request_ports[i]`` (default 14391 + i)."""
     daemons = daemon_list(cfg)
     ctxs = [Context(daemons, multicast=cfg.multicast, timing=cfg.timing, start=start,
                     src_id=rng.randbytes(8), rng=rng, index=i, local_ip=addrs[i][0],
-                    max_datagram=cfg.max_datagram, request_port=REQUEST_PORT_BASE + i)
+                    max_datagram=cfg.max_datagram,
+                    request_port=REQUEST_PORT_BASE + i if request_ports is None else request_ports[i])
             for i in range(cfg.contexts)]
     topics = topic_names(cfg)
     base = source_port_base(cfg)

@@ -25,8 +25,9 @@ from .config import (
     source_placement,
     source_port_base,
 )
-from .context import Context, Datagram
+from .context import REQUEST_PORT_BASE, Context, Datagram
 from .dataplane import (
+    RequestPort,
     RmDataReceiver,
     RmDataSource,
     RuLiveReceiver,
@@ -34,6 +35,8 @@ from .dataplane import (
     TcpDataReceiver,
     TcpDataSource,
     UmRuDataReceiver,
+    UmTcpReceiver,
+    UmTcpSource,
     topic_seed,
 )
 from .netif import multicast_interface, open_multicast_socket
@@ -44,21 +47,10 @@ Addr = tuple[str, int]
 MIN_STEP = 1e-6  # seconds; the shortest wait between two ticks of one context
 
 
-async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic: str):
-    """Start the data source of one simulated source on (ip, port), or on a
-    kernel-chosen port when that one is taken: (server, bound port)."""
-    seed = topic_seed(topic, cfg.data_seed)
+async def _start_on(nursery, make, port: int):
+    """Start ``make(port).serve``, or ``make(0).serve`` when ``port`` is taken: (server, bound port)."""
     for p in (port, 0):
-        if cfg.transport == "tcp":  # sends with the advertised topic index once build_contexts chose it
-            server = TcpDataSource(ip, p, seed=seed, rate=cfg.data_rate,
-                                   message_size=min(cfg.data_message_size, cfg.data_bytes))
-        elif cfg.transport == "lbtrm":  # sends once build_contexts has chosen its session id
-            server = RmDataSource(ip, p, group=LBTRM_GROUP, dest_port=LBTRM_DEST_PORT,
-                                  count=cfg.data_datagrams, seed=seed, datagram_size=cfg.data_datagram_size,
-                                  rate=cfg.data_rate, ttl=max(cfg.mc_ttl, 1) if cfg.multicast else 1)
-        else:  # LBT-RU: sends with the advertised topic index once build_contexts chose it
-            server = RuLiveSource(ip, p, seed=seed, session_id=seed & 0xFFFFFFFF,
-                                  datagram_size=cfg.data_datagram_size, rate=cfg.data_rate)
+        server = make(p)
         try:
             addr = await nursery.start(server.serve)
         except OSError as e:
@@ -69,14 +61,51 @@ async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic:
     raise AssertionError("unreachable")
 
 
-def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str):
+async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic: str,
+                             request_port: RequestPort | None):
+    """Start the data source of one simulated source on (ip, port), or on a
+    kernel-chosen port when that one is taken: (server, bound port). Its
+    requests (``cfg.requests``) name ``request_port``."""
+    seed = topic_seed(topic, cfg.data_seed)
+    if cfg.transport == "tcp" and (cfg.requests or cfg.retention):
+        first = request_port.add_requests(topic, seed, cfg.requests).first_qidx if cfg.requests else 0
+
+        def make(p):  # sends with the advertised topic index once build_contexts chose it
+            return UmTcpSource(ip, p, seed=seed, rate=cfg.data_rate,
+                               message_size=min(cfg.data_message_size, cfg.data_bytes),
+                               requests=cfg.requests, request_interval=cfg.request_interval,
+                               request_port=None if request_port is None else request_port.address,
+                               first_qidx=first, retention=cfg.retention)
+    elif cfg.transport == "tcp":
+        def make(p):
+            return TcpDataSource(ip, p, seed=seed, rate=cfg.data_rate,
+                                 message_size=min(cfg.data_message_size, cfg.data_bytes))
+    elif cfg.transport == "lbtrm":  # sends once build_contexts has chosen its session id
+        def make(p):
+            return RmDataSource(ip, p, group=LBTRM_GROUP, dest_port=LBTRM_DEST_PORT,
+                                count=cfg.data_datagrams, seed=seed, datagram_size=cfg.data_datagram_size,
+                                rate=cfg.data_rate, ttl=max(cfg.mc_ttl, 1) if cfg.multicast else 1)
+    else:  # LBT-RU: sends with the advertised topic index once build_contexts chose it
+        def make(p):
+            return RuLiveSource(ip, p, seed=seed, session_id=seed & 0xFFFFFFFF,
+                                datagram_size=cfg.data_datagram_size, rate=cfg.data_rate)
+    return await _start_on(nursery, make, port)
+
+
+def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str, request_port: RequestPort | None):
     """The data receiver for a receiver of ``topic`` resolved to
-    ``transport``, or an error text when there is no data to fetch."""
+    ``transport`` (its context's request port: ``request_port``), or an
+    error text when there is no data to fetch."""
     seed = topic_seed(topic, cfg.data_seed)
     name = transport.NAME
     if name == "TCP":
         if cfg.data_bytes is None:
             return "resolved a TCP source but --data-bytes is not given"
+        if cfg.uses_uim:
+            return UmTcpReceiver(transport.ip, transport.port, cfg.data_bytes, seed,
+                                 request_port=request_port, late_join=cfg.late_join, otr=cfg.otr,
+                                 drop_every=cfg.data_drop_every, rate_limit_bps=cfg.data_rate_limit,
+                                 timeout=cfg.duration, bind_ip=local_ip)
         return TcpDataReceiver(transport.ip, transport.port, cfg.data_bytes, seed,
                                rate_limit_bps=cfg.data_rate_limit, timeout=cfg.duration,
                                bind_ip=local_ip)
@@ -125,6 +154,7 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
     errors = Counter()
     ctxs: list[Context] = []
     servers: list[tuple[int, str, object]] = []  # (context, topic, data source)
+    req_ports: list[RequestPort] = []  # one per context, with requests, late join or OTR
     data_rx: dict | None = {} if config.verify_data else None  # Receiver -> data receiver | error
     try:
         if iface is not None:
@@ -148,14 +178,23 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
         async with trio.open_nursery() as nursery:
             nursery.cancel_scope.deadline = end
             ports = None
+            req_port_numbers = None
+            if config.uses_uim:
+                req_port_numbers = []
+                for i, ip in enumerate(addrs):
+                    rp, port = await _start_on(nursery, lambda p, ip=ip: RequestPort(ip, p),
+                                               REQUEST_PORT_BASE + i)
+                    req_ports.append(rp)
+                    req_port_numbers.append(port)
             if serves_data(config):
                 base = source_port_base(config)
                 ports = []
                 for ci, topic, n in source_placement(config):
-                    server, port = await _start_data_source(nursery, config, addrs[ci], base + n, topic)
+                    server, port = await _start_data_source(nursery, config, addrs[ci], base + n, topic,
+                                                            req_ports[ci] if req_ports else None)
                     ports.append(port)
                     servers.append((ci, topic, server))
-            ctxs[:] = build_contexts(config, clients, start, rng, ports)
+            ctxs[:] = build_contexts(config, clients, start, rng, ports, req_port_numbers)
             for ci, topic, server in servers:
                 if isinstance(server, RmDataSource):  # send with the advertised session id
                     (src,) = [s for s in ctxs[ci].sources if s.topic == topic
@@ -191,7 +230,8 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                 resolved_seen[ctx.index] = ctx.stats["resolved"]
                 for r in ctx.receivers:
                     if r.resolved and r not in data_rx:
-                        rx = _data_receiver(config, r.topic, r.transport, ctx.local_ip)
+                        rx = _data_receiver(config, r.topic, r.transport, ctx.local_ip,
+                                            req_ports[ctx.index] if req_ports else None)
                         data_rx[r] = rx
                         if not isinstance(rx, str):
                             data_pending += 1
@@ -252,4 +292,5 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
             pcap.close()
     return SimResult(receiver_results(ctxs, clients, data_rx), ctxs, clients, daemon_list(config), elapsed,
                      errors["send"], errors["recv"], sent, config.multicast, config.verify_data,
-                     [data_source_report(ci, topic, server) for ci, topic, server in servers])
+                     [data_source_report(ci, topic, server) for ci, topic, server in servers],
+                     [dict(rp.report(), context=i) for i, rp in enumerate(req_ports)])

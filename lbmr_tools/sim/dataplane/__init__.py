@@ -41,6 +41,17 @@ receiver. :mod:`.tcpbytes` keeps the older raw byte stream from offset 0 per
 connection (:class:`TcpByteSource`, :class:`TcpByteReceiver`) for tests about
 byte-transparent relays.
 
+Requests, late join and OTR
+---------------------------
+:class:`UmTcpSource` (:mod:`.umtcp`) is a :class:`TcpDataSource` that sends
+requests (messages of its stream with a REQUEST header naming its context's
+request port) and keeps a retention buffer; :class:`UmTcpReceiver` responds
+to requests, asks for retained messages when it joins (LJI_REQ) and for
+missing ones (UME_RXREQ), naming its context's request port, where the
+source's answers come (UME_LJ_INFO, RETRANS). :class:`RequestPort`
+(:mod:`.uim`) is that port: it counts responses per request index and hands
+answers to the receivers that asked.
+
 LBT-RU
 ------
 :class:`RuLiveSource` (:mod:`.rulive`) is a live UM LBT-RU source
@@ -173,7 +184,17 @@ from .tcp import (
     message_payload,
 )
 from .tcpbytes import TcpByteConnStats, TcpByteReceiver, TcpByteReceiveResult, TcpByteSource
+from .uim import (
+    RESPONSE_SIZE,
+    RequestPort,
+    RequestStats,
+    Responder,
+    request_header,
+    response_message,
+    response_payload,
+)
 from .umru import UmRuDataReceiver, UmRuReceiveResult
+from .umtcp import Repair, UmTcpReceiver, UmTcpReceiveResult, UmTcpSource, retrans_message
 
 __all__ = [
     "PATTERN_LEN", "STAMP_INTERVAL", "RU_SEQ_SPACING", "RU_MAX_DATAGRAM", "RU_MIN_DATAGRAM",
@@ -187,4 +208,6 @@ __all__ = [
     "RmReceiveResult", "encode_rm_data", "UmRuDataReceiver", "UmRuReceiveResult",
     "RuLiveSource", "RuClient", "RuLiveReceiver", "RuLiveReceiveResult", "LIVE_RU_MIN_DATAGRAM",
     "LIVE_RU_MAX_DATAGRAM", "live_ru_payload",
+    "RESPONSE_SIZE", "RequestPort", "RequestStats", "Responder", "request_header", "response_message",
+    "response_payload", "Repair", "UmTcpReceiver", "UmTcpReceiveResult", "UmTcpSource", "retrans_message",
 ]

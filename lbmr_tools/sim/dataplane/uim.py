@@ -241,7 +241,7 @@ class RequestPort:
                 nursery.start_soon(self._connection, stream)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        framer = lbmc.StreamFramer()
+        buf = bytearray()  # at most one incomplete message (< 64 KiB) plus one read
         try:
             peer = stream.socket.getpeername()[0]
         except OSError:
@@ -256,8 +256,16 @@ class RequestPort:
                         return
                     if not data:
                         return
-                    for raw in framer.feed(data):
-                        self.take(lbmc.decode(raw), peer)
+                    buf += data
+                    # whole messages one by one: those before a malformed one are taken
+                    pos = 0
+                    while len(buf) - pos >= 4:
+                        msglen = lbmc.check_start(buf, pos)[1]
+                        if len(buf) - pos < msglen:
+                            break
+                        self.take(lbmc.decode(bytes(buf[pos:pos + msglen])), peer)
+                        pos += msglen
+                    del buf[:pos]
         except lbmc.LbmcDecodeError:
             self.stats.malformed += 1
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
