@@ -279,7 +279,7 @@ def main(as_json: bool, **params) -> None:
       lbmr-sim --daemon 127.0.0.1:15380 --data-bytes 100M --verify-data
       lbmr-sim --daemon 127.0.0.1:15380 --daemon 127.0.0.1:15381 --bind-base 127.0.1.1
       lbmr-sim --transport lbtrm --pcap sim.pcap --json
-      lbmr-sim --data-bytes 1M --verify-data --requests 20 --retention 1000 --late-join --otr
+      lbmr-sim --data-bytes 3M --verify-data --requests 20 --retention 1000 --late-join --otr
       ip netns exec NS lbmr-sim --multicast 224.9.10.11:12965 --bind-base 127.0.1.1
     """
     try:
