@@ -118,6 +118,7 @@ source that does -- an lbmr-router's LBT-RU proxy of an LBT-RM source -- and
 verifies and recovers like the LBT-RM receiver.
 """
 
+from .live import MAX_MISSING, Repair, RepairCounts, StreamMismatch
 from .pattern import (
     PATTERN_LEN,
     STAMP_INTERVAL,
@@ -194,7 +195,7 @@ from .uim import (
     response_payload,
 )
 from .umru import UmRuDataReceiver, UmRuReceiveResult
-from .umtcp import Repair, UmTcpReceiver, UmTcpReceiveResult, UmTcpSource, retrans_message
+from .umtcp import UmTcpReceiver, UmTcpReceiveResult, UmTcpSource, retrans_message
 
 __all__ = [
     "PATTERN_LEN", "STAMP_INTERVAL", "RU_SEQ_SPACING", "RU_MAX_DATAGRAM", "RU_MIN_DATAGRAM",
@@ -209,5 +210,5 @@ __all__ = [
     "RuLiveSource", "RuClient", "RuLiveReceiver", "RuLiveReceiveResult", "LIVE_RU_MIN_DATAGRAM",
     "LIVE_RU_MAX_DATAGRAM", "live_ru_payload",
     "RESPONSE_SIZE", "RequestPort", "RequestStats", "Responder", "request_header", "response_message",
-    "response_payload", "Repair", "UmTcpReceiver", "UmTcpReceiveResult", "UmTcpSource", "retrans_message",
+    "response_payload", "Repair", "RepairCounts", "MAX_MISSING", "StreamMismatch", "UmTcpReceiver", "UmTcpReceiveResult", "UmTcpSource", "retrans_message",
 ]

@@ -15,7 +15,7 @@
   messages once the first live one is in, with ``otr`` it asks for every
   message missing from the stream (``drop_every`` discards some on purpose),
   and takes the answers from its context's :class:`.uim.RequestPort`.
-  :class:`Repair` is its sans-IO core: which sequence numbers it has and
+  :class:`.live.Repair` is its sans-IO core: which sequence numbers it has and
   which are missing.
 """
 
@@ -27,15 +27,14 @@ import trio
 
 from lbmr_proto import lbmc
 
-from .live import StreamMismatch, message_payload
+from .live import Repair, RepairCounts, StreamMismatch, message_payload
 from .tcp import TcpDataReceiver, TcpDataSource, TcpReceiveResult
 from .uim import REQUEST_INDEXES, RequestPort, Responder, connect_from, request_header
 
-__all__ = ["UmTcpSource", "UmTcpReceiver", "UmTcpReceiveResult", "Repair", "retrans_message"]
+__all__ = ["UmTcpSource", "UmTcpReceiver", "UmTcpReceiveResult", "retrans_message"]
 
 Addr = tuple[str, int]
 MAX_PENDING = 4096  # answers queued for one requester address
-MAX_MISSING = 4096  # sequence numbers a receiver waits for at once
 
 
 def retrans_message(seed: int, tidx: int, sqn: int, size: int, *headers) -> bytes:
@@ -191,23 +190,17 @@ class UmTcpSource(TcpDataSource):
 
 
 @dataclass
-class UmTcpReceiveResult(TcpReceiveResult):
+class UmTcpReceiveResult(TcpReceiveResult, RepairCounts):
     """A :class:`.tcp.TcpReceiveResult` plus: requests seen and responses
-    sent; messages discarded on purpose, found missing, recovered by late
-    join or OTR and still missing at the end (``unrecovered``), RETRANS
-    duplicates; the late-join answer (``lj_low``/``lj_high``, None before)
-    and the first live sequence number. ``messages`` counts every verified
-    message, ``first_sqn``..``last_sqn`` the whole range (retained ones too)."""
+    sent; the repair counts (:class:`.live.RepairCounts`: messages discarded
+    on purpose, found missing, recovered by late join or OTR, still missing
+    at the end); the late-join answer (``lj_low``/``lj_high``, None before)
+    and the OTR requests sent. ``messages`` counts every verified message,
+    ``first_sqn``..``last_sqn`` the whole range (retained ones too)."""
 
     requests_seen: int = 0
     responses_sent: int = 0
     responses_failed: int = 0
-    first_live_sqn: int | None = None
-    dropped_on_purpose: int = 0
-    missing_found: int = 0
-    recovered: int = 0
-    unrecovered: int = 0
-    duplicates: int = 0
     lj_low: int | None = None
     lj_high: int | None = None
     otr_requests: int = 0
@@ -215,86 +208,6 @@ class UmTcpReceiveResult(TcpReceiveResult):
     @property
     def ok(self) -> bool:
         return super().ok and self.unrecovered == 0
-
-
-class Repair:
-    """The sans-IO core of a receiver that repairs its stream: live messages
-    of topic index ``tidx`` (None: the first one's) with ``seed``'s payloads
-    go in with :meth:`live`, RETRANS with :meth:`retrans`, the late-join
-    range with :meth:`late_join`; ``missing`` is what it still waits for
-    (at most ``max_missing``: beyond, :class:`StreamMismatch`). Counts go
-    into ``result`` (a :class:`UmTcpReceiveResult`)."""
-
-    def __init__(self, result: UmTcpReceiveResult, seed: int, tidx: int | None = None, *,
-                 max_missing: int = MAX_MISSING) -> None:
-        self.r, self.seed, self.tidx, self.max_missing = result, seed, tidx, max_missing
-        self.next_live: int | None = None
-        self.missing: set[int] = set()
-
-    def _check(self, m: lbmc.Message) -> None:
-        if self.tidx is not None and m.tidx != self.tidx:
-            raise StreamMismatch(f"topic index {m.tidx} (sequence {m.sqn}), expected {self.tidx}")
-        if message_payload(self.seed, m.sqn, len(m.payload)) != m.payload:
-            raise StreamMismatch(f"payload of sequence {m.sqn} ({len(m.payload)} bytes) is not the stream's")
-
-    def _count(self, m: lbmc.Message) -> None:
-        r = self.r
-        r.messages += 1
-        r.bytes_received += len(m.payload)
-        r.first_sqn = m.sqn if r.first_sqn is None else min(r.first_sqn, m.sqn)
-        r.last_sqn = m.sqn if r.last_sqn is None else max(r.last_sqn, m.sqn)
-
-    def _want(self, sqns: range) -> list[int]:
-        if len(self.missing) + len(sqns) > self.max_missing:
-            raise StreamMismatch(f"{len(self.missing) + len(sqns)} messages missing at once "
-                                 f"(at most {self.max_missing})")
-        self.missing.update(sqns)
-        self.r.missing_found += len(sqns)
-        self.r.unrecovered = len(self.missing)
-        return list(sqns)
-
-    def live(self, m: lbmc.Message, discard: bool = False) -> list[int]:
-        """A live data message (``discard``: thrown away on purpose, as if
-        lost). Returns the sequence numbers newly found missing before it."""
-        if m.kind != lbmc.MESSAGE:
-            raise StreamMismatch(f"a {lbmc.KIND_NAMES[m.kind]} message (sequence {m.sqn}) in a live stream")
-        r = self.r
-        if self.next_live is None:
-            if discard:  # never discard the first: it is the join point
-                discard = False
-            self.tidx = m.tidx if self.tidx is None else self.tidx
-            self.next_live = r.first_live_sqn = m.sqn
-            r.tidx = self.tidx
-        if m.sqn < self.next_live:
-            raise StreamMismatch(f"sequence {m.sqn} after {self.next_live - 1}: out of order")
-        self._check(m)
-        new = self._want(range(self.next_live, m.sqn)) if m.sqn > self.next_live else []
-        self.next_live = m.sqn + 1
-        if discard:
-            r.dropped_on_purpose += 1
-            return new + self._want(range(m.sqn, m.sqn + 1))
-        self._count(m)
-        return new
-
-    def retrans(self, m: lbmc.Message) -> bool:
-        """A RETRANS: True when it was missing (now verified and counted)."""
-        if m.sqn not in self.missing or (self.tidx is not None and m.tidx != self.tidx):
-            self.r.duplicates += 1
-            return False
-        self._check(m)
-        self.missing.discard(m.sqn)
-        self._count(m)
-        self.r.recovered += 1
-        self.r.unrecovered = len(self.missing)
-        return True
-
-    def late_join(self, low: int, high: int) -> list[int]:
-        """The source retains ``low``..``high``: the ones before the first
-        live message are now missing (returned)."""
-        r = self.r
-        r.lj_low, r.lj_high = low, high
-        top = min(high + 1, r.first_live_sqn if r.first_live_sqn is not None else low)
-        return self._want(range(low, top)) if top > low else []
 
 
 class UmTcpReceiver(TcpDataReceiver):
