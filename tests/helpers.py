@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 
 ROOT = Path(__file__).resolve().parents[1]
 #: lbmrd as a process, from this checkout (no installed script needed)
@@ -167,3 +168,30 @@ class LoneSite:
 
     def session_ended(self, advert_id: int) -> None:
         self.ended.append(advert_id)
+
+
+async def udp_forward(source, *, drop=lambda data: False, ip: str = "127.0.0.1",
+                      task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A UDP forwarder for one receiver, until cancelled: datagrams from the
+    receiver (to the address reported through ``task_status.started``) go to
+    ``source`` and the answers back; ``drop(data)`` true discards one from the
+    source."""
+    front = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    back = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with front, back:
+        await front.bind((ip, 0))
+        await back.bind((ip, 0))
+        task_status.started(front.getsockname()[:2])
+        peer = None
+
+        async def down():
+            while True:
+                data, _ = await back.recvfrom(65536)
+                if peer is not None and not drop(data):
+                    await front.sendto(data, peer)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(down)
+            while True:
+                data, peer = await front.recvfrom(65536)
+                await back.sendto(data, source)

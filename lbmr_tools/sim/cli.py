@@ -241,7 +241,7 @@ def config_from_params(params: dict) -> SimConfig:
               show_default=True, metavar="BYTES",
               help="Payload bytes of each TCP data message (at most --data-bytes).")
 @click.option("--data-drop-every", type=click.IntRange(min=0), default=0, metavar="N",
-              help="LBT-RM (and UM LBT-RU) receivers discard the first copy of every N-th datagram "
+              help="LBT-RM and LBT-RU receivers discard the first copy of every N-th datagram "
                    "on purpose and recover it by NAK; TCP receivers with --otr every N-th message, "
                    "recovered by OTR (0: none).")
 @click.option("--lbtru-wire", type=click.Choice(["sim", "um"]), default="sim", show_default=True,

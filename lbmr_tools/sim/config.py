@@ -92,7 +92,7 @@ class SimConfig:
     retransmissions; the interface needs multicast, e.g. lo inside a network
     namespace). With ``lbtru_wire`` "um" receivers of LBT-RU sources verify
     numbered datagrams instead (:mod:`.dataplane.umru`: for a router's LBT-RU
-    proxy of an LBT-RM source; the payload is checked as an LBT-RM source's). LBT-RM (and UM LBT-RU) receivers with ``data_drop_every`` n > 0 discard the
+    proxy of an LBT-RM source; the payload is checked as an LBT-RM source's). LBT-RM and LBT-RU receivers with ``data_drop_every`` n > 0 discard the
     first copy of every n-th datagram on purpose and recover it by NAK. Each source binds its data socket on its
     context's address and the port it advertises (a kernel-chosen one, then
     advertised, when that port is taken). The stream of topic T is keyed by

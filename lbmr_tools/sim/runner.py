@@ -118,7 +118,7 @@ def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str, request
                                     drop_every=cfg.data_drop_every, timeout=cfg.duration)
         return RuLiveReceiver(transport.ip, transport.port, expect_count=cfg.data_datagrams, seed=seed,
                               session_id=getattr(transport, "session_id", None), bind_ip=local_ip,
-                              timeout=cfg.duration)
+                              timeout=cfg.duration, nak=True, drop_every=cfg.data_drop_every)
     if name == "LBTRM":
         if cfg.data_datagrams is None:
             return "resolved an LBT-RM source but --data-datagrams is not given"
