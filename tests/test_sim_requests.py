@@ -52,11 +52,20 @@ def test_repair_late_join_wants_the_retained_messages_before_the_first_live_one(
     rep = Repair(r, seed=1)
     rep.live(_msg(100))
     rep.live(_msg(101))
-    assert rep.late_join(40, 101) == list(range(40, 100)) and (r.lj_low, r.lj_high) == (40, 101)
+    assert rep.late_join(40, 101) == 60 and rep.pending == 60 and (r.lj_low, r.lj_high) == (40, 101)
     for q in range(40, 102):  # the source sends its whole retained range: the live ones are duplicates
         rep.retrans(_msg(q, kind=lbmc.RETRANS))
     assert not rep.missing and r.messages == 62 and (r.first_sqn, r.last_sqn) == (40, 101)
     assert r.duplicates == 2
+
+
+def test_repair_late_join_takes_its_messages_in_order_however_many():
+    r = UmTcpReceiveResult()
+    rep = Repair(r, seed=1, max_missing=10)
+    rep.live(_msg(100_000))
+    assert rep.late_join(0, 100_000) == 100_000 and r.unrecovered == 100_000  # a range, not a set
+    assert rep.retrans(_msg(0, kind=lbmc.RETRANS)) and not rep.retrans(_msg(2, kind=lbmc.RETRANS))
+    assert rep.pending == 99_999 and r.duplicates == 1  # out of order: not taken
 
 
 def test_repair_rejects_a_wrong_payload_a_wrong_topic_and_too_many_missing():

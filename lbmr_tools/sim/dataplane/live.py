@@ -181,6 +181,13 @@ class Repair:
         self.r, self.seed, self.tidx, self.max_missing = result, seed, tidx, max_missing
         self.next_live: int | None = None
         self.missing: set[int] = set()
+        self.lj_next: int | None = None  # the next retained message a late join waits for
+        self.lj_top = 0  # ... up to this one, excluded (the first live one)
+
+    @property
+    def pending(self) -> int:
+        """Messages still missing: single ones and the rest of a late join."""
+        return len(self.missing) + (0 if self.lj_next is None else self.lj_top - self.lj_next)
 
     def _check(self, m: lbmc.Message) -> None:
         if self.tidx is not None and m.tidx != self.tidx:
@@ -201,7 +208,7 @@ class Repair:
                                  f"(at most {self.max_missing})")
         self.missing.update(sqns)
         self.r.missing_found += len(sqns)
-        self.r.unrecovered = len(self.missing)
+        self.r.unrecovered = self.pending
         return list(sqns)
 
     def live(self, m: lbmc.Message, discard: bool = False) -> list[int]:
@@ -228,21 +235,34 @@ class Repair:
         return new
 
     def retrans(self, m: lbmc.Message) -> bool:
-        """A RETRANS: True when it was missing (now verified and counted)."""
-        if m.sqn not in self.missing or (self.tidx is not None and m.tidx != self.tidx):
+        """A RETRANS: True when it was missing (now verified and counted).
+        A late join's messages must come in order."""
+        in_lj = self.lj_next is not None and m.sqn == self.lj_next
+        if not (in_lj or m.sqn in self.missing) or (self.tidx is not None and m.tidx != self.tidx):
             self.r.duplicates += 1
             return False
         self._check(m)
-        self.missing.discard(m.sqn)
+        if in_lj:
+            self.lj_next += 1
+            if self.lj_next >= self.lj_top:
+                self.lj_next = None
+        else:
+            self.missing.discard(m.sqn)
         self._count(m)
         self.r.recovered += 1
-        self.r.unrecovered = len(self.missing)
+        self.r.unrecovered = self.pending
         return True
 
-    def late_join(self, low: int, high: int) -> list[int]:
+    def late_join(self, low: int, high: int) -> int:
         """The source retains ``low``..``high``: the ones before the first
-        live message are now missing (returned)."""
+        live message are now wanted, in order (however many: a range, not a
+        set). Returns how many."""
         r = self.r
         r.lj_low, r.lj_high = low, high
         top = min(high + 1, r.first_live_sqn if r.first_live_sqn is not None else low)
-        return self._want(range(low, top)) if top > low else []
+        if top <= low:
+            return 0
+        self.lj_next, self.lj_top = low, top
+        r.missing_found += top - low
+        r.unrecovered = self.pending
+        return top - low

@@ -281,19 +281,26 @@ class RequestPort:
 class Responder:
     """A receiver's answers to requests: one TCP connection per requester
     address (from ``bind_ip``), at most ``max_peers``, each send bounded by
-    ``timeout`` seconds. ``sent``/``failed`` count responses."""
+    ``timeout`` seconds. ``sent``/``failed``/``refused`` count responses."""
 
     def __init__(self, bind_ip: str | None, seed: int, *, max_peers: int = 16, timeout: float = 5.0) -> None:
         self.bind_ip, self.seed, self.max_peers, self.timeout = bind_ip, seed, max_peers, timeout
         self.sent = 0
         self.failed = 0
+        self.refused = 0
         self._streams: dict[Addr, trio.SocketStream | None] = {}
         self._lock = trio.Lock()  # live and recovered requests are answered from two tasks
 
-    async def respond(self, req: lbmc.RequestHeader, fallback_ip: str) -> None:
-        """Answer ``req`` (``fallback_ip`` when its address is 0.0.0.0)."""
-        ip = req.ipaddr if req.ipaddr != "0.0.0.0" else fallback_ip
+    async def respond(self, req: lbmc.RequestHeader, source_ip: str) -> None:
+        """Answer ``req``, which came from the source at ``source_ip``: only
+        there (:func:`same_party`; its address 0.0.0.0 means that one; another
+        is refused and counted in ``refused``: a request never sends us to a
+        third party)."""
+        ip = req.ipaddr if req.ipaddr != "0.0.0.0" else source_ip
         addr = (ip, req.port)
+        if not same_party(ip, source_ip) or not req.port or req.transport != 0:
+            self.refused += 1
+            return
         async with self._lock:
             if await self._send(addr, req.qidx):
                 return
@@ -325,6 +332,13 @@ class Responder:
             if s is not None:
                 await s.aclose()
         self._streams.clear()
+
+
+def same_party(named: str, peer: str) -> bool:
+    """May a request from ``peer`` send an answer to ``named``? Only to the
+    peer's own address, or between two loopback addresses (the simulator's
+    contexts and a router's portals on one host use several)."""
+    return named == peer or (named.startswith("127.") and peer.startswith("127."))
 
 
 async def connect_from(bind_ip: str | None, addr: Addr) -> trio.SocketStream:

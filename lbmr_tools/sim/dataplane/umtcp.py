@@ -29,7 +29,7 @@ from lbmr_proto import lbmc
 
 from .live import Repair, RepairCounts, StreamMismatch, message_payload
 from .tcp import TcpDataReceiver, TcpDataSource, TcpReceiveResult
-from .uim import REQUEST_INDEXES, RequestPort, Responder, connect_from, request_header
+from .uim import REQUEST_INDEXES, RequestPort, Responder, connect_from, request_header, same_party
 
 __all__ = ["UmTcpSource", "UmTcpReceiver", "UmTcpReceiveResult", "retrans_message"]
 
@@ -67,8 +67,10 @@ class UmTcpSource(TcpDataSource):
     message as RETRANS when it is still retained (else ``counters
     ["rx_unavailable"]``). Answers go to the address the request names over
     one connection per address (from ``bind_ip``), at most ``max_answers``
-    addresses and ``MAX_PENDING`` requests each; each connection and send is
-    bounded by ``answer_timeout`` seconds.
+    addresses and ``MAX_PENDING`` requests each, and only to the address the
+    request came from (:func:`.uim.same_party`; a request naming another
+    address is refused: no reflection); each connection and send of at most 64 messages is bounded
+    by ``answer_timeout`` seconds.
     """
 
     def __init__(self, bind_ip: str = "127.0.0.1", port: int = 0, *, requests: int = 0,
@@ -123,14 +125,23 @@ class UmTcpSource(TcpDataSource):
         rxreq = m.header(lbmc.UmeRxReqHeader)
         if lji is not None:
             self.counters["lj_requests"] += 1
-            self._owe((lji.req_ip, lji.req_port), lji)
+            self._owe(c, (lji.req_ip, lji.req_port), lji)
         elif rxreq is not None:
             self.counters["rx_requests"] += 1
-            self._owe((rxreq.rx_ip, rxreq.rx_port), rxreq)
+            self._owe(c, (rxreq.rx_ip, rxreq.rx_port), rxreq)
         else:
             self.counters["other_control"] += 1
 
-    def _owe(self, addr: Addr, req) -> None:
+    def _owe(self, c, addr: Addr, req) -> None:
+        """Queue the answer to ``req`` from receiver ``c`` for ``addr``: only
+        on the receiver's own address (0.0.0.0: that address; :func:`.uim.same_party`),
+        never a third party's (no reflection)."""
+        peer_ip = c.stats.peer.rpartition(":")[0]
+        if addr[0] == "0.0.0.0":
+            addr = (peer_ip, addr[1])
+        if not same_party(addr[0], peer_ip) or not addr[1]:
+            self.counters["answers_refused"] += 1
+            return
         a = self._answers.get(addr)
         if a is None:
             if len(self._answers) >= self.max_answers or self._nursery is None or not self.retention:
@@ -149,7 +160,9 @@ class UmTcpSource(TcpDataSource):
         hdr = self._request_at(sqn)
         return retrans_message(self.seed, self.tidx, sqn, self.message_size, *(() if hdr is None else (hdr,)))
 
-    def _answer_bytes(self, req) -> bytes:
+    def _answer_parts(self, req):
+        """The answer to ``req`` in pieces of at most 64 messages (a late
+        join may be a whole retention buffer: it is made as it is sent)."""
         low, high = self.retained
         if isinstance(req, lbmc.LateJoinRequestHeader):
             if req.rx_req_max:
@@ -157,12 +170,18 @@ class UmTcpSource(TcpDataSource):
             info = lbmc.Message(lbmc.CONTROL, headers=(
                 lbmc.UmeLateJoinInfoHeader(0, low & 0xFFFFFFFF, high & 0xFFFFFFFF, req.request_idx),))
             self.counters["lj_answered"] += 1
-            return lbmc.encode(info) + b"".join(self._retrans(q) for q in range(low, high + 1))
-        if low <= req.seqnum <= high:
+            yield lbmc.encode(info)
+            for q in range(low, high + 1, 64):
+                yield b"".join(self._retrans(x) for x in range(q, min(q + 64, high + 1)))
+            return
+        # an OTR request: the sequence number is 32 bits on the wire, the source's count is not
+        top = high & ~0xFFFFFFFF | req.seqnum
+        sqn = top if top <= high else top - (1 << 32)
+        if low <= sqn <= high:
             self.counters["rx_answered"] += 1
-            return self._retrans(req.seqnum)
-        self.counters["rx_unavailable"] += 1
-        return b""
+            yield self._retrans(sqn)
+        else:
+            self.counters["rx_unavailable"] += 1
 
     async def _answer(self, addr: Addr, a: _Answers) -> None:
         """Serve what ``addr`` is owed, over one connection, until cancelled or it fails."""
@@ -172,15 +191,14 @@ class UmTcpSource(TcpDataSource):
                 await a.wake.wait()
                 a.wake = trio.Event()
                 reqs, a.pending = a.pending, []
-                data = b"".join(self._answer_bytes(r) for r in reqs)
-                if not data:
-                    continue
-                with trio.move_on_after(self.answer_timeout) as scope:
-                    if stream is None:
-                        stream = await connect_from(self.bind_ip, addr)
-                    await stream.send_all(data)
-                if scope.cancelled_caught:
-                    raise OSError(f"answer to {addr[0]}:{addr[1]} not taken in {self.answer_timeout:g} s")
+                for req in reqs:
+                    for data in self._answer_parts(req):
+                        with trio.move_on_after(self.answer_timeout) as scope:
+                            if stream is None:
+                                stream = await connect_from(self.bind_ip, addr)
+                            await stream.send_all(data)
+                        if scope.cancelled_caught:
+                            raise OSError(f"answer to {addr[0]}:{addr[1]} not taken in {self.answer_timeout:g} s")
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             self.counters["answer_failures"] += 1
         finally:
@@ -201,6 +219,7 @@ class UmTcpReceiveResult(TcpReceiveResult, RepairCounts):
     requests_seen: int = 0
     responses_sent: int = 0
     responses_failed: int = 0
+    responses_refused: int = 0  # requests naming a third party's address
     lj_low: int | None = None
     lj_high: int | None = None
     otr_requests: int = 0
@@ -241,7 +260,7 @@ class UmTcpReceiver(TcpDataReceiver):
         self._registered = trio.Event()
 
     def _done(self) -> bool:
-        return (self._enough() and not self.repair.missing and not self._lj_pending)
+        return self._enough() and not self.repair.pending and not self._lj_pending
 
     def _enough(self) -> bool:
         r = self.result
@@ -261,15 +280,15 @@ class UmTcpReceiver(TcpDataReceiver):
         r = self.result
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._take_answers)
+                nursery.start_soon(self._take_answers, nursery.cancel_scope)
                 await self._read_stream(stream)
                 while not self._done():  # the stream part is done; repairs may still come
                     with trio.move_on_after(self.idle_timeout) as idle:
                         await self._changed.wait()
                     self._changed = trio.Event()
                     if idle.cancelled_caught:
-                        r.error = (f"{len(self.repair.missing)} messages still missing after "
-                                   f"{self.idle_timeout:g} s" if self.repair.missing else
+                        r.error = (f"{self.repair.pending} messages still missing after "
+                                   f"{self.idle_timeout:g} s" if self.repair.pending else
                                    f"no late-join answer in {self.idle_timeout:g} s")
                         break
                 nursery.cancel_scope.cancel()
@@ -280,18 +299,24 @@ class UmTcpReceiver(TcpDataReceiver):
                 self.request_port.unregister(self._first_idx)
             with trio.CancelScope(shield=True):
                 await self.responder.aclose()
-            r.responses_sent, r.responses_failed = self.responder.sent, self.responder.failed
+            rs = self.responder
+            r.responses_sent, r.responses_failed, r.responses_refused = rs.sent, rs.failed, rs.refused
 
-    async def _take_answers(self) -> None:
+    async def _take_answers(self, scope: trio.CancelScope) -> None:
+        """The answers the request port hands over; a bad one ends the run (``scope``)."""
         await self._registered.wait()
-        async for m in self._answers:
-            if m.kind == lbmc.CONTROL:
-                info = m.header(lbmc.UmeLateJoinInfoHeader)
-                self.repair.late_join(info.low_seqnum, info.high_seqnum)
-                self._lj_pending = False
-            elif self.repair.retrans(m):
-                await self._request(m)
-            self._changed.set()
+        try:
+            async for m in self._answers:
+                if m.kind == lbmc.CONTROL:
+                    info = m.header(lbmc.UmeLateJoinInfoHeader)
+                    self.repair.late_join(info.low_seqnum, info.high_seqnum)
+                    self._lj_pending = False
+                elif self.repair.retrans(m):
+                    await self._request(m)
+                self._changed.set()
+        except StreamMismatch as e:
+            self.result.error = self.result.error or f"retransmission: {e}"
+            scope.cancel()
 
     async def _read_stream(self, stream: trio.SocketStream) -> None:
         r = self.result
