@@ -186,14 +186,21 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                                                REQUEST_PORT_BASE + i)
                     req_ports.append(rp)
                     req_port_numbers.append(port)
-            if serves_data(config):
+            if serves_data(config):  # all at once: a thousand sources start in one pass
                 base = source_port_base(config)
-                ports = []
-                for ci, topic, n in source_placement(config):
-                    server, port = await _start_data_source(nursery, config, addrs[ci], base + n, topic,
-                                                            req_ports[ci] if req_ports else None)
-                    ports.append(port)
-                    servers.append((ci, topic, server))
+                placed = source_placement(config)
+                started: list = [None] * len(placed)
+
+                async def start_source(k: int, ci: int, topic: str, n: int) -> None:
+                    started[k] = await _start_data_source(nursery, config, addrs[ci], base + n, topic,
+                                                          req_ports[ci] if req_ports else None)
+
+                async with trio.open_nursery() as starting:
+                    for k, (ci, topic, n) in enumerate(placed):
+                        starting.start_soon(start_source, k, ci, topic, n)
+                ports = [port for _, port in started]
+                servers.extend((ci, topic, server) for (ci, topic, _), (server, _) in zip(placed, started,
+                                                                                        strict=True))
             ctxs[:] = build_contexts(config, clients, start, rng, ports, req_port_numbers)
             for ci, topic, server in servers:
                 if isinstance(server, RmDataSource):  # send with the advertised session id
