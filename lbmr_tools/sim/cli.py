@@ -276,7 +276,7 @@ def main(as_json: bool, **params) -> None:
     \b
     Examples:
       lbmr-sim --daemon 127.0.0.1:15380 --contexts 8 --topics 100 --receivers-per-context 10
-      lbmr-sim --daemon 127.0.0.1:15380 --data-bytes 100M --verify-data
+      lbmr-sim --daemon 127.0.0.1:15380 --data-bytes 4M --verify-data
       lbmr-sim --daemon 127.0.0.1:15380 --daemon 127.0.0.1:15381 --bind-base 127.0.1.1
       lbmr-sim --transport lbtrm --pcap sim.pcap --json
       lbmr-sim --data-bytes 3M --verify-data --requests 20 --retention 1000 --late-join --otr
