@@ -31,9 +31,9 @@ TCP
 messages (:mod:`lbmr_proto.lbmc`; topic index, sequence number and a payload
 that is the pattern at ``sequence * 65536``, so any message can be checked on
 its own) sent to every connected receiver on a clock (``rate`` messages per
-second), never replayed: a receiver that connects starts at the next message,
-and with no receiver the clock runs on and its messages are dropped, as UM
-does. The slowest receiver paces the source (UM's default for TCP).
+second), never replayed: a receiver that connects starts at the next message;
+the clock runs only while the source has receivers (a source nobody listens
+to costs nothing). The slowest receiver paces the source (UM's default for TCP).
 :class:`TcpDataReceiver` connects and verifies whole messages, one topic
 index and consecutive sequence numbers from its first message, until it has
 the payload bytes it expects; it can throttle its reads to play a slow
@@ -63,7 +63,9 @@ replayed, NAKs in a window get retransmissions, older ones an NCF, and the
 source ends the session with an RST to each receiver. :class:`RuLiveReceiver`
 connects, ACKs, and verifies whole messages and consecutive sequence numbers
 from its first (the check :func:`.live.verify_message` the TCP receiver
-uses). ``lbmr-sim`` uses these for LBT-RU.
+uses); with ``nak`` it NAKs its gaps and takes the retransmissions, as a UM
+receiver does (:class:`.live.Repair`). ``lbmr-sim`` uses these for LBT-RU,
+with NAKs.
 
 The LBT-RU-like datagram protocol
 ---------------------------------

@@ -79,7 +79,8 @@ class RuLiveSource:
     sequence ``sqn``, one LBMC message with topic index ``tidx``, sequence
     ``sqn`` and the payload of that sequence, ``datagram_size`` bytes in
     all) goes to every confirmed receiver. Nothing is replayed to a
-    joining receiver; with none the messages are dropped (``dropped``).
+    joining receiver; the clock runs only while receivers are connected
+    (``dropped`` stays 0).
     A NAK of a sequence among the last ``retransmit_window`` gets it again
     (flagged retransmission; the payload is derived, nothing is stored),
     older ones an NCF "do not retry". ACKs are counted. A receiver silent
