@@ -105,7 +105,8 @@ async def test_requests_get_a_response_from_every_receiver_and_a_late_joiner_and
         async with trio.open_nursery() as m:
             m.start_soon(receiver("plain"))
             m.start_soon(receiver("otr", otr=True, drop_every=17))
-            await trio.sleep(0.3)  # after the last request (message 2000 at 10,000/s)
+            while src.next_sqn <= 2100:  # after the last request (message 2000)
+                await trio.sleep(0.01)
             m.start_soon(receiver("late", late_join=True))
         n.cancel_scope.cancel()
     plain, otr, late = res["plain"], res["otr"], res["late"]

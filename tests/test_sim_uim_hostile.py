@@ -83,3 +83,21 @@ async def test_a_late_join_of_a_big_retention_is_streamed_in_pieces():
     assert r.lj_high - r.lj_low + 1 == 30_000 and r.first_sqn == r.lj_low >= 10_000
     assert r.messages == r.last_sqn - r.first_sqn + 1 and r.recovered == r.first_live_sqn - r.lj_low
     assert message_payload(5, r.first_sqn, 16)  # (the payloads were each checked on the way)
+
+
+async def test_receiver_index_blocks_are_bounded_and_given_back():
+    port = RequestPort(LO)
+    firsts = []
+    for _ in range(3):
+        first, _recv = port.register(LO, 1)
+        firsts.append(first)
+    assert firsts == [1 << 31, (1 << 31) + (1 << 16), (1 << 31) + (2 << 16)]
+    port.unregister(firsts[1])
+    again, _ = port.register(LO, 1)
+    assert again == firsts[1]  # reused: a churn of receivers never runs out of u32 indexes
+    st = port.add_requests("t", 1, 10)
+    assert st.first_qidx == 0  # sources' indexes are below the receivers'
+    # an answer for an index nobody holds is counted, not delivered
+    port.take(lbmc.Message(lbmc.CONTROL, headers=(lbmc.UmeLateJoinInfoHeader(0, 1, 2, (1 << 31) + (9 << 16)),)),
+              LO)
+    assert port.stats.unknown_qidx == 1

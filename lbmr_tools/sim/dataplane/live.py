@@ -183,6 +183,12 @@ class Repair:
         self.missing: set[int] = set()
         self.lj_next: int | None = None  # the next retained message a late join waits for
         self.lj_top = 0  # ... up to this one, excluded (the first live one)
+        self.covered_bytes = 0  # payload bytes of the live messages seen (discarded too) and late join
+
+    @property
+    def live_span(self) -> int:
+        """Sequence numbers from the first live message to the last one seen."""
+        return 0 if self.next_live is None else self.next_live - self.r.first_live_sqn
 
     @property
     def pending(self) -> int:
@@ -228,6 +234,7 @@ class Repair:
         self._check(m)
         new = self._want(range(self.next_live, m.sqn)) if m.sqn > self.next_live else []
         self.next_live = m.sqn + 1
+        self.covered_bytes += len(m.payload)
         if discard:
             r.dropped_on_purpose += 1
             return new + self._want(range(m.sqn, m.sqn + 1))
@@ -243,6 +250,7 @@ class Repair:
             return False
         self._check(m)
         if in_lj:
+            self.covered_bytes += len(m.payload)
             self.lj_next += 1
             if self.lj_next >= self.lj_top:
                 self.lj_next = None

@@ -348,7 +348,8 @@ class RuLiveReceiver:
     fill it, an NCF "do not retry" gives its sequences up (an error), and
     ``drop_every`` n > 0 discards the first copy of every DATA whose
     sequence is n-1 mod n on purpose; the run is done once nothing is
-    missing. An RST before
+    missing (once the live messages span ``expect_count`` sequences, later
+    ones are not taken: only repairs are awaited). An RST before
     the expected messages ends the run with an error. Bounds:
     ``idle_timeout`` without a datagram once connected, ``timeout`` for the
     whole run. ``bind_ip`` is the local address (None: 127.0.0.1 for a
@@ -494,6 +495,8 @@ class RuLiveReceiver:
             for m in self._messages(d):
                 if d.retransmission or (self.repair.next_live is not None and m.sqn < self.repair.next_live):
                     self.repair.retrans(m)
+                elif self.repair.live_span >= r.expect_count:
+                    continue  # the expected messages are spanned: only repairs matter now
                 else:
                     drop = bool(self.drop_every) and m.sqn % self.drop_every == self.drop_every - 1
                     self.repair.live(m, discard=drop)

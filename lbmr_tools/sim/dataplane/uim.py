@@ -30,6 +30,7 @@ sending address and topic index (through bounded trio channels).
 
 from __future__ import annotations
 
+import bisect
 import socket
 from dataclasses import asdict, dataclass, field
 
@@ -45,6 +46,8 @@ Addr = tuple[str, int]
 RESPONSE_SIZE = 64  # payload bytes of a response
 RESPONSE_KEY = b"\0lbmr-sim/response"
 REQUEST_INDEXES = 1 << 16  # request indexes a receiver may use (late join, OTR)
+RECEIVER_INDEX_BASE = 1 << 31  # receivers' request indexes: from here, a block of REQUEST_INDEXES each
+MAX_REGISTRATIONS = (1 << 31) // REQUEST_INDEXES  # receivers registered with one port at once
 
 
 def response_seed(seed: int) -> int:
@@ -130,8 +133,11 @@ class RequestPort:
         self.address: Addr | None = None
         self.stats = PortStats()
         self.requests: list[RequestStats] = []
-        self._next_qidx = 0
-        self._regs: list[_Registration] = []
+        self._next_qidx = 0  # sources' request indexes: 0 up (u32: below RECEIVER_INDEX_BASE)
+        self._free_blocks: list[int] = []  # receivers' index blocks given back
+        self._next_block = RECEIVER_INDEX_BASE
+        self._regs: dict[int, _Registration] = {}  # first index -> registration
+        self._firsts: list[int] = []  # first_qidx of each of self.requests
         self._by_stream: dict[tuple[str, int], list[_Registration]] = {}
         self._live = 0
 
@@ -140,37 +146,50 @@ class RequestPort:
     def add_requests(self, topic: str, seed: int, count: int) -> RequestStats:
         """Reserve ``count`` request indexes for a source of ``topic`` whose
         responses are keyed by ``seed``."""
+        if self._next_qidx + count > RECEIVER_INDEX_BASE:
+            raise ValueError(f"more than {RECEIVER_INDEX_BASE} request indexes in one context")
         st = RequestStats(topic, self._next_qidx, count, seed)
         self._next_qidx += count
         self.requests.append(st)
+        self._firsts.append(st.first_qidx)
         return st
 
     def register(self, source_ip: str, tidx: int) -> tuple[int, trio.MemoryReceiveChannel]:
         """A receiver of topic index ``tidx`` from ``source_ip``: (its first
-        request index, of ``REQUEST_INDEXES``; the channel of its answers)."""
+        request index, of ``REQUEST_INDEXES``; the channel of its answers).
+        At most ``MAX_REGISTRATIONS`` at once (ValueError beyond); a block
+        given back with :meth:`unregister` is used again."""
+        if self._free_blocks:
+            first = self._free_blocks.pop()
+        elif self._next_block < 1 << 32:
+            first = self._next_block
+            self._next_block += REQUEST_INDEXES
+        else:
+            raise ValueError(f"{MAX_REGISTRATIONS} receivers registered with one request port")
         send, recv = trio.open_memory_channel(self.channel_size)
-        first = self._next_qidx
-        self._next_qidx += REQUEST_INDEXES
         reg = _Registration(first, source_ip, tidx, send)
-        self._regs.append(reg)
+        self._regs[first] = reg
         self._by_stream.setdefault((source_ip, tidx), []).append(reg)
         return first, recv
 
     def unregister(self, first_idx: int) -> None:
-        for reg in [r for r in self._regs if r.first_idx == first_idx]:
-            self._regs.remove(reg)
+        reg = self._regs.pop(first_idx, None)
+        if reg is not None:
             self._by_stream[(reg.source, reg.tidx)].remove(reg)
+            if not self._by_stream[(reg.source, reg.tidx)]:
+                del self._by_stream[(reg.source, reg.tidx)]
             reg.send.close()
+            self._free_blocks.append(reg.first_idx)
 
     # ------------------------------------------------------------ sorting
 
     def _owner(self, qidx: int):
-        for st in self.requests:
-            if st.first_qidx <= qidx < st.first_qidx + st.count:
-                return st
-        for reg in self._regs:
-            if reg.first_idx <= qidx < reg.first_idx + REQUEST_INDEXES:
-                return reg
+        """The RequestStats or the registration request index ``qidx`` belongs to, or None."""
+        if qidx >= RECEIVER_INDEX_BASE:
+            return self._regs.get(qidx - qidx % REQUEST_INDEXES)
+        k = bisect.bisect_right(self._firsts, qidx) - 1  # sources' ranges are given out in order
+        if k >= 0 and qidx < self.requests[k].first_qidx + self.requests[k].count:
+            return self.requests[k]
         return None
 
     def _deliver(self, reg: _Registration, m: lbmc.Message) -> None:

@@ -262,11 +262,11 @@ class UmTcpReceiver(TcpDataReceiver):
     def _done(self) -> bool:
         return self._enough() and not self.repair.pending and not self._lj_pending
 
-    def _enough(self) -> bool:
-        r = self.result
+    def _covered(self) -> bool:
+        """The stream so far (verified, discarded, retained) makes the expected bytes."""
         if self.expect_bytes is not None:
-            return r.bytes_received >= self.expect_bytes
-        return self.max_bytes is not None and r.stream_bytes >= self.max_bytes
+            return self.repair.covered_bytes >= self.expect_bytes
+        return self._enough()
 
     def _request_idx(self) -> int:
         idx = self._first_idx + self._next_idx % REQUEST_INDEXES
@@ -281,7 +281,7 @@ class UmTcpReceiver(TcpDataReceiver):
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._take_answers, nursery.cancel_scope)
-                await self._read_stream(stream)
+                await self._read_stream(stream, t0)
                 while not self._done():  # the stream part is done; repairs may still come
                     with trio.move_on_after(self.idle_timeout) as idle:
                         await self._changed.wait()
@@ -318,11 +318,12 @@ class UmTcpReceiver(TcpDataReceiver):
             self.result.error = self.result.error or f"retransmission: {e}"
             scope.cancel()
 
-    async def _read_stream(self, stream: trio.SocketStream) -> None:
+    async def _read_stream(self, stream: trio.SocketStream, t0: float) -> None:
         r = self.result
         framer = lbmc.StreamFramer()
+        rate = self.rate_limit_bps
         while not self._done():
-            if self._enough():  # waiting for repairs only
+            if self._covered():  # waiting for repairs only: no more of the stream
                 return
             with trio.move_on_after(self.idle_timeout) as idle:
                 try:
@@ -347,9 +348,11 @@ class UmTcpReceiver(TcpDataReceiver):
                 return
             for raw in raws:
                 await self._message(stream, lbmc.decode(raw))
-                if self._enough():
+                if self._covered():
                     break
             self._changed.set()
+            if rate is not None:
+                await trio.sleep_until(t0 + r.stream_bytes / rate)
 
     async def _message(self, stream: trio.SocketStream, m: lbmc.Message) -> None:
         r = self.result
