@@ -84,7 +84,8 @@ async def test_receivers_joining_at_different_times_share_one_live_session():
         late = RuLiveReceiver(ip, port, expect_count=100, seed=3, tidx=77)
 
         async def join_late():
-            await trio.sleep(0.05)
+            while src.next_sqn < 150:  # the clock starts with the early receiver
+                await trio.sleep(0.01)
             await late.run()
 
         async with trio.open_nursery() as rx:

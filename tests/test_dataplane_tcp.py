@@ -44,7 +44,8 @@ async def test_receivers_joining_at_different_times_share_one_live_stream():
         late = TcpDataReceiver(ip, port, 100 * 4 * KiB, 3, tidx=77)
 
         async def join_late():
-            await trio.sleep(0.05)
+            while src.next_sqn < 150:  # the clock starts with the early receiver
+                await trio.sleep(0.01)
             await late.run()
 
         async with trio.open_nursery() as rx:
@@ -180,7 +181,7 @@ async def test_control_from_a_receiver_is_counted_and_garbage_closes_it():
                 if src.connections[0].control_received == 3 and src.connections[1].error:
                     break
                 await trio.sleep(0.01)
-        nursery.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()  # before closing "good": the source must not see it go
     assert src.connections[0].control_received == 3 and src.connections[0].error is None
     assert src.connections[1].error.startswith("malformed message from the receiver: offset 0: LBMC version 15")
 

@@ -341,12 +341,14 @@ def source_port_base(cfg: SimConfig) -> int:
 
 def build_contexts(cfg: SimConfig, addrs: Sequence[Addr], start: float,
                    rng: random.Random, ports: Sequence[int] | None = None,
-                   request_ports: Sequence[int] | None = None) -> list[Context]:
+                   request_ports: Sequence[int] | None = None, ready: bool = True) -> list[Context]:
     """Place sources and receivers: source k of topic j lives on context
     ``(j * sources_per_topic + k) mod contexts``; each context gets
     ``receivers_per_context`` receivers (see :func:`receiver_topics`).
     Source number n advertises ``ports[n]`` (default: the port base + n),
-    context i the request port ``request_ports[i]`` (default 14391 + i)."""
+    context i the request port ``request_ports[i]`` (default 14391 + i).
+    With ``ready`` False the sources wait for ``Context.source_ready`` (their
+    data ports) before they advertise."""
     daemons = daemon_list(cfg)
     ctxs = [Context(daemons, multicast=cfg.multicast, timing=cfg.timing, start=start,
                     src_id=rng.randbytes(8), rng=rng, index=i, local_ip=addrs[i][0],
@@ -360,7 +362,7 @@ def build_contexts(cfg: SimConfig, addrs: Sequence[Addr], start: float,
         ctx = ctxs[ci]
         ip = ctx.local_ip if source_ip == "bind" else source_ip
         port = base + n if ports is None else ports[n]
-        ctx.add_source(topic, make_transport(cfg.transport, ip, port, rng), now=start)
+        ctx.add_source(topic, make_transport(cfg.transport, ip, port, rng), now=start, ready=ready)
     for i, ctx in enumerate(ctxs):
         local = {s.topic for s in ctx.sources}
         for topic in receiver_topics(i, topics, local, cfg.receivers_per_context):

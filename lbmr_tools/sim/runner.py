@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import random
 import socket
@@ -59,6 +60,16 @@ async def _start_on(nursery, make, port: int):
             continue
         return server, addr[1]
     raise AssertionError("unreachable")
+
+
+def _port_of(transport) -> int:
+    """The data port a transport advertises (LBT-RM: the source's unicast NAK port)."""
+    return transport.src_ucast_port if transport.NAME == "LBTRM" else transport.port
+
+
+def _with_port(transport, port: int):
+    field = "src_ucast_port" if transport.NAME == "LBTRM" else "port"
+    return dataclasses.replace(transport, **{field: port})
 
 
 async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic: str,
@@ -177,40 +188,52 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
 
         async with trio.open_nursery() as nursery:
             nursery.cancel_scope.deadline = end
-            ports = None
             req_port_numbers = None
-            if config.uses_uim:
-                req_port_numbers = []
-                for i, ip in enumerate(addrs):
-                    rp, port = await _start_on(nursery, lambda p, ip=ip: RequestPort(ip, p),
-                                               REQUEST_PORT_BASE + i)
-                    req_ports.append(rp)
-                    req_port_numbers.append(port)
-            if serves_data(config):  # all at once: a thousand sources start in one pass
-                base = source_port_base(config)
-                placed = source_placement(config)
-                started: list = [None] * len(placed)
+            if config.uses_uim:  # the ports the TIRs advertise: open before the first one
+                req_port_numbers = [0] * len(addrs)
+                req_ports.extend([None] * len(addrs))
 
-                async def start_source(k: int, ci: int, topic: str, n: int) -> None:
-                    started[k] = await _start_data_source(nursery, config, addrs[ci], base + n, topic,
-                                                          req_ports[ci] if req_ports else None)
+                async def open_request_port(i: int, ip: str) -> None:
+                    req_ports[i], req_port_numbers[i] = await _start_on(
+                        nursery, lambda p: RequestPort(ip, p), REQUEST_PORT_BASE + i)
 
-                async with trio.open_nursery() as starting:
-                    for k, (ci, topic, n) in enumerate(placed):
-                        starting.start_soon(start_source, k, ci, topic, n)
-                ports = [port for _, port in started]
-                servers.extend((ci, topic, server) for (ci, topic, _), (server, _) in zip(placed, started,
-                                                                                        strict=True))
-            ctxs[:] = build_contexts(config, clients, start, rng, ports, req_port_numbers)
-            for ci, topic, server in servers:
-                if isinstance(server, RmDataSource):  # send with the advertised session id
-                    (src,) = [s for s in ctxs[ci].sources if s.topic == topic
-                              and s.transport.src_ucast_port == server.address[1]]
-                    server.set_session(src.transport.session_id)
-                else:  # TCP and LBT-RU: the advertised topic index
-                    (src,) = [s for s in ctxs[ci].sources if s.topic == topic
-                              and s.transport.port == server.address[1]]
-                    server.tidx = src.index
+                async with trio.open_nursery() as opening:
+                    for i, ip in enumerate(addrs):
+                        opening.start_soon(open_request_port, i, ip)
+            placed = source_placement(config) if serves_data(config) else []
+            base = source_port_base(config)
+            # every source advertises once its own data port is bound (not_ready: being bound)
+            ctxs[:] = build_contexts(config, clients, start, rng, None, req_port_numbers,
+                                     ready=not placed)
+            data_ready = trio.Event()  # every data source is up (receivers wait for it)
+
+            async def start_data_sources() -> None:
+                """Start every data source at once, while topic resolution runs; each
+                advertises once its port is bound (a taken one: a kernel-chosen port)."""
+                slots: list = [None] * len(placed)  # the data sources, in placement order
+
+                async def start_one(k: int, ci: int, topic: str, n: int) -> None:
+                    ctx = ctxs[ci]
+                    (src,) = [s for s in ctx.sources if s.topic == topic and _port_of(s.transport) == base + n]
+                    server, port = await _start_data_source(nursery, config, addrs[ci], base + n, topic,
+                                                            req_ports[ci] if req_ports else None)
+                    if isinstance(server, RmDataSource):  # send with the advertised session id
+                        server.set_session(src.transport.session_id)
+                    else:  # TCP and LBT-RU: the advertised topic index
+                        server.tidx = src.index
+                    ctx.source_ready(src, trio.current_time(),
+                                     None if port == base + n else _with_port(src.transport, port))
+                    wakes[ci][0].set()  # its ticker: advertise now
+                    slots[k] = (ci, topic, server)
+
+                try:
+                    async with trio.open_nursery() as starting:
+                        for k, (ci, topic, n) in enumerate(placed):
+                            starting.start_soon(start_one, k, ci, topic, n)
+                finally:
+                    servers.extend(x for x in slots if x is not None)
+                    data_ready.set()
+
             has_receivers = any(c.receivers for c in ctxs)
             task_status.started(clients)
             data_pending = 0
@@ -221,10 +244,17 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                         and all(c.all_resolved for c in ctxs)):
                     nursery.cancel_scope.cancel()
 
-            async def fetch(rx) -> None:
+            async def fetch(ctx: Context, r) -> None:
+                """Fetch receiver ``r``'s data once every data source is up (a local
+                receiver's source may have moved to another port meanwhile)."""
                 nonlocal data_pending
                 try:
-                    await rx.run()
+                    await data_ready.wait()
+                    rx = _data_receiver(config, r.topic, r.transport, ctx.local_ip,
+                                        req_ports[ctx.index] if req_ports else None)
+                    data_rx[r] = rx
+                    if not isinstance(rx, str):
+                        await rx.run()
                 finally:
                     data_pending -= 1
                     check_done()
@@ -237,12 +267,9 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                 resolved_seen[ctx.index] = ctx.stats["resolved"]
                 for r in ctx.receivers:
                     if r.resolved and r not in data_rx:
-                        rx = _data_receiver(config, r.topic, r.transport, ctx.local_ip,
-                                            req_ports[ctx.index] if req_ports else None)
-                        data_rx[r] = rx
-                        if not isinstance(rx, str):
-                            data_pending += 1
-                            nursery.start_soon(fetch, rx)
+                        data_rx[r] = "the run ended before the data sources were up"
+                        data_pending += 1
+                        nursery.start_soon(fetch, ctx, r)
 
             async def send(sock, me: Addr, dgs: Iterable[Datagram]) -> None:
                 for d in dgs:
@@ -285,10 +312,13 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
             for ctx in ctxs:  # receivers resolved from their own context's sources
                 start_data(ctx)
             check_done()
+            wakes = []
             for ctx, sock, me in zip(ctxs, socks, clients, strict=True):
                 wake = [trio.Event()]
+                wakes.append(wake)
                 nursery.start_soon(ticker, ctx, sock, me, wake)
                 nursery.start_soon(listener, ctx, sock, me, wake)
+            nursery.start_soon(start_data_sources)
         elapsed = trio.current_time() - start
         if not ctxs:  # the duration ended while the data sources were starting
             ctxs[:] = build_contexts(config, clients, start, rng)

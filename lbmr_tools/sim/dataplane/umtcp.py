@@ -282,7 +282,7 @@ class UmTcpReceiver(TcpDataReceiver):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._take_answers, nursery.cancel_scope)
                 await self._read_stream(stream, t0)
-                while not self._done():  # the stream part is done; repairs may still come
+                while r.error is None and not self._done():  # the stream is read; repairs may still come
                     with trio.move_on_after(self.idle_timeout) as idle:
                         await self._changed.wait()
                     self._changed = trio.Event()
