@@ -11,6 +11,7 @@ import lbmr_proto as L
 from lbmr_tools.sim import (
     DEFAULT_DATA_MESSAGE_SIZE,
     DEFAULT_DATA_RATE,
+    Context,
     SimConfig,
     parse_args,
     run_sim,
@@ -69,3 +70,18 @@ def test_data_defaults_are_about_a_megabyte_a_second_a_source():
     cfg, _ = parse_args(["--data-bytes", "1M"])
     assert (cfg.data_rate, cfg.data_message_size) == (DEFAULT_DATA_RATE, DEFAULT_DATA_MESSAGE_SIZE) == (1000, 1024)
     assert cfg.data_rate * cfg.data_message_size < 1.1e6
+
+
+def test_a_source_advertises_only_once_its_data_port_is_bound():
+    ctx = Context([("127.0.0.1", 15380)], start=0.0, local_ip="127.0.1.1")
+    src = ctx.add_source("t", L.TcpTransport("0.0.0.0", 14371), ready=False)
+    local = ctx.add_receiver("t")  # a receiver of the same context resolves at once
+    assert local.resolved and local.transport.port == 14371
+    assert not [d for d in ctx.tick(0.0) if L.decode(d).tirs]  # no TIR yet...
+    tqr = L.encode(L.Packet(0, 1, tqrs=[L.TQR("t")], options=[L.SourceIdOption(0x8000, b"\x99" * 8)]))
+    assert ctx.receive(tqr, 0.0, ("127.0.0.1", 15380)) == [] and ctx.stats["tqrs_received"] == 1  # nor answers
+    # its port was taken: it serves on another one and says so from now on
+    ctx.source_ready(src, 0.5, L.TcpTransport("0.0.0.0", 40001))
+    tirs = [t for d in ctx.tick(0.5) for t in L.decode(d).tirs]
+    assert [(t.topic, t.transport.port) for t in tirs] == [("t", 40001)]
+    assert local.transport.port == 40001  # the local receiver follows
