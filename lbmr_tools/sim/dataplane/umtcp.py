@@ -282,6 +282,8 @@ class UmTcpReceiver(TcpDataReceiver):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._take_answers, nursery.cancel_scope)
                 await self._read_stream(stream, t0)
+                if r.error is None and not self._done():  # keep taking the stream: never pace the source
+                    nursery.start_soon(self._drain, stream)
                 while r.error is None and not self._done():  # the stream is read; repairs may still come
                     with trio.move_on_after(self.idle_timeout) as idle:
                         await self._changed.wait()
@@ -301,6 +303,15 @@ class UmTcpReceiver(TcpDataReceiver):
                 await self.responder.aclose()
             rs = self.responder
             r.responses_sent, r.responses_failed, r.responses_refused = rs.sent, rs.failed, rs.refused
+
+    @staticmethod
+    async def _drain(stream: trio.SocketStream) -> None:
+        """Read and drop the live stream while repairs are awaited."""
+        try:
+            while await stream.receive_some(1 << 16):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
 
     async def _take_answers(self, scope: trio.CancelScope) -> None:
         """The answers the request port hands over; a bad one ends the run (``scope``)."""
