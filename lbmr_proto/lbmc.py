@@ -44,7 +44,7 @@ __all__ = [
     "MESSAGE", "EOT", "PRORX", "CONTROL", "RETRANS", "DATA_KINDS", "CONTROL_KINDS", "KIND_NAMES",
     "NHDR_DATA", "NHDR_NONE", "DATA_HEADER", "CONTROL_HEADER", "MAX_MSGLEN",
     "LbmcDecodeError", "LbmcHeader", "UnknownHeader", "FragmentHeader", "RequestHeader",
-    "SsfInitHeader", "SsfCreqHeader", "UmeRxReqHeader", "DomainHeader", "OriginDomainHeader",
+    "SsfInitHeader", "SsfCreqHeader", "UmeRxReqHeader", "UmeLateJoinInfoHeader", "DomainHeader", "OriginDomainHeader",
     "StreamHeader", "LateJoinRequestHeader", "DestinationHeader", "TcpSidHeader",
     "HEADER_TYPES", "Message", "decode", "encode", "data_message", "MessageRun", "StreamFramer",
 ]
@@ -171,6 +171,22 @@ class UmeRxReqHeader(LbmcHeader):
 
 
 @fixed
+class UmeLateJoinInfoHeader(LbmcHeader):
+    """0x1E UME_LJ_INFO, 16 bytes: late-join information, a source's answer
+    to a late-join information request (:class:`LateJoinRequestHeader`) whose
+    ``request_idx`` it repeats as ``qidx``: the retained messages it has,
+    sequence numbers ``low_seqnum`` to ``high_seqnum``. ``flags`` u16
+    (0x8000: ignore)."""
+
+    CODE = 0x1E
+    _FMT = "HIII"
+    flags: int = 0
+    low_seqnum: int = 0
+    high_seqnum: int = 0
+    qidx: int = 0
+
+
+@fixed
 class DomainHeader(LbmcHeader):
     """0x43 DOMAIN, 8 bytes: a domain id (``flags`` 0x8000 ignore, 0x4000 active)."""
 
@@ -275,7 +291,8 @@ class UnknownHeader:
 
 HEADER_TYPES: dict[int, type[LbmcHeader]] = {
     c.CODE: c for c in (
-        FragmentHeader, RequestHeader, SsfInitHeader, SsfCreqHeader, UmeRxReqHeader, DomainHeader,
+        FragmentHeader, RequestHeader, SsfInitHeader, SsfCreqHeader, UmeRxReqHeader,
+        UmeLateJoinInfoHeader, DomainHeader,
         OriginDomainHeader, StreamHeader, LateJoinRequestHeader, DestinationHeader, TcpSidHeader,
     )
 }

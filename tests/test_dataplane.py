@@ -474,7 +474,8 @@ async def test_sim_tcp_sources_serve_and_receivers_verify_through_lbmrd():
     async with trio.open_nursery() as nursery:
         _, addr = await _daemon(nursery)
         cfg = SimConfig(daemons=[addr], contexts=3, topics=3, receivers_per_context=2,
-                        bind_base="127.0.5.1", data_bytes=4 * MiB, verify_data=True, duration=20.0)
+                        bind_base="127.0.5.1", data_bytes=4 * MiB, verify_data=True, duration=20.0,
+                        data_rate=10000, data_message_size=8192)  # faster than the defaults
         t = time.perf_counter()
         res = await run_sim(cfg)
         wall = time.perf_counter() - t
@@ -600,7 +601,7 @@ def test_sim_data_options_parse():
                          "--data-rate-limit", "2M"])
     assert (cfg.data_bytes, cfg.verify_data, cfg.data_seed, cfg.data_rate_limit) == (100 * MiB, True, 7,
                                                                                      2 * MiB)
-    assert cfg.data_message_size == 8192
+    assert cfg.data_message_size == 1024 and cfg.data_rate == 1000  # about 1 MB/s a source
     assert parse_args(["--data-bytes", "1M", "--data-message-size", "65523"])[0].data_message_size == 65523
     cfg, _ = parse_args(["--transport", "lbtru", "--data-datagrams", "1000", "--data-rate", "5000",
                          "--data-datagram-size", "512"])
@@ -641,7 +642,8 @@ async def test_sim_duration_cuts_a_slow_transfer_and_says_so():
     async with trio.open_nursery() as nursery:
         _, addr = await _daemon(nursery)
         cfg = SimConfig(daemons=[addr], contexts=1, topics=1, data_bytes=4 * MiB,
-                        data_rate_limit=2 * MiB, verify_data=True, duration=0.5)
+                        data_rate_limit=2 * MiB, verify_data=True, duration=0.5,
+                        data_rate=10000, data_message_size=8192)  # the reader is the limit
         res = await run_sim(cfg)
         nursery.cancel_scope.cancel()
     (r,) = res.receivers

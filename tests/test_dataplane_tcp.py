@@ -44,7 +44,8 @@ async def test_receivers_joining_at_different_times_share_one_live_stream():
         late = TcpDataReceiver(ip, port, 100 * 4 * KiB, 3, tidx=77)
 
         async def join_late():
-            await trio.sleep(0.05)
+            while src.next_sqn < 150:  # the clock starts with the early receiver
+                await trio.sleep(0.01)
             await late.run()
 
         async with trio.open_nursery() as rx:
@@ -61,15 +62,15 @@ async def test_receivers_joining_at_different_times_share_one_live_stream():
     assert [c.first_sqn for c in src.connections] == [e.first_sqn, lt.first_sqn]
 
 
-async def test_with_no_receiver_the_clock_runs_and_drops(autojump_clock):
+async def test_with_no_receiver_the_clock_stops(autojump_clock):
     async with trio.open_nursery() as nursery:
         src = TcpDataSource(LO, 0, seed=1, rate=1000, message_size=100)
         ip, port = await nursery.start(src.serve)
         await trio.sleep(2.0)
-        assert 1999 <= src.dropped <= 2001 and src.next_sqn == src.dropped
+        assert src.dropped == 0 and src.next_sqn == 0  # a source without receivers costs nothing
         r = await TcpDataReceiver(ip, port, 1000, 1).run()
         nursery.cancel_scope.cancel()
-    assert r.ok and r.first_sqn >= 2000 and r.messages == 10
+    assert r.ok and r.first_sqn == 0 and r.messages == 10
     assert src.connections[0].first_sqn == r.first_sqn
 
 
@@ -180,7 +181,7 @@ async def test_control_from_a_receiver_is_counted_and_garbage_closes_it():
                 if src.connections[0].control_received == 3 and src.connections[1].error:
                     break
                 await trio.sleep(0.01)
-        nursery.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()  # before closing "good": the source must not see it go
     assert src.connections[0].control_received == 3 and src.connections[0].error is None
     assert src.connections[1].error.startswith("malformed message from the receiver: offset 0: LBMC version 15")
 

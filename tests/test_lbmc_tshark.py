@@ -36,6 +36,7 @@ EXAMPLES = [
     C.Message(C.CONTROL, headers=(C.SsfInitHeader(0xE0, 1, 2, 3, 14400, 0x0304, "1.2.3.4"),)),
     C.Message(C.CONTROL, headers=(C.SsfCreqHeader(0x80, 1, 2, 3, 4),)),
     C.Message(C.CONTROL, headers=(C.UmeRxReqHeader(0xC0AB, 1, 2, 3, 4, 14500, 0x0506, "1.2.3.5"),)),
+    C.Message(C.CONTROL, headers=(C.UmeLateJoinInfoHeader(0x8000, 5, 9, 3),)),
     C.Message(C.CONTROL, headers=(C.DomainHeader(0xC000, 9), C.OriginDomainHeader(0x8000, 10))),
     C.Message(C.MESSAGE, 5, 6, b"uim", (C.StreamHeader(0x8000, 1, 2, CTX),
                                         C.DestinationHeader(0x8000, 1, "1.1.1.1", 2, 3, 4, "2.2.2.2", 5, 6))),

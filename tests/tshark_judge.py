@@ -989,7 +989,7 @@ _IGN8B = (("ignore", 0x80),)
 #: header type codes, from the dissector's list of header names (`tshark -G values`)
 _LBMC_CODE = {
     C.FragmentHeader: 1, C.RequestHeader: 4, C.SsfInitHeader: 16, C.SsfCreqHeader: 17,
-    C.UmeRxReqHeader: 21, C.DomainHeader: 67, C.OriginDomainHeader: 74, C.StreamHeader: 75,
+    C.UmeRxReqHeader: 21, C.UmeLateJoinInfoHeader: 30, C.DomainHeader: 67, C.OriginDomainHeader: 74, C.StreamHeader: 75,
     C.LateJoinRequestHeader: 78, C.DestinationHeader: 100, C.TcpSidHeader: 107,
 }
 
@@ -1028,6 +1028,11 @@ def _lbmc_header(f: _Fields, h, next_hdr: int) -> None:
         f.flags(p + ".flags", h.flags, (("ignore", 0x8000), ("t", 0x4000)))
         f.many(p, marker=h.flags & 0xFF, request_idx=h.request_idx, transport_idx=h.transport_idx,
                id_2=h.id_2, seqnum=h.seqnum, rx_port=h.rx_port, res=h.reserved, rx_ip=h.rx_ip)
+    elif isinstance(h, C.UmeLateJoinInfoHeader):
+        p = "lbmc.ume_lj_info"
+        head(p, 16)
+        f.flags(p + ".flags", h.flags, _IGN16)
+        f.many(p, low_seqnum=h.low_seqnum, high_seqnum=h.high_seqnum, qidx=h.qidx)
     elif isinstance(h, C.DomainHeader):
         p = "lbmc.domain"
         head(p, 8)
@@ -1102,7 +1107,7 @@ def compare_lbmc(layer: dict, msg) -> list[str]:
     problems = []
     for name in sorted((flat.keys() | want.keys()) - _LBMC_GENERATED):
         if name.count(".") == 1 and name.split(".")[1] in (
-                "frag", "tcp_request", "ssf_init", "ssf_creq", "ume_rxreq", "domain", "odomain",
+                "frag", "tcp_request", "ssf_init", "ssf_creq", "ume_rxreq", "ume_lj_info", "domain", "odomain",
                 "stream", "lji_req", "destination", "tcp_sid", "unhandled"):
             continue  # FT_NONE containers of the headers
         kind = "bytes" if name in _LBMC_BYTES_FIELDS else None

@@ -28,8 +28,12 @@ Modules, bottom up:
   numbered data on the transport address it advertises (TCP, or our
   simplified LBT-RU-like datagram protocol), and with ``verify_data`` every
   receiver, once resolved, connects to (registers with) the address it
-  resolved and verifies what arrives. The tests use it too; the router never
-  does.
+  resolved and verifies what arrives. TCP sources can also send requests
+  and keep a retention buffer, and their receivers respond, join late and
+  repair gaps by OTR, through each context's request port
+  (``SimConfig.requests``, ``retention``, ``late_join``, ``otr``;
+  :mod:`.dataplane.umtcp`, :mod:`.dataplane.uim`); LBT-RU receivers NAK their
+  gaps. The tests use it too; the router never does.
 
 Everything the modules define is importable from here.
 """
@@ -57,6 +61,7 @@ from .cli import (
     parse_timing,
 )
 from .config import (
+    DEFAULT_DATA_MESSAGE_SIZE,
     DEFAULT_DATA_RATE,
     LBTRM_DEST_PORT,
     LBTRM_GROUP,

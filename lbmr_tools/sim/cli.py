@@ -15,9 +15,12 @@ from lbmr_proto.um import (
 )
 
 from .config import (
+    DEFAULT_DATA_MESSAGE_SIZE,
     DEFAULT_DATA_RATE,
     MAX_CONTEXTS,
     MAX_DATA_DATAGRAMS,
+    MAX_REQUESTS,
+    MAX_RETENTION,
     MC_GROUP,
     MC_INTERFACE,
     MC_PORT,
@@ -28,7 +31,6 @@ from .config import (
 )
 from .context import DEFAULT_DAEMON
 from .dataplane import (
-    DEFAULT_MESSAGE_SIZE,
     MAX_PAYLOAD,
     RM_MIN_DATAGRAM,
     RU_MAX_DATAGRAM,
@@ -157,7 +159,9 @@ def config_from_params(params: dict) -> SimConfig:
         data_rate=params["data_rate"], data_datagram_size=params["data_datagram_size"],
         data_message_size=params["data_message_size"],
         data_rate_limit=params["data_rate_limit"], verify_data=params["verify_data"],
-        data_drop_every=params["data_drop_every"], lbtru_wire=params["lbtru_wire"])
+        data_drop_every=params["data_drop_every"], lbtru_wire=params["lbtru_wire"],
+        requests=params["requests"], request_interval=params["request_interval"],
+        retention=params["retention"], late_join=params["late_join"], otr=params["otr"])
     check_config(cfg)
     cfg.source_ip = source_ip_of(cfg)
     return cfg
@@ -227,22 +231,40 @@ def config_from_params(params: dict) -> SimConfig:
               metavar="N", help="Key of the data streams (simulators exchanging data must agree).")
 @click.option("--data-rate", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_DATA_RATE,
               show_default=True, metavar="N/S",
-              help="Messages (TCP, LBT-RU) or datagrams (LBT-RM) per second, per source.")
+              help="Messages (TCP, LBT-RU) or datagrams (LBT-RM) per second, per source, while it "
+                   "has receivers (the default, with 1 KiB TCP messages, is about 1 MB/s a source: "
+                   "what a routed pair carries for a hundred sources).")
 @click.option("--data-datagram-size", type=click.IntRange(RM_MIN_DATAGRAM, RU_MAX_DATAGRAM),
               default=RU_MAX_DATAGRAM, show_default=True, metavar="BYTES",
               help="Size of each LBT-RU/LBT-RM data datagram (UDP payload).")
-@click.option("--data-message-size", type=click.IntRange(1, MAX_PAYLOAD), default=DEFAULT_MESSAGE_SIZE,
+@click.option("--data-message-size", type=click.IntRange(1, MAX_PAYLOAD), default=DEFAULT_DATA_MESSAGE_SIZE,
               show_default=True, metavar="BYTES",
               help="Payload bytes of each TCP data message (at most --data-bytes).")
 @click.option("--data-drop-every", type=click.IntRange(min=0), default=0, metavar="N",
-              help="LBT-RM (and UM LBT-RU) receivers discard the first copy of every N-th datagram "
-                   "on purpose and recover it by NAK (0: none).")
+              help="LBT-RM and LBT-RU receivers discard the first copy of every N-th datagram "
+                   "on purpose and recover it by NAK; TCP receivers with --otr every N-th message, "
+                   "recovered by OTR (0: none).")
 @click.option("--lbtru-wire", type=click.Choice(["sim", "um"]), default="sim", show_default=True,
               help="What LBT-RU receivers verify (both speak UM's LBT-RU): the simulator's own "
                    "live sessions of LBMC messages, or numbered datagrams (an lbmr-router's LBT-RU "
                    "proxy of an LBT-RM source).")
 @click.option("--data-rate-limit", metavar="BYTES/S[K|M|G]", callback=_size_cb,
               help="TCP receivers read at most this many bytes per second (slow receivers).")
+@click.option("--requests", type=click.IntRange(0, MAX_REQUESTS), default=0, metavar="N",
+              help="TCP sources send N requests (messages of their stream with a REQUEST header "
+                   "naming their context's request port); every receiver responds to each request "
+                   "it gets, and the report counts the responses per request index.")
+@click.option("--request-interval", type=click.IntRange(1, MAX_REQUESTS), default=100, show_default=True,
+              metavar="N", help="Request i rides message (i + 1) * N of a source's stream.")
+@click.option("--retention", type=click.IntRange(0, MAX_RETENTION), default=0, metavar="N",
+              help="TCP sources keep their last N messages for late join and OTR.")
+@click.option("--late-join", is_flag=True,
+              help="Receivers ask for the retained messages when they join (LJI_REQ naming their "
+                   "context's request port) and verify them, then the live stream, consecutively.")
+@click.option("--otr", is_flag=True,
+              help="Receivers ask for every message missing from the stream (UME_RXREQ naming their "
+                   "request port; --data-drop-every N discards some on purpose) and take the "
+                   "retransmissions.")
 def main(as_json: bool, **params) -> None:
     """Simulate Ultra Messaging contexts' topic resolution on loopback,
     against one or more lbmrds (unicast) or on a multicast group, and report
@@ -254,9 +276,10 @@ def main(as_json: bool, **params) -> None:
     \b
     Examples:
       lbmr-sim --daemon 127.0.0.1:15380 --contexts 8 --topics 100 --receivers-per-context 10
-      lbmr-sim --daemon 127.0.0.1:15380 --data-bytes 100M --verify-data
+      lbmr-sim --daemon 127.0.0.1:15380 --data-bytes 4M --verify-data
       lbmr-sim --daemon 127.0.0.1:15380 --daemon 127.0.0.1:15381 --bind-base 127.0.1.1
       lbmr-sim --transport lbtrm --pcap sim.pcap --json
+      lbmr-sim --data-bytes 3M --verify-data --requests 20 --retention 1000 --late-join --otr
       ip netns exec NS lbmr-sim --multicast 224.9.10.11:12965 --bind-base 127.0.1.1
     """
     try:

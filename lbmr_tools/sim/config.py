@@ -22,7 +22,6 @@ from lbmr_proto.um import (
 
 from .context import DEFAULT_DAEMON, REQUEST_PORT_BASE, Context
 from .dataplane import (
-    DEFAULT_MESSAGE_SIZE,
     LIVE_RU_MIN_DATAGRAM,
     MAX_PAYLOAD,
     RM_MIN_DATAGRAM,
@@ -40,8 +39,15 @@ PORT_BASES = {"tcp": 14371, "lbtru": 14380, "lbtrm": 14390}  # UM's *_port_low d
 MC_GROUP = "224.9.10.11"  # UM resolver_multicast_address
 MC_PORT = 12965  # UM resolver_multicast_port
 MC_INTERFACE = "127.0.0.1"
-DEFAULT_DATA_RATE = 10000.0  # LBT-RU-like datagrams per second per receiver
+# Messages (datagrams with LBT-RM) per second per source, and TCP payload bytes per message:
+# 1,000 x 1 KiB, about 1 MB/s a source (1.4 MB/s over LBT-RU), so that a routed pair carries a
+# hundred default sources (the LBT-RU relay sends a system call per datagram: thousands a second,
+# not tens of thousands). lbmr-sim(1), DATA RATE.
+DEFAULT_DATA_RATE = 1000.0
+DEFAULT_DATA_MESSAGE_SIZE = 1024
 MAX_DATA_DATAGRAMS = 10_000_000
+MAX_REQUESTS = 1_000_000  # requests per source, and messages between two
+MAX_RETENTION = 1_000_000  # messages retained per source (a range: payloads are derived)
 
 
 # ---------------------------------------------------------------- topology
@@ -86,7 +92,7 @@ class SimConfig:
     retransmissions; the interface needs multicast, e.g. lo inside a network
     namespace). With ``lbtru_wire`` "um" receivers of LBT-RU sources verify
     numbered datagrams instead (:mod:`.dataplane.umru`: for a router's LBT-RU
-    proxy of an LBT-RM source; the payload is checked as an LBT-RM source's). LBT-RM (and UM LBT-RU) receivers with ``data_drop_every`` n > 0 discard the
+    proxy of an LBT-RM source; the payload is checked as an LBT-RM source's). LBT-RM and LBT-RU receivers with ``data_drop_every`` n > 0 discard the
     first copy of every n-th datagram on purpose and recover it by NAK. Each source binds its data socket on its
     context's address and the port it advertises (a kernel-chosen one, then
     advertised, when that port is taken). The stream of topic T is keyed by
@@ -94,7 +100,19 @@ class SimConfig:
     resolved, fetches and verifies the data of the address it resolved,
     expecting ``data_bytes`` (TCP) or ``data_datagrams`` (LBT-RU, LBT-RM), reading
     TCP at most ``data_rate_limit`` bytes per second when given; the run
-    then also waits for the data."""
+    then also waits for the data.
+
+    UM's request/response, late join and OTR (TCP sources; see
+    :mod:`.dataplane.umtcp`): with ``requests`` n > 0 every source sends n
+    requests, on messages ``request_interval``, ``2 * request_interval``, ...
+    of its stream, naming its context's request port, and every receiver
+    responds to each request it gets; ``retention`` keeps the last that many
+    messages of each source for ``late_join`` receivers (which ask for them
+    once the first live message is in) and ``otr`` receivers (which ask for
+    every message missing from the stream; ``data_drop_every`` n discards
+    some on purpose). With any of these every context opens its request
+    port (UM's request_tcp_port: 14391 + context index, or a kernel-chosen
+    port when taken) and advertises it."""
 
     daemons: list[Addr] = field(default_factory=list)
     contexts: int = 4
@@ -122,11 +140,21 @@ class SimConfig:
     data_seed: int = 0
     data_rate: float = DEFAULT_DATA_RATE
     data_datagram_size: int = RU_MAX_DATAGRAM
-    data_message_size: int = DEFAULT_MESSAGE_SIZE
+    data_message_size: int = DEFAULT_DATA_MESSAGE_SIZE
     data_rate_limit: float | None = None
     verify_data: bool = False
     data_drop_every: int = 0
     lbtru_wire: str = "sim"
+    requests: int = 0
+    request_interval: int = 100
+    retention: int = 0
+    late_join: bool = False
+    otr: bool = False
+
+    @property
+    def uses_uim(self) -> bool:
+        """Requests, late join or OTR: every context opens its request port."""
+        return bool(self.requests or self.late_join or self.otr)
 
 
 def daemon_list(cfg: SimConfig) -> list[Addr]:
@@ -245,6 +273,18 @@ def check_data_config(cfg: SimConfig) -> None:
     if cfg.data_rate_limit is not None and not (cfg.data_rate_limit > 0
                                                 and math.isfinite(cfg.data_rate_limit)):
         raise ValueError("data rate limit must be a positive number of bytes per second")
+    if not 0 <= cfg.requests <= MAX_REQUESTS or not 1 <= cfg.request_interval <= MAX_REQUESTS:
+        raise ValueError(f"requests must be 0..{MAX_REQUESTS} and the request interval 1..{MAX_REQUESTS}")
+    if not 0 <= cfg.retention <= MAX_RETENTION:
+        raise ValueError(f"retention must be 0..{MAX_RETENTION} messages")
+    if cfg.uses_uim or cfg.retention:
+        if cfg.transport != "tcp" or cfg.data_bytes is None:
+            raise ValueError("requests, retention, late join and OTR are modelled for TCP sources "
+                             "with --data-bytes")
+    if (cfg.late_join or cfg.otr) and not cfg.retention:
+        raise ValueError("late join and OTR need sources with a retention buffer (--retention)")
+    if cfg.transport == "tcp" and cfg.data_drop_every and not cfg.otr:
+        raise ValueError("TCP receivers discard messages on purpose only with --otr (to recover them)")
     if cfg.topics * cfg.sources_per_topic:
         if cfg.data_bytes is not None and cfg.transport != "tcp":
             raise ValueError(f"--data-bytes is for TCP sources; these sources use {cfg.transport} "
@@ -300,15 +340,20 @@ def source_port_base(cfg: SimConfig) -> int:
 
 
 def build_contexts(cfg: SimConfig, addrs: Sequence[Addr], start: float,
-                   rng: random.Random, ports: Sequence[int] | None = None) -> list[Context]:
+                   rng: random.Random, ports: Sequence[int] | None = None,
+                   request_ports: Sequence[int] | None = None, ready: bool = True) -> list[Context]:
     """Place sources and receivers: source k of topic j lives on context
     ``(j * sources_per_topic + k) mod contexts``; each context gets
     ``receivers_per_context`` receivers (see :func:`receiver_topics`).
-    Source number n advertises ``ports[n]`` (default: the port base + n)."""
+    Source number n advertises ``ports[n]`` (default: the port base + n),
+    context i the request port ``request_ports[i]`` (default 14391 + i).
+    With ``ready`` False the sources wait for ``Context.source_ready`` (their
+    data ports) before they advertise."""
     daemons = daemon_list(cfg)
     ctxs = [Context(daemons, multicast=cfg.multicast, timing=cfg.timing, start=start,
                     src_id=rng.randbytes(8), rng=rng, index=i, local_ip=addrs[i][0],
-                    max_datagram=cfg.max_datagram, request_port=REQUEST_PORT_BASE + i)
+                    max_datagram=cfg.max_datagram,
+                    request_port=REQUEST_PORT_BASE + i if request_ports is None else request_ports[i])
             for i in range(cfg.contexts)]
     topics = topic_names(cfg)
     base = source_port_base(cfg)
@@ -317,7 +362,7 @@ def build_contexts(cfg: SimConfig, addrs: Sequence[Addr], start: float,
         ctx = ctxs[ci]
         ip = ctx.local_ip if source_ip == "bind" else source_ip
         port = base + n if ports is None else ports[n]
-        ctx.add_source(topic, make_transport(cfg.transport, ip, port, rng), now=start)
+        ctx.add_source(topic, make_transport(cfg.transport, ip, port, rng), now=start, ready=ready)
     for i, ctx in enumerate(ctxs):
         local = {s.topic for s in ctx.sources}
         for topic in receiver_topics(i, topics, local, cfg.receivers_per_context):

@@ -67,6 +67,7 @@ class Source:
     tir: TIR
     record: bytes  # the encoded TIR
     schedule: Schedule
+    ready: bool = True  # advertised (False: its data port is not bound yet)
 
 
 @dataclass(eq=False)
@@ -180,10 +181,12 @@ class Context:
     # ------------------------------------------------------------ setup
 
     def add_source(self, topic: str, transport, *, now: float | None = None,
-                   topic_index: int | None = None) -> Source:
+                   topic_index: int | None = None, ready: bool = True) -> Source:
         """Create a source advertising ``transport`` (a TcpTransport,
         LbtruTransport, LbtrmTransport...) for ``topic`` from ``now``
-        (default: the context's start)."""
+        (default: the context's start). With ``ready`` False it neither
+        advertises nor answers queries until :meth:`source_ready` (its data
+        port is being bound); local receivers resolve to it at once."""
         now = self.start if now is None else now
         self._activate(now)
         idx = self.rng.getrandbits(32) if topic_index is None else topic_index
@@ -195,13 +198,42 @@ class Context:
                   options=[OtidOption(0x8000, otid),
                            ExFuncOption(0x8000, self.request_port, 0, ip, 0)])
         src = Source(topic, transport, idx, otid, tir, tir.encode(),
-                     Schedule(now, self.timing.ad_phase()))
+                     Schedule(now, self.timing.ad_phase()), ready)
+        if not ready:
+            src.schedule.stop()
         self.sources.append(src)
         self._sources_by_topic.setdefault(topic, []).append(src)
         for r in self._receivers_by_topic.get(topic, ()):
             if not r.resolved:
                 self._resolve_local(r, src, now)
         return src
+
+    def source_ready(self, src: Source, now: float, transport=None) -> None:
+        """``src``'s data port is bound (on ``transport`` when that is not the
+        one it was created with: the port was taken): it advertises from
+        ``now`` as a new source does."""
+        if transport is not None and transport != src.transport:
+            self._move_source(src, transport)
+        src.ready = True
+        src.schedule = Schedule(now, self.timing.ad_phase())
+
+    def _move_source(self, src: Source, transport) -> None:
+        """``src`` serves on ``transport``: its TIR says so (same topic
+        index, a new OTID). Local receivers resolved to the old one follow."""
+        idx = src.index
+        session = getattr(transport, "session_id", None)
+        session = self.rng.getrandbits(32) if session is None else session
+        otid = make_otid(transport, idx, self.ctx_id, self.sources.index(src) + 1, session)
+        ip = getattr(transport, "ip", "0.0.0.0")
+        tir = TIR(src.topic, transport, ttl=TIR_TTL, index=idx,
+                  options=[OtidOption(0x8000, otid), ExFuncOption(0x8000, self.request_port, 0, ip, 0)])
+        old = src.transport
+        src.transport, src.otid, src.tir, src.record = transport, otid, tir, tir.encode()
+        for r in self._receivers_by_topic.get(src.topic, ()):
+            if r.local and r.tir is not None and r.tir.transport == old:
+                r.sources.discard(r.transport)
+                r.resolved_at = None
+                self._resolve_local(r, src, r.created)
 
     def add_receiver(self, topic: str, *, now: float | None = None) -> Receiver:
         """Create a receiver for ``topic`` from ``now``. It queries until a
@@ -379,6 +411,7 @@ class Context:
         for q in pkt.tqrs:
             st["tqrs_received"] += 1
             for s in self._sources_by_topic.get(q.topic, ()):
-                answer.append(s.record)
+                if s.ready:
+                    answer.append(s.record)
         st["responses"] += len(answer)
         return self._send_tr([], answer, now, "response")

@@ -16,6 +16,7 @@ from .dataplane import (
     RuLiveReceiveResult,
     TcpDataSource,
     UmRuReceiveResult,
+    UmTcpSource,
 )
 
 Addr = tuple[str, int]
@@ -71,6 +72,7 @@ class SimResult:
     multicast: Addr | None = None
     verify_data: bool = False
     data_sources: list[dict] = field(default_factory=list)  # see data_source_report()
+    request_ports: list[dict] = field(default_factory=list)  # RequestPort.report() + context
 
     @property
     def resolved(self) -> int:
@@ -111,6 +113,7 @@ class SimResult:
                           "receivers": [r.topic for r in c.receivers], "stats": dict(sorted(c.stats.items()))}
                          for c, a in zip(self.contexts, self.clients, strict=True)],
             "data_sources": self.data_sources,
+            "request_ports": self.request_ports,
         }
 
 
@@ -157,11 +160,15 @@ def data_source_report(ctx_index: int, topic: str, server) -> dict:
     """What one data source served (for SimResult.data_sources)."""
     ip, port = server.address
     if isinstance(server, TcpDataSource):
-        return {"context": ctx_index, "topic": topic, "kind": "tcp", "address": f"{ip}:{port}",
-                "receivers": len(server.connections), "bytes_sent": server.bytes_sent,
-                "datagrams_sent": None, "status_received": None,
-                "messages": server.next_sqn, "dropped": server.dropped,
-                "complete": sum(c.error is None for c in server.connections)}
+        d = {"context": ctx_index, "topic": topic, "kind": "tcp", "address": f"{ip}:{port}",
+             "receivers": len(server.connections), "bytes_sent": server.bytes_sent,
+             "datagrams_sent": None, "status_received": None,
+             "messages": server.next_sqn, "dropped": server.dropped,
+             "complete": sum(c.error is None for c in server.connections)}
+        if isinstance(server, UmTcpSource):  # requests: receivers each went to; answers given
+            d.update(requests_sent=list(server.requests_sent), first_qidx=server.first_qidx,
+                     retention=server.retention, counters=dict(server.counters))
+        return d
     if isinstance(server, RmDataSource):  # multicast: no receiver sessions, NAKs instead
         return {"context": ctx_index, "topic": topic, "kind": "lbtrm", "address": f"{ip}:{port}",
                 "group": f"{server.group}:{server.dest_port}", "receivers": 0,
@@ -217,6 +224,14 @@ def render_text(result: SimResult) -> str:
             amount = (f"{sum(d['datagrams_sent'] or 0 for d in ds)} datagrams ({amount}), "
                       f"{sum(d['status_received'] or 0 for d in ds)} status datagrams received")
         lines.append(f"data sources: {len(ds)} ({kinds}) served {served} receivers, {amount}")
+    for rp in result.request_ports:
+        for q in rp["requests"]:
+            sent = next((d.get("requests_sent", []) for d in result.data_sources
+                         if d["context"] == rp["context"] and d["topic"] == q["topic"]), [])
+            lines.append(f"requests of ctx {rp['context']} {q['topic']}: {len(sent)}/{q['count']} sent to "
+                         f"{sum(sent)} receivers in all; {sum(q['responses'].values())} responses with the "
+                         f"right index and payload for {len(q['responses'])} requests, "
+                         f"{q['bad_payloads']} with a wrong payload")
     s = result.summary()
     if s["median_ms"] is None:
         times = "no time to resolve"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import random
 import socket
@@ -25,8 +26,9 @@ from .config import (
     source_placement,
     source_port_base,
 )
-from .context import Context, Datagram
+from .context import REQUEST_PORT_BASE, Context, Datagram
 from .dataplane import (
+    RequestPort,
     RmDataReceiver,
     RmDataSource,
     RuLiveReceiver,
@@ -34,6 +36,8 @@ from .dataplane import (
     TcpDataReceiver,
     TcpDataSource,
     UmRuDataReceiver,
+    UmTcpReceiver,
+    UmTcpSource,
     topic_seed,
 )
 from .netif import multicast_interface, open_multicast_socket
@@ -44,21 +48,10 @@ Addr = tuple[str, int]
 MIN_STEP = 1e-6  # seconds; the shortest wait between two ticks of one context
 
 
-async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic: str):
-    """Start the data source of one simulated source on (ip, port), or on a
-    kernel-chosen port when that one is taken: (server, bound port)."""
-    seed = topic_seed(topic, cfg.data_seed)
+async def _start_on(nursery, make, port: int):
+    """Start ``make(port).serve``, or ``make(0).serve`` when ``port`` is taken: (server, bound port)."""
     for p in (port, 0):
-        if cfg.transport == "tcp":  # sends with the advertised topic index once build_contexts chose it
-            server = TcpDataSource(ip, p, seed=seed, rate=cfg.data_rate,
-                                   message_size=min(cfg.data_message_size, cfg.data_bytes))
-        elif cfg.transport == "lbtrm":  # sends once build_contexts has chosen its session id
-            server = RmDataSource(ip, p, group=LBTRM_GROUP, dest_port=LBTRM_DEST_PORT,
-                                  count=cfg.data_datagrams, seed=seed, datagram_size=cfg.data_datagram_size,
-                                  rate=cfg.data_rate, ttl=max(cfg.mc_ttl, 1) if cfg.multicast else 1)
-        else:  # LBT-RU: sends with the advertised topic index once build_contexts chose it
-            server = RuLiveSource(ip, p, seed=seed, session_id=seed & 0xFFFFFFFF,
-                                  datagram_size=cfg.data_datagram_size, rate=cfg.data_rate)
+        server = make(p)
         try:
             addr = await nursery.start(server.serve)
         except OSError as e:
@@ -69,14 +62,61 @@ async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic:
     raise AssertionError("unreachable")
 
 
-def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str):
+def _port_of(transport) -> int:
+    """The data port a transport advertises (LBT-RM: the source's unicast NAK port)."""
+    return transport.src_ucast_port if transport.NAME == "LBTRM" else transport.port
+
+
+def _with_port(transport, port: int):
+    field = "src_ucast_port" if transport.NAME == "LBTRM" else "port"
+    return dataclasses.replace(transport, **{field: port})
+
+
+async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic: str,
+                             request_port: RequestPort | None):
+    """Start the data source of one simulated source on (ip, port), or on a
+    kernel-chosen port when that one is taken: (server, bound port). Its
+    requests (``cfg.requests``) name ``request_port``."""
+    seed = topic_seed(topic, cfg.data_seed)
+    if cfg.transport == "tcp" and (cfg.requests or cfg.retention):
+        first = request_port.add_requests(topic, seed, cfg.requests).first_qidx if cfg.requests else 0
+
+        def make(p):  # sends with the advertised topic index once build_contexts chose it
+            return UmTcpSource(ip, p, seed=seed, rate=cfg.data_rate,
+                               message_size=min(cfg.data_message_size, cfg.data_bytes),
+                               requests=cfg.requests, request_interval=cfg.request_interval,
+                               request_port=None if request_port is None else request_port.address,
+                               first_qidx=first, retention=cfg.retention)
+    elif cfg.transport == "tcp":
+        def make(p):
+            return TcpDataSource(ip, p, seed=seed, rate=cfg.data_rate,
+                                 message_size=min(cfg.data_message_size, cfg.data_bytes))
+    elif cfg.transport == "lbtrm":  # sends once build_contexts has chosen its session id
+        def make(p):
+            return RmDataSource(ip, p, group=LBTRM_GROUP, dest_port=LBTRM_DEST_PORT,
+                                count=cfg.data_datagrams, seed=seed, datagram_size=cfg.data_datagram_size,
+                                rate=cfg.data_rate, ttl=max(cfg.mc_ttl, 1) if cfg.multicast else 1)
+    else:  # LBT-RU: sends with the advertised topic index once build_contexts chose it
+        def make(p):
+            return RuLiveSource(ip, p, seed=seed, session_id=seed & 0xFFFFFFFF,
+                                datagram_size=cfg.data_datagram_size, rate=cfg.data_rate)
+    return await _start_on(nursery, make, port)
+
+
+def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str, request_port: RequestPort | None):
     """The data receiver for a receiver of ``topic`` resolved to
-    ``transport``, or an error text when there is no data to fetch."""
+    ``transport`` (its context's request port: ``request_port``), or an
+    error text when there is no data to fetch."""
     seed = topic_seed(topic, cfg.data_seed)
     name = transport.NAME
     if name == "TCP":
         if cfg.data_bytes is None:
             return "resolved a TCP source but --data-bytes is not given"
+        if cfg.uses_uim:
+            return UmTcpReceiver(transport.ip, transport.port, cfg.data_bytes, seed,
+                                 request_port=request_port, late_join=cfg.late_join, otr=cfg.otr,
+                                 drop_every=cfg.data_drop_every, rate_limit_bps=cfg.data_rate_limit,
+                                 timeout=cfg.duration, bind_ip=local_ip)
         return TcpDataReceiver(transport.ip, transport.port, cfg.data_bytes, seed,
                                rate_limit_bps=cfg.data_rate_limit, timeout=cfg.duration,
                                bind_ip=local_ip)
@@ -89,7 +129,7 @@ def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str):
                                     drop_every=cfg.data_drop_every, timeout=cfg.duration)
         return RuLiveReceiver(transport.ip, transport.port, expect_count=cfg.data_datagrams, seed=seed,
                               session_id=getattr(transport, "session_id", None), bind_ip=local_ip,
-                              timeout=cfg.duration)
+                              timeout=cfg.duration, nak=True, drop_every=cfg.data_drop_every)
     if name == "LBTRM":
         if cfg.data_datagrams is None:
             return "resolved an LBT-RM source but --data-datagrams is not given"
@@ -125,6 +165,7 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
     errors = Counter()
     ctxs: list[Context] = []
     servers: list[tuple[int, str, object]] = []  # (context, topic, data source)
+    req_ports: list[RequestPort] = []  # one per context, with requests, late join or OTR
     data_rx: dict | None = {} if config.verify_data else None  # Receiver -> data receiver | error
     try:
         if iface is not None:
@@ -147,24 +188,52 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
 
         async with trio.open_nursery() as nursery:
             nursery.cancel_scope.deadline = end
-            ports = None
-            if serves_data(config):
-                base = source_port_base(config)
-                ports = []
-                for ci, topic, n in source_placement(config):
-                    server, port = await _start_data_source(nursery, config, addrs[ci], base + n, topic)
-                    ports.append(port)
-                    servers.append((ci, topic, server))
-            ctxs[:] = build_contexts(config, clients, start, rng, ports)
-            for ci, topic, server in servers:
-                if isinstance(server, RmDataSource):  # send with the advertised session id
-                    (src,) = [s for s in ctxs[ci].sources if s.topic == topic
-                              and s.transport.src_ucast_port == server.address[1]]
-                    server.set_session(src.transport.session_id)
-                else:  # TCP and LBT-RU: the advertised topic index
-                    (src,) = [s for s in ctxs[ci].sources if s.topic == topic
-                              and s.transport.port == server.address[1]]
-                    server.tidx = src.index
+            req_port_numbers = None
+            if config.uses_uim:  # the ports the TIRs advertise: open before the first one
+                req_port_numbers = [0] * len(addrs)
+                req_ports.extend([None] * len(addrs))
+
+                async def open_request_port(i: int, ip: str) -> None:
+                    req_ports[i], req_port_numbers[i] = await _start_on(
+                        nursery, lambda p: RequestPort(ip, p), REQUEST_PORT_BASE + i)
+
+                async with trio.open_nursery() as opening:
+                    for i, ip in enumerate(addrs):
+                        opening.start_soon(open_request_port, i, ip)
+            placed = source_placement(config) if serves_data(config) else []
+            base = source_port_base(config)
+            # every source advertises once its own data port is bound (not_ready: being bound)
+            ctxs[:] = build_contexts(config, clients, start, rng, None, req_port_numbers,
+                                     ready=not placed)
+            data_ready = trio.Event()  # every data source is up (receivers wait for it)
+
+            async def start_data_sources() -> None:
+                """Start every data source at once, while topic resolution runs; each
+                advertises once its port is bound (a taken one: a kernel-chosen port)."""
+                slots: list = [None] * len(placed)  # the data sources, in placement order
+
+                async def start_one(k: int, ci: int, topic: str, n: int) -> None:
+                    ctx = ctxs[ci]
+                    (src,) = [s for s in ctx.sources if s.topic == topic and _port_of(s.transport) == base + n]
+                    server, port = await _start_data_source(nursery, config, addrs[ci], base + n, topic,
+                                                            req_ports[ci] if req_ports else None)
+                    if isinstance(server, RmDataSource):  # send with the advertised session id
+                        server.set_session(src.transport.session_id)
+                    else:  # TCP and LBT-RU: the advertised topic index
+                        server.tidx = src.index
+                    ctx.source_ready(src, trio.current_time(),
+                                     None if port == base + n else _with_port(src.transport, port))
+                    wakes[ci][0].set()  # its ticker: advertise now
+                    slots[k] = (ci, topic, server)
+
+                try:
+                    async with trio.open_nursery() as starting:
+                        for k, (ci, topic, n) in enumerate(placed):
+                            starting.start_soon(start_one, k, ci, topic, n)
+                finally:
+                    servers.extend(x for x in slots if x is not None)
+                    data_ready.set()
+
             has_receivers = any(c.receivers for c in ctxs)
             task_status.started(clients)
             data_pending = 0
@@ -175,10 +244,17 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                         and all(c.all_resolved for c in ctxs)):
                     nursery.cancel_scope.cancel()
 
-            async def fetch(rx) -> None:
+            async def fetch(ctx: Context, r) -> None:
+                """Fetch receiver ``r``'s data once every data source is up (a local
+                receiver's source may have moved to another port meanwhile)."""
                 nonlocal data_pending
                 try:
-                    await rx.run()
+                    await data_ready.wait()
+                    rx = _data_receiver(config, r.topic, r.transport, ctx.local_ip,
+                                        req_ports[ctx.index] if req_ports else None)
+                    data_rx[r] = rx
+                    if not isinstance(rx, str):
+                        await rx.run()
                 finally:
                     data_pending -= 1
                     check_done()
@@ -191,11 +267,9 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                 resolved_seen[ctx.index] = ctx.stats["resolved"]
                 for r in ctx.receivers:
                     if r.resolved and r not in data_rx:
-                        rx = _data_receiver(config, r.topic, r.transport, ctx.local_ip)
-                        data_rx[r] = rx
-                        if not isinstance(rx, str):
-                            data_pending += 1
-                            nursery.start_soon(fetch, rx)
+                        data_rx[r] = "the run ended before the data sources were up"
+                        data_pending += 1
+                        nursery.start_soon(fetch, ctx, r)
 
             async def send(sock, me: Addr, dgs: Iterable[Datagram]) -> None:
                 for d in dgs:
@@ -238,11 +312,16 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
             for ctx in ctxs:  # receivers resolved from their own context's sources
                 start_data(ctx)
             check_done()
+            wakes = []
             for ctx, sock, me in zip(ctxs, socks, clients, strict=True):
                 wake = [trio.Event()]
+                wakes.append(wake)
                 nursery.start_soon(ticker, ctx, sock, me, wake)
                 nursery.start_soon(listener, ctx, sock, me, wake)
+            nursery.start_soon(start_data_sources)
         elapsed = trio.current_time() - start
+        if not ctxs:  # the duration ended while the data sources were starting
+            ctxs[:] = build_contexts(config, clients, start, rng)
     finally:
         for s in socks:
             s.close()
@@ -250,4 +329,5 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
             pcap.close()
     return SimResult(receiver_results(ctxs, clients, data_rx), ctxs, clients, daemon_list(config), elapsed,
                      errors["send"], errors["recv"], sent, config.multicast, config.verify_data,
-                     [data_source_report(ci, topic, server) for ci, topic, server in servers])
+                     [data_source_report(ci, topic, server) for ci, topic, server in servers],
+                     [dict(rp.report(), context=i) for i, rp in enumerate(req_ports)])

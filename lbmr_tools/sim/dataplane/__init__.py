@@ -31,15 +31,26 @@ TCP
 messages (:mod:`lbmr_proto.lbmc`; topic index, sequence number and a payload
 that is the pattern at ``sequence * 65536``, so any message can be checked on
 its own) sent to every connected receiver on a clock (``rate`` messages per
-second), never replayed: a receiver that connects starts at the next message,
-and with no receiver the clock runs on and its messages are dropped, as UM
-does. The slowest receiver paces the source (UM's default for TCP).
+second), never replayed: a receiver that connects starts at the next message;
+the clock runs only while the source has receivers (a source nobody listens
+to costs nothing). The slowest receiver paces the source (UM's default for TCP).
 :class:`TcpDataReceiver` connects and verifies whole messages, one topic
 index and consecutive sequence numbers from its first message, until it has
 the payload bytes it expects; it can throttle its reads to play a slow
 receiver. :mod:`.tcpbytes` keeps the older raw byte stream from offset 0 per
 connection (:class:`TcpByteSource`, :class:`TcpByteReceiver`) for tests about
 byte-transparent relays.
+
+Requests, late join and OTR
+---------------------------
+:class:`UmTcpSource` (:mod:`.umtcp`) is a :class:`TcpDataSource` that sends
+requests (messages of its stream with a REQUEST header naming its context's
+request port) and keeps a retention buffer; :class:`UmTcpReceiver` responds
+to requests, asks for retained messages when it joins (LJI_REQ) and for
+missing ones (UME_RXREQ), naming its context's request port, where the
+source's answers come (UME_LJ_INFO, RETRANS). :class:`RequestPort`
+(:mod:`.uim`) is that port: it counts responses per request index and hands
+answers to the receivers that asked.
 
 LBT-RU
 ------
@@ -52,7 +63,9 @@ replayed, NAKs in a window get retransmissions, older ones an NCF, and the
 source ends the session with an RST to each receiver. :class:`RuLiveReceiver`
 connects, ACKs, and verifies whole messages and consecutive sequence numbers
 from its first (the check :func:`.live.verify_message` the TCP receiver
-uses). ``lbmr-sim`` uses these for LBT-RU.
+uses); with ``nak`` it NAKs its gaps and takes the retransmissions, as a UM
+receiver does (:class:`.live.Repair`). ``lbmr-sim`` uses these for LBT-RU,
+with NAKs.
 
 The LBT-RU-like datagram protocol
 ---------------------------------
@@ -107,6 +120,7 @@ source that does -- an lbmr-router's LBT-RU proxy of an LBT-RM source -- and
 verifies and recovers like the LBT-RM receiver.
 """
 
+from .live import MAX_MISSING, Repair, RepairCounts, StreamMismatch
 from .pattern import (
     PATTERN_LEN,
     STAMP_INTERVAL,
@@ -173,7 +187,17 @@ from .tcp import (
     message_payload,
 )
 from .tcpbytes import TcpByteConnStats, TcpByteReceiver, TcpByteReceiveResult, TcpByteSource
+from .uim import (
+    RESPONSE_SIZE,
+    RequestPort,
+    RequestStats,
+    Responder,
+    request_header,
+    response_message,
+    response_payload,
+)
 from .umru import UmRuDataReceiver, UmRuReceiveResult
+from .umtcp import UmTcpReceiver, UmTcpReceiveResult, UmTcpSource, retrans_message
 
 __all__ = [
     "PATTERN_LEN", "STAMP_INTERVAL", "RU_SEQ_SPACING", "RU_MAX_DATAGRAM", "RU_MIN_DATAGRAM",
@@ -187,4 +211,6 @@ __all__ = [
     "RmReceiveResult", "encode_rm_data", "UmRuDataReceiver", "UmRuReceiveResult",
     "RuLiveSource", "RuClient", "RuLiveReceiver", "RuLiveReceiveResult", "LIVE_RU_MIN_DATAGRAM",
     "LIVE_RU_MAX_DATAGRAM", "live_ru_payload",
+    "RESPONSE_SIZE", "RequestPort", "RequestStats", "Responder", "request_header", "response_message",
+    "response_payload", "Repair", "RepairCounts", "MAX_MISSING", "StreamMismatch", "UmTcpReceiver", "UmTcpReceiveResult", "UmTcpSource", "retrans_message",
 ]

@@ -15,7 +15,15 @@ import trio
 from lbmr_proto import lbmc
 from lbmr_proto import lbtru as RU
 
-from .live import LiveMessages, MessageClock, StreamMismatch, data_message, verify_message
+from .live import (
+    LiveMessages,
+    MessageClock,
+    Repair,
+    RepairCounts,
+    StreamMismatch,
+    data_message,
+    verify_message,
+)
 from .pattern import check_seed, rate_of
 
 __all__ = ["RuLiveSource", "RuClient", "RuLiveReceiver", "RuLiveReceiveResult", "LIVE_RU_MIN_DATAGRAM",
@@ -71,7 +79,8 @@ class RuLiveSource:
     sequence ``sqn``, one LBMC message with topic index ``tidx``, sequence
     ``sqn`` and the payload of that sequence, ``datagram_size`` bytes in
     all) goes to every confirmed receiver. Nothing is replayed to a
-    joining receiver; with none the messages are dropped (``dropped``).
+    joining receiver; the clock runs only while receivers are connected
+    (``dropped`` stays 0).
     A NAK of a sequence among the last ``retransmit_window`` gets it again
     (flagged retransmission; the payload is derived, nothing is stored),
     older ones an NCF "do not retry". ACKs are counted. A receiver silent
@@ -171,11 +180,12 @@ class RuLiveSource:
 
     def _forget(self, addr: Addr, c: RuClient) -> None:
         self._live.pop(addr, None)
+        if not self._live:
+            self.clock.stop()
         c.finished = trio.current_time()
 
     async def _clock(self) -> None:
         clock = self.clock
-        clock.start()
         while True:
             sqn, n = await clock.next_batch()
             if not n:
@@ -252,6 +262,7 @@ class RuLiveSource:
             c = RuClient(key, client_id=self._next_client_id, started=now)
             self.clients[f"{key}#{c.client_id}"] = c
             self._live[src] = c
+            self.clock.run()
             self._trim_history()
         c.creqs += 1
         c.last_heard = now
@@ -282,10 +293,12 @@ class RuLiveSource:
 
 
 @dataclass
-class RuLiveReceiveResult(LiveMessages):
+class RuLiveReceiveResult(LiveMessages, RepairCounts):
     """What an :class:`RuLiveReceiver` saw: the verified messages
-    (:class:`.live.LiveMessages`), its connection and the datagrams. ``ok``:
-    done, no error, ``expect_count`` messages verified."""
+    (:class:`.live.LiveMessages`), its connection and the datagrams; with
+    NAKs, the repair counts (:class:`.live.RepairCounts`), the NAKs sent
+    and the NCFs taken. ``ok``: done, no error, ``expect_count`` messages
+    verified (and nothing missing)."""
 
     source: str = ""
     expect_count: int = 0
@@ -293,7 +306,9 @@ class RuLiveReceiveResult(LiveMessages):
     creqs_sent: int = 0
     acks_sent: int = 0
     datagrams: int = 0  # DATA datagrams taken
-    retransmissions: int = 0  # DATA flagged retransmission (ignored: nothing is NAKed)
+    retransmissions: int = 0  # DATA flagged retransmission (ignored without NAKs)
+    naks_sent: int = 0  # NAK datagrams
+    ncfs: int = 0
     foreign: int = 0  # datagrams from another address or session (ignored)
     reset: bool = False  # the source ended the session (RST)
     error: str | None = None
@@ -307,7 +322,8 @@ class RuLiveReceiveResult(LiveMessages):
 
     @property
     def ok(self) -> bool:
-        return self.done and self.error is None and self.messages >= self.expect_count
+        return (self.done and self.error is None and self.messages >= self.expect_count
+                and self.unrecovered == 0)
 
     @property
     def bytes_per_s(self) -> float:
@@ -325,7 +341,15 @@ class RuLiveReceiver:
     until a session message with SYN answers, at most ``connect_attempts``;
     then an ACK of the last verified sequence at once and every
     ``ack_interval``. A session id from the TIR (``session_id``) must match
-    the datagrams'. Loss is not repaired: a gap is an error. An RST before
+    the datagrams'. Without ``nak`` loss is not repaired: a gap is an
+    error. With ``nak`` (what a UM receiver does) a gap is NAKed at once and
+    again every ``nak_interval`` for as long as it stays missing, at most
+    ``nak_attempts`` times (UM's transport_lbtru_nak_*), retransmissions
+    fill it, an NCF "do not retry" gives its sequences up (an error), and
+    ``drop_every`` n > 0 discards the first copy of every DATA whose
+    sequence is n-1 mod n on purpose; the run is done once nothing is
+    missing (once the live messages span ``expect_count`` sequences, later
+    ones are not taken: only repairs are awaited). An RST before
     the expected messages ends the run with an error. Bounds:
     ``idle_timeout`` without a datagram once connected, ``timeout`` for the
     whole run. ``bind_ip`` is the local address (None: 127.0.0.1 for a
@@ -335,7 +359,9 @@ class RuLiveReceiver:
     def __init__(self, source_ip: str, port: int, *, expect_count: int, seed: int = 0,
                  tidx: int | None = None, session_id: int | None = None, bind_ip: str | None = None,
                  connect_interval: float = 0.1, connect_attempts: int = 100, ack_interval: float = 0.5,
-                 idle_timeout: float = 5.0, timeout: float = 60.0, rcv_buf: int = 4 << 20) -> None:
+                 idle_timeout: float = 5.0, timeout: float = 60.0, rcv_buf: int = 4 << 20,
+                 nak: bool = False, drop_every: int = 0, nak_interval: float = 0.2,
+                 nak_attempts: int = 25) -> None:
         if expect_count < 1:
             raise ValueError("expect_count must be >= 1")
         if not (connect_interval > 0 and connect_attempts >= 1 and ack_interval > 0
@@ -350,7 +376,14 @@ class RuLiveReceiver:
         self.connect_interval, self.connect_attempts = connect_interval, connect_attempts
         self.ack_interval, self.idle_timeout, self.timeout = ack_interval, idle_timeout, timeout
         self.rcv_buf = rcv_buf
+        if drop_every < 0 or (drop_every and not nak) or not nak_interval > 0 or nak_attempts < 1:
+            raise ValueError("drop_every needs nak (and >= 0); nak_interval and nak_attempts positive")
+        self.nak, self.drop_every = nak, drop_every
+        self.nak_interval, self.nak_attempts = nak_interval, nak_attempts
         self.result = RuLiveReceiveResult(source=f"{source_ip}:{port}", expect_count=expect_count)
+        self.repair = Repair(self.result, self.seed, tidx)
+        self._naks: dict[int, int] = {}  # missing sequence -> NAKs sent for it
+        self._nak_at = math.inf
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> RuLiveReceiveResult:
         """Connect and verify until done or a bound is hit; reports the local
@@ -394,7 +427,7 @@ class RuLiveReceiver:
         now = trio.current_time()
         creq_at, ack_at, last_rx = now, math.inf, now
         first_data = None
-        while r.messages < r.expect_count:
+        while r.messages < r.expect_count or self.repair.missing:
             now = trio.current_time()
             if not connected and now >= creq_at:
                 if r.creqs_sent >= self.connect_attempts:
@@ -406,11 +439,13 @@ class RuLiveReceiver:
             if connected and now - last_rx >= self.idle_timeout:
                 r.error = f"stalled: nothing from the source for {self.idle_timeout:g} s after {r.messages} messages"
                 return
+            if connected and now >= self._nak_at and not await self._nak_again(sock, now):
+                return
             if connected and now >= ack_at:
                 await self._send(sock, RU.encode_ack(r.last_sqn or 0, session_id=self.sid, client_id=r.client_id))
                 r.acks_sent += 1
                 ack_at = now + self.ack_interval
-            wake = min(ack_at, last_rx + self.idle_timeout) if connected else creq_at
+            wake = min(ack_at, self._nak_at, last_rx + self.idle_timeout) if connected else creq_at
             with trio.move_on_at(wake):
                 data, src = await self._recv(sock)
                 if data is None:
@@ -429,11 +464,16 @@ class RuLiveReceiver:
                     r.foreign += 1
                     continue
                 last_rx = now
+                if isinstance(msg, RU.Ncf) and self.nak:
+                    if not self._ncf(msg):
+                        return
                 if isinstance(msg, RU.Data):
                     first_data = now if first_data is None else first_data
                     r.data_elapsed = now - first_data
                     if not self._take(msg):
                         return
+                    if self.nak:
+                        await self._nak_new(sock, now)
 
     async def _recv(self, sock) -> tuple[bytes | None, Addr | None]:
         try:
@@ -442,6 +482,45 @@ class RuLiveReceiver:
             await trio.sleep(0.001)
             return None, None
         return data, src[:2]
+
+    def _take_repairing(self, d: RU.Data) -> bool:
+        """:meth:`_take` with NAKs: a gap is missing, retransmissions (and
+        late datagrams) fill it."""
+        r = self.result
+        if d.retransmission:
+            r.retransmissions += 1
+        else:
+            r.datagrams += 1
+        try:
+            for m in self._messages(d):
+                if d.retransmission or (self.repair.next_live is not None and m.sqn < self.repair.next_live):
+                    self.repair.retrans(m)
+                elif self.repair.live_span >= r.expect_count:
+                    continue  # the expected messages are spanned: only repairs matter now
+                else:
+                    drop = bool(self.drop_every) and m.sqn % self.drop_every == self.drop_every - 1
+                    self.repair.live(m, discard=drop)
+        except StreamMismatch as e:
+            r.error = str(e)
+            return False
+        except lbmc.LbmcDecodeError as e:
+            r.error = f"DATA {d.sqn} does not carry whole LBMC messages: {e}"
+            return False
+        return True
+
+    @staticmethod
+    def _messages(d: RU.Data) -> list[lbmc.Message]:
+        """The whole LBMC messages of a DATA datagram (LbmcDecodeError otherwise)."""
+        payload, off, out = d.payload, 0, []
+        while off < len(payload):
+            if len(payload) - off < lbmc.CONTROL_HEADER.size:
+                raise lbmc.LbmcDecodeError(off, "a message header cut by the datagram's end")
+            _, msglen = lbmc.check_start(payload, off)
+            if off + msglen > len(payload):
+                raise lbmc.LbmcDecodeError(off, f"a {msglen}-byte message cut by the datagram's end")
+            out.append(lbmc.decode(payload[off:off + msglen]))
+            off += msglen
+        return out
 
     def _decode(self, data: bytes, src: Addr):
         """The datagram when it is the source's, else None (counted as foreign)."""
@@ -460,9 +539,59 @@ class RuLiveReceiver:
             return None
         return msg
 
+    async def _nak_new(self, sock, now: float) -> None:
+        """NAK the sequences found missing that were never NAKed."""
+        new = [q for q in sorted(self.repair.missing) if q not in self._naks]
+        if new:
+            await self._send_naks(sock, new)
+            if self._nak_at == math.inf:
+                self._nak_at = now + self.nak_interval
+        for q in list(self._naks):
+            if q not in self.repair.missing:
+                del self._naks[q]
+
+    async def _nak_again(self, sock, now: float) -> bool:
+        """NAK what is still missing again; False (and ``error``) once one
+        sequence has had ``nak_attempts`` NAKs."""
+        r = self.result
+        for q in list(self._naks):
+            if q not in self.repair.missing:
+                del self._naks[q]
+        if not self._naks:
+            self._nak_at = math.inf
+            return True
+        spent = [q for q, n in self._naks.items() if n >= self.nak_attempts]
+        if spent:
+            r.error = f"sequence {spent[0]} still missing after {self.nak_attempts} NAKs"
+            return False
+        await self._send_naks(sock, sorted(self._naks))
+        self._nak_at = now + self.nak_interval
+        return True
+
+    async def _send_naks(self, sock, sqns: list[int]) -> None:
+        for i in range(0, len(sqns), 64):  # at most 64 sequences a NAK (a datagram of 256 bytes of them)
+            part = sqns[i:i + 64]
+            await self._send(sock, RU.encode_nak([q & 0xFFFFFFFF for q in part], session_id=self.sid,
+                                                 client_id=self.result.client_id))
+            self.result.naks_sent += 1
+            for q in part:
+                self._naks[q] = self._naks.get(q, 0) + 1
+
+    def _ncf(self, ncf: RU.Ncf) -> bool:
+        """An NCF: "do not retry" for a missing sequence is the end (False, ``error``)."""
+        r = self.result
+        r.ncfs += 1
+        gone = [q for q in ncf.sqns if q in self.repair.missing]
+        if ncf.reason == RU.NCF_NO_RETRY and gone:
+            r.error = f"sequence {gone[0]} cannot be retransmitted (NCF, no retry)"
+            return False
+        return True
+
     def _take(self, d: RU.Data) -> bool:
         """Verify the messages of one DATA datagram; False (and ``error``) on the first problem."""
         r = self.result
+        if self.nak:
+            return self._take_repairing(d)
         if d.retransmission:
             r.retransmissions += 1
             return True

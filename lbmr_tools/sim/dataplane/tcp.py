@@ -66,8 +66,8 @@ class TcpDataSource:
     the slowest receiver paces the source, as a UM TCP source's receivers do
     by default. The stream is never replayed: a receiver that connects gets
     the messages from the next batch on (first, when ``session_id`` is given,
-    a CONTROL message with that TCP session id); with no receiver the clock
-    still runs and its messages are dropped (``dropped``). A receiver that
+    a CONTROL message with that TCP session id); the clock runs only while
+    receivers are connected (``dropped`` stays 0). A receiver that
     takes more than ``stall_timeout`` seconds to accept one batch is
     disconnected. After ``max_messages`` messages (None: never) the source
     closes every connection and :meth:`serve` returns. Messages receivers
@@ -97,6 +97,7 @@ class TcpDataSource:
         self.dropped = 0  # messages made while no receiver was connected
         self.refused = 0  # connections beyond max_receivers
         self._live: list[_Conn] = []
+        self._nursery = None
 
     @property
     def next_sqn(self) -> int:
@@ -128,6 +129,7 @@ class TcpDataSource:
         self.address = sock.getsockname()[:2]
         try:
             async with trio.open_nursery() as nursery, listener:
+                self._nursery = nursery
                 nursery.start_soon(self._accept, listener, nursery)
                 task_status.started(self.address)
                 await self._clock()
@@ -154,6 +156,7 @@ class TcpDataSource:
             c = _Conn(stream, TcpConnStats(peer, started=trio.current_time()), self._prefix())
             self.connections.append(c.stats)
             self._live.append(c)
+            self.clock.run()
             nursery.start_soon(self._read, c)
 
     async def _read(self, c: _Conn) -> None:
@@ -164,7 +167,9 @@ class TcpDataSource:
                 data = await c.stream.receive_some(65536)
                 if not data:
                     return
-                c.stats.control_received += len(framer.feed(data))
+                for raw in framer.feed(data):
+                    c.stats.control_received += 1
+                    self._from_receiver(c, raw)
         except lbmc.LbmcDecodeError as e:
             self._close(c, f"malformed message from the receiver: {e}")
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -173,13 +178,14 @@ class TcpDataSource:
     def _close(self, c: _Conn, error: str | None) -> None:
         if c in self._live:
             self._live.remove(c)
+            if not self._live:
+                self.clock.stop()
         c.stats.error = c.stats.error or error
         c.stats.finished = trio.current_time()
         c.stream.socket.close()
 
     async def _clock(self) -> None:
         clock = self.clock
-        clock.start()
         while True:
             sqn, n = await clock.next_batch()
             if not n:
@@ -187,10 +193,17 @@ class TcpDataSource:
             if not self._live:
                 self.dropped += n
                 continue
-            batch = b"".join([data_message(self.seed, self.tidx, q, self.message_size)
-                              for q in range(sqn, sqn + n)])
+            batch = self._batch(sqn, n)
             for c in list(self._live):
                 await self._send(c, batch, sqn, n)
+
+    def _batch(self, sqn: int, n: int) -> bytes:
+        """The bytes of messages ``sqn`` to ``sqn + n - 1``."""
+        return b"".join([data_message(self.seed, self.tidx, q, self.message_size)
+                         for q in range(sqn, sqn + n)])
+
+    def _from_receiver(self, c: _Conn, raw: bytes) -> None:
+        """One whole message from receiver ``c`` (counted; a plain source ignores it)."""
 
     async def _send(self, c: _Conn, batch: bytes, sqn: int, n: int) -> None:
         data = c.prefix + batch if c.prefix else batch
