@@ -253,6 +253,19 @@ def _iso_or_none(ts: float) -> str | None:
     return _iso(ts) if ts else None
 
 
+#: Column order of the session and receiver tables (the most telling first).
+SESSION_COLUMNS = (
+    "source", "topics", "originals", "original_bytes", "retransmissions", "retransmission_bytes", "rate_bps",
+    "nak_packets", "nak_entries", "naked_sqns", "ncf_no_retry", "ncf_ignored", "ncf_rx_delay", "ncf_shed",
+    "session_messages", "icmp_errors", "lbmc_messages", "receivers", "source_contexts", "first_ts",
+    "last_original_ts", "source_last", "last_ts", "icmp_first", "icmp_last", "lead_sqn", "control", "from_tir",
+    "session", "transport", "source_ip", "port", "group", "dport", "session_id")
+RECEIVER_COLUMNS = (
+    "session", "receiver", "kind", "loss_estimate", "nak_packets", "nak_entries", "naked_sqns", "recovered",
+    "recovery_p50", "recovery_max", "outstanding_count", "outstanding", "outstanding_from", "outstanding_to",
+    "first_ts", "last_ts", "silent_ts", "packets", "zero_windows", "resets")
+
+
 def tables(part: TransportPart) -> dict[str, list[dict]]:
     """The transport tables (see the module documentation)."""
     st = part.state
@@ -270,7 +283,7 @@ def tables(part: TransportPart) -> dict[str, list[dict]]:
         d["source_last"] = _iso(part.source_last.get(r.session, -math.inf))
         f, la = part.icmp.get(r.session, (-math.inf, -math.inf))
         d["icmp_first"], d["icmp_last"] = _iso(f), _iso(la)
-        sessions.append(d)
+        sessions.append({k: d[k] for k in SESSION_COLUMNS})
     receivers = []
     for r in receiver_rows(st):
         d = r._asdict()
@@ -283,7 +296,7 @@ def tables(part: TransportPart) -> dict[str, list[dict]]:
         times = list(rs.outstanding.values())
         d["outstanding_from"] = _iso(min(times)) if times else None
         d["outstanding_to"] = _iso(max(times)) if times else None
-        receivers.append(d)
+        receivers.append({k: d[k] for k in RECEIVER_COLUMNS})
     topics = []
     for r in topic_rows(st):
         d = r._asdict()
