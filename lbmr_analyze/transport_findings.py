@@ -269,8 +269,8 @@ def _retransmissions(sessions: dict) -> list[dict]:
 
 
 def _idle_windows(sessions: dict, timeline: list[dict]) -> list[dict]:
-    """Seconds in which a source sent session messages and no data: an idle
-    window (low); NAKs in such a window (medium): tail loss, the loss of the
+    """Seconds after its first data in which a source sent session messages
+    and no data: an idle window (low); NAKs in such a window (medium): tail loss, the loss of the
     last datagrams before the pause, which only the SMs' lead sequence number
     reveals, or recovery still under way."""
     out = []
@@ -278,7 +278,10 @@ def _idle_windows(sessions: dict, timeline: list[dict]) -> list[dict]:
         s = sessions.get(key)
         if s is None:
             continue
-        idle = [x for x in rows if x["session_messages"] and not x["originals"]]
+        started = next((x["second"] for x in rows if x["originals"]), None)
+        if started is None:      # (session messages before any data: a handshake, e.g. LBT-RU's SYN)
+            continue
+        idle = [x for x in rows if x["session_messages"] and not x["originals"] and x["second"] > started]
         for ep in _episodes(idle):
             sms = sum(x["session_messages"] for x in ep)
             naks = sum(x["nak_packets"] for x in ep)
