@@ -506,3 +506,49 @@ def write_transport_findings_capture(path: Path) -> int:
         for t, f in frames:
             w.write_frame(FINDINGS_T0 + t, f)
     return len(frames)
+
+
+def analyse_without_spark(cap: Path, out: Path, split_size: int = 1 << 30, *, transport: bool = True,
+                          storm_threshold: int = 1000) -> tuple[dict, dict]:
+    """lbmr-analyze's job in this process, without Spark: each byte range of
+    ``cap`` decoded and written under ``out/records`` as a decoding task does,
+    the transport tasks' function per range, the driver's merge and analyses:
+    (summary, tables)."""
+    import shutil
+
+    from lbmr_analyze import partials as P
+    from lbmr_analyze import splits as S
+    from lbmr_analyze.job import analyse
+    from lbmr_analyze.rows import write_split
+    from lbmr_analyze.transport import transport_pass
+
+    ports = frozenset({12965, 15380})
+    shutil.rmtree(out / "records", ignore_errors=True)
+    parts: list = []
+    splits = S.plan([str(cap)], split_size)
+    for s in splits:
+        write_split(s, ports, b"", str(out / "records"), partials=parts)
+    merged = P.merge(parts)
+    tx = None
+    if transport:
+        tx = transport_pass(None, [(s.split_id, s.path, s.start, s.end, s.size, b"") for s in splits], ports, merged)
+    return analyse(None, str(out / "records"), merged, transport=tx, storm_threshold=storm_threshold)
+
+
+#: The report's main blocks, none of which may overlap another (unless one contains the other).
+REPORT_BLOCKS = "h1,h2,h3,p,img,input.filter,div.scroll,table.kinds,section.kind,details.finding,ul.tfindings"
+#: A script returning {checked, bad}: the visible REPORT_BLOCKS and the pairs that overlap.
+REPORT_OVERLAPS_JS = """sel => {
+  const els = Array.from(document.querySelectorAll(sel)).filter(e => e.checkVisibility({visibilityProperty: true}));
+  const box = els.map(e => e.getBoundingClientRect());
+  const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + ' "' + e.textContent.trim().slice(0, 40) + '"';
+  const bad = [];
+  for (let i = 0; i < els.length; i++) for (let j = i + 1; j < els.length; j++) {
+    if (els[i].contains(els[j]) || els[j].contains(els[i])) continue;
+    const a = box[i], b = box[j];
+    const w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+    const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+    if (w > 0.5 && h > 0.5) bad.push(name(els[i]) + ' / ' + name(els[j]));
+  }
+  return {checked: els.length, bad: bad};
+}"""

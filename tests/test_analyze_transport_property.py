@@ -12,27 +12,21 @@ rule; bad input is counted by reason, never raised.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lbmr_proto as L
-from lbmr_analyze import partials as P
-from lbmr_analyze import splits as S
 from lbmr_analyze import transport_findings as TF
 from lbmr_analyze.findings import SEVERITIES
-from lbmr_analyze.job import TRANSPORT_TABLES, analyse
-from lbmr_analyze.rows import write_split
-from lbmr_analyze.transport import transport_pass
+from lbmr_analyze.job import TRANSPORT_TABLES
 from lbmr_proto import lbmc as C
 from lbmr_proto import lbtrm as RM
 from lbmr_proto import lbtru as RU
 from lbmr_proto.capture import LINKTYPE_RAW, PcapWriter
-from tests.helpers import icmp_unreachable, tcp_packet, udp_packet
+from tests.helpers import analyse_without_spark, icmp_unreachable, tcp_packet, udp_packet
 
-PORTS = frozenset({12965, 15380})
 T0 = 1_700_000_000.0
 SRC = "10.1.0.1"
 #: LBT-RM sessions: (source ip, NAK port, session id, group, with a TIR)
@@ -170,15 +164,7 @@ def build(path: Path, caps) -> None:
 
 def pipeline(cap: Path, out: Path, split_size: int) -> tuple[dict, dict]:
     """The job without Spark, transport pass included: (summary, tables)."""
-    shutil.rmtree(out, ignore_errors=True)
-    parts: list = []
-    splits = S.plan([str(cap)], split_size)
-    for s in splits:
-        write_split(s, PORTS, b"", str(out / "records"), partials=parts)
-    merged = P.merge(parts)
-    rows = [(s.split_id, s.path, s.start, s.end, s.size, b"") for s in splits]
-    tx = transport_pass(None, rows, PORTS, merged)
-    return analyse(None, str(out / "records"), merged, transport=tx)
+    return analyse_without_spark(cap, out, split_size)
 
 
 # ============================================================== evidence, rule by rule

@@ -304,7 +304,7 @@ def transport_findings_html(findings: list[dict], clock: CaptureClock) -> str:
     parts = ['<ul class="tfindings">']
     for f in rows:
         text = _esc(_value(f["finding"], clock))
-        parts.append(f'<li>{_badge(f["severity"])} {text} <a href="#{_esc(f["table"])}">&rarr; '
+        parts.append(f'<li>{_badge(f["severity"])} <b>{_esc(f["kind"])}</b>: {text} <a href="#{_esc(f["table"])}">&rarr; '
                      f'{_esc(f["table"])}</a></li>')
     parts.append("</ul>")
     return "\n".join(parts)
