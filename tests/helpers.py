@@ -526,12 +526,16 @@ def analyse_without_spark(cap: Path, out: Path, split_size: int = 1 << 30, *, tr
     shutil.rmtree(out / "records", ignore_errors=True)
     parts: list = []
     splits = S.plan([str(cap)], split_size)
+    rows, seen = [], []            # pcapng: the blocks in force at each range's start, as the job hands them
     for s in splits:
-        write_split(s, ports, b"", str(out / "records"), partials=parts)
+        ctx = S.context_for(seen, 1 << 62) if s.start else b""
+        seen += S.context_blocks(s) if len(splits) > 1 else []
+        rows.append((s.split_id, s.path, s.start, s.end, s.size, ctx))
+        write_split(s, ports, ctx, str(out / "records"), partials=parts)
     merged = P.merge(parts)
     tx = None
     if transport:
-        tx = transport_pass(None, [(s.split_id, s.path, s.start, s.end, s.size, b"") for s in splits], ports, merged)
+        tx = transport_pass(None, rows, ports, merged)
     return analyse(None, str(out / "records"), merged, transport=tx, storm_threshold=storm_threshold)
 
 
