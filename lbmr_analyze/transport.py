@@ -29,6 +29,17 @@ Tables (times as UTC ISO strings, see lbmr-analyze(1))
     messages and ICMP errors; ``transport_errors`` bad input by reason and what
     a bound kept out.
 
+What byte ranges change
+    Every range knows every session a TIR anywhere in the capture advertises,
+    so it may count a datagram sent before its session's first TIR that one
+    pass in capture order (``lbmr-inspect --sessions``) does not (when the
+    datagram does not pass the decoder's no-TIR header checks, e.g. a
+    payload that is not LBMC).  A session found only by its headers (no TIR
+    in the capture) is known to a range from its first packet there: packets
+    on its addresses that do not decode before that are not counted as bad
+    input, nor LBT-RU packets without a session-id option.  An LBT-TCP stream
+    cut by a range boundary resynchronises on the next LBMC message.
+
 Bounds
     The decoder's own (see :mod:`lbmr_proto.transport_sessions`), and
     :data:`TIMELINE_MAX` (session, second) buckets per task (beyond, counted as
