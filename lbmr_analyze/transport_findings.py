@@ -11,6 +11,8 @@ configured values: the findings say "with the defaults" where that matters.
 
 from __future__ import annotations
 
+from lbmr_proto.constants import LBMRD_PORT
+
 from .analyses import iso_us, share_text
 
 #: transport_lbtrm_nak_generation_interval (receiver): how long a receiver NAKs
@@ -322,7 +324,8 @@ def _wildcard_topics(T: dict) -> dict[str, set[str]]:
 def _uninteresting(sessions: dict, topics: list[dict], T: dict) -> list[dict]:
     """A context that asked for some of a session's topics (so it receives the
     session) while the session carries others it never asked for, by TQR or
-    wildcard pattern: UM drops those as uninteresting-topic messages."""
+    wildcard pattern: UM drops those as uninteresting-topic messages.  Queries
+    heard only as lbmrd relayed them (from its port) name no context: skipped."""
     per_session: dict[str, list[dict]] = {}
     for t in topics:
         per_session.setdefault(t["session"], []).append(t)
@@ -339,6 +342,8 @@ def _uninteresting(sessions: dict, topics: list[dict], T: dict) -> list[dict]:
             for c in t["queriers"].split():
                 wanted.setdefault(c, set()).add(t["topic"])
         for ctx in sorted(wanted):
+            if ctx.endswith(f":{LBMRD_PORT}"):   # an lbmrd relaying some context's queries: not a context
+                continue
             asked = wanted[ctx] | wild.get(ctx, set())
             extra = {tp: n for tp, n in carried.items() if tp not in asked}
             if not extra:

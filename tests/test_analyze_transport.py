@@ -278,3 +278,33 @@ def test_generated_counts_equal_tshark_and_bad_input_is_reported(generated_run):
     # the same tables as one process over the whole capture
     ref = inspect_tables(path)
     assert [without_extras(r) for r in rows] == [as_job_session(s) for s in ref["sessions"]]
+
+
+def test_uninteresting_topics_name_contexts_not_lbmrd_relays():
+    """The rule on tables alone: a context that asked for one topic of a session
+    carrying two gets the finding; the same queries heard only from lbmrd's port
+    (relayed) name no context and give none; a wildcard pattern that matches the
+    other topic satisfies the context."""
+    from lbmr_analyze import transport_findings as TF
+    src = "LBTRM:10.1.0.1:14390:00000011:239.3.3.1:14400"
+    session = dict(session="LBTRM:10.1.0.1:14390:00000011", source=src, topics="a | b", source_contexts="",
+                   receivers="ctx:10.2.0.1:40001", first_ts=None, last_ts=None)
+
+    def tables(querier: str, wildcard: bool = False) -> dict:
+        return {"transport_sessions": [session | {k: 0 for k in (
+                    "originals", "original_bytes", "retransmissions", "retransmission_bytes", "nak_packets",
+                    "ncf_no_retry", "ncf_ignored", "ncf_rx_delay", "ncf_shed", "icmp_errors")}],
+                "transport_topics": [dict(session=session["session"], tidx=1, topic="a", messages=5, rx_messages=0,
+                                          queriers=querier),
+                                     dict(session=session["session"], tidx=2, topic="b", messages=7, rx_messages=1,
+                                          queriers="")],
+                "wildcard_patterns": [dict(pattern="^b$", pattern_type=1, queriers=f"{querier} [0011223344556677]")]
+                if wildcard else [],
+                "wildcard_matches": [dict(pattern="^b$", pattern_type=1, topic="b")] if wildcard else []}
+
+    (f,) = [x for x in TF.build(tables("10.2.0.1:40001")) if x["kind"] == "uninteresting topic traffic"]
+    assert f["contexts"] == "10.2.0.1:40001" and f["topics"] == "b" and "b (8 messages)" in f["finding"]
+    assert "uninteresting_messages=8" in f["evidence"] and "messages=13" in f["evidence"]
+    assert not [x for x in TF.build(tables("10.0.0.9:15380")) if x["kind"] == "uninteresting topic traffic"]
+    assert not [x for x in TF.build(tables("10.2.0.1:40001", wildcard=True))
+                if x["kind"] == "uninteresting topic traffic"]
