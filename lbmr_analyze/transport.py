@@ -41,9 +41,13 @@ What byte ranges change
     cut by a range boundary resynchronises on the next LBMC message.
 
 Bounds
-    The decoder's own (see :mod:`lbmr_proto.transport_sessions`), and
+    The decoder's own (see :mod:`lbmr_proto.transport_sessions`);
     :data:`TIMELINE_MAX` (session, second) buckets per task (beyond, counted as
-    ``timeline_buckets`` in ``transport_errors``).
+    ``timeline_buckets`` in ``transport_errors``); the topic-resolution
+    datagrams every task learns: per decoding task those of
+    :class:`lbmr_analyze.rows.TopicResolution`, in all the earliest
+    :data:`TR_MAX_ROWS` (:data:`TR_MAX_BYTES`), the rest counted as
+    ``tr_datagrams``.
 """
 
 from __future__ import annotations
@@ -71,6 +75,9 @@ from .splits import Split, segments
 
 #: (session, second) buckets of the timeline kept per task.
 TIMELINE_MAX = 1 << 18
+#: Topic-resolution datagrams (distinct) sent to every transport task, and their payload bytes.
+TR_MAX_ROWS = 1 << 16
+TR_MAX_BYTES = 64 << 20
 #: The timeline's counters, in order.
 TIMELINE_COLUMNS = ("originals", "retransmissions", "nak_packets", "nak_entries", "ncf_packets",
                     "session_messages", "icmp_errors")
@@ -226,13 +233,22 @@ def merge(parts: list[tuple[float, int, TransportPart]]) -> TransportPart:
 
 def tr_rows_of(partials: dict) -> tuple[list[tuple], int]:
     """(time-ordered topic-resolution rows, datagrams a bound kept out) from the
-    merged partial tables."""
+    merged partial tables: the earliest :data:`TR_MAX_ROWS` distinct datagrams,
+    at most :data:`TR_MAX_BYTES` of payload (what every transport task is sent)."""
     t = partials.get("tr")
-    rows = [] if t is None else list(zip(*(t[c].to_pylist() for c in ("us", "src", "sport", "dst", "dport",
-                                                                         "payload")), strict=True))
     d = partials.get("tr_dropped")
     dropped = 0 if d is None else sum(d["dropped"].to_pylist())
-    return topic_resolution(rows), dropped
+    if t is None:
+        return [], dropped
+    rows = topic_resolution(list(zip(*(t[c].to_pylist() for c in ("us", "src", "sport", "dst", "dport", "payload")),
+                                     strict=True)))
+    kept, nbytes = [], 0
+    for r in rows:
+        if len(kept) >= TR_MAX_ROWS or nbytes + len(r[5]) > TR_MAX_BYTES:
+            break
+        kept.append(r)
+        nbytes += len(r[5])
+    return kept, dropped + len(rows) - len(kept)
 
 
 def transport_pass(spark, split_rows: list[tuple], ports: frozenset[int], partials: dict,

@@ -308,3 +308,23 @@ def test_uninteresting_topics_name_contexts_not_lbmrd_relays():
     assert not [x for x in TF.build(tables("10.0.0.9:15380")) if x["kind"] == "uninteresting topic traffic"]
     assert not [x for x in TF.build(tables("10.2.0.1:40001", wildcard=True))
                 if x["kind"] == "uninteresting topic traffic"]
+
+
+def test_without_transport_pass(spark, generated_run, tmp_path):
+    path, _ = generated_run
+    res = run(spark, [path], tmp_path / "out", report=False, transport=False)
+    assert all(res.tables[n] == [] for n in TRANSPORT_TABLES)
+    assert not [f for f in res.tables["findings"] if f["session"] or f["table"].startswith("transport_")]
+    assert res.summary["transport_sessions"] == 0 and "transport" not in res.decode_stats
+
+
+def test_topic_resolution_sent_to_the_tasks_is_bounded(monkeypatch):
+    import pyarrow as pa
+
+    from lbmr_analyze import transport as TX
+    monkeypatch.setattr(TX, "TR_MAX_ROWS", 3)
+    n = 5
+    t = pa.table({"us": list(range(n, 0, -1)), "src": ["10.0.0.1"] * n, "sport": [1] * n, "dst": ["239.1.1.1"] * n,
+                  "dport": [12965] * n, "payload": [bytes([i]) for i in range(n)]})
+    rows, dropped = TX.tr_rows_of({"tr": t, "tr_dropped": pa.table({"dropped": [4], "split": [0]})})
+    assert [r[0] for r in rows] == [1, 2, 3] and dropped == 4 + 2
