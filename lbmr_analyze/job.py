@@ -41,7 +41,6 @@ TABLES = (
 )
 
 
-
 class Progress:
     """Per-step progress on stderr: ``lbmr-analyze [3/9] analysing: topics ... 1.2 s``.
 
@@ -337,12 +336,6 @@ def _is_pcapng(path: str) -> bool:
         return False
 
 
-def split_rows(spark, splits: list[Split]) -> list[tuple]:
-    """The decoding (and transport) tasks' inputs: (split id, path, start, end,
-    size, pcapng context) per split."""
-    return _split_rows(spark, splits)
-
-
 def _split_rows(spark, splits: list[Split]) -> list[tuple]:
     """Split descriptors with their pcapng context prefixes (pre-pass only for
     pcapng files cut into several ranges)."""
@@ -382,7 +375,8 @@ def decode_to_parquet(spark, splits: list[Split], records_path: str, ports: froz
     With ``stats`` (a dict), the decoding tasks' figures are put in it: ``tasks``,
     ``wall_s`` and ``cpu_s`` (sums of the tasks' seconds), ``workers`` (distinct
     Python worker processes) and ``elapsed_s`` (the whole step).  ``split_rows``:
-    the tasks' inputs if already made (:func:`split_rows`)."""
+    the tasks' inputs (split id, path, start, end, size, pcapng context) if
+    already made (the transport tasks take the same)."""
     from . import partials as P
     from .rows import write_split_task
 

@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 
+from lbmr_analyze.transport_findings import RETRANSMISSION_RATIO
 from tests import netns
 from tests.helpers import analyse_without_spark
 
@@ -65,8 +66,10 @@ def test_lbmr_sim_lossy_lbtrm_sessions(netns_factory, tmp_path):
         assert x["outstanding_count"] == 0 and x["loss_estimate"] == round(d["recovered"] / DATAGRAMS, 6)
     kinds = {(f["kind"], f["session"]) for f in t["findings"] if f["session"]}
     for s in sessions.values():
-        assert {("lossy receiver", s["source"]), ("NCF: retransmit delay", s["source"]),
-                ("retransmission rate", s["source"])} <= kinds
+        assert {("lossy receiver", s["source"]), ("NCF: retransmit delay", s["source"])} <= kinds
+        # (how many retransmissions a NAK draws depends on timing: the rule decides from the counts)
+        assert (("retransmission rate", s["source"]) in kinds) == (
+            s["retransmission_bytes"] > RETRANSMISSION_RATIO * s["original_bytes"])
     assert not [k for k in kinds if k[0] in ("unrecoverable loss: source stopped", "NAKs never answered")]
     # lbmr-sim's LBT-RM data are numbered datagrams, not LBMC messages: counted as bad input, nothing else
     assert t["transport_errors"] == [dict(kind="bad input", reason="lbmc_malformed",
