@@ -556,3 +556,31 @@ REPORT_OVERLAPS_JS = """sel => {
   }
   return {checked: els.length, bad: bad};
 }"""
+
+
+def tshark_lbtrm_counts(path: Path, decode_as) -> dict:
+    """Per LBT-RM (session id, NAK port): a Counter, as tshark counts them (no ICMP quotes):
+    originals, retransmissions, NAK packets and entries, NCFs by reason, SMs.
+    Packets tshark finds malformed or of another version are bad input (we
+    count those by reason instead)."""
+    from collections import Counter
+
+    from tests.tshark_judge import tshark_field_rows
+    rows = tshark_field_rows(path, decode_as, ["lbtrm.hdr.type", "lbtrm.hdr.session_id", "lbtrm.hdr.ucast_port",
+                                               "lbtrm.data.flags_fec_type.rx", "lbtrm.ncf.reason",
+                                               "lbtrm.nak.list.nak"],
+                             "lbtrm && !icmp && lbtrm.hdr.ver == 0 && !_ws.malformed")
+    out: dict[tuple[int, int], Counter] = {}
+    for f in rows.values():
+        c = out.setdefault((f["lbtrm.hdr.session_id"][0], f["lbtrm.hdr.ucast_port"][0]), Counter())
+        t = f["lbtrm.hdr.type"][0]
+        if t == 0:
+            c["retransmissions" if f["lbtrm.data.flags_fec_type.rx"][0] else "originals"] += 1
+        elif t == 2:
+            c["session_messages"] += 1
+        elif t == 3:
+            c["nak_packets"] += 1
+            c["nak_entries"] += len(f.get("lbtrm.nak.list.nak", []))
+        elif t == 4:
+            c[f"ncf_{f['lbtrm.ncf.reason'][0]}"] += 1
+    return out

@@ -28,6 +28,7 @@ from tests.helpers import (
     FINDINGS_SESSIONS,
     FINDINGS_T0,
     real_capture,
+    tshark_lbtrm_counts,
     write_transport_findings_capture,
 )
 from tests.tshark_judge import tshark_field_rows
@@ -86,31 +87,6 @@ def as_job_receiver(r: dict) -> dict:
     return out
 
 
-def tshark_counts(path: Path, decode_as) -> dict[tuple[int, int], Counter]:
-    """Per LBT-RM (session id, NAK port), as tshark counts them (no ICMP quotes):
-    originals, retransmissions, NAK packets and entries, NCFs by reason, SMs.
-    Packets tshark finds malformed or of another version are bad input (we
-    count those by reason instead)."""
-    rows = tshark_field_rows(path, decode_as, ["lbtrm.hdr.type", "lbtrm.hdr.session_id", "lbtrm.hdr.ucast_port",
-                                               "lbtrm.data.flags_fec_type.rx", "lbtrm.ncf.reason",
-                                               "lbtrm.nak.list.nak"],
-                             "lbtrm && !icmp && lbtrm.hdr.ver == 0 && !_ws.malformed")
-    out: dict[tuple[int, int], Counter] = {}
-    for f in rows.values():
-        c = out.setdefault((f["lbtrm.hdr.session_id"][0], f["lbtrm.hdr.ucast_port"][0]), Counter())
-        t = f["lbtrm.hdr.type"][0]
-        if t == 0:
-            c["retransmissions" if f["lbtrm.data.flags_fec_type.rx"][0] else "originals"] += 1
-        elif t == 2:
-            c["session_messages"] += 1
-        elif t == 3:
-            c["nak_packets"] += 1
-            c["nak_entries"] += len(f.get("lbtrm.nak.list.nak", []))
-        elif t == 4:
-            c[f"ncf_{f['lbtrm.ncf.reason'][0]}"] += 1
-    return out
-
-
 def job_counts(row: dict) -> Counter:
     return +Counter(originals=row["originals"], retransmissions=row["retransmissions"],
                     session_messages=row["session_messages"], nak_packets=row["nak_packets"],
@@ -139,7 +115,7 @@ def test_real_capture_sessions_equal_inspect_and_tshark(real_runs):
     path, whole, cut = real_runs
     ref = inspect_tables(path)
     want = [as_job_session(s) for s in ref["sessions"]]
-    theirs = tshark_counts(path, REAL_DECODE_AS)
+    theirs = tshark_lbtrm_counts(path, REAL_DECODE_AS)
     for res in (whole, cut):
         got = res.tables["transport_sessions"]
         assert [without_extras(r) for r in got] == want
@@ -266,7 +242,7 @@ def test_generated_findings_name_their_evidence(generated_run):
 def test_generated_counts_equal_tshark_and_bad_input_is_reported(generated_run):
     path, res = generated_run
     rows = res.tables["transport_sessions"]
-    theirs = tshark_counts(path, FINDINGS_DECODE_AS)
+    theirs = tshark_lbtrm_counts(path, FINDINGS_DECODE_AS)
     assert {(int(r["session_id"], 16), r["port"]): job_counts(r) for r in rows if r["transport"] == "LBTRM"} \
         == theirs
     assert {r["source"] for r in rows} == set(FINDINGS_SESSIONS.values())

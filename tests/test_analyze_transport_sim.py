@@ -12,10 +12,11 @@ import json
 import signal
 import sys
 import time
+from collections import Counter
 
 from lbmr_analyze.transport_findings import RETRANSMISSION_RATIO
 from tests import netns
-from tests.helpers import analyse_without_spark
+from tests.helpers import analyse_without_spark, tshark_lbtrm_counts
 
 netns_factory = netns.netns_factory
 
@@ -56,6 +57,12 @@ def test_lbmr_sim_lossy_lbtrm_sessions(netns_factory, tmp_path):
         assert (s["originals"], s["retransmissions"], s["session_messages"], s["nak_packets"], s["nak_entries"],
                 s["ncf_rx_delay"]) == (c["datagrams_sent"], c["retransmissions"], c["sms_sent"], c["naks"],
                                        c["nak_sqns"], c["ncfs_sent"])
+    # and tshark (Decode As) counts the same per session
+    theirs = tshark_lbtrm_counts(cap, ("udp.port==14400,lbtrm", "udp.port==14390,lbtrm", "udp.port==14391,lbtrm"))
+    assert {(int(s["session_id"], 16), s["port"]): +Counter(
+        originals=s["originals"], retransmissions=s["retransmissions"], session_messages=s["session_messages"],
+        nak_packets=s["nak_packets"], nak_entries=s["nak_entries"], ncf_2=s["ncf_rx_delay"])
+        for s in sessions.values()} == theirs
     for rcv in report["receivers"]:
         d = rcv["data"]["detail"]
         addr = d["source"].split()[1]
