@@ -95,12 +95,14 @@ def _log4j_config(ctx, param, value):
               show_default=True, metavar="N", help="A second with more than N LBMR datagrams is a storm.")
 @click.option("--top", type=click.IntRange(min=1), default=DEFAULT_TOP, show_default=True, metavar="N",
               help="Rows in the top talkers / top topics tables and plots.")
+@click.option("--no-transport", is_flag=True,
+              help="Skip the transport pass (LBT-RM, LBT-RU, LBT-TCP sessions and their findings).")
 @click.option("--conf", "conf", multiple=True, callback=_conf, metavar="KEY=VALUE",
               help="Extra Spark configuration (repeatable), e.g. spark.driver.memory=4g.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.option("-v", "--verbose", is_flag=True,
               help="Show Spark's own start-up output and warnings (by default they go to a log file).")
-def main(captures, out, master, ports, split_size, storm_threshold, top, conf, quiet, verbose):
+def main(captures, out, master, ports, split_size, storm_threshold, top, no_transport, conf, quiet, verbose):
     """Analyse LBMR (Ultra Messaging topic resolution) traffic in pcap/pcapng
     CAPTURES (files or folders, .gz too; local paths or file://, hdfs://, s3a://
     URIs) with Spark: decode to Parquet, run the analyses, write DIR/report.html,
@@ -133,13 +135,13 @@ def main(captures, out, master, ports, split_size, storm_threshold, top, conf, q
 
     from .job import Progress, summary_text
 
-    prog = Progress(1 + 5, enabled=not quiet)
+    prog = Progress(1 + 5 + (not no_transport), enabled=not quiet)
     t0 = time.perf_counter()
     signal.signal(signal.SIGINT, _on_interrupt)
     try:
         res, started = _start_and_run(prog, master, conf, verbose, dict(
             inputs=captures, out=out, ports=ports, split_size=split_size,
-            storm_threshold=storm_threshold, top=top))
+            storm_threshold=storm_threshold, top=top, transport=not no_transport))
     except KeyboardInterrupt:
         click.echo("lbmr-analyze: interrupted; the previous output, if any, is unchanged", err=True)
         sys.exit(EXIT_INTERRUPTED)

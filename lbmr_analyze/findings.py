@@ -3,7 +3,10 @@
 Each finding is a dict: ``severity`` (``critical``, ``high``, ``medium``, ``low``),
 ``kind``, ``finding`` (one sentence naming topics, contexts and times),
 ``topics``, ``contexts`` (context names, `` | `` between them), ``first_seen``,
-``last_seen`` and ``table`` (the table with the details).  They are sorted most
+``last_seen``, ``table`` (the table with the details), ``session`` (a transport
+finding's session, UM's source string; else "") and ``evidence`` (a transport
+finding's figures, ``name=value``; else "").  Transport findings:
+:mod:`lbmr_analyze.transport_findings`.  They are sorted most
 severe first, then by kind, then by size.  At most :data:`PER_KIND` findings of
 one kind are listed; one more finding says how many others the table holds.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from . import transport_findings
 from .analyses import context_label, iso_us, share_text
 
 SEVERITIES = ("critical", "high", "medium", "low")
@@ -28,7 +32,7 @@ STORM_TOP = 3
 
 def _f(severity, kind, text, table, *, topics="", contexts="", first=None, last=None, size=0) -> dict:
     return dict(severity=severity, kind=kind, finding=text, topics=topics, contexts=contexts,
-                first_seen=first, last_seen=last, table=table, _size=size)
+                first_seen=first, last_seen=last, table=table, session="", evidence="", _size=size)
 
 
 def _few(items: list[str], n: int = 3) -> str:
@@ -88,7 +92,7 @@ def build(tables: dict[str, list[dict]], summary: dict) -> list[dict]:
     span = _Span(summary)
     return _ranked(_conflicts(tables) + _never_advertised(tables) + _stale(tables, span)
                    + _storms(tables, summary, span) + _nat(tables) + _multi_transport(tables)
-                   + _clients(tables) + _errors(tables))
+                   + _clients(tables) + _errors(tables) + transport_findings.build(tables))
 
 
 def _conflicts(T: dict) -> list[dict]:

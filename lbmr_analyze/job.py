@@ -24,6 +24,7 @@ from lbmr_proto.constants import LBMR_MC_PORT, LBMRD_PORT
 
 from . import fsio
 from .splits import DEFAULT_SPLIT_SIZE, Split, context_blocks, context_for, discover, plan
+from .transport import TABLES as TRANSPORT_TABLES
 
 DEFAULT_PORTS = frozenset({LBMR_MC_PORT, LBMRD_PORT})
 DEFAULT_STORM_THRESHOLD = 1000
@@ -358,7 +359,7 @@ def _split_rows(spark, splits: list[Split]) -> list[tuple]:
 
 
 def decode_to_parquet(spark, splits: list[Split], records_path: str, ports: frozenset[int],
-                      stats: dict | None = None) -> tuple[int, int, dict]:
+                      stats: dict | None = None, split_rows: list[tuple] | None = None) -> tuple[int, int, dict]:
     """Decode every split on the executors, which write the Parquet records
     themselves (partitioned by hour, see :func:`lbmr_analyze.rows.write_split`)
     under ``records_path`` (a local path or URI; replaced); returns the number of
@@ -373,11 +374,13 @@ def decode_to_parquet(spark, splits: list[Split], records_path: str, ports: froz
 
     With ``stats`` (a dict), the decoding tasks' figures are put in it: ``tasks``,
     ``wall_s`` and ``cpu_s`` (sums of the tasks' seconds), ``workers`` (distinct
-    Python worker processes) and ``elapsed_s`` (the whole step)."""
+    Python worker processes) and ``elapsed_s`` (the whole step).  ``split_rows``:
+    the tasks' inputs (split id, path, start, end, size, pcapng context) if
+    already made (the transport tasks take the same)."""
     from . import partials as P
     from .rows import write_split_task
 
-    rows = _split_rows(spark, splits)
+    rows = split_rows if split_rows is not None else _split_rows(spark, splits)
     fs, base = fsio.filesystem(records_path)
     fs.create_dir(base, recursive=True)
     fs.delete_dir_contents(base, missing_dir_ok=True)
@@ -418,13 +421,17 @@ def read_records(spark, records_path: str):
 
 
 def analyse(spark, records_path: str, partials: dict, *, storm_threshold: int = DEFAULT_STORM_THRESHOLD,
-            top: int = DEFAULT_TOP, progress: Progress | None = None) -> tuple[dict, dict[str, list[dict]]]:
+            top: int = DEFAULT_TOP, progress: Progress | None = None, transport=None
+            ) -> tuple[dict, dict[str, list[dict]]]:
     """All tables from the decoding tasks' merged ``partials``
     (:mod:`lbmr_analyze.partials`) and one more pass over the Parquet records
     under ``records_path`` (time to resolve, stale queries, storm contexts; see
-    :func:`lbmr_analyze.analyses.second_pass`): (summary, tables)."""
+    :func:`lbmr_analyze.analyses.second_pass`): (summary, tables).  ``transport``:
+    the merged :class:`lbmr_analyze.transport.TransportPart` (None: no transport
+    pass ran; its tables are empty)."""
     from . import analyses as A
     from . import findings as FND
+    from . import transport as TX
 
     prog = progress if progress is not None else Progress(3, enabled=False)
     prog.step("analysing: files, topics, contexts")
@@ -459,6 +466,8 @@ def analyse(spark, records_path: str, partials: dict, *, storm_threshold: int = 
         keepalive_clients=len(tables["keepalive_senders"]),
         clients_vanished=sum(1 for x in tables["client_changes"] if x["event"] == "vanished"),
     )
+    tables.update(TX.tables(transport) if transport is not None else TX.empty_tables())
+    summary.update(TX.summary(tables))
     tables["findings"] = FND.build(tables, summary)
     summary["findings"] = {s: sum(1 for f in tables["findings"] if f["severity"] == s and
                                   not f["finding"].startswith("..."))
@@ -490,7 +499,7 @@ def count_records(records_path: str) -> int:
 def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
         ports: Iterable[int] = DEFAULT_PORTS, split_size: int = DEFAULT_SPLIT_SIZE,
         storm_threshold: int = DEFAULT_STORM_THRESHOLD, top: int = DEFAULT_TOP,
-        progress: Progress | None = None, report: bool = True) -> Result:
+        progress: Progress | None = None, report: bool = True, transport: bool = True) -> Result:
     """Run the whole job on ``spark``; write ``out/records`` (Parquet), the tables
     (``out/<table>.csv`` and ``.json``) and ``out/report.html`` with its plots.
 
@@ -499,6 +508,8 @@ def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
     :mod:`lbmr_analyze.fsio`).  Everything is written into a staging folder beside ``out``
     (``.<name>.lbmr-analyze-<id>``) that replaces ``out`` only when the run has
     succeeded (two renames), so a failed run leaves the previous result intact.
+    With ``transport`` the transport pass runs too (:mod:`lbmr_analyze.transport`:
+    LBT-RM, LBT-RU and LBT-TCP sessions joined with topic resolution).
     Raises :class:`OutputNotVisible` when the driver does not read back what the
     executors wrote, :class:`EnvironmentError_` when the executors cannot run."""
     import uuid
@@ -507,7 +518,7 @@ def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
 
     from . import report as R
 
-    prog = progress if progress is not None else Progress(6 if report else 5, enabled=False)
+    prog = progress if progress is not None else Progress(5 + report + transport, enabled=False)
     # URIs as Hadoop resolves them (mount tables, configured schemes), then opened with pyarrow
     out_s = fsio.normal(fsio.hadoop_resolve(spark, os.fspath(out)))
     fs, final = fsio.filesystem(out_s)
@@ -538,14 +549,22 @@ def run(spark, inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
         prog.step(f"decoding {len(files)} file(s) in {len(splits)} byte range(s) to Parquet")
         records_s = fsio.join(staging_s, RECORDS_DIR)
         dstats: dict = {}
-        parts, nrows, partials = decode_to_parquet(spark, splits, records_s, portset, dstats)
+        srows = _split_rows(spark, splits)
+        parts, nrows, partials = decode_to_parquet(spark, splits, records_s, portset, dstats, srows)
+        tx = None
+        if transport:
+            from .transport import transport_pass
+            prog.step(f"decoding transport sessions in {len(splits)} byte range(s)")
+            tstats: dict = {}
+            tx = transport_pass(spark, srows, portset, partials, tstats)
+            dstats["transport"] = tstats
         summary, tables = analyse_written(spark, records_s, nrows, partials, storm_threshold=storm_threshold,
-                                          top=top, progress=prog)
+                                          top=top, progress=prog, transport=tx)
         summary.update(files=len(files), byte_ranges=len(splits), parquet_rows=nrows)
         tables["summary"] = [{"key": k, "value": v if not isinstance(v, dict) else
                               " ".join(f"{a}={b}" for a, b in sorted(v.items()))}
                              for k, v in summary.items()]
-        tables = {k: tables[k] for k in TABLES}
+        tables = {k: tables[k] for k in TABLES + TRANSPORT_TABLES}
         if report:
             prog.step("writing report")
             if fsio.is_local(out_s):
@@ -615,6 +634,10 @@ def summary_text(res: Result, times: tuple[float, float] | None = None) -> str:
         f"NAT: {s['nat_mismatches']} unreachable; storm seconds (> {s['storm_threshold']} pkt/s): "
         f"{s['storm_seconds']}",
         f"  errors: {s['capture_errors']} capture, {s['decode_errors']} decode",
+        f"  transport: {s.get('transport_sessions', 0)} session(s) with traffic "
+        f"({s.get('transport_sessions_advertised', 0)} advertised by TIRs): {s.get('transport_originals', 0)} "
+        f"original datagrams, {s.get('transport_retransmissions', 0)} retransmissions, "
+        f"{s.get('transport_nak_packets', 0)} NAKs; bad input {s.get('transport_bad_input', 0)}",
         f"  records: {fsio.join(str(res.out), RECORDS_DIR)}",
         f"  report:  {res.report}",
     ]

@@ -25,6 +25,11 @@ and then of all splits on the driver, are combined by grouping again
     per (minute, src, sport) of keepalives: count.
 ``errors``
     the DECODE_ERROR and CAPTURE_ERROR rows themselves.
+``tr``, ``tr_dropped``
+    the distinct datagrams holding a TIR or TQR (src, sport, dst, dport,
+    payload; first time), which the transport pass learns first
+    (:class:`lbmr_analyze.rows.TopicResolution`), and per split how many a bound
+    kept out.
 """
 
 from __future__ import annotations
@@ -342,6 +347,8 @@ SECOND_DICTIONARY = ["topic", "record_kind", "src", "context_id"]
 
 
 _MERGE.update({
+    "tr": (["src", "sport", "dst", "dport", "payload"], [("us", "min")]),
+    "tr_dropped": (["split"], [("dropped", "sum")]),
     "ttr": (["q"], [("next_tir", "min")]),
     "stale": (["topic", "src", "sport", "context_id"], [("n", "sum"), ("first_us", "min"), ("last_us", "max")]),
     "storm": (["second", "src", "sport", "context_id"], [("packets", "sum")]),

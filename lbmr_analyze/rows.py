@@ -310,24 +310,72 @@ class _Batch:
         return pa.RecordBatch.from_arrays(cols, schema=SCHEMA)
 
 
+#: Topic-resolution datagrams kept per split for the transport pass (distinct
+#: sender and payload), and their payload bytes.
+TR_MAX_DATAGRAMS = 1 << 14
+TR_MAX_BYTES = 32 << 20
+
+
+class TopicResolution:
+    """The distinct LBMR datagrams of a split that hold a TIR or a TQR (by sender,
+    receiver and payload, with the first time each was seen), bounded by
+    :data:`TR_MAX_DATAGRAMS` and :data:`TR_MAX_BYTES` (``dropped`` counts the
+    rest): what every transport task learns before it decodes its range (see
+    :mod:`lbmr_analyze.transport`)."""
+
+    def __init__(self) -> None:
+        self.first: dict[tuple, float] = {}
+        self.nbytes = 0
+        self.dropped = 0
+
+    def add(self, ts: float, src: str, sport: int, dst: str, dport: int, payload: bytes) -> None:
+        key = (src, sport, dst, dport, payload)
+        t = self.first.get(key)
+        if t is not None:
+            if ts < t:
+                self.first[key] = ts
+            return
+        if len(self.first) >= TR_MAX_DATAGRAMS or self.nbytes + len(payload) > TR_MAX_BYTES:
+            self.dropped += 1
+            return
+        self.first[key] = ts
+        self.nbytes += len(payload)
+
+    def table(self) -> pa.Table:
+        """The datagrams as the ``tr`` partial table (:mod:`lbmr_analyze.partials`)."""
+        keys = list(self.first)
+        cols = list(zip(*keys, strict=True)) if keys else [[]] * 5
+        return pa.table({
+            "us": pa.array([round(self.first[k] * 1e6) for k in keys], pa.int64()),
+            "src": pa.array(cols[0], pa.string()), "sport": pa.array(cols[1], pa.int32()),
+            "dst": pa.array(cols[2], pa.string()), "dport": pa.array(cols[3], pa.int32()),
+            "payload": pa.array(cols[4], pa.binary())})
+
+
+_TR_KINDS = frozenset(("TIR", "TQR"))
+
+
 def decode_split(split: Split, ports: Iterable[int] | None, context: bytes = b"",
-                 batch_datagrams: int = BATCH_DATAGRAMS) -> Iterator[pa.RecordBatch]:
+                 batch_datagrams: int = BATCH_DATAGRAMS, tr: TopicResolution | None = None
+                 ) -> Iterator[pa.RecordBatch]:
     """Arrow record batches (:data:`SCHEMA`) for every datagram and capture error in
-    ``split``."""
+    ``split``; with ``tr``, the datagrams holding TIRs or TQRs are added to it."""
     gc_was_on = gc.isenabled()
     gc.disable()          # millions of acyclic tuples: the cyclic collector only costs time here
     try:
-        yield from _decode_split(split, ports, context, batch_datagrams)
+        yield from _decode_split(split, ports, context, batch_datagrams, tr)
     finally:
         if gc_was_on:
             gc.enable()
 
 
-def _decode_split(split: Split, ports, context: bytes, batch_datagrams: int) -> Iterator[pa.RecordBatch]:
+def _decode_split(split: Split, ports, context: bytes, batch_datagrams: int,
+                  tr: TopicResolution | None = None) -> Iterator[pa.RecordBatch]:
     cached = PAYLOADS.get
     decode_new = PAYLOADS.records
     batch = _Batch(split.path)
     payload_ids, recs, flows, dg_off, dg_ts, dg_flow, dg_len, row_dg, row_rec = batch.parts()
+    tr_payloads: set[bytes] = set()   # payloads holding a TIR or TQR (per worker-cache entry)
     for part in segments(split, ports, context):
         if type(part) is CaptureError:
             batch.add_error(part)
@@ -342,6 +390,10 @@ def _decode_split(split: Split, ports, context: bytes, batch_datagrams: int) -> 
                 base = len(recs)
                 recs.extend(rs)
                 ids = payload_ids[payload] = tuple(range(base, base + len(rs)))
+                if tr is not None and any(r[3] in _TR_KINDS for r in rs):
+                    tr_payloads.add(payload)
+            if tr is not None and payload in tr_payloads:
+                tr.add(ts, src, sport, dst, dport, payload)
             k = len(dg_off)
             dg_off.append(off + shift)
             dg_ts.append(ts)
@@ -398,7 +450,8 @@ def write_split(split: Split, ports, context: bytes, out_dir: str,
     on the split, so a re-run or a retried task replaces, never duplicates; each
     file is written under a hidden temporary name and renamed when complete.
     With ``partials`` (a list), the batches' partial aggregates
-    (:mod:`lbmr_analyze.partials`) are appended to it.
+    (:mod:`lbmr_analyze.partials`) are appended to it, and the split's
+    topic-resolution datagrams (:class:`TopicResolution`) as the ``tr`` table.
     Returns (records, capture errors, files)."""
     import pyarrow.parquet as pq
 
@@ -408,10 +461,12 @@ def write_split(split: Split, ports, context: bytes, out_dir: str,
     writers: dict[str, tuple] = {}
     rows = errors = 0
     name = f"part-{split.split_id:06d}.parquet"
+    tr = None
     if partials is not None:
         from . import partials as P
+        tr = TopicResolution()
     try:
-        for b in decode_split(split, ports, context, batch_datagrams):
+        for b in decode_split(split, ports, context, batch_datagrams, tr):
             rows += b.num_rows
             if partials is not None:
                 partials.append(P.of_batch(b))
@@ -440,6 +495,9 @@ def write_split(split: Split, ports, context: bytes, out_dir: str,
     for w, tmp, final in writers.values():
         w.close()
         fs.move(tmp, final)
+    if tr is not None and (tr.first or tr.dropped):
+        partials.append({"tr": tr.table(), "tr_dropped": pa.table({"dropped": pa.array([tr.dropped], pa.int64()),
+                                                                  "split": pa.array([split.split_id], pa.int64())})})
     return rows, errors, len(writers)
 
 

@@ -51,7 +51,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-from lbmr_proto.capture import MAX_RECORD_SIZE, CaptureError, UdpDatagram, read_udp
+from lbmr_proto.capture import MAX_RECORD_SIZE, CaptureError, UdpDatagram, read_packets, read_udp
 
 from . import fsio
 
@@ -428,11 +428,14 @@ def read_split(split: Split, ports: Iterable[int] | None, context: bytes = b""
                 yield d._replace(offset=d.offset + shift, frame=0)
 
 
-def segments(split: Split, ports: Iterable[int] | None, context: bytes = b""
+def segments(split: Split, ports: Iterable[int] | None, context: bytes = b"", *, packets: bool = False
              ) -> Iterator[tuple[int, Iterator[UdpDatagram]] | CaptureError]:
     """Lower-level :func:`read_split`: yields ``(shift, datagrams)`` pairs, whose
     datagrams' ``offset + shift`` is the file offset (consume each iterator before
-    asking for the next item), and :class:`CaptureError` items."""
+    asking for the next item), and :class:`CaptureError` items.  With ``packets``
+    the iterators yield what :func:`lbmr_proto.capture.read_packets` does (every
+    UDP datagram, TCP segment and quoting ICMP error; ``ports`` is ignored) and
+    frame numbers count from the range's start."""
     portset = None if ports is None else frozenset(ports)
     path = split.path
     opener = _open(path, split.start, split.end)
@@ -464,7 +467,10 @@ def segments(split: Split, ports: Iterable[int] | None, context: bytes = b""
             errors: list[CaptureError] = []
             shift = a - len(prefix)
             stream = _RangeStream(path, prefix, mm, a, b)
-            yield shift, read_udp(stream, ports=portset, on_error=errors.append)
+            if packets:
+                yield shift, read_packets(stream, on_error=errors.append)
+            else:
+                yield shift, read_udp(stream, ports=portset, on_error=errors.append)
             if not errors:
                 return
             e = errors[0]

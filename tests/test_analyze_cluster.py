@@ -26,7 +26,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from lbmr_analyze.job import TABLES, build_session, run
+from lbmr_analyze.job import TABLES, TRANSPORT_TABLES, build_session, run
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_CAPTURE = ROOT.parent / "shared" / "captures" / "um614-multicast-tr.pcap"
@@ -140,7 +140,7 @@ def local_tables(inputs, tmp_path_factory) -> dict:
 
 
 def _tables(out: Path) -> dict:
-    return {n: json.loads((out / f"{n}.json").read_text()) for n in TABLES}
+    return {n: json.loads((out / f"{n}.json").read_text()) for n in TABLES + TRANSPORT_TABLES}
 
 
 #: Printed by the JVM (not Spark's logging) when Spark's launcher starts it.

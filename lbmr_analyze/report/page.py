@@ -20,7 +20,7 @@ from .files import as_text
 #: Rows of each table shown in report.html (the CSV/JSON files have them all).
 HTML_ROWS = 1000
 #: Tables shown as plots only (long series).
-SERIES = ("load_per_second", "keepalive_census")
+SERIES = ("load_per_second", "keepalive_census", "transport_timeline")
 #: Tables with more rows than this get a filter box.
 FILTER_ROWS = 5
 #: The fields every finding has; any other field is shown among its details.
@@ -51,6 +51,11 @@ TITLES = {
     "nat_audit": "NAT audit: advertised addresses unreachable from the capture's networks",
     "capture_errors": "Capture file errors",
     "decode_errors": "Undecodable datagrams",
+    "transport_sessions": "Transport sessions (one row per session: UM's source string)",
+    "transport_receivers": "Transport receivers (one row per session and receiver)",
+    "transport_topics": "Transport topics (one row per session and topic index)",
+    "transport_timeline": "Transport traffic per session and second",
+    "transport_errors": "Transport bad input and bounds",
 }
 
 #: The rule behind a table, shown under its title.
@@ -65,6 +70,15 @@ NOTES = {
                      "silent, or this receiver does not hear it.",
     "transport_conflicts": "Several publishers of one topic on different transports are normal UM; one transport "
                            "identity claimed by different contexts is not.",
+    "transport_sessions": "Sessions from TIRs, or found by their own headers (from_tir false). Originals and "
+                          "retransmissions count DATA datagrams apart; NCFs by reason; receivers: NAK senders, "
+                          "LBT-RU clients and TCP connections (ip:port), then ctx:ip:port, the contexts whose "
+                          "TQRs asked for one of the session's topics. source_last: the source's last packet.",
+    "transport_receivers": "loss_estimate: distinct sequence numbers NAKed over the session's originals; recovery: "
+                           "first NAK to the first retransmission after it (p50 to 2 %); outstanding: NAKed and "
+                           "never retransmitted after (outstanding_from/_to: their first NAKs).",
+    "transport_errors": "Packets on a session's addresses that did not decode (counted once and dropped), and "
+                        "what a bound kept out of the tables.",
 }
 
 CSS = """
@@ -93,6 +107,7 @@ details.finding>summary::before{content:"\\25B8  "}details.finding[open]>summary
 dl.fields{display:grid;grid-template-columns:max-content 1fr;gap:0 1em;margin:.2em 0}
 dl.fields dt{color:#666}dl.fields dd{margin:0;overflow-wrap:anywhere}
 p.more{margin:0 0 .15em 1.2em}
+ul.tfindings{margin:.3em 0 1em;padding-left:1.2em;font-size:13px}ul.tfindings li{margin:0 0 .3em}
 """
 
 # Sort on header click (by a cell's data-v when it has one, numbers numerically),
@@ -278,6 +293,21 @@ def finding_html(f: dict, clock: CaptureClock, group_severity: str | None) -> st
     dl = "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(v)}</dd>" for k, v in fields)
     return (f'<details class="finding"><summary title="{text}">{badge}{text}</summary>'
             f'<div class="fbody"><p>{text}</p><dl class="fields">{dl}</dl>{link}</div></details>')
+
+
+def transport_findings_html(findings: list[dict], clock: CaptureClock) -> str:
+    """The transport section's findings: one line each, most severe first, with
+    a link to its table (the details unfold in the Findings section above)."""
+    rows = [f for f in findings if str(f.get("table", "")).startswith("transport_")]
+    if not rows:
+        return "<p>No transport findings: no loss, NCFs, storms, slow receivers or bad input in the sessions.</p>"
+    parts = ['<ul class="tfindings">']
+    for f in rows:
+        text = _esc(_value(f["finding"], clock))
+        parts.append(f'<li>{_badge(f["severity"])} <b>{_esc(f["kind"])}</b>: {text} <a href="#{_esc(f["table"])}">&rarr; '
+                     f'{_esc(f["table"])}</a></li>')
+    parts.append("</ul>")
+    return "\n".join(parts)
 
 
 def findings_html(findings: list[dict], clock: CaptureClock) -> str:

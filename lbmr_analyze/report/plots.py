@@ -213,3 +213,84 @@ def write_plots(out: Path, tables: dict[str, list[dict]], threshold: int,
     for p in PLOT_FILES:
         (out / p).unlink(missing_ok=True)
     return [(name, what) for name, what, fig in figures(tables, threshold, clock) if save(fig, out / name)]
+
+
+#: Sessions plotted in the transport section (most NAKs and retransmissions first).
+TRANSPORT_PLOTS = 8
+#: (timeline column, label, colour, line width) of a session's plot.
+_TRANSPORT_SERIES = (("originals", "original datagrams", "#9e9e9e", 1.0),
+                     ("retransmissions", "retransmissions", "#1f77b4", 1.6),
+                     ("nak_packets", "NAK packets", "#d62728", 1.6),
+                     ("ncf_packets", "NCFs", "#ff7f0e", 1.2),
+                     ("session_messages", "session messages", "#2ca02c", 1.0),
+                     ("icmp_errors", "ICMP port unreachable", "#8c564b", 1.2))
+
+
+def _epoch(iso: str | None) -> float | None:
+    from .clock import parse
+    return parse(iso).timestamp() if iso else None
+
+
+def plot_transport_session(session: dict, rows: list[dict], clock: CaptureClock, base: float):
+    """One session's traffic per second (originals, retransmissions, NAKs, NCFs,
+    session messages, ICMP errors) as steps on a log scale, with the source's
+    last original datagram and last packet marked.  ``base``: the epoch second
+    the axis starts from when the capture has no start."""
+    plt = _plt()
+    off = (lambda t: clock.offset_s(t)) if clock.start else (lambda t: t - base)
+    secs = [r["second"] for r in rows]
+    first, last = min(secs), max(secs)
+    span = last + 1 - first
+    unit, unit_name = _time_axis(span)
+    dense = span < 200_000
+    by_sec = {r["second"]: r for r in rows}
+    fig, ax = plt.subplots(figsize=(11, 3.4), layout="constrained")
+    for col, label, colour, width in _TRANSPORT_SERIES:
+        if not any(r[col] for r in rows):
+            continue
+        xs_s = range(first, last + 1) if dense else sorted(by_sec)
+        pts = [(t, by_sec[t][col] if t in by_sec else 0) for t in xs_s]
+        pts.append((pts[-1][0] + 1, pts[-1][1]))
+        ax.step([off(t) / unit for t, _ in pts], [v if v else float("nan") for _, v in pts], where="post",
+                color=colour, linewidth=width, label=label)
+    for iso, label, style in ((session.get("last_original_ts"), "last original", ":"),
+                              (session.get("source_last"), "source's last packet", "--")):
+        t = _epoch(iso)
+        if t is not None:
+            ax.axvline(off(t) / unit, color="black", linestyle=style, linewidth=1, label=label)
+    ax.set_yscale("log")
+    ax.set_ylabel("per second")
+    ax.set_xlabel(f"{unit_name} after capture start")
+    ax.grid(alpha=0.3, which="both")
+    _legend_outside(ax)
+    topics = session.get("topics") or "topics unknown"
+    title = f"{session['source']}  ({topics})"
+    ax.set_title(title if len(title) <= 2 * LABEL_CHARS else title[:2 * LABEL_CHARS - 3] + "...", fontsize="medium")
+    return fig
+
+
+def transport_figures(tables: dict[str, list[dict]], clock: CaptureClock) -> list[tuple[str, str, object]]:
+    """(file name, description, figure) of the sessions with NAKs, NCFs or
+    retransmissions, at most :data:`TRANSPORT_PLOTS`, most NAKs and
+    retransmissions first."""
+    per: dict[str, list[dict]] = {}
+    for r in tables.get("transport_timeline", []):
+        per.setdefault(r["session"], []).append(r)
+    sessions = {s["session"]: s for s in tables.get("transport_sessions", [])}
+    busy = [s for s in sessions.values() if s["session"] in per
+            and (s["nak_packets"] or s["retransmissions"] or s["icmp_errors"] or sum(
+                s[c] for c in ("ncf_no_retry", "ncf_ignored", "ncf_rx_delay", "ncf_shed")))]
+    busy.sort(key=lambda s: (-(s["nak_packets"] + s["retransmissions"]), s["session"]))
+    base = min((r["second"] for rows in per.values() for r in rows), default=0)
+    out = []
+    for i, s in enumerate(busy[:TRANSPORT_PLOTS], 1):
+        out.append((f"transport-{i}.png", f"NAKs and retransmissions over time: {s['source']}",
+                    plot_transport_session(s, per[s["session"]], clock, base)))
+    return out
+
+
+def write_transport_plots(out: Path, tables: dict[str, list[dict]], clock: CaptureClock) -> list[tuple[str, str]]:
+    """Write the transport section's plots; returns their (file name, description)."""
+    for p in out.glob("transport-*.png"):
+        p.unlink()
+    return [(name, what) for name, what, fig in transport_figures(tables, clock) if save(fig, out / name)]
