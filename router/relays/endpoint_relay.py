@@ -125,6 +125,12 @@ class Relay:
         """The LBT-RM relay."""
         return self.relays[LBTRM, self.settings.mode]
 
+    def receivers_of(self, proxy_id: int) -> list[dict]:
+        """The receivers of proxy ``proxy_id``, from the relay serving it
+        (:meth:`router.relays.interface.TransportRelay.receivers_of`)."""
+        relay = self._serving.get(proxy_id)
+        return relay.receivers_of(proxy_id) if relay is not None else []
+
     def relay_ports(self) -> Iterator[int]:
         """The relay ports to try, in order: round robin over the range from the
         one after the last taken, ports out of quarantine first, then the

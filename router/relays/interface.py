@@ -235,6 +235,12 @@ class TransportRelay(ABC):
         address (:func:`router.core.tr.relay_transport`)."""
         return None
 
+    def receivers_of(self, advert_id: int) -> list[dict]:
+        """The receivers of the proxy of ``advert_id`` as the operators' page
+        shows them (``peer``, ``queued_bytes``, ``dropped_messages``,
+        ``dropped_bytes``); empty where the relay keeps no such view."""
+        return []
+
 
 # ------------------------------------------------------------------ the table
 # (the table itself, (transport, mode) -> relay class, is :data:`router.relays.endpoint_relay.RELAYS`:

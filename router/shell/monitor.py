@@ -139,7 +139,6 @@ def _session_rows(router) -> list[dict]:
         if bridge is None:
             continue
         addrs = bridge.proxy_addresses()
-        fan = u.relay.fanout if u.relay is not None else None
         by_proxy: dict[object, dict] = {}
         for aid, f in sorted(bridge.proxies().items()):
             addr = addrs.get(aid)
@@ -151,8 +150,8 @@ def _session_rows(router) -> list[dict]:
                        "proxy": f"{addr[0]}:{addr[1]}" if addr else "", "receivers": []}
                 by_proxy[addr if addr is not None else ("advert", aid)] = row
             row["topics"].append(f.topic)
-            if fan is not None:
-                row["receivers"] += fan.receivers_of(aid)
+            if u.relay is not None:
+                row["receivers"] += u.relay.receivers_of(aid)
         for row in by_proxy.values():
             rx = row["receivers"]
             row["topic"] = row["topics"][0]

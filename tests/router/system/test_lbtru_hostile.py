@@ -17,7 +17,7 @@ PRELUDE = r'''
 import json, socket, trio
 from lbmr_proto import lbtru as RU
 from lbmr_tools.sim.dataplane import UmRuDataReceiver
-from router import lbtru_relay
+from router.relays import lbtru_fanout as lbtru_relay
 from router.config.model import LbtrmConfig, RouteInfoConfig, acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
 from router.shell.router import MultiRouter
 from tests.router.helpers import resolve, rm_source, start_lbmrd, udp
