@@ -1,8 +1,8 @@
 """The checks of lbmr-router's configuration that read across portals,
 after each portal's own values are checked: :func:`check_across_portals`
 (unique portal names, one domain id per TRD, one endpoint per TRD, one peer
-link per pair of routers, no listen port used twice on one interface, UIM
-listeners included) and
+link per pair of routers, no listen port used twice on one interface, the
+``<request-tcp>`` listeners included) and
 :func:`check_supported` (what this version runs: at least two portals, and
 enough TR ports for every link of an lbmrd endpoint).
 """
@@ -49,7 +49,7 @@ def check_across_portals(c: Checker, endpoints: list[EndpointConfig], peers: lis
                                          "to the same router; one link per pair of routers")
         else:
             targets[key] = peer
-    _uim_checks(c, endpoints, peers)
+    _request_listener_checks(c, endpoints, peers)
     ports: dict[int, list[PeerConfig]] = {}
     for peer in peers:
         if peer.acceptor is None or not peer.acceptor.listen_port:
@@ -70,25 +70,25 @@ def check_across_portals(c: Checker, endpoints: list[EndpointConfig], peers: lis
                                            "port fewer is available")
 
 
-def _uim_checks(c: Checker, endpoints: list[EndpointConfig], peers: list[PeerConfig]) -> None:
-    """No two ``<uim>`` listeners, nor a ``<uim>`` and a peer's listen-port, on one
-    port of one interface (an interface left out is any address)."""
+def _request_listener_checks(c: Checker, endpoints: list[EndpointConfig], peers: list[PeerConfig]) -> None:
+    """No two ``<request-tcp>`` listeners, nor a ``<request-tcp>`` and a peer's
+    listen-port, on one port of one interface (an interface left out is any address)."""
     seen: list[tuple[str | None, int, str, int]] = []  # (interface, port, what, line)
     for peer in peers:
         if peer.acceptor is not None and peer.acceptor.listen_port:
             seen.append((peer.interface, peer.acceptor.listen_port, f'the listen-port of peer "{peer.name}"',
                          peer.acceptor.line))
     for ep in endpoints:
-        u = ep.uim
-        if u is None:
+        rl = ep.request_listener
+        if rl is None:
             continue
-        iface = u.interface or ep.topic_resolution.interface
+        iface = rl.interface or ep.topic_resolution.interface
         for other_iface, port, what, line in seen:
-            if port == u.port and (not iface or not other_iface or iface == other_iface):
-                c.error(u.line, f'<uim> port {u.port} of endpoint "{ep.name}" is already {what} (line '
-                                f"{line}) on the same interface: every listener needs its own port")
+            if port == rl.port and (not iface or not other_iface or iface == other_iface):
+                c.error(rl.line, f'<request-tcp> port {rl.port} of endpoint "{ep.name}" is already {what} '
+                                 f"(line {line}) on the same interface: every listener needs its own port")
                 break
-        seen.append((iface, u.port, f'the <uim> port of endpoint "{ep.name}"', u.line))
+        seen.append((iface, rl.port, f'the <request-tcp> port of endpoint "{ep.name}"', rl.line))
 
 
 def _trd_key(ep: EndpointConfig) -> tuple:

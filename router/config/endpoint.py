@@ -1,7 +1,7 @@
 """The value checkers of an ``<endpoint>`` portal of lbmr-router's
 configuration: :func:`parse_endpoint` and one function per element inside it
 (``<topic-resolution>`` with its ``<multicast>`` or ``<lbmrd>`` list and its
-timing elements, ``<relay>``, ``<lbt-rm>``, ``<uim>``, ``<request-tcp>``, ``<remote-topic>``,
+timing elements, ``<relay>``, ``<lbt-rm>``, ``<request-tcp>``, ``<remote-topic>``,
 ``<remote-pattern>``; the portal's ``<acl>`` through
 :meth:`router.config.checker.Checker.portal_acl`).
 
@@ -30,9 +30,9 @@ from .model import (
     DEFAULT_MULTICAST_PORT,
     DEFAULT_MULTICAST_TTL,
     DEFAULT_RELAY_PORTS,
+    DEFAULT_REQUEST_PORT,
     DEFAULT_SOURCE_DELETION_DELAY_MS,
     DEFAULT_TR_PORTS,
-    DEFAULT_UIM_PORT,
     DomainRoute,
     EndpointConfig,
     InitialRequest,
@@ -43,9 +43,8 @@ from .model import (
     RateLimit,
     RelayConfig,
     RemoteInterest,
-    RequestTcpConfig,
+    RequestListener,
     TopicResolution,
-    UimListener,
     UseQuery,
 )
 
@@ -102,7 +101,7 @@ def _pacing(c: Checker, el: etree._Element | None) -> InterestPacing:
 
 def _domain_route(c: Checker, el: etree._Element | None) -> DomainRoute | None:
     """``<domain-route>``: the timing of the remote domain route records (sent
-    with a ``<uim>`` listener only; :func:`_uim` warns otherwise)."""
+    with a ``<request-tcp>`` listener only; :func:`_request_listener` warns otherwise)."""
     if el is None:
         return None
     d = DomainRoute()
@@ -112,30 +111,34 @@ def _domain_route(c: Checker, el: etree._Element | None) -> DomainRoute | None:
     return DomainRoute(lo, hi, limit, line=el.sourceline or 0)
 
 
-def _uim(c: Checker, el: etree._Element | None, tr: TopicResolution, relay: RelayConfig) -> UimListener | None:
-    """``<uim interface port/>``: the UIM listener advertised in the domain
-    route records. Its address must be one UM applications can connect to."""
+def _request_listener(c: Checker, el: etree._Element | None, tr: TopicResolution,
+                      relay: RelayConfig) -> RequestListener | None:
+    """``<request-tcp interface port/>``: the router's request listener in the TRD,
+    advertised in the domain route records (UIMs) and in the proxies' late-join
+    options (LJI and OTR requests). Its address must be one UM applications can
+    connect to."""
     if el is None:
         if tr.domain_route is not None:
-            c.warn(tr.domain_route.line, "<domain-route> has no effect without a <uim> listener in "
-                                         "this <endpoint>: domain route records advertise its address")
+            c.warn(tr.domain_route.line, "<domain-route> has no effect without a <request-tcp> listener "
+                                         "in this <endpoint>: domain route records advertise its address")
         return None
-    port = c.attr_port(el, "port", DEFAULT_UIM_PORT, "TCP")
+    port = c.attr_port(el, "port", DEFAULT_REQUEST_PORT, "TCP")
     iface = c.attr_interface(el, "interface")
     where = iface if iface is not None else tr.interface
     if el.get("interface") is None and where in (None, "0.0.0.0"):
-        c.error(el, "<uim> has no interface and neither has <topic-resolution>: domain route records "
-                    "advertise the listener's address to UM applications, which must be able to "
-                    'connect to it: give interface="..." (an address, a CIDR network or a device name)')
+        c.error(el, "<request-tcp> has no interface and neither has <topic-resolution>: the domain route "
+                    "records and the proxies' late-join options advertise the listener's address to UM "
+                    "applications, which must be able to connect to it: give interface=\"...\" (an "
+                    "address, a CIDR network or a device name)")
     elif iface == "0.0.0.0":
-        c.error(el, '<uim> interface "*" (any address) cannot be advertised: give the address (or '
-                    "network, or device) UM applications connect to")
+        c.error(el, '<request-tcp> interface "*" (any address) cannot be advertised: give the address '
+                    "(or network, or device) UM applications connect to")
     if relay.ports is not None and port in relay.ports:
         riface = relay.interface
         if riface in (None, "0.0.0.0") or where in (None, "0.0.0.0") or riface == where:
-            c.error(el, f"<uim> port {port} is inside the <relay> port range {relay.ports} on the same "
-                        "interface: the proxies may take it; give a port outside the range")
-    return UimListener(iface, port, el.sourceline or 0)
+            c.error(el, f"<request-tcp> port {port} is inside the <relay> port range {relay.ports} on the "
+                        "same interface: the proxies may take it; give a port outside the range")
+    return RequestListener(iface, port, el.sourceline or 0)
 
 
 def _remote(c: Checker, el: etree._Element | None, max_attr: str) -> RemoteInterest:
@@ -249,29 +252,16 @@ def parse_endpoint(c: Checker, ep: etree._Element) -> EndpointConfig:
     fanout, fanout_queue = _fanout(c, relay_el)
     rm_el = ep.find("lbt-rm")
     lbtrm = LbtrmConfig() if rm_el is None else _lbtrm(c, rm_el)
-    uim = _uim(c, ep.find("uim"), tr, relay)
+    listener = _request_listener(c, ep.find("request-tcp"), tr, relay)
     return EndpointConfig(
         name=name, domain_id=domain_id, topic_resolution=tr, relay=relay, lbtrm=lbtrm,
-        request_tcp=_request_tcp(c, ep.find("request-tcp")),
         fanout=fanout, fanout_max_queue=fanout_queue,
         source_deletion_delay_ms=delay, cost=cost, max_proxies=max_proxies,
         remote_topic=_remote(c, ep.find("remote-topic"), "max-topics"),
         remote_pattern=_remote(c, ep.find("remote-pattern"), "max-patterns"),
-        line=ep.sourceline or 0, acl=c.portal_acl(ep, name), uim=uim,
+        line=ep.sourceline or 0, acl=c.portal_acl(ep, name),
+        request_listener=listener,
     )
-
-
-def _request_tcp(c: Checker, el: etree._Element | None) -> RequestTcpConfig | None:
-    """``<request-tcp interface port/>``: the router's request listener in the TRD."""
-    if el is None:
-        return None
-    if el.get("port") is None:  # (the DTD requires it; a clear word all the same)
-        c.error(el, "<request-tcp> needs port: the TCP port of the router's request listener "
-                    "(UM's request_tcp_port), 1..65535")
-        return None
-    port = c.attr_port(el, "port", 0, "TCP")
-    iface = c.attr_interface(el, "interface")
-    return RequestTcpConfig(port, iface, el.sourceline or 0) if port else None
 
 
 def _lbtrm(c: Checker, el: etree._Element) -> LbtrmConfig:

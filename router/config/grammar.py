@@ -25,7 +25,7 @@ _CONTENT = {
                "in this order"),
     "portals": "one or more <endpoint> and <peer> elements",
     "endpoint": ("<name>, <domain-id>, optionally <cost>, <source-deletion-delay>, then "
-                 "<topic-resolution>, then optionally <relay/>, <lbt-rm/>, <uim/>, <request-tcp/>, <acl>, "
+                 "<topic-resolution>, then optionally <relay/>, <lbt-rm/>, <request-tcp/>, <acl>, "
                  "<remote-topic/>, <remote-pattern/>, in this order"),
     "topic-resolution": ("either <multicast/>, or an optional <interface>, one or more "
                          "<lbmrd/> and an optional <port-range/>; then optionally "

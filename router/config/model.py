@@ -165,7 +165,7 @@ class InterestPacing:
 @dataclass(frozen=True, slots=True)
 class DomainRoute:
     """``<domain-route>``: the timing of the remote domain route records the
-    portal sends (with a ``<uim>`` listener only): each reachable domain at
+    portal sends (with a ``<request-tcp>`` listener only): each reachable domain at
     gaps of ``min_interval_ms`` doubling up to ``max_interval_ms``, within
     ``rate_limit`` (domains a second)."""
 
@@ -223,17 +223,6 @@ class RelayConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestTcpConfig:
-    """``<request-tcp>``: the router's request listener in the endpoint's TRD (UM's
-    request_tcp_interface / request_tcp_port): the late-join and retransmission request
-    address its proxies advertise. ``interface`` None = the relay's."""
-
-    port: int
-    interface: str | None = None
-    line: int = field(default=0, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
 class LbtrmConfig:
     """``<lbt-rm>``: the multicast groups ``group_low`` .. ``group_high`` and the
     destination port of the LBT-RM proxy sources this portal creates in its TRD
@@ -252,19 +241,21 @@ class LbtrmConfig:
     max_clients: int = 256
 
 
-#: UM's request_tcp_port_low: the default port of an endpoint's UIM listener
-DEFAULT_UIM_PORT = 14391
+#: UM's request_tcp_port_low: the default port of an endpoint's request listener
+DEFAULT_REQUEST_PORT = 14391
 
 
 @dataclass(frozen=True, slots=True)
-class UimListener:
-    """``<uim>``: the endpoint's UIM listener (UM's request_tcp_interface and
-    request_tcp_port of the DRO's endpoint context), the address the portal's
-    remote domain route records advertise for every domain the router
-    reaches. ``interface`` None: the ``<topic-resolution>`` interface."""
+class RequestListener:
+    """``<request-tcp>``: the router's request listener in the endpoint's TRD, as UM's
+    request_tcp_interface / request_tcp_port name a context's: the one TCP address
+    (:attr:`EndpointConfig.request_address`) that the portal's remote domain route
+    records advertise as the UIM listener of every domain the router reaches, and
+    that its proxies advertise as their late-join and retransmission (OTR) request
+    address. ``interface`` None: the ``<topic-resolution>`` interface."""
 
     interface: str | None = None
-    port: int = DEFAULT_UIM_PORT
+    port: int = DEFAULT_REQUEST_PORT
     line: int = field(default=0, compare=False)
 
 
@@ -299,20 +290,22 @@ class EndpointConfig:
     fanout: bool = True
     fanout_max_queue: int = DEFAULT_FANOUT_MAX_QUEUE
     fanout_stall_timeout_ms: int = round(_FANOUT_STALL_S * 1000)
-    uim: UimListener | None = None  # <uim>: the UIM listener (None: no domain route records)
-    request_tcp: RequestTcpConfig | None = None  # <request-tcp>: None = no request listener
+    # <request-tcp>: the request listener (None: no domain route records, no late-join options)
+    request_listener: RequestListener | None = None
 
     # ------------------------------------------------ what the runtime reads
 
     @property
-    def uim_address(self) -> tuple[str, int] | None:
-        """(address, port) of the UIM listener, advertised in the domain route
-        records (None: no ``<uim>``). The interface is the ``<uim>``'s, else the
-        ``<topic-resolution>``'s, resolved once per process."""
-        u = self.uim
-        if u is None:
+    def request_address(self) -> tuple[str, int] | None:
+        """(IPv4 address, TCP port) of the router's request listener in this TRD
+        (``<request-tcp>``; None: none): the UIM listener the domain route records
+        advertise and the late-join / OTR request address of the proxies. The
+        interface is the ``<request-tcp>``'s, else the ``<topic-resolution>``'s,
+        resolved once per process."""
+        rl = self.request_listener
+        if rl is None:
             return None
-        return bind_address(u.interface or self.topic_resolution.interface, "0.0.0.0"), u.port
+        return bind_address(rl.interface or self.topic_resolution.interface, "0.0.0.0"), rl.port
 
     @property
     def domain_route(self) -> DomainRoute:
@@ -362,16 +355,6 @@ class EndpointConfig:
     def relay_ip(self) -> str:
         """The address of the proxy listeners (default: any)."""
         return bind_address(self.relay.interface, "0.0.0.0")
-
-    @property
-    def request_address(self) -> tuple[str, int] | None:
-        """(address, TCP port) of the router's request listener in this TRD, which its
-        proxies advertise for late join and OTR (None: none configured)."""
-        rt = self.request_tcp
-        if rt is None:
-            return None
-        return bind_address(rt.interface if rt.interface is not None else self.relay.interface,
-                            "0.0.0.0"), rt.port
 
     @property
     def relay_port_low(self) -> int:

@@ -33,8 +33,9 @@ IO_BATCH = 64  # datagrams received (or sent) between two checkpoints of the loo
 
 def portal_timing(e: EndpointConfig) -> dict:
     """The endpoint's ``<topic-resolution>`` timing (with the ``<rate-limit>``s of
-    its elements), ``<remote-topic>``, ``<remote-pattern>`` and the domain route
-    records (``<uim>`` with ``<domain-route>``) as
+    its elements), ``<remote-topic>``, ``<remote-pattern>``, the request listener
+    (``<request-tcp>``: the address the domain route records and the proxies' late-join
+    options name) and the domain route records (``<domain-route>``, with a listener only) as
     :class:`router.core.tr.PortalTRSettings` fields (seconds; rate limits as (bits a
     second, objects a second))."""
     tr = e.topic_resolution
@@ -50,11 +51,11 @@ def portal_timing(e: EndpointConfig) -> dict:
 
     ir = tr.initial_request
     dr = e.domain_route
-    uim = e.uim_address
-    routes = None if uim is None else DomainRoutes(
-        uim, dr.min_interval_ms / 1000.0, dr.max_interval_ms / 1000.0, rl(dr))
+    listener = e.request_address
+    routes = None if listener is None else DomainRoutes(
+        dr.min_interval_ms / 1000.0, dr.max_interval_ms / 1000.0, rl(dr))
     return dict(
-        domain_routes=routes,
+        request_address=listener, domain_routes=routes,
         initial_request=(ir.periodic_interval_ms / 1000.0, float(ir.duration_s)),
         use_query=uq(tr.topic_use_query), pattern_use_query=uq(tr.pattern_use_query),
         use_query_limit=rl(tr.topic_use_query), pattern_use_query_limit=rl(tr.pattern_use_query),
@@ -74,7 +75,7 @@ def new_portal(e: EndpointConfig, src_id: bytes, now: float) -> PortalTR:
         daemons=e.daemons if e.mode == "lbmrd" else (),
         multicast=e.multicast if e.mode == "multicast" else None,
         source_timeout=e.source_timeout, requery_interval=e.requery_interval,
-        requery_jitter=0.2, request_address=e.request_address, **portal_timing(e)), now=now)
+        requery_jitter=0.2, **portal_timing(e)), now=now)
 
 
 class PortalTask:

@@ -120,8 +120,9 @@ Rules this module chose (the issue leaves them open):
   ``period`` for ``duration`` seconds from its creation, so that receivers
   that are quiet (resolved, or past their query phase) query again and the
   router learns the TRD's interest at start (the DRO's ``<initial-request>``).
-* **Domain routes.** With ``domain_routes`` (the endpoint's UIM listener
-  address and the DRO's ``<domain-route>`` timing) the portal sends remote
+* **Domain routes.** With ``domain_routes`` (the DRO's ``<domain-route>``
+  timing) and ``request_address`` (the router's request listener in the TRD,
+  which the records name as the UIM listener) the portal sends remote
   domain route records (extended type 0x06) for the domains the router
   reaches (:meth:`~PortalTR.set_reachable_domains`) and answers TR requests
   that ask for them (:mod:`.domain_routes`).

@@ -2,9 +2,10 @@
 (:class:`DomainRouteRecords`), the DRO's "domain route messages".
 
 A record (LBMR extended type 0x06, :class:`lbmr_proto.RemoteDomainRoute`)
-names the domain ids reachable through one address: here the endpoint's UIM
-listener (UM's ``TCP:domain:ip:port`` addressing; a UM context logs "Route
-discovered to Domain ID ..." and sends its UIMs for those domains there).
+names the domain ids reachable through one address: here the router's request
+listener in the TRD, the portal's ``request_address`` (UM's
+``TCP:domain:ip:port`` addressing; a UM context logs "Route discovered to
+Domain ID ..." and sends its UIMs for those domains there).
 
 * **What.** The domains the router reaches other than the portal's own
   (:meth:`DomainRouteRecords.set_domains`, from the router's routes), at most
@@ -49,6 +50,7 @@ from lbmr_proto.constants import TRREQ_GATEWAY_META
 from lbmr_proto.um import EPS, Schedule
 
 from .datagrams import DueRecords, TROutbox
+from .events import Addr
 from .pacing import RatePacer
 from .settings import DomainRoutes
 from .timers import DomainRouteTimer, TimerHeap
@@ -73,8 +75,10 @@ class DomainRouteRecords:
     """The route records of one portal (module doc), sharing the portal's
     timer heap, counters and outgoing buffer."""
 
-    def __init__(self, settings: DomainRoutes, heap: TimerHeap, stats: Counter[str], outbox: TROutbox) -> None:
+    def __init__(self, settings: DomainRoutes, address: Addr, heap: TimerHeap, stats: Counter[str],
+                 outbox: TROutbox) -> None:
         self.settings = settings
+        self.address = address  # (IPv4 address, TCP port) the records name: the request listener
         self._heap = heap
         self._st = stats
         self._outbox = outbox
@@ -142,6 +146,6 @@ class DomainRouteRecords:
         """The datagrams of the domains due at ``now``."""
         if not due.routes:
             return
-        n = self._outbox.send_domain_routes(sorted(due.routes), self.settings.address, now)
+        n = self._outbox.send_domain_routes(sorted(due.routes), self.address, now)
         self._pacer.charge(now, n * self._outbox.route_overhead())
         self._st["domain_routes_sent"] += len(due.routes)

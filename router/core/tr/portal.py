@@ -119,8 +119,9 @@ class PortalTR:
             InterestTimer: self._due_interest, RemoteCheckTimer: self._due_remote_check,
             InitialRequestTimer: self._due_initial_request, DomainRouteTimer: self._due_domain_route}
         # remote domain route records (None: not sent)
-        self._routes = (DomainRouteRecords(s.domain_routes, self._heap, self._st, self._outbox)
-                        if s.domain_routes is not None else None)
+        self._routes = (DomainRouteRecords(s.domain_routes, s.request_address, self._heap, self._st,
+                                           self._outbox)
+                        if s.domain_routes is not None and s.request_address is not None else None)
         ir = s.initial_request
         if ir is not None and ir[1] > 0:
             self._heap.arm(InitialRequestTimer(now, *ir))
@@ -348,7 +349,7 @@ class PortalTR:
         """The router now reaches ``domains`` (ids; this TRD's own is left out):
         the remote domain route records announce them from ``now`` (a domain
         new to the set at once; see :mod:`router.core.tr.domain_routes`).
-        Nothing is sent without ``domain_routes`` settings."""
+        Nothing is sent without ``domain_routes`` and ``request_address`` settings."""
         if self._routes is not None:
             self._routes.set_domains((d for d in domains if 0 < d <= 0xFFFFFFFF and d != self.domain_id), now)
 

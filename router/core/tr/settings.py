@@ -47,25 +47,20 @@ class RemoteCheck:
 
 @dataclass(frozen=True, slots=True)
 class DomainRoutes:
-    """The remote domain route records (LBMR extended type 0x06) a portal sends
-    into its TRD: ``address``, the (IPv4 address, TCP port) of the endpoint's
-    UIM listener, through which every domain the router reaches is reachable;
-    and the DRO's ``<domain-route>``: each reachable domain is announced first
-    at once, then at gaps of ``min_interval`` seconds doubling up to
-    ``max_interval`` (then every ``max_interval``), within ``limit`` (bits a
-    second, domains a second; 0 = no limit of that kind; the DRO's default:
-    50 domains a second)."""
+    """The DRO's ``<domain-route>``: the timing of the remote domain route records
+    (LBMR extended type 0x06) a portal sends into its TRD, naming the portal's
+    ``request_address`` (:class:`PortalTRSettings`) as the UIM listener through
+    which every domain the router reaches is reachable. Each reachable domain is
+    announced first at once, then at gaps of ``min_interval`` seconds doubling up
+    to ``max_interval`` (then every ``max_interval``), within ``limit`` (bits a
+    second, domains a second; 0 = no limit of that kind; the DRO's default: 50
+    domains a second)."""
 
-    address: Addr
     min_interval: float = 0.1
     max_interval: float = 1.0
     limit: tuple[float, float] = (0.0, 50.0)
 
     def __post_init__(self) -> None:
-        ip, port = self.address
-        object.__setattr__(self, "address", (_check_ip(str(ip), "UIM listener"), int(port)))
-        if not 0 < int(port) <= 0xFFFF or self.address[0] == "0.0.0.0":
-            raise ValueError(f"domain routes: {ip}:{port} is not an address UM contexts can connect to")
         if not 0 < self.min_interval <= self.max_interval < math.inf:
             raise ValueError(f"domain routes: 0 < min_interval <= max_interval, not "
                              f"{self.min_interval!r}, {self.max_interval!r}")
@@ -146,14 +141,16 @@ class PortalTRSettings:
     #: (period, duration) seconds: a TR request (queries and wildcard queries)
     #: every period for duration from creation, so that quiet receivers query again
     initial_request: tuple[float, float] | None = None
-    #: the remote domain route records sent into the TRD (None: none; they are
-    #: also none while the router reaches no other domain)
-    domain_routes: DomainRoutes | None = None
     #: (IPv4 address, TCP port) of the router's request listener in this TRD (UM's
-    #: request_tcp_interface / request_tcp_port): what proxies advertise as the source's
-    #: late-join and retransmission request address; None: none (the origin's late-join,
-    #: UME and extended-functionality options are not advertised)
+    #: request_tcp_interface / request_tcp_port): the UIM listener the domain route
+    #: records name, and what proxies advertise as the source's late-join and
+    #: retransmission request address; None: none (no domain route records; the
+    #: origin's late-join, UME and extended-functionality options are not advertised)
     request_address: Addr | None = None
+    #: the timing of the remote domain route records sent into the TRD, which name
+    #: request_address (None: none; they are also none while the router reaches no
+    #: other domain)
+    domain_routes: DomainRoutes | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # normalising a frozen value while it is made
@@ -216,6 +213,9 @@ class PortalTRSettings:
             if not isinstance(ra[1], int) or not 0 < ra[1] <= 0xFFFF:
                 raise ValueError(f"request_address port must be 1..65535, not {ra[1]!r}")
             put(self, "request_address", (_check_ip(str(ra[0]), "request_address"), ra[1]))
+        if self.domain_routes is not None and (ra is None or self.request_address[0] == "0.0.0.0"):
+            raise ValueError(f"domain_routes name request_address as the UIM listener: it must be an "
+                             f"address UM contexts can connect to, not {ra!r}")
 
 
 def _check_ip(ip: str, what: str) -> str:

@@ -3,7 +3,7 @@ timing elements (issue 11 item 6): read from the file (defaults per parent,
 file:line errors, the DTD) and applied by the portal, sans-IO on explicit
 ``now`` values: use queries and INTEREST REFRESHes honour objects a second
 and bits a second, 0 = no limit, bursts bounded. ``<domain-route>`` without a
-``<uim>`` listener has no effect (a warning); with one: tests/router/config/test_uim_config.py."""
+``<request-tcp>`` listener has no effect (a warning); with one: tests/router/config/test_request_tcp.py."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def test_no_limit_at_all_is_accepted_with_a_warning(tmp_path):
     assert [(w[0], "not paced" in w[1]) for w in cfg.warnings] == [(line, True)]
 
 
-def test_domain_route_without_a_uim_listener_warns_and_its_values_are_checked(tmp_path):
+def test_domain_route_without_a_request_listener_warns_and_its_values_are_checked(tmp_path):
     timing = ('        <domain-route min-interval="200" max-interval="2000">\n'
               '          <rate-limit bps="0" objects-per-second="40"/>\n'
               '        </domain-route>\n')
@@ -152,7 +152,7 @@ def test_domain_route_without_a_uim_listener_warns_and_its_values_are_checked(tm
     line = text.splitlines().index(timing.splitlines()[0]) + 1
     assert cfg.endpoint.topic_resolution.domain_route == DomainRoute(200, 2000, RateLimit(0, 40))
     assert len(cfg.warnings) == 1 and cfg.warnings[0][0] == line
-    assert "<domain-route> has no effect without a <uim> listener" in cfg.warnings[0][1]
+    assert "<domain-route> has no effect without a <request-tcp> listener" in cfg.warnings[0][1]
     # the DRO's default for a domain-route rate-limit: 50 a second, no bit limit
     bare = with_timing('        <domain-route><rate-limit/></domain-route>\n')
     assert expect_ok(tmp_path, "dr0.xml", bare).endpoint.topic_resolution.domain_route.rate_limit \

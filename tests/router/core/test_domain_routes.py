@@ -1,6 +1,7 @@
 """Remote domain route records (LBMR extended type 0x06) of an endpoint
 portal (router/core/tr/domain_routes.py): the domains the router reaches,
-through the endpoint's UIM listener, on the DRO's ``<domain-route>`` timing
+through the router's request listener in the TRD (the portal's
+``request_address``, its UIM listener), on the DRO's ``<domain-route>`` timing
 (min 100 ms doubling to max 1000 ms), within its rate limit (50 domains a
 second), announced again at once when the set changes, and in answer to TR
 requests; the router's core feeds them from its routes; tshark decodes them.
@@ -30,14 +31,14 @@ from router.core.tr.domain_routes import MAX_DOMAIN_ROUTES
 from tests.router.helpers import GROUP, run_until
 from tests.tshark_judge import compare, expected_fields, flatten, run_tshark
 
-UIM = ("10.1.0.9", 14391)
+LISTENER = ("10.1.0.9", 14391)  # the router's request listener in TRD 1
 APP = ("10.1.0.5", 12965)
 
 
 def routes_portal(**dr) -> PortalTR:
-    """A multicast portal of domain 1 at time 0 that announces routes through UIM."""
+    """A multicast portal of domain 1 at time 0 that announces routes through LISTENER."""
     return PortalTR(PortalTRSettings("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=GROUP,
-                                     domain_routes=DomainRoutes(UIM, **dr)), now=0.0)
+                                     request_address=LISTENER, domain_routes=DomainRoutes(**dr)), now=0.0)
 
 
 def records(out) -> list[L.RemoteDomainRoute]:
@@ -84,7 +85,7 @@ def test_each_reachable_domain_is_announced_at_once_then_at_doubling_gaps_up_to_
             pkt = L.decode(o.data)
             if pkt.type != PacketType.EXT:
                 continue
-            assert (pkt.ext.ip, pkt.ext.port) == UIM and o.dest == GROUP
+            assert (pkt.ext.ip, pkt.ext.port) == LISTENER and o.dest == GROUP
             opts = {type(op): op for op in pkt.options}
             assert opts[L.SourceTypeOption].src_type == SourceType.TNWGD
             assert opts[L.LocalDomainOption].local_domain_id == 1
@@ -242,9 +243,10 @@ def test_tshark_decodes_the_records_with_no_expert(tmp_path):
 # ------------------------------------------------------------------ the router's core
 
 
-def core(name: str, domain: int, uim: tuple[str, int]) -> RouterCore:
+def core(name: str, domain: int, listener: tuple[str, int]) -> RouterCore:
     tr = PortalTR(PortalTRSettings(name, domain, src_id=name.encode().ljust(8, b"_"), mode="multicast",
-                                   multicast=GROUP, domain_routes=DomainRoutes(uim)), now=0.0)
+                                   multicast=GROUP, request_address=listener, domain_routes=DomainRoutes()),
+                  now=0.0)
     return RouterCore(name, {name: tr}, {name: EndpointRules(domain, OPEN, 1.0, 100)},
                       [LinkSpec("peer", "peer", (name,), 1, OPEN, True)],
                       Routing(name, {domain: 1}, now=0.0), now=0.0)
@@ -284,7 +286,8 @@ def test_each_router_announces_the_domains_its_routes_reach_and_stops_when_the_l
 
 def test_a_router_joining_two_trds_directly_announces_each_to_the_other():
     tr = {e: PortalTR(PortalTRSettings(e, d, src_id=e.encode().ljust(8, b"_"), mode="multicast", multicast=GROUP,
-                                       domain_routes=DomainRoutes((f"10.{d}.0.9", 14391))), now=0.0)
+                                       request_address=(f"10.{d}.0.9", 14391), domain_routes=DomainRoutes()),
+                      now=0.0)
           for e, d in (("E1", 1), ("E2", 2))}
     links = [LinkSpec("E1<->E2@E1", "E1<->E2", ("E1",), 1, OPEN, False, pair="E1<->E2@E2"),
              LinkSpec("E1<->E2@E2", "E1<->E2", ("E2",), 1, OPEN, False, pair="E1<->E2@E1")]
@@ -297,9 +300,16 @@ def test_a_router_joining_two_trds_directly_announces_each_to_the_other():
 
 
 def test_settings_refuse_an_address_applications_cannot_use_and_bad_timing():
-    for bad in (dict(address=("0.0.0.0", 14391)), dict(address=("10.0.0.1", 0)),
-                dict(address=("10.0.0.1", 70000)), dict(address=("10.0.0.1", 1), min_interval=0.0),
-                dict(address=("10.0.0.1", 1), min_interval=2.0, max_interval=1.0),
-                dict(address=("10.0.0.1", 1), limit=(-1.0, 50.0))):
+    for bad in (dict(min_interval=0.0), dict(min_interval=2.0, max_interval=1.0), dict(limit=(-1.0, 50.0))):
         with pytest.raises(ValueError):
             DomainRoutes(**bad)
+    # the records name the request listener: there must be one, and one UM contexts can connect to
+    for bad in (None, ("0.0.0.0", 14391), ("10.0.0.1", 0), ("10.0.0.1", 70000), ("10.0.0.300", 14391)):
+        with pytest.raises(ValueError):
+            PortalTRSettings("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=GROUP,
+                             request_address=bad, domain_routes=DomainRoutes())
+    # without domain routes, no records (the listener still serves late join)
+    tr = PortalTR(PortalTRSettings("A", 1, src_id=b"AAAAAAAA", mode="multicast", multicast=GROUP,
+                                   request_address=LISTENER), now=0.0)
+    tr.set_reachable_domains([2], 0.0)
+    assert tr.reachable_domains() == [] and not records(tr.tick(0.0))

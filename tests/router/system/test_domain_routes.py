@@ -1,8 +1,8 @@
 """Domain routes end to end on loopback: TRD1 (lbmrd on 127.0.1.1) and TRD2
-(lbmrd on 127.0.2.1) joined by two routers, each endpoint with a UIM
-listener. A UM-like context in each TRD hears, through its lbmrd, the remote
-domain route records (LBMR extended type 0x06) of its router: the other
-TRD's domain id through the router's UIM listener, again within the DRO's
+(lbmrd on 127.0.2.1) joined by two routers, each endpoint with a request
+listener (``<request-tcp>``). A UM-like context in each TRD hears, through its
+lbmrd, the remote domain route records (LBMR extended type 0x06) of its router:
+the other TRD's domain id through the router's request listener, again within the DRO's
 ``<domain-route>`` max-interval, and at once in answer to a TR request."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import trio
 
 import lbmr_proto as L
 from lbmr_proto.constants import TRREQ_GATEWAY_META, PacketType
-from router.config.model import UimListener
+from router.config.model import RequestListener
 from tests.router.helpers import start_lbmrd, start_routers, udp
 
-UIM_PORT = 14599
+REQUEST_PORT = 14599
 MAX_INTERVAL = 1.0  # the DRO's default <domain-route max-interval>
 SLACK = 0.5  # seconds of scheduling delay tolerated on a loaded host
 
@@ -44,9 +44,9 @@ async def hear_routes(sock, daemon, until: float) -> list[tuple[float, L.RemoteD
 
 
 def check_heard(heard, domain: int, ip: str, start: float) -> None:
-    """``domain`` heard through ``ip``:UIM_PORT soon after ``start``, then again
+    """``domain`` heard through ``ip``:REQUEST_PORT soon after ``start``, then again
     within max-interval every time."""
-    times = [t for t, r in heard if domain in r.domains and (r.ip, r.port) == (ip, UIM_PORT)]
+    times = [t for t, r in heard if domain in r.domains and (r.ip, r.port) == (ip, REQUEST_PORT)]
     assert times, heard
     assert times[0] - start < 5.0
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
@@ -54,13 +54,13 @@ def check_heard(heard, domain: int, ip: str, start: float) -> None:
     assert all(r.domains == [domain] for _, r in heard)  # never its own domain, nothing else
 
 
-async def test_each_trd_hears_the_other_domain_through_its_routers_uim_listener():
+async def test_each_trd_hears_the_other_domain_through_its_routers_request_listener():
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
         ctx1, ctx2 = udp("127.0.1.9"), udp("127.0.2.9")
         start = trio.current_time()
-        ra, rb = await start_routers(n, trd1, trd2, uim=UimListener(port=UIM_PORT))
+        ra, rb = await start_routers(n, trd1, trd2, request_listener=RequestListener(port=REQUEST_PORT))
         until = start + 6.0
         heard: dict[int, list] = {}
 

@@ -15,7 +15,7 @@ import lbmr_proto as L
 from lbmr_proto.capture import write_udp_pcap
 from lbmr_proto.um import synthesize_otid
 from router import peerlink as P
-from router.config.model import RequestTcpConfig, lbmrd_endpoint, router_config
+from router.config.model import RequestListener, lbmrd_endpoint, router_config
 from router.shell.router import MultiRouter
 from tests.router.helpers import (
     IPS,
@@ -86,7 +86,7 @@ async def test_the_proxy_advertises_late_join_at_the_routers_request_listener(tm
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
-        ra, rb = await start_routers(n, trd1, trd2, request_tcp=RequestTcpConfig(ROUTER_REQUEST_PORT))
+        ra, rb = await start_routers(n, trd1, trd2, request_listener=RequestListener(port=ROUTER_REQUEST_PORT))
         src = await tcp_source(n, "127.0.1.5", 1024)
         n.start_soon(advertise_with_options, udp("127.0.1.5"), trd1, *src)
         rcv = udp("127.0.2.9")
@@ -164,7 +164,7 @@ def chain_router(name: str, d: int, trd, peers) -> MultiRouter:
     """A router with an endpoint in TRD ``d`` (at IPS[d]) whose request listener is port
     15390 + d, and the ``peers``."""
     ep = lbmrd_endpoint(f"T{d}", d, [trd], interface=IPS[d], fanout=False,
-                        request_tcp=RequestTcpConfig(15390 + d))
+                        request_listener=RequestListener(port=15390 + d))
     return MultiRouter(router_config(name, [ep], peers, route_info=ROUTE_INFO))
 
 
