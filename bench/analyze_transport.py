@@ -35,7 +35,8 @@ from lbmr_analyze import splits as S  # noqa: E402
 from lbmr_analyze.rows import write_split  # noqa: E402
 from lbmr_analyze.transport import tr_rows_of, transport_task  # noqa: E402
 from lbmr_proto.capture import LINKTYPE_RAW, PcapWriter  # noqa: E402
-from tests.helpers import real_capture, udp_packet  # noqa: E402
+from tests.helpers import real_capture  # noqa: E402
+from tests.transport_captures import udp_packet  # noqa: E402
 
 PORTS = frozenset({12965, 15380})
 

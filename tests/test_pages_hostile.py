@@ -27,14 +27,9 @@ from playwright.sync_api import sync_playwright
 
 import lbmr_proto as L
 from lbmr_runtime.monitor import visible
-from tests.helpers import (
-    PAGE_SIZES,
-    MonitorPage,
-    RouterChain,
-    check_page_basics,
-    launch_chromium,
-    wait_http,
-)
+from tests.browser import PAGE_SIZES, MonitorPage, check_page_basics, launch_chromium
+from tests.helpers import wait_http
+from tests.router_chain import RouterChain
 
 WAIT = 60.0
 

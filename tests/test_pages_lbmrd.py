@@ -27,16 +27,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
-from tests.helpers import (
-    LBMRD,
-    PAGE_SIZES,
-    MonitorPage,
-    check_page_basics,
-    free_port,
-    launch_chromium,
-    spoof_udp,
-    wait_http,
-)
+from tests.browser import PAGE_SIZES, MonitorPage, check_page_basics, launch_chromium
+from tests.helpers import LBMRD, free_port, spoof_udp, wait_http
 
 CLIENTS = 100_000
 RTL_DOMAIN = "\u05e9\u05d5\u05e7_\u05de\u05e2\u05e8\u05d1"  # Hebrew letters: a right-to-left name

@@ -23,15 +23,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
-from tests.helpers import (
-    PAGE_SIZES,
-    SIM,
-    MonitorPage,
-    RouterChain,
-    check_page_basics,
-    launch_chromium,
-    wait_http,
-)
+from tests.browser import PAGE_SIZES, MonitorPage, check_page_basics, launch_chromium
+from tests.helpers import SIM, wait_http
+from tests.router_chain import RouterChain
 
 WAIT = 60.0  # seconds the chain may take to come up and carry the sessions
 

@@ -21,14 +21,10 @@ from playwright.sync_api import sync_playwright
 
 from lbmr_analyze.job import TABLES, TRANSPORT_TABLES
 from lbmr_analyze.report import write_report, write_tables
-from tests.helpers import (
-    FINDINGS_SESSIONS,
-    REPORT_BLOCKS,
-    REPORT_OVERLAPS_JS,
-    analyse_without_spark,
-    real_capture,
-    write_transport_findings_capture,
-)
+from tests.analyze_reference import analyse_without_spark
+from tests.browser import REPORT_BLOCKS, REPORT_OVERLAPS_JS
+from tests.helpers import real_capture
+from tests.transport_captures import FINDINGS_SESSIONS, write_transport_findings_capture
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 WIDTH = 1400

@@ -30,12 +30,12 @@ from lbmr_proto.transport_sessions import (
     source_string,
     topic_rows,
 )
-from tests.helpers import (
+from tests.helpers import real_capture
+from tests.transport_captures import (
     GEN_DECODE_AS,
     GEN_RM,
     GEN_RM_NO_TIR,
     icmp_unreachable,
-    real_capture,
     udp_packet,
     write_transport_capture,
 )
