@@ -1,10 +1,12 @@
 """What the live sources and receivers of the data plane share (see
 :mod:`lbmr_tools.sim.dataplane`): the LBMC data messages of a stream, the
-clock that makes them due, and the check of one received message."""
+clock that makes them due, the check of one received message, and the
+listening socket of a TCP source."""
 
 from __future__ import annotations
 
 import math
+import socket
 from dataclasses import asdict, dataclass
 
 import trio
@@ -274,3 +276,18 @@ class Repair:
         r.missing_found += top - low
         r.unrecovered = self.pending
         return top - low
+
+
+async def open_tcp_listener(bind_ip: str, port: int, backlog: int) -> trio.SocketListener:
+    """A TCP socket listening on (``bind_ip``, ``port``; 0: any free port) with
+    SO_REUSEADDR, ``backlog`` connections queued, as a trio listener; raises
+    OSError (e.g. EADDRINUSE) having closed the socket."""
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        await sock.bind((bind_ip, port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketListener(sock)
