@@ -126,16 +126,24 @@ class LiveMessages:
         return d
 
 
+def count_control(r: LiveMessages, m: lbmc.Message) -> bool:
+    """Count ``m`` in ``r`` if it is a control message (its TCP_SID header, if
+    any, gives ``r.session_id``); whether it was one."""
+    if m.kind not in lbmc.CONTROL_KINDS:
+        return False
+    r.control_messages += 1
+    sid = m.header(lbmc.TcpSidHeader)
+    if sid is not None:
+        r.session_id = sid.session_id
+    return True
+
+
 def verify_message(r: LiveMessages, m: lbmc.Message, seed: int, tidx: int | None) -> None:
     """Check message ``m`` of the live stream of ``seed`` against what ``r``
     has seen (data messages: the topic index ``tidx``, or the first one's
     when None; the sequence after the last; the payload of its sequence)
     and count it in ``r``; raises :class:`StreamMismatch`."""
-    if m.kind in lbmc.CONTROL_KINDS:
-        r.control_messages += 1
-        sid = m.header(lbmc.TcpSidHeader)
-        if sid is not None:
-            r.session_id = sid.session_id
+    if count_control(r, m):
         return
     if m.kind != lbmc.MESSAGE:
         raise StreamMismatch(f"a {lbmc.KIND_NAMES[m.kind]} message (sequence {m.sqn}) in a live stream")

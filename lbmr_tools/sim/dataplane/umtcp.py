@@ -27,7 +27,7 @@ import trio
 
 from lbmr_proto import lbmc
 
-from .live import Repair, RepairCounts, StreamMismatch, message_payload
+from .live import Repair, RepairCounts, StreamMismatch, count_control, message_payload
 from .tcp import TcpDataReceiver, TcpDataSource, TcpReceiveResult
 from .uim import REQUEST_INDEXES, RequestPort, Responder, connect_from, request_header, same_party
 
@@ -354,11 +354,7 @@ class UmTcpReceiver(TcpDataReceiver):
 
     async def _message(self, stream: trio.SocketStream, m: lbmc.Message) -> None:
         r = self.result
-        if m.kind in lbmc.CONTROL_KINDS:
-            r.control_messages += 1
-            sid = m.header(lbmc.TcpSidHeader)
-            if sid is not None:
-                r.session_id = sid.session_id
+        if count_control(r, m):
             return
         first = self.repair.next_live is None
         drop = bool(self.drop_every) and m.sqn % self.drop_every == self.drop_every - 1
