@@ -1,11 +1,16 @@
 """Pages in a browser: Debian's chromium driven by Playwright, a daemon's page
 open at a laptop's or a phone's size (:class:`MonitorPage`), the checks every
-page passes (:func:`check_page_basics`), and the script that finds
-overlapping blocks, for the operators' pages and lbmr-analyze's report."""
+page passes (:func:`check_page_basics`), lbmr-analyze's report open offline
+(:class:`ReportPage`), and the script that finds overlapping blocks, for both."""
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import sync_playwright
 
 #: Debian's chromium (scripts/test installs it); Playwright drives it and downloads nothing
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -14,29 +19,17 @@ PAGE_SIZES = {"wide": (1280, 800), "narrow": (390, 844)}
 #: a page's blocks: no two may overlap (unless one holds the other)
 PAGE_BLOCKS = "header,h1,h2,h3,summary,section.card,div.tile,div.tools,div.scroll,svg.topology,div.legend,p.note"
 
-_PAGE_OVERLAPS = """sel => {
-  const els = Array.from(document.querySelectorAll(sel)).filter(e => e.checkVisibility());
-  const box = els.map(e => e.getBoundingClientRect());
-  const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + ' "' + e.textContent.trim().slice(0, 30) + '"';
-  const bad = [];
-  for (let i = 0; i < els.length; i++) for (let j = i + 1; j < els.length; j++) {
-    if (els[i].contains(els[j]) || els[j].contains(els[i])) continue;
-    const a = box[i], b = box[j];
-    const w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
-    const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
-    if (w > 0.5 && h > 0.5) bad.push(name(els[i]) + ' / ' + name(els[j]));
-  }
-  return {checked: els.length, bad: bad};
-}"""
-
-
 #: The report's main blocks, none of which may overlap another (unless one contains the other).
 REPORT_BLOCKS = "h1,h2,h3,p,img,input.filter,div.scroll,table.kinds,section.kind,details.finding,ul.tfindings"
-#: A script returning {checked, bad}: the visible REPORT_BLOCKS and the pairs that overlap.
-REPORT_OVERLAPS_JS = """sel => {
+
+#: A script taking a CSS selector and returning {checked, bad}: how many visible
+#: elements it selects, and the pairs of them whose boxes overlap (by more than
+#: half a pixel each way) without one containing the other.
+OVERLAPS_JS = """sel => {
   const els = Array.from(document.querySelectorAll(sel)).filter(e => e.checkVisibility({visibilityProperty: true}));
   const box = els.map(e => e.getBoundingClientRect());
-  const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + ' "' + e.textContent.trim().slice(0, 40) + '"';
+  const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + (e.className ? '.' + e.className : '')
+                    + ' "' + e.textContent.trim().slice(0, 40) + '"';
   const bad = [];
   for (let i = 0; i < els.length; i++) for (let j = i + 1; j < els.length; j++) {
     if (els[i].contains(els[j]) || els[j].contains(els[i])) continue;
@@ -51,6 +44,16 @@ REPORT_OVERLAPS_JS = """sel => {
 
 def launch_chromium(playwright):
     return playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+
+
+@pytest.fixture(scope="module")
+def headless_chromium():
+    """The fixture of a module's pages: chromium, headless, closed after the module
+    (a test module takes it as ``browser = headless_chromium``)."""
+    with sync_playwright() as p:
+        b = launch_chromium(p)
+        yield b
+        b.close()
 
 
 class MonitorPage:
@@ -94,7 +97,7 @@ class MonitorPage:
         return self.page.evaluate(script, arg)
 
     def overlaps(self) -> dict:
-        return self.js(_PAGE_OVERLAPS, PAGE_BLOCKS)
+        return self.js(OVERLAPS_JS, PAGE_BLOCKS)
 
     def horizontal_overflow(self) -> int:
         """Pixels the document is wider than the window (0: no sideways scrolling)."""
@@ -122,3 +125,40 @@ def check_page_basics(p: MonitorPage) -> None:
     ov = p.overlaps()
     assert ov["checked"] > 5 and ov["bad"] == [], ov
     assert p.horizontal_overflow() <= 0
+
+
+def keep_shot(path: Path, name: str) -> None:
+    """Copy a screenshot into the directory ``LBMR_PAGE_SHOTS`` names, if it is set."""
+    if os.environ.get("LBMR_PAGE_SHOTS"):
+        shutil.copy(path, Path(os.environ["LBMR_PAGE_SHOTS"]) / name)
+
+
+class ReportPage:
+    """A report (an HTML file) open in a fresh offline browser context ``width``
+    pixels wide, its full-page screenshot written to ``shot``, with what it
+    logged and every request it made."""
+
+    def __init__(self, browser, report: Path, shot: Path, width: int) -> None:
+        self.context = browser.new_context(viewport={"width": width, "height": 1000}, offline=True)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.goto(report.as_uri(), wait_until="load")
+        self.page.screenshot(path=str(shot), full_page=True)
+        self.shot = shot
+
+    def js(self, script: str, arg=None):
+        return self.page.evaluate(script, arg)
+
+    def box(self, selector: str) -> dict:
+        """The bounding box of the first element ``selector`` finds (CSS pixels)."""
+        return self.page.locator(selector).first.bounding_box()
+
+    def y(self, selector: str) -> float:
+        return self.box(selector)["y"]
+
+    def close(self) -> None:
+        self.context.close()
