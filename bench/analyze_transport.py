@@ -23,19 +23,20 @@ import argparse
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import lbmr_proto as L  # noqa: E402
+from bench.timing import best_of  # noqa: E402
 from lbmr_analyze import partials as P  # noqa: E402
 from lbmr_analyze import splits as S  # noqa: E402
 from lbmr_analyze.rows import write_split  # noqa: E402
 from lbmr_analyze.transport import tr_rows_of, transport_task  # noqa: E402
 from lbmr_proto.capture import LINKTYPE_RAW, PcapWriter  # noqa: E402
-from tests.helpers import real_capture, udp_packet  # noqa: E402
+from tests.helpers import real_capture  # noqa: E402
+from tests.transport_captures import udp_packet  # noqa: E402
 
 PORTS = frozenset({12965, 15380})
 
@@ -57,15 +58,6 @@ def lbmr_capture(path: Path, mb: int) -> Path:
                 w.write_frame(t, f)
                 t += 1e-4
     return path
-
-
-def best_of(fn, runs: int) -> float:
-    best = float("inf")
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def measure(cap: Path, split_size: int, repeat: int, tmp: Path) -> None:

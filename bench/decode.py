@@ -33,20 +33,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.timing import best_of  # noqa: E402
 from bench.traffic import datagrams, write_capture  # noqa: E402
 from lbmr_proto import decode  # noqa: E402
 from lbmr_proto.capture import PcapWriter, read_udp  # noqa: E402
 from lbmr_proto.fast import scan  # noqa: E402
 from lbmr_proto.packet import _decode  # noqa: E402  (decode minus the whole-datagram memo)
-
-
-def best_of(fn, runs=3) -> float:
-    best = float("inf")
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def main() -> int:

@@ -24,12 +24,12 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.timing import best_of  # noqa: E402
 from lbmr_proto import LBMRDecodeError, decode  # noqa: E402
 from lbmr_proto.capture import read_packets, read_udp  # noqa: E402
 from lbmr_proto.transport_sessions import (  # noqa: E402
@@ -38,23 +38,7 @@ from lbmr_proto.transport_sessions import (  # noqa: E402
     session_rows,
     topic_rows,
 )
-
-
-def best_of(fn, runs: int) -> float:
-    best = float("inf")
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def _capture() -> Path:
-    for base in (ROOT.parent, ROOT.parent.parent):
-        p = base / "shared" / "captures" / "um614-multicast-tr.pcap"
-        if p.exists():
-            return p
-    raise SystemExit("the real capture (shared/captures/um614-multicast-tr.pcap) was not found; use --capture")
+from tests.helpers import real_capture  # noqa: E402
 
 
 def main() -> int:
@@ -62,7 +46,11 @@ def main() -> int:
     ap.add_argument("--capture", type=Path)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
-    cap = args.capture or _capture()
+    try:
+        cap = args.capture or real_capture()
+    except FileNotFoundError:
+        raise SystemExit("the real capture (shared/captures/um614-multicast-tr.pcap) was not found; "
+                         "use --capture") from None
     frames = sum(1 for _ in read_packets(cap))
 
     def lbmr_only():

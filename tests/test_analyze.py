@@ -33,7 +33,7 @@ from lbmr_proto.capture import (
     PcapngWriter,
     read_udp,
 )
-from tests.helpers import (
+from tests.analyze_reference import (
     COMPARED,
     PORTS,
     STORM,

@@ -121,7 +121,7 @@ def cluster(tmp_path_factory):
 def inputs(tmp_path_factory) -> Path:
     """The real capture and a synthetic one (cut into byte ranges below)."""
     sys.path.insert(0, str(ROOT))
-    from tests.helpers import synthetic_datagrams, write_pcap
+    from tests.analyze_reference import synthetic_datagrams, write_pcap
     d = tmp_path_factory.mktemp("caps")
     (d / "real.pcap").write_bytes(REAL_CAPTURE.read_bytes())
     write_pcap(d / "synthetic.pcap", synthetic_datagrams())

@@ -26,7 +26,7 @@ from lbmr_analyze import splits as S
 from lbmr_analyze.findings import SEVERITIES
 from lbmr_analyze.job import TABLES, analyse, build_session, run
 from lbmr_analyze.rows import write_split
-from tests.helpers import (
+from tests.analyze_reference import (
     PORTS,
     T0,
     assert_tables_equal,
@@ -195,7 +195,7 @@ def datagrams(ctxs: list[dict], evs: list[tuple]) -> list[tuple]:
 def truth(ctxs: list[dict], evs: list[tuple]) -> tuple[dict, dict, dict]:
     """What each context really advertised: (context, topic) -> transport
     identities; transport identity -> contexts; OTID -> contexts."""
-    from tests.helpers import ref_tid
+    from tests.analyze_reference import ref_tid
     adv, by_tid, by_otid = defaultdict(set), defaultdict(set), defaultdict(set)
     for _t, w, kind, topic, tr in evs:
         if kind == "TIR":

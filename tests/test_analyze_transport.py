@@ -23,11 +23,11 @@ import pytest
 
 from lbmr_analyze.job import TRANSPORT_TABLES, build_session, run
 from lbmr_analyze.transport_findings import NAK_GENERATION_S
-from tests.helpers import (
+from tests.helpers import real_capture
+from tests.transport_captures import (
     FINDINGS_DECODE_AS,
     FINDINGS_SESSIONS,
     FINDINGS_T0,
-    real_capture,
     tshark_lbtrm_counts,
     write_transport_findings_capture,
 )

@@ -25,7 +25,8 @@ from lbmr_proto import lbmc as C
 from lbmr_proto import lbtrm as RM
 from lbmr_proto import lbtru as RU
 from lbmr_proto.capture import LINKTYPE_RAW, PcapWriter
-from tests.helpers import analyse_without_spark, icmp_unreachable, tcp_packet, udp_packet
+from tests.analyze_reference import analyse_without_spark
+from tests.transport_captures import icmp_unreachable, tcp_packet, udp_packet
 
 T0 = 1_700_000_000.0
 SRC = "10.1.0.1"

@@ -16,7 +16,8 @@ from collections import Counter
 
 from lbmr_analyze.transport_findings import RETRANSMISSION_RATIO
 from tests import netns
-from tests.helpers import analyse_without_spark, tshark_lbtrm_counts
+from tests.analyze_reference import analyse_without_spark
+from tests.transport_captures import tshark_lbtrm_counts
 
 netns_factory = netns.netns_factory
 

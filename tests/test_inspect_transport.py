@@ -19,8 +19,9 @@ from lbmr_proto.capture import LINKTYPE_RAW, PcapWriter, read_packets
 from lbmr_proto.transport_sessions import TransportDecoder, receiver_rows, session_rows, topic_rows
 from lbmr_tools.inspect import main
 from tests import netns
-from tests.helpers import GEN_RM, ROOT, real_capture, udp_packet, write_transport_capture
+from tests.helpers import ROOT, real_capture
 from tests.netns import veth
+from tests.transport_captures import GEN_RM, udp_packet, write_transport_capture
 
 netns_factory = netns.netns_factory  # the fixture, for the live test
 

@@ -184,8 +184,9 @@ def test_the_pattern_finds_imports_of_test_modules():
 
 def test_no_test_module_imports_another():
     """Tests share their drivers through support modules (tests/helpers.py,
-    tests/router/helpers.py, strategies, netns, tshark_judge, report_tables),
-    never by importing a test module: each test module reads on its own and
+    tests/router/helpers.py, analyze_reference, transport_captures, browser,
+    router_chain, certificates, lbmrd_networks, strategies, netns,
+    tshark_judge, report_tables), never by importing a test module: each test module reads on its own and
     can be moved or split without breaking another. Scripts a test runs in a
     subprocess (source text in a string) count too."""
     bad = []

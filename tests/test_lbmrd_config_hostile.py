@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lbmrd.config import MAX_CONFIG_BYTES, ConfigError, load_config, network_conflicts, parse_config
-from tests.helpers import networks_file
+from tests.lbmrd_networks import networks_file
 
 from .helpers import LBMRD
 

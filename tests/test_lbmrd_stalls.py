@@ -17,7 +17,7 @@ import trio
 import lbmr_proto as L
 from lbmrd.config import load_config
 from lbmrd.server import FANOUT_CHUNK, SWEEP_SLICE, Daemon, Settings
-from tests.helpers import networks_file
+from tests.lbmrd_networks import networks_file
 
 from .helpers import LBMRD, free_port
 

@@ -27,23 +27,12 @@ import urllib.request
 
 import pytest
 from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import sync_playwright
 
 from router.config import ConfigError, load_config
-from tests.helpers import (
-    LBMRD,
-    MonitorPage,
-    RouterChain,
-    acceptor_xml,
-    check_page_basics,
-    endpoint_xml,
-    free_port,
-    launch_chromium,
-    make_ca,
-    make_cert,
-    peer_xml,
-    router_xml,
-)
+from tests.browser import MonitorPage, check_page_basics, headless_chromium
+from tests.certificates import make_ca, make_cert
+from tests.helpers import LBMRD, acceptor_xml, endpoint_xml, free_port, peer_xml, router_xml
+from tests.router_chain import RouterChain
 
 TOKEN = "s3cr3t-monitor-token-0123456789"
 
@@ -101,12 +90,7 @@ def wait_listening(port: int, proc: subprocess.Popen) -> None:
             time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = launch_chromium(p)
-        yield b
-        b.close()
+browser = headless_chromium  # the fixture
 
 
 def test_lbmrd_token_and_tls(pki, tmp_path, browser):

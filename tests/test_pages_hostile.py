@@ -23,18 +23,17 @@ import sys
 import time
 
 import pytest
-from playwright.sync_api import sync_playwright
 
 import lbmr_proto as L
 from lbmr_runtime.monitor import visible
-from tests.helpers import (
+from tests.browser import (
     PAGE_SIZES,
     MonitorPage,
-    RouterChain,
     check_page_basics,
-    launch_chromium,
-    wait_http,
+    headless_chromium,
 )
+from tests.helpers import wait_http
+from tests.router_chain import RouterChain
 
 WAIT = 60.0
 
@@ -182,12 +181,7 @@ def pair(tmp_path_factory):
         c.stop()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = launch_chromium(p)
-        yield b
-        b.close()
+browser = headless_chromium  # the fixture
 
 
 _WATCH = """

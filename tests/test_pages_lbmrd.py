@@ -15,28 +15,22 @@ JSON's bounds and its refusals, the security headers, a read-only endpoint.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
-from playwright.sync_api import sync_playwright
 
-from tests.helpers import (
-    LBMRD,
+from tests.browser import (
     PAGE_SIZES,
     MonitorPage,
     check_page_basics,
-    free_port,
-    launch_chromium,
-    spoof_udp,
-    wait_http,
+    headless_chromium,
+    keep_shot,
 )
+from tests.helpers import LBMRD, free_port, spoof_udp, wait_http
 
 CLIENTS = 100_000
 RTL_DOMAIN = "\u05e9\u05d5\u05e7_\u05de\u05e2\u05e8\u05d1"  # Hebrew letters: a right-to-left name
@@ -101,17 +95,7 @@ def lbmrd(tmp_path_factory):
         log.close()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = launch_chromium(p)
-        yield b
-        b.close()
-
-
-def keep_shot(path: Path, name: str) -> None:
-    if os.environ.get("LBMR_PAGE_SHOTS"):
-        shutil.copy(path, Path(os.environ["LBMR_PAGE_SHOTS"]) / name)
+browser = headless_chromium  # the fixture
 
 
 def png_size(data: bytes) -> tuple[int, int]:

@@ -15,23 +15,19 @@ screenshots in DIR.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
-from pathlib import Path
 
 import pytest
-from playwright.sync_api import sync_playwright
 
-from tests.helpers import (
+from tests.browser import (
     PAGE_SIZES,
-    SIM,
     MonitorPage,
-    RouterChain,
     check_page_basics,
-    launch_chromium,
-    wait_http,
+    headless_chromium,
+    keep_shot,
 )
+from tests.helpers import SIM, wait_http
+from tests.router_chain import RouterChain
 
 WAIT = 60.0  # seconds the chain may take to come up and carry the sessions
 
@@ -69,17 +65,7 @@ def chain(tmp_path_factory):
         c.stop()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = launch_chromium(p)
-        yield b
-        b.close()
-
-
-def keep_shot(path: Path, name: str) -> None:
-    if os.environ.get("LBMR_PAGE_SHOTS"):
-        shutil.copy(path, Path(os.environ["LBMR_PAGE_SHOTS"]) / name)
+browser = headless_chromium  # the fixture
 
 
 @pytest.mark.parametrize("size", list(PAGE_SIZES))

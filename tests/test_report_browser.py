@@ -13,82 +13,35 @@ unfold, no console error and no request other than file://.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import sync_playwright
 
 from lbmr_analyze.job import TABLES
 from lbmr_analyze.report import write_report, write_tables
 from lbmr_analyze.report.page import finding_groups, kind_count, same_rows
 
 from . import report_tables as RT
+from .browser import OVERLAPS_JS, ReportPage, headless_chromium
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"   # Debian's package (scripts/test installs it)
 REAL_CAPTURE = Path(__file__).resolve().parents[2] / "shared" / "captures" / "um614-multicast-tr.pcap"
 WIDTH = 1400
 
 #: The page's main blocks: none may overlap another (unless one contains the other).
 BLOCKS = "h1,h2,h3,p,img,input.filter,div.scroll,table.kinds,section.kind,details.finding"
 
-_OVERLAPS = """sel => {
-  const els = Array.from(document.querySelectorAll(sel)).filter(e => e.checkVisibility({visibilityProperty: true}));
-  const box = els.map(e => e.getBoundingClientRect());
-  const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + (e.className ? '.' + e.className : '')
-                    + ' "' + e.textContent.trim().slice(0, 40) + '"';
-  const bad = [];
-  for (let i = 0; i < els.length; i++) for (let j = i + 1; j < els.length; j++) {
-    if (els[i].contains(els[j]) || els[j].contains(els[i])) continue;
-    const a = box[i], b = box[j];
-    const w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
-    const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
-    if (w > 0.5 && h > 0.5) bad.push(name(els[i]) + ' / ' + name(els[j]));
-  }
-  return {checked: els.length, bad: bad};
-}"""
-
 _VISIBLE_ROWS = "id => Array.from(document.getElementById(id).tBodies[0].rows).filter(r => r.checkVisibility()).length"
 _COLUMN = """([id, i]) => Array.from(document.getElementById(id).tBodies[0].rows)
   .map(r => r.cells[i].hasAttribute('data-v') ? r.cells[i].getAttribute('data-v') : r.cells[i].textContent)"""
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
-
-
-class Opened:
-    """A report open in a fresh offline browser context, with what it logged and requested."""
-
-    def __init__(self, browser, report: Path, shot: Path):
-        self.context = browser.new_context(viewport={"width": WIDTH, "height": 1000}, offline=True)
-        self.page = self.context.new_page()
-        self.errors: list[str] = []
-        self.requests: list[str] = []
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.on("request", lambda r: self.requests.append(r.url))
-        self.page.goto(report.as_uri(), wait_until="load")
-        self.page.screenshot(path=str(shot), full_page=True)
-
-    def js(self, script: str, arg=None):
-        return self.page.evaluate(script, arg)
-
-    def box(self, selector: str) -> dict:
-        return self.page.locator(selector).first.bounding_box()
-
-    def close(self) -> None:
-        self.context.close()
+browser = headless_chromium  # the fixture
 
 
 def _opened(browser, report: Path, tmp_path: Path):
-    o = Opened(browser, report, tmp_path / "report.png")
+    o = ReportPage(browser, report, tmp_path / "report.png", WIDTH)
     try:
         yield o
     finally:
@@ -98,19 +51,19 @@ def _opened(browser, report: Path, tmp_path: Path):
 # ============================================================== checks (both reports)
 
 
-def check_screenshot(o: Opened, shot: Path) -> None:
+def check_screenshot(o: ReportPage, shot: Path) -> None:
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     height = o.js("() => document.documentElement.scrollHeight")
     assert int.from_bytes(data[16:20], "big") == WIDTH and int.from_bytes(data[20:24], "big") >= min(height, 16000)
 
 
-def check_self_contained(o: Opened) -> None:
+def check_self_contained(o: ReportPage) -> None:
     assert o.errors == []
     assert o.requests and all(u.startswith("file://") for u in o.requests), o.requests
 
 
-def check_findings_before_plots(o: Opened) -> None:
+def check_findings_before_plots(o: ReportPage) -> None:
     first_plot = o.box("img")["y"]
     assert o.box("h2#findings")["y"] < first_plot
     for sel in ("table.kinds", "details.finding", "section.kind"):
@@ -118,8 +71,8 @@ def check_findings_before_plots(o: Opened) -> None:
         assert all(b["y"] + b["height"] <= first_plot for b in boxes), sel
 
 
-def check_layout(o: Opened) -> None:
-    res = o.js(_OVERLAPS, BLOCKS)
+def check_layout(o: ReportPage) -> None:
+    res = o.js(OVERLAPS_JS, BLOCKS)
     assert res["checked"] > 30 and res["bad"] == []
     assert o.js("() => document.documentElement.scrollWidth <= document.documentElement.clientWidth")
     assert o.js("() => Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
@@ -132,7 +85,7 @@ def check_layout(o: Opened) -> None:
         assert abs(box["x"] - table["x"]) < 1 and abs(table["width"] - content) < 2, name       # full width
 
 
-def check_filter(o: Opened, name: str, query: str, expected: int, total: int) -> None:
+def check_filter(o: ReportPage, name: str, query: str, expected: int, total: int) -> None:
     tid = f"t-{name}"
     assert o.js(_VISIBLE_ROWS, tid) == total
     o.page.fill(f'input.filter[data-table="{name}"]', query)
@@ -141,7 +94,7 @@ def check_filter(o: Opened, name: str, query: str, expected: int, total: int) ->
     assert o.js(_VISIBLE_ROWS, tid) == total
 
 
-def check_sort(o: Opened, name: str, column: str) -> None:
+def check_sort(o: ReportPage, name: str, column: str) -> None:
     """Click a numeric column's header twice: ascending, then descending."""
     headers = o.page.locator(f"#t-{name} th")
     i = [headers.nth(k).text_content() for k in range(headers.count())].index(column)
@@ -153,16 +106,16 @@ def check_sort(o: Opened, name: str, column: str) -> None:
     assert "desc" in headers.nth(i).get_attribute("class")
 
 
-def check_unfold(o: Opened) -> None:
+def check_unfold(o: ReportPage) -> None:
     first = o.page.locator("details.finding").first
     body = first.locator(".fbody")
     assert not body.is_visible()
     first.locator("summary").click()
     assert body.is_visible() and first.get_attribute("open") is not None
-    assert o.js(_OVERLAPS, BLOCKS)["bad"] == []
+    assert o.js(OVERLAPS_JS, BLOCKS)["bad"] == []
 
 
-def check_all(o: Opened, shot: Path) -> None:
+def check_all(o: ReportPage, shot: Path) -> None:
     check_screenshot(o, shot)
     check_self_contained(o)
     check_findings_before_plots(o)

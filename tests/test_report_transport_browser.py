@@ -13,33 +13,21 @@ than file://; filtering and sorting the session table.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import sync_playwright
 
 from lbmr_analyze.job import TABLES, TRANSPORT_TABLES
 from lbmr_analyze.report import write_report, write_tables
-from tests.helpers import (
-    FINDINGS_SESSIONS,
-    REPORT_BLOCKS,
-    REPORT_OVERLAPS_JS,
-    analyse_without_spark,
-    real_capture,
-    write_transport_findings_capture,
-)
+from tests.analyze_reference import analyse_without_spark
+from tests.browser import OVERLAPS_JS, REPORT_BLOCKS, ReportPage, headless_chromium
+from tests.helpers import real_capture
+from tests.transport_captures import FINDINGS_SESSIONS, write_transport_findings_capture
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 WIDTH = 1400
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
+browser = headless_chromium  # the fixture
 
 
 def _report(cap: Path, d: Path) -> tuple[Path, dict, dict]:
@@ -61,27 +49,10 @@ def reports(tmp_path_factory):
     return {"generated": _report(cap, gen), "real": _report(real_capture(), real)}
 
 
-class Page:
-    def __init__(self, browser, report: Path, shot: Path) -> None:
-        self.context = browser.new_context(viewport={"width": WIDTH, "height": 1000}, offline=True)
-        self.page = self.context.new_page()
-        self.errors: list[str] = []
-        self.requests: list[str] = []
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.on("request", lambda r: self.requests.append(r.url))
-        self.page.goto(report.as_uri(), wait_until="load")
-        self.page.screenshot(path=str(shot), full_page=True)
-        self.shot = shot
-
-    def y(self, selector: str) -> float:
-        return self.page.locator(selector).first.bounding_box()["y"]
-
-
 @pytest.fixture(params=["generated", "real"])
 def opened(request, browser, reports, tmp_path):
     report, summary, tables = reports[request.param]
-    p = Page(browser, report, tmp_path / "report.png")
+    p = ReportPage(browser, report, tmp_path / "report.png", WIDTH)
     yield request.param, p, tables
     p.context.close()
 
@@ -97,7 +68,7 @@ def test_transport_section_layout(opened):
              "h3#transport_errors", "h2#tables"]
     ys = [p.y(s) for s in order]
     assert ys == sorted(ys), list(zip(order, ys, strict=True))
-    res = p.page.evaluate(REPORT_OVERLAPS_JS, REPORT_BLOCKS)
+    res = p.page.evaluate(OVERLAPS_JS, REPORT_BLOCKS)
     assert res["checked"] > 30 and res["bad"] == []
     assert p.page.evaluate("() => document.documentElement.scrollWidth <= document.documentElement.clientWidth")
     assert p.page.evaluate("() => Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")

@@ -30,12 +30,12 @@ from lbmr_proto.transport_sessions import (
     source_string,
     topic_rows,
 )
-from tests.helpers import (
+from tests.helpers import real_capture
+from tests.transport_captures import (
     GEN_DECODE_AS,
     GEN_RM,
     GEN_RM_NO_TIR,
     icmp_unreachable,
-    real_capture,
     udp_packet,
     write_transport_capture,
 )
@@ -476,12 +476,10 @@ def test_tcp_segments_and_icmp_errors_are_read(tmp_path):
     assert struct.unpack("!H", frames[0][2:4])[0] == len(frames[0])
 
 
-def test_a_syn_flood_follows_a_bounded_number_of_connections(tmp_path, monkeypatch):
-    import lbmr_proto.transport_sessions as TS
-    monkeypatch.setattr(TS, "MAX_TCP_FLOWS", 50)
+def test_a_syn_flood_follows_a_bounded_number_of_connections(tmp_path):
     frames = [tcp_segment((f"10.2.{k // 250}.{k % 250 + 1}", 40000), ("10.0.0.1", 80), 7, 0, 0x02)
               for k in range(100)]
-    dec = TransportDecoder()
+    dec = TransportDecoder(max_tcp_flows=50)
     for item in read_packets(_raw_capture(tmp_path / "syn.pcap", frames)):
         dec.feed(item)
     assert dec.tcp_directions == 50 and dec.state.overflow["tcp_flows"] == 150

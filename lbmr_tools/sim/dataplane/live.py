@@ -1,10 +1,12 @@
 """What the live sources and receivers of the data plane share (see
 :mod:`lbmr_tools.sim.dataplane`): the LBMC data messages of a stream, the
-clock that makes them due, and the check of one received message."""
+clock that makes them due, the check of one received message, and the
+listening socket of a TCP source."""
 
 from __future__ import annotations
 
 import math
+import socket
 from dataclasses import asdict, dataclass
 
 import trio
@@ -124,16 +126,24 @@ class LiveMessages:
         return d
 
 
+def count_control(r: LiveMessages, m: lbmc.Message) -> bool:
+    """Count ``m`` in ``r`` if it is a control message (its TCP_SID header, if
+    any, gives ``r.session_id``); whether it was one."""
+    if m.kind not in lbmc.CONTROL_KINDS:
+        return False
+    r.control_messages += 1
+    sid = m.header(lbmc.TcpSidHeader)
+    if sid is not None:
+        r.session_id = sid.session_id
+    return True
+
+
 def verify_message(r: LiveMessages, m: lbmc.Message, seed: int, tidx: int | None) -> None:
     """Check message ``m`` of the live stream of ``seed`` against what ``r``
     has seen (data messages: the topic index ``tidx``, or the first one's
     when None; the sequence after the last; the payload of its sequence)
     and count it in ``r``; raises :class:`StreamMismatch`."""
-    if m.kind in lbmc.CONTROL_KINDS:
-        r.control_messages += 1
-        sid = m.header(lbmc.TcpSidHeader)
-        if sid is not None:
-            r.session_id = sid.session_id
+    if count_control(r, m):
         return
     if m.kind != lbmc.MESSAGE:
         raise StreamMismatch(f"a {lbmc.KIND_NAMES[m.kind]} message (sequence {m.sqn}) in a live stream")
@@ -274,3 +284,18 @@ class Repair:
         r.missing_found += top - low
         r.unrecovered = self.pending
         return top - low
+
+
+async def open_tcp_listener(bind_ip: str, port: int, backlog: int) -> trio.SocketListener:
+    """A TCP socket listening on (``bind_ip``, ``port``; 0: any free port) with
+    SO_REUSEADDR, ``backlog`` connections queued, as a trio listener; raises
+    OSError (e.g. EADDRINUSE) having closed the socket."""
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        await sock.bind((bind_ip, port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketListener(sock)

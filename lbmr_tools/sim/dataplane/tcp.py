@@ -19,6 +19,7 @@ from .live import (
     StreamMismatch,
     data_message,
     message_payload,
+    open_tcp_listener,
     verify_message,
 )
 from .pattern import check_seed, rate_of
@@ -117,16 +118,8 @@ class TcpDataSource:
         """Bind, report the bound (ip, port) through ``task_status.started``,
         send until cancelled (or ``max_messages``). Raises OSError (e.g.
         EADDRINUSE) before ``started``."""
-        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            await sock.bind((self.bind_ip, self.port))
-            sock.listen(self.backlog)
-        except BaseException:
-            sock.close()
-            raise
-        listener = trio.SocketListener(sock)
-        self.address = sock.getsockname()[:2]
+        listener = await open_tcp_listener(self.bind_ip, self.port, self.backlog)
+        self.address = listener.socket.getsockname()[:2]
         try:
             async with trio.open_nursery() as nursery, listener:
                 self._nursery = nursery
@@ -364,24 +357,11 @@ class TcpDataReceiver(StreamReceiver):
         rate = self.rate_limit_bps
         size = self.read_size if rate is None else max(1024, min(self.read_size, int(rate / 50)))
         while not self._enough():
-            with trio.move_on_after(self.idle_timeout) as idle:
-                try:
-                    data = await stream.receive_some(size)
-                except (trio.BrokenResourceError, OSError) as e:
-                    r.error = f"connection lost at {r.stream_bytes} bytes: {e or type(e).__name__}"
-                    return
-            if idle.cancelled_caught:
-                r.error = f"nothing received for {self.idle_timeout:g} s at {r.stream_bytes} bytes"
-                return
+            data = await self._receive(stream, size)
             if not data:
-                r.eof = True
-                if self.expect_bytes is not None:
-                    r.error = (f"truncated: the stream ended after {r.bytes_received} of "
-                               f"{self.expect_bytes} payload bytes")
-                elif framer.buffered:
+                if data is not None and self.expect_bytes is None and framer.buffered:
                     r.error = f"the stream ended inside a message ({framer.buffered} bytes of it)"
                 return
-            r.stream_bytes += len(data)
             try:
                 for m in framer.feed(data):
                     self._check(m)
@@ -392,6 +372,31 @@ class TcpDataReceiver(StreamReceiver):
                 return
             if rate is not None:
                 await trio.sleep_until(t0 + r.stream_bytes / rate)
+
+    async def _receive(self, stream: trio.SocketStream, size: int) -> bytes | None:
+        """The next bytes of ``stream`` (at most ``size``), counted in
+        ``result.stream_bytes``; b"" at the end of the stream (``result.eof``;
+        "truncated" if the payload bytes expected did not all come); None, the
+        reason in ``result.error``, when the connection was lost or nothing
+        came for ``idle_timeout`` seconds."""
+        r = self.result
+        with trio.move_on_after(self.idle_timeout) as idle:
+            try:
+                data = await stream.receive_some(size)
+            except (trio.BrokenResourceError, OSError) as e:
+                r.error = f"connection lost at {r.stream_bytes} bytes: {e or type(e).__name__}"
+                return None
+        if idle.cancelled_caught:
+            r.error = f"nothing received for {self.idle_timeout:g} s at {r.stream_bytes} bytes"
+            return None
+        if not data:
+            r.eof = True
+            if self.expect_bytes is not None:
+                r.error = (f"truncated: the stream ended after {r.bytes_received} of "
+                           f"{self.expect_bytes} payload bytes")
+            return data
+        r.stream_bytes += len(data)
+        return data
 
     def _check(self, raw: bytes) -> None:
         verify_message(self.result, lbmc.decode(raw), self.seed, self.tidx)

@@ -5,11 +5,11 @@ uses the live LBMC stream of :mod:`.tcp`."""
 
 from __future__ import annotations
 
-import socket
 from dataclasses import asdict, dataclass
 
 import trio
 
+from .live import open_tcp_listener
 from .pattern import PATTERN_LEN, check_seed, pattern, rate_of
 from .tcp import StreamReceiver
 
@@ -72,16 +72,8 @@ class TcpByteSource:
         """Bind, report the bound (ip, port) through ``task_status.started``
         and serve connections until cancelled (or ``max_connections`` are
         done). Raises OSError (e.g. EADDRINUSE) before ``started``."""
-        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            await sock.bind((self.bind_ip, self.port))
-            sock.listen(self.backlog)
-        except BaseException:
-            sock.close()
-            raise
-        listener = trio.SocketListener(sock)
-        self.address = sock.getsockname()[:2]
+        listener = await open_tcp_listener(self.bind_ip, self.port, self.backlog)
+        self.address = listener.socket.getsockname()[:2]
         async with trio.open_nursery() as nursery:
             async with listener:
                 task_status.started(self.address)

@@ -38,7 +38,7 @@ import trio
 
 from lbmr_proto import lbmc
 
-from .live import message_payload
+from .live import message_payload, open_tcp_listener
 from .pattern import topic_seed
 
 Addr = tuple[str, int]
@@ -233,16 +233,8 @@ class RequestPort:
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Bind, report the bound (ip, port) through ``task_status.started``,
         accept until cancelled. Raises OSError (e.g. EADDRINUSE) before ``started``."""
-        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            await sock.bind((self.bind_ip, self.port))
-            sock.listen(self.backlog)
-        except BaseException:
-            sock.close()
-            raise
-        listener = trio.SocketListener(sock)
-        self.address = sock.getsockname()[:2]
+        listener = await open_tcp_listener(self.bind_ip, self.port, self.backlog)
+        self.address = listener.socket.getsockname()[:2]
         async with listener, trio.open_nursery() as nursery:
             task_status.started(self.address)
             while True:

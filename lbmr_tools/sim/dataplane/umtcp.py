@@ -27,7 +27,7 @@ import trio
 
 from lbmr_proto import lbmc
 
-from .live import Repair, RepairCounts, StreamMismatch, message_payload
+from .live import Repair, RepairCounts, StreamMismatch, count_control, message_payload
 from .tcp import TcpDataReceiver, TcpDataSource, TcpReceiveResult
 from .uim import REQUEST_INDEXES, RequestPort, Responder, connect_from, request_header, same_party
 
@@ -336,22 +336,9 @@ class UmTcpReceiver(TcpDataReceiver):
         while not self._done():
             if self._covered():  # waiting for repairs only: no more of the stream
                 return
-            with trio.move_on_after(self.idle_timeout) as idle:
-                try:
-                    data = await stream.receive_some(self.read_size)
-                except (trio.BrokenResourceError, OSError) as e:
-                    r.error = f"connection lost at {r.stream_bytes} bytes: {e or type(e).__name__}"
-                    return
-            if idle.cancelled_caught:
-                r.error = f"nothing received for {self.idle_timeout:g} s at {r.stream_bytes} bytes"
-                return
+            data = await self._receive(stream, self.read_size)
             if not data:
-                r.eof = True
-                if self.expect_bytes is not None:
-                    r.error = (f"truncated: the stream ended after {r.bytes_received} of "
-                               f"{self.expect_bytes} payload bytes")
                 return
-            r.stream_bytes += len(data)
             try:
                 raws = framer.feed(data)
             except lbmc.LbmcDecodeError as e:
@@ -367,11 +354,7 @@ class UmTcpReceiver(TcpDataReceiver):
 
     async def _message(self, stream: trio.SocketStream, m: lbmc.Message) -> None:
         r = self.result
-        if m.kind in lbmc.CONTROL_KINDS:
-            r.control_messages += 1
-            sid = m.header(lbmc.TcpSidHeader)
-            if sid is not None:
-                r.session_id = sid.session_id
+        if count_control(r, m):
             return
         first = self.repair.next_live is None
         drop = bool(self.drop_every) and m.sqn % self.drop_every == self.drop_every - 1
