@@ -42,6 +42,7 @@ from __future__ import annotations
 import re
 import struct
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from itertools import chain, islice
@@ -66,7 +67,8 @@ from .requests import (
 )
 
 __all__ = ["MessagePath", "Rule", "AddressRule", "SetRequestAddress", "SetLateJoinAddress",
-           "SetRetransmissionAddress", "MapRequests", "RecordRequesters", "DropHeaders", "headed"]
+           "SetRetransmissionAddress", "MapRequests", "RecordRequesters", "CountRequests", "DropHeaders",
+           "headed"]
 
 _NO_HEADERS = bytes((lbmc.NHDR_DATA, lbmc.NHDR_NONE))
 _HEADED = re.compile(b"[^%c%c]" % (lbmc.NHDR_DATA, lbmc.NHDR_NONE))  # a next_hdr that names a header
@@ -188,6 +190,21 @@ class RecordRequesters(AddressRule):
 
     def address(self, named: AnswerAddress, now: float) -> None:
         self.requesters.saw(self.origin, named.ip, named.port, now)
+        return None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CountRequests(AddressRule):
+    """Every REQUEST header is counted in ``counters[counter]`` and left as
+    it is (a session whose requests cannot be mapped: the peer does not
+    relay responses)."""
+
+    counters: Counter
+    counter: str
+    HEADER: ClassVar[AnswerHeader] = REQUEST
+
+    def address(self, named: AnswerAddress, now: float) -> None:
+        self.counters[self.counter] += 1
         return None
 
 

@@ -97,9 +97,11 @@ class _Receiver:
 
 
 class _Proxy:
-    """The near side of one proxy: the link stream (if open) and the receivers."""
+    """The near side of one proxy: the link stream (if open), the receivers and
+    the nursery of its tasks (its request listeners' too)."""
 
-    def __init__(self) -> None:
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
         self.core: SessionFanout | None = None
         self.link: Link | None = None
         self.st: StreamState | None = None
@@ -144,17 +146,22 @@ class FanoutRelay(TransportRelay):
         sock.listen(64)
         task_status.started(sock.getsockname())
         listener = trio.SocketListener(sock)
-        proxy = _Proxy()
         proxy_id = advert.advert_id
-        async with trio.open_nursery() as n:
-            while True:
-                conn = await listener.accept()
-                n.start_soon(self._receiver, proxy, conn, proxy_id, n)
+        try:
+            async with trio.open_nursery() as n:
+                proxy = _Proxy(n)
+                while True:
+                    conn = await listener.accept()
+                    n.start_soon(self._receiver, proxy, conn, proxy_id, n)
+        finally:
+            self.context.requests.forget(proxy_id)  # its request listeners (requests: router.relays.responses)
 
-    def _open_stream(self, proxy: _Proxy, link: Link, aid: int, nursery) -> None:
+    def _open_stream(self, proxy: _Proxy, link: Link, aid: int, proxy_id: int, nursery) -> None:
         sid = link.streams.open(aid, P.StreamKind.TCP)
         st = link.state[sid] = StreamState(sid, P.StreamKind.TCP)
-        proxy.core = SessionFanout(self.max_queue, self.budget)
+        # the session's requests name our request listeners (router.relays.responses)
+        proxy.core = SessionFanout(self.max_queue, self.budget, self.context.requests.path(proxy_id, link))
+        self.context.requests.settle(proxy.nursery)  # spare listeners ready before the first request
         proxy.link, proxy.st = link, st
         link.flush_streams()
         self.counters["streams_opened"] += 1
@@ -170,7 +177,7 @@ class FanoutRelay(TransportRelay):
                 link, aid = self.site.link, self.site.proxy_advert(proxy_id)
                 if link is None or aid is None:
                     return
-                self._open_stream(proxy, link, aid, nursery)
+                self._open_stream(proxy, link, aid, proxy_id, nursery)
             key, core = next(self._keys), proxy.core
             rx = _Receiver(conn, core.add(key, trio.current_time()), _peer(conn))
             proxy.receivers[key] = rx
@@ -308,6 +315,7 @@ class FanoutRelay(TransportRelay):
             data = st.incoming.popleft()
             nbytes += len(data)
             self._count_drops(core.feed(data, now))
+        self.context.requests.settle(proxy.nursery)  # the listeners the requests were given serve from now
         try:
             link.streams.consumed(st.sid, nbytes)
         except S.LocalStreamError:
@@ -330,7 +338,8 @@ class FanoutRelay(TransportRelay):
         key = (origin.ip, origin.port, getattr(origin, "session_id", None))
         up = self.upstreams.get(key)
         if up is None or up.done or up.by_origin:
-            up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget, self.downstream))
+            path = self.context.responses.upstream_path(self.settings.downstream_rules, key)  # its requesters noted
+            up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget, path))
             (self.upstreams.nursery or link.nursery).start_soon(self._upstream, up)
         up.waiting += 1
         link.nursery.start_soon(self._far_stream, up, link, st)

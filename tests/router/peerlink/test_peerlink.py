@@ -1231,6 +1231,7 @@ async def test_loopback_tcp_handshake_interest_and_graceful_disconnect():
     await listeners[0].aclose()
     assert [type(e) for e in la] == [Connected, Closed] and la[-1].initiated_by == "local"
     assert lb == [Connected(lb[0].peer, int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS
-                                            | Capability.ORIGIN_SID | Capability.RU_SESSIONS)),
+                                            | Capability.ORIGIN_SID | Capability.RU_SESSIONS
+                                            | Capability.RESPONSES)),
                   interest, DisconnectRequested("test over"),
                   Closed("test over", "peer")]
