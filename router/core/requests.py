@@ -326,7 +326,7 @@ DEFAULT_MAX_RESPONDERS_TOTAL = 1024
 #: seconds without opening a listener after opening one failed
 DEFAULT_LISTENER_RETRY = 1.0
 #: listeners held open and unassigned, ready for new requesters (:meth:`RequestMap.map_request`)
-DEFAULT_SPARE_LISTENERS = 4
+DEFAULT_SPARE_LISTENERS = 16
 
 
 class RequesterKey(NamedTuple):

@@ -885,11 +885,15 @@ class Requester:
     requester's request port (qidx ``first_qidx`` + i), one every ``interval`` seconds,
     then ``plain`` messages with no header every ``interval`` (a live session) until it is
     cancelled. Its request port (``request_port``, at ``ip``) records each connection's peer
-    (``callers``) and every whole LBMC message it receives (``responses``: (peer ip, message))."""
+    (``callers``) and every whole LBMC message it receives (``responses``: (peer ip, message)).
+    ``spread``: request i names requester 127.0.1.99:(20000 + i) instead (a distinct requester
+    each, where nobody listens), and they go in bursts of ``burst`` requests, ``interval`` apart."""
 
     def __init__(self, ip: str = SRC_IP, *, count: int = 20, first_qidx: int = 100, interval: float = 0.02,
-                 request_ip: str | None = None, request_port: int | None = None) -> None:
+                 request_ip: str | None = None, request_port: int | None = None, spread: bool = False,
+                 burst: int = 500) -> None:
         self.ip, self.count, self.first_qidx, self.interval = ip, count, first_qidx, interval
+        self.spread, self.burst = spread, burst
         self.request_ip = request_ip or ip
         self.request_port = request_port  # None: the listener's own (set by serve)
         self.source: tuple[str, int] | None = None
@@ -913,7 +917,8 @@ class Requester:
         out = [sid]
         for i in range(self.count):
             q = self.first_qidx + i
-            h = lbmc.RequestHeader(transport=0, qidx=q, port=self.request_port, ipaddr=self.request_ip)
+            ip, port = ("127.0.1.99", 20000 + i) if self.spread else (self.request_ip, self.request_port)
+            h = lbmc.RequestHeader(transport=0, qidx=q, port=port, ipaddr=ip)
             out.append(lbmc.data_message(REQ_TIDX, i, request_payload(q), h))
         return out
 
@@ -923,7 +928,11 @@ class Requester:
         try:
             async with stream:
                 await stream.send_all(msgs[0])
-                for m in msgs[1:]:
+                if self.spread:
+                    for k in range(1, len(msgs), self.burst):
+                        await stream.send_all(b"".join(msgs[k:k + self.burst]))
+                        await trio.sleep(self.interval)
+                for m in [] if self.spread else msgs[1:]:
                     await stream.send_all(m)
                     await trio.sleep(self.interval)
                 sqn = self.count
@@ -968,6 +977,7 @@ class Responders:
         self.proxy, self.bind_ip, self.per_request = proxy, bind_ip, per_request
         self.requests: list[lbmc.RequestHeader] = []
         self.payloads: list[bytes] = []  # of the requests
+        self.first: list[bytes] = []  # the first 100 messages of the session, as they came
         self.messages = 0
         self.failed = 0
         self.answered = 0
@@ -987,6 +997,8 @@ class Responders:
                         break
                     for m in framer.feed(data):
                         self.messages += 1
+                        if len(self.first) < 100:
+                            self.first.append(m)
                         d = lbmc.decode(m)
                         h = d.header(lbmc.RequestHeader)
                         if h is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import trio
 
+from lbmr_proto import lbmc
 from tests.router.helpers import (
     REQ_TOPIC,
     Responders,
@@ -20,6 +21,7 @@ from tests.router.helpers import (
     start_requester,
     udp,
 )
+from tests.tshark_judge import compare_lbmc, run_tshark_lbmc, segments, write_lbttcp_pcap
 
 
 async def settled(cond, timeout=10.0):
@@ -34,7 +36,7 @@ def check_answers(req, qidxs, per_request):
     assert dict(req.answers()) == want
 
 
-async def test_twenty_requests_across_a_pair_get_twenty_responses():
+async def test_twenty_requests_across_a_pair_get_twenty_responses(tmp_path):
     async with trio.open_nursery() as n:
         ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
         req, scope = await start_requester(n, trd1, count=20)
@@ -57,6 +59,15 @@ async def test_twenty_requests_across_a_pair_get_twenty_responses():
         assert ca["responses_refused_unseen"] == 0
         scope.cancel()
         n.cancel_scope.cancel()
+    # the rewritten requests, as the receiver got them, decode in Wireshark with no expert
+    msgs = [m for m in rsp.first if m[1] == lbmc.RequestHeader.CODE]
+    assert len(msgs) == 20
+    pcap = tmp_path / "requests.pcap"
+    write_lbttcp_pcap(pcap, [(True, s) for s in segments(msgs)], source=(tir.transport.ip, tir.transport.port))
+    frames = run_tshark_lbmc(pcap, port=tir.transport.port)
+    layers = [layer for f in frames for layer in f.lbmc]
+    assert len(layers) == 20 and not any(f.flagged for f in frames)
+    assert [compare_lbmc(layer, lbmc.decode(m)) for layer, m in zip(layers, msgs, strict=True)] == [[]] * 20
 
 
 async def test_two_responders_per_request_give_forty_responses():
