@@ -136,8 +136,11 @@ class RuProxySource:
     (LBT-RU origins), else while the proxy lives (LBT-RM origins)."""
 
     def __init__(self, fan: RuFanout, sock, counters: Counter[str], site, proxy_id: int, kind: int, *,
-                 on_demand: bool, queue_limit: int = QUEUE_LIMIT, retry_interval: float = RETRY_INTERVAL) -> None:
+                 on_demand: bool, queue_limit: int = QUEUE_LIMIT, retry_interval: float = RETRY_INTERVAL,
+                 requests=None) -> None:
         self.fan, self.sock, self.counters = fan, sock, counters
+        self.requests = requests  # the relay's request listeners (router.relays.responses), or None
+        self.nursery: trio.Nursery | None = None
         self.site, self.proxy_id, self.kind = site, proxy_id, kind
         self.on_demand, self.queue_limit, self.retry_interval = on_demand, queue_limit, retry_interval
         self.up: tuple[Link, StreamState] | None = None  # where NAKs for the origin go meanwhile
@@ -148,6 +151,7 @@ class RuProxySource:
         """Serve receivers and run the stream until cancelled; then reset every receiver."""
         try:
             async with trio.open_nursery() as n:
+                self.nursery = n
                 n.start_soon(self._clients)
                 n.start_soon(self._timer)
                 while True:
@@ -159,6 +163,8 @@ class RuProxySource:
                     await trio.sleep(self.retry_interval)
         finally:
             self._send_now(self.fan.close())
+            if self.requests is not None:
+                self.requests.forget(self.proxy_id)
 
     def _usable(self, link: Link | None) -> bool:
         if link is None or not link.connected or link.closed:
@@ -247,6 +253,9 @@ class RuProxySource:
         st.owns_sock = False  # the proxy's socket
         link.flush_streams()
         self.counters["lbtru_proxy_streams_opened"] += 1
+        if self.requests is not None:  # the session's requests name our request listeners
+            self.fan.path = self.requests.path(self.proxy_id, link)
+            self.requests.settle(self.nursery)
         try:
             await st.accepted.wait()
             if st.refused is not None:
@@ -293,6 +302,8 @@ class RuProxySource:
                         sends = 0
                         await trio.sleep(0)
                         now = trio.current_time()
+                if self.requests is not None:
+                    self.requests.settle(self.nursery)
                 self._rearm()
             return False
         finally:
@@ -358,7 +369,7 @@ class RuSessionRelay(TransportRelay):
         try:
             task_status.started((ip, port))
             await RuProxySource(fan, sock, self.counters, self.site, f.advert_id,
-                                P.StreamKind.LBTRU_SESSION, on_demand=True).run()
+                                P.StreamKind.LBTRU_SESSION, on_demand=True, requests=self.context.requests).run()
         finally:
             self.bodies.pop(f.advert_id, None)
 
@@ -377,7 +388,8 @@ class RuSessionRelay(TransportRelay):
                          f"{len(self.upstreams)} LBT-RU upstream sessions already open", "lbtru_upstreams_full")
             return
         if up is None or up.done:
-            core = RuUpstream(key[:2], key[2], self.counters, path=self.downstream)
+            path = self.context.responses.upstream_path(self.settings.downstream_rules, key)  # its requesters noted
+            core = RuUpstream(key[:2], key[2], self.counters, path=path)
             up = self.upstreams[key] = RuUpstreamSession(key, core)
             (self.upstreams.nursery or link.nursery).start_soon(self._upstream, up)
         st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)

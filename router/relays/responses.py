@@ -56,7 +56,10 @@ REQUEST_BACKLOG = 64
 
 def origin_key(origin) -> tuple:
     """What names an origin session (an LBMR transport body) at its router: (ip, port,
-    session id or None), the key of its fan-out upstream too."""
+    session id or None), the key of its fan-out upstream too (LBT-RM: the source's
+    unicast port, and its group and destination port after the session id)."""
+    if getattr(origin, "NAME", None) == "LBTRM":
+        return origin.ip, origin.src_ucast_port, origin.session_id, origin.mcast_group, origin.dest_port
     return origin.ip, origin.port, getattr(origin, "session_id", None)
 
 

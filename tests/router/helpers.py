@@ -25,6 +25,7 @@ from lbmr_proto import (
     TcpTransport,
     encode,
     lbmc,
+    lbtru,
 )
 from lbmr_proto.um import synthesize_otid
 from lbmr_tools.sim.dataplane import RuLiveReceiver, RuLiveSource, TcpDataReceiver, TcpDataSource
@@ -1009,6 +1010,20 @@ class Responders:
             while self.answered + self.failed < len(self.requests) * self.per_request:
                 await trio.sleep(0.01)
 
+    async def answer(self, messages: list[bytes], timeout: float = 20.0) -> None:
+        """Answer the requests among ``messages`` (whole LBMC messages got some other way:
+        an LBT-RU or LBT-RM session), as :meth:`run` does."""
+        with trio.fail_after(timeout):
+            async with trio.open_nursery() as n:
+                for m in messages:
+                    d = lbmc.decode(m)
+                    h = d.header(lbmc.RequestHeader)
+                    if h is not None:
+                        self.requests.append(h)
+                        self.payloads.append(d.payload)
+                        for k in range(self.per_request):
+                            n.start_soon(self._answer, h, k)
+
     async def _answer(self, h: lbmc.RequestHeader, k: int) -> None:
         try:
             sock = trio.socket.socket()
@@ -1036,3 +1051,67 @@ async def start_requester(n, trd, **kw) -> tuple[Requester, trio.CancelScope]:
 
     await n.start(run)
     return req, scope
+
+
+class RuRequester(RuLiveSource):
+    """lbmr-sim's live LBT-RU source at SRC_IP (session RU_SID) whose session is ``requester``'s:
+    from the first DATA it sends to a receiver, ``requester.count`` requests (one a message),
+    then plain ticks (its request port is ``requester``'s)."""
+
+    def __init__(self, requester: Requester, *, rate: float = 100) -> None:
+        super().__init__(SRC_IP, 0, seed=RU_SEED, tidx=REQ_TIDX, session_id=RU_SID, rate=rate)
+        self.requester = requester
+        self._requests = requester.messages()[1:]
+        self._base: int | None = None  # the sqn of the first request
+
+    def _datagram(self, sqn: int, retransmission: bool = False) -> bytes:
+        if self._base is None:
+            self._base = sqn
+        i = sqn - self._base
+        msg = self._requests[i] if 0 <= i < len(self._requests) else lbmc.data_message(REQ_TIDX, sqn, b"tick")
+        return lbtru.encode_data(sqn, self.trail_sqn, msg, session_id=self.session_id,
+                                 retransmission=retransmission)
+
+
+class RuMessages(RuLiveReceiver):
+    """An LBT-RU receiver of the proxy ``proxy`` (ip, port) that keeps every LBMC message of
+    the first ``expect`` it gets (``messages``), whatever they are (lbmr-sim's receiver,
+    its checks left out)."""
+
+    def __init__(self, proxy: tuple[str, int], *, expect: int, bind_ip: str = "127.0.2.31", **kw) -> None:
+        super().__init__(proxy[0], proxy[1], expect_count=expect, bind_ip=bind_ip, timeout=30, **kw)
+        self.messages: list[bytes] = []
+
+    def _take(self, d) -> bool:
+        if d.retransmission:
+            return True
+        self.messages += lbmc.StreamFramer().feed(d.payload)
+        self.result.messages = len(self.messages)
+        return True
+
+
+async def start_ru_requester(n, trd, **kw) -> tuple[Requester, RuRequester, trio.CancelScope]:
+    """A :class:`Requester`'s session (its request port, ``kw``) from an :class:`RuRequester`
+    advertised for REQ_TOPIC in ``trd`` every 0.5 s; cancelling the scope ends it."""
+    req = Requester(**kw)
+    scope = trio.CancelScope()
+
+    async def run(task_status):
+        with scope:
+            async with trio.open_nursery() as sn:
+                await sn.start(req.serve)
+                src = RuRequester(req)
+                ip, port = await sn.start(src.serve)
+                run.src = src
+
+                async def advertise():
+                    sock = udp(SRC_IP)
+                    while True:
+                        await sock.sendto(ru_tir(ip, port, REQ_TOPIC), trd)
+                        await trio.sleep(0.5)
+
+                sn.start_soon(advertise)
+                task_status.started()
+
+    await n.start(run)
+    return req, run.src, scope

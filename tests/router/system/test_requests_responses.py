@@ -13,12 +13,14 @@ from lbmr_proto import lbmc
 from tests.router.helpers import (
     REQ_TOPIC,
     Responders,
+    RuMessages,
     request_payload,
     resolve,
     response_payload,
     start_forwarded_chain,
     start_forwarded_pair,
     start_requester,
+    start_ru_requester,
     udp,
 )
 from tests.tshark_judge import compare_lbmc, run_tshark_lbmc, segments, write_lbttcp_pcap
@@ -95,4 +97,23 @@ async def test_a_chain_of_three():
         assert {h.ipaddr for h in rsp.requests} == {"127.0.3.1"}
         check_answers(req, range(100, 120), 1)
         assert all(ip != rsp.bind_ip for ip, _ in req.callers)
+        n.cancel_scope.cancel()
+
+
+async def test_twenty_requests_of_an_lbtru_origin_across_a_pair():
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        req, src, scope = await start_ru_requester(n, trd1, count=20)
+        tir = await resolve(udp("127.0.2.9"), trd2, topic=REQ_TOPIC)
+        rx = RuMessages((tir.transport.ip, tir.transport.port), expect=25, session_id=tir.transport.session_id)
+        result = await rx.run()
+        assert result.error is None, result.error
+        rsp = Responders((tir.transport.ip, tir.transport.port))
+        await rsp.answer(rx.messages)
+        assert [h.qidx for h in rsp.requests] == list(range(100, 120))
+        assert rsp.payloads == [request_payload(q) for q in range(100, 120)]
+        assert {(h.ipaddr, h.port) for h in rsp.requests} == {rb.relay.requests.map.slots()[0].listener}
+        await settled(lambda: len(req.responses) >= 20)
+        check_answers(req, range(100, 120), 1)
+        assert ra.counters["responses_delivered"] == 20 and rb.counters["requests_rewritten"] == 20
         n.cancel_scope.cancel()
