@@ -1,27 +1,41 @@
 """The one place every relayed LBMC message of a fanned-out session passes
 whole, sans-IO: :class:`MessagePath`, and the rewrites it can make
-(:class:`Rule`).
+(:class:`AddressRule`, :class:`Rule`).
 
-Where (each message passes once per router it crosses, at the router where
-it enters the relay from its sender's side):
+Where (each message passes once per router it crosses, on each side):
 
-* TCP fan-out, origin to receivers: at the far router, the origin's session
-  as the upstream connection frames it (:class:`router.core.fanout.SessionFanout`
-  of the upstream, before any sink's queue); receivers to origin: at the
-  near router, what each receiver sends (framed, passed, counted; today
-  not sent on: :mod:`router.relays.tcp_fanout`);
-* LBT-RU fan-out, origin to receivers: at the far router, the payload of
-  every DATA datagram of the origin (:class:`router.core.lbtru_upstream.RuUpstream`,
-  before it goes to the links); receivers to origin nothing LBMC is relayed
-  (their datagrams are LBT-RU's own: connection requests, ACKs, NAKs).
+* origin to receivers, at the far router (the origin's): the origin's TCP
+  session as the upstream connection frames it (:class:`router.core.fanout.SessionFanout`
+  of the upstream, before any sink's queue), the payload of every DATA of an
+  LBT-RU origin (:class:`router.core.lbtru_upstream.RuUpstream`) and of an
+  LBT-RM origin (:class:`router.core.lbtrm.RmOrigin`), before they go to the
+  links: the endpoint's ``downstream_rules`` and the recording of the
+  requesters (:class:`RecordRequesters`);
+* origin to receivers, at the near router (the receivers'): the session as
+  the proxy frames it (the proxy's ``SessionFanout``), the payload of each
+  new DATA of an LBT-RU proxy source (:class:`router.core.lbtru_fanout.RuFanout`)
+  and of each DATA an LBT-RM proxy multicasts (:class:`router.core.lbtrm.RmProxy`):
+  the requests pointed at the router's request listeners (:class:`MapRequests`,
+  :mod:`router.relays.responses`);
+* receivers to origin: at the near router, what each TCP receiver sends
+  (framed, passed, counted; not sent on: :mod:`router.relays.tcp_fanout`);
+  nothing LBMC of LBT-RU or LBT-RM receivers is relayed (their datagrams are
+  the transport's own: connection requests, ACKs, NAKs).
 
-A path is made of rules, typed values (:class:`SetRequestAddress`,
-:class:`SetLateJoinAddress`, :class:`SetRetransmissionAddress`,
-:class:`DropHeaders`); with none (the router's default today) every input
-comes back as it is, at the cost of one call. With rules, a message with no
+A path is made of rules, typed values. Address rules (:class:`AddressRule`:
+:class:`SetRequestAddress`, :class:`SetLateJoinAddress`,
+:class:`SetRetransmissionAddress`, :class:`MapRequests`,
+:class:`RecordRequesters`, :class:`CountRequests`) see the address a REQUEST,
+LJI_REQ or UME_RXREQ header names and may put another in its place: the
+header is found by walking the chain and the address written over at its
+offsets (:mod:`router.core.requests`: the one implementation), the message
+is not decoded and keeps its length. Header rules (:class:`Rule`:
+:class:`DropHeaders`) see decoded headers and may change anything, after
+the address rules. With no rule every input comes back as it is, at the
+cost of one call. With rules, a message with no
 extension header (its base header's ``next_hdr`` is DATA, 0x00, or NONE,
 0xFF: the common case) is not parsed: one C-level pass over a run picks
-the messages that have headers, and only those are decoded. A rewritten
+the messages that have headers, and only those are looked at. A rewritten
 message may change length; the run that holds it is rebuilt (new bytes,
 new message ends; when every rewrite kept its message's length, a copy of
 the run patched in place, the same ends), the others are passed on
@@ -29,6 +43,8 @@ untouched (the same object).
 A message the rules would make longer than 65535 bytes, or that does not
 decode, passes as it is (counted: :attr:`MessagePath.too_long`,
 :attr:`MessagePath.undecodable`): the path never raises on wire input.
+Rules that keep time take ``now`` (seconds, the caller's clock) from
+:meth:`MessagePath.run` and :meth:`MessagePath.payload`.
 
 Inputs and outputs: :meth:`MessagePath.run` takes and returns a
 :class:`lbmr_proto.lbmc.MessageRun` (whole messages back to back and the

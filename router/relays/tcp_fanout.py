@@ -22,10 +22,13 @@ or NEAR_LINGER seconds after the last receiver left. What receivers send (UM
 control messages: TCP session id, source-side filtering) is framed, counted
 and not passed on; a receiver whose bytes are not LBMC is disconnected.
 
-Every message passes the relay's message path once
+Every message passes the relay's message path once per router
 (:mod:`router.core.message_path`): the origin's, at the far router, in the
-upstream session before the link streams' queues (``downstream_rules``);
-a receiver's, at the near router, as it is framed (``upstream_rules``).
+upstream session before the link streams' queues (``downstream_rules``,
+and the requesters recorded), and at the near router in the proxy's
+session before the receivers' queues (requests pointed at the request
+listeners: :mod:`router.relays.responses`); a receiver's, at the near
+router, as it is framed (``upstream_rules``).
 """
 
 from __future__ import annotations
