@@ -184,9 +184,9 @@ class RmRelay(TransportRelay):
             now = trio.current_time()
             while st.incoming:
                 out = proxy.to_receivers(st.incoming.popleft(), now)
+                self.context.requests.settle(listeners)  # listeners its requests name listen before it goes
                 if out is not None:
                     await _send(sock, out, dest, self.counters)
-            self.context.requests.settle(listeners)
 
     # ------------------------------------------- near side, unicast (LBT-RU)
 

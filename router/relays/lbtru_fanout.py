@@ -296,14 +296,14 @@ class RuProxySource:
                 sends = 0
                 while st.incoming:
                     out = fan.from_peer(st.incoming.popleft(), now)
+                    if self.requests is not None:
+                        self.requests.settle(self.nursery)  # listeners its requests name listen before it goes
                     self._send_now(out)
                     sends += len(out)
                     if sends >= FANOUT_YIELD:  # many receivers: let the other tasks run
                         sends = 0
                         await trio.sleep(0)
                         now = trio.current_time()
-                if self.requests is not None:
-                    self.requests.settle(self.nursery)
                 self._rearm()
             return False
         finally:

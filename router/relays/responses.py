@@ -7,14 +7,16 @@ link): each request of a proxied session names, after the message path, a
 request listener of this router in the receivers' TRD
 (:class:`router.core.message_path.MapRequests`: one listener per original
 requester, so the request index needs no change). Listeners bind at the
-endpoint's relay interface on a port the system chooses (not the relay port
-range: that is the proxies'; a firewall between responders and the router
-must let the relay interface's ephemeral ports through). The path maps
-requests synchronously as the session's bytes are framed, so a few listeners
-are kept open in advance (``spare``; :class:`router.core.requests.RequestMap`);
-after each run the relay calls :meth:`RequestListeners.settle`, which starts
-serving the listeners just assigned, closes the expired ones and opens spares
-again. A responder that connects to a listener becomes one RESPONSE stream
+endpoint's address (``request_ip`` of the settings: the relay interface,
+else the ``<uim>`` one, else the TR one) on a port the system chooses (not
+the relay port range: that is the proxies'; a firewall between responders
+and the router must let those ephemeral ports through). The path maps
+requests synchronously as the session's bytes are framed, so a few sockets
+are bound in advance (spares, not listening: nobody can queue a connection
+on one before a request names it; :class:`router.core.requests.RequestMap`);
+after each run, before its bytes go to the receivers, the relay calls
+:meth:`RequestListeners.settle`: the listeners just assigned listen and are
+served, the expired ones close, spares are bound again. A responder that connects to a listener becomes one RESPONSE stream
 (kind 0x82) on the link the session came from, naming the proxy's live
 advertisement and the original requester; its bytes are relayed both ways
 with the per-connection TCP relay's pumps (:func:`router.relays.tcp_streams.pump`):
@@ -92,12 +94,22 @@ class RequestListeners:
         return MessagePath((MapRequests(self.map, proxy_id),))
 
     def settle(self, nursery: trio.Nursery) -> None:
-        """After the path ran: serve the listeners it assigned (their tasks in
-        ``nursery``, the proxy's), close the expired ones, open spares."""
+        """After the path ran, before what it rewrote goes to the receivers:
+        the listeners it assigned listen and are served (their tasks in
+        ``nursery``, the proxy's), the expired ones close, spares are bound
+        again. Spares are bound but do not listen until assigned: nobody can
+        queue a connection on one before a request names it. Cheap when there
+        is nothing to do (call it per datagram)."""
         now = trio.current_time()
         for slot in self.map.take_expired() + self.map.expire(now):
             self._close(slot.listener)
         for slot in self.map.take_added():
+            sock = self._socks.get(slot.listener)
+            try:
+                sock.listen(REQUEST_BACKLOG)  # from now: a spare takes no connection before it stands for a requester
+            except (AttributeError, OSError) as e:
+                self.event("request_listener_failed", f"{slot.listener}: {e}")
+                continue
             scope = self._scopes[slot.listener] = trio.CancelScope()
             nursery.start_soon(self._serve, slot, scope)
         for _ in range(self.map.spares_wanted(now)):
@@ -120,8 +132,7 @@ class RequestListeners:
     def _bind(self):
         raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            raw.bind((self.relay_ip, 0))
-            raw.listen(REQUEST_BACKLOG)
+            raw.bind((self.relay_ip, 0))  # bound, not listening: connections to a spare are refused
         except OSError as e:
             raw.close()
             self.event("request_listener_failed", f"{self.relay_ip}: {e}")

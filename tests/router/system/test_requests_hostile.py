@@ -135,3 +135,22 @@ async def test_a_peer_without_responses_gets_the_requests_unchanged(monkeypatch)
         assert not len(rb.relay.requests.map)
         n.cancel_scope.cancel()
 
+
+
+async def test_nobody_can_queue_a_connection_on_a_spare_listener():
+    """A spare stands for no requester yet: it refuses connections (a connection queued
+    there would later be taken for a responder of whoever the spare is given to)."""
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        req, scope = await start_requester(n, trd1, count=3)
+        tir = await resolve(udp("127.0.2.9"), trd2, topic=REQ_TOPIC)
+        await Responders((tir.transport.ip, tir.transport.port), per_request=0).run(until=3)
+        spares = rb.relay.requests.map.spares()
+        assert len(spares) == DEFAULT_SPARE_LISTENERS
+        for addr in spares:
+            with socket.socket() as s:
+                assert s.connect_ex(addr) != 0
+        (slot,) = rb.relay.requests.map.slots()
+        with socket.socket() as s:  # the one standing for the requester takes them
+            assert s.connect_ex(slot.listener) == 0
+        n.cancel_scope.cancel()
