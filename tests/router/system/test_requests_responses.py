@@ -97,6 +97,10 @@ async def test_a_chain_of_three():
         assert {h.ipaddr for h in rsp.requests} == {"127.0.3.1"}
         check_answers(req, range(100, 120), 1)
         assert all(ip != rsp.bind_ip for ip, _ in req.callers)
+        # the middle router took each response from r3 to its own listener and on towards r1
+        (middle,) = [s["counters"] for s in r2.portal_summary()]
+        assert middle["responses_delivered"] == 20 and middle["response_streams_opened"] == 20
+        assert middle["requesters_recorded"] == 1 and middle["request_listeners_opened"] == 1
         n.cancel_scope.cancel()
 
 
@@ -116,4 +120,22 @@ async def test_twenty_requests_of_an_lbtru_origin_across_a_pair():
         await settled(lambda: len(req.responses) >= 20)
         check_answers(req, range(100, 120), 1)
         assert ra.counters["responses_delivered"] == 20 and rb.counters["requests_rewritten"] == 20
+        n.cancel_scope.cancel()
+
+
+async def test_an_lbtru_origin_across_a_chain_of_three():
+    async with trio.open_nursery() as n:
+        r1, r2, r3, f12, f32, trds, ips = await start_forwarded_chain(n)
+        req, src, scope = await start_ru_requester(n, trds[1], count=20)
+        tir = await resolve(udp("127.0.3.9"), trds[3], timeout=20, topic=REQ_TOPIC)
+        rx = RuMessages((tir.transport.ip, tir.transport.port), expect=25, bind_ip="127.0.3.31",
+                        session_id=tir.transport.session_id)
+        result = await rx.run()
+        assert result.error is None, result.error
+        rsp = Responders((tir.transport.ip, tir.transport.port), bind_ip="127.0.3.30")
+        await rsp.answer(rx.messages)
+        assert [h.qidx for h in rsp.requests] == list(range(100, 120))
+        assert {h.ipaddr for h in rsp.requests} == {"127.0.3.1"}
+        await settled(lambda: len(req.responses) >= 20)
+        check_answers(req, range(100, 120), 1)
         n.cancel_scope.cancel()
