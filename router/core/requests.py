@@ -376,6 +376,7 @@ class Unmapped(Enum):
     FULL = "every request listener is in use"
     LISTENER_FAILED = "opening a request listener failed a moment ago"
     NO_LISTENER_READY = "more new requesters at once than listeners ready (spares)"
+    NO_PORT = "the request names port 0: nobody to answer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,7 +485,12 @@ class RequestMap:
     def map_request(self, key: RequesterKey, now: float) -> RewriteTo | PassUnchanged:
         """:meth:`route`, with a :class:`NeedListener` answered at once by a spare listener
         (the new slot is also in :meth:`take_added`), or, with none left, passed unchanged
-        (:data:`Unmapped.NO_LISTENER_READY`, counted ``requests_unmapped_waiting``)."""
+        (:data:`Unmapped.NO_LISTENER_READY`, counted ``requests_unmapped_waiting``). A
+        request naming port 0 passes unchanged (counted ``requests_unmapped_no_port``):
+        no listener is spent on it."""
+        if not key.port:
+            self.counters["requests_unmapped_no_port"] += 1
+            return PassUnchanged(key, Unmapped.NO_PORT)
         got = self.route(key, now)
         if not isinstance(got, NeedListener):
             return got

@@ -175,7 +175,14 @@ class RequestListeners:
                 if not link.capabilities & P.Capability.RESPONSES:
                     self.counters["responses_peer_unable"] += 1
                     return
-                sid = link.streams.open(aid, P.StreamKind.RESPONSE, P.ResponseTarget(slot.key.ip, slot.key.port))
+                try:
+                    target = P.ResponseTarget(slot.key.ip, slot.key.port)
+                    target.encode()  # checked now, not when the writer sends it
+                    sid = link.streams.open(aid, P.StreamKind.RESPONSE, target)
+                except (S.LocalStreamError, ValueError, P.FrameEncodeError) as e:  # ids run out, a bad port
+                    self.counters["responses_no_session"] += 1
+                    self.event("response_refused", f"requester {slot.key.ip}:{slot.key.port}: {e}")
+                    return
                 st = link.state[sid] = StreamState(sid, P.StreamKind.RESPONSE)
                 st.sock = conn
                 link.flush_streams()

@@ -474,7 +474,7 @@ _DROPS = frozenset({"peer_refused_duplicate", "bad_interest", "bad_advert", "adv
                     "requests_unmapped_full", "requests_unmapped_waiting", "requests_unmapped_failed",
                     "requests_unmapped_peer", "requests_unmapped_no_address", "responders_refused_busy",
                     "responders_refused_unknown", "responses_refused_unseen", "responses_refused_address",
-                    "responses_requester_gone", "requesters_unrecorded_full"})
+                    "responses_requester_gone", "requesters_unrecorded_full", "requests_unmapped_no_port"})
 
 
 def _state(r: Unit) -> str:

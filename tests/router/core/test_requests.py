@@ -554,6 +554,9 @@ def test_spare_listeners_answer_new_requesters_at_once():
     m.spare_failed(70.0)
     assert m.spares_wanted(70.5) == 0 and m.counters["request_listeners_failed"] == 1
     assert m.take_spares() == [] and m.spares() == []
+    k0 = RequesterKey("o5", "10.0.0.5", 0)
+    assert m.map_request(k0, 71.0) == PassUnchanged(k0, Unmapped.NO_PORT)
+    assert m.counters["requests_unmapped_no_port"] == 1
 
 
 def test_the_message_path_maps_each_requester_and_records_them_at_the_origin():
