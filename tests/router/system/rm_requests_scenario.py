@@ -2,12 +2,15 @@
 tests/router/system/test_requests_lbtrm.py inside a network namespace whose
 loopback does multicast (this host's does not). Prints one JSON object.
 
-TRD1 and TRD2 (lbmrds on 127.0.1.1 and 127.0.2.1), routers A and B joined
-through a counting forwarder (tests.router.helpers.start_forwarded_pair); a
+``pair`` (the argument): TRD1 and TRD2 (lbmrds on 127.0.1.1 and 127.0.2.1),
+routers A and B joined through a counting forwarder
+(tests.router.helpers.start_forwarded_pair); ``chain``: TRD1..3 and routers
+r1 - r2 - r3 (tests.router.helpers.start_forwarded_chain), the receivers in
+TRD3. A
 UM-like LBT-RM source at 127.0.1.5 multicasting to 239.192.9.9:15009, whose
 DATA carry one LBMC message each: ticks until a receiver in TRD2 hears the
 session, then 20 requests naming the requester's request port (its
-Requester), then ticks; the receiver joins router B's proxy group, answers
+Requester), then ticks; the receiver joins the receivers' router's proxy group, answers
 each request it gets with a responder connection to the address the request
 names (tests.router.helpers.Responders), and the requester counts the
 responses."""
@@ -30,6 +33,7 @@ from tests.router.helpers import (
     Requester,
     Responders,
     resolve,
+    start_forwarded_chain,
     start_forwarded_pair,
     udp,
 )
@@ -38,11 +42,16 @@ GROUP, DPORT, SID = "239.192.9.9", 15009, 0x5151
 SRC_IP = "127.0.1.5"
 
 
-async def main() -> dict:
+async def main(shape: str) -> dict:
     out: dict = {}
     with trio.fail_after(40):
         async with trio.open_nursery() as n:
-            ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+            if shape == "chain":
+                ra, middle, rb, _, _, trds, _ = await start_forwarded_chain(n)
+                trd1, trd2, near = trds[1], trds[3], "127.0.3"
+            else:
+                ra, rb, _, trd1, trd2 = await start_forwarded_pair(n)
+                middle, near = None, "127.0.2"
             req = Requester(count=20)
             await n.start(req.serve)
             raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -76,18 +85,20 @@ async def main() -> dict:
 
             n.start_soon(advertise)
             n.start_soon(source)
-            proxy = (await resolve(udp("127.0.2.9"), trd2, topic=REQ_TOPIC, timeout=20)).transport
+            proxy = (await resolve(udp(f"{near}.9"), trd2, topic=REQ_TOPIC, timeout=20)).transport
             out["proxy"] = [proxy.ip, proxy.mcast_group, proxy.dest_port]
             mc = trio.socket.from_stdlib_socket(open_multicast_socket(proxy.mcast_group, proxy.dest_port, 0,
-                                                                      "127.0.2.1", "127.0.2.1", 1))
+                                                                      f"{near}.1", f"{near}.1", 1))
             got: list[bytes] = []
             while sum(m[1] == lbmc.RequestHeader.CODE for m in got) < 20:
-                data, _ = await mc.recvfrom(65536)
+                data, sender = await mc.recvfrom(65536)
                 d = RM.decode(data)
-                if isinstance(d, RM.Data):
+                # as a UM receiver: its source's session only (in one namespace every router's
+                # proxies share the default group range)
+                if isinstance(d, RM.Data) and sender[0] == proxy.ip and d.header.session_id == proxy.session_id:
                     heard.set()
                     got += lbmc.StreamFramer().feed(d.payload)
-            rsp = Responders((proxy.ip, 0))
+            rsp = Responders((proxy.ip, 0), bind_ip=f"{near}.30")
             await rsp.answer(got)
             while len(req.responses) < 20:
                 await trio.sleep(0.02)
@@ -103,9 +114,12 @@ async def main() -> dict:
             sa, sb = ra.portal_summary()[0]["counters"], rb.portal_summary()[0]["counters"]
             out["a"] = {k: sa.get(k, 0) for k in keys}
             out["b"] = {k: sb.get(k, 0) for k in keys}
+            if middle is not None:
+                sm = middle.portal_summary()[0]["counters"]
+                out["middle"] = {k: sm.get(k, 0) for k in keys}
             n.cancel_scope.cancel()
     return out
 
 
 if __name__ == "__main__":
-    json.dump(trio.run(main), sys.stdout)
+    json.dump(trio.run(main, sys.argv[1]), sys.stdout)
