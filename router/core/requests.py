@@ -325,7 +325,7 @@ DEFAULT_MAX_RESPONDERS = 64
 DEFAULT_MAX_RESPONDERS_TOTAL = 1024
 #: seconds without opening a listener after opening one failed
 DEFAULT_LISTENER_RETRY = 1.0
-#: listeners held open and unassigned, ready for new requesters (:meth:`RequestMap.map_request`)
+#: listeners ready and unassigned for new requesters (:meth:`RequestMap.map_request`)
 DEFAULT_SPARE_LISTENERS = 16
 
 
@@ -422,6 +422,7 @@ class RequestMap:
 
     ``counters`` (the router's, or a new Counter): ``requests_rewritten``,
     ``requests_unmapped_full``, ``requests_unmapped_failed``,
+    ``requests_unmapped_waiting``, ``requests_unmapped_no_port``,
     ``request_listeners_opened``, ``request_listeners_failed``,
     ``request_listeners_expired``, ``request_listeners_forgotten``,
     ``responders_accepted``, ``responders_refused_busy`` (the listener, or all of them,
@@ -437,7 +438,7 @@ class RequestMap:
         if min(max_listeners, max_responders, max_responders_total) < 1 or idle_timeout <= 0 \
                 or listener_retry < 0 or spare_listeners < 0:
             raise ValueError("max_listeners, max_responders and max_responders_total must be at least 1, "
-                             "idle_timeout positive, listener_retry not negative")
+                             "idle_timeout positive, listener_retry and spare_listeners not negative")
         self.max_listeners = max_listeners
         self.idle_timeout = idle_timeout
         self.max_responders = max_responders

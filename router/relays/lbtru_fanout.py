@@ -22,9 +22,12 @@ end (RST, silence, refused datagrams) closes every stream of the session;
 the connection is dropped UPSTREAM_LINGER seconds after its last stream
 left (the origin forgets it after its client activity timeout).
 
-The payload of every DATA of the origin passes the relay's message path
-(:mod:`router.core.message_path`, ``downstream_rules``) at the far router,
-in the upstream core, before it goes to the links.
+The payload of every DATA of the origin passes the message path
+(:mod:`router.core.message_path`) at the far router, in the upstream core,
+before it goes to the links (``downstream_rules``, and the requesters
+recorded), and at the near router in the proxy's fan-out before it goes to
+the receivers (requests pointed at the request listeners:
+:mod:`router.relays.responses`).
 
 Bounds: datagrams waiting for a proxy's stream at most ``queue_limit`` per
 stream (more are dropped, ``lbtru_queue_full``); a socket read takes at most
@@ -47,7 +50,6 @@ from .. import peerlink as P
 from ..core.lbtrm import DatagramQueue
 from ..core.lbtru_fanout import LbtruInput, RuFanout, WindowBudget
 from ..core.lbtru_upstream import EndReason, RuUpstream, UpstreamState
-from ..core.message_path import MessagePath
 from ..link import Link, StreamState
 from ..peerlink import streams as S
 from .interface import RelayContext, TransportRelay, Upstreams
@@ -332,8 +334,7 @@ class RuSessionRelay(TransportRelay):
     (:class:`router.relays.interface.TransportRelay`): ``upstreams`` shared
     with the relays of the endpoint's other links (at most ``ru_max_streams``
     of the settings at once); ``budget``: the retransmission windows of the
-    endpoint's LBT-RU proxies; ``downstream``: the message path of the
-    origin's DATA payloads."""
+    endpoint's LBT-RU proxies."""
 
     SOCKET_TYPE = socket.SOCK_DGRAM
     STREAM_KIND = P.StreamKind.LBTRU_SESSION
@@ -342,7 +343,6 @@ class RuSessionRelay(TransportRelay):
         super().__init__(context)
         self.upstreams: Upstreams = context.ru_upstreams
         self.budget: WindowBudget = context.window_budget
-        self.downstream = MessagePath(self.settings.downstream_rules)
         self.bodies: dict[int, LbtruSessionTransport] = {}  # advert id -> the proxy's advertised transport
         # upstream sessions (one UDP socket each) of the endpoint at once, at most
         self.max_upstreams = self.settings.ru_max_streams

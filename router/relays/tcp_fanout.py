@@ -123,8 +123,9 @@ class FanoutRelay(TransportRelay):
     (:class:`router.relays.interface.TransportRelay`): ``upstreams`` shared
     with the relays of the endpoint's other links; ``max_queue`` (bytes) and
     ``stall_timeout`` (seconds) from the settings (``fanout_max_queue``,
-    ``fanout_stall_timeout``); ``downstream`` and ``upstream``: the message
-    paths of the origin's messages and of the receivers'."""
+    ``fanout_stall_timeout``); ``upstream``: the message path of the
+    receivers' messages (the origin's: one per upstream session, and one per
+    proxy at the near router: :mod:`router.relays.responses`)."""
 
     SOCKET_TYPE = socket.SOCK_STREAM
     STREAM_KIND = P.StreamKind.TCP
@@ -135,7 +136,6 @@ class FanoutRelay(TransportRelay):
         self.upstreams: Upstreams = context.upstreams
         self.max_queue = settings.fanout_max_queue
         self.stall_timeout = settings.fanout_stall_timeout
-        self.downstream = MessagePath(settings.downstream_rules)
         self.upstream = MessagePath(settings.upstream_rules)
         self._keys = count()
         self.budget = QueueBudget()  # every queue of this relay's sessions
