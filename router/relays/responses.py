@@ -69,11 +69,14 @@ class RequestListeners:
     """The request listeners of one endpoint's relay on one link (receivers'
     side; module doc). ``map``: the sans-IO :class:`RequestMap` (its counters
     the router's); ``site``: the relay's site (the link up now, the proxies'
-    live advertisements). A listener is keyed in the map by (proxy id,
-    requester ip, requester port)."""
+    live advertisements); ``ip``: where the listeners bind (the settings'
+    ``request_ip``). A listener is keyed in the map by (proxy id, requester
+    ip, requester port). Nothing is bound before a session's requests are
+    mapped (a path with :class:`MapRequests` was handed out)."""
 
-    def __init__(self, relay_ip: str, counters: Counter[str], event: Callable[[str, str], None], site) -> None:
-        self.relay_ip = relay_ip
+    def __init__(self, ip: str, counters: Counter[str], event: Callable[[str, str], None], site) -> None:
+        self.ip = ip
+        self.mapping = False  # a path that maps requests was handed out: spares are kept
         self.counters = counters
         self.event = event
         self.site = site
@@ -89,8 +92,9 @@ class RequestListeners:
         of its own to name: every interface setting is "any")."""
         if not link.capabilities & P.Capability.RESPONSES:
             return MessagePath((CountRequests(self.counters, "requests_unmapped_peer"),))
-        if self.relay_ip == "0.0.0.0":
+        if self.ip == "0.0.0.0":
             return MessagePath((CountRequests(self.counters, "requests_unmapped_no_address"),))
+        self.mapping = True
         return MessagePath((MapRequests(self.map, proxy_id),))
 
     def settle(self, nursery: trio.Nursery) -> None:
@@ -100,6 +104,8 @@ class RequestListeners:
         again. Spares are bound but do not listen until assigned: nobody can
         queue a connection on one before a request names it. Cheap when there
         is nothing to do (call it per datagram)."""
+        if not self.mapping:
+            return
         now = trio.current_time()
         for slot in self.map.take_expired() + self.map.expire(now):
             self._close(slot.listener)
@@ -132,10 +138,10 @@ class RequestListeners:
     def _bind(self):
         raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            raw.bind((self.relay_ip, 0))  # bound, not listening: connections to a spare are refused
+            raw.bind((self.ip, 0))  # bound, not listening: connections to a spare are refused
         except OSError as e:
             raw.close()
-            self.event("request_listener_failed", f"{self.relay_ip}: {e}")
+            self.event("request_listener_failed", f"{self.ip}: {e}")
             return None
         return trio.socket.from_stdlib_socket(raw)
 

@@ -133,6 +133,7 @@ async def test_a_peer_without_responses_gets_the_requests_unchanged(monkeypatch)
         assert {(h.ipaddr, h.port) for h in rsp.requests} == {(req.request_ip, req.request_port)}
         assert rb.counters["requests_unmapped_peer"] == 10 and rb.counters["requests_rewritten"] == 0
         assert not len(rb.relay.requests.map)
+        assert rb.relay.requests.map.spares() == []  # no listener bound where none can be used
         n.cancel_scope.cancel()
 
 
@@ -154,3 +155,4 @@ async def test_nobody_can_queue_a_connection_on_a_spare_listener():
         with socket.socket() as s:  # the one standing for the requester takes them
             assert s.connect_ex(slot.listener) == 0
         n.cancel_scope.cancel()
+
