@@ -224,7 +224,7 @@ class SessionFanout:
             else:  # one scan for the path and the TCP_SID control messages (both have headers)
                 which = headed(batch)
                 if which:
-                    batch = path.run_at(batch, which)
+                    batch = path.run_at(batch, which, now)
                     self._note_controls_at(batch, which)
             self.messages += batch.count
             self.nbytes += len(batch.data)

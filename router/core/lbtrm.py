@@ -24,9 +24,14 @@ port. Across a router pair:
   id) cross the link back.
 
 Everything else is dropped and counted: datagrams that are not LBT-RM, of
-another session, NAKs on the multicast side, DATA on the NAK side. Payloads
-are never looked at or changed (UM's LBMC headers, message fragments,
-OTIDs inside them cross as they are); sequence numbers are the source's.
+another session, NAKs on the multicast side, DATA on the NAK side. The
+payload of a DATA (whole LBMC messages) passes the side's message path
+when it has one (``path``, :mod:`router.core.message_path`: the far side
+records the requesters its requests name, the near side points them at its
+request listeners; a rewrite keeps the length); nothing else of it is
+looked at or changed (message fragments, OTIDs cross as they are; a DATA
+with option headers passes as it is, counted ``lbtrm_path_skipped``);
+sequence numbers are the source's.
 """
 
 from __future__ import annotations
@@ -49,6 +54,21 @@ NAK_RATE = 1000.0  # NAK datagrams a second one proxy passes on ...
 NAK_BURST = 200  # ... in bursts of at most this many
 MULTICAST = ipaddress.IPv4Network("224.0.0.0/4")
 _FORWARDED = (RM.DATA, RM.SM, RM.NCF)  # what a source sends to its group
+_PAYLOAD_AT = RM.HEADER.size + RM.DATA_HDR.size  # where a DATA's payload starts (no option headers)
+
+
+def _through(path, h, data: bytes, now: float, counters) -> bytes:
+    """``data`` (a datagram whose header is ``h``) after the message path
+    ``path`` (None or inactive: as it is): the payload of a DATA without
+    option headers."""
+    if path is None or h.type != RM.DATA or not path.active:
+        return data
+    if h.next_hdr:
+        counters["lbtrm_path_skipped"] += 1
+        return data
+    payload = bytes(data[_PAYLOAD_AT:])
+    out = path.payload(payload, now)
+    return data if out is payload else bytes(data[:_PAYLOAD_AT]) + out
 
 
 def otid_group(otid: bytes) -> tuple[str, int] | None:
@@ -136,13 +156,15 @@ class DatagramQueue(deque):
 class RmOrigin:
     """The far side of one relayed LBT-RM session: the real source ``body``
     (an :class:`lbmr_proto.LbtrmTransport`; ``ip`` 0.0.0.0 when unknown).
-    ``counters`` get ``lbtrm_*`` counts."""
+    ``counters`` get ``lbtrm_*`` counts; ``path``: the message path of the
+    session's DATA payloads (None: none)."""
 
     def __init__(self, body: LbtrmTransport, counters: Counter[str] | None = None) -> None:
         if getattr(body, "NAME", None) != "LBTRM":
             raise ValueError(f"not an LBT-RM transport: {body!r}")
         self.body = body
         self.counters: Counter[str] = counters if counters is not None else Counter()
+        self.path = None
 
     @property
     def group(self) -> tuple[str, int]:
@@ -152,23 +174,24 @@ class RmOrigin:
     def nak_address(self) -> tuple[str, int]:
         return self.body.ip, self.body.src_ucast_port
 
-    def from_group(self, data: bytes, src: tuple[str, int]) -> bool:
-        """Does a datagram received on the source's group belong to the relayed
-        session (to be sent over the link as it is)?"""
+    def from_group(self, data: bytes, src: tuple[str, int], now: float = 0.0) -> bytes | None:
+        """A datagram received on the source's group at ``now`` (seconds), as it
+        goes over the link (after the path), or None when it does not belong
+        to the relayed session (counted)."""
         c = self.counters
         h = _decoded(RM.parse_header, data, c)
         if h is None:
-            return False
+            return None
         b = self.body
         if (h.session_id != b.session_id or h.ucast_port != b.src_ucast_port
                 or (b.ip != "0.0.0.0" and src[0] != b.ip)):
             c["lbtrm_other_session"] += 1
-            return False
+            return None
         if h.type not in _FORWARDED:
             c["lbtrm_unexpected_type"] += 1
-            return False
+            return None
         c["lbtrm_datagrams_relayed"] += 1
-        return True
+        return _through(self.path, h, data, now, c)
 
     def nak_to_source(self, data: bytes) -> bytes | None:
         """A NAK from the peer, with the source's unicast port and session id in
@@ -190,7 +213,8 @@ class RmProxy:
     (``ip``, ``port``) that multicasts to (``group``, ``dest_port``) with
     session id ``session_id``. ``counters`` get ``lbtrm_*`` counts. At most
     ``nak_rate`` NAK datagrams a second (bursts of ``nak_burst``) cross the
-    link: a NAK storm from the TRD is cut there (``lbtrm_naks_rate_limited``)."""
+    link: a NAK storm from the TRD is cut there (``lbtrm_naks_rate_limited``).
+    ``path``: the message path of the session's DATA payloads (None: none)."""
 
     def __init__(self, ip: str, port: int, group: str, dest_port: int, session_id: int,
                  counters: Counter[str] | None = None, *, nak_rate: float = NAK_RATE,
@@ -202,6 +226,7 @@ class RmProxy:
         self.nak_rate, self.nak_burst = nak_rate, nak_burst
         self._tokens = float(nak_burst)
         self._tokens_at: float | None = None
+        self.path = None
 
     @property
     def transport_body(self) -> LbtrmTransport:
@@ -209,9 +234,10 @@ class RmProxy:
         NAK address, the proxy's group, port and session id."""
         return LbtrmTransport(self.ip, self.group, self.session_id, self.dest_port, self.port)
 
-    def to_receivers(self, data: bytes) -> bytes | None:
-        """A datagram from the peer, rewritten for the receivers (multicast it
-        to the proxy's group); None if it is not a DATA, SM or NCF (counted)."""
+    def to_receivers(self, data: bytes, now: float = 0.0) -> bytes | None:
+        """A datagram from the peer at ``now`` (seconds), rewritten for the
+        receivers (multicast it to the proxy's group); None if it is not a
+        DATA, SM or NCF (counted)."""
         c = self.counters
         h = _decoded(RM.parse_header, data, c)
         if h is None:
@@ -220,7 +246,7 @@ class RmProxy:
             c["lbtrm_unexpected_type"] += 1
             return None
         c["lbtrm_datagrams_emitted"] += 1
-        return RM.rewrite_header(data, self.port, self.session_id)
+        return RM.rewrite_header(_through(self.path, h, data, now, c), self.port, self.session_id)
 
     def from_receiver(self, data: bytes, now: float) -> bool:
         """Is a datagram on the proxy's unicast port, at ``now`` (seconds), a

@@ -242,7 +242,11 @@ class RuFanout:
     peer are read and the NAKs towards it written (default: LBT-RM, with
     port and session 0). Every method takes the time ``now`` in seconds and
     returns datagrams for the receivers as (bytes, address) pairs; NAKs for the
-    peer collect in :attr:`naks_up` (take them with :meth:`take_naks_up`)."""
+    peer collect in :attr:`naks_up` (take them with :meth:`take_naks_up`).
+    ``path``: the message path the payload of each new DATA from the peer
+    passes before it is kept and sent (:mod:`router.core.message_path`: the
+    receivers' router points the requests at its request listeners; None: as
+    it came). A rewrite keeps the payload's length."""
 
     def __init__(self, session_id: int, counters: Counter[str] | None = None, *,
                  origin: LbtrmInput | LbtruInput | None = None, max_clients: int = MAX_CLIENTS, window: int = WINDOW,
@@ -263,6 +267,7 @@ class RuFanout:
         self.sm_min, self.sm_max, self.nak_ignore = sm_min, sm_max, nak_ignore
         self.rx_rate, self.rx_burst = rx_rate, rx_burst
         self.rx_total_rate, self.rx_total_burst = rx_total_rate, rx_total_burst
+        self.path = None  # MessagePath | None
         self.clients: dict[Addr, RuClient] = {}
         # the clients in the order they were last heard from (oldest first), so that
         # expiry, the next wake-up and the data's targets cost O(1) per client concerned
@@ -310,18 +315,19 @@ class RuFanout:
         if q in self.buffer:
             c["lbtru_origin_duplicate"] += 1
             return []
-        self.buffer[q] = m.payload
-        self._bytes(len(m.payload))
+        payload = m.payload if self.path is None else self.path.payload(m.payload, now)
+        self.buffer[q] = payload
+        self._bytes(len(payload))
         self._evict()
         waiting = self._unpend(q)
         self._naked_up.pop(q, None)
         if m.retransmission:
             targets = [a for a in waiting if a in self.clients]
-            out = RU.encode_data(q, self.trail, m.payload, session_id=self.session_id, retransmission=True)
+            out = RU.encode_data(q, self.trail, payload, session_id=self.session_id, retransmission=True)
             c["lbtru_retransmissions"] += len(targets)
         else:
             targets = list(self._confirmed)
-            out = RU.encode_data(q, self.trail, m.payload, session_id=self.session_id)
+            out = RU.encode_data(q, self.trail, payload, session_id=self.session_id)
             c["lbtru_datagrams_sent"] += len(targets)
         if targets:
             self._sm_interval, self._sm_at = self.sm_min, now + self.sm_min

@@ -140,7 +140,7 @@ class RuUpstream:
         self.heard = now
         if isinstance(m, RU.Data):
             self._data(m, now, out)
-            out.to_links.append(bytes(data) if self.path is None else self._relayed(m, data))
+            out.to_links.append(bytes(data) if self.path is None else self._relayed(m, data, now))
         elif isinstance(m, RU.SessionMessage):
             out.to_links.append(bytes(data))
         elif isinstance(m, RU.Ncf):
@@ -169,9 +169,9 @@ class RuUpstream:
             return None
         return m
 
-    def _relayed(self, m: RU.Data, data: bytes) -> bytes:
-        """The DATA ``m`` (``data`` on the wire) after the message path."""
-        payload = self.path.payload(m.payload)
+    def _relayed(self, m: RU.Data, data: bytes, now: float) -> bytes:
+        """The DATA ``m`` (``data`` on the wire) after the message path (at ``now``)."""
+        payload = self.path.payload(m.payload, now)
         if payload is m.payload:
             return bytes(data)
         return RU.encode_data(m.sqn, m.trail_sqn, payload, session_id=m.header.session_id,

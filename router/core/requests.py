@@ -47,14 +47,15 @@ from lbmr_proto import lbmc
 
 __all__ = [
     "AnswerHeader", "REQUEST", "LATE_JOIN_REQUEST", "RETRANSMIT_REQUEST", "ANSWER_HEADERS",
-    "AnswerAddress", "Destination", "find_header", "answer_address", "rewrite_answer_address",
+    "AnswerAddress", "Destination", "find_header", "answer_at", "packed_address", "write_answer_at",
+    "answer_address", "rewrite_answer_address",
     "destination_of", "with_hops_taken", "deliverable_address",
     "UimRefusal", "DeliverUim", "ForwardUim", "RefuseUim", "UimDecision", "route_uim",
     "RequesterKey", "RequestSlot", "RewriteTo", "NeedListener", "Unmapped", "PassUnchanged",
     "RequestRoute", "RequestMap", "RequesterTable",
     "DEFAULT_MAX_LISTENERS", "DEFAULT_IDLE_TIMEOUT", "DEFAULT_MAX_RESPONDERS",
     "DEFAULT_MAX_RESPONDERS_TOTAL", "DEFAULT_LISTENER_RETRY",
-    "DEFAULT_MAX_PER_ORIGIN", "DEFAULT_MAX_REQUESTERS",
+    "DEFAULT_MAX_PER_ORIGIN", "DEFAULT_MAX_REQUESTERS", "DEFAULT_SPARE_LISTENERS",
 ]
 
 # ------------------------------------------------------------------ message headers
@@ -150,16 +151,42 @@ def find_header(message: bytes | bytearray | memoryview, code: int, size: int) -
     return tuple(found)
 
 
+def answer_at(message: bytes | bytearray | memoryview, offset: int, header: AnswerHeader) -> AnswerAddress:
+    """What the ``header`` (e.g. :data:`REQUEST`) at byte ``offset`` of ``message`` says
+    (an offset :func:`find_header` gave)."""
+    at = offset + header.ip_at
+    return AnswerAddress(_U32.unpack_from(message, offset + header.index_at)[0],
+                         socket.inet_ntoa(bytes(message[at:at + 4])),
+                         _U16.unpack_from(message, offset + header.port_at)[0])
+
+
+def packed_address(ip: str, port: int) -> bytes:
+    """``ip`` (an IPv4 dotted quad) and ``port`` (1..65535) as 4 + 2 bytes, network order,
+    for :func:`write_answer_at`. ValueError for anything else."""
+    if not (isinstance(port, int) and 0 < port <= 0xFFFF):
+        raise ValueError(f"port {port!r} (1..65535)")
+    try:
+        return socket.inet_pton(socket.AF_INET, ip) + _U16.pack(port)
+    except (OSError, TypeError):
+        raise ValueError(f"not an IPv4 address: {ip!r}") from None
+
+
+def write_answer_at(buf: bytearray, offset: int, header: AnswerHeader, packed: bytes) -> None:
+    """Put the address ``packed`` (:func:`packed_address`) in the ``header`` at byte
+    ``offset`` of ``buf``; the request index and every other byte stay. The one place
+    the router writes an answer address (:func:`rewrite_answer_address`, and the message
+    path's address rules, :mod:`router.core.message_path`)."""
+    at = offset + header.ip_at
+    buf[at:at + 4] = packed[:4]
+    at = offset + header.port_at
+    buf[at:at + 2] = packed[4:]
+
+
 def answer_address(message: bytes | bytearray | memoryview, header: AnswerHeader) -> AnswerAddress | None:
     """The address the first ``header`` (e.g. :data:`REQUEST`) of one LBMC message names,
     or None if it has none. :class:`lbmr_proto.lbmc.LbmcDecodeError` as :func:`find_header`."""
     found = find_header(message, header.code, header.size)
-    if not found:
-        return None
-    off = found[0]
-    ip = socket.inet_ntoa(bytes(message[off + header.ip_at:off + header.ip_at + 4]))
-    return AnswerAddress(_U32.unpack_from(message, off + header.index_at)[0], ip,
-                         _U16.unpack_from(message, off + header.port_at)[0])
+    return answer_at(message, found[0], header) if found else None
 
 
 def rewrite_answer_address(message: bytes, header: AnswerHeader, ip: str, port: int) -> bytes:
@@ -172,16 +199,10 @@ def rewrite_answer_address(message: bytes, header: AnswerHeader, ip: str, port: 
     found = find_header(message, header.code, header.size)
     if not found:
         return message
-    if not 0 < port <= 0xFFFF:
-        raise ValueError(f"port {port} (1..65535)")
-    try:
-        packed = socket.inet_pton(socket.AF_INET, ip)
-    except (OSError, TypeError):
-        raise ValueError(f"not an IPv4 address: {ip!r}") from None
+    packed = packed_address(ip, port)
     out = bytearray(message)
     for off in found:
-        out[off + header.ip_at:off + header.ip_at + 4] = packed
-        _U16.pack_into(out, off + header.port_at, port)
+        write_answer_at(out, off, header, packed)
     return bytes(out)
 
 
@@ -304,6 +325,8 @@ DEFAULT_MAX_RESPONDERS = 64
 DEFAULT_MAX_RESPONDERS_TOTAL = 1024
 #: seconds without opening a listener after opening one failed
 DEFAULT_LISTENER_RETRY = 1.0
+#: listeners ready and unassigned for new requesters (:meth:`RequestMap.map_request`)
+DEFAULT_SPARE_LISTENERS = 16
 
 
 class RequesterKey(NamedTuple):
@@ -352,6 +375,8 @@ class Unmapped(Enum):
 
     FULL = "every request listener is in use"
     LISTENER_FAILED = "opening a request listener failed a moment ago"
+    NO_LISTENER_READY = "more new requesters at once than listeners ready (spares)"
+    NO_PORT = "the request names port 0: nobody to answer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,8 +411,18 @@ class RequestMap:
     last attempt to open a listener failed less than ``listener_retry`` seconds ago
     (descriptors or ports run out: not retried for every request).
 
+    Listeners ready in advance (the message path maps requests synchronously, sans-IO,
+    as messages pass; it cannot wait for a socket): the caller keeps up to
+    ``spare_listeners`` listeners open and unassigned (:meth:`spares_wanted`,
+    :meth:`add_spare`); :meth:`map_request` gives a new requester one of them at once
+    (:meth:`take_added`: the slots to start serving), and passes the request unchanged
+    when none is left (counted ``requests_unmapped_waiting``; the caller opens more after
+    the run). Slots the map removes on its own (expired while making room) are handed
+    back by :meth:`take_expired`.
+
     ``counters`` (the router's, or a new Counter): ``requests_rewritten``,
     ``requests_unmapped_full``, ``requests_unmapped_failed``,
+    ``requests_unmapped_waiting``, ``requests_unmapped_no_port``,
     ``request_listeners_opened``, ``request_listeners_failed``,
     ``request_listeners_expired``, ``request_listeners_forgotten``,
     ``responders_accepted``, ``responders_refused_busy`` (the listener, or all of them,
@@ -398,11 +433,12 @@ class RequestMap:
                  max_responders: int = DEFAULT_MAX_RESPONDERS,
                  max_responders_total: int = DEFAULT_MAX_RESPONDERS_TOTAL,
                  listener_retry: float = DEFAULT_LISTENER_RETRY,
+                 spare_listeners: int = DEFAULT_SPARE_LISTENERS,
                  counters: Counter[str] | None = None) -> None:
         if min(max_listeners, max_responders, max_responders_total) < 1 or idle_timeout <= 0 \
-                or listener_retry < 0:
+                or listener_retry < 0 or spare_listeners < 0:
             raise ValueError("max_listeners, max_responders and max_responders_total must be at least 1, "
-                             "idle_timeout positive, listener_retry not negative")
+                             "idle_timeout positive, listener_retry and spare_listeners not negative")
         self.max_listeners = max_listeners
         self.idle_timeout = idle_timeout
         self.max_responders = max_responders
@@ -413,6 +449,10 @@ class RequestMap:
         self._slots: dict[RequesterKey, RequestSlot] = {}
         self._idle: OrderedDict[RequesterKey, None] = OrderedDict()  # slots without responders, oldest use first
         self._retry_at = float("-inf")  # no listener opened before (after a failure)
+        self.spare_listeners = spare_listeners
+        self._spare: list[tuple[str, int]] = []  # listeners open, not yet standing for a requester
+        self._added: list[RequestSlot] = []  # slots map_request made since take_added
+        self._expired: list[RequestSlot] = []  # slots route removed to make room, since take_expired
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -437,11 +477,60 @@ class RequestMap:
             self.counters["requests_unmapped_failed"] += 1
             return PassUnchanged(key, Unmapped.LISTENER_FAILED)
         if len(self._slots) >= self.max_listeners:
-            self.expire(now)
+            self._expired += self.expire(now)
             if len(self._slots) >= self.max_listeners:
                 self.counters["requests_unmapped_full"] += 1
                 return PassUnchanged(key, Unmapped.FULL)
         return NeedListener(key)
+
+    def map_request(self, key: RequesterKey, now: float) -> RewriteTo | PassUnchanged:
+        """:meth:`route`, with a :class:`NeedListener` answered at once by a spare listener
+        (the new slot is also in :meth:`take_added`), or, with none left, passed unchanged
+        (:data:`Unmapped.NO_LISTENER_READY`, counted ``requests_unmapped_waiting``). A
+        request naming port 0 passes unchanged (counted ``requests_unmapped_no_port``):
+        no listener is spent on it."""
+        if not key.port:
+            self.counters["requests_unmapped_no_port"] += 1
+            return PassUnchanged(key, Unmapped.NO_PORT)
+        got = self.route(key, now)
+        if not isinstance(got, NeedListener):
+            return got
+        if not self._spare:
+            self.counters["requests_unmapped_waiting"] += 1
+            return PassUnchanged(key, Unmapped.NO_LISTENER_READY)
+        slot = self.add(key, self._spare.pop(0), now)
+        self._added.append(slot)
+        return RewriteTo(slot)
+
+    def spares_wanted(self, now: float) -> int:
+        """How many more spare listeners to open now: up to ``spare_listeners``, never
+        more than the map has room for, none within ``listener_retry`` of a failure."""
+        if now < self._retry_at:
+            return 0
+        room = min(self.spare_listeners, self.max_listeners - len(self._slots))
+        return max(0, room - len(self._spare))
+
+    def add_spare(self, listener: tuple[str, int]) -> None:
+        """A listener the caller opened for :meth:`spares_wanted`."""
+        self._spare.append(listener)
+
+    def spares(self) -> list[tuple[str, int]]:
+        return list(self._spare)
+
+    def take_spares(self) -> list[tuple[str, int]]:
+        """The spare listeners, taken out (close them: the caller is going away)."""
+        out, self._spare = self._spare, []
+        return out
+
+    def take_added(self) -> list[RequestSlot]:
+        """The slots :meth:`map_request` made since the last call (serve their listeners)."""
+        out, self._added = self._added, []
+        return out
+
+    def take_expired(self) -> list[RequestSlot]:
+        """The slots :meth:`route` expired to make room since the last call (close them)."""
+        out, self._expired = self._expired, []
+        return out
 
     def add(self, key: RequesterKey, listener: tuple[str, int], now: float) -> RequestSlot:
         """The listener the caller opened after :class:`NeedListener` for ``key``; counts the
@@ -461,6 +550,12 @@ class RequestMap:
         self._retry_at = now + self.listener_retry
         self.counters["request_listeners_failed"] += 1
         self.counters["requests_unmapped_failed"] += 1
+
+    def spare_failed(self, now: float) -> None:
+        """Opening a spare listener failed at ``now``: none is tried again for
+        ``listener_retry`` seconds (counted ``request_listeners_failed``)."""
+        self._retry_at = now + self.listener_retry
+        self.counters["request_listeners_failed"] += 1
 
     def _current(self, slot: RequestSlot) -> bool:
         return self._slots.get(slot.key) is slot

@@ -126,7 +126,7 @@ class Capability(IntFlag):
 
 DEFAULT_CAPABILITIES = int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS
                            | Capability.ORIGIN_SID | Capability.RU_SESSIONS
-                           | Capability.TIR_OPTIONS)  # a router adds ROUTING
+                           | Capability.TIR_OPTIONS | Capability.RESPONSES)  # a router adds ROUTING
 # stream kinds a router opens only towards a peer that announced the capability (the
 # connection refuses to send the STREAM_OPEN otherwise); every other known kind needs none
 KIND_CAPABILITY: dict[int, Capability] = {

@@ -31,6 +31,7 @@ import trio
 
 from .. import peerlink as P
 from ..core.lbtru_fanout import WindowBudget
+from ..core.requests import RequesterTable
 from ..core.tr import relay_transport
 from ..link import Link
 from ..peerlink import streams as S
@@ -58,6 +59,7 @@ from .lbtru_streams import (
     RuStreamRelay,
     drain,
 )
+from .responses import RequestListeners, ResponseRelay
 from .tcp_fanout import FanoutRelay
 from .tcp_streams import TX_DEPTH, TcpStreamRelay
 
@@ -82,15 +84,17 @@ class PortPool:
     portal (their proxies bind in the same range: a port one gives up stays in
     quarantine for all of them); and the portal's upstream TCP and LBT-RU
     sessions (one connection to each origin session, whichever link's
-    streams it feeds)."""
+    streams it feeds), and the requesters those sessions' requests named
+    (``requesters``: where a RESPONSE stream of any link may go)."""
 
-    __slots__ = ("released", "in_use", "upstreams", "ru_upstreams")
+    __slots__ = ("released", "in_use", "upstreams", "ru_upstreams", "requesters")
 
     def __init__(self) -> None:
         self.released: dict[int, float] = {}  # relay port -> when its proxy gave it up
         self.in_use: set[int] = set()  # relay ports our proxies hold
         self.upstreams = Upstreams()
         self.ru_upstreams = Upstreams()
+        self.requesters = RequesterTable()
 
 
 class Relay:
@@ -114,10 +118,14 @@ class Relay:
         self._released = pool.released  # relay port -> when its proxy gave it up
         self._in_use = pool.in_use  # relay ports our proxies hold
         self._next_port = 0  # where the round robin over the range goes on
-        context = RelayContext(settings, counters, event, site, pool.upstreams, pool.ru_upstreams, WindowBudget())
+        self.requests = RequestListeners(settings.request_ip, counters, event, site)
+        self.responses = ResponseRelay(pool.requesters, settings.request_ip, counters, event)
+        context = RelayContext(settings, counters, event, site, pool.upstreams, pool.ru_upstreams, WindowBudget(),
+                               self.requests, self.responses)
         instances = {cls: cls(context) for cls in dict.fromkeys(RELAYS.values())}
         self.relays: RelayTable = {key: instances[cls] for key, cls in RELAYS.items()}
         self._far = far_table(self.relays, settings.mode)  # stream kind -> the relay that accepts it
+        self._far[P.StreamKind.RESPONSE] = self.responses
         self._serving: dict[int, TransportRelay] = {}  # proxy id -> the relay of its proxy
 
     @property

@@ -89,6 +89,7 @@ if TYPE_CHECKING:
     from ..link import Link
     from ..peerlink.streams import StreamOpened
     from ..shell.relay_site import RelaySite
+    from .responses import RequestListeners, ResponseRelay
 
 __all__ = ["TransportRelay", "RelaySettings", "RelayContext", "RelayTable", "Upstreams", "Mode", "near_relay",
            "far_table", "PORT_QUARANTINE", "TCP", "LBTRU", "LBTRM"]
@@ -126,11 +127,15 @@ class RelaySettings:
     ``lbtrm_*``: the LBT-RM proxies' groups, destination port, queues and
     far streams, and whether they re-publish as LBT-RU (``lbtrm_proxy_transport``
     "lbt-ru", at most ``lbtrm_max_clients`` receivers each);
+    ``request_ip``: where request listeners bind, the address rewritten requests
+    name (the relay interface, else the ``<uim>`` one, else the TR one; "0.0.0.0":
+    none known, requests pass unchanged);
     ``multicast_ttl``: of what LBT-RM proxies send; ``downstream_rules`` /
     ``upstream_rules``: the rewrites of the message path
     (:mod:`router.core.message_path`; none: messages pass as they are)."""
 
     relay_ip: str = "0.0.0.0"
+    request_ip: str = "0.0.0.0"
     relay_port_low: int = 0
     relay_port_high: int = 0
     port_quarantine: float = PORT_QUARANTINE
@@ -158,7 +163,9 @@ class RelaySettings:
     @classmethod
     def of(cls, e: EndpointConfig) -> RelaySettings:
         """The settings of the parsed endpoint ``e``."""
-        return cls(relay_ip=e.relay_ip, relay_port_low=e.relay_port_low, relay_port_high=e.relay_port_high,
+        request_ip = next((ip for ip in (e.relay_ip, (e.request_address or ("0.0.0.0",))[0], e.tr_ip)
+                           if ip != "0.0.0.0"), "0.0.0.0")
+        return cls(relay_ip=e.relay_ip, request_ip=request_ip, relay_port_low=e.relay_port_low, relay_port_high=e.relay_port_high,
                    fanout=e.fanout, fanout_max_queue=e.fanout_max_queue,
                    fanout_stall_timeout=e.fanout_stall_timeout_ms / 1000,
                    ru_idle_timeout=e.ru_idle_timeout, ru_max_streams=e.ru_max_streams,
@@ -188,7 +195,10 @@ class RelayContext:
     (:class:`router.shell.relay_site.RelaySite`); ``upstreams`` and
     ``ru_upstreams``, the endpoint's TCP and LBT-RU upstream sessions
     (shared by its links); ``window_budget``, the retransmission windows of
-    the LBT-RU proxies of the relay (LBT-RU and LBT-RM origins together)."""
+    the LBT-RU proxies of the relay (LBT-RU and LBT-RM origins together);
+    ``requests``, the request listeners of the relay's proxies (receivers'
+    side), and ``responses``, the relay's origin side of RESPONSE streams
+    (:mod:`router.relays.responses`)."""
 
     settings: RelaySettings
     counters: Counter[str]
@@ -197,6 +207,8 @@ class RelayContext:
     upstreams: Upstreams
     ru_upstreams: Upstreams
     window_budget: WindowBudget
+    requests: RequestListeners
+    responses: ResponseRelay
 
 
 class TransportRelay(ABC):

@@ -42,6 +42,7 @@ from ..link import Link, StreamState
 from ..peerlink import streams as S
 from .interface import RelayContext, RelaySettings, TransportRelay
 from .lbtru_fanout import RuProxySource, receive
+from .responses import origin_key
 
 __all__ = ["RmRelay", "LBTRM", "QUEUE_LIMIT", "MAX_STREAMS"]
 
@@ -112,14 +113,17 @@ class RmRelay(TransportRelay):
         group, dport = self.pool.take(advert.otid)
         proxy = RmProxy(ip, port, group, dport, secrets.randbits(32), self.counters)
         self.bodies[advert.advert_id] = proxy.transport_body
+        aid = advert.advert_id
         try:
             task_status.started((ip, port))
-            while True:
-                link = self.site.link
-                if link is not None and link.connected and not link.closed:
-                    await self._near_stream(link, advert.advert_id, partial(self._multicast, link, proxy, sock))
-                await trio.sleep(self.retry_interval)
+            async with trio.open_nursery() as n:  # the proxy's request listeners (router.relays.responses)
+                while True:
+                    link = self.site.link
+                    if link is not None and link.connected and not link.closed:
+                        await self._near_stream(link, aid, partial(self._multicast, link, proxy, sock, aid, n))
+                    await trio.sleep(self.retry_interval)
         finally:
+            self.context.requests.forget(aid)
             self.bodies.pop(advert.advert_id, None)
             self.pool.give(group)
 
@@ -144,12 +148,16 @@ class RmRelay(TransportRelay):
             self.counters["lbtrm_streams_ended"] += 1
             self._close(link, st)
 
-    async def _multicast(self, link: Link, proxy: RmProxy, sock, st: StreamState) -> None:
-        """A multicast proxy's session: the peer's datagrams to the group,
-        receivers' NAKs to the peer."""
+    async def _multicast(self, link: Link, proxy: RmProxy, sock, aid: int, listeners: trio.Nursery,
+                         st: StreamState) -> None:
+        """A multicast proxy's session: the peer's datagrams to the group (its
+        requests pointed at our request listeners, whose tasks run in
+        ``listeners``), receivers' NAKs to the peer."""
+        proxy.path = self.context.requests.path(aid, link)
+        self.context.requests.settle(listeners)
         async with trio.open_nursery() as n:
             n.start_soon(self._naks_up, link, st, proxy, sock, n.cancel_scope)
-            await self._emit(link, st, proxy, sock)
+            await self._emit(link, st, proxy, sock, listeners)
             n.cancel_scope.cancel()
 
     async def _naks_up(self, link: Link, st: StreamState, proxy: RmProxy, sock, scope) -> None:
@@ -167,14 +175,16 @@ class RmRelay(TransportRelay):
             if sent:
                 link.flush_streams()
 
-    async def _emit(self, link: Link, st: StreamState, proxy: RmProxy, sock) -> None:
+    async def _emit(self, link: Link, st: StreamState, proxy: RmProxy, sock, listeners: trio.Nursery) -> None:
         """The peer's datagrams to the proxy's group, until the stream or link ends."""
         dest = (proxy.group, proxy.dest_port)
         while not (st.closed or link.closed):
             await st.incoming_ready.wait()
             st.incoming_ready = trio.Event()
+            now = trio.current_time()
             while st.incoming:
-                out = proxy.to_receivers(st.incoming.popleft())
+                out = proxy.to_receivers(st.incoming.popleft(), now)
+                self.context.requests.settle(listeners)  # listeners its requests name listen before it goes
                 if out is not None:
                     await _send(sock, out, dest, self.counters)
 
@@ -194,7 +204,8 @@ class RmRelay(TransportRelay):
         try:
             task_status.started((ip, port))
             await RuProxySource(fan, sock, self.counters, self.site, f.advert_id, LBTRM, on_demand=False,
-                                queue_limit=self.queue_limit, retry_interval=self.retry_interval).run()
+                                queue_limit=self.queue_limit, retry_interval=self.retry_interval,
+                                requests=self.context.requests).run()
         finally:
             self.bodies.pop(f.advert_id, None)
 
@@ -219,7 +230,9 @@ class RmRelay(TransportRelay):
         per_link[ev.advert_id] = per_link.get(ev.advert_id, 0) + 1
         st = self._state(link, ev.stream_id)
         st.advert_id = ev.advert_id
-        link.nursery.start_soon(self._far_stream, link, st, RmOrigin(origin, self.counters), per_link)
+        rm = RmOrigin(origin, self.counters)
+        rm.path = self.context.responses.upstream_path(self.settings.downstream_rules, origin_key(origin))
+        link.nursery.start_soon(self._far_stream, link, st, rm, per_link)
 
     async def _far_stream(self, link: Link, st: StreamState, origin: RmOrigin, per_link: dict) -> None:
         mc = uc = None
@@ -273,9 +286,11 @@ class RmRelay(TransportRelay):
                 scope.cancel()
                 return
             sent = False
+            now = trio.current_time()
             for data, src in batch:
-                if origin.from_group(data, src):
-                    sent = self._datagram(link, st, data) or sent
+                out = origin.from_group(data, src, now)
+                if out is not None:
+                    sent = self._datagram(link, st, out) or sent
             if sent:
                 link.flush_streams()
         scope.cancel()

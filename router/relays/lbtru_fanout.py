@@ -22,9 +22,12 @@ end (RST, silence, refused datagrams) closes every stream of the session;
 the connection is dropped UPSTREAM_LINGER seconds after its last stream
 left (the origin forgets it after its client activity timeout).
 
-The payload of every DATA of the origin passes the relay's message path
-(:mod:`router.core.message_path`, ``downstream_rules``) at the far router,
-in the upstream core, before it goes to the links.
+The payload of every DATA of the origin passes the message path
+(:mod:`router.core.message_path`) at the far router, in the upstream core,
+before it goes to the links (``downstream_rules``, and the requesters
+recorded), and at the near router in the proxy's fan-out before it goes to
+the receivers (requests pointed at the request listeners:
+:mod:`router.relays.responses`).
 
 Bounds: datagrams waiting for a proxy's stream at most ``queue_limit`` per
 stream (more are dropped, ``lbtru_queue_full``); a socket read takes at most
@@ -47,7 +50,6 @@ from .. import peerlink as P
 from ..core.lbtrm import DatagramQueue
 from ..core.lbtru_fanout import LbtruInput, RuFanout, WindowBudget
 from ..core.lbtru_upstream import EndReason, RuUpstream, UpstreamState
-from ..core.message_path import MessagePath
 from ..link import Link, StreamState
 from ..peerlink import streams as S
 from .interface import RelayContext, TransportRelay, Upstreams
@@ -136,8 +138,11 @@ class RuProxySource:
     (LBT-RU origins), else while the proxy lives (LBT-RM origins)."""
 
     def __init__(self, fan: RuFanout, sock, counters: Counter[str], site, proxy_id: int, kind: int, *,
-                 on_demand: bool, queue_limit: int = QUEUE_LIMIT, retry_interval: float = RETRY_INTERVAL) -> None:
+                 on_demand: bool, queue_limit: int = QUEUE_LIMIT, retry_interval: float = RETRY_INTERVAL,
+                 requests=None) -> None:
         self.fan, self.sock, self.counters = fan, sock, counters
+        self.requests = requests  # the relay's request listeners (router.relays.responses), or None
+        self.nursery: trio.Nursery | None = None
         self.site, self.proxy_id, self.kind = site, proxy_id, kind
         self.on_demand, self.queue_limit, self.retry_interval = on_demand, queue_limit, retry_interval
         self.up: tuple[Link, StreamState] | None = None  # where NAKs for the origin go meanwhile
@@ -148,6 +153,7 @@ class RuProxySource:
         """Serve receivers and run the stream until cancelled; then reset every receiver."""
         try:
             async with trio.open_nursery() as n:
+                self.nursery = n
                 n.start_soon(self._clients)
                 n.start_soon(self._timer)
                 while True:
@@ -159,6 +165,8 @@ class RuProxySource:
                     await trio.sleep(self.retry_interval)
         finally:
             self._send_now(self.fan.close())
+            if self.requests is not None:
+                self.requests.forget(self.proxy_id)
 
     def _usable(self, link: Link | None) -> bool:
         if link is None or not link.connected or link.closed:
@@ -247,6 +255,9 @@ class RuProxySource:
         st.owns_sock = False  # the proxy's socket
         link.flush_streams()
         self.counters["lbtru_proxy_streams_opened"] += 1
+        if self.requests is not None:  # the session's requests name our request listeners
+            self.fan.path = self.requests.path(self.proxy_id, link)
+            self.requests.settle(self.nursery)
         try:
             await st.accepted.wait()
             if st.refused is not None:
@@ -287,6 +298,8 @@ class RuProxySource:
                 sends = 0
                 while st.incoming:
                     out = fan.from_peer(st.incoming.popleft(), now)
+                    if self.requests is not None:
+                        self.requests.settle(self.nursery)  # listeners its requests name listen before it goes
                     self._send_now(out)
                     sends += len(out)
                     if sends >= FANOUT_YIELD:  # many receivers: let the other tasks run
@@ -321,8 +334,7 @@ class RuSessionRelay(TransportRelay):
     (:class:`router.relays.interface.TransportRelay`): ``upstreams`` shared
     with the relays of the endpoint's other links (at most ``ru_max_streams``
     of the settings at once); ``budget``: the retransmission windows of the
-    endpoint's LBT-RU proxies; ``downstream``: the message path of the
-    origin's DATA payloads."""
+    endpoint's LBT-RU proxies."""
 
     SOCKET_TYPE = socket.SOCK_DGRAM
     STREAM_KIND = P.StreamKind.LBTRU_SESSION
@@ -331,7 +343,6 @@ class RuSessionRelay(TransportRelay):
         super().__init__(context)
         self.upstreams: Upstreams = context.ru_upstreams
         self.budget: WindowBudget = context.window_budget
-        self.downstream = MessagePath(self.settings.downstream_rules)
         self.bodies: dict[int, LbtruSessionTransport] = {}  # advert id -> the proxy's advertised transport
         # upstream sessions (one UDP socket each) of the endpoint at once, at most
         self.max_upstreams = self.settings.ru_max_streams
@@ -358,7 +369,7 @@ class RuSessionRelay(TransportRelay):
         try:
             task_status.started((ip, port))
             await RuProxySource(fan, sock, self.counters, self.site, f.advert_id,
-                                P.StreamKind.LBTRU_SESSION, on_demand=True).run()
+                                P.StreamKind.LBTRU_SESSION, on_demand=True, requests=self.context.requests).run()
         finally:
             self.bodies.pop(f.advert_id, None)
 
@@ -377,7 +388,8 @@ class RuSessionRelay(TransportRelay):
                          f"{len(self.upstreams)} LBT-RU upstream sessions already open", "lbtru_upstreams_full")
             return
         if up is None or up.done:
-            core = RuUpstream(key[:2], key[2], self.counters, path=self.downstream)
+            path = self.context.responses.upstream_path(self.settings.downstream_rules, key)  # its requesters noted
+            core = RuUpstream(key[:2], key[2], self.counters, path=path)
             up = self.upstreams[key] = RuUpstreamSession(key, core)
             (self.upstreams.nursery or link.nursery).start_soon(self._upstream, up)
         st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)

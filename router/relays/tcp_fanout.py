@@ -22,10 +22,13 @@ or NEAR_LINGER seconds after the last receiver left. What receivers send (UM
 control messages: TCP session id, source-side filtering) is framed, counted
 and not passed on; a receiver whose bytes are not LBMC is disconnected.
 
-Every message passes the relay's message path once
+Every message passes the relay's message path once per router
 (:mod:`router.core.message_path`): the origin's, at the far router, in the
-upstream session before the link streams' queues (``downstream_rules``);
-a receiver's, at the near router, as it is framed (``upstream_rules``).
+upstream session before the link streams' queues (``downstream_rules``,
+and the requesters recorded), and at the near router in the proxy's
+session before the receivers' queues (requests pointed at the request
+listeners: :mod:`router.relays.responses`); a receiver's, at the near
+router, as it is framed (``upstream_rules``).
 """
 
 from __future__ import annotations
@@ -97,9 +100,11 @@ class _Receiver:
 
 
 class _Proxy:
-    """The near side of one proxy: the link stream (if open) and the receivers."""
+    """The near side of one proxy: the link stream (if open), the receivers and
+    the nursery of its tasks (its request listeners' too)."""
 
-    def __init__(self) -> None:
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
         self.core: SessionFanout | None = None
         self.link: Link | None = None
         self.st: StreamState | None = None
@@ -118,8 +123,9 @@ class FanoutRelay(TransportRelay):
     (:class:`router.relays.interface.TransportRelay`): ``upstreams`` shared
     with the relays of the endpoint's other links; ``max_queue`` (bytes) and
     ``stall_timeout`` (seconds) from the settings (``fanout_max_queue``,
-    ``fanout_stall_timeout``); ``downstream`` and ``upstream``: the message
-    paths of the origin's messages and of the receivers'."""
+    ``fanout_stall_timeout``); ``upstream``: the message path of the
+    receivers' messages (the origin's: one per upstream session, and one per
+    proxy at the near router: :mod:`router.relays.responses`)."""
 
     SOCKET_TYPE = socket.SOCK_STREAM
     STREAM_KIND = P.StreamKind.TCP
@@ -130,7 +136,6 @@ class FanoutRelay(TransportRelay):
         self.upstreams: Upstreams = context.upstreams
         self.max_queue = settings.fanout_max_queue
         self.stall_timeout = settings.fanout_stall_timeout
-        self.downstream = MessagePath(settings.downstream_rules)
         self.upstream = MessagePath(settings.upstream_rules)
         self._keys = count()
         self.budget = QueueBudget()  # every queue of this relay's sessions
@@ -146,15 +151,17 @@ class FanoutRelay(TransportRelay):
         task_status.started(sock.getsockname())
         listener = trio.SocketListener(sock)
         proxy_id = advert.advert_id
-        proxy = self._proxies[proxy_id] = _Proxy()
+        proxy = None
         try:
             async with trio.open_nursery() as n:
+                proxy = self._proxies[proxy_id] = _Proxy(n)
                 while True:
                     conn = await listener.accept()
                     n.start_soon(self._receiver, proxy, conn, proxy_id, n)
         finally:
             if self._proxies.get(proxy_id) is proxy:
                 del self._proxies[proxy_id]
+            self.context.requests.forget(proxy_id)  # its request listeners (requests: router.relays.responses)
 
     def receivers_of(self, proxy_id: int) -> list[dict]:
         """The receivers of proxy ``proxy_id`` (for the status page): address,
@@ -165,10 +172,12 @@ class FanoutRelay(TransportRelay):
         return [{"peer": rx.peer, "queued_bytes": rx.queue.held, "dropped_messages": rx.queue.dropped_messages,
                  "dropped_bytes": rx.queue.dropped_bytes} for rx in proxy.receivers.values()]
 
-    def _open_stream(self, proxy: _Proxy, link: Link, aid: int, nursery) -> None:
+    def _open_stream(self, proxy: _Proxy, link: Link, aid: int, proxy_id: int, nursery) -> None:
         sid = link.streams.open(aid, P.StreamKind.TCP)
         st = link.state[sid] = StreamState(sid, P.StreamKind.TCP)
-        proxy.core = SessionFanout(self.max_queue, self.budget)
+        # the session's requests name our request listeners (router.relays.responses)
+        proxy.core = SessionFanout(self.max_queue, self.budget, self.context.requests.path(proxy_id, link))
+        self.context.requests.settle(proxy.nursery)  # spare listeners ready before the first request
         proxy.link, proxy.st = link, st
         link.flush_streams()
         self.counters["streams_opened"] += 1
@@ -184,7 +193,7 @@ class FanoutRelay(TransportRelay):
                 link, aid = self.site.link, self.site.proxy_advert(proxy_id)
                 if link is None or aid is None:
                     return
-                self._open_stream(proxy, link, aid, nursery)
+                self._open_stream(proxy, link, aid, proxy_id, nursery)
             key, core = next(self._keys), proxy.core
             rx = _Receiver(conn, core.add(key, trio.current_time()), _peer(conn))
             proxy.receivers[key] = rx
@@ -322,6 +331,7 @@ class FanoutRelay(TransportRelay):
             data = st.incoming.popleft()
             nbytes += len(data)
             self._count_drops(core.feed(data, now))
+        self.context.requests.settle(proxy.nursery)  # the listeners the requests were given serve from now
         try:
             link.streams.consumed(st.sid, nbytes)
         except S.LocalStreamError:
@@ -344,7 +354,8 @@ class FanoutRelay(TransportRelay):
         key = (origin.ip, origin.port, getattr(origin, "session_id", None))
         up = self.upstreams.get(key)
         if up is None or up.done or up.by_origin:
-            up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget, self.downstream))
+            path = self.context.responses.upstream_path(self.settings.downstream_rules, key)  # its requesters noted
+            up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget, path))
             (self.upstreams.nursery or link.nursery).start_soon(self._upstream, up)
         up.waiting += 1
         link.nursery.start_soon(self._far_stream, up, link, st)

@@ -68,7 +68,7 @@ class PairLink:
         self.peer_name = peer_name
         self.streams = S.StreamTable(role, initial_window=STREAM_WINDOW, max_window=STREAM_WINDOW_MAX,
                                      initial_budget=LINK_INITIAL_BUDGET, window_budget=LINK_WINDOW_BUDGET,
-                                     max_frame=STREAM_FRAME)
+                                     max_frame=STREAM_FRAME, kinds=P.stream_kinds(self.capabilities))
         self.outq = P.OutQueue(max_control=MAX_CONTROL_FRAMES, max_data_bytes=max_queue)
         self.state: dict[int, StreamState] = {}
         self.pipes = PIPE_POOL  # (the relays count their streams there)

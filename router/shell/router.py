@@ -344,6 +344,7 @@ class MultiRouter:
             local: set[str] = set()
             remote: set[str] = set()
             counters: Counter[str] = Counter(self.portals[e.name].counters)
+            counters.update(self.pools[e.name].requesters.counters)  # requesters seen (router.relays.responses)
             tr_stats = self.core.portal(e.name).stats() if self.core is not None else {}
             proxies = adverts = listeners = 0
             for r in units:
@@ -479,7 +480,12 @@ class _ProxyListening:
 _DROPS = frozenset({"peer_refused_duplicate", "bad_interest", "bad_advert", "adverts_unwanted", "adverts_own_domain", "proxies_full",
                     "unrelayable_transport", "relay_ports_exhausted", "streams_refused",
                     "ru_streams_full", "peer_refused_busy", "handshakes_dropped",
-                    "tr_send_error", "ru_send_error", "peer_not_reading"})
+                    "tr_send_error", "ru_send_error", "peer_not_reading",
+                    # requests and responses (router.relays.responses)
+                    "requests_unmapped_full", "requests_unmapped_waiting", "requests_unmapped_failed",
+                    "requests_unmapped_peer", "requests_unmapped_no_address", "responders_refused_busy",
+                    "responders_refused_unknown", "responses_refused_unseen", "responses_refused_address",
+                    "responses_requester_gone", "requesters_unrecorded_full", "requests_unmapped_no_port"})
 
 
 def _state(r: Unit) -> str:

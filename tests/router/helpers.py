@@ -24,6 +24,8 @@ from lbmr_proto import (
     SourceTypeOption,
     TcpTransport,
     encode,
+    lbmc,
+    lbtru,
 )
 from lbmr_proto.um import synthesize_otid
 from lbmr_tools.sim.dataplane import RuLiveReceiver, RuLiveSource, TcpDataReceiver, TcpDataSource
@@ -859,3 +861,258 @@ class Net:
     def adds(self, topic):
         return Counter(to for to, _, f in self.got
                        if isinstance(f, P.Interest) and f.topic == topic and f.action == P.InterestAction.ADD)
+
+
+# ---------------- requests and responses: a UM-like requester (a TCP source whose messages are
+# requests) and responders (receivers that answer each request on a connection of their own)
+
+REQ_TOPIC = "md.requests.1"
+REQ_TIDX, REQ_SID = 5, 0x7E9
+
+
+def request_payload(qidx: int) -> bytes:
+    return b"request %d: what is the price?" % qidx
+
+
+def response_payload(qidx: int, responder: int) -> bytes:
+    """What responder ``responder`` answers to request ``qidx`` (the qidx first, u32 big-endian:
+    the router never looks at a response; the requester checks it)."""
+    return qidx.to_bytes(4, "big") + b" answer %d from responder %d" % (qidx, responder)
+
+
+class Requester:
+    """A UM-like TCP source at ``ip`` whose session is ``count`` requests: each connection
+    (the router's upstream) gets the session's TCP_SID control message, then ``count`` data
+    messages (topic index REQ_TIDX, sqn 0..), each with a REQUEST header naming the
+    requester's request port (qidx ``first_qidx`` + i), one every ``interval`` seconds,
+    then ``plain`` messages with no header every ``interval`` (a live session) until it is
+    cancelled. Its request port (``request_port``, at ``ip``) records each connection's peer
+    (``callers``) and every whole LBMC message it receives (``responses``: (peer ip, message)).
+    ``spread``: request i names requester 127.0.1.99:(20000 + i) instead (a distinct requester
+    each, where nobody listens), and they go in bursts of ``burst`` requests, ``interval`` apart."""
+
+    def __init__(self, ip: str = SRC_IP, *, count: int = 20, first_qidx: int = 100, interval: float = 0.02,
+                 request_ip: str | None = None, request_port: int | None = None, spread: bool = False,
+                 burst: int = 500) -> None:
+        self.ip, self.count, self.first_qidx, self.interval = ip, count, first_qidx, interval
+        self.spread, self.burst = spread, burst
+        self.request_ip = request_ip or ip
+        self.request_port = request_port  # None: the listener's own (set by serve)
+        self.source: tuple[str, int] | None = None
+        self.callers: list[tuple[str, int]] = []
+        self.responses: list[tuple[str, bytes]] = []
+        self.connections = 0
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        src = await trio.open_tcp_listeners(0, host=self.ip)
+        req = await trio.open_tcp_listeners(0, host=self.request_ip)
+        self.source = src[0].socket.getsockname()[:2]
+        if self.request_port is None:
+            self.request_port = req[0].socket.getsockname()[1]
+        async with trio.open_nursery() as n:
+            n.start_soon(trio.serve_listeners, self._session, src)
+            n.start_soon(trio.serve_listeners, self._answers, req)
+            task_status.started(self.source)
+
+    def messages(self) -> list[bytes]:
+        sid = lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(lbmc.TcpSidHeader(session_id=REQ_SID),)))
+        out = [sid]
+        for i in range(self.count):
+            q = self.first_qidx + i
+            ip, port = ("127.0.1.99", 20000 + i) if self.spread else (self.request_ip, self.request_port)
+            h = lbmc.RequestHeader(transport=0, qidx=q, port=port, ipaddr=ip)
+            out.append(lbmc.data_message(REQ_TIDX, i, request_payload(q), h))
+        return out
+
+    async def _session(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        msgs = self.messages()
+        try:
+            async with stream:
+                await stream.send_all(msgs[0])
+                if self.spread:
+                    for k in range(1, len(msgs), self.burst):
+                        await stream.send_all(b"".join(msgs[k:k + self.burst]))
+                        await trio.sleep(self.interval)
+                for m in [] if self.spread else msgs[1:]:
+                    await stream.send_all(m)
+                    await trio.sleep(self.interval)
+                sqn = self.count
+                while True:
+                    await stream.send_all(lbmc.data_message(REQ_TIDX, sqn, b"tick"))
+                    sqn += 1
+                    await trio.sleep(self.interval)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def _answers(self, stream: trio.SocketStream) -> None:
+        peer = stream.socket.getpeername()[:2]
+        self.callers.append(peer)
+        framer = lbmc.StreamFramer()
+        try:
+            async with stream:
+                while data := await stream.receive_some(65536):
+                    for m in framer.feed(data):
+                        self.responses.append((peer[0], m))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, lbmc.LbmcDecodeError):
+            pass
+
+    def answers(self) -> Counter:
+        """(qidx, payload) -> how many times it was answered (payloads of data messages)."""
+        got: Counter = Counter()
+        for _, m in self.responses:
+            d = lbmc.decode(m)
+            got[int.from_bytes(d.payload[:4], "big"), d.payload] += 1
+        return got
+
+
+class Responders:
+    """A receiver of the requests' topic in the receivers' TRD: connects to the proxy
+    ``proxy`` (ip, port) from ``bind_ip``, reads the session, and answers every request:
+    ``per_request`` responders, each a connection of its own (from ``bind_ip``) to the
+    address the REQUEST header names, sending one response (:func:`response_payload`),
+    then closing. ``requests``: the REQUEST headers seen, in order (``payloads``: the
+    requests' payloads); ``failed``: answers
+    whose connection failed."""
+
+    def __init__(self, proxy: tuple[str, int], *, bind_ip: str = "127.0.2.30", per_request: int = 1) -> None:
+        self.proxy, self.bind_ip, self.per_request = proxy, bind_ip, per_request
+        self.requests: list[lbmc.RequestHeader] = []
+        self.payloads: list[bytes] = []  # of the requests
+        self.first: list[bytes] = []  # the first 100 messages of the session, as they came
+        self.messages = 0
+        self.failed = 0
+        self.answered = 0
+
+    async def run(self, *, until: int, timeout: float = 20.0) -> None:
+        """Until ``until`` requests were seen and answered (trio.TooSlowError after ``timeout``)."""
+        sock = trio.socket.socket()
+        await sock.bind((self.bind_ip, 0))
+        await sock.connect(self.proxy)
+        stream = trio.SocketStream(sock)
+        framer = lbmc.StreamFramer()
+        with trio.fail_after(timeout):
+            async with stream, trio.open_nursery() as n:
+                while len(self.requests) < until:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        break
+                    for m in framer.feed(data):
+                        self.messages += 1
+                        if len(self.first) < 100:
+                            self.first.append(m)
+                        d = lbmc.decode(m)
+                        h = d.header(lbmc.RequestHeader)
+                        if h is not None:
+                            self.requests.append(h)
+                            self.payloads.append(d.payload)
+                            for k in range(self.per_request):
+                                n.start_soon(self._answer, h, k)
+            while self.answered + self.failed < len(self.requests) * self.per_request:
+                await trio.sleep(0.01)
+
+    async def answer(self, messages: list[bytes], timeout: float = 20.0) -> None:
+        """Answer the requests among ``messages`` (whole LBMC messages got some other way:
+        an LBT-RU or LBT-RM session), as :meth:`run` does."""
+        with trio.fail_after(timeout):
+            async with trio.open_nursery() as n:
+                for m in messages:
+                    d = lbmc.decode(m)
+                    h = d.header(lbmc.RequestHeader)
+                    if h is not None:
+                        self.requests.append(h)
+                        self.payloads.append(d.payload)
+                        for k in range(self.per_request):
+                            n.start_soon(self._answer, h, k)
+
+    async def _answer(self, h: lbmc.RequestHeader, k: int) -> None:
+        try:
+            sock = trio.socket.socket()
+            await sock.bind((self.bind_ip, 0))
+            await sock.connect((h.ipaddr, h.port))
+            async with trio.SocketStream(sock) as s:
+                await s.send_all(lbmc.data_message(0, k, response_payload(h.qidx, k)))
+            self.answered += 1
+        except OSError:
+            self.failed += 1
+
+
+async def start_requester(n, trd, **kw) -> tuple[Requester, trio.CancelScope]:
+    """A :class:`Requester` at SRC_IP advertised for REQ_TOPIC in ``trd`` (TRD1) every 0.5 s;
+    cancelling the scope ends it."""
+    req = Requester(**kw)
+    scope = trio.CancelScope()
+
+    async def run(task_status):
+        with scope:
+            async with trio.open_nursery() as sn:
+                ip, port = await sn.start(req.serve)
+                sn.start_soon(advertise_forever, udp(req.ip), trd, ip, port, REQ_TOPIC)
+                task_status.started()
+
+    await n.start(run)
+    return req, scope
+
+
+class RuRequester(RuLiveSource):
+    """lbmr-sim's live LBT-RU source at SRC_IP (session RU_SID) whose session is ``requester``'s:
+    from the first DATA it sends to a receiver, ``requester.count`` requests (one a message),
+    then plain ticks (its request port is ``requester``'s)."""
+
+    def __init__(self, requester: Requester, *, rate: float = 100) -> None:
+        super().__init__(SRC_IP, 0, seed=RU_SEED, tidx=REQ_TIDX, session_id=RU_SID, rate=rate)
+        self.requester = requester
+        self._requests = requester.messages()[1:]
+        self._base: int | None = None  # the sqn of the first request
+
+    def _datagram(self, sqn: int, retransmission: bool = False) -> bytes:
+        if self._base is None:
+            self._base = sqn
+        i = sqn - self._base
+        msg = self._requests[i] if 0 <= i < len(self._requests) else lbmc.data_message(REQ_TIDX, sqn, b"tick")
+        return lbtru.encode_data(sqn, self.trail_sqn, msg, session_id=self.session_id,
+                                 retransmission=retransmission)
+
+
+class RuMessages(RuLiveReceiver):
+    """An LBT-RU receiver of the proxy ``proxy`` (ip, port) that keeps every LBMC message of
+    the first ``expect`` it gets (``messages``), whatever they are (lbmr-sim's receiver,
+    its checks left out)."""
+
+    def __init__(self, proxy: tuple[str, int], *, expect: int, bind_ip: str = "127.0.2.31", **kw) -> None:
+        super().__init__(proxy[0], proxy[1], expect_count=expect, bind_ip=bind_ip, timeout=30, **kw)
+        self.messages: list[bytes] = []
+
+    def _take(self, d) -> bool:
+        if d.retransmission:
+            return True
+        self.messages += lbmc.StreamFramer().feed(d.payload)
+        self.result.messages = len(self.messages)
+        return True
+
+
+async def start_ru_requester(n, trd, **kw) -> tuple[Requester, RuRequester, trio.CancelScope]:
+    """A :class:`Requester`'s session (its request port, ``kw``) from an :class:`RuRequester`
+    advertised for REQ_TOPIC in ``trd`` every 0.5 s; cancelling the scope ends it."""
+    req = Requester(**kw)
+    scope = trio.CancelScope()
+
+    async def run(task_status):
+        with scope:
+            async with trio.open_nursery() as sn:
+                await sn.start(req.serve)
+                src = RuRequester(req)
+                ip, port = await sn.start(src.serve)
+                run.src = src
+
+                async def advertise():
+                    sock = udp(SRC_IP)
+                    while True:
+                        await sock.sendto(ru_tir(ip, port, REQ_TOPIC), trd)
+                        await trio.sleep(0.5)
+
+                sn.start_soon(advertise)
+                task_status.started()
+
+    await n.start(run)
+    return req, run.src, scope

@@ -164,3 +164,35 @@ def test_lbtrm_config_errors(tmp_path, attrs, needle):
 
     expect_error(tmp_path, "r.xml", doc(portals=endpoint(extra=f"      <lbt-rm {attrs}/>\n") + peer()),
                  "<lbt-rm", needle)
+
+
+def test_requests_in_data_payloads_pass_each_sides_message_path():
+    """The far side records the requesters its DATA payloads' requests name, the near
+    side points them at its request listener; the length, sequence numbers and the
+    other messages stay; an SM passes untouched."""
+    from lbmr_proto import lbmc
+    from router.core.message_path import MapRequests, MessagePath, RecordRequesters
+    from router.core.requests import RequesterTable, RequestMap
+
+    c = Counter()
+    origin = RmOrigin(SRC, c)
+    table = RequesterTable()
+    origin.path = MessagePath([RecordRequesters(table, "rm")])
+    proxy = RmProxy("192.0.2.7", 24010, "224.10.10.11", 14400, 0x77, c)
+    m = RequestMap()
+    m.add_spare(("192.0.2.7", 40001))
+    proxy.path = MessagePath([MapRequests(m, "proxy")])
+    req = lbmc.data_message(3, 9, b"price?", lbmc.RequestHeader(qidx=42, port=14391, ipaddr="10.1.0.9"))
+    tick = lbmc.data_message(3, 10, b"tick")
+    d = RM.encode_data(14390, 0xCAFE0001, 41, 0, req + tick)
+    relayed = origin.from_group(d, SRC_ADDR, 5.0)
+    assert relayed == d and table.allows("rm", "10.1.0.9", 14391, 6.0)
+    out = proxy.to_receivers(relayed, 6.0)
+    got = RM.decode(out)
+    assert (got.sqn, len(out)) == (41, len(d)) and got.header == RM.Header(RM.DATA, 24010, 0x77)
+    first, second = lbmc.StreamFramer().feed(got.payload)
+    assert lbmc.decode(first).header(lbmc.RequestHeader) == lbmc.RequestHeader(qidx=42, port=40001,
+                                                                               ipaddr="192.0.2.7")
+    assert second == tick
+    sm = RM.encode_sm(14390, 0xCAFE0001, 3, 41, 0)
+    assert origin.from_group(sm, SRC_ADDR, 7.0) == sm and proxy.to_receivers(sm, 7.0)[8:] == sm[8:]

@@ -371,8 +371,10 @@ async def _origin(n, ip: str) -> tuple[str, int]:
 
 async def test_a_request_crossing_the_router_is_rewritten_by_the_origins_side():
     """The rules of the origin's endpoint rewrite the REQUEST header of every
-    request the receivers get (the message path at the far upstream); the
-    receivers' own messages pass the receivers' endpoint's upstream path."""
+    request (the message path at the far upstream), then the receivers'
+    router points it at its request listener for that requester (the near
+    side's path: router.relays.responses); the receivers' own messages pass
+    the receivers' endpoint's upstream path."""
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
@@ -400,10 +402,13 @@ async def test_a_request_crossing_the_router_is_rewritten_by_the_origins_side():
                 await trio.sleep(0.01)
         assert lbmc.decode(got[0]).header(lbmc.TcpSidHeader).session_id == 0x77
         requests = [lbmc.decode(m) for m in got if m[1] == lbmc.RequestHeader.CODE]
+        (listener,) = [s.listener for u in r.links if u.endpoint.name == "T2" for s in u.relay.requests.map.slots()
+                       if (s.key.ip, s.key.port) == ("127.0.2.77", 15555)]
         for m in requests:
-            assert m.header(lbmc.RequestHeader) == lbmc.RequestHeader(transport=0, qidx=7, port=15555,
-                                                                      ipaddr="127.0.2.77")
+            assert m.header(lbmc.RequestHeader) == lbmc.RequestHeader(transport=0, qidx=7, port=listener[1],
+                                                                      ipaddr=listener[0])
             assert m.payload == b"what is the price?"
+        assert listener[0] == "127.0.2.1"
         plains = [m for m in got[1:] if m[1] == lbmc.NHDR_DATA]
         assert plains and all(m == plain(lbmc.decode(m).sqn) for m in plains)
         sqns = [lbmc.decode(m).sqn for m in got[1:]]

@@ -522,3 +522,66 @@ def test_requester_table_invariants_under_random_operations(ops):
             t.forget_origin(origin)
             model = {k: v for k, v in model.items() if k[0] != origin}
         assert len(t) <= 5 and len(t) == len(model)
+
+
+# --------------------------------------------------------------------------- spares, and the message path's rules
+
+
+def test_spare_listeners_answer_new_requesters_at_once():
+    m = RequestMap(max_listeners=3, spare_listeners=2, idle_timeout=60.0)
+    assert m.spares_wanted(0.0) == 2
+    assert m.map_request(K1, 0.0) == PassUnchanged(K1, Unmapped.NO_LISTENER_READY)  # none open yet
+    m.add_spare(("192.168.50.2", 40001))
+    m.add_spare(("192.168.50.2", 40002))
+    assert m.spares_wanted(0.0) == 0
+    r = m.map_request(K1, 1.0)
+    assert isinstance(r, RewriteTo) and r.slot.listener == ("192.168.50.2", 40001)
+    assert m.map_request(K1, 2.0).slot is r.slot and m.take_added() == [r.slot] and m.take_added() == []
+    assert m.spares_wanted(2.0) == 1  # one spare left, room for two more listeners
+    m.map_request(K2, 3.0)
+    assert m.spares_wanted(3.0) == 1  # room for one more listener: one spare at most
+    m.add_spare(("192.168.50.2", 40003))
+    k3 = RequesterKey("o3", "10.0.0.3", 1)
+    assert isinstance(m.map_request(k3, 4.0), RewriteTo) and len(m) == 3 and m.spares_wanted(4.0) == 0
+    k4 = RequesterKey("o4", "10.0.0.4", 1)
+    assert m.map_request(k4, 5.0) == PassUnchanged(k4, Unmapped.FULL)
+    # full: route expires the oldest to make room and hands it back to be closed
+    m.add_spare(("192.168.50.2", 40004))
+    r = m.map_request(k4, 62.0)
+    assert isinstance(r, RewriteTo) and r.slot.listener == ("192.168.50.2", 40004)
+    assert [s.listener for s in m.take_expired()] == [("192.168.50.2", 40001)]
+    assert m.counters["requests_unmapped_waiting"] == 1 and m.counters["requests_unmapped_full"] == 1
+    m.spare_failed(70.0)
+    assert m.spares_wanted(70.5) == 0 and m.counters["request_listeners_failed"] == 1
+    assert m.take_spares() == [] and m.spares() == []
+    k0 = RequesterKey("o5", "10.0.0.5", 0)
+    assert m.map_request(k0, 71.0) == PassUnchanged(k0, Unmapped.NO_PORT)
+    assert m.counters["requests_unmapped_no_port"] == 1
+
+
+def test_the_message_path_maps_each_requester_and_records_them_at_the_origin():
+    from router.core.message_path import CountRequests, MapRequests, MessagePath, RecordRequesters
+
+    def req(q, ip, port):
+        return C.data_message(1, q, b"?", C.RequestHeader(qidx=q, port=port, ipaddr=ip))
+
+    run = C.MessageRun.of([req(1, "10.0.0.1", 1000), C.data_message(1, 2, b"x"), req(3, "10.0.0.2", 2000),
+                           req(4, "10.0.0.1", 1000)])
+    table = RequesterTable(idle_timeout=30.0)
+    origin_side = MessagePath([RecordRequesters(table, "sess")])
+    assert origin_side.run(run, 5.0) is run and len(table) == 2
+    assert table.allows("sess", "10.0.0.2", 2000, 34.9) and not table.allows("sess", "10.0.0.3", 2000, 6.0)
+    assert not table.allows("other", "10.0.0.2", 2000, 6.0) and not table.allows("sess", "10.0.0.2", 2000, 35.0)
+    m = RequestMap(spare_listeners=4)
+    for port in (40001, 40002):
+        m.add_spare(("192.168.50.2", port))
+    out = MessagePath([MapRequests(m, "proxy-7")]).run(run, 6.0).messages()
+    got = [C.decode(b).header(C.RequestHeader) for b in out]
+    assert [(h.qidx, h.ipaddr, h.port) for h in got if h] == [(1, "192.168.50.2", 40001), (3, "192.168.50.2", 40002),
+                                                             (4, "192.168.50.2", 40001)]
+    assert out[1] == run.messages()[1] and [len(b) for b in out] == [len(b) for b in run.messages()]
+    assert {s.key for s in m.slots()} == {RequesterKey("proxy-7", "10.0.0.1", 1000),
+                                          RequesterKey("proxy-7", "10.0.0.2", 2000)}
+    counted = Counter()
+    assert MessagePath([CountRequests(counted, "requests_unmapped_peer")]).run(run) is run
+    assert counted == Counter(requests_unmapped_peer=3)

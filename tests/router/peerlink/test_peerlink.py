@@ -1232,6 +1232,6 @@ async def test_loopback_tcp_handshake_interest_and_graceful_disconnect():
     assert [type(e) for e in la] == [Connected, Closed] and la[-1].initiated_by == "local"
     assert lb == [Connected(lb[0].peer, int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS
                                             | Capability.ORIGIN_SID | Capability.RU_SESSIONS
-                                            | Capability.TIR_OPTIONS)),
+                                            | Capability.TIR_OPTIONS | Capability.RESPONSES)),
                   interest, DisconnectRequested("test over"),
                   Closed("test over", "peer")]

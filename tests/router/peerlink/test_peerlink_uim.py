@@ -51,6 +51,7 @@ from router.peerlink.streams import (
 )
 
 NEW = int(Capability.RESPONSES | Capability.UIM_ROUTING)
+OLD = DEFAULT_CAPABILITIES & ~NEW  # a router of the versions before RESPONSE streams
 u8, u16, u32 = (st.integers(0, 2**n - 1) for n in (8, 16, 32))
 ipv4 = st.tuples(u8, u8, u8, u8).map(lambda t: ".".join(map(str, t)))
 port = st.integers(1, 0xFFFF)
@@ -185,13 +186,12 @@ def test_capability_bits_and_kinds():
     assert KIND_CAPABILITY[StreamKind.UIM_ROUTED] is Capability.UIM_ROUTING
     assert KIND_CAPABILITY[StreamKind.LBTRU_SESSION] is Capability.RU_SESSIONS
     assert set(KIND_TARGET) == {StreamKind.RESPONSE, StreamKind.UIM_ROUTED}
-    # not announced by default until the data plane relays them
-    assert not DEFAULT_CAPABILITIES & NEW
+    # announced by default once the data plane relays them: RESPONSE yes, UIM_ROUTED not yet
+    assert DEFAULT_CAPABILITIES & NEW == Capability.RESPONSES
     base = {StreamKind.TCP, StreamKind.LBTRU, StreamKind.LBTRM}
     assert set(stream_kinds(0)) == base
-    assert set(stream_kinds(DEFAULT_CAPABILITIES)) == base | {StreamKind.LBTRU_SESSION}
-    assert set(stream_kinds(DEFAULT_CAPABILITIES | Capability.RESPONSES)) == \
-        base | {StreamKind.LBTRU_SESSION, StreamKind.RESPONSE}
+    assert set(stream_kinds(OLD)) == base | {StreamKind.LBTRU_SESSION}
+    assert set(stream_kinds(DEFAULT_CAPABILITIES)) == base | {StreamKind.LBTRU_SESSION, StreamKind.RESPONSE}
     assert set(stream_kinds(Capability.UIM_ROUTING)) == base | {StreamKind.UIM_ROUTED}
 
 
@@ -201,10 +201,10 @@ UIM = StreamOpen(3, 0, StreamKind.UIM_ROUTED, 1000, RoutedUimTarget(9, "10.0.0.2
 
 @pytest.mark.parametrize("a_caps, b_caps, sendable", [
     (DEFAULT_CAPABILITIES | NEW, DEFAULT_CAPABILITIES | NEW, {RESP, UIM}),
-    (DEFAULT_CAPABILITIES | NEW, DEFAULT_CAPABILITIES, set()),  # an older peer
-    (DEFAULT_CAPABILITIES, DEFAULT_CAPABILITIES | NEW, set()),  # we do not serve them
-    (DEFAULT_CAPABILITIES | Capability.RESPONSES, DEFAULT_CAPABILITIES | NEW, {RESP}),
-    (DEFAULT_CAPABILITIES | NEW, DEFAULT_CAPABILITIES | Capability.UIM_ROUTING, {UIM}),
+    (DEFAULT_CAPABILITIES | NEW, OLD, set()),  # an older peer
+    (OLD, DEFAULT_CAPABILITIES | NEW, set()),  # we do not serve them
+    (OLD | Capability.RESPONSES, OLD | NEW, {RESP}),
+    (OLD | NEW, OLD | Capability.UIM_ROUTING, {UIM}),
 ])
 def test_a_connection_never_opens_a_kind_the_peer_did_not_announce(a_caps, b_caps, sendable):
     a, b = connected(a_caps, b_caps)

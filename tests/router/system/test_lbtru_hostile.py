@@ -17,7 +17,7 @@ PRELUDE = r'''
 import json, socket, trio
 from lbmr_proto import lbtru as RU
 from lbmr_tools.sim.dataplane import UmRuDataReceiver
-from router.relays import lbtru_fanout as lbtru_relay
+from router.relays import lbtru_fanout
 from router.config.model import LbtrmConfig, RouteInfoConfig, acceptor_peer, initiator_peer, lbmrd_endpoint, router_config
 from router.shell.router import MultiRouter
 from tests.router.helpers import resolve, rm_source, start_lbmrd, udp
@@ -94,7 +94,7 @@ class Steps(trio.abc.Instrument):
         most[1] = max(most[1], most[0])
 
 
-send_now = lbtru_relay.RuProxySource._send_now
+send_now = lbtru_fanout.RuProxySource._send_now
 
 
 def counted(self, out):
@@ -102,7 +102,7 @@ def counted(self, out):
     return send_now(self, out)
 
 
-lbtru_relay.RuProxySource._send_now = counted
+lbtru_fanout.RuProxySource._send_now = counted
 
 
 async def main():
