@@ -16,11 +16,20 @@ joined, through its own bounded queue:
   ``max-queue``: 1,000,000 bytes by default). A run that does not fit is
   cut at a message boundary: the messages that fit are queued, the rest are
   dropped and counted (the newest go, as in the DRO's "dropped due to
-  blocking"); a sink never receives a partial message. All the sinks of a
-  portal share a :class:`QueueBudget` (256 MiB): memory stays bounded
-  whatever the number of receivers. A sink that holds
+  blocking"); a sink never receives a partial message. A sink that holds
   bytes and takes none for ``stall_timeout`` seconds is stalled
   (:meth:`SinkQueue.stalled`): the shell disconnects it.
+* The queues hold views of the session's buffers, not copies; a
+  :class:`SharedBuffer` counts the queued views into one buffer, and all the
+  sinks of a relay share a :class:`QueueBudget` (256 MiB) that counts each
+  buffer once, at its full size, from its first view to its last: what is
+  really held. Half the budget is open to every queue, the other half only
+  to queues within their fair share (:attr:`QueueBudget.share`): sinks that
+  do not keep up fill their own queues, never the room of the ones that do.
+* Pacing (:meth:`SessionFanout.room`): the shell reads the session only as
+  far as the queue with the most room takes it whole, so when every way out
+  is full the origin is paced (as a UM TCP source is by its receivers) and
+  nothing is dropped; a sink slower than the fastest drops its own messages.
 
 Every run of whole messages passes the session's message path
 (:class:`router.core.message_path.MessagePath`, when it has one: the far
@@ -41,7 +50,7 @@ from lbmr_proto import lbmc
 from .message_path import MessagePath, headed
 
 __all__ = ["DEFAULT_MAX_QUEUE", "MIN_MAX_QUEUE", "DEFAULT_STALL_TIMEOUT", "DEFAULT_BUDGET", "Batch",
-           "Dropped", "QueueBudget", "SinkQueue", "SessionFanout"]
+           "Dropped", "QueueBudget", "SharedBuffer", "SinkQueue", "SessionFanout"]
 
 #: the DRO's endpoint ``max-queue`` default, bytes
 DEFAULT_MAX_QUEUE = 1_000_000
@@ -51,6 +60,8 @@ MIN_MAX_QUEUE = lbmc.MAX_MSGLEN + 1
 DEFAULT_STALL_TIMEOUT = 10.0
 #: bytes the queues of one portal's sinks may hold together
 DEFAULT_BUDGET = 256 << 20
+#: bytes :meth:`SessionFanout.room` offers at least when a queue is empty
+MIN_READ = 4096
 
 
 #: a run of whole LBMC messages (``data``, ``ends``: the offset just past each)
@@ -67,26 +78,68 @@ class Dropped:
 
 
 class QueueBudget:
-    """Bytes all the sinks sharing it may hold together (``limit``), and how many
-    they hold (``held``): a bound on a portal's memory whatever the number of
-    its receivers."""
+    """Bytes the queues of the sinks sharing it (``sinks`` of them) really hold
+    together (``held``: each buffer that any queue holds a view of counted once,
+    at its full size, however many queues share it) and the bound on them
+    (``limit``).
 
-    __slots__ = ("limit", "held")
+    The lower half of the limit is open to every queue; the upper half only to
+    queues that hold at most their fair share (:attr:`share`): sinks that do
+    not keep up fill their own queues and about half the budget, and the
+    ones that keep up (their queues near empty) still find room."""
+
+    __slots__ = ("limit", "held", "sinks")
 
     def __init__(self, limit: int = DEFAULT_BUDGET) -> None:
         self.limit = limit
         self.held = 0
+        self.sinks = 0
+
+    @property
+    def share(self) -> int:
+        """Bytes of views a queue may hold and still add more once the budget is
+        over half full: a quarter of the limit split among the sinks. The
+        queues within their share hold at most a quarter together, so with the
+        open half the budget stays below three quarters plus the views' slack:
+        a queue within its share always finds room."""
+        return self.limit // (4 * max(1, self.sinks))
+
+    def room(self, queued: int, cost: int) -> int:
+        """Bytes of views a queue that holds ``queued`` bytes of them may add,
+        when the addition brings ``cost`` bytes of buffers nobody holds yet (0:
+        views of buffers held already, which the queue would keep alive)."""
+        held = self.held + cost
+        if held <= self.limit >> 1:
+            return self.limit  # the open half (the queue's own limit applies)
+        if cost and held > self.limit:
+            return 0
+        return self.share - queued
 
 
-def _compact(view: memoryview) -> memoryview:
-    """``view`` itself, or a copy when it is under a quarter of the run it
-    points into (a sink holding a little of a run must not keep it all)."""
-    return memoryview(bytes(view)) if len(view) * 4 < len(view.obj) else view
+class SharedBuffer:
+    """A buffer that queued views point into: its ``size`` in bytes (what it
+    really holds in memory) and how many queued chunks (``refs``, over all the
+    sinks) hold views of it. The budget counts it from its first view to its
+    last."""
+
+    __slots__ = ("size", "refs")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.refs = 0
+
+    @classmethod
+    def of(cls, data: bytes | memoryview) -> SharedBuffer:
+        """The buffer ``data`` is (``bytes``) or is a view into (``memoryview``)."""
+        if isinstance(data, memoryview):
+            obj = data.obj
+            return cls(obj.nbytes if isinstance(obj, memoryview) else len(obj))
+        return cls(len(data))
 
 
 class SinkQueue:
     """The bounded queue of one sink: whole messages, at most ``limit`` bytes
-    (and what ``budget`` has left). ``dropped_messages``/``dropped_bytes``
+    (and what ``budget`` lets it add). ``dropped_messages``/``dropped_bytes``
     count what did not fit; ``closing``: the session ended, the sink ends
     once its queue is empty."""
 
@@ -96,25 +149,41 @@ class SinkQueue:
     def __init__(self, limit: int, now: float, budget: QueueBudget | None = None) -> None:
         self.limit = limit
         self.budget = budget if budget is not None else QueueBudget(limit)
-        self.chunks: deque[memoryview] = deque()
-        self.held = 0  # bytes queued
+        self.budget.sinks += 1
+        # the views queued, each with the buffer it points into
+        self.chunks: deque[tuple[SharedBuffer, memoryview]] = deque()
+        self.held = 0  # bytes queued (of views)
         self.last_progress = now  # when it last took bytes (or last was empty)
         self.dropped_messages = 0
         self.dropped_bytes = 0
         self.messages = 0  # messages queued, in all
         self.closing = False
 
-    def offer(self, batch: Batch, now: float) -> tuple[int, int]:
-        """Queue the leading messages of ``batch`` that fit; (messages, bytes) dropped."""
-        budget = self.budget
-        k = batch.fitting(min(self.limit - self.held, budget.limit - budget.held))
+    @property
+    def room(self) -> int:
+        """Bytes of new buffers the queue takes now: its own limit, and the
+        budget's (what its open half has left, or the queue's fair share)."""
+        r = self.limit - self.held
+        b = self.budget
+        open_half = (b.limit >> 1) - b.held
+        if r <= open_half:
+            return r
+        return max(open_half, min(r, b.share - self.held, b.limit - b.held))
+
+    def offer(self, batch: Batch, now: float, buffer: SharedBuffer | None = None) -> tuple[int, int]:
+        """Queue the leading messages of ``batch`` that fit; (messages, bytes)
+        dropped. ``buffer``: the one ``batch.data`` is in (shared with the other
+        sinks the batch is offered to; by default its own)."""
+        if buffer is None:
+            buffer = SharedBuffer.of(batch.data)
+        room = min(self.limit - self.held, self.budget.room(self.held, 0 if buffer.refs else buffer.size))
+        k = batch.fitting(room)
         if k:
             cut = batch.ends[k - 1]
             if not self.held:
                 self.last_progress = now
-            self.chunks.append(_compact(memoryview(batch.data)[:cut]))
+            self._hold(buffer, memoryview(batch.data)[:cut])
             self.held += cut
-            budget.held += cut
             self.messages += k
         lost = batch.count - k
         if not lost:
@@ -124,34 +193,57 @@ class SinkQueue:
         self.dropped_bytes += nbytes
         return lost, nbytes
 
+    def _hold(self, buffer: SharedBuffer, view: memoryview) -> None:
+        if not buffer.refs:
+            self.budget.held += buffer.size
+        buffer.refs += 1
+        self.chunks.append((buffer, view))
+
+    def _let_go(self, buffer: SharedBuffer) -> None:
+        buffer.refs -= 1
+        if not buffer.refs:
+            self.budget.held -= buffer.size
+
     def head(self, max_parts: int = 64) -> list[memoryview]:
         """The first ``max_parts`` chunks to write (not taken until :meth:`wrote`)."""
-        if len(self.chunks) <= max_parts:
-            return list(self.chunks)
-        return [self.chunks[i] for i in range(max_parts)]
+        chunks = self.chunks
+        return [chunks[i][1] for i in range(min(max_parts, len(chunks)))]
 
     def wrote(self, nbytes: int, now: float) -> None:
         """``nbytes`` from the head went to the sink."""
         if nbytes <= 0:
             return
         self.held -= nbytes
-        self.budget.held -= nbytes
         self.last_progress = now
         chunks = self.chunks
         while nbytes:
-            c = chunks[0]
+            buffer, c = chunks[0]
             if len(c) <= nbytes:
                 nbytes -= len(c)
                 chunks.popleft()
+                self._let_go(buffer)
             else:
-                chunks[0] = _compact(c[nbytes:])
+                rest = c[nbytes:]
+                if len(rest) * 4 < buffer.size:  # a little of a large buffer: a copy of its own
+                    chunks.popleft()
+                    self._let_go(buffer)
+                    own = bytes(rest)
+                    own_buffer = SharedBuffer(len(own))
+                    own_buffer.refs = 1
+                    self.budget.held += own_buffer.size
+                    chunks.appendleft((own_buffer, memoryview(own)))
+                else:
+                    chunks[0] = (buffer, rest)
                 nbytes = 0
 
     def release(self) -> None:
         """The sink is gone: what it held goes back to the budget."""
-        self.budget.held -= self.held
-        self.held = 0
+        for buffer, _ in self.chunks:
+            self._let_go(buffer)
         self.chunks.clear()
+        self.held = 0
+        self.budget.sinks -= 1
+        self.limit = 0  # (takes nothing more)
 
     @property
     def finished(self) -> bool:
@@ -179,6 +271,8 @@ class SessionFanout:
         self.framer = lbmc.StreamFramer()
         self.sinks: dict[Hashable, SinkQueue] = {}
         self.session_id_message: bytes | None = None  # the last TCP_SID control message
+        self._last_buffer: SharedBuffer | None = None  # the buffer of the last run queued ...
+        self._last_obj = 0  # ... and the id of the object it is
         self.messages = 0  # whole messages framed
         self.nbytes = 0
         self.ended = False
@@ -215,6 +309,27 @@ class SessionFanout:
         """:meth:`feed` for the ``nbytes`` read into the last :meth:`receive_buffer`."""
         return self._offer(self.framer.received(nbytes), now)
 
+    def room(self) -> int:
+        """Bytes of the session the fan-out takes now so that each message they
+        complete fits the queue with the most room (:attr:`SinkQueue.room`,
+        less the incomplete message the framer holds); 0 when that queue holds
+        bytes and has less than a quarter of its size left (wait for it to take
+        some: :meth:`SinkQueue.wrote`). With no sink, ``max_queue``: no queue to
+        keep. Reading the session only this far (the origin paced by the sink
+        that takes fastest) drops nothing unless a sink is slower than another;
+        the slower ones drop their own messages."""
+        best, size = -1, 0
+        for q in self.sinks.values():
+            r = q.room
+            if r > best:
+                best, size = r, r + q.held
+        if best < 0:
+            return self.max_queue if not self.sinks else 0
+        room = best - self.framer.buffered
+        if best == size:  # an empty queue: nothing to wait for
+            return max(room, MIN_READ)
+        return room if room >= size >> 2 else 0
+
     def _offer(self, batches: list[Batch], now: float) -> list[Dropped]:
         out = []
         path = self.path if self.path is not None and self.path.active else None
@@ -228,11 +343,30 @@ class SessionFanout:
                     self._note_controls_at(batch, which)
             self.messages += batch.count
             self.nbytes += len(batch.data)
+            if not self.sinks:
+                continue
+            data = batch.data
+            if isinstance(data, memoryview) and len(data) * 4 < SharedBuffer.of(data).size:
+                batch = Batch(bytes(data), batch.ends)  # a little of a large buffer: a copy
+            buffer = self._buffer_of(batch.data)
             for key, q in self.sinks.items():
-                lost, nbytes = q.offer(batch, now)
+                lost, nbytes = q.offer(batch, now, buffer)
                 if lost:
                     out.append(Dropped(key, lost, nbytes))
         return out
+
+    def _buffer_of(self, data: bytes | memoryview) -> SharedBuffer:
+        """The :class:`SharedBuffer` of the run ``data``: the last one's when it is
+        a view into the same buffer still held (a buffer fed in pieces is counted
+        once), else a new one."""
+        if not isinstance(data, memoryview):
+            return SharedBuffer.of(data)
+        last = self._last_buffer
+        if last is not None and last.refs and self._last_obj == id(data.obj):
+            return last
+        self._last_buffer = buffer = SharedBuffer.of(data)
+        self._last_obj = id(data.obj)  # (not the object: held views keep it alive, ids unique)
+        return buffer
 
     def _note_controls(self, batch: Batch) -> None:
         data, start = batch.data, 0

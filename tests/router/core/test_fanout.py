@@ -131,13 +131,135 @@ def test_queue_bounds_and_batches():
 
 
 def test_a_shared_budget_bounds_every_queue_of_a_portal_together():
-    budget = QueueBudget(limit=3 * len(msg(0, 1000)))
-    one, two = SessionFanout(budget=budget), SessionFanout(budget=budget)
+    """Half the budget is open to every queue, the rest only to queues within
+    their fair share (a quarter of the limit split among the sinks)."""
+    def pair() -> bytes:  # a buffer of its own each time
+        return msg(0, 1000) + msg(1, 1000)
+
+    size = len(pair())
+    budget = QueueBudget(limit=16 * size)
+    one, two, three = (SessionFanout(budget=budget) for _ in range(3))
     a, b = one.add("a", 0.0), two.add("b", 0.0)
-    assert one.feed(msg(0, 1000) + msg(1, 1000), 0.0) == []
-    assert two.feed(msg(0, 1000) + msg(1, 1000), 0.0) == [Dropped("b", 1, len(msg(1, 1000)))]
-    assert budget.held == budget.limit and a.held + b.held == budget.limit
+    three.add("c", 0.0)
+    assert budget.sinks == 3 and budget.share == budget.limit // 12
+    for _ in range(8):
+        assert one.feed(pair(), 0.0) == []
+    assert budget.held == a.held == budget.limit // 2  # the open half, all a's
+    assert one.feed(pair(), 0.0) == [Dropped("a", 2, size)]  # over its share
+    assert two.feed(pair(), 0.0) == []  # b holds nothing: within its share
+    assert two.feed(pair(), 0.0) == [Dropped("b", 2, size)]  # its share is one pair
+    assert budget.held == a.held + b.held
     taken(a)  # written: room again
-    assert budget.held == b.held and two.feed(msg(2, 1000), 0.0) == []
+    assert budget.held == b.held and one.feed(pair(), 0.0) == []
     two.remove("b")  # a receiver that leaves gives its bytes back
+    three.remove("c")
+    taken(a)
+    assert budget.held == 0 and budget.sinks == 1
+
+
+def test_the_budget_counts_a_buffer_once_however_many_queues_hold_views_of_it():
+    budget = QueueBudget()
+    f = SessionFanout(budget=budget)
+    sinks = [f.add(k, 0.0) for k in range(100)]
+    run = b"".join(msg(q, 1000) for q in range(50))
+    assert f.feed(run, 0.0) == []
+    assert all(q.held == len(run) for q in sinks) and budget.held == len(run)
+    for q in sinks[:99]:
+        taken(q)
+    assert budget.held == len(run)  # one queue still holds a view: the whole buffer stays
+    taken(sinks[99])
     assert budget.held == 0
+    # a run cut at a message boundary keeps its whole buffer: that is what is counted
+    small = SessionFanout(max_queue=MIN_MAX_QUEUE, budget=budget)
+    q = small.add("q", 0.0)
+    big = b"".join(msg(k, 10_000) for k in range(10))
+    lost = small.feed(big, 0.0)[0].messages
+    assert q.held == len(big) - lost * len(msg(0, 10_000)) and budget.held == len(big)
+    # a little of a large buffer left after a write is copied: only it is counted
+    q.wrote(q.held - 100, 0.0)
+    assert q.held == 100 and budget.held == 100
+    small.remove("q")
+    f.remove(0)
+    assert budget.held == 0
+
+
+def test_a_small_read_into_a_large_buffer_is_counted_at_its_own_size():
+    budget = QueueBudget()
+    f = SessionFanout(budget=budget)
+    f.add("a", 0.0)
+    m = msg(0)
+    f.receive_buffer(256 << 10)[:len(m)] = m
+    assert f.received(len(m), 0.0) == [] and budget.held == len(m)
+
+
+def sqn(message: bytes) -> int:
+    return int.from_bytes(message[8:12], "big")
+
+
+def test_five_readers_lose_nothing_beside_five_hundred_sinks_that_never_take():
+    """A session read as the shell reads it (only as far as SessionFanout.room
+    lets), 500 sinks that never take anything joining one by one over the
+    session (each holding views of its own part of it: together more than the
+    budget), 5 that take all after each read: the 5 get every message, in
+    order; only the 500 drop; the budget is never exceeded."""
+    limit, count, size = 24 << 20, 170_000, 188
+    budget = QueueBudget(limit)
+    f = SessionFanout(max_queue=MIN_MAX_QUEUE, budget=budget)
+    readers = [f.add(("reader", k), 0.0) for k in range(5)]
+    framers = [lbmc.StreamFramer() for _ in readers]
+    seen = [[] for _ in readers]
+    stream = b"".join(msg(q, size) for q in range(count))
+    pos, deaf, high = 0, 0, 0
+    drops = []
+    while pos < len(stream):
+        if deaf < 500 and pos >= deaf * MIN_MAX_QUEUE:
+            f.add(("deaf", deaf), 0.0)
+            deaf += 1
+        room = f.room()
+        assert room > 0  # the readers are empty after each read: never paced
+        k = min(room, 65_536, len(stream) - pos)
+        f.receive_buffer(k)[:] = stream[pos:pos + k]
+        drops += f.received(k, 0.0)
+        pos += k
+        high = max(high, budget.held)
+        for q, framer, got in zip(readers, framers, seen, strict=True):
+            data = b"".join(q.head(1 << 20))
+            q.wrote(len(data), 0.0)
+            got.extend(map(sqn, framer.feed(data)))
+    assert deaf == 500
+    for got in seen:
+        assert got == list(range(count))
+    assert all(q.dropped_messages == 0 for q in readers)
+    assert {d.sink[0] for d in drops} == {"deaf"}
+    assert limit // 2 < high <= limit  # the budget was over half: the fair shares applied
+    buffers = {id(b): b for q in f.sinks.values() for b, _ in q.chunks}
+    assert budget.held == sum(b.size for b in buffers.values())  # each buffer held, once
+
+
+def test_room_paces_the_session_by_the_sink_that_takes_fastest():
+    f = SessionFanout(max_queue=MIN_MAX_QUEUE * 4)
+    assert f.room() == f.max_queue  # nobody to keep: anything
+    fast, slow = f.add("fast", 0.0), f.add("slow", 0.0)
+    stream = b"".join(msg(q, 1000) for q in range(2000))
+    pos, fast_seen = 0, []
+    framer = lbmc.StreamFramer()
+    rounds = 0
+    while pos < len(stream):
+        room = f.room()
+        if not room:  # both full: nothing read; the fast one takes, the slow one a little
+            assert fast.room < fast.limit // 4
+            data = b"".join(bytes(c) for c in fast.head(1 << 20))
+            fast.wrote(len(data), 0.0)
+            fast_seen += framer.feed(data)
+            slow.wrote(min(slow.held, 1000), 0.0)
+            rounds += 1
+            continue
+        k = min(room, len(stream) - pos)
+        f.receive_buffer(k)[:] = stream[pos:pos + k]
+        for d in f.received(k, 0.0):
+            assert d.sink == "slow"
+        pos += k
+    data = b"".join(bytes(c) for c in fast.head(1 << 20))
+    fast_seen += framer.feed(data)
+    assert rounds and fast.dropped_messages == 0 and slow.dropped_messages > 0
+    assert list(map(sqn, fast_seen)) == list(range(2000))
