@@ -340,13 +340,12 @@ async def test_one_copy_on_each_link_of_a_chain_of_three_for_ten_receivers():
         n.cancel_scope.cancel()
 
 
-async def test_a_link_queue_smaller_than_the_sessions_backlog_loses_no_frame():
+async def test_a_link_slower_than_the_source_paces_the_origin_and_nothing_is_dropped():
     """Router A's link queue (peer max-queue) at its 64 KiB minimum and a link
-    slower than the source: the session's queue for the link holds many reads
-    at once (and drops whole messages), each framed only as far as the link's
-    queue has room for it after the ones before it. A receiver at B gets
-    whole messages throughout (a frame the link's queue refused would cut
-    the stream at B)."""
+    slower than the source: with every way out full, router A stops reading
+    the origin (TCP paces it, as a UM TCP source is paced by its receivers)
+    instead of reading it as fast as it can and dropping. The receiver at B
+    gets every message, consecutive and whole; neither router drops one."""
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
@@ -358,15 +357,14 @@ async def test_a_link_queue_smaller_than_the_sessions_backlog_loses_no_frame():
         ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [trd1], interface="127.0.1.1"),
                     initiator_peer("A-to-B", *f_addr, reconnect_interval_ms=500, max_queue=64 << 10))
         await n.start(ra.run)
-        await tcp_live_source(n, trd1, rate=4000, message_size=3000, max_burst=64)
+        src, _ = await tcp_live_source(n, trd1, rate=4000, message_size=3000, max_burst=64)
         tir = await resolve(udp("127.0.2.9"), trd2)
-        framer, got = lbmc.StreamFramer(), 0
-        with trio.move_on_after(4):
-            stream = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
-            while data := await stream.receive_some(1 << 16):
-                got += len(data)
-                framer.feed(data)  # raises on a cut stream
-        assert got > 4e6 and framer.messages > 1000
-        assert ra.counters["fanout_link_dropped_messages"] > 0  # the link was the bottleneck
+        rx = tcp_receiver(tir, 0, max_bytes=8_000_000)
+        result = await rx.run()
+        assert result.error is None and result.messages > 2000, result
+        assert ra.counters["fanout_upstream_paced"] > 0  # the link was the bottleneck
+        assert ra.counters["fanout_link_dropped_messages"] == 0
+        assert rb.counters["fanout_dropped_messages"] == 0
         assert rb.counters["fanout_stream_malformed"] == 0
+        assert len(src.connections) == 1  # the source kept the router's connection
         n.cancel_scope.cancel()
