@@ -27,9 +27,13 @@ joined, through its own bounded queue:
   to queues within their fair share (:attr:`QueueBudget.share`): sinks that
   do not keep up fill their own queues, never the room of the ones that do.
 * Pacing (:meth:`SessionFanout.room`): the shell reads the session only as
-  far as the queue with the most room takes it whole, so when every way out
-  is full the origin is paced (as a UM TCP source is by its receivers) and
-  nothing is dropped; a sink slower than the fastest drops its own messages.
+  far as the slowest sink that keeps up takes it whole, so when every way
+  out is full the origin is paced (as a UM TCP source is by its receivers)
+  and nothing is dropped. A sink that holds the others back most of the
+  time, for the lag timeout in all (``lag_timeout``, 1 s), or takes nothing
+  for that long, stops pacing and drops its own messages until its queue
+  is down to a quarter again: a receiver that never reads, or reads slower
+  than the rest, holds them back for about the lag timeout.
 
 Every run of whole messages passes the session's message path
 (:class:`router.core.message_path.MessagePath`, when it has one: the far
@@ -41,6 +45,7 @@ seconds (the caller's clock).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -49,7 +54,8 @@ from lbmr_proto import lbmc
 
 from .message_path import MessagePath, headed
 
-__all__ = ["DEFAULT_MAX_QUEUE", "MIN_MAX_QUEUE", "DEFAULT_STALL_TIMEOUT", "DEFAULT_BUDGET", "Batch",
+__all__ = ["DEFAULT_MAX_QUEUE", "MIN_MAX_QUEUE", "DEFAULT_STALL_TIMEOUT", "DEFAULT_BUDGET",
+           "DEFAULT_LAG_TIMEOUT", "Batch",
            "Dropped", "QueueBudget", "SharedBuffer", "SinkQueue", "SessionFanout"]
 
 #: the DRO's endpoint ``max-queue`` default, bytes
@@ -62,6 +68,9 @@ DEFAULT_STALL_TIMEOUT = 10.0
 DEFAULT_BUDGET = 256 << 20
 #: bytes :meth:`SessionFanout.room` offers at least when a queue is empty
 MIN_READ = 4096
+#: seconds a sink may hold the others back (its queue nearly full while another's is not)
+#: before the session stops waiting for it
+DEFAULT_LAG_TIMEOUT = 1.0
 
 
 #: a run of whole LBMC messages (``data``, ``ends``: the offset just past each)
@@ -144,7 +153,7 @@ class SinkQueue:
     once its queue is empty."""
 
     __slots__ = ("limit", "budget", "chunks", "held", "last_progress", "dropped_messages",
-                 "dropped_bytes", "messages", "closing")
+                 "dropped_bytes", "messages", "closing", "pacing", "holding", "lag", "fell_behind")
 
     def __init__(self, limit: int, now: float, budget: QueueBudget | None = None) -> None:
         self.limit = limit
@@ -158,6 +167,12 @@ class SinkQueue:
         self.dropped_bytes = 0
         self.messages = 0  # messages queued, in all
         self.closing = False
+        # the session waits for this sink (SessionFanout.room): from when it joined, until it
+        # held the others back for the lag timeout; again once its queue is down to a quarter
+        self.pacing = True
+        self.holding = False  # it held the others back at the last SessionFanout.room
+        self.lag = 0.0  # seconds it held them back, less twice the seconds it did not (>= 0)
+        self.fell_behind = 0  # times it stopped pacing
 
     @property
     def room(self) -> int:
@@ -215,6 +230,8 @@ class SinkQueue:
             return
         self.held -= nbytes
         self.last_progress = now
+        if self.held <= self.limit >> 2:
+            self.pacing = True  # it took most of what it had: it keeps up again
         chunks = self.chunks
         while nbytes:
             buffer, c = chunks[0]
@@ -259,13 +276,17 @@ class SessionFanout:
     ``max_queue``: bytes per sink (at least :data:`MIN_MAX_QUEUE`); ``budget``:
     shared with the other sessions of the portal (default: this session's own,
     :data:`DEFAULT_BUDGET`); ``path``: the message path every run passes
-    before the queues (None: none, the messages go as they came)."""
+    before the queues (None: none, the messages go as they came);
+    ``lag_timeout``: seconds a sink may hold the others back (:meth:`room`)."""
 
     def __init__(self, max_queue: int = DEFAULT_MAX_QUEUE, budget: QueueBudget | None = None,
-                 path: MessagePath | None = None) -> None:
+                 path: MessagePath | None = None, lag_timeout: float = DEFAULT_LAG_TIMEOUT) -> None:
         if max_queue < MIN_MAX_QUEUE:
             raise ValueError(f"max_queue must be at least {MIN_MAX_QUEUE} bytes (one message)")
         self.max_queue = max_queue
+        self.lag_timeout = lag_timeout
+        self.fell_behind = 0  # times a sink stopped pacing (SinkQueue.fell_behind)
+        self._checked = 0.0  # when room() last looked
         self.budget = budget if budget is not None else QueueBudget()
         self.path = path
         self.framer = lbmc.StreamFramer()
@@ -309,26 +330,66 @@ class SessionFanout:
         """:meth:`feed` for the ``nbytes`` read into the last :meth:`receive_buffer`."""
         return self._offer(self.framer.received(nbytes), now)
 
-    def room(self) -> int:
-        """Bytes of the session the fan-out takes now so that each message they
-        complete fits the queue with the most room (:attr:`SinkQueue.room`,
-        less the incomplete message the framer holds); 0 when that queue holds
-        bytes and has less than a quarter of its size left (wait for it to take
-        some: :meth:`SinkQueue.wrote`). With no sink, ``max_queue``: no queue to
-        keep. Reading the session only this far (the origin paced by the sink
-        that takes fastest) drops nothing unless a sink is slower than another;
-        the slower ones drop their own messages."""
-        best, size = -1, 0
-        for q in self.sinks.values():
+    def room(self, now: float) -> int:
+        """Bytes of the session the fan-out takes now: as far as the pacing sink
+        with the least room takes them whole (:attr:`SinkQueue.room`, less the
+        incomplete message the framer holds), so that no pacing sink drops; 0
+        when that sink holds bytes and has less than a quarter of its queue
+        left (wait for it: :meth:`SinkQueue.wrote`, or :meth:`recheck_at`).
+
+        A sink paces from when it joins. A pacing sink holds the others back
+        when it has less than half the room of the sink with the most; one
+        that does so more than two thirds of the time, for ``lag_timeout``
+        seconds in all (:attr:`SinkQueue.lag`), or that holds bytes and took
+        none for ``lag_timeout`` seconds, stops pacing (``fell_behind``): it
+        drops its own messages until its queue is down to a quarter, then
+        paces again.
+        With no pacing sink the sink with the most room paces; with no sink,
+        ``max_queue`` (nobody to keep). So the origin is paced by the slowest
+        receiver that keeps up, never dropped for; one slower than the rest
+        (or that never reads) holds them back for about the lag timeout, then
+        loses its own messages."""
+        sinks = self.sinks
+        if not sinks:
+            return self.max_queue
+        dt = max(0.0, now - self._checked)
+        self._checked = now
+        best, best_size = -1, 0
+        for q in sinks.values():
             r = q.room
             if r > best:
-                best, size = r, r + q.held
-        if best < 0:
-            return self.max_queue if not self.sinks else 0
-        room = best - self.framer.buffered
-        if best == size:  # an empty queue: nothing to wait for
+                best, best_size = r, r + q.held
+        slow, slow_size, paced = best, best_size, False
+        half = best >> 1
+        for q in sinks.values():
+            if not q.pacing:
+                continue
+            if dt:  # what it did since the last call
+                q.lag = q.lag + dt if q.holding else max(0.0, q.lag - 2 * dt)
+            if q.lag >= self.lag_timeout or (q.held and now - q.last_progress >= self.lag_timeout):
+                q.pacing, q.holding, q.lag = False, False, 0.0
+                q.fell_behind += 1
+                self.fell_behind += 1
+                continue
+            r = q.room
+            q.holding = r < half
+            if not paced or r < slow:
+                slow, slow_size, paced = r, r + q.held, True
+        room = slow - self.framer.buffered
+        if slow == slow_size:  # an empty queue: nothing to wait for
             return max(room, MIN_READ)
-        return room if room >= size >> 2 else 0
+        return room if room >= slow_size >> 2 else 0
+
+    def recheck_at(self) -> float:
+        """When :meth:`room` may say more without any sink taking bytes: when a
+        pacing sink that holds bytes reaches the lag timeout (inf: none)."""
+        at = math.inf
+        for q in self.sinks.values():
+            if q.pacing and q.held:
+                at = min(at, q.last_progress + self.lag_timeout)
+                if q.holding:
+                    at = min(at, self._checked + self.lag_timeout - q.lag)
+        return at
 
     def _offer(self, batches: list[Batch], now: float) -> list[Dropped]:
         out = []

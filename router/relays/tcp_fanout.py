@@ -304,7 +304,8 @@ class FanoutRelay(TransportRelay):
                 elif now >= idle_since + NEAR_LINGER:
                     return
                 st.incoming_ready = trio.Event()
-                with trio.move_on_at(idle_since + NEAR_LINGER):
+                recheck = core.recheck_at() if st.incoming else math.inf  # (bytes held back)
+                with trio.move_on_at(min(idle_since + NEAR_LINGER, recheck)):
                     await st.incoming_ready.wait()
         except lbmc.LbmcDecodeError as e:
             self.counters["fanout_stream_malformed"] += 1
@@ -329,7 +330,9 @@ class FanoutRelay(TransportRelay):
         nbytes = 0
         incoming = st.incoming
         while incoming:
-            room = core.room()
+            behind = core.fell_behind
+            room = core.room(now)
+            self.counters["fanout_receivers_behind"] += core.fell_behind - behind
             if not room:
                 self.counters["fanout_stream_paced"] += 1
                 break
@@ -419,11 +422,14 @@ class FanoutRelay(TransportRelay):
                 idle_since = trio.current_time()
             elif trio.current_time() >= idle_since + UPSTREAM_LINGER:
                 return
-            room = core.room()
+            now = trio.current_time()
+            behind = core.fell_behind
+            room = core.room(now)
+            self.counters["fanout_link_streams_behind"] += core.fell_behind - behind
             if not room:
                 self.counters["fanout_upstream_paced"] += 1
                 up.room = trio.Event()
-                with trio.move_on_after(UPSTREAM_LINGER):
+                with trio.move_on_at(min(now + UPSTREAM_LINGER, core.recheck_at())):
                     await up.room.wait()
                 continue
             with trio.move_on_after(UPSTREAM_LINGER) as waited:

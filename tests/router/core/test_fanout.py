@@ -4,6 +4,8 @@ TCP_SID for every new sink, the end of a session."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from lbmr_proto import lbmc
@@ -198,10 +200,12 @@ def sqn(message: bytes) -> int:
 
 def test_five_readers_lose_nothing_beside_five_hundred_sinks_that_never_take():
     """A session read as the shell reads it (only as far as SessionFanout.room
-    lets), 500 sinks that never take anything joining one by one over the
-    session (each holding views of its own part of it: together more than the
-    budget), 5 that take all after each read: the 5 get every message, in
-    order; only the 500 drop; the budget is never exceeded."""
+    lets, a quarter of a second apart), 500 sinks that never take anything
+    joining one by one over the session (each holding views of its own part
+    of it: together more than the budget), 5 that take all after each read:
+    the 5 get every message, in order; only the 500 drop (each holds the
+    session back for its lag timeout, then no more); the budget is never
+    exceeded."""
     limit, count, size = 24 << 20, 170_000, 188
     budget = QueueBudget(limit)
     f = SessionFanout(max_queue=MIN_MAX_QUEUE, budget=budget)
@@ -209,24 +213,27 @@ def test_five_readers_lose_nothing_beside_five_hundred_sinks_that_never_take():
     framers = [lbmc.StreamFramer() for _ in readers]
     seen = [[] for _ in readers]
     stream = b"".join(msg(q, size) for q in range(count))
-    pos, deaf, high = 0, 0, 0
+    pos, deaf, high, now, waits = 0, 0, 0, 0.0, 0
     drops = []
     while pos < len(stream):
+        now += 0.25
         if deaf < 500 and pos >= deaf * MIN_MAX_QUEUE:
-            f.add(("deaf", deaf), 0.0)
+            f.add(("deaf", deaf), now)
             deaf += 1
-        room = f.room()
-        assert room > 0  # the readers are empty after each read: never paced
+        room = f.room(now)
+        if not room:
+            waits += 1
+            continue
         k = min(room, 65_536, len(stream) - pos)
         f.receive_buffer(k)[:] = stream[pos:pos + k]
-        drops += f.received(k, 0.0)
+        drops += f.received(k, now)
         pos += k
         high = max(high, budget.held)
         for q, framer, got in zip(readers, framers, seen, strict=True):
             data = b"".join(q.head(1 << 20))
             q.wrote(len(data), 0.0)
             got.extend(map(sqn, framer.feed(data)))
-    assert deaf == 500
+    assert deaf == 500 and f.fell_behind == 500 and waits <= 500 * 4
     for got in seen:
         assert got == list(range(count))
     assert all(q.dropped_messages == 0 for q in readers)
@@ -236,30 +243,114 @@ def test_five_readers_lose_nothing_beside_five_hundred_sinks_that_never_take():
     assert budget.held == sum(b.size for b in buffers.values())  # each buffer held, once
 
 
-def test_room_paces_the_session_by_the_sink_that_takes_fastest():
+def drain(q, framer, now: float, nbytes: int | None = None) -> list[int]:
+    """What ``q`` writes at ``now`` (all, or ``nbytes`` at most): the sequence numbers of the
+    messages it completes."""
+    data = b"".join(q.head(1 << 20))[:nbytes]
+    q.wrote(len(data), now)
+    return list(map(sqn, framer.feed(data)))
+
+
+def test_a_lone_sink_paces_the_session_and_never_drops_however_slow():
     f = SessionFanout(max_queue=MIN_MAX_QUEUE * 4)
-    assert f.room() == f.max_queue  # nobody to keep: anything
-    fast, slow = f.add("fast", 0.0), f.add("slow", 0.0)
-    stream = b"".join(msg(q, 1000) for q in range(2000))
-    pos, fast_seen = 0, []
-    framer = lbmc.StreamFramer()
-    rounds = 0
+    assert f.room(0.0) == f.max_queue  # nobody to keep: anything
+    q = f.add("q", 0.0)
+    framer, seen = lbmc.StreamFramer(), []
+    stream = b"".join(msg(k, 1000) for k in range(3000))
+    pos, now, waits = 0, 0.0, 0
     while pos < len(stream):
-        room = f.room()
-        if not room:  # both full: nothing read; the fast one takes, the slow one a little
-            assert fast.room < fast.limit // 4
-            data = b"".join(bytes(c) for c in fast.head(1 << 20))
-            fast.wrote(len(data), 0.0)
-            fast_seen += framer.feed(data)
-            slow.wrote(min(slow.held, 1000), 0.0)
-            rounds += 1
-            continue
-        k = min(room, len(stream) - pos)
-        f.receive_buffer(k)[:] = stream[pos:pos + k]
-        for d in f.received(k, 0.0):
-            assert d.sink == "slow"
-        pos += k
-    data = b"".join(bytes(c) for c in fast.head(1 << 20))
-    fast_seen += framer.feed(data)
-    assert rounds and fast.dropped_messages == 0 and slow.dropped_messages > 0
-    assert list(map(sqn, fast_seen)) == list(range(2000))
+        now += 0.01
+        room = f.room(now)
+        if room:
+            k = min(room, len(stream) - pos)
+            f.receive_buffer(k)[:] = stream[pos:pos + k]
+            assert f.received(k, now) == []
+            pos += k
+        else:
+            waits += 1
+        seen += drain(q, framer, now, 2000)  # far slower than the session could go
+    seen += drain(q, framer, now)
+    assert waits and f.fell_behind == 0 and f.recheck_at() == math.inf
+    assert seen == list(range(3000))
+
+
+def test_a_sink_that_holds_a_faster_one_back_for_the_lag_timeout_drops_its_own():
+    """Two sinks that keep up pace the session together; when one takes far
+    less than the other, the session waits for it for ``lag_timeout`` seconds
+    (nothing dropped), then stops waiting: the slow one drops its own
+    messages, the fast one none, and gets them all."""
+    f = SessionFanout(max_queue=MIN_MAX_QUEUE * 4, lag_timeout=1.0)
+    fast, slow = f.add("fast", 0.0), f.add("slow", 0.0)
+    framers = {"fast": lbmc.StreamFramer(), "slow": lbmc.StreamFramer()}
+    seen = {"fast": [], "slow": []}
+    stream = b"".join(msg(k, 1000) for k in range(6000))
+    pos, now, first_drop, holding = 0, 0.0, None, None
+    while pos < len(stream):
+        now += 0.01
+        room = f.room(now)
+        if slow.holding and holding is None:
+            holding = now
+            assert f.recheck_at() <= now + 1.0
+        if room:
+            k = min(room, len(stream) - pos)
+            f.receive_buffer(k)[:] = stream[pos:pos + k]
+            for d in f.received(k, now):
+                assert d.sink == "slow"
+                first_drop = now if first_drop is None else first_drop
+            pos += k
+        seen["fast"] += drain(fast, framers["fast"], now)
+        seen["slow"] += drain(slow, framers["slow"], now, 20_000 if pos < 1_000_000 else 3000)
+    seen["fast"] += drain(fast, framers["fast"], now)
+    assert holding is not None and first_drop >= holding + 1.0  # waited for it that long first
+    assert slow.fell_behind == f.fell_behind == 1 and not slow.pacing and fast.pacing
+    assert fast.dropped_messages == 0 and seen["fast"] == list(range(6000))
+    assert slow.dropped_messages > 0 and seen["slow"][:100] == list(range(100))
+
+
+def test_a_sink_that_never_takes_holds_the_others_back_for_the_lag_timeout_only():
+    """Alone, a sink that never takes paces the session (every way out is
+    full: nothing is read). Once it has taken nothing for the lag timeout,
+    the session no longer waits for it: a receiver that joins gets the
+    session at once, and the one that does not take drops its own messages."""
+    f = SessionFanout(max_queue=MIN_MAX_QUEUE, lag_timeout=1.0)
+    deaf = f.add("deaf", 0.0)
+    f.feed(b"".join(msg(k, 1000) for k in range(80)), 0.0)
+    assert deaf.room < deaf.limit // 4 and f.room(0.0) == 0 and f.recheck_at() == 1.0
+    assert f.room(0.5) == 0 and deaf.pacing
+    assert f.room(1.0) == 0 and not deaf.pacing and deaf.fell_behind == 1  # alone, it still paces
+    assert f.recheck_at() == math.inf
+    reader = f.add("reader", 20.0)
+    assert f.room(20.0) >= MIN_MAX_QUEUE - lbmc.MAX_MSGLEN  # at once: the reader's room
+    framer, seen = lbmc.StreamFramer(), []
+    for now in range(21, 221):
+        stream = b"".join(msg(k, 1000) for k in range(50 * now, 50 * now + 50))
+        assert f.room(float(now)) >= len(stream)
+        assert {d.sink for d in f.feed(stream, float(now))} == {"deaf"}
+        seen += drain(reader, framer, float(now))
+    assert seen == list(range(50 * 21, 50 * 221)) and not deaf.pacing and reader.dropped_messages == 0
+
+
+def test_sinks_that_keep_up_alike_pace_the_session_together_and_drop_nothing():
+    """Sinks of one speed, each the slowest in turn (they take in bursts, out
+    of step): none holds the others back for long, none stops pacing, nothing
+    is dropped over 100 s of a session faster than they are."""
+    f = SessionFanout(max_queue=MIN_MAX_QUEUE * 4, lag_timeout=1.0)
+    sinks = [f.add(k, 0.0) for k in range(3)]
+    framers = [lbmc.StreamFramer() for _ in sinks]
+    seen = [[] for _ in sinks]
+    next_sqn, now, step = 0, 0.0, 0
+    while now < 100.0:
+        now += 0.01
+        step += 1
+        room = f.room(now)
+        count = room // len(msg(0, 1000))
+        if count:
+            assert f.feed(b"".join(msg(k, 1000) for k in range(next_sqn, next_sqn + count)), now) == []
+            next_sqn += count
+        for k, (q, framer) in enumerate(zip(sinks, framers, strict=True)):
+            if step % 3 == k:
+                seen[k] += drain(q, framer, now, 60_000)
+    for q, framer, got in zip(sinks, framers, seen, strict=True):
+        got += drain(q, framer, now)
+        assert got == list(range(next_sqn))
+    assert f.fell_behind == 0 and next_sqn > 100_000
