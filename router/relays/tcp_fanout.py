@@ -8,19 +8,27 @@ Far side (:meth:`FanoutRelay.open_far`): a stream the peer opens for an
 advertisement of a TCP session joins the session's :class:`Upstream` (one
 connection to the origin per session, shared by every link whose relay shares
 the endpoint's :class:`Upstreams`); it gets whole messages from the next
-boundary, within its credit, through a queue of ``max_queue`` bytes (what does
-not fit is dropped and counted: the origin is never paced by a link). The
-origin's EOF ends every stream of the session; the connection closes
-UPSTREAM_LINGER seconds after its last stream left.
+boundary, within its credit, through a queue of ``max_queue`` bytes. The
+origin is read only as far as the slowest stream that keeps up takes it
+(:meth:`router.core.fanout.SessionFanout.room`): when every link is full the
+origin is not read and TCP paces it; a stream that holds the others back for
+the lag timeout drops its own messages (counted). The origin's EOF ends
+every stream of the session; the connection closes UPSTREAM_LINGER seconds
+after its last stream left.
 
 Near side (:meth:`FanoutRelay.serve_proxy`): the first receiver that connects to
 a proxy opens the one link stream of the proxy; every receiver gets whole
 messages from the next boundary through its own queue of ``max_queue`` bytes,
-written with non-blocking ``writev``; one that holds bytes and takes none for
-``stall_timeout`` seconds is disconnected. The stream ends with the origin,
-or NEAR_LINGER seconds after the last receiver left. What receivers send (UM
-control messages: TCP session id, source-side filtering) is framed, counted
-and not passed on; a receiver whose bytes are not LBMC is disconnected.
+written with non-blocking ``writev``. The stream's bytes are taken (and their
+credit returned) only as far as the slowest receiver that keeps up takes
+them: when every receiver is full the credit runs out and the far router
+stops reading the origin; a receiver that holds the others back for the lag
+timeout drops its own messages (counted); one that holds bytes and takes
+none for ``stall_timeout`` seconds is disconnected. The stream ends with the
+origin, or NEAR_LINGER seconds after the last receiver left. What receivers
+send (UM control messages: TCP session id, source-side filtering) is framed,
+counted and not passed on, read at most RECEIVER_UPSTREAM_RATE bytes a
+second; a receiver whose bytes are not LBMC is disconnected.
 
 Every message passes the relay's message path once
 (:mod:`router.core.message_path`): the origin's, at the far router, in the
