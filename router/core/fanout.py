@@ -292,6 +292,7 @@ class SessionFanout:
         self.framer = lbmc.StreamFramer()
         self.sinks: dict[Hashable, SinkQueue] = {}
         self.session_id_message: bytes | None = None  # the last TCP_SID control message
+        self._partial = 0  # bytes of the incomplete message the framer holds, counted in the budget
         self._last_buffer: SharedBuffer | None = None  # the buffer of the last run queued ...
         self._last_obj = 0  # ... and the id of the object it is
         self.messages = 0  # whole messages framed
@@ -392,6 +393,9 @@ class SessionFanout:
         return at
 
     def _offer(self, batches: list[Batch], now: float) -> list[Dropped]:
+        partial = self.framer.buffered  # (held between reads: counted too)
+        self.budget.held += partial - self._partial
+        self._partial = partial
         out = []
         path = self.path if self.path is not None and self.path.active else None
         for batch in batches:
@@ -454,7 +458,10 @@ class SessionFanout:
             self.session_id_message = message
 
     def end(self) -> None:
-        """The session ended: every sink ends once its queue is empty."""
+        """The session ended: every sink ends once its queue is empty (and the
+        incomplete message the framer holds goes back to the budget)."""
+        self.budget.held -= self._partial
+        self._partial = 0
         self.ended = True
         for q in self.sinks.values():
             q.closing = True

@@ -354,3 +354,18 @@ def test_sinks_that_keep_up_alike_pace_the_session_together_and_drop_nothing():
         got += drain(q, framer, now)
         assert got == list(range(next_sqn))
     assert f.fell_behind == 0 and next_sqn > 100_000
+
+
+def test_the_incomplete_message_a_session_holds_between_reads_is_counted():
+    budget = QueueBudget()
+    f = SessionFanout(budget=budget)
+    q = f.add("a", 0.0)
+    m = msg(0, 1000)
+    assert f.feed(m[:300], 0.0) == [] and budget.held == 300 and q.held == 0
+    assert f.feed(m[300:], 0.0) == [] and budget.held == len(m) == q.held  # now in the queue
+    taken(q)
+    assert budget.held == 0
+    f.feed(m[:10], 0.0)
+    assert budget.held == 10
+    f.end()  # the session ended: what it held goes back
+    assert budget.held == 0

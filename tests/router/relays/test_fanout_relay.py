@@ -205,6 +205,27 @@ async def test_a_receiver_that_floods_control_messages_is_read_at_a_bounded_rate
         n.cancel_scope.cancel()
 
 
+async def test_an_idle_upstream_session_holds_no_receive_buffer():
+    """A session whose origin sends nothing: router A's proxy receiver waits
+    for the origin's socket to be readable before it takes a buffer to read
+    into, so an idle session holds none (and nothing of it is in the budget)."""
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        src, _ = await tcp_live_source(n, trd1, rate=0.01, message_size=500)  # one message a 100 s
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        conn = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+        with trio.fail_after(5):
+            while not ra.counters["fanout_upstreams"]:
+                await trio.sleep(0.05)
+        await trio.sleep(0.5)
+        relay = next(r for r in ra.relay.relays.values() if isinstance(r, FanoutRelay))
+        (up,) = relay.upstreams.values()
+        assert up.core.framer.reserved == 0 and up.core.framer.buffered == 0
+        assert relay.budget.held <= 64  # (at most the session's TCP_SID message, queued for the link)
+        await conn.aclose()
+        n.cancel_scope.cancel()
+
+
 async def test_a_late_joiner_starts_at_a_message_boundary_after_the_session_id():
     async with trio.open_nursery() as n:
         ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
