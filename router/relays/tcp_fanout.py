@@ -328,11 +328,11 @@ class FanoutRelay(TransportRelay):
 
     def _near_feed(self, proxy: _Proxy, link: Link, st: StreamState) -> None:
         """The stream's bytes from the peer to the receivers' queues and sockets,
-        as far as the receiver with the most room takes them
+        as far as the slowest receiver that keeps up takes them
         (:meth:`SessionFanout.room`); their credit goes back as they are taken.
-        When no receiver takes more, the bytes wait and so does the peer (its
+        When the receivers take no more, the bytes wait and so does the peer (its
         queue for the link fills, then it stops reading the origin); a receiver
-        slower than the fastest drops its own messages (counted)."""
+        slower than the rest drops its own messages (counted)."""
         now = trio.current_time()
         core = proxy.core
         nbytes = 0
@@ -414,8 +414,8 @@ class FanoutRelay(TransportRelay):
 
     async def _upstream_reads(self, up: Upstream, conn: trio.SocketStream) -> None:
         """Read the origin into the session's receive buffer, only as far as the
-        link stream with the most room takes it (:meth:`SessionFanout.room`):
-        when no link takes more, the origin is not read and TCP paces it. The
+        slowest link stream that keeps up takes it (:meth:`SessionFanout.room`):
+        when the links take no more, the origin is not read and TCP paces it. The
         buffer is taken only once the socket is readable (an idle session holds
         none) and is no larger than the room. Each wait lasts at most
         UPSTREAM_LINGER, so that a session whose last stream left closes within
@@ -444,7 +444,7 @@ class FanoutRelay(TransportRelay):
                 try:
                     await trio.lowlevel.wait_readable(sock)
                 except (trio.ClosedResourceError, OSError):
-                    return
+                    pass  # (the read says why)
             if waited.cancelled_caught:
                 continue
             try:
