@@ -46,6 +46,7 @@ seconds (the caller's clock).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -153,7 +154,7 @@ class SinkQueue:
     once its queue is empty."""
 
     __slots__ = ("limit", "budget", "chunks", "held", "last_progress", "dropped_messages",
-                 "dropped_bytes", "messages", "closing", "pacing", "holding", "lag", "fell_behind")
+                 "dropped_bytes", "messages", "closing", "pacing", "holding", "lag", "fell_behind", "joins_at")
 
     def __init__(self, limit: int, now: float, budget: QueueBudget | None = None) -> None:
         self.limit = limit
@@ -173,6 +174,7 @@ class SinkQueue:
         self.holding = False  # it held the others back at the last SessionFanout.room
         self.lag = 0.0  # seconds it held them back, less twice the seconds it did not (>= 0)
         self.fell_behind = 0  # times it stopped pacing
+        self.joins_at = 0  # its first message starts at or after this offset of the session's bytes
 
     @property
     def room(self) -> int:
@@ -271,6 +273,12 @@ class SinkQueue:
         return self.held > 0 and now - self.last_progress >= timeout
 
 
+def _from(batch: Batch, first: int) -> Batch:
+    """The messages of ``batch`` from its ``first`` (> 0) on, a view of its bytes."""
+    base = batch.ends[first - 1]
+    return Batch(memoryview(batch.data)[base:], [end - base for end in batch.ends[first:]])
+
+
 class SessionFanout:
     """One live session's messages to its sinks (keys chosen by the caller).
     ``max_queue``: bytes per sink (at least :data:`MIN_MAX_QUEUE`); ``budget``:
@@ -296,13 +304,19 @@ class SessionFanout:
         self._last_buffer: SharedBuffer | None = None  # the buffer of the last run queued ...
         self._last_obj = 0  # ... and the id of the object it is
         self.messages = 0  # whole messages framed
+        self.fed = 0  # bytes of the session fed
         self.nbytes = 0
         self.ended = False
 
-    def add(self, key: Hashable, now: float) -> SinkQueue:
+    def add(self, key: Hashable, now: float, behind: int = 0) -> SinkQueue:
         """A new sink: it gets the session's TCP_SID message first (if one came),
-        then the messages of every later :meth:`feed`."""
+        then the messages of every later :meth:`feed`; with ``behind``, the
+        bytes of the session the caller holds and has not fed yet (taken before
+        the sink came), only the messages that start after them: it joins at
+        the next message, not at bytes held back for the others."""
         q = self.sinks[key] = SinkQueue(self.max_queue, now, self.budget)
+        if behind > 0:
+            q.joins_at = self.fed + behind
         q.closing = self.ended
         if self.session_id_message is not None:
             q.offer(Batch.of([self.session_id_message]), now)
@@ -319,7 +333,9 @@ class SessionFanout:
         of them): the whole messages they complete go to every sink's queue; what
         each sink had no room for. Raises
         :class:`lbmr_proto.lbmc.LbmcDecodeError` on bytes that are not LBMC."""
-        return self._offer(self.framer.cut(data), now)
+        start = self.framer.offset
+        self.fed += len(data)
+        return self._offer(self.framer.cut(data), now, start)
 
     def receive_buffer(self, size: int) -> memoryview:
         """Room for the session's next ``size`` bytes at most, to read into; then
@@ -329,7 +345,9 @@ class SessionFanout:
 
     def received(self, nbytes: int, now: float) -> list[Dropped]:
         """:meth:`feed` for the ``nbytes`` read into the last :meth:`receive_buffer`."""
-        return self._offer(self.framer.received(nbytes), now)
+        start = self.framer.offset
+        self.fed += nbytes
+        return self._offer(self.framer.received(nbytes), now, start)
 
     def room(self, now: float) -> int:
         """Bytes of the session the fan-out takes now: as far as the pacing sink
@@ -392,13 +410,16 @@ class SessionFanout:
                     at = min(at, self._checked + self.lag_timeout - q.lag)
         return at
 
-    def _offer(self, batches: list[Batch], now: float) -> list[Dropped]:
+    def _offer(self, batches: list[Batch], now: float, offset: int) -> list[Dropped]:
+        """``batches``, whose bytes start at ``offset`` of the session's, to the sinks."""
         partial = self.framer.buffered  # (held between reads: counted too)
         self.budget.held += partial - self._partial
         self._partial = partial
         out = []
         path = self.path if self.path is not None and self.path.active else None
         for batch in batches:
+            start, ends = offset, batch.ends  # (as they came: the path may change lengths)
+            offset += len(batch.data)
             if path is None:
                 self._note_controls(batch)
             else:  # one scan for the path and the TCP_SID control messages (both have headers)
@@ -415,7 +436,13 @@ class SessionFanout:
                 batch = Batch(bytes(data), batch.ends)  # a little of a large buffer: a copy
             buffer = self._buffer_of(batch.data)
             for key, q in self.sinks.items():
-                lost, nbytes = q.offer(batch, now, buffer)
+                if q.joins_at > start:  # joined after bytes held back: from its next message
+                    first = bisect_left(ends, q.joins_at - start) + 1
+                    if first >= batch.count:
+                        continue
+                    lost, nbytes = q.offer(_from(batch, first), now, buffer)
+                else:
+                    lost, nbytes = q.offer(batch, now, buffer)
                 if lost:
                     out.append(Dropped(key, lost, nbytes))
         return out

@@ -188,7 +188,8 @@ class FanoutRelay(TransportRelay):
                     return
                 self._open_stream(proxy, link, aid, nursery)
             key, core = next(self._keys), proxy.core
-            rx = _Receiver(conn, core.add(key, trio.current_time()), _peer(conn), proxy)
+            held_back = sum(map(len, proxy.st.incoming))  # it joins at the next message after them
+            rx = _Receiver(conn, core.add(key, trio.current_time(), held_back), _peer(conn), proxy)
             proxy.receivers[key] = rx
             self.receivers += 1
             self.counters["fanout_receivers"] += 1

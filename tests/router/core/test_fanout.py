@@ -369,3 +369,23 @@ def test_the_incomplete_message_a_session_holds_between_reads_is_counted():
     assert budget.held == 10
     f.end()  # the session ended: what it held goes back
     assert budget.held == 0
+
+
+def test_a_sink_that_joins_while_bytes_are_held_back_starts_after_them():
+    """The shell holds bytes back while the sinks that pace are full; a sink
+    that joins then starts at the next message after those bytes (it joins at
+    the next message, as behind a UM source, not at older ones), the others
+    get them all."""
+    f = SessionFanout()
+    a = f.add("a", 0.0)
+    stream = [msg(k) for k in range(8)]
+    f.feed(b"".join(stream[:2]), 0.0)
+    held = b"".join(stream[2:4]) + stream[4][:30]  # not fed yet: held back for a
+    b = f.add("b", 0.0, behind=len(held))
+    f.feed(held, 0.0)
+    f.feed(stream[4][30:] + b"".join(stream[5:]), 0.0)
+    assert taken(a) == stream
+    assert taken(b) == stream[5:]  # message 4 began in the bytes held back
+    c = f.add("c", 0.0, behind=len(stream[0]))
+    f.feed(b"".join(msg(k) for k in range(8, 11)), 0.0)
+    assert taken(c) == [msg(k) for k in range(9, 11)] and b.dropped_messages == c.dropped_messages == 0
