@@ -30,8 +30,9 @@ joined, through its own bounded queue:
   far as the slowest sink that keeps up takes it whole, so when every way
   out is full the origin is paced (as a UM TCP source is by its receivers)
   and nothing is dropped. A sink that holds the others back most of the
-  time, for the lag timeout in all (``lag_timeout``, 1 s), or takes nothing
-  for that long, stops pacing and drops its own messages until its queue
+  time, for the lag timeout in all (``lag_timeout``, 1 s; a tenth of it
+  until the sink took a queue's worth), or takes nothing for that long,
+  stops pacing and drops its own messages until its queue
   is down to a quarter again: a receiver that never reads, or reads slower
   than the rest, holds them back for about the lag timeout.
 
@@ -72,6 +73,9 @@ MIN_READ = 4096
 #: seconds a sink may hold the others back (its queue nearly full while another's is not)
 #: before the session stops waiting for it
 DEFAULT_LAG_TIMEOUT = 1.0
+#: ... a share of that for a sink that has not yet taken a queue's worth: a receiver that
+#: connects and never reads (again and again) holds the others back a tenth as long
+NEW_SINK_LAG = 0.1
 
 
 #: a run of whole LBMC messages (``data``, ``ends``: the offset just past each)
@@ -154,7 +158,7 @@ class SinkQueue:
     once its queue is empty."""
 
     __slots__ = ("limit", "budget", "chunks", "held", "last_progress", "dropped_messages",
-                 "dropped_bytes", "messages", "closing", "pacing", "holding", "lag", "fell_behind", "joins_at")
+                 "dropped_bytes", "messages", "closing", "pacing", "holding", "lag", "fell_behind", "joins_at", "taken")
 
     def __init__(self, limit: int, now: float, budget: QueueBudget | None = None) -> None:
         self.limit = limit
@@ -175,6 +179,7 @@ class SinkQueue:
         self.lag = 0.0  # seconds it held them back, less twice the seconds it did not (>= 0)
         self.fell_behind = 0  # times it stopped pacing
         self.joins_at = 0  # its first message starts at or after this offset of the session's bytes
+        self.taken = 0  # bytes it took, in all
 
     @property
     def room(self) -> int:
@@ -231,6 +236,7 @@ class SinkQueue:
         if nbytes <= 0:
             return
         self.held -= nbytes
+        self.taken += nbytes
         self.last_progress = now
         if self.held <= self.limit >> 2:
             self.pacing = True  # it took most of what it had: it keeps up again
@@ -360,9 +366,9 @@ class SessionFanout:
         when it has less than half the room of the sink with the most; one
         that does so more than two thirds of the time, for ``lag_timeout``
         seconds in all (:attr:`SinkQueue.lag`), or that holds bytes and took
-        none for ``lag_timeout`` seconds, stops pacing (``fell_behind``): it
-        drops its own messages until its queue is down to a quarter, then
-        paces again.
+        none for ``lag_timeout`` seconds (a tenth of that, NEW_SINK_LAG, until
+        it took a queue's worth), stops pacing (``fell_behind``): it drops its
+        own messages until its queue is down to a quarter, then paces again.
         With no pacing sink the sink with the most room paces; with no sink,
         ``max_queue`` (nobody to keep). So the origin is paced by the slowest
         receiver that keeps up, never dropped for; one slower than the rest
@@ -385,7 +391,8 @@ class SessionFanout:
                 continue
             if dt:  # what it did since the last call
                 q.lag = q.lag + dt if q.holding else max(0.0, q.lag - 2 * dt)
-            if q.lag >= self.lag_timeout or (q.held and now - q.last_progress >= self.lag_timeout):
+            timeout = self._timeout(q)
+            if q.lag >= timeout or (q.held and now - q.last_progress >= timeout):
                 q.pacing, q.holding, q.lag = False, False, 0.0
                 q.fell_behind += 1
                 self.fell_behind += 1
@@ -405,10 +412,15 @@ class SessionFanout:
         at = math.inf
         for q in self.sinks.values():
             if q.pacing and q.held:
-                at = min(at, q.last_progress + self.lag_timeout)
+                timeout = self._timeout(q)
+                at = min(at, q.last_progress + timeout)
                 if q.holding:
-                    at = min(at, self._checked + self.lag_timeout - q.lag)
+                    at = min(at, self._checked + timeout - q.lag)
         return at
+
+    def _timeout(self, q: SinkQueue) -> float:
+        """The lag timeout of ``q``: NEW_SINK_LAG of it until it took a queue's worth."""
+        return self.lag_timeout if q.taken >= q.limit else self.lag_timeout * NEW_SINK_LAG
 
     def _offer(self, batches: list[Batch], now: float, offset: int) -> list[Dropped]:
         """``batches``, whose bytes start at ``offset`` of the session's, to the sinks."""
