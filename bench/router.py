@@ -92,8 +92,10 @@ between its endpoints in memory.
    loop) against a minimal fan-out process (reads one socket, writes N) in
    the same run: link bytes / one receiver's (goal TARGET_LINK_RATIO), and
    delivered bytes per second of all receivers with the routed source
-   paced at FANOUT_LOADS (100 % and 80 %) of what the minimal fan-out
-   delivered to each receiver (goal TARGET_FANOUT_RATIO), with the messages
+   unpaced (the routers pace it: goal TARGET_CHAIN_RATIO of the minimal
+   chain and no message dropped), then paced at FANOUT_LOADS (100 % and
+   80 %) of what the minimal fan-out delivered to each receiver (goal
+   TARGET_FANOUT_RATIO), with the messages
    each router dropped and the CPU seconds per GB delivered of router A,
    router B and the forwarder, and of the minimal fan-out process. With
    them, the minimal chain: the routed path's processes built of minimal

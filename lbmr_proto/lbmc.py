@@ -508,6 +508,12 @@ class StreamFramer:
         """Bytes of the incomplete message held (< 65536)."""
         return len(self._buf)
 
+    @property
+    def reserved(self) -> int:
+        """Bytes of the buffer :meth:`receive_buffer` handed out and nothing was
+        received into yet (0: none held)."""
+        return 0 if self._rx is None else len(self._rx)
+
     def _start(self, data, off: int) -> int:
         try:
             return check_start(data, off)[1]

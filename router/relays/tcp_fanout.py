@@ -8,19 +8,27 @@ Far side (:meth:`FanoutRelay.open_far`): a stream the peer opens for an
 advertisement of a TCP session joins the session's :class:`Upstream` (one
 connection to the origin per session, shared by every link whose relay shares
 the endpoint's :class:`Upstreams`); it gets whole messages from the next
-boundary, within its credit, through a queue of ``max_queue`` bytes (what does
-not fit is dropped and counted: the origin is never paced by a link). The
-origin's EOF ends every stream of the session; the connection closes
-UPSTREAM_LINGER seconds after its last stream left.
+boundary, within its credit, through a queue of ``max_queue`` bytes. The
+origin is read only as far as the slowest stream that keeps up takes it
+(:meth:`router.core.fanout.SessionFanout.room`): when every link is full the
+origin is not read and TCP paces it; a stream that holds the others back for
+the lag timeout drops its own messages (counted). The origin's EOF ends
+every stream of the session; the connection closes UPSTREAM_LINGER seconds
+after its last stream left.
 
 Near side (:meth:`FanoutRelay.serve_proxy`): the first receiver that connects to
 a proxy opens the one link stream of the proxy; every receiver gets whole
 messages from the next boundary through its own queue of ``max_queue`` bytes,
-written with non-blocking ``writev``; one that holds bytes and takes none for
-``stall_timeout`` seconds is disconnected. The stream ends with the origin,
-or NEAR_LINGER seconds after the last receiver left. What receivers send (UM
-control messages: TCP session id, source-side filtering) is framed, counted
-and not passed on; a receiver whose bytes are not LBMC is disconnected.
+written with non-blocking ``writev``. The stream's bytes are taken (and their
+credit returned) only as far as the slowest receiver that keeps up takes
+them: when every receiver is full the credit runs out and the far router
+stops reading the origin; a receiver that holds the others back for the lag
+timeout drops its own messages (counted); one that holds bytes and takes
+none for ``stall_timeout`` seconds is disconnected. The stream ends with the
+origin, or NEAR_LINGER seconds after the last receiver left. What receivers
+send (UM control messages: TCP session id, source-side filtering) is framed,
+counted and not passed on, read at most RECEIVER_UPSTREAM_RATE bytes a
+second; a receiver whose bytes are not LBMC is disconnected.
 
 Every message passes the relay's message path once per router
 (:mod:`router.core.message_path`): the origin's, at the far router, in the
@@ -51,6 +59,7 @@ from ..core.fanout import (
     SinkQueue,
 )
 from ..core.message_path import MessagePath
+from ..core.tr.pacing import RatePacer
 from ..link import CONNECT_TIMEOUT, READ_SIZE, Link, StreamState
 from ..peerlink import streams as S
 from .interface import RelayContext, TransportRelay, Upstreams
@@ -63,7 +72,13 @@ __all__ = ["FanoutRelay", "Upstream", "Upstreams", "accept_stream", "refuse_stre
 # reconnects at once finds the session running)
 UPSTREAM_LINGER = 1.0
 NEAR_LINGER = 1.0
-RECEIVER_READ = 4096  # bytes per read of what a receiver sends
+RECEIVER_READ = 64 << 10  # bytes per read of what a receiver sends (at most)
+# bytes a second of what one receiver sends that its proxy reads (bursts of at most
+# RECEIVER_UPSTREAM_BURST): beyond, the receiver is not read and TCP paces it, so that
+# its upstream costs the router CPU in proportion to its bytes, bounded per receiver
+# (UM receivers send a few control messages per session)
+RECEIVER_UPSTREAM_RATE = 256 << 10
+RECEIVER_UPSTREAM_BURST = 64 << 10
 IOV_MAX = 64  # chunks per writev to a receiver
 # receiver connections of one endpoint's proxies at once (as many as the link streams
 # of the per-connection relay); their queues share a QueueBudget of 256 MiB
@@ -86,13 +101,14 @@ class Upstream:
         self.refused = False  # ... it refused the connection (it is gone)
         self.by_origin = False  # the origin ended the session (EOF)
         self.done = False
+        self.room = trio.Event()  # set when a stream's queue took bytes: the reader may go on
 
 
 class _Receiver:
-    __slots__ = ("conn", "fd", "queue", "peer", "blocked", "broken", "wake")
+    __slots__ = ("conn", "fd", "queue", "peer", "blocked", "broken", "wake", "proxy")
 
-    def __init__(self, conn: trio.SocketStream, queue: SinkQueue, peer: str) -> None:
-        self.conn, self.queue, self.peer = conn, queue, peer
+    def __init__(self, conn: trio.SocketStream, queue: SinkQueue, peer: str, proxy: _Proxy) -> None:
+        self.conn, self.queue, self.peer, self.proxy = conn, queue, peer, proxy
         self.fd = conn.socket.fileno()  # written only while the receiver is in its proxy's table
         self.blocked = False  # its socket was full: the writer waits for it
         self.broken = False  # writing failed: it went away
@@ -195,7 +211,8 @@ class FanoutRelay(TransportRelay):
                     return
                 self._open_stream(proxy, link, aid, proxy_id, nursery)
             key, core = next(self._keys), proxy.core
-            rx = _Receiver(conn, core.add(key, trio.current_time()), _peer(conn))
+            held_back = sum(map(len, proxy.st.incoming))  # it joins at the next message after them
+            rx = _Receiver(conn, core.add(key, trio.current_time(), held_back), _peer(conn), proxy)
             proxy.receivers[key] = rx
             self.receivers += 1
             self.counters["fanout_receivers"] += 1
@@ -223,17 +240,25 @@ class FanoutRelay(TransportRelay):
 
     async def _receiver_reads(self, rx: _Receiver, scope: trio.CancelScope) -> None:
         """What the receiver sends: framed, passed through the upstream message
-        path and counted, not passed on; ends the receiver at EOF, on an
-        error, or on bytes that are not LBMC."""
+        path and counted, not passed on, read at most RECEIVER_UPSTREAM_RATE
+        bytes a second; ends the receiver at EOF, on an error, or on bytes that
+        are not LBMC."""
         framer = lbmc.StreamFramer()
         path = self.upstream
+        pacer = RatePacer((8 * RECEIVER_UPSTREAM_RATE, 0), 0, RECEIVER_UPSTREAM_BURST)
         try:
             while True:
                 data = await rx.conn.receive_some(RECEIVER_READ)
                 if not data:
                     break
+                self.counters["fanout_receiver_bytes"] += len(data)
                 for run in framer.cut(data):
                     self.counters["fanout_receiver_messages"] += path.run(run).count
+                now = trio.current_time()
+                at = pacer.reserve(now, len(data))
+                if at > now:
+                    self.counters["fanout_receiver_paced"] += 1
+                    await trio.sleep_until(at)
         except lbmc.LbmcDecodeError as e:
             self.counters["fanout_receiver_malformed"] += 1
             self.event("fanout_receiver_malformed", f"{rx.peer}: {e}")
@@ -254,7 +279,11 @@ class FanoutRelay(TransportRelay):
             rx.broken = True
             rx.wake.set()
             return
-        q.wrote(k, trio.current_time())
+        if k:
+            q.wrote(k, trio.current_time())
+            st = rx.proxy.st
+            if st is not None and st.incoming:  # the stream's bytes held back may go on
+                st.incoming_ready.set()
         if q.held:
             rx.blocked = True
             rx.wake.set()
@@ -307,7 +336,8 @@ class FanoutRelay(TransportRelay):
                 elif now >= idle_since + NEAR_LINGER:
                     return
                 st.incoming_ready = trio.Event()
-                with trio.move_on_at(idle_since + NEAR_LINGER):
+                recheck = core.recheck_at() if st.incoming else math.inf  # (bytes held back)
+                with trio.move_on_at(min(idle_since + NEAR_LINGER, recheck)):
                     await st.incoming_ready.wait()
         except lbmc.LbmcDecodeError as e:
             self.counters["fanout_stream_malformed"] += 1
@@ -321,24 +351,40 @@ class FanoutRelay(TransportRelay):
             link.close_stream(st)
 
     def _near_feed(self, proxy: _Proxy, link: Link, st: StreamState) -> None:
-        """The stream's bytes from the peer to the receivers' queues and sockets;
-        their credit goes back at once (a slow receiver never slows the stream:
-        what its queue has no room for is dropped and counted for it)."""
+        """The stream's bytes from the peer to the receivers' queues and sockets,
+        as far as the slowest receiver that keeps up takes them
+        (:meth:`SessionFanout.room`); their credit goes back as they are taken.
+        When the receivers take no more, the bytes wait and so does the peer (its
+        queue for the link fills, then it stops reading the origin); a receiver
+        slower than the rest drops its own messages (counted)."""
         now = trio.current_time()
         core = proxy.core
         nbytes = 0
-        while st.incoming:
-            data = st.incoming.popleft()
+        incoming = st.incoming
+        while incoming:
+            behind = core.fell_behind
+            room = core.room(now)
+            self.counters["fanout_receivers_behind"] += core.fell_behind - behind
+            if not room:
+                self.counters["fanout_stream_paced"] += 1
+                break
+            data = incoming[0]
+            if len(data) > room:
+                view = memoryview(data)
+                incoming[0], data = view[room:], view[:room]
+            else:
+                incoming.popleft()
             nbytes += len(data)
             self._count_drops(core.feed(data, now))
-        self.context.requests.settle(proxy.nursery)  # the listeners the requests were given serve from now
-        try:
-            link.streams.consumed(st.sid, nbytes)
-        except S.LocalStreamError:
-            pass
-        link.flush_streams()
-        for rx in proxy.receivers.values():
-            self._push(rx)
+            self.context.requests.settle(proxy.nursery)  # the listeners the requests were given serve from now
+            for rx in proxy.receivers.values():
+                self._push(rx)
+        if nbytes:
+            try:
+                link.streams.consumed(st.sid, nbytes)
+            except S.LocalStreamError:
+                pass
+            link.flush_streams()
 
     def _count_drops(self, drops) -> None:
         for d in drops:
@@ -393,12 +439,16 @@ class FanoutRelay(TransportRelay):
                 await trio.aclose_forcefully(conn)
 
     async def _upstream_reads(self, up: Upstream, conn: trio.SocketStream) -> None:
-        """Read the origin into the session's receive buffer (each read a scheduler
-        checkpoint: the link's reader, with the credit this session waits for,
-        runs between reads). Each read waits at most UPSTREAM_LINGER, so that a
-        session whose last stream left closes within twice that even when the
-        origin is quiet."""
+        """Read the origin into the session's receive buffer, only as far as the
+        slowest link stream that keeps up takes it (:meth:`SessionFanout.room`):
+        when the links take no more, the origin is not read and TCP paces it. The
+        buffer is taken only once the socket is readable (an idle session holds
+        none) and is no larger than the room. Each wait lasts at most
+        UPSTREAM_LINGER, so that a session whose last stream left closes within
+        twice that even when the origin is quiet."""
         idle_since = math.inf
+        core, sock = up.core, conn.socket
+        fd = sock.fileno()
         while True:
             if up.sinks or up.waiting:
                 idle_since = math.inf
@@ -406,20 +456,35 @@ class FanoutRelay(TransportRelay):
                 idle_since = trio.current_time()
             elif trio.current_time() >= idle_since + UPSTREAM_LINGER:
                 return
-            k = None
-            with trio.move_on_after(UPSTREAM_LINGER):
-                try:
-                    k = await conn.socket.recv_into(up.core.receive_buffer(READ_SIZE))
-                except (trio.ClosedResourceError, OSError):
-                    k = 0
-            if k is None:
+            now = trio.current_time()
+            behind = core.fell_behind
+            room = core.room(now)
+            self.counters["fanout_link_streams_behind"] += core.fell_behind - behind
+            if not room:
+                self.counters["fanout_upstream_paced"] += 1
+                up.room = trio.Event()
+                with trio.move_on_at(min(now + UPSTREAM_LINGER, core.recheck_at())):
+                    await up.room.wait()
                 continue
+            with trio.move_on_after(UPSTREAM_LINGER) as waited:
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                except (trio.ClosedResourceError, OSError):
+                    pass  # (the read says why)
+            if waited.cancelled_caught:
+                continue
+            try:
+                k = os.readv(fd, [core.receive_buffer(min(READ_SIZE, room))])
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                k = 0
             if not k:
                 up.by_origin = True
                 return
-            self._count_link_drops(up.core.received(k, trio.current_time()))
+            self._count_link_drops(core.received(k, trio.current_time()))
             for (link, sid), st in up.sinks.items():
-                self._far_push(link, st, up.core.sinks[link, sid])
+                self._far_push(up, link, st, core.sinks[link, sid])
 
     def _count_link_drops(self, drops) -> None:
         for d in drops:
@@ -427,9 +492,10 @@ class FanoutRelay(TransportRelay):
             self.counters["fanout_link_dropped_bytes"] += d.nbytes
 
     @staticmethod
-    def _far_push(link: Link, st: StreamState, q: SinkQueue) -> None:
+    def _far_push(up: Upstream, link: Link, st: StreamState, q: SinkQueue) -> None:
         """Frame what the stream's credit and the link's queue take of ``q`` now
-        (the rest waits for credit: :meth:`_far_serve`). Each chunk's frames are
+        (the rest waits for credit: :meth:`_far_serve`; what went makes room:
+        the session's reader may go on). Each chunk's frames are
         queued before the next chunk is sized by the queue's space (a frame the
         queue refused would be lost), and written at once as far as the link's
         socket takes them."""
@@ -445,7 +511,9 @@ class FanoutRelay(TransportRelay):
                     break
         except S.LocalStreamError:
             st.closed = True
-        q.wrote(sent, trio.current_time())
+        if sent:
+            q.wrote(sent, trio.current_time())
+            up.room.set()
 
     async def _far_stream(self, up: Upstream, link: Link, st: StreamState) -> None:
         """One link stream of an upstream session, from accept to end."""
@@ -464,16 +532,18 @@ class FanoutRelay(TransportRelay):
                 return
             q = up.core.add(key, trio.current_time())
             up.sinks[key] = st
-            await self._far_serve(link, st, q)
+            up.room.set()
+            await self._far_serve(up, link, st, q)
             if up.by_origin:
                 self.site.session_ended(st.advert_id)
         finally:
             up.sinks.pop(key, None)
             up.core.remove(key)
+            up.room.set()
             link.close_stream(st)
             link.state.pop(st.sid, None)
 
-    async def _far_serve(self, link: Link, st: StreamState, q: SinkQueue) -> None:
+    async def _far_serve(self, up: Upstream, link: Link, st: StreamState, q: SinkQueue) -> None:
         """Push the queue as credit comes; ends with the stream, the link, or the
         session (once the queue went)."""
         while not (st.closed or link.closed or q.finished):
@@ -487,7 +557,7 @@ class FanoutRelay(TransportRelay):
                 except S.LocalStreamError:
                     pass
                 link.flush_streams()
-            self._far_push(link, st, q)
+            self._far_push(up, link, st, q)
             if q.finished:
                 return
             await st.credit.wait()

@@ -4,6 +4,8 @@ TCP_SID for every new sink, the end of a session."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from lbmr_proto import lbmc
@@ -131,13 +133,260 @@ def test_queue_bounds_and_batches():
 
 
 def test_a_shared_budget_bounds_every_queue_of_a_portal_together():
-    budget = QueueBudget(limit=3 * len(msg(0, 1000)))
-    one, two = SessionFanout(budget=budget), SessionFanout(budget=budget)
+    """Half the budget is open to every queue, the rest only to queues within
+    their fair share (a quarter of the limit split among the sinks)."""
+    def pair() -> bytes:  # a buffer of its own each time
+        return msg(0, 1000) + msg(1, 1000)
+
+    size = len(pair())
+    budget = QueueBudget(limit=16 * size)
+    one, two, three = (SessionFanout(budget=budget) for _ in range(3))
     a, b = one.add("a", 0.0), two.add("b", 0.0)
-    assert one.feed(msg(0, 1000) + msg(1, 1000), 0.0) == []
-    assert two.feed(msg(0, 1000) + msg(1, 1000), 0.0) == [Dropped("b", 1, len(msg(1, 1000)))]
-    assert budget.held == budget.limit and a.held + b.held == budget.limit
+    three.add("c", 0.0)
+    assert budget.sinks == 3 and budget.share == budget.limit // 12
+    for _ in range(8):
+        assert one.feed(pair(), 0.0) == []
+    assert budget.held == a.held == budget.limit // 2  # the open half, all a's
+    assert one.feed(pair(), 0.0) == [Dropped("a", 2, size)]  # over its share
+    assert two.feed(pair(), 0.0) == []  # b holds nothing: within its share
+    assert two.feed(pair(), 0.0) == [Dropped("b", 2, size)]  # its share is one pair
+    assert budget.held == a.held + b.held
     taken(a)  # written: room again
-    assert budget.held == b.held and two.feed(msg(2, 1000), 0.0) == []
+    assert budget.held == b.held and one.feed(pair(), 0.0) == []
     two.remove("b")  # a receiver that leaves gives its bytes back
+    three.remove("c")
+    taken(a)
+    assert budget.held == 0 and budget.sinks == 1
+
+
+def test_the_budget_counts_a_buffer_once_however_many_queues_hold_views_of_it():
+    budget = QueueBudget()
+    f = SessionFanout(budget=budget)
+    sinks = [f.add(k, 0.0) for k in range(100)]
+    run = b"".join(msg(q, 1000) for q in range(50))
+    assert f.feed(run, 0.0) == []
+    assert all(q.held == len(run) for q in sinks) and budget.held == len(run)
+    for q in sinks[:99]:
+        taken(q)
+    assert budget.held == len(run)  # one queue still holds a view: the whole buffer stays
+    taken(sinks[99])
     assert budget.held == 0
+    # a run cut at a message boundary keeps its whole buffer: that is what is counted
+    small = SessionFanout(max_queue=MIN_MAX_QUEUE, budget=budget)
+    q = small.add("q", 0.0)
+    big = b"".join(msg(k, 10_000) for k in range(10))
+    lost = small.feed(big, 0.0)[0].messages
+    assert q.held == len(big) - lost * len(msg(0, 10_000)) and budget.held == len(big)
+    # a little of a large buffer left after a write is copied: only it is counted
+    q.wrote(q.held - 100, 0.0)
+    assert q.held == 100 and budget.held == 100
+    small.remove("q")
+    f.remove(0)
+    assert budget.held == 0
+
+
+def test_a_small_read_into_a_large_buffer_is_counted_at_its_own_size():
+    budget = QueueBudget()
+    f = SessionFanout(budget=budget)
+    f.add("a", 0.0)
+    m = msg(0)
+    f.receive_buffer(256 << 10)[:len(m)] = m
+    assert f.received(len(m), 0.0) == [] and budget.held == len(m)
+
+
+def sqn(message: bytes) -> int:
+    return int.from_bytes(message[8:12], "big")
+
+
+def test_five_readers_lose_nothing_beside_five_hundred_sinks_that_never_take():
+    """A session read as the shell reads it (only as far as SessionFanout.room
+    lets, a quarter of a second apart), 500 sinks that never take anything
+    joining one by one over the session (each holding views of its own part
+    of it: together more than the budget), 5 that take all after each read:
+    the 5 get every message, in order; only the 500 drop (each holds the
+    session back for its lag timeout, then no more); the budget is never
+    exceeded."""
+    limit, count, size = 24 << 20, 170_000, 188
+    budget = QueueBudget(limit)
+    f = SessionFanout(max_queue=MIN_MAX_QUEUE, budget=budget)
+    readers = [f.add(("reader", k), 0.0) for k in range(5)]
+    framers = [lbmc.StreamFramer() for _ in readers]
+    seen = [[] for _ in readers]
+    stream = b"".join(msg(q, size) for q in range(count))
+    pos, deaf, high, now, waits = 0, 0, 0, 0.0, 0
+    drops = []
+    while pos < len(stream):
+        now += 0.25
+        if deaf < 500 and pos >= deaf * MIN_MAX_QUEUE:
+            f.add(("deaf", deaf), now)
+            deaf += 1
+        room = f.room(now)
+        if not room:
+            waits += 1
+            continue
+        k = min(room, 65_536, len(stream) - pos)
+        f.receive_buffer(k)[:] = stream[pos:pos + k]
+        drops += f.received(k, now)
+        pos += k
+        high = max(high, budget.held)
+        for q, framer, got in zip(readers, framers, seen, strict=True):
+            data = b"".join(q.head(1 << 20))
+            q.wrote(len(data), 0.0)
+            got.extend(map(sqn, framer.feed(data)))
+    assert deaf == 500 and f.fell_behind == 500 and waits <= 500 * 4
+    for got in seen:
+        assert got == list(range(count))
+    assert all(q.dropped_messages == 0 for q in readers)
+    assert {d.sink[0] for d in drops} == {"deaf"}
+    assert limit // 2 < high <= limit  # the budget was over half: the fair shares applied
+    buffers = {id(b): b for q in f.sinks.values() for b, _ in q.chunks}
+    assert budget.held == sum(b.size for b in buffers.values())  # each buffer held, once
+
+
+def drain(q, framer, now: float, nbytes: int | None = None) -> list[int]:
+    """What ``q`` writes at ``now`` (all, or ``nbytes`` at most): the sequence numbers of the
+    messages it completes."""
+    data = b"".join(q.head(1 << 20))[:nbytes]
+    q.wrote(len(data), now)
+    return list(map(sqn, framer.feed(data)))
+
+
+def test_a_lone_sink_paces_the_session_and_never_drops_however_slow():
+    f = SessionFanout(max_queue=MIN_MAX_QUEUE * 4)
+    assert f.room(0.0) == f.max_queue  # nobody to keep: anything
+    q = f.add("q", 0.0)
+    framer, seen = lbmc.StreamFramer(), []
+    stream = b"".join(msg(k, 1000) for k in range(3000))
+    pos, now, waits = 0, 0.0, 0
+    while pos < len(stream):
+        now += 0.01
+        room = f.room(now)
+        if room:
+            k = min(room, len(stream) - pos)
+            f.receive_buffer(k)[:] = stream[pos:pos + k]
+            assert f.received(k, now) == []
+            pos += k
+        else:
+            waits += 1
+        seen += drain(q, framer, now, 2000)  # far slower than the session could go
+    seen += drain(q, framer, now)
+    assert waits and f.fell_behind == 0 and f.recheck_at() == math.inf
+    assert seen == list(range(3000))
+
+
+def test_a_sink_that_holds_a_faster_one_back_for_the_lag_timeout_drops_its_own():
+    """Two sinks that keep up pace the session together; when one takes far
+    less than the other, the session waits for it for ``lag_timeout`` seconds
+    (nothing dropped), then stops waiting: the slow one drops its own
+    messages, the fast one none, and gets them all."""
+    f = SessionFanout(max_queue=MIN_MAX_QUEUE * 4, lag_timeout=1.0)
+    fast, slow = f.add("fast", 0.0), f.add("slow", 0.0)
+    framers = {"fast": lbmc.StreamFramer(), "slow": lbmc.StreamFramer()}
+    seen = {"fast": [], "slow": []}
+    stream = b"".join(msg(k, 1000) for k in range(6000))
+    pos, now, first_drop, holding = 0, 0.0, None, None
+    while pos < len(stream):
+        now += 0.01
+        room = f.room(now)
+        if slow.holding and holding is None:
+            holding = now
+            assert f.recheck_at() <= now + 1.0
+        if room:
+            k = min(room, len(stream) - pos)
+            f.receive_buffer(k)[:] = stream[pos:pos + k]
+            for d in f.received(k, now):
+                assert d.sink == "slow"
+                first_drop = now if first_drop is None else first_drop
+            pos += k
+        seen["fast"] += drain(fast, framers["fast"], now)
+        seen["slow"] += drain(slow, framers["slow"], now, None if pos < 1_000_000 else 3000)
+    seen["fast"] += drain(fast, framers["fast"], now)
+    assert holding is not None and first_drop >= holding + 1.0  # waited for it that long first
+    assert slow.fell_behind == f.fell_behind == 1 and not slow.pacing and fast.pacing
+    assert fast.dropped_messages == 0 and seen["fast"] == list(range(6000))
+    assert slow.dropped_messages > 0 and seen["slow"][:100] == list(range(100))
+
+
+def test_a_sink_that_never_takes_holds_the_others_back_for_the_lag_timeout_only():
+    """Alone, a sink that never takes paces the session (every way out is
+    full: nothing is read). Once it has taken nothing for a tenth of the lag
+    timeout (it never took a queue's worth), the session no longer waits for
+    it: a receiver that joins gets the session at once, and the one that does
+    not take drops its own messages."""
+    f = SessionFanout(max_queue=MIN_MAX_QUEUE, lag_timeout=1.0)
+    deaf = f.add("deaf", 0.0)
+    f.feed(b"".join(msg(k, 1000) for k in range(80)), 0.0)
+    assert deaf.room < deaf.limit // 4 and f.room(0.0) == 0 and f.recheck_at() == pytest.approx(0.1)
+    assert f.room(0.05) == 0 and deaf.pacing
+    assert f.room(0.1) == 0 and not deaf.pacing and deaf.fell_behind == 1  # alone, it still paces
+    assert f.recheck_at() == math.inf
+    reader = f.add("reader", 20.0)
+    assert f.room(20.0) >= MIN_MAX_QUEUE - lbmc.MAX_MSGLEN  # at once: the reader's room
+    framer, seen = lbmc.StreamFramer(), []
+    for now in range(21, 221):
+        stream = b"".join(msg(k, 1000) for k in range(50 * now, 50 * now + 50))
+        assert f.room(float(now)) >= len(stream)
+        assert {d.sink for d in f.feed(stream, float(now))} == {"deaf"}
+        seen += drain(reader, framer, float(now))
+    assert seen == list(range(50 * 21, 50 * 221)) and not deaf.pacing and reader.dropped_messages == 0
+
+
+def test_sinks_that_keep_up_alike_pace_the_session_together_and_drop_nothing():
+    """Sinks of one speed, each the slowest in turn (they take in bursts, out
+    of step): none holds the others back for long, none stops pacing, nothing
+    is dropped over 100 s of a session faster than they are."""
+    f = SessionFanout(max_queue=MIN_MAX_QUEUE * 4, lag_timeout=1.0)
+    sinks = [f.add(k, 0.0) for k in range(3)]
+    framers = [lbmc.StreamFramer() for _ in sinks]
+    seen = [[] for _ in sinks]
+    next_sqn, now, step = 0, 0.0, 0
+    while now < 100.0:
+        now += 0.01
+        step += 1
+        room = f.room(now)
+        count = room // len(msg(0, 1000))
+        if count:
+            assert f.feed(b"".join(msg(k, 1000) for k in range(next_sqn, next_sqn + count)), now) == []
+            next_sqn += count
+        for k, (q, framer) in enumerate(zip(sinks, framers, strict=True)):
+            if step % 3 == k:
+                seen[k] += drain(q, framer, now, 60_000)
+    for q, framer, got in zip(sinks, framers, seen, strict=True):
+        got += drain(q, framer, now)
+        assert got == list(range(next_sqn))
+    assert f.fell_behind == 0 and next_sqn > 100_000
+
+
+def test_the_incomplete_message_a_session_holds_between_reads_is_counted():
+    budget = QueueBudget()
+    f = SessionFanout(budget=budget)
+    q = f.add("a", 0.0)
+    m = msg(0, 1000)
+    assert f.feed(m[:300], 0.0) == [] and budget.held == 300 and q.held == 0
+    assert f.feed(m[300:], 0.0) == [] and budget.held == len(m) == q.held  # now in the queue
+    taken(q)
+    assert budget.held == 0
+    f.feed(m[:10], 0.0)
+    assert budget.held == 10
+    f.end()  # the session ended: what it held goes back
+    assert budget.held == 0
+
+
+def test_a_sink_that_joins_while_bytes_are_held_back_starts_after_them():
+    """The shell holds bytes back while the sinks that pace are full; a sink
+    that joins then starts at the next message after those bytes (it joins at
+    the next message, as behind a UM source, not at older ones), the others
+    get them all."""
+    f = SessionFanout()
+    a = f.add("a", 0.0)
+    stream = [msg(k) for k in range(8)]
+    f.feed(b"".join(stream[:2]), 0.0)
+    held = b"".join(stream[2:4]) + stream[4][:30]  # not fed yet: held back for a
+    b = f.add("b", 0.0, behind=len(held))
+    f.feed(held, 0.0)
+    f.feed(stream[4][30:] + b"".join(stream[5:]), 0.0)
+    assert taken(a) == stream
+    assert taken(b) == stream[5:]  # message 4 began in the bytes held back
+    c = f.add("c", 0.0, behind=len(stream[0]))
+    f.feed(b"".join(msg(k) for k in range(8, 11)), 0.0)
+    assert taken(c) == [msg(k) for k in range(9, 11)] and b.dropped_messages == c.dropped_messages == 0

@@ -15,6 +15,7 @@ import trio
 from lbmr_proto import lbmc
 from lbmr_tools.sim.dataplane import TcpDataReceiver
 from router.config.model import acceptor_peer, initiator_peer, lbmrd_endpoint
+from router.relays.tcp_fanout import RECEIVER_UPSTREAM_BURST, RECEIVER_UPSTREAM_RATE, FanoutRelay
 from router.shell.single import Router
 from tests.router.helpers import (
     SRC_IP,
@@ -109,6 +110,119 @@ async def test_a_receiver_that_never_reads_slows_nobody_and_its_drops_are_counte
                 await trio.sleep(0.1)
         assert all(rx.result.error is None for rx in rxs) and len(src.connections) == 1
         deaf.close()
+        n.cancel_scope.cancel()
+
+
+async def test_five_readers_keep_their_rate_and_every_message_beside_500_that_never_read():
+    """Five receivers read, 500 connect and never read: once the 500 have held
+    the session back for the lag timeout, the source keeps its rate and the
+    five keep it (at least 90 % of the messages it sent in the same window)
+    and lose no message (each verifies consecutive sequence numbers); only the
+    500 drop (their own messages, counted at router B); router A drops
+    nothing; router B's queues hold at most its budget."""
+    rate, size = 2000, 1000
+    async with trio.open_nursery() as n:
+        # queues of the default 1,000,000 bytes: 500 of them are twice the budget
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n, fanout_stall_timeout_ms=120_000)
+        src, _ = await tcp_live_source(n, trd1, rate=rate, message_size=size)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        rxs = [tcp_receiver(tir, k) for k in range(5)]
+        for rx in rxs:
+            n.start_soon(rx.run)
+        deaf = [await deaf_receiver(tir) for _ in range(500)]
+        with trio.fail_after(20):
+            while rb.counters["fanout_receivers"] < 505:
+                await trio.sleep(0.1)
+        await trio.sleep(2.0)  # the deaf receivers fill their buffers; the session stops waiting for them
+        before = [rx.result.messages for rx in rxs], src.connections[0].messages_sent
+        t0 = trio.current_time()
+        await trio.sleep(3.0)
+        elapsed = trio.current_time() - t0
+        after = [rx.result.messages for rx in rxs], src.connections[0].messages_sent
+        sent = after[1] - before[1]
+        assert sent >= 0.9 * rate * elapsed  # the source was not paced by the deaf receivers
+        for b, a in zip(before[0], after[0], strict=True):
+            assert a - b >= 0.9 * sent, (a - b, sent)
+        assert all(rx.result.error is None for rx in rxs), [rx.result for rx in rxs]
+        assert rb.counters["fanout_dropped_messages"] > 0  # the deaf ones' own
+        assert rb.counters["fanout_receivers_behind"] == 500
+        assert ra.counters["fanout_link_dropped_messages"] == 0
+        relay = next(r for r in rb.relay.relays.values() if isinstance(r, FanoutRelay))
+        assert relay.budget.held <= relay.budget.limit and relay.budget.sinks == 505
+        assert rb.counters["fanout_receivers_stalled"] == 0
+        for d in deaf:
+            d.close()
+        n.cancel_scope.cancel()
+
+
+async def test_one_source_and_one_receiver_at_full_rate_drop_nothing():
+    """A source far faster than the routers and one receiver that reads as
+    fast as it can: the origin is paced by the path (router A reads it only
+    as far as the link takes it, router B the link only as far as the
+    receiver takes it); no message is dropped anywhere, the receiver gets
+    every one, consecutive and whole."""
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n, fanout_max_queue=200_000)
+        src, _ = await tcp_live_source(n, trd1, rate=1e6, message_size=4000, max_burst=256)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        result = await tcp_receiver(tir, 0, max_bytes=40_000_000).run()
+        assert result.error is None and result.messages > 9000, result
+        assert ra.counters["fanout_link_dropped_messages"] == 0
+        assert rb.counters["fanout_dropped_messages"] == 0
+        assert len(src.connections) == 1
+        n.cancel_scope.cancel()
+
+
+async def test_a_receiver_that_floods_control_messages_is_read_at_a_bounded_rate():
+    """A receiver that sends 4-byte LBMC control messages as fast as it can:
+    router B reads it at most RECEIVER_UPSTREAM_RATE bytes a second (with a
+    burst), so it costs CPU in proportion to those bytes; the others are
+    served meanwhile."""
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        await tcp_live_source(n, trd1, rate=2000, message_size=500)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        good = tcp_receiver(tir, 0, max_bytes=2_000_000)
+        n.start_soon(good.run)
+        flood = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+        tiny = lbmc.encode(lbmc.Message(lbmc.CONTROL))
+        assert len(tiny) == 4
+        chunk = tiny * (1 << 14)
+        t0 = trio.current_time()
+        with trio.move_on_after(2.0):
+            while True:
+                await flood.send_all(chunk)
+        elapsed = trio.current_time() - t0
+        read = rb.counters["fanout_receiver_bytes"]
+        assert rb.counters["fanout_receiver_paced"] > 0
+        assert read <= RECEIVER_UPSTREAM_BURST + RECEIVER_UPSTREAM_RATE * (elapsed + 0.5) + (64 << 10)
+        assert rb.counters["fanout_receiver_messages"] * 4 <= read
+        with trio.fail_after(20):
+            while not good.result.done:
+                await trio.sleep(0.1)
+        assert good.result.error is None and good.result.messages > 100
+        await flood.aclose()
+        n.cancel_scope.cancel()
+
+
+async def test_an_idle_upstream_session_holds_no_receive_buffer():
+    """A session whose origin sends nothing: router A's proxy receiver waits
+    for the origin's socket to be readable before it takes a buffer to read
+    into, so an idle session holds none (and nothing of it is in the budget)."""
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        src, _ = await tcp_live_source(n, trd1, rate=0.01, message_size=500)  # one message a 100 s
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        conn = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+        with trio.fail_after(5):
+            while not ra.counters["fanout_upstreams"]:
+                await trio.sleep(0.05)
+        await trio.sleep(0.5)
+        relay = next(r for r in ra.relay.relays.values() if isinstance(r, FanoutRelay))
+        (up,) = relay.upstreams.values()
+        assert up.core.framer.reserved == 0 and up.core.framer.buffered == 0
+        assert relay.budget.held <= 64  # (at most the session's TCP_SID message, queued for the link)
+        await conn.aclose()
         n.cancel_scope.cancel()
 
 
@@ -340,13 +454,12 @@ async def test_one_copy_on_each_link_of_a_chain_of_three_for_ten_receivers():
         n.cancel_scope.cancel()
 
 
-async def test_a_link_queue_smaller_than_the_sessions_backlog_loses_no_frame():
+async def test_a_link_slower_than_the_source_paces_the_origin_and_nothing_is_dropped():
     """Router A's link queue (peer max-queue) at its 64 KiB minimum and a link
-    slower than the source: the session's queue for the link holds many reads
-    at once (and drops whole messages), each framed only as far as the link's
-    queue has room for it after the ones before it. A receiver at B gets
-    whole messages throughout (a frame the link's queue refused would cut
-    the stream at B)."""
+    slower than the source: with every way out full, router A stops reading
+    the origin (TCP paces it, as a UM TCP source is paced by its receivers)
+    instead of reading it as fast as it can and dropping. The receiver at B
+    gets every message, consecutive and whole; neither router drops one."""
     async with trio.open_nursery() as n:
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
@@ -358,15 +471,14 @@ async def test_a_link_queue_smaller_than_the_sessions_backlog_loses_no_frame():
         ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [trd1], interface="127.0.1.1"),
                     initiator_peer("A-to-B", *f_addr, reconnect_interval_ms=500, max_queue=64 << 10))
         await n.start(ra.run)
-        await tcp_live_source(n, trd1, rate=4000, message_size=3000, max_burst=64)
+        src, _ = await tcp_live_source(n, trd1, rate=4000, message_size=3000, max_burst=64)
         tir = await resolve(udp("127.0.2.9"), trd2)
-        framer, got = lbmc.StreamFramer(), 0
-        with trio.move_on_after(4):
-            stream = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
-            while data := await stream.receive_some(1 << 16):
-                got += len(data)
-                framer.feed(data)  # raises on a cut stream
-        assert got > 4e6 and framer.messages > 1000
-        assert ra.counters["fanout_link_dropped_messages"] > 0  # the link was the bottleneck
+        rx = tcp_receiver(tir, 0, max_bytes=8_000_000)
+        result = await rx.run()
+        assert result.error is None and result.messages > 2000, result
+        assert ra.counters["fanout_upstream_paced"] > 0  # the link was the bottleneck
+        assert ra.counters["fanout_link_dropped_messages"] == 0
+        assert rb.counters["fanout_dropped_messages"] == 0
         assert rb.counters["fanout_stream_malformed"] == 0
+        assert len(src.connections) == 1  # the source kept the router's connection
         n.cancel_scope.cancel()
