@@ -1056,8 +1056,12 @@ async def start_requester(n, trd, **kw) -> tuple[Requester, trio.CancelScope]:
 
 class RuRequester(RuLiveSource):
     """lbmr-sim's live LBT-RU source at SRC_IP (session RU_SID) whose session is ``requester``'s:
-    from the first DATA it sends to a receiver, ``requester.count`` requests (one a message),
-    then plain ticks (its request port is ``requester``'s)."""
+    ``LEAD`` plain ticks from the first DATA it sends to a receiver, then ``requester.count``
+    requests (one a message), then plain ticks (its request port is ``requester``'s). The
+    lead: the source's clock starts with its first receiver (the router's upstream), and a
+    UM receiver joining through proxies takes the session from the next message it gets."""
+
+    LEAD = 5  # ticks before the first request
 
     def __init__(self, requester: Requester, *, rate: float = 100) -> None:
         super().__init__(SRC_IP, 0, seed=RU_SEED, tidx=REQ_TIDX, session_id=RU_SID, rate=rate)
@@ -1067,7 +1071,7 @@ class RuRequester(RuLiveSource):
 
     def _datagram(self, sqn: int, retransmission: bool = False) -> bytes:
         if self._base is None:
-            self._base = sqn
+            self._base = sqn + self.LEAD
         i = sqn - self._base
         msg = self._requests[i] if 0 <= i < len(self._requests) else lbmc.data_message(REQ_TIDX, sqn, b"tick")
         return lbtru.encode_data(sqn, self.trail_sqn, msg, session_id=self.session_id,
