@@ -102,7 +102,7 @@ def test_cluster_commands_work_as_written(tmp_path, shell):
     shell.send("wait\n")
     assert shell.status(120) == 0                           # the master and the worker have ended
     progress = re.findall(r"^lbmr-analyze \[.*$", shell.err(), re.M)
-    assert len(progress) == 2 * 6, shell.err()[-5000:]      # both jobs' progress on standard error
+    assert len(progress) == 2 * 7, shell.err()[-5000:]      # both jobs' progress on standard error
     assert not re.search(r"^lbmr-analyze \[", shell.out(), re.M), shell.out()[-3000:]
 
 

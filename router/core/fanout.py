@@ -158,7 +158,8 @@ class SinkQueue:
     once its queue is empty."""
 
     __slots__ = ("limit", "budget", "chunks", "held", "last_progress", "dropped_messages",
-                 "dropped_bytes", "messages", "closing", "pacing", "holding", "lag", "fell_behind", "joins_at", "taken")
+                 "dropped_bytes", "messages", "closing", "pacing", "holding", "lag", "fell_behind", "joins_at", "taken",
+                 "sid_sent")
 
     def __init__(self, limit: int, now: float, budget: QueueBudget | None = None) -> None:
         self.limit = limit
@@ -180,6 +181,7 @@ class SinkQueue:
         self.fell_behind = 0  # times it stopped pacing
         self.joins_at = 0  # its first message starts at or after this offset of the session's bytes
         self.taken = 0  # bytes it took, in all
+        self.sid_sent = False  # the session's TCP_SID message was queued for it
 
     @property
     def room(self) -> int:
@@ -326,6 +328,7 @@ class SessionFanout:
         q.closing = self.ended
         if self.session_id_message is not None:
             q.offer(Batch.of([self.session_id_message]), now)
+            q.sid_sent = True
         return q
 
     def remove(self, key: Hashable) -> None:
@@ -449,6 +452,10 @@ class SessionFanout:
             buffer = self._buffer_of(batch.data)
             for key, q in self.sinks.items():
                 if q.joins_at > start:  # joined after bytes held back: from its next message
+                    if not q.sid_sent and self.session_id_message is not None:
+                        # the TCP_SID came in the bytes held back: it still goes first
+                        q.offer(Batch.of([self.session_id_message]), now)
+                        q.sid_sent = True
                     first = bisect_left(ends, q.joins_at - start) + 1
                     if first >= batch.count:
                         continue

@@ -390,3 +390,18 @@ def test_a_sink_that_joins_while_bytes_are_held_back_starts_after_them():
     c = f.add("c", 0.0, behind=len(stream[0]))
     f.feed(b"".join(msg(k) for k in range(8, 11)), 0.0)
     assert taken(c) == [msg(k) for k in range(9, 11)] and b.dropped_messages == c.dropped_messages == 0
+
+
+def test_a_sink_that_joins_before_the_tcp_sid_held_back_still_gets_it_first():
+    """The session's TCP_SID arrives in bytes held back when a sink joins: the sink
+    skips those bytes (it joins at the next message) but not the TCP_SID, which a UM
+    receiver needs first, as from the origin itself."""
+    sid = lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(lbmc.TcpSidHeader(0, 0xABCD),)))
+    f = SessionFanout()
+    f.add("a", 0.0)
+    stream = [msg(k) for k in range(4)]
+    held = sid + stream[0]  # not fed yet: held back for a
+    b = f.add("b", 0.0, behind=len(held))
+    f.feed(held, 0.0)
+    f.feed(b"".join(stream[1:]), 0.0)
+    assert taken(b) == [sid] + stream[1:]
