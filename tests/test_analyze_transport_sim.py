@@ -34,30 +34,42 @@ def _capture(ns, path):
     return dump
 
 
-def test_lbmr_sim_lossy_lbtrm_sessions(netns_factory, tmp_path):
-    ns = netns_factory()
+def _play(ns, tmp_path, *args, duration=30):
+    """lbmr-sim with ``args`` on the namespace's loopback, captured; (its exit status, its report, the capture)."""
     cap = tmp_path / "sim.pcapng"
     dump = _capture(ns, cap)
     r = ns.run([sys.executable, "-m", "lbmr_tools.sim", "--multicast", "224.9.10.11:12965",
-                "--mc-interface", "127.0.1.1", "--bind-base", "127.0.1.1", "--contexts", "2", "--topics", "2",
-                "--transport", "lbtrm", "--data-datagrams", str(DATAGRAMS), "--data-rate", "4000", "--verify-data",
-                "--data-drop-every", str(DROP_EVERY), "--duration", "30", "--seed", "5", "--json"], timeout=60)
+                "--mc-interface", "127.0.1.1", "--bind-base", "127.0.1.1", "--verify-data",
+                "--duration", str(duration), "--seed", "5", "--json", *args], timeout=duration + 30)
     time.sleep(0.5)
     dump.send_signal(signal.SIGINT)
     dump.wait(timeout=15)
-    assert r.returncode == 0, r.stdout + r.stderr
-    report = json.loads(r.stdout)
+    assert r.stdout.startswith("{"), r.stdout + r.stderr
+    return r.returncode, json.loads(r.stdout), cap
+
+
+def _by_address(t: dict) -> dict:
+    """The tables' sessions with data, by the source's ``ip:port``."""
+    return {s["source"].split(":")[1] + ":" + s["source"].split(":")[2]: s for s in t["transport_sessions"]
+            if s["originals"]}
+
+
+def test_lbmr_sim_lossy_lbtrm_sessions(netns_factory, tmp_path):
+    rc, report, cap = _play(netns_factory(), tmp_path, "--contexts", "2", "--topics", "2", "--transport", "lbtrm",
+                            "--data-datagrams", str(DATAGRAMS), "--data-rate", "4000",
+                            "--data-drop-every", str(DROP_EVERY))
+    assert rc == 0, report
     summary, t = analyse_without_spark(cap, tmp_path / "out", 64 << 10)
-    sessions = {s["source"].split(":")[1] + ":" + s["source"].split(":")[2]: s for s in t["transport_sessions"]
-                if s["originals"]}
+    sessions = _by_address(t)
     assert sorted(sessions) == sorted(src["address"] for src in report["data_sources"])
     # every count equals what lbmr-sim's sources and receivers say they sent
     for src in report["data_sources"]:
         s, c = sessions[src["address"]], src["counters"]
         assert s["transport"] == "LBTRM" and s["from_tir"] and s["group"] + ":14400" == src["group"]
         assert (s["originals"], s["retransmissions"], s["session_messages"], s["nak_packets"], s["nak_entries"],
-                s["ncf_rx_delay"]) == (c["datagrams_sent"], c["retransmissions"], c["sms_sent"], c["naks"],
-                                       c["nak_sqns"], c["ncfs_sent"])
+                s["ncf_rx_delay"], s["ncf_ignored"]) == (c["datagrams_sent"], c["retransmissions"], c["sms_sent"],
+                                                         c["naks"], c["nak_sqns"], c["ncfs_sent"],
+                                                         c["ncfs_ignored_sent"])
     # and tshark (Decode As) counts the same per session
     theirs = tshark_lbtrm_counts(cap, ("udp.port==14400,lbtrm", "udp.port==14390,lbtrm", "udp.port==14391,lbtrm"))
     assert {(int(s["session_id"], 16), s["port"]): +Counter(
@@ -83,3 +95,34 @@ def test_lbmr_sim_lossy_lbtrm_sessions(netns_factory, tmp_path):
     assert t["transport_errors"] == [dict(kind="bad input", reason="lbmc_malformed",
                                           count=sum(s["originals"] + s["retransmissions"] for s in sessions.values()))]
     assert summary["transport_bad_input"] == t["transport_errors"][0]["count"]
+
+
+def test_lbmr_sim_nak_ignored(netns_factory, tmp_path):
+    """Sources ignore NAKs for 300 ms after a retransmission; receivers lose the
+    first retransmission too (two copies dropped) and NAK again every 50 ms:
+    the NAKs in between get NCFs "NAK ignored", and the finding names each
+    session."""
+    n, every = 400, 20
+    rc, report, cap = _play(netns_factory(), tmp_path, "--contexts", "2", "--topics", "2", "--transport", "lbtrm",
+                            "--data-datagrams", str(n), "--data-rate", "2000", "--data-drop-every", str(every),
+                            "--data-drop-copies", "2", "--data-ignore-interval", "0.3", "--data-nak-backoff", "0.05")
+    assert rc == 0, report
+    summary, t = analyse_without_spark(cap, tmp_path / "out", 64 << 10)
+    sessions = _by_address(t)
+    assert sorted(sessions) == sorted(src["address"] for src in report["data_sources"])
+    for src in report["data_sources"]:
+        s, c = sessions[src["address"]], src["counters"]
+        # every dropped datagram was NAKed again inside the ignore interval at least once
+        assert c["ncfs_ignored_sent"] >= 1 and c["retransmissions_ignored"] >= n // every
+        assert (s["ncf_ignored"], s["ncf_rx_delay"], s["retransmissions"], s["nak_packets"]) == (
+            c["ncfs_ignored_sent"], c["ncfs_sent"], c["retransmissions"], c["naks"])
+    for rcv in report["receivers"]:
+        d = rcv["data"]["detail"]
+        assert d["dropped_on_purpose"] == n // every and d["recovered"] >= n // every and d["unrecoverable"] == 0
+    found = {f["session"]: f for f in t["findings"] if f["kind"] == "NCF: NAK ignored"}
+    assert sorted(found) == sorted(s["source"] for s in sessions.values())
+    for s in sessions.values():
+        f = found[s["source"]]
+        assert f["severity"] == "medium" and f"{s['ncf_ignored']} NCF(s) 'NAK ignored'" in f["finding"]
+        assert "transport_lbtrm_ignore_interval" in f["finding"] and f"ncf_ignored={s['ncf_ignored']}" in f["evidence"]
+    assert not [f for f in t["findings"] if f["kind"] in ("unrecoverable loss: source stopped", "NAKs never answered")]
