@@ -126,3 +126,33 @@ def test_lbmr_sim_nak_ignored(netns_factory, tmp_path):
         assert f["severity"] == "medium" and f"{s['ncf_ignored']} NCF(s) 'NAK ignored'" in f["finding"]
         assert "transport_lbtrm_ignore_interval" in f["finding"] and f"ncf_ignored={s['ncf_ignored']}" in f["evidence"]
     assert not [f for f in t["findings"] if f["kind"] in ("unrecoverable loss: source stopped", "NAKs never answered")]
+
+
+def test_lbmr_sim_source_exits_while_receivers_nak(netns_factory, tmp_path):
+    """The source exits right after its last datagram (no linger); its two
+    receivers (in its own context and the other) still NAK the datagrams they
+    dropped last, meet ICMP port unreachable and give them up: the "source
+    stopped" finding names each receiver's loss."""
+    n, every = 400, 20
+    rc, report, cap = _play(netns_factory(), tmp_path, "--contexts", "2", "--topics", "1", "--transport", "lbtrm",
+                            "--data-datagrams", str(n), "--data-rate", "2000", "--data-drop-every", str(every),
+                            "--data-nak-backoff", "0.05", "--data-source-linger", "0")
+    assert rc == 1, report  # the receivers did not get everything
+    summary, t = analyse_without_spark(cap, tmp_path / "out", 64 << 10)
+    (src,) = report["data_sources"]
+    details = [r["data"]["detail"] for r in report["receivers"] if r.get("data")]
+    s, c = _by_address(t)[src["address"]], src["counters"]
+    assert s["originals"] == c["datagrams_sent"] == n and len(details) == 2
+    # the NAKs sent after the source had exited (not read, nor queued when it closed its socket) were each
+    # answered by ICMP port unreachable
+    assert all(d["unrecoverable"] >= 1 for d in details)
+    assert s["icmp_errors"] == sum(d["naks_sent"] for d in details) - c["naks"] - c["unread_at_exit"] > 0
+    rows = [x for x in t["transport_receivers"] if x["session"] == s["session"] and x["kind"] == "nak"]
+    assert sorted((x["nak_packets"], x["outstanding_count"]) for x in rows) == sorted(
+        (d["naks_sent"], d["unrecoverable"]) for d in details)
+    found = [f for f in t["findings"] if f["kind"] == "unrecoverable loss: source stopped"]
+    outstanding = [int(dict(kv.split("=") for kv in f["evidence"].split(", "))["outstanding"]) for f in found]
+    assert sorted(outstanding) == sorted(d["unrecoverable"] for d in details)
+    for f, k in zip(found, outstanding, strict=True):
+        assert f["severity"] == "critical" and f["session"] == s["source"]
+        assert f"was still NAKing {k} sequence number(s)" in f["finding"] and "ICMP port unreachable" in f["finding"]

@@ -89,7 +89,8 @@ class RmDataSource:
     id), retransmissions, retransmissions_ignored (within ignore_interval),
     naks_out_of_range, ncfs_sent (reason "retransmit delay", with the
     retransmissions), ncfs_ignored_sent (reason "NAK ignored"), malformed,
-    send_errors, recv_errors. ``linger``: None runs until cancelled, else the
+    send_errors, recv_errors, unread_at_exit (datagrams left queued when it
+    exited, unanswered). ``linger``: None runs until cancelled, else the
     seconds it stays after its last DATA (:attr:`exited` then)."""
 
     def __init__(self, bind_ip: str = "127.0.0.1", port: int = 0, *, group: str = "224.10.10.10",
@@ -122,7 +123,7 @@ class RmDataSource:
         self.counters: dict[str, int] = dict.fromkeys(
             ("datagrams_sent", "sms_sent", "naks", "nak_sqns", "naks_foreign", "retransmissions",
              "retransmissions_ignored", "naks_out_of_range", "ncfs_sent", "ncfs_ignored_sent", "malformed",
-             "send_errors",
+             "send_errors", "unread_at_exit",
              "recv_errors"), 0)
         self._sock = None
         self._go = trio.Event()
@@ -143,7 +144,8 @@ class RmDataSource:
         """Bind, report the bound (ip, port), send the data and then session
         messages, and answer NAKs, until cancelled (or, with ``linger``, that
         long after the last DATA: then the socket closes)."""
-        sock = trio.socket.from_stdlib_socket(_multicast_sender(self.bind_ip, self.port, self.ttl, self.snd_buf))
+        raw = _multicast_sender(self.bind_ip, self.port, self.ttl, self.snd_buf)
+        sock = trio.socket.from_stdlib_socket(raw)
         self._sock = sock
         self.address = sock.getsockname()[:2]
         with sock:
@@ -153,7 +155,20 @@ class RmDataSource:
                 n.start_soon(self._naks)
                 await self._send_all()
                 n.cancel_scope.cancel()
+            self._count_unread(raw)
         self.exited = True
+
+    def _count_unread(self, raw: socket.socket) -> None:
+        """The source exits: count the datagrams still queued on its socket
+        (``unread_at_exit``), which it never answers (bounded by the socket's
+        receive buffer)."""
+        raw.setblocking(False)
+        while True:
+            try:
+                raw.recv(1)
+            except OSError:  # (BlockingIOError: nothing left)
+                return
+            self.counters["unread_at_exit"] += 1
 
     async def _send(self, data: bytes) -> bool:
         try:
