@@ -1,15 +1,20 @@
 """lbmr-analyze's transport pass on traffic lbmr-sim plays: two UM contexts on
-the multicast loopback of a network namespace this test creates, LBT-RM
-sources and receivers that discard every 25th datagram once and recover it by
-NAK, captured by dumpcap inside the namespace.  The known answers come from
-lbmr-sim's own report (datagrams sent, datagrams dropped on purpose, NAKs
-sent); the analysis runs without Spark (the job's functions in this process).
+the multicast loopback of a network namespace this test creates, captured by
+dumpcap inside the namespace: LBT-RM sources and receivers that discard every
+25th datagram once and recover it by NAK; receivers that lose retransmissions
+too and NAK again inside the source's ignore interval (NCF "NAK ignored"); a
+source that exits while its receivers still NAK (ICMP port unreachable,
+unrecoverable loss); slow TCP receivers (zero windows).  The known answers
+come from lbmr-sim's own report (datagrams sent, datagrams dropped on
+purpose, NAKs and NCFs sent) and from tshark; the analysis runs without Spark
+(the job's functions in this process).
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -34,9 +39,10 @@ def _capture(ns, path):
     return dump
 
 
-def _play(ns, tmp_path, *args, duration=30):
-    """lbmr-sim with ``args`` on the namespace's loopback, captured; (its exit status, its report, the capture)."""
-    cap = tmp_path / "sim.pcapng"
+def _play(ns, tmp_path, *args, duration=30, name="sim"):
+    """lbmr-sim with ``args`` on the namespace's loopback, captured in
+    ``name``.pcapng; (its exit status, its report, the capture)."""
+    cap = tmp_path / f"{name}.pcapng"
     dump = _capture(ns, cap)
     r = ns.run([sys.executable, "-m", "lbmr_tools.sim", "--multicast", "224.9.10.11:12965",
                 "--mc-interface", "127.0.1.1", "--bind-base", "127.0.1.1", "--verify-data",
@@ -156,3 +162,45 @@ def test_lbmr_sim_source_exits_while_receivers_nak(netns_factory, tmp_path):
     for f, k in zip(found, outstanding, strict=True):
         assert f["severity"] == "critical" and f["session"] == s["source"]
         assert f"was still NAKing {k} sequence number(s)" in f["finding"] and "ICMP port unreachable" in f["finding"]
+
+
+def _tshark_by_receiver(cap, display_filter: str) -> Counter:
+    """Segments matching ``display_filter`` per sender ``ip:port`` (tshark's count)."""
+    out = subprocess.run(["tshark", "-n", "-r", str(cap), "-Y", display_filter, "-T", "fields", "-e", "ip.src",
+                          "-e", "tcp.srcport"], capture_output=True, text=True, timeout=120, check=True).stdout
+    return Counter(":".join(line.split("\t")) for line in out.splitlines() if line)
+
+
+def test_lbmr_sim_slow_tcp_receivers(netns_factory, tmp_path):
+    """TCP receivers that read at most 256 KiB/s from sources sending about
+    1 MB/s: their windows go to zero, and each session gets the "slow TCP
+    receiver" finding with the zero-window segments tshark counts; the same
+    sessions read at full speed give none."""
+    ns = netns_factory()
+    args = ("--contexts", "2", "--topics", "2", "--transport", "tcp", "--data-bytes", "1M")
+    rc, report, fast = _play(ns, tmp_path, *args, name="fast")
+    assert rc == 0, report
+    _, t = analyse_without_spark(fast, tmp_path / "fast", 64 << 10)
+    assert len([x for x in t["transport_receivers"] if x["kind"] == "tcp"]) == 2
+    assert not any(x["zero_windows"] for x in t["transport_receivers"])
+    assert not [f for f in t["findings"] if f["kind"] == "slow TCP receiver"]
+
+    limit = 256 << 10
+    rc, report, cap = _play(ns, tmp_path, *args, "--data-rate-limit", str(limit), name="slow")
+    assert rc == 0, report
+    _, t = analyse_without_spark(cap, tmp_path / "slow", 64 << 10)
+    details = [r["data"]["detail"] for r in report["receivers"] if r.get("data")]
+    assert len(details) == 2 and all(d["ok"] and d["bytes_per_s"] < 1.1 * limit for d in details)
+    rows = {x["session"]: x for x in t["transport_receivers"] if x["kind"] == "tcp"}
+    # one receiver per session, each the reader of a source the report names
+    assert sorted(":".join(k.split(":")[1:3]) for k in rows) == sorted(d["peer"] for d in details)
+    zero = _tshark_by_receiver(cap, "tcp.analysis.zero_window")
+    assert {x["receiver"]: x["zero_windows"] for x in rows.values()} == dict(zero)
+    found = {f["session"]: f for f in t["findings"] if f["kind"] == "slow TCP receiver"}
+    assert sorted(found) == sorted(rows)
+    for key, x in rows.items():
+        assert x["zero_windows"] >= 2
+        f = found[key]
+        assert f["severity"] == "high" and f["evidence"] == f"zero_windows={x['zero_windows']}"
+        assert f"Receiver {x['receiver']} of {key} advertised a zero TCP window in {x['zero_windows']} segments" in (
+            f["finding"])
