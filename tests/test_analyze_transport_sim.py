@@ -204,3 +204,32 @@ def test_lbmr_sim_slow_tcp_receivers(netns_factory, tmp_path):
         assert f["severity"] == "high" and f["evidence"] == f"zero_windows={x['zero_windows']}"
         assert f"Receiver {x['receiver']} of {key} advertised a zero TCP window in {x['zero_windows']} segments" in (
             f["finding"])
+
+
+def test_lbmr_sim_lossy_lbtru_sessions(netns_factory, tmp_path):
+    """LBT-RU receivers that discard every 25th datagram once and NAK it: the
+    tables count what the sources and receivers say they sent, every NAKed
+    datagram recovered, and each receiver is a lossy receiver of its source's
+    session."""
+    rc, report, cap = _play(netns_factory(), tmp_path, "--contexts", "2", "--topics", "2", "--transport", "lbtru",
+                            "--data-datagrams", str(DATAGRAMS), "--data-rate", "4000",
+                            "--data-drop-every", str(DROP_EVERY))
+    assert rc == 0, report
+    _, t = analyse_without_spark(cap, tmp_path / "out", 64 << 10)
+    sessions = _by_address(t)
+    assert sorted(sessions) == sorted(src["address"] for src in report["data_sources"])
+    for src in report["data_sources"]:
+        s, c = sessions[src["address"]], src["counters"]
+        assert s["transport"] == "LBTRU" and s["nak_packets"] == c["naks"]
+        assert s["originals"] + s["retransmissions"] + s["session_messages"] == src["datagrams_sent"]
+    lossy = {f["session"] for f in t["findings"] if f["kind"] == "lossy receiver"}
+    for rcv in report["receivers"]:
+        d = rcv["data"]["detail"]
+        s = sessions[d["source"]]
+        (x,) = [x for x in t["transport_receivers"] if x["session"] == s["session"] and x["nak_packets"]]
+        assert d["dropped_on_purpose"] == DATAGRAMS // DROP_EVERY == d["recovered"]
+        assert (x["nak_packets"], x["naked_sqns"], x["recovered"], x["outstanding_count"]) == (
+            d["naks_sent"], d["missing_found"], d["recovered"], 0)
+        assert s["retransmissions"] == d["retransmissions"]
+        assert s["source"] in lossy
+    assert not [f for f in t["findings"] if f["kind"] in ("unrecoverable loss: source stopped", "NAKs never answered")]
