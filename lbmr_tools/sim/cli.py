@@ -299,6 +299,8 @@ def main(as_json: bool, **params) -> None:
       lbmr-sim --transport lbtrm --pcap sim.pcap --json
       lbmr-sim --data-bytes 3M --verify-data --requests 20 --retention 1000 --late-join --otr
       ip netns exec NS lbmr-sim --multicast 224.9.10.11:12965 --bind-base 127.0.1.1
+      ip netns exec NS lbmr-sim --multicast --transport lbtrm --data-datagrams 400 --verify-data \\
+          --data-drop-every 20 --data-drop-copies 2 --data-ignore-interval 0.3 --data-nak-backoff 0.05
     """
     try:
         cfg = config_from_params(params)
