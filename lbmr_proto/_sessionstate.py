@@ -83,6 +83,7 @@ class ReceiverState:
     packets: int = 0
     zero_windows: int = 0
     resets: int = 0
+    icmp_errors: int = 0  # ICMP port unreachable from the receiver's host quoting the source's datagrams to it
 
     def seen(self, ts: float) -> None:
         self.first_ts = min(self.first_ts, ts)
@@ -117,7 +118,7 @@ class ReceiverState:
             return
         self.first_ts = min(self.first_ts, later.first_ts)
         self.last_ts = max(self.last_ts, later.last_ts)
-        for name in ("nak_packets", "nak_entries", "packets", "zero_windows", "resets"):
+        for name in ("nak_packets", "nak_entries", "packets", "zero_windows", "resets", "icmp_errors"):
             setattr(self, name, getattr(self, name) + getattr(later, name))
         _union(self.naked, later.naked, overflow, "naked_sqns")
         for s, t in later.outstanding.items():
@@ -150,7 +151,13 @@ class SessionState:
     ``messages``/``rx_messages``: topic index -> LBMC messages carried in
     original / retransmitted datagrams; ``ncf_packets``/``ncf_entries``: NCF
     reason -> count; ``rx_first``: sequence number -> time of its first
-    retransmission (for merging recovery times)."""
+    retransmission (for merging recovery times). ``icmp_errors``: ICMP port
+    unreachable errors quoting datagrams sent to the source (NAKs, ACKs,
+    CREQs: the source is gone); ``receiver_icmp_errors``: those quoting the
+    source's own datagrams (DATA, SM, NCF, RST: a receiver is gone).
+    ``unnamed``: the session an LBT-RU TIR without session id advertises
+    (session id 0); its topics, source contexts and ``from_tir`` are those
+    of every session seen at its address."""
 
     transport: str
     ip: str
@@ -175,6 +182,8 @@ class SessionState:
     session_messages: int = 0
     control: Counter = field(default_factory=Counter)  # CREQ, ACK, RST, SYN (LBT-RU); SYN, FIN, RST (TCP)
     icmp_errors: int = 0
+    receiver_icmp_errors: int = 0
+    unnamed: bool = False
     topics: dict = field(default_factory=dict)
     messages: Counter = field(default_factory=Counter)
     rx_messages: Counter = field(default_factory=Counter)
@@ -205,12 +214,13 @@ class SessionState:
         self.group = self.group or later.group
         self.dport = self.dport or later.dport
         self.from_tir = self.from_tir or later.from_tir
+        self.unnamed = self.unnamed or later.unnamed
         self.first_ts = min(self.first_ts, later.first_ts)
         self.last_ts = max(self.last_ts, later.last_ts)
         self.last_original_ts = max(self.last_original_ts, later.last_original_ts)
         self.lead_sqn = max(self.lead_sqn, later.lead_sqn)
         for name in ("originals", "original_bytes", "retransmissions", "retransmission_bytes",
-                     "nak_packets", "nak_entries", "session_messages", "icmp_errors"):
+                     "nak_packets", "nak_entries", "session_messages", "icmp_errors", "receiver_icmp_errors"):
             setattr(self, name, getattr(self, name) + getattr(later, name))
         _union(self.naked, later.naked, overflow, "naked_sqns")
         for name in ("ncf_packets", "ncf_entries", "control", "messages", "rx_messages"):
