@@ -317,6 +317,7 @@ def tables(part: TransportPart) -> dict[str, list[dict]]:
         d["icmp_first"], d["icmp_last"] = _iso(f), _iso(la)
         sessions.append({k: d[k] for k in SESSION_COLUMNS})
     receivers = []
+    joined = st.joined()
     for r in receiver_rows(st):
         d = r._asdict()
         for k in ("first_ts", "last_ts", "silent_ts"):
@@ -324,7 +325,7 @@ def tables(part: TransportPart) -> dict[str, list[dict]]:
         d["loss_estimate"] = round(r.loss_estimate, 6)
         d["recovery_p50"], d["recovery_max"] = round(r.recovery_p50, 6), round(r.recovery_max, 6)
         d["outstanding"] = " ".join(str(q) for q in r.outstanding)
-        rs = st.sessions[r.session].receivers[r.receiver]
+        rs = joined[r.session].receivers[r.receiver]
         times = list(rs.outstanding.values())
         d["outstanding_from"] = _iso(min(times)) if times else None
         d["outstanding_to"] = _iso(max(times)) if times else None

@@ -401,8 +401,10 @@ def _receivers_gone(sessions: dict, recv: list[dict]) -> list[dict]:
             "low", "datagrams to a closed receiver",
             f"The host of receiver {r['receiver']} of {s['source']} answered {r['icmp_errors']} of the source's "
             f"datagrams to it with ICMP port unreachable: the receiver had closed its socket (it left, or its "
-            f"process exited) while the source still sent to it, until "
-            f"{_opt(s['transport'], 'client_activity_timeout') if s['transport'] == 'LBTRU' else 'it noticed'}.",
+            f"process exited) while the source still sent to it"
+            + (f" (an LBT-RU source sends to a client until its {_opt('LBTRU', 'client_activity_timeout')} "
+               f"passes without word from it)" if s["transport"] == "LBTRU" else "")
+            + ". The source did not stop.",
             "transport_receivers", topics=s["topics"], contexts=_ctx(s), first=r["first_ts"], last=r["last_ts"],
             size=r["icmp_errors"], session=s["source"],
             evidence=_ev(receiver_icmp_errors=r["icmp_errors"])))

@@ -6,6 +6,7 @@ lbmr_proto; the public face is :mod:`lbmr_proto.transport_sessions`."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -156,8 +157,9 @@ class SessionState:
     CREQs: the source is gone); ``receiver_icmp_errors``: those quoting the
     source's own datagrams (DATA, SM, NCF, RST: a receiver is gone).
     ``unnamed``: the session an LBT-RU TIR without session id advertises
-    (session id 0); its topics, source contexts and ``from_tir`` are those
-    of every session seen at its address."""
+    (session id 0); every session seen at its address takes its topics,
+    source contexts and ``from_tir`` (and :meth:`SessionsState.joined` folds
+    it into the one there)."""
 
     transport: str
     ip: str
@@ -262,6 +264,36 @@ class SessionsState:
                 return None
             s = self.sessions[key] = SessionState(transport, ip, port, session_id & 0xFFFFFFFF)
         return s
+
+    def joined(self) -> dict[str, SessionState]:
+        """The sessions as the tables show them, by key: the session of an LBT-RU
+        TIR without session id (``unnamed``, id 0; it holds the datagrams
+        without session-id option sent before an id was seen at the address,
+        e.g. a receiver's first CREQ) folded into the one session with an id
+        seen at its address; with several there, it stays apart unless it saw
+        nothing of its own. Copies where folded; the state is not changed."""
+        named: dict[tuple[str, int], list[SessionState]] = {}
+        for s in self.sessions.values():
+            if s.transport == "LBTRU" and s.session_id:
+                named.setdefault((s.ip, s.port), []).append(s)
+        if not named:
+            return self.sessions
+        out = dict(self.sessions)
+        for key, s in self.sessions.items():
+            if not s.unnamed or s.session_id or s.transport != "LBTRU":
+                continue
+            there = named.get((s.ip, s.port), [])
+            if len(there) == 1:
+                one = there[0]
+                folded = copy.deepcopy(s)
+                folded.merge(copy.deepcopy(one), Counter())
+                folded.session_id, folded.key = one.session_id, one.key
+                out[one.key] = folded
+                del out[key]
+            elif there and not (math.isfinite(s.first_ts) or s.receivers or s.icmp_errors
+                                or s.receiver_icmp_errors):
+                del out[key]
+        return out
 
     def merge(self, later: SessionsState) -> SessionsState:
         """Add ``later`` (a later part of the same capture) into this state; returns self."""

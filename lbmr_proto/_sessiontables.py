@@ -108,21 +108,12 @@ def _finite(x: float) -> float:
     return x if math.isfinite(x) else 0.0
 
 
-def _shown(state: SessionsState) -> list[str]:
-    """The keys of the sessions the tables show, sorted: all but the session of
-    an LBT-RU TIR without session id (id 0) that saw no packet of its own while
-    a session with an id was seen at its address (that one took its topics)."""
-    named = {(s.ip, s.port) for s in state.sessions.values() if s.transport == "LBTRU" and s.session_id}
-    return sorted(k for k, s in state.sessions.items()
-                  if not (s.unnamed and (s.ip, s.port) in named and not math.isfinite(s.first_ts)
-                          and not s.receivers and not s.icmp_errors and not s.receiver_icmp_errors))
-
-
 def session_rows(state: SessionsState) -> list[SessionRow]:
     """The session table, ordered by session key."""
     out = []
-    for key in _shown(state):
-        s = state.sessions[key]
+    sessions = state.joined()
+    for key in sorted(sessions):
+        s = sessions[key]
         topics = tuple(s.topics[i] for i in sorted(s.topics))
         wanted = set(s.topics.values())
         ctxs = sorted({c for t in wanted for c in state.queries.get(t, ())})
@@ -142,8 +133,9 @@ def session_rows(state: SessionsState) -> list[SessionRow]:
 def receiver_rows(state: SessionsState) -> list[ReceiverRow]:
     """The (session, receiver) table, ordered by session key and receiver."""
     out = []
-    for key in _shown(state):
-        s = state.sessions[key]
+    sessions = state.joined()
+    for key in sorted(sessions):
+        s = sessions[key]
         for addr in sorted(s.receivers):
             r = s.receivers[addr]
             pending = sorted(r.outstanding)
@@ -158,8 +150,9 @@ def receiver_rows(state: SessionsState) -> list[ReceiverRow]:
 def topic_rows(state: SessionsState) -> list[TopicRow]:
     """The (session, topic index) table: every index carried or named by a TIR."""
     out = []
-    for key in _shown(state):
-        s = state.sessions[key]
+    sessions = state.joined()
+    for key in sorted(sessions):
+        s = sessions[key]
         for tidx in sorted(set(s.messages) | set(s.rx_messages) | set(s.topics)):
             out.append(TopicRow(key, tidx, s.topics.get(tidx, ""), s.messages[tidx], s.rx_messages[tidx]))
     return out

@@ -65,9 +65,11 @@ LBT-RU TIRs without session id
     (in either order: TIR first or datagrams first; partitions learn the
     capture's TIRs first, so each part joins alike and merging keeps it).
     A datagram without session-id option there belongs to the one id seen at
-    the address (to session 0 while none or several were). The tables leave
-    out the id-0 session when it saw no packet of its own and a session with
-    an id was seen at its address.
+    the address (to session 0 while none or several were: e.g. a receiver's
+    first CREQ, sent before the source's SYN names the id). The tables
+    (:meth:`SessionsState.joined`) fold session 0 into the one session with
+    an id seen at its address; with several there it stays apart (left out
+    when it saw nothing of its own).
 
 Session names
     UM's source strings, session ids in lowercase hex (8 digits):

@@ -23,6 +23,7 @@ from lbmr_analyze.transport_findings import RETRANSMISSION_RATIO
 from tests import netns
 from tests.analyze_reference import analyse_without_spark
 from tests.transport_captures import tshark_lbtrm_counts
+from tests.tshark_judge import tshark_field_rows
 
 netns_factory = netns.netns_factory
 
@@ -234,3 +235,21 @@ def test_lbmr_sim_lossy_lbtru_sessions(netns_factory, tmp_path):
         assert s["retransmissions"] == d["retransmissions"]
         assert s["source"] in lossy
     assert not [f for f in t["findings"] if f["kind"] in ("unrecoverable loss: source stopped", "NAKs never answered")]
+    # lbmr-sim's LBT-RU TIRs name no session id (ip, port) while its datagrams carry one: the TIRs still name
+    # the sessions seen at their addresses, so no receiver is one of an unadvertised session and no
+    # session-id-0 session is left over
+    assert [s["session_id"] for s in t["transport_sessions"]] == [s["session_id"] for s in sessions.values()]
+    for s in sessions.values():
+        assert s["from_tir"] and s["topics"] and s["source_contexts"] and s["session_id"] != "00000000"
+    assert not [f for f in t["findings"] if f["kind"] == "receiver of an unadvertised session"]
+    # receivers that leave and close their sockets while the sources still send to them: their hosts' ICMP
+    # port unreachable quotes the sources' DATA, a receiver gone, never a source stopped
+    ports = sorted({s["port"] for s in sessions.values()})
+    icmp = tshark_field_rows(cap, [f"udp.port=={p},lbtru" for p in ports], ["lbtru.hdr.type", "udp.dstport"],
+                             "icmp && lbtru")
+    to_receivers = Counter(f["udp.dstport"][0] for f in icmp.values() if f["lbtru.hdr.type"][0] in (0, 2, 4, 7))
+    assert sum(to_receivers.values()) == sum(s["receiver_icmp_errors"] for s in sessions.values())
+    assert sum(s["icmp_errors"] for s in sessions.values()) == len(icmp) - sum(to_receivers.values())
+    assert not [f for f in t["findings"] if f["kind"] == "NAKs to a stopped source"]
+    gone = {f["session"] for f in t["findings"] if f["kind"] == "datagrams to a closed receiver"}
+    assert gone == {s["source"] for s in sessions.values() if s["receiver_icmp_errors"]}

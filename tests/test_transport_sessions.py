@@ -566,8 +566,15 @@ def test_a_tir_without_session_id_names_the_session_seen_at_its_address(tmp_path
     path = tmp_path / "ru.pcap"
     write_unnamed_lbtru_capture(path, tir_first=tir_first)
     dec, records = decode_capture(path)
-    (row,) = session_rows(dec.state)  # the TIR's id-0 session saw no packet: left out
+    # the first receiver's CREQ (no session id, none seen yet) went to the TIR's id-0 session, the second's to
+    # the one the source's SYN named since; folded into one row (without the TIR first, the first CREQ is not
+    # known to be LBT-RU: no session-id option, no TIR for its address yet)
+    assert sorted(dec.state.sessions) == ["LBTRU:10.3.0.1:14380:00000000", RU_KEY]
+    creqs = [r for r in records if isinstance(r, TransportRecord) and r.kind == "CREQ"]
+    assert [r.session for r in creqs] == ["LBTRU:10.3.0.1:14380:00000000"] * tir_first + [RU_KEY]
+    (row,) = session_rows(dec.state)
     assert row.session == RU_KEY and row.from_tir and row.topics == ("ru.plain", "ru.other")
+    assert dict(row.control) == {"CREQ": 1 + tir_first, "SYN": 2, "ACK": 1}
     assert row.source_contexts == ("{}:{}".format(*UNNAMED_RU_CTX),)
     assert (row.originals, row.retransmissions, row.nak_packets, row.lbmc_messages) == (16, 1, 1, 17)
     assert [(t.tidx, t.topic, t.messages, t.rx_messages) for t in topic_rows(dec.state)] == [
@@ -585,10 +592,11 @@ def test_a_tir_without_session_id_joins_alike_in_partitions(tmp_path):
     path = tmp_path / "ru.pcap"
     write_unnamed_lbtru_capture(path, tir_first=False, source_exits=True)
     items = list(read_packets(path))
-    single = TransportDecoder()
-    for i in items:
-        single.feed(i)
     lbmr = [i for i in items if getattr(i, "dport", None) == 12965]
+    single = TransportDecoder()  # one part: the TIRs learned first, as the analyzer's tasks do
+    for i in lbmr + [i for i in items if getattr(i, "dport", None) != 12965]:
+        single.feed(i)
+    assert dict(session_rows(single.state)[0].control)["CREQ"] == 2
     for cut in (3, len(items) // 2, len(items) - 3):
         merged = SessionsState()
         for part_items in (items[:cut], items[cut:]):
@@ -627,6 +635,7 @@ def test_a_tir_without_session_id_alone_is_still_a_session(tmp_path):
             dec.feed(i)
     (row,) = session_rows(dec.state)
     assert row.session == "LBTRU:10.3.0.1:14380:00000000" and row.from_tir and row.originals == 0
+    assert row.topics == ("ru.plain", "ru.other")
 
 
 @pytest.mark.parametrize("source_exits", [False, True])

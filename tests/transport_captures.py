@@ -377,7 +377,8 @@ def write_unnamed_lbtru_capture(path: Path, *, tir_first: bool = True, source_ex
     index 4 in a second TIR at the end) while every datagram carries the
     session-id option; returns the frame count.
 
-    Two receivers connect (CREQ, SYN); DATA 0..9 to both; the staying one
+    Two receivers connect (a CREQ without session id, the SYN names it);
+    DATA 0..9 to both; the staying one
     NAKs 4 and gets it retransmitted, ACKs without session id; the leaving
     one closes its socket after DATA 5, and its host answers the source's
     DATA 6..8 to it with ICMP port unreachable (``UNNAMED_RU_GONE``) before
@@ -400,7 +401,7 @@ def write_unnamed_lbtru_capture(path: Path, *, tir_first: bool = True, source_ex
 
     frames: list[bytes] = [tir("ru.plain", 3)] if tir_first else []
     for k, rcv in enumerate((stays, leaves)):
-        frames.append(udp_packet(rcv, src, RU.encode_creq(session_id=sid, client_id=k + 1)))
+        frames.append(udp_packet(rcv, src, RU.encode_creq(client_id=k + 1)))  # the id is not known yet
         frames.append(udp_packet(src, rcv, RU.encode_sm(0, 0, 0, syn=True, session_id=sid, client_id=k + 1)))
     for q in range(10):
         frames.append(udp_packet(src, stays, RU.encode_data(q, 0, C.data_message(3, q, b"d"), session_id=sid)))
