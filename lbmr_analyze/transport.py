@@ -26,7 +26,7 @@ Tables (times as UTC ISO strings, see lbmr-analyze(1))
     row per (session, topic index), with the contexts whose TQRs asked for the
     topic (``queriers``); ``transport_timeline`` per (session, second): original
     and retransmitted datagrams, NAK packets and entries, NCFs, session
-    messages and ICMP errors; ``transport_errors`` bad input by reason and what
+    messages and ICMP errors quoting datagrams sent to the source; ``transport_errors`` bad input by reason and what
     a bound kept out.
 
 What byte ranges change
@@ -95,7 +95,8 @@ class TransportPart:
     for none); ``state``: the decoder's sessions; ``timeline``: (session key,
     epoch second) -> the :data:`TIMELINE_COLUMNS` counts; ``source_last``:
     session key -> the time of the last packet its source sent; ``icmp``:
-    session key -> (first, last) time of an ICMP error quoting its traffic;
+    session key -> (first, last) time of an ICMP error quoting a datagram sent
+    to its source (a NAK, ACK or CREQ: the source was gone);
     ``overflow``: what this module's bounds kept out."""
 
     first_ts: float = math.inf
@@ -119,9 +120,11 @@ class TransportPart:
                     continue
                 b = self.timeline[key] = [0] * len(TIMELINE_COLUMNS)
             if r.icmp:
-                b[_ICMP] += 1
-                f, la = self.icmp.get(r.session, (r.ts, r.ts))
-                self.icmp[r.session] = (min(f, r.ts), max(la, r.ts))
+                # only a datagram sent to the source (its ip:port is the session key's) says it is gone
+                if r.session.split(":")[1:3] == [r.dst, str(r.dport)]:
+                    b[_ICMP] += 1
+                    f, la = self.icmp.get(r.session, (r.ts, r.ts))
+                    self.icmp[r.session] = (min(f, r.ts), max(la, r.ts))
                 continue
             k = r.kind
             if k == "DATA":
@@ -286,13 +289,13 @@ def _iso(ts: float) -> str | None:
 SESSION_COLUMNS = (
     "source", "topics", "originals", "original_bytes", "retransmissions", "retransmission_bytes", "rate_bps",
     "nak_packets", "nak_entries", "naked_sqns", "ncf_no_retry", "ncf_ignored", "ncf_rx_delay", "ncf_shed",
-    "session_messages", "icmp_errors", "lbmc_messages", "receivers", "source_contexts", "first_ts",
-    "last_original_ts", "source_last", "last_ts", "icmp_first", "icmp_last", "lead_sqn", "control", "from_tir",
+    "session_messages", "icmp_errors", "receiver_icmp_errors", "lbmc_messages", "receivers", "source_contexts",
+    "first_ts", "last_original_ts", "source_last", "last_ts", "icmp_first", "icmp_last", "lead_sqn", "control", "from_tir",
     "session", "transport", "source_ip", "port", "group", "dport", "session_id")
 RECEIVER_COLUMNS = (
     "session", "receiver", "kind", "loss_estimate", "nak_packets", "nak_entries", "naked_sqns", "recovered",
     "recovery_p50", "recovery_max", "outstanding_count", "outstanding", "outstanding_from", "outstanding_to",
-    "first_ts", "last_ts", "silent_ts", "packets", "zero_windows", "resets")
+    "first_ts", "last_ts", "silent_ts", "packets", "zero_windows", "resets", "icmp_errors")
 
 
 def tables(part: TransportPart) -> dict[str, list[dict]]:
@@ -314,6 +317,7 @@ def tables(part: TransportPart) -> dict[str, list[dict]]:
         d["icmp_first"], d["icmp_last"] = _iso(f), _iso(la)
         sessions.append({k: d[k] for k in SESSION_COLUMNS})
     receivers = []
+    joined = st.joined()
     for r in receiver_rows(st):
         d = r._asdict()
         for k in ("first_ts", "last_ts", "silent_ts"):
@@ -321,7 +325,7 @@ def tables(part: TransportPart) -> dict[str, list[dict]]:
         d["loss_estimate"] = round(r.loss_estimate, 6)
         d["recovery_p50"], d["recovery_max"] = round(r.recovery_p50, 6), round(r.recovery_max, 6)
         d["outstanding"] = " ".join(str(q) for q in r.outstanding)
-        rs = st.sessions[r.session].receivers[r.receiver]
+        rs = joined[r.session].receivers[r.receiver]
         times = list(rs.outstanding.values())
         d["outstanding_from"] = _iso(min(times)) if times else None
         d["outstanding_to"] = _iso(max(times)) if times else None

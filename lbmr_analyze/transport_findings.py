@@ -83,7 +83,8 @@ def build(T: dict[str, list[dict]]) -> list[dict]:
             + _nak_storms(sessions, T.get("transport_timeline", [])) + _retransmissions(sessions)
             + _idle_windows(sessions, T.get("transport_timeline", []))
             + _uninteresting(sessions, T.get("transport_topics", []), T)
-            + _unadvertised(sessions, recv) + _tcp_receivers(sessions, recv) + _bad_input(T))
+            + _unadvertised(sessions, recv) + _receivers_gone(sessions, recv) + _tcp_receivers(sessions, recv)
+            + _bad_input(T))
 
 
 def _source_stopped(sessions: dict, recv: list[dict]) -> list[dict]:
@@ -91,7 +92,9 @@ def _source_stopped(sessions: dict, recv: list[dict]) -> list[dict]:
     critical when the source had stopped (its last packet before the
     receiver's last NAK, or ICMP port unreachable answering NAKs), else
     high ("NAKs never answered" by the capture's end).  A session whose NAKs
-    met ICMP errors with nothing left outstanding: medium."""
+    met ICMP errors with nothing left outstanding: medium.  Only ICMP errors
+    quoting datagrams sent to the source (``icmp_errors``) count; those quoting
+    the source's own datagrams say a receiver is gone (:func:`_receivers_gone`)."""
     out = []
     with_outstanding = set()
     for r in recv:
@@ -381,6 +384,30 @@ def _unadvertised(sessions: dict, recv: list[dict]) -> list[dict]:
             f"configuration).", "transport_receivers", contexts=r["receiver"], first=r["first_ts"],
             last=r["last_ts"], size=r["packets"], session=s["source"],
             evidence=_ev(from_tir=False, receiver_packets=r["packets"])))
+    return out
+
+
+def _receivers_gone(sessions: dict, recv: list[dict]) -> list[dict]:
+    """A receiver whose host answered the source's datagrams (DATA, SM, NCF,
+    RST) with ICMP port unreachable: it had closed its socket while the source
+    still sent to it (low; an LBT-RU source keeps a client until its
+    activity timeout).  Never evidence that the source stopped."""
+    out = []
+    for r in recv:
+        if not r["icmp_errors"]:
+            continue
+        s = sessions[r["session"]]
+        out.append(_f(
+            "low", "datagrams to a closed receiver",
+            f"The host of receiver {r['receiver']} of {s['source']} answered {r['icmp_errors']} of the source's "
+            f"datagrams to it with ICMP port unreachable: the receiver had closed its socket (it left, or its "
+            f"process exited) while the source still sent to it"
+            + (f" (an LBT-RU source sends to a client until its {_opt('LBTRU', 'client_activity_timeout')} "
+               f"passes without word from it)" if s["transport"] == "LBTRU" else "")
+            + ". The source did not stop.",
+            "transport_receivers", topics=s["topics"], contexts=_ctx(s), first=r["first_ts"], last=r["last_ts"],
+            size=r["icmp_errors"], session=s["source"],
+            evidence=_ev(receiver_icmp_errors=r["icmp_errors"])))
     return out
 
 

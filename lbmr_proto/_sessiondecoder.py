@@ -37,6 +37,25 @@ _RM_NAMES = RM.TYPE_NAMES
 _RM_DATA = struct.Struct("!BBHIIIB").unpack_from  # LBT-RM header + DATA's sqn, trail_sqn, flags_fec
 
 
+def _advertise(st: SessionsState, s: SessionState | None, tidx: int, topic: str, ctx: str) -> bool:
+    """A TIR (topic index ``tidx``, from context ``ctx``) advertises ``s``;
+    False when ``s`` knew all of it already (or is None)."""
+    if s is None:
+        return False
+    new = not s.from_tir
+    s.from_tir = True
+    if tidx not in s.topics:
+        if len(s.topics) < MAX_TOPICS:
+            s.topics[tidx] = topic
+            new = True
+        else:
+            st.overflow["topics"] += 1
+    if ctx not in s.source_contexts and len(s.source_contexts) < MAX_RECEIVERS:
+        s.source_contexts.add(ctx)
+        new = True
+    return new
+
+
 def _multicast(ip: str) -> bool:
     head = ip.split(".", 1)[0]
     return head.isdigit() and 224 <= int(head) <= 239
@@ -81,6 +100,18 @@ class TransportDecoder:
                 s.group, s.dport = tr.mcast_group, tr.dest_port
                 self._rm_groups.setdefault((tr.mcast_group, tr.dest_port), set()).add(s.key)
                 self._rm_naks.add((tr.ip, tr.src_ucast_port))
+            elif name == "LBTRU" and not hasattr(tr, "session_id"):
+                s = st.session(LBTRU, tr.ip, tr.port, 0)
+                if s is None:
+                    continue
+                s.unnamed = True
+                ids = self._ru.setdefault((tr.ip, tr.port), set())
+                if _advertise(st, s, t.index, t.topic, ctx):
+                    for sid in ids:
+                        if sid:
+                            _advertise(st, st.sessions.get(session_key(LBTRU, tr.ip, tr.port, sid)), t.index,
+                                       t.topic, ctx)
+                continue
             elif name == "LBTRU" or name == "TCP":
                 s = st.session(LBTRU if name == "LBTRU" else LBTTCP, tr.ip, tr.port,
                                getattr(tr, "session_id", 0))
@@ -89,14 +120,7 @@ class TransportDecoder:
                 (self._ru if name == "LBTRU" else self._tcp.sources).setdefault((tr.ip, tr.port), set()).add(s.session_id)
             else:
                 continue
-            s.from_tir = True
-            if t.index not in s.topics:
-                if len(s.topics) < MAX_TOPICS:
-                    s.topics[t.index] = t.topic
-                else:
-                    st.overflow["topics"] += 1
-            if len(s.source_contexts) < MAX_RECEIVERS:
-                s.source_contexts.add(ctx)
+            _advertise(st, s, t.index, t.topic, ctx)
         for q in pkt.tqrs:
             ctxs = st.queries.get(q.topic)
             if ctxs is None:
@@ -267,10 +291,10 @@ class TransportDecoder:
 
     def _rm_icmp(self, ts, frame, src, sport, dst, dport, payload, key, m=None) -> list:
         s = self.state.sessions.get(key)
-        if s is not None:
-            s.icmp_errors += 1
         h = RM.HEADER.unpack_from(payload)
         kind = _RM_NAMES.get(h[0] & 0x0F, "ERROR")
+        if s is not None:
+            self._icmp_error(s, kind == "NAK")
         return [transport_record(ts, frame, LBTRM, key, kind, src, sport, dst, dport, len(payload), sid=h[3],
                              sqns=getattr(m, "sqns", ()), icmp=True)]
 
@@ -351,13 +375,13 @@ class TransportDecoder:
         try:
             m = RU.decode(payload)
         except RU.LbtruDecodeError as e:
-            known = self._ru.get((dst, dport)) or self._ru.get((src, sport))
-            if icmp and n >= 4 and known:  # a quote cut short: the address names the session
-                sip, sp = (dst, dport) if (dst, dport) in self._ru else (src, sport)
-                key = session_key(LBTRU, sip, sp, next(iter(known)) if len(known) == 1 else 0)
+            to_source = (dst, dport) in self._ru
+            if icmp and n >= 4 and (to_source or (src, sport) in self._ru):  # a quote cut short: the address
+                sip, sp = (dst, dport) if to_source else (src, sport)     # names the session
+                key = session_key(LBTRU, sip, sp, self._ru_sid(self._ru[(sip, sp)]))
                 s = self.state.sessions.get(key)
                 if s is not None:
-                    s.icmp_errors += 1
+                    self._icmp_error(s, to_source, f"{src}:{sport}" if to_source else f"{dst}:{dport}")
                 return [transport_record(ts, frame, LBTRU, key, _RU_NAMES.get(payload[0] & 0x0F, "ERROR"), src,
                                      sport, dst, dport, n, flags=int.from_bytes(payload[2:4], "big"), icmp=True)]
             reason = "lbtru_truncated" if "shorter" in str(e) else (
@@ -368,19 +392,17 @@ class TransportDecoder:
         sip, sp = (dst, dport) if to_source else (src, sport)
         rcv = f"{src}:{sport}" if to_source else f"{dst}:{dport}"
         sid = h.session_id
+        ids = self._ru.get((sip, sp))
         if sid is None:
-            known = self._ru.get((sip, sp), ())
-            sid = next(iter(known)) if len(known) == 1 else 0
-        s = self.state.session(LBTRU, sip, sp, sid)
-        if s is not None and (sip, sp) not in self._ru:
-            self._ru.setdefault((sip, sp), set()).add(s.session_id)
+            sid = self._ru_sid(ids)
+        s = self._ru_session(sip, sp, sid, ids)
         key = session_key(LBTRU, sip, sp, sid)
         kind = _RU_NAMES[h.type]
         rec = dict(sid=-1 if h.session_id is None else h.session_id, flags=h.flags,
                    cid=-1 if h.client_id is None else h.client_id, icmp=icmp)
         if icmp:
             if s is not None:
-                s.icmp_errors += 1
+                self._icmp_error(s, to_source, rcv)
             return [transport_record(ts, frame, LBTRU, key, kind, src, sport, dst, dport, n,
                                  sqns=getattr(m, "sqns", ()), **rec)]
         r = None if s is None else s.receiver(rcv, "lbtru", self.state.overflow)
@@ -421,7 +443,56 @@ class TransportDecoder:
         sqn = m.ack_sqn if isinstance(m, RU.Ack) else -1
         return [transport_record(ts, frame, LBTRU, key, kind, src, sport, dst, dport, n, sqn=sqn, **rec)]
 
+    @staticmethod
+    def _ru_sid(ids) -> int:
+        """The session id of an LBT-RU datagram without one: the only one seen at
+        its address (an unnamed TIR's 0 when none or several)."""
+        if ids and len(ids) == 1:
+            return next(iter(ids))
+        return 0
+
+    def _ru_session(self, ip: str, port: int, sid: int, ids) -> SessionState | None:
+        """The LBT-RU session (ip, port, sid); one new at an address a TIR without
+        session id advertised takes that TIR's topics, contexts and ``from_tir``."""
+        st = self.state
+        if ids is not None and sid in ids:
+            return st.sessions.get(session_key(LBTRU, ip, port, sid))
+        s = st.session(LBTRU, ip, port, sid)
+        if s is None:
+            return None
+        if ids is None:
+            ids = self._ru[(ip, port)] = set()
+        if not sid:
+            return s
+        ids.add(sid)
+        adv = st.sessions.get(session_key(LBTRU, ip, port, 0))
+        if adv is not None and adv.unnamed and adv.from_tir:
+            s.from_tir = True
+            for tidx, topic in adv.topics.items():
+                if tidx not in s.topics:
+                    if len(s.topics) < MAX_TOPICS:
+                        s.topics[tidx] = topic
+                    else:
+                        st.overflow["topics"] += 1
+            for ctx in adv.source_contexts:
+                if len(s.source_contexts) < MAX_RECEIVERS:
+                    s.source_contexts.add(ctx)
+        return s
+
     # ---- ICMP
+
+    def _icmp_error(self, s: SessionState, to_source: bool, receiver: str = "") -> None:
+        """An ICMP port unreachable quoting a datagram of ``s``: sent to its source
+        (a NAK, ACK or CREQ: the source is gone) or by it (DATA, SM, NCF, RST) to
+        ``receiver`` (``ip:port``; that receiver is gone; "" for multicast)."""
+        if to_source:
+            s.icmp_errors += 1
+            return
+        s.receiver_icmp_errors += 1
+        if receiver:
+            r = s.receiver(receiver, "lbtru", self.state.overflow)
+            if r is not None:
+                r.icmp_errors += 1
 
     def _icmp(self, e: IcmpError) -> list:
         if e.type != 3 or e.code != 3 or len(e.payload) < 4:

@@ -6,6 +6,7 @@ lbmr_proto; the public face is :mod:`lbmr_proto.transport_sessions`."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -83,6 +84,7 @@ class ReceiverState:
     packets: int = 0
     zero_windows: int = 0
     resets: int = 0
+    icmp_errors: int = 0  # ICMP port unreachable from the receiver's host quoting the source's datagrams to it
 
     def seen(self, ts: float) -> None:
         self.first_ts = min(self.first_ts, ts)
@@ -117,7 +119,7 @@ class ReceiverState:
             return
         self.first_ts = min(self.first_ts, later.first_ts)
         self.last_ts = max(self.last_ts, later.last_ts)
-        for name in ("nak_packets", "nak_entries", "packets", "zero_windows", "resets"):
+        for name in ("nak_packets", "nak_entries", "packets", "zero_windows", "resets", "icmp_errors"):
             setattr(self, name, getattr(self, name) + getattr(later, name))
         _union(self.naked, later.naked, overflow, "naked_sqns")
         for s, t in later.outstanding.items():
@@ -150,7 +152,14 @@ class SessionState:
     ``messages``/``rx_messages``: topic index -> LBMC messages carried in
     original / retransmitted datagrams; ``ncf_packets``/``ncf_entries``: NCF
     reason -> count; ``rx_first``: sequence number -> time of its first
-    retransmission (for merging recovery times)."""
+    retransmission (for merging recovery times). ``icmp_errors``: ICMP port
+    unreachable errors quoting datagrams sent to the source (NAKs, ACKs,
+    CREQs: the source is gone); ``receiver_icmp_errors``: those quoting the
+    source's own datagrams (DATA, SM, NCF, RST: a receiver is gone).
+    ``unnamed``: the session an LBT-RU TIR without session id advertises
+    (session id 0); every session seen at its address takes its topics,
+    source contexts and ``from_tir`` (and :meth:`SessionsState.joined` folds
+    it into the one there)."""
 
     transport: str
     ip: str
@@ -175,6 +184,8 @@ class SessionState:
     session_messages: int = 0
     control: Counter = field(default_factory=Counter)  # CREQ, ACK, RST, SYN (LBT-RU); SYN, FIN, RST (TCP)
     icmp_errors: int = 0
+    receiver_icmp_errors: int = 0
+    unnamed: bool = False
     topics: dict = field(default_factory=dict)
     messages: Counter = field(default_factory=Counter)
     rx_messages: Counter = field(default_factory=Counter)
@@ -205,12 +216,13 @@ class SessionState:
         self.group = self.group or later.group
         self.dport = self.dport or later.dport
         self.from_tir = self.from_tir or later.from_tir
+        self.unnamed = self.unnamed or later.unnamed
         self.first_ts = min(self.first_ts, later.first_ts)
         self.last_ts = max(self.last_ts, later.last_ts)
         self.last_original_ts = max(self.last_original_ts, later.last_original_ts)
         self.lead_sqn = max(self.lead_sqn, later.lead_sqn)
         for name in ("originals", "original_bytes", "retransmissions", "retransmission_bytes",
-                     "nak_packets", "nak_entries", "session_messages", "icmp_errors"):
+                     "nak_packets", "nak_entries", "session_messages", "icmp_errors", "receiver_icmp_errors"):
             setattr(self, name, getattr(self, name) + getattr(later, name))
         _union(self.naked, later.naked, overflow, "naked_sqns")
         for name in ("ncf_packets", "ncf_entries", "control", "messages", "rx_messages"):
@@ -252,6 +264,36 @@ class SessionsState:
                 return None
             s = self.sessions[key] = SessionState(transport, ip, port, session_id & 0xFFFFFFFF)
         return s
+
+    def joined(self) -> dict[str, SessionState]:
+        """The sessions as the tables show them, by key: the session of an LBT-RU
+        TIR without session id (``unnamed``, id 0; it holds the datagrams
+        without session-id option sent before an id was seen at the address,
+        e.g. a receiver's first CREQ) folded into the one session with an id
+        seen at its address; with several there, it stays apart unless it saw
+        nothing of its own. Copies where folded; the state is not changed."""
+        named: dict[tuple[str, int], list[SessionState]] = {}
+        for s in self.sessions.values():
+            if s.transport == "LBTRU" and s.session_id:
+                named.setdefault((s.ip, s.port), []).append(s)
+        if not named:
+            return self.sessions
+        out = dict(self.sessions)
+        for key, s in self.sessions.items():
+            if not s.unnamed or s.session_id or s.transport != "LBTRU":
+                continue
+            there = named.get((s.ip, s.port), [])
+            if len(there) == 1:
+                one = there[0]
+                folded = copy.deepcopy(s)
+                folded.merge(copy.deepcopy(one), Counter())
+                folded.session_id, folded.key = one.session_id, one.key
+                out[one.key] = folded
+                del out[key]
+            elif there and not (math.isfinite(s.first_ts) or s.receivers or s.icmp_errors
+                                or s.receiver_icmp_errors):
+                del out[key]
+        return out
 
     def merge(self, later: SessionsState) -> SessionsState:
         """Add ``later`` (a later part of the same capture) into this state; returns self."""

@@ -17,7 +17,11 @@ class SessionRow(NamedTuple):
     ``rate_bps``:
     original datagram bytes per second between the first and last original
     datagram (0.0 with fewer than two); bytes: UDP (TCP) payload bytes;
-    ``ncf_*``: NCFs by reason (packets); ``lbmc_messages``: LBMC data messages
+    ``ncf_*``: NCFs by reason (packets); ``icmp_errors``: ICMP port
+    unreachable errors quoting datagrams sent to the source (NAKs, ACKs,
+    CREQs: its host says the source is gone); ``receiver_icmp_errors``: those
+    quoting the source's own datagrams (DATA, SM, NCF, RST: a receiver's host
+    says the receiver is gone); ``lbmc_messages``: LBMC data messages
     (MESSAGE, PRORX, RETRANS; not CONTROL or EOT) carried; ``receivers``: ``ip:port`` of NAK
     senders, LBT-RU clients and TCP connections, then ``ctx:ip:port`` of the
     contexts whose TQRs asked for one of the session's topics."""
@@ -52,6 +56,7 @@ class SessionRow(NamedTuple):
     session_messages: int
     control: tuple[tuple[str, int], ...]
     icmp_errors: int
+    receiver_icmp_errors: int
     lbmc_messages: int
     receivers: tuple[str, ...]
 
@@ -63,7 +68,9 @@ class ReceiverRow(NamedTuple):
     NAK to the first retransmission of it after (p50 to 2 %); ``outstanding``:
     sequence numbers NAKed and never retransmitted after, ascending (at most
     100 listed; ``outstanding_count`` all), i.e. still missing when the source
-    went silent (``silent_ts``: its last original datagram)."""
+    went silent (``silent_ts``: its last original datagram); ``icmp_errors``:
+    ICMP port unreachable errors from the receiver's host quoting the source's
+    datagrams to it (the receiver had closed its socket)."""
 
     session: str
     receiver: str
@@ -83,6 +90,7 @@ class ReceiverRow(NamedTuple):
     silent_ts: float
     zero_windows: int
     resets: int
+    icmp_errors: int
 
 
 class TopicRow(NamedTuple):
@@ -103,8 +111,9 @@ def _finite(x: float) -> float:
 def session_rows(state: SessionsState) -> list[SessionRow]:
     """The session table, ordered by session key."""
     out = []
-    for key in sorted(state.sessions):
-        s = state.sessions[key]
+    sessions = state.joined()
+    for key in sorted(sessions):
+        s = sessions[key]
         topics = tuple(s.topics[i] for i in sorted(s.topics))
         wanted = set(s.topics.values())
         ctxs = sorted({c for t in wanted for c in state.queries.get(t, ())})
@@ -116,7 +125,7 @@ def session_rows(state: SessionsState) -> list[SessionRow]:
             s.retransmission_bytes, _finite(s.first_ts), _finite(s.last_ts), _finite(s.last_original_ts), s.lead_sqn, rate,
             s.nak_packets, s.nak_entries, len(s.naked), s.ncf_packets[0], s.ncf_packets[1], s.ncf_packets[2],
             s.ncf_packets[3], s.session_messages, tuple(sorted(s.control.items())), s.icmp_errors,
-            sum(s.messages.values()) + sum(s.rx_messages.values()),
+            s.receiver_icmp_errors,            sum(s.messages.values()) + sum(s.rx_messages.values()),
             tuple(sorted(s.receivers)) + tuple(f"ctx:{c}" for c in ctxs)))
     return out
 
@@ -124,8 +133,9 @@ def session_rows(state: SessionsState) -> list[SessionRow]:
 def receiver_rows(state: SessionsState) -> list[ReceiverRow]:
     """The (session, receiver) table, ordered by session key and receiver."""
     out = []
-    for key in sorted(state.sessions):
-        s = state.sessions[key]
+    sessions = state.joined()
+    for key in sorted(sessions):
+        s = sessions[key]
         for addr in sorted(s.receivers):
             r = s.receivers[addr]
             pending = sorted(r.outstanding)
@@ -133,15 +143,16 @@ def receiver_rows(state: SessionsState) -> list[ReceiverRow]:
                 key, addr, r.kind, _finite(r.first_ts), _finite(r.last_ts), r.packets, r.nak_packets,
                 r.nak_entries, len(r.naked), len(r.naked) / s.originals if s.originals else 0.0,
                 r.recovery.count, r.recovery.quantile(0.5), r.recovery.max, len(pending), tuple(pending[:100]),
-                _finite(s.last_original_ts), r.zero_windows, r.resets))
+                _finite(s.last_original_ts), r.zero_windows, r.resets, r.icmp_errors))
     return out
 
 
 def topic_rows(state: SessionsState) -> list[TopicRow]:
     """The (session, topic index) table: every index carried or named by a TIR."""
     out = []
-    for key in sorted(state.sessions):
-        s = state.sessions[key]
+    sessions = state.joined()
+    for key in sorted(sessions):
+        s = sessions[key]
         for tidx in sorted(set(s.messages) | set(s.rx_messages) | set(s.topics)):
             out.append(TopicRow(key, tidx, s.topics.get(tidx, ""), s.messages[tidx], s.rx_messages[tidx]))
     return out

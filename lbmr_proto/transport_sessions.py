@@ -45,9 +45,31 @@ Bad input (the keys of ``SessionsState.errors``)
     NAK still counts); ``tcp_not_lbmc`` (bytes on an LBT-TCP connection that
     are not a message start), ``tcp_no_boundary`` (bytes dropped hunting for a
     message boundary), ``tcp_hole`` (a TCP hole skipped), ``tcp_sid_mismatch``
-    (a TCP_SID header naming another session); ``lbmr_undecodable``. A
-    datagram quoted in an ICMP error is counted as the session's
-    ``icmp_errors``, never as a NAK, DATA or NCF of it.
+    (a TCP_SID header naming another session); ``lbmr_undecodable``.
+
+ICMP port unreachable
+    A datagram quoted in an ICMP error is never counted as a NAK, DATA or NCF
+    of its session. Which way it went says who is gone: one sent to the
+    source (a NAK, ACK or CREQ; the quoted destination is the session's
+    address) counts as the session's ``icmp_errors`` (the source's socket is
+    closed: it stopped); one the source sent (DATA, SM, NCF, RST) counts as
+    the session's ``receiver_icmp_errors`` and, for LBT-RU, as the quoted
+    destination receiver's ``icmp_errors`` (that receiver closed its socket
+    while the source still sent to it; nothing about the source).
+
+LBT-RU TIRs without session id
+    UM's LBT-RU TIR may name only ip and port while the datagrams carry a
+    session-id option. Such a TIR advertises session id 0 at that address
+    (:attr:`SessionState.unnamed`), and every session seen at the address,
+    whatever its id, takes its topics, source contexts and ``from_tir``
+    (in either order: TIR first or datagrams first; partitions learn the
+    capture's TIRs first, so each part joins alike and merging keeps it).
+    A datagram without session-id option there belongs to the one id seen at
+    the address (to session 0 while none or several were: e.g. a receiver's
+    first CREQ, sent before the source's SYN names the id). The tables
+    (:meth:`SessionsState.joined`) fold session 0 into the one session with
+    an id seen at its address; with several there it stays apart (left out
+    when it saw nothing of its own).
 
 Session names
     UM's source strings, session ids in lowercase hex (8 digits):

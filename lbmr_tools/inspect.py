@@ -390,7 +390,9 @@ def render_sessions(state: SessionsState) -> str:
         ncfs = ", ".join(f"{name} {n}" for name, n in zip(NCF_REASONS.values(), (
             s.ncf_no_retry, s.ncf_ignored, s.ncf_rx_delay, s.ncf_shed), strict=True) if n)
         lines.append(f"  NAKs {s.nak_packets} ({s.nak_entries} entries, {s.naked_sqns} sqns); "
-                     f"NCFs {ncfs or 0}; session messages {s.session_messages}; ICMP errors {s.icmp_errors}")
+                     f"NCFs {ncfs or 0}; session messages {s.session_messages}; ICMP errors {s.icmp_errors}"
+                     + (f" (to the source; {s.receiver_icmp_errors} from receivers gone)"
+                        if s.receiver_icmp_errors else ""))
         if s.control:
             lines.append("  control: " + ", ".join(f"{k} {n}" for k, n in s.control))
         lines.append(f"  receivers ({len(s.receivers)}):")

@@ -206,6 +206,8 @@ def evidence_holds(f: dict, t: dict) -> bool:
         return any(r["outstanding_count"] for r in recv)
     if kind == "NAKs to a stopped source":
         return s["icmp_errors"] > 0
+    if kind == "datagrams to a closed receiver":
+        return s["receiver_icmp_errors"] > 0 and any(r["icmp_errors"] and r["receiver"] in f["finding"] for r in recv)
     if kind.startswith("NCF: "):
         col = {"NAK ignored": "ncf_ignored", "NAK shed": "ncf_shed", "retransmit delay": "ncf_rx_delay",
                "do not retry": "ncf_no_retry"}[kind[5:]]

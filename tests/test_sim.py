@@ -377,7 +377,12 @@ def test_parse_args_builds_the_config():
     assert cfg.duration == 2.5 and cfg.pcap == "x.pcap" and cfg.seed == 3
     assert cfg.timing == Timing(keepalive_interval=0.25, change_interval=1.0)
     assert sim.bind_addresses(cfg)[-1] == "127.0.1.6"
+    lossy, _ = parse_args(["--transport", "lbtrm", "--data-drop-copies", "2", "--data-ignore-interval", "0.3",
+                           "--data-nak-backoff", "0.05", "--data-source-linger", "0"])
+    assert (lossy.data_drop_copies, lossy.data_ignore_interval, lossy.data_nak_backoff,
+            lossy.data_source_linger) == (2, 0.3, 0.05, 0.0)
     default, as_json = parse_args([])
+    assert (default.data_drop_copies, default.data_source_linger) == (1, None)
     assert default.daemons == [("127.0.0.1", 15380)] and not as_json and default.source_ip == "0.0.0.0"
 
 
@@ -395,6 +400,14 @@ def test_parse_args_builds_the_config():
     ["--transport", "pgm"],
     ["--duration", "0"],
     ["--topics", "70000"],                 # source ports would pass 65535
+    ["--data-ignore-interval", "0.3"],     # LBT-RM options with TCP sources
+    ["--transport", "lbtru", "--data-nak-backoff", "0.1"],
+    ["--data-source-linger", "0"],
+    ["--data-drop-copies", "2"],
+    ["--transport", "lbtrm", "--data-drop-copies", "0"],
+    ["--transport", "lbtrm", "--data-nak-backoff", "0"],
+    ["--transport", "lbtrm", "--data-ignore-interval", "-1"],
+    ["--transport", "lbtrm", "--data-source-linger", "-1"],
 ])
 def test_bad_arguments_are_usage_errors(argv):
     with pytest.raises(click.UsageError):

@@ -35,9 +35,16 @@ from tests.transport_captures import (
     GEN_DECODE_AS,
     GEN_RM,
     GEN_RM_NO_TIR,
+    UNNAMED_RU,
+    UNNAMED_RU_CTX,
+    UNNAMED_RU_DECODE_AS,
+    UNNAMED_RU_GONE,
+    UNNAMED_RU_LEAVES,
+    UNNAMED_RU_STAYS,
     icmp_unreachable,
     udp_packet,
     write_transport_capture,
+    write_unnamed_lbtru_capture,
 )
 from tests.tshark_judge import tcp_segment, tshark_field_rows
 
@@ -547,3 +554,120 @@ def test_a_damaged_capture_never_crashes_the_decoder(data):
             assert isinstance(r, (TransportRecord, MessageRecord))
     session_rows(dec.state), receiver_rows(dec.state), topic_rows(dec.state)
     assert len(errors) <= 1
+
+
+# ------------------------------------------------------------------ LBT-RU TIRs without session id, ICMP direction
+
+RU_KEY = "LBTRU:10.3.0.1:14380:5eed0001"
+
+
+@pytest.mark.parametrize("tir_first", [True, False])
+def test_a_tir_without_session_id_names_the_session_seen_at_its_address(tmp_path, tir_first):
+    path = tmp_path / "ru.pcap"
+    write_unnamed_lbtru_capture(path, tir_first=tir_first)
+    dec, records = decode_capture(path)
+    # the first receiver's CREQ (no session id, none seen yet) went to the TIR's id-0 session, the second's to
+    # the one the source's SYN named since; folded into one row (without the TIR first, the first CREQ is not
+    # known to be LBT-RU: no session-id option, no TIR for its address yet)
+    assert sorted(dec.state.sessions) == ["LBTRU:10.3.0.1:14380:00000000", RU_KEY]
+    creqs = [r for r in records if isinstance(r, TransportRecord) and r.kind == "CREQ"]
+    assert [r.session for r in creqs] == ["LBTRU:10.3.0.1:14380:00000000"] * tir_first + [RU_KEY]
+    (row,) = session_rows(dec.state)
+    assert row.session == RU_KEY and row.from_tir and row.topics == ("ru.plain", "ru.other")
+    assert dict(row.control) == {"CREQ": 1 + tir_first, "SYN": 2, "ACK": 1}
+    assert row.source_contexts == ("{}:{}".format(*UNNAMED_RU_CTX),)
+    assert (row.originals, row.retransmissions, row.nak_packets, row.lbmc_messages) == (16, 1, 1, 17)
+    assert [(t.tidx, t.topic, t.messages, t.rx_messages) for t in topic_rows(dec.state)] == [
+        (3, "ru.plain", 16, 1), (4, "ru.other", 0, 0)]
+    # the ACK without session-id option belongs to the one session seen at the address
+    (ack,) = [r for r in records if isinstance(r, TransportRecord) and r.kind == "ACK"]
+    assert ack.session == RU_KEY and ack.session_id == -1 and dict(row.control)["ACK"] == 1
+    if tir_first:  # messages name their topic once the TIR is known
+        assert {r.topic for r in records if isinstance(r, MessageRecord)} == {"ru.plain"}
+    # nothing left unadvertised: every receiver is one of the advertised session
+    assert {r.session for r in receiver_rows(dec.state)} == {RU_KEY}
+
+
+def test_a_tir_without_session_id_joins_alike_in_partitions(tmp_path):
+    path = tmp_path / "ru.pcap"
+    write_unnamed_lbtru_capture(path, tir_first=False, source_exits=True)
+    items = list(read_packets(path))
+    lbmr = [i for i in items if getattr(i, "dport", None) == 12965]
+    single = TransportDecoder()  # one part: the TIRs learned first, as the analyzer's tasks do
+    for i in lbmr + [i for i in items if getattr(i, "dport", None) != 12965]:
+        single.feed(i)
+    assert dict(session_rows(single.state)[0].control)["CREQ"] == 2
+    for cut in (3, len(items) // 2, len(items) - 3):
+        merged = SessionsState()
+        for part_items in (items[:cut], items[cut:]):
+            part = TransportDecoder()
+            for i in lbmr:  # every partition learns the capture's TIRs first
+                part.feed(i)
+            for i in part_items:
+                if getattr(i, "dport", None) != 12965:
+                    part.feed(i)
+            merged.merge(part.state)
+        assert session_rows(merged) == session_rows(single.state)
+        assert topic_rows(merged) == topic_rows(single.state)
+        assert receiver_rows(merged) == receiver_rows(single.state)
+        assert session_rows(merged)[0].from_tir and session_rows(merged)[0].topics == ("ru.plain", "ru.other")
+
+
+def test_a_tir_without_session_id_and_datagrams_without_one_are_one_session(tmp_path):
+    ip, port, _ = UNNAMED_RU
+    import lbmr_proto as L
+    tir = udp_packet(UNNAMED_RU_CTX, ("239.1.1.1", 12965),
+                     L.encode(L.Packet(0, tirs=[L.TIR("t", L.LbtruTransport(ip, port), 0, 1)])))
+    frames = [tir] + [udp_packet((ip, port), UNNAMED_RU_STAYS, RU.encode_data(q, 0, C.data_message(1, q, b"")))
+                      for q in range(3)]
+    dec, _ = decode_capture(_raw_capture(tmp_path / "plain.pcap", frames))
+    (row,) = session_rows(dec.state)
+    assert row.session == "LBTRU:10.3.0.1:14380:00000000" and row.from_tir and row.originals == 3
+    assert row.topics == ("t",)
+
+
+def test_a_tir_without_session_id_alone_is_still_a_session(tmp_path):
+    path = tmp_path / "ru.pcap"
+    write_unnamed_lbtru_capture(path)
+    dec = TransportDecoder()
+    for i in read_packets(path):
+        if getattr(i, "dport", None) == 12965:
+            dec.feed(i)
+    (row,) = session_rows(dec.state)
+    assert row.session == "LBTRU:10.3.0.1:14380:00000000" and row.from_tir and row.originals == 0
+    assert row.topics == ("ru.plain", "ru.other")
+
+
+@pytest.mark.parametrize("source_exits", [False, True])
+def test_icmp_errors_quoting_the_sources_datagrams_say_a_receiver_is_gone(tmp_path, source_exits):
+    path = tmp_path / "ru.pcap"
+    write_unnamed_lbtru_capture(path, source_exits=source_exits)
+    dec, records = decode_capture(path)
+    (row,) = session_rows(dec.state)
+    assert (row.icmp_errors, row.receiver_icmp_errors) == (int(source_exits), UNNAMED_RU_GONE)
+    recv = {r.receiver: r for r in receiver_rows(dec.state)}
+    stays, leaves = ("{}:{}".format(*a) for a in (UNNAMED_RU_STAYS, UNNAMED_RU_LEAVES))
+    assert (recv[leaves].icmp_errors, recv[stays].icmp_errors) == (UNNAMED_RU_GONE, 0)
+    quoted = [r for r in records if isinstance(r, TransportRecord) and r.icmp]
+    assert Counter(r.kind for r in quoted) == Counter(DATA=UNNAMED_RU_GONE, **({"NAK": 1} if source_exits else {}))
+    assert all(r.session == RU_KEY for r in quoted)
+    # quoted datagrams are not the session's DATA or NAKs; tshark sees the same ICMP errors, by quoted type
+    assert row.originals == 16 and row.nak_packets == 1
+    theirs = tshark_field_rows(path, UNNAMED_RU_DECODE_AS, ["lbtru.hdr.type", "lbtru.opt_sid.session_id"],
+                               "icmp && lbtru")
+    by_type = Counter(f["lbtru.hdr.type"][0] for f in theirs.values())
+    assert by_type == +Counter({RU_TYPES["DATA"]: row.receiver_icmp_errors, RU_TYPES["NAK"]: row.icmp_errors})
+    assert {f["lbtru.opt_sid.session_id"][0] for f in theirs.values()} == {UNNAMED_RU[2]}
+    theirs_data = tshark_field_rows(path, UNNAMED_RU_DECODE_AS, ["lbtru.data.sqn"],
+                                    "lbtru.hdr.type == 0 && !icmp && lbtru.hdr.flags.rx == 0")
+    assert len(theirs_data) == row.originals
+
+
+def test_an_lbtrm_datagram_quoted_from_its_source_is_not_the_source_gone(tmp_path):
+    ip, nport, sid, grp, dport = GEN_RM
+    data = udp_packet((ip, 50000), (grp, dport), RM.encode_data(nport, sid, 0, 0, C.data_message(1, 0, b"")))
+    nak = udp_packet(("10.0.0.2", 45000), (ip, nport), RM.encode_nak(nport, sid, [0]))
+    dec, _ = decode_capture(_raw_capture(tmp_path / "rm.pcap", [
+        data, icmp_unreachable("10.0.0.2", data), icmp_unreachable(ip, nak), icmp_unreachable(ip, nak)]))
+    (row,) = session_rows(dec.state)
+    assert (row.originals, row.nak_packets, row.icmp_errors, row.receiver_icmp_errors) == (1, 0, 2, 1)

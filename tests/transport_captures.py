@@ -361,3 +361,66 @@ def tshark_lbtrm_counts(path: Path, decode_as) -> dict:
         elif t == 4:
             c[f"ncf_{f['lbtrm.ncf.reason'][0]}"] += 1
     return out
+
+
+#: the unnamed LBT-RU capture (see write_unnamed_lbtru_capture): the source's ip, port and session id, the
+#: receiver that stays, the one that leaves, the TIR's context
+UNNAMED_RU = ("10.3.0.1", 14380, 0x5EED0001)
+UNNAMED_RU_STAYS, UNNAMED_RU_LEAVES, UNNAMED_RU_CTX = ("10.3.0.2", 45100), ("10.3.0.3", 45101), ("10.3.0.1", 40000)
+UNNAMED_RU_GONE = 3  # DATA datagrams the leaving receiver's host answers with ICMP port unreachable
+UNNAMED_RU_DECODE_AS = ("udp.port==14380,lbtru", "udp.port==12965,lbmr")
+
+
+def write_unnamed_lbtru_capture(path: Path, *, tir_first: bool = True, source_exits: bool = False) -> int:
+    """An LBT-RU session advertised by TIRs without session id (UM's plain
+    ``LbtruTransport``: ip, port; topic ``ru.plain`` index 3, and ``ru.other``
+    index 4 in a second TIR at the end) while every datagram carries the
+    session-id option; returns the frame count.
+
+    Two receivers connect (a CREQ without session id, the SYN names it);
+    DATA 0..9 to both; the staying one
+    NAKs 4 and gets it retransmitted, ACKs without session id; the leaving
+    one closes its socket after DATA 5, and its host answers the source's
+    DATA 6..8 to it with ICMP port unreachable (``UNNAMED_RU_GONE``) before
+    the source drops it. ``tir_first``: the first TIR before the traffic
+    (else after it); ``source_exits``: the source exits at the end and the
+    staying receiver's NAK of 10 is answered with ICMP port unreachable by
+    the source's host.
+    """
+    import lbmr_proto as L
+    from lbmr_proto import lbmc as C
+    from lbmr_proto import lbtru as RU
+    from lbmr_proto.capture import LINKTYPE_RAW, PcapWriter
+
+    ip, port, sid = UNNAMED_RU
+    src, stays, leaves = (ip, port), UNNAMED_RU_STAYS, UNNAMED_RU_LEAVES
+
+    def tir(topic, idx):
+        return udp_packet(UNNAMED_RU_CTX, ("239.1.1.1", 12965),
+                          L.encode(L.Packet(0, tirs=[L.TIR(topic, L.LbtruTransport(ip, port), 0, idx)])))
+
+    frames: list[bytes] = [tir("ru.plain", 3)] if tir_first else []
+    for k, rcv in enumerate((stays, leaves)):
+        frames.append(udp_packet(rcv, src, RU.encode_creq(client_id=k + 1)))  # the id is not known yet
+        frames.append(udp_packet(src, rcv, RU.encode_sm(0, 0, 0, syn=True, session_id=sid, client_id=k + 1)))
+    for q in range(10):
+        frames.append(udp_packet(src, stays, RU.encode_data(q, 0, C.data_message(3, q, b"d"), session_id=sid)))
+        if q < 6:
+            frames.append(udp_packet(src, leaves, RU.encode_data(q, 0, C.data_message(3, q, b"d"), session_id=sid)))
+        elif q < 6 + UNNAMED_RU_GONE:
+            frames.append(icmp_unreachable(leaves[0], udp_packet(src, leaves, RU.encode_data(
+                q, 0, C.data_message(3, q, b"d"), session_id=sid))))
+    frames.append(udp_packet(stays, src, RU.encode_nak([4], session_id=sid, client_id=1)))
+    frames.append(udp_packet(src, stays, RU.encode_data(4, 0, C.data_message(3, 4, b"d"), session_id=sid,
+                                                        retransmission=True)))
+    frames.append(udp_packet(stays, src, RU.encode_ack(9)))  # no session-id option: the address names it
+    if source_exits:
+        frames.append(icmp_unreachable(ip, udp_packet(stays, src, RU.encode_nak([10], session_id=sid,
+                                                                                 client_id=1))))
+    if not tir_first:
+        frames.append(tir("ru.plain", 3))
+    frames.append(tir("ru.other", 4))
+    with PcapWriter(path, linktype=LINKTYPE_RAW) as w:
+        for i, f in enumerate(frames):
+            w.write_frame(1_700_000_100 + i / 100, f)
+    return len(frames)

@@ -73,10 +73,14 @@ NOTES = {
     "transport_sessions": "Sessions from TIRs, or found by their own headers (from_tir false). Originals and "
                           "retransmissions count DATA datagrams apart; NCFs by reason; receivers: NAK senders, "
                           "LBT-RU clients and TCP connections (ip:port), then ctx:ip:port, the contexts whose "
-                          "TQRs asked for one of the session's topics. source_last: the source's last packet.",
+                          "TQRs asked for one of the session's topics. source_last: the source's last packet. "
+                          "icmp_errors: ICMP port unreachable answering datagrams to the source (the source "
+                          "was gone); receiver_icmp_errors: answering the source's own datagrams (a receiver "
+                          "was gone).",
     "transport_receivers": "loss_estimate: distinct sequence numbers NAKed over the session's originals; recovery: "
                            "first NAK to the first retransmission after it (p50 to 2 %); outstanding: NAKed and "
-                           "never retransmitted after (outstanding_from/_to: their first NAKs).",
+                           "never retransmitted after (outstanding_from/_to: their first NAKs); icmp_errors: ICMP "
+                           "port unreachable from the receiver's host answering the source's datagrams.",
     "transport_errors": "Packets on a session's addresses that did not decode (counted once and dropped), and "
                         "what a bound kept out of the tables.",
 }

@@ -17,6 +17,8 @@ from lbmr_proto.um import (
 from .config import (
     DEFAULT_DATA_MESSAGE_SIZE,
     DEFAULT_DATA_RATE,
+    DEFAULT_IGNORE_INTERVAL,
+    DEFAULT_NAK_BACKOFF,
     MAX_CONTEXTS,
     MAX_DATA_DATAGRAMS,
     MAX_REQUESTS,
@@ -159,7 +161,9 @@ def config_from_params(params: dict) -> SimConfig:
         data_rate=params["data_rate"], data_datagram_size=params["data_datagram_size"],
         data_message_size=params["data_message_size"],
         data_rate_limit=params["data_rate_limit"], verify_data=params["verify_data"],
-        data_drop_every=params["data_drop_every"], lbtru_wire=params["lbtru_wire"],
+        data_drop_every=params["data_drop_every"], data_drop_copies=params["data_drop_copies"],
+        data_ignore_interval=params["data_ignore_interval"], data_nak_backoff=params["data_nak_backoff"],
+        data_source_linger=params["data_source_linger"], lbtru_wire=params["lbtru_wire"],
         requests=params["requests"], request_interval=params["request_interval"],
         retention=params["retention"], late_join=params["late_join"], otr=params["otr"])
     check_config(cfg)
@@ -244,6 +248,20 @@ def config_from_params(params: dict) -> SimConfig:
               help="LBT-RM and LBT-RU receivers discard the first copy of every N-th datagram "
                    "on purpose and recover it by NAK; TCP receivers with --otr every N-th message, "
                    "recovered by OTR (0: none).")
+@click.option("--data-drop-copies", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+              help="LBT-RM receivers discard the first N copies of each datagram --data-drop-every picks "
+                   "(2: they lose the first retransmission too and NAK again).")
+@click.option("--data-ignore-interval", type=click.FloatRange(min=0), default=DEFAULT_IGNORE_INTERVAL,
+              show_default=True, metavar="S",
+              help="LBT-RM sources answer a NAK for a datagram they retransmitted less than S seconds "
+                   "before with an NCF 'NAK ignored' (UM's transport_lbtrm_ignore_interval).")
+@click.option("--data-nak-backoff", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_NAK_BACKOFF,
+              show_default=True, metavar="S",
+              help="LBT-RM receivers NAK a missing datagram again every S seconds, after its last NAK "
+                   "or NCF (UM's transport_lbtrm_nak_backoff_interval).")
+@click.option("--data-source-linger", type=click.FloatRange(min=0), metavar="S",
+              help="LBT-RM sources exit (close their socket) S seconds after their last datagram; "
+                   "receivers still NAKing then meet ICMP port unreachable (default: run to the end).")
 @click.option("--lbtru-wire", type=click.Choice(["sim", "um"]), default="sim", show_default=True,
               help="What LBT-RU receivers verify (both speak UM's LBT-RU): the simulator's own "
                    "live sessions of LBMC messages, or numbered datagrams (an lbmr-router's LBT-RU "
@@ -281,6 +299,8 @@ def main(as_json: bool, **params) -> None:
       lbmr-sim --transport lbtrm --pcap sim.pcap --json
       lbmr-sim --data-bytes 3M --verify-data --requests 20 --retention 1000 --late-join --otr
       ip netns exec NS lbmr-sim --multicast 224.9.10.11:12965 --bind-base 127.0.1.1
+      ip netns exec NS lbmr-sim --multicast --transport lbtrm --data-datagrams 400 --verify-data \\
+          --data-drop-every 20 --data-drop-copies 2 --data-ignore-interval 0.3 --data-nak-backoff 0.05
     """
     try:
         cfg = config_from_params(params)

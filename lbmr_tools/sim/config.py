@@ -46,6 +46,11 @@ MC_INTERFACE = "127.0.0.1"
 DEFAULT_DATA_RATE = 1000.0
 DEFAULT_DATA_MESSAGE_SIZE = 1024
 MAX_DATA_DATAGRAMS = 10_000_000
+# LBT-RM: the sources' NAK ignore interval and the receivers' wait between NAKs of one datagram, seconds
+# (UM's defaults: 500 ms and 200 ms; the ignore interval is shorter here, so that loopback sessions recover
+# quickly)
+DEFAULT_IGNORE_INTERVAL = 0.05
+DEFAULT_NAK_BACKOFF = 0.2
 MAX_REQUESTS = 1_000_000  # requests per source, and messages between two
 MAX_RETENTION = 1_000_000  # messages retained per source (a range: payloads are derived)
 
@@ -93,7 +98,15 @@ class SimConfig:
     namespace). With ``lbtru_wire`` "um" receivers of LBT-RU sources verify
     numbered datagrams instead (:mod:`.dataplane.umru`: for a router's LBT-RU
     proxy of an LBT-RM source; the payload is checked as an LBT-RM source's). LBT-RM and LBT-RU receivers with ``data_drop_every`` n > 0 discard the
-    first copy of every n-th datagram on purpose and recover it by NAK. Each source binds its data socket on its
+    first copy of every n-th datagram on purpose and recover it by NAK
+    (LBT-RM receivers: the first ``data_drop_copies`` copies, so they lose
+    retransmissions too). LBT-RM sources answer a NAK for a datagram they
+    retransmitted less than ``data_ignore_interval`` seconds before with an
+    NCF "NAK ignored" (UM's transport_lbtrm_ignore_interval); LBT-RM
+    receivers NAK a missing datagram again every ``data_nak_backoff``
+    seconds (UM's transport_lbtrm_nak_backoff_interval); with
+    ``data_source_linger`` an LBT-RM source exits (closes its socket) that
+    many seconds after its last datagram. Each source binds its data socket on its
     context's address and the port it advertises (a kernel-chosen one, then
     advertised, when that port is taken). The stream of topic T is keyed by
     ``topic_seed(T, data_seed)``. With ``verify_data`` every receiver, once
@@ -144,6 +157,10 @@ class SimConfig:
     data_rate_limit: float | None = None
     verify_data: bool = False
     data_drop_every: int = 0
+    data_drop_copies: int = 1
+    data_ignore_interval: float = DEFAULT_IGNORE_INTERVAL
+    data_nak_backoff: float = DEFAULT_NAK_BACKOFF
+    data_source_linger: float | None = None
     lbtru_wire: str = "sim"
     requests: int = 0
     request_interval: int = 100
@@ -270,6 +287,21 @@ def check_data_config(cfg: SimConfig) -> None:
         raise ValueError(f"lbtru_wire {cfg.lbtru_wire!r}: sim or um")
     if cfg.data_drop_every < 0:
         raise ValueError("data drop interval must be >= 0")
+    if cfg.data_drop_copies < 1:
+        raise ValueError("data drop copies must be >= 1")
+    if not (cfg.data_ignore_interval >= 0 and math.isfinite(cfg.data_ignore_interval)):
+        raise ValueError("data ignore interval must be a non-negative number of seconds")
+    if not (cfg.data_nak_backoff > 0 and math.isfinite(cfg.data_nak_backoff)):
+        raise ValueError("data NAK backoff must be a positive number of seconds")
+    if cfg.data_source_linger is not None and not (cfg.data_source_linger >= 0
+                                                   and math.isfinite(cfg.data_source_linger)):
+        raise ValueError("data source linger must be a non-negative number of seconds")
+    lbtrm_only = [opt for opt, v in (("--data-drop-copies", cfg.data_drop_copies != 1),
+                                     ("--data-ignore-interval", cfg.data_ignore_interval != DEFAULT_IGNORE_INTERVAL),
+                                     ("--data-nak-backoff", cfg.data_nak_backoff != DEFAULT_NAK_BACKOFF),
+                                     ("--data-source-linger", cfg.data_source_linger is not None)) if v]
+    if lbtrm_only and cfg.transport != "lbtrm":
+        raise ValueError(f"{', '.join(lbtrm_only)}: for LBT-RM sources and receivers (--transport lbtrm)")
     if cfg.data_rate_limit is not None and not (cfg.data_rate_limit > 0
                                                 and math.isfinite(cfg.data_rate_limit)):
         raise ValueError("data rate limit must be a positive number of bytes per second")

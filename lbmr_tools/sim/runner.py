@@ -95,7 +95,8 @@ async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic:
         def make(p):
             return RmDataSource(ip, p, group=LBTRM_GROUP, dest_port=LBTRM_DEST_PORT,
                                 count=cfg.data_datagrams, seed=seed, datagram_size=cfg.data_datagram_size,
-                                rate=cfg.data_rate, ttl=max(cfg.mc_ttl, 1) if cfg.multicast else 1)
+                                rate=cfg.data_rate, ttl=max(cfg.mc_ttl, 1) if cfg.multicast else 1,
+                                ignore_interval=cfg.data_ignore_interval, linger=cfg.data_source_linger)
     else:  # LBT-RU: sends with the advertised topic index once build_contexts chose it
         def make(p):
             return RuLiveSource(ip, p, seed=seed, session_id=seed & 0xFFFFFFFF,
@@ -136,6 +137,7 @@ def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str, request
         return RmDataReceiver(transport.ip, transport.src_ucast_port, transport.session_id,
                               transport.mcast_group, transport.dest_port, iface_ip=local_ip, seed=seed,
                               expect_count=cfg.data_datagrams, drop_every=cfg.data_drop_every,
+                              drop_copies=cfg.data_drop_copies, nak_interval=cfg.data_nak_backoff,
                               timeout=cfg.duration)
     return f"no data for {name} transports"
 

@@ -11,12 +11,15 @@ LBMC message headers. The minimal honest form of UM's reliability:
   (group, dest_port) from its unicast (ip, port) -- the port of the TIR,
   where NAKs go -- then session messages (SM, lead = count-1) every
   ``sm_interval``, doubling up to ``sm_max_interval`` (so a receiver notices
-  a lost tail), until cancelled;
+  a lost tail), until cancelled, or for ``linger`` seconds after its last
+  DATA: then it closes its socket (the source exited: later NAKs meet ICMP
+  port unreachable);
 * every sequence stays retransmittable (the payload is computed again, not
   kept: trail_sqn is 0). A NAK for the source's session id gets an NCF
   (reason "retransmit delay", multicast) and the retransmissions (DATA with
   the retransmission flag, multicast); a sequence is retransmitted at most
-  once every ``ignore_interval`` (UM's NAK ignore interval);
+  once every ``ignore_interval`` (UM's transport_lbtrm_ignore_interval): a
+  NAK for it within that gets an NCF with reason "NAK ignored" instead;
 * the receiver joins (group, dest_port), keeps the datagrams of its
   session id, verifies every payload, and counts a gap as soon as it sees a
   higher sequence (DATA or an SM's lead). A missing sequence is NAKed (to
@@ -25,8 +28,9 @@ LBMC message headers. The minimal honest form of UM's reliability:
   interval) at most ``nak_attempts`` times: then it is unrecoverable. It
   expects ``0 .. expect_count-1`` (a receiver that joins late NAKs what it
   missed: there is no late join). ``drop_every`` n > 0 makes it discard,
-  on purpose, the first copy of every sequence ``q`` with ``q % n == n-1``
-  (loss to recover).
+  on purpose, the first ``drop_copies`` copies of every sequence ``q`` with
+  ``q % n == n-1`` (loss to recover; with 2 it loses the first
+  retransmission too and NAKs again ``nak_interval`` later).
 """
 
 from __future__ import annotations
@@ -83,14 +87,18 @@ class RmDataSource:
     simulator learns the advertised session id after binding). Counters:
     datagrams_sent, sms_sent, naks, nak_sqns, naks_foreign (another session
     id), retransmissions, retransmissions_ignored (within ignore_interval),
-    naks_out_of_range, ncfs_sent, malformed, send_errors, recv_errors."""
+    naks_out_of_range, ncfs_sent (reason "retransmit delay", with the
+    retransmissions), ncfs_ignored_sent (reason "NAK ignored"), malformed,
+    send_errors, recv_errors, unread_at_exit (datagrams left queued when it
+    exited, unanswered). ``linger``: None runs until cancelled, else the
+    seconds it stays after its last DATA (:attr:`exited` then)."""
 
     def __init__(self, bind_ip: str = "127.0.0.1", port: int = 0, *, group: str = "224.10.10.10",
                  dest_port: int = 14400, session_id: int | None = None, count: int = 1000,
                  seed: int = 0, datagram_size: int = RM_MAX_DATAGRAM, rate: float = 1000.0,
                  max_burst: int = 32, ttl: int = 1, sm_interval: float = 0.05,
                  sm_max_interval: float = 1.0, ignore_interval: float = 0.05,
-                 snd_buf: int = 1 << 20) -> None:
+                 snd_buf: int = 1 << 20, linger: float | None = None) -> None:
         if count < 0:
             raise ValueError("count must be >= 0")
         if not RM_MIN_DATAGRAM <= datagram_size <= RM_MAX_DATAGRAM:
@@ -99,6 +107,8 @@ class RmDataSource:
             raise ValueError("rate and max_burst must be positive")
         if not (0 < sm_interval <= sm_max_interval) or ignore_interval < 0:
             raise ValueError("need 0 < sm_interval <= sm_max_interval and ignore_interval >= 0")
+        if linger is not None and not (linger >= 0 and math.isfinite(linger)):
+            raise ValueError("linger must be a finite number of seconds >= 0")
         self.bind_ip, self.port = bind_ip, port
         self.group, self.dest_port = group, dest_port
         self.session_id = session_id
@@ -106,12 +116,14 @@ class RmDataSource:
         self.datagram_size, self.rate, self.max_burst = datagram_size, float(rate), max_burst
         self.ttl, self.snd_buf = ttl, snd_buf
         self.sm_interval, self.sm_max_interval = sm_interval, sm_max_interval
-        self.ignore_interval = ignore_interval
+        self.ignore_interval, self.linger = ignore_interval, linger
+        self.exited = False  # it lingered after its data and closed its socket
         self.address: Addr | None = None
         self.next_seq = 0  # sequences below it were sent
         self.counters: dict[str, int] = dict.fromkeys(
             ("datagrams_sent", "sms_sent", "naks", "nak_sqns", "naks_foreign", "retransmissions",
-             "retransmissions_ignored", "naks_out_of_range", "ncfs_sent", "malformed", "send_errors",
+             "retransmissions_ignored", "naks_out_of_range", "ncfs_sent", "ncfs_ignored_sent", "malformed",
+             "send_errors", "unread_at_exit",
              "recv_errors"), 0)
         self._sock = None
         self._go = trio.Event()
@@ -130,8 +142,10 @@ class RmDataSource:
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Bind, report the bound (ip, port), send the data and then session
-        messages, and answer NAKs, until cancelled."""
-        sock = trio.socket.from_stdlib_socket(_multicast_sender(self.bind_ip, self.port, self.ttl, self.snd_buf))
+        messages, and answer NAKs, until cancelled (or, with ``linger``, that
+        long after the last DATA: then the socket closes)."""
+        raw = _multicast_sender(self.bind_ip, self.port, self.ttl, self.snd_buf)
+        sock = trio.socket.from_stdlib_socket(raw)
         self._sock = sock
         self.address = sock.getsockname()[:2]
         with sock:
@@ -140,6 +154,21 @@ class RmDataSource:
                 await self._go.wait()
                 n.start_soon(self._naks)
                 await self._send_all()
+                n.cancel_scope.cancel()
+            self._count_unread(raw)
+        self.exited = True
+
+    def _count_unread(self, raw: socket.socket) -> None:
+        """The source exits: count the datagrams still queued on its socket
+        (``unread_at_exit``), which it never answers (bounded by the socket's
+        receive buffer)."""
+        raw.setblocking(False)
+        while True:
+            try:
+                raw.recv(1)
+            except OSError:  # (BlockingIOError: nothing left)
+                return
+            self.counters["unread_at_exit"] += 1
 
     async def _send(self, data: bytes) -> bool:
         try:
@@ -163,12 +192,13 @@ class RmDataSource:
                     c["datagrams_sent"] += 1
                 self.next_seq += 1
         gap, sm_sqn = self.sm_interval, 0
-        while True:
-            if self.count and await self._send(RM.encode_sm(port, sid, sm_sqn, self.count - 1, 0)):
-                c["sms_sent"] += 1
-                sm_sqn += 1
-            await trio.sleep(gap)
-            gap = min(gap * 2, self.sm_max_interval)
+        with trio.move_on_after(math.inf if self.linger is None else self.linger):
+            while True:
+                if self.count and await self._send(RM.encode_sm(port, sid, sm_sqn, self.count - 1, 0)):
+                    c["sms_sent"] += 1
+                    sm_sqn += 1
+                await trio.sleep(gap)
+                gap = min(gap * 2, self.sm_max_interval)
 
     async def _naks(self) -> None:
         pat = pattern(self.seed)
@@ -194,18 +224,21 @@ class RmDataSource:
             c["naks"] += 1
             c["nak_sqns"] += len(nak.sqns)
             now = trio.current_time()
-            todo = []
+            todo, ignored = [], []
             for q in dict.fromkeys(nak.sqns):  # each once, in order
                 if q >= self.next_seq:
                     c["naks_out_of_range"] += 1
                 elif now - self._last_rx.get(q, -math.inf) < self.ignore_interval:
                     c["retransmissions_ignored"] += 1
+                    ignored.append(q)
                 else:
                     self._last_rx[q] = now
                     todo.append(q)
+            if ignored and await self._send(RM.encode_ncf(port, sid, 0, ignored, reason=RM.NCF_IGNORED)):
+                c["ncfs_ignored_sent"] += 1
             if not todo:
                 continue
-            if await self._send(RM.encode_ncf(port, sid, 0, todo)):
+            if await self._send(RM.encode_ncf(port, sid, 0, todo, reason=RM.NCF_RX_DELAY)):
                 c["ncfs_sent"] += 1
             for q in todo:
                 if await self._send(encode_rm_data(pat, port, sid, q, self.datagram_size, retransmission=True)):
@@ -251,24 +284,24 @@ class RmDataReceiver:
     NAKs per sequence, sequences below ``expect_count``."""
 
     def __init__(self, source_ip: str, ucast_port: int, session_id: int, group: str, dest_port: int, *,
-                 iface_ip: str, seed: int = 0, expect_count: int, drop_every: int = 0,
+                 iface_ip: str, seed: int = 0, expect_count: int, drop_every: int = 0, drop_copies: int = 1,
                  nak_backoff: float = 0.02, nak_interval: float = 0.2, nak_attempts: int = 25,
                  idle_timeout: float = 5.0, timeout: float = 60.0, rcv_buf: int = 4 << 20) -> None:
-        if expect_count < 1 or drop_every < 0:
-            raise ValueError("expect_count must be >= 1 and drop_every >= 0")
+        if expect_count < 1 or drop_every < 0 or drop_copies < 1:
+            raise ValueError("expect_count must be >= 1, drop_every >= 0 and drop_copies >= 1")
         if not (nak_backoff >= 0 and nak_interval > 0 and nak_attempts >= 1 and idle_timeout > 0
                 and timeout > 0):
             raise ValueError("NAK timing, attempts and timeouts must be positive")
         self.source = (source_ip, ucast_port)
         self.session_id, self.group, self.dest_port = session_id, group, dest_port
         self.iface_ip, self.seed = iface_ip, check_seed(seed)
-        self.expect_count, self.drop_every = expect_count, drop_every
+        self.expect_count, self.drop_every, self.drop_copies = expect_count, drop_every, drop_copies
         self.nak_backoff, self.nak_interval, self.nak_attempts = nak_backoff, nak_interval, nak_attempts
         self.idle_timeout, self.timeout, self.rcv_buf = idle_timeout, timeout, rcv_buf
         self.result = RmReceiveResult(f"LBTRM {source_ip}:{ucast_port} {group}:{dest_port} "
                                       f"session {session_id:#010x}", expect_count)
         self._seen = bytearray(expect_count)
-        self._dropped = set()  # sequences whose first copy was discarded on purpose
+        self._dropped: dict[int, int] = {}  # sequence -> copies of it discarded on purpose
         self._missing: dict[int, list] = {}  # sequence -> [next NAK at, NAKs sent]
         self._known = 0  # sequences below it are received or missing
         self._naked: set[int] = set()
@@ -378,9 +411,10 @@ class RmDataReceiver:
             r.error = r.error or f"sequence {q} beyond the {self.expect_count} expected"
             return math.inf
         if (self.drop_every and q % self.drop_every == self.drop_every - 1
-                and q not in self._dropped and not self._seen[q]):
-            self._dropped.add(q)
-            r.dropped_on_purpose += 1
+                and self._dropped.get(q, 0) < self.drop_copies and not self._seen[q]):
+            if q not in self._dropped:
+                r.dropped_on_purpose += 1
+            self._dropped[q] = self._dropped.get(q, 0) + 1
             return self._gap_to(q + 1, now)
         if self._seen[q]:
             r.duplicates += 1

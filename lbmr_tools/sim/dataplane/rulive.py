@@ -341,7 +341,9 @@ class RuLiveReceiver:
     until a session message with SYN answers, at most ``connect_attempts``;
     then an ACK of the last verified sequence at once and every
     ``ack_interval``. A session id from the TIR (``session_id``) must match
-    the datagrams'. Without ``nak`` loss is not repaired: a gap is an
+    the datagrams'; without one, the first the source's datagrams carry is
+    taken (and named in the receiver's ACKs and NAKs, as the source's own
+    control datagrams name it). Without ``nak`` loss is not repaired: a gap is an
     error. With ``nak`` (what a UM receiver does) a gap is NAKed at once and
     again every ``nak_interval`` for as long as it stays missing, at most
     ``nak_attempts`` times (UM's transport_lbtru_nak_*), retransmissions
@@ -537,6 +539,8 @@ class RuLiveReceiver:
         if self.sid is not None and sid is not None and sid != self.sid:
             r.foreign += 1
             return None
+        if self.sid is None and sid is not None:
+            self.sid = sid  # a TIR without one: the source's session id, named in the ACKs and NAKs from now on
         return msg
 
     async def _nak_new(self, sock, now: float) -> None:
