@@ -156,10 +156,11 @@ from bench.router_profile import (  # noqa: E402
     report_cprofile,
     report_pyspy,
 )
+from bench.router_requests import print_requests, request_rows  # noqa: E402
 
 TARGET_RATIO = 0.8  # routed (zero copy) / minimal splice relay
 TARGET_CONVERGENCE_MS = 50.0
-HARD_LIMIT_S = 420
+HARD_LIMIT_S = 480
 
 
 
@@ -228,9 +229,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fanout-window", type=float, default=3.0, help="fan-out: seconds measured per case")
     ap.add_argument("--no-fanout", action="store_true", help="skip the fan-out measurement")
     ap.add_argument("--only-fanout", action="store_true", help="measure only the fan-out (section 5)")
+    ap.add_argument("--rr-runs", type=int, default=2,
+                    help="requests and responses: rounds, every case once per round")
+    ap.add_argument("--rr-count", type=int, default=2000,
+                    help="requests and responses: requests of the round trip, one at a time")
+    ap.add_argument("--rr-rate-count", type=int, default=10000,
+                    help="requests and responses: requests of the responses-per-second case")
+    ap.add_argument("--rr-responders", type=int, default=3,
+                    help="requests and responses: responders of the responses-per-second case")
+    ap.add_argument("--rr-window", type=int, default=64,
+                    help="requests and responses: outstanding requests at most (responses per second)")
+    ap.add_argument("--no-requests", action="store_true", help="skip the requests and responses (section 6)")
+    ap.add_argument("--only-requests", action="store_true",
+                    help="measure only the requests and responses (section 6)")
     args = ap.parse_args(argv)
     if args.runs < 1 or args.topics < 1 or args.mbytes <= 0:
         ap.error("--runs and --topics must be at least 1, --mbytes positive")
+    if not (1 <= args.rr_runs <= 10 and 1 <= args.rr_count <= 100_000 and 1 <= args.rr_rate_count <= 100_000
+            and 1 <= args.rr_responders <= 16 and 1 <= args.rr_window <= 4096):
+        ap.error("--rr-runs 1 to 10, --rr-count and --rr-rate-count 1 to 100000, --rr-responders 1 to 16, --rr-window 1 to 4096")
     total = int(args.mbytes * 1_000_000)
     mb = total / 1e6
 
@@ -247,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(td)
         if args.only_fanout:
             run_fanout(tmp, stack, args)
+            print(f"\ntotal {time.monotonic() - started:.1f} s")
+            return 0
+        if args.only_requests:
+            print_requests(request_rows(tmp, stack, args), args)
             print(f"\ntotal {time.monotonic() - started:.1f} s")
             return 0
         stack.callback(source.close)
@@ -371,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
                         print("      (no profile written)")
         if not args.no_fanout:
             run_fanout(tmp, stack, args)
+        if not args.no_requests:
+            print_requests(request_rows(tmp, stack, args), args)
     signal.alarm(0)
     print(f"\ntotal {time.monotonic() - started:.1f} s")
     return 0
