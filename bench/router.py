@@ -7,6 +7,8 @@ convergence across the routers.
                            [--ru-rates 10000,30000] [--no-tls] [--no-ru]
                            [--profile auto|py-spy|cprofile|none] [--no-inprocess]
                            [--fanout-n 1,10,100] [--fanout-window 3] [--no-fanout] [--only-fanout]
+                           [--rr-runs 2] [--rr-count 2000] [--rr-rate-count 10000] [--rr-responders 3]
+                           [--rr-window 64] [--no-requests] [--only-requests]
 
 Everything runs on loopback (127.0.0.0/8) and stops by itself (a hard limit
 of HARD_LIMIT_S seconds ends a stuck run).
@@ -103,10 +105,34 @@ between its endpoints in memory.
    framing, queues or drops), what any router in that place could reach on
    this host, and the routed rate as a share of it.
 
+6. Requests and responses (bench/router_requests.py; --rr-runs, --rr-count,
+   --rr-rate-count, --rr-responders, --rr-window, --no-requests,
+   --only-requests, which runs this section alone in about 25 s): one more
+   deployment, the shipped configs as they are (fan-out on: the routers
+   rewrite each REQUEST header to a request listener of router B and carry
+   each responder's connection back as a RESPONSE stream). A requester (a
+   process of its own at 127.0.1.5 in TRD1: a TCP source whose LBMC messages
+   carry REQUEST headers naming its request port) and responders (a process
+   each: they resolve the topic through their TRD's lbmrd, connect to the
+   source the TIR names, and answer every request on one kept connection to
+   the address the header names, one 64-byte response per request); the
+   same programs with the responders in TRD1 (resolving the requester
+   itself, no router on the way) are the baseline, measured in the same
+   rounds (the order alternating). Per round: the round trip of --rr-count
+   requests one at a time to one responder (p50, p99 and max over all
+   rounds, with its two legs, read from CLOCK_MONOTONIC in the requester and
+   in the responder), and responses per second of --rr-rate-count requests
+   to --rr-responders responders with at most --rr-window outstanding (best
+   round); the ratios routed/direct, the routers' CPU time per round trip
+   and per response (from /proc, their set-up included) against the
+   requester's own, and the routers' request counters over the section.
+   Every wait is bounded (warm-up 20 s, a measurement 60 s).
+
 The pieces: bench/router_deploy.py (deployments, sources, receivers, CPU
 accounting), bench/router_measure.py (sections 1 to 3), bench/router_profile.py
-(section 4), bench/router_fanout.py and bench/fanout.py (section 5); this
-script reads the options, runs the sections and prints what they found.
+(section 4), bench/router_fanout.py and bench/fanout.py (section 5),
+bench/router_requests.py (section 6); this script reads the options, runs the
+sections and prints what they found.
 """
 
 from __future__ import annotations

@@ -244,11 +244,13 @@ def requester_main(argv: list[str]) -> int:
     r = _Requester(a["ip"], a["topic"], tuple(a["lbmrd"]), a["responders"])
     try:
         r.warm_up()
+        cpu = time.process_time()
         if a["mode"] == "rtt":
             out = r.round_trips(a["count"])
         else:
             got, secs = r.rate(a["count"], a["window"])
             out = {"responses": got, "seconds": secs}
+        out["requester_cpu"] = time.process_time() - cpu  # seconds, the measurement only
     except (TimeoutError, OSError, lbmc.LbmcDecodeError) as e:
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
         return 1
@@ -355,12 +357,18 @@ def run_case(dep: Processes, path: str, mode: str, count: int, responders: int, 
             procs.append(subprocess.Popen(
                 PY + [RESPONDER_CODE, json.dumps({"ip": rip, "topic": topic, "lbmrd": lbmrd, "rid": i})],
                 cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+        cpu0 = dep.cpu()
         try:
             out, _ = req.communicate(timeout=WARMUP_TIMEOUT_S + RUN_TIMEOUT_S + 10)
         except subprocess.TimeoutExpired:
             return {"error": "the requester did not finish"}
+        cpu1 = dep.cpu()
         lines = out.strip().splitlines()
-        return json.loads(lines[-1]) if lines else {"error": f"the requester exited with {req.returncode}"}
+        if not lines:
+            return {"error": f"the requester exited with {req.returncode}"}
+        result = json.loads(lines[-1])
+        result["router_cpu"] = {k: cpu1[k] - cpu0[k] for k in cpu0}  # seconds, set-up and warm-up included
+        return result
     finally:
         for p in procs:
             if p.poll() is None:
@@ -411,9 +419,23 @@ def _ms(v: float) -> str:
     return f"{1000 * v:7.3f} ms"
 
 
+def _print_cpu(results: list[dict], key: str, what: str) -> None:
+    """The routers' CPU time per round trip or response over the routed rounds
+    (their set-up, resolution and warm-up included: a little high)."""
+    ok = [r for r in results if key in r and "router_cpu" in r]
+    n = sum(len(r[key]) if isinstance(r[key], list) else r[key] for r in ok)
+    if not n:
+        return
+    per = {k: sum(r["router_cpu"][k] for r in ok) / n for k in ok[0]["router_cpu"]}
+    mine = sum(r["requester_cpu"] for r in ok) / n
+    print(f"    routers' CPU time per {what}: " + ", ".join(f"router {k.upper()} {1e6 * v:.0f} us"
+                                                     for k, v in sorted(per.items()))
+          + f" (the requester's, measurement only: {1e6 * mine:.0f} us)")
+
+
 def print_requests(res: dict, args) -> None:
     print(f"\n6. Requests and responses (requester at {SRC_IP} in TRD1; responders in TRD2 across the pair, "
-          f"fan-out on, or in TRD1 with it: direct), every program a process of its own, {args.rr_runs} rounds")
+          f"fan-out on, or in TRD1 with it: direct), every program a process of its own; rounds: {args.rr_runs}")
     errors = [f"{key[0]} {key[1]}: {r['error']}" for key, rs in res.items() if isinstance(key, tuple)
               for r in rs if "error" in r]
     for e in errors:
@@ -433,6 +455,7 @@ def print_requests(res: dict, args) -> None:
         d, r = pooled["direct"]["rtt"], pooled["routed"]["rtt"]
         print(f"    ratio routed/direct    p50 {statistics.median(r) / statistics.median(d):6.2f}x"
               f"     p99 {_pct(r, 0.99) / _pct(d, 0.99):6.2f}x")
+        _print_cpu(res["rtt", "routed"], "rtt", "round trip")
     print(f"  responses per second, {args.rr_rate_count} requests to {args.rr_responders} responders, at most "
           f"{args.rr_window} outstanding (best round):")
     best = {}
@@ -449,5 +472,6 @@ def print_requests(res: dict, args) -> None:
             print(f"    {label:22s} {rates[path]:9.0f} responses/s  ({v['responses']} in {v['seconds']:.3f} s; "
                   f"rounds: {every})")
         print(f"    ratio routed/direct    {rates['routed'] / rates['direct']:6.3f}x")
+        _print_cpu(res["rate", "routed"], "responses", "response")
     c = res["counters"]
     print("    routers over the section: " + ", ".join(f"{k} {v}" for k, v in c.items()))
