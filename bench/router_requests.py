@@ -20,8 +20,10 @@ against the same two programs in one TRD, in the same run.
 
   - round trip (``rtt``): ``count`` requests one at a time, each sent once
     the previous one's response is in, one responder; from before the
-    ``send`` of the request to after the response is read and framed
-    (time.perf_counter, both ends in the requester process);
+    ``send`` of the request to after the response is read and framed, and
+    its two legs: the request carries its send time, the response the time
+    the responder read the request (CLOCK_MONOTONIC, nanoseconds: one clock
+    for every process of the host);
   - responses per second (``rate``): ``count`` requests to ``responders``
     responders, at most ``window`` outstanding (a request is outstanding
     until every responder answered it); responses / seconds from the first
@@ -238,8 +240,10 @@ class _Requester:
 
 def requester_main(argv: list[str]) -> int:
     """argv: one JSON object: ip, topic, lbmrd [ip, port], responders, mode ("rtt" or
-    "rate"), count, window. Prints one JSON line: {"rtt": [seconds, ...]} or
-    {"responses": n, "seconds": s}, or {"error": "..."}; exit status 0 or 1."""
+    "rate"), count, window. Prints one JSON line: {"rtt": [seconds, ...],
+    "request_leg": [...], "response_leg": [...]} or {"responses": n, "seconds":
+    s}, with "requester_cpu" (its CPU seconds over the measurement), or
+    {"error": "..."}; exit status 0 or 1."""
     a = json.loads(argv[0])
     r = _Requester(a["ip"], a["topic"], tuple(a["lbmrd"]), a["responders"])
     try:
