@@ -102,6 +102,7 @@ class _Requester:
         self.answers: dict[int, set[int]] = {}  # qidx -> the responders that answered it
         self.first_answer: dict[int, int] = {}  # qidx -> when its first response was read (_now_ns)
         self.legs: dict[int, tuple[int, int]] = {}  # qidx -> (request leg, response leg) of that one, ns
+        self.last_read = 0  # when the latest response was read (_now_ns)
         self.sqn = 0
         self.stop = threading.Event()
         self.tir = _tir(topic, ip, self.src.getsockname()[1])
@@ -168,6 +169,7 @@ class _Requester:
                     payload = lbmc.decode(m).payload
                     q, rid = int.from_bytes(payload[:4], "big"), int.from_bytes(payload[4:8], "big")
                     self.answers.setdefault(q, set()).add(rid)
+                    self.last_read = now
                     if q not in self.first_answer:
                         self.first_answer[q] = now
                         sent, seen = int.from_bytes(payload[8:16], "big"), int.from_bytes(payload[16:24], "big")
@@ -226,9 +228,8 @@ class _Requester:
             self.poll(1.0)
             while completed < sent and self.done(base + completed):
                 completed += 1
-        last = max(self.first_answer.get(base + i, t0) for i in range(count))
         got = sum(len(self.answers.get(base + i, ())) for i in range(count))
-        return got, (last - t0) / 1e9
+        return got, (self.last_read - t0) / 1e9
 
     def close(self) -> None:
         self.stop.set()
