@@ -22,8 +22,8 @@ from tests.router.helpers import (
     start_lbmrd,
     start_routers,
 )
-from tests.tshark_judge import compare_lbmc, run_tshark_lbmc, segments, write_lbttcp_pcap
 from tests.router.system.uim_apps import UimInbox, hops_of, send_uims, uim, with_hops
+from tests.tshark_judge import compare_lbmc, run_tshark_lbmc, segments, write_lbttcp_pcap
 
 PORT = 14611
 
