@@ -109,3 +109,28 @@ async def test_a_chain_of_three_routers_delivers_and_replies(tmp_path):
         assert await app1.wait_for(1) == [with_hops(reply, 3)]
         n.cancel_scope.cancel()
     tshark_agrees(tmp_path, got, app3.address)
+
+
+async def test_one_router_joining_two_trds_directly_delivers_both_ways():
+    """A router with an endpoint in each TRD (no peer link): it serves both domains, so it
+    delivers at once (hops_taken 1: one router)."""
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        eps = [lbmrd_endpoint(f"TRD{d}", d, [trd], interface=IPS[d], fanout=False,
+                              request_listener=RequestListener(port=PORT)) for d, trd in ((1, trd1), (2, trd2))]
+        r = MultiRouter(router_config("direct", eps))
+        await n.start(r.run)
+        app1, app2 = UimInbox("127.0.1.9"), UimInbox("127.0.2.9")
+        await n.start(app1.serve)
+        await n.start(app2.serve)
+        sent = [uim(i, (2, *app2.address), (1, *app1.address)) for i in range(10)]
+        await send_uims((IPS[1], PORT), sent, bind_ip="127.0.1.9")
+        assert await app2.wait_for(10) == [with_hops(m, 1) for m in sent]
+        reply = uim(100, (1, *app1.address), (2, *app2.address))
+        await send_uims((IPS[2], PORT), [reply], bind_ip="127.0.2.9")
+        assert await app1.wait_for(1) == [with_hops(reply, 1)]
+        assert r.uim.counters["uim_delivered"] == 11 and r.uim.counters["uim_streams_opened"] == 0
+        assert r.status()["uim"]["listeners"] == {"TRD1": f"{IPS[1]}:{PORT}", "TRD2": f"{IPS[2]}:{PORT}"}
+        assert 'lbmr_router_uim_total{what="uim_delivered"} 11' in r.prometheus_text()
+        n.cancel_scope.cancel()
