@@ -35,11 +35,17 @@ async def routed(*routers, timeout: float = 10.0) -> None:
             await trio.sleep(0.05)
 
 
-async def pair(n):
+async def pair_and_trds(n):
+    """Routers A and B, routed, and the lbmrds (ip, port) of TRD1 and TRD2."""
     _, trd1 = await start_lbmrd(n, "127.0.1.1")
     _, trd2 = await start_lbmrd(n, "127.0.2.1")
     ra, rb = await start_routers(n, trd1, trd2, request_listener=RequestListener(port=PORT))
     await routed(ra, rb)
+    return ra, rb, trd1, trd2
+
+
+async def pair(n):
+    ra, rb, _, _ = await pair_and_trds(n)
     return ra, rb
 
 
