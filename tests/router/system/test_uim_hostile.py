@@ -14,8 +14,7 @@ from router.relays import uim as U
 from router.shell import router as R
 from router.shell.single import Router
 from tests.router.helpers import start_lbmrd
-from tests.router.system.test_uim_routing import PORT, pair, routed
-from tests.router.system.uim_apps import UimInbox, send_uims, uim, with_hops
+from tests.router.system.uim_apps import PORT, UimInbox, pair, routed, send_uims, uim, with_hops
 
 LISTENER = ("127.0.1.1", PORT)
 
@@ -59,9 +58,19 @@ async def test_a_flood_to_unknown_and_refusing_destinations_is_counted_and_other
                 await trio.sleep(0.05)
         assert c["uim_unreachable"] == 3 * 4 * 5000
         assert c["uim_no_destination"] == 3 * 4 * 5000
-        with trio.fail_after(10):
-            while rb.uim.counters["uim_deliver_unreachable"] + rb.uim.counters["uim_target_down"] \
-                    + rb.uim.counters["uim_delivered"] < 3 * 4 * 5000 + 10:
+        a, b = ra.uim.counters, rb.uim.counters
+        total = 3 * 4 * 5000 + 10  # for domain 2: to a refused port, and the good ones
+
+        def dropped_at_a():
+            return sum(a[k] for k in ("uim_target_queue_full", "uim_queued_total_full", "uim_target_down",
+                                      "uim_forward_failed", "uim_forward_refused"))
+
+        def outcomes_at_b():
+            return sum(b[k] for k in ("uim_delivered", "uim_deliver_unreachable", "uim_target_down",
+                                      "uim_target_queue_full", "uim_deliver_failed"))
+        with trio.fail_after(20):  # every message for domain 2 accounted for, once
+            while not (a["uim_to_forward"] == total and dropped_at_a() + a["uim_forwarded"] == total
+                       and b["uim_in"] == a["uim_forwarded"] and outcomes_at_b() == b["uim_in"]):
                 await trio.sleep(0.05)
         assert rb.uim.counters["uim_delivered"] == 10
         assert ra.uim.queued == 0 or ra.uim.queued <= U.QUEUED_TOTAL

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import trio
 
-from lbmr_proto import lbmc
 from router.config.model import RequestListener, lbmrd_endpoint, router_config
 from router.shell.router import MultiRouter
 from tests.router.helpers import (
@@ -20,45 +19,17 @@ from tests.router.helpers import (
     converged,
     initiator_link,
     start_lbmrd,
-    start_routers,
 )
-from tests.router.system.uim_apps import UimInbox, hops_of, send_uims, uim, with_hops
-from tests.tshark_judge import compare_lbmc, run_tshark_lbmc, segments, write_lbttcp_pcap
-
-PORT = 14611
-
-
-async def routed(*routers, timeout: float = 10.0) -> None:
-    """Until each router has a route to the other's domain."""
-    with trio.fail_after(timeout):
-        while not all(r.routing is not None and len(r.routing.map.routes()) >= 2 for r in routers):
-            await trio.sleep(0.05)
-
-
-async def pair_and_trds(n):
-    """Routers A and B, routed, and the lbmrds (ip, port) of TRD1 and TRD2."""
-    _, trd1 = await start_lbmrd(n, "127.0.1.1")
-    _, trd2 = await start_lbmrd(n, "127.0.2.1")
-    ra, rb = await start_routers(n, trd1, trd2, request_listener=RequestListener(port=PORT))
-    await routed(ra, rb)
-    return ra, rb, trd1, trd2
-
-
-async def pair(n):
-    ra, rb, _, _ = await pair_and_trds(n)
-    return ra, rb
-
-
-def tshark_agrees(tmp_path, messages: list[bytes], source: tuple[str, int]) -> None:
-    """The messages as delivered, in an LBT-TCP capture: tshark decodes each (DESTINATION
-    with its hops_taken) as we do, with no expert info."""
-    pcap = tmp_path / "uim.pcap"
-    write_lbttcp_pcap(pcap, [(True, s) for s in segments(messages)], source=source)
-    frames = run_tshark_lbmc(pcap, port=source[1])
-    layers = [layer for f in frames for layer in f.lbmc]
-    assert len(layers) == len(messages) and not any(f.flagged for f in frames)
-    assert [compare_lbmc(layer, lbmc.decode(m)) for layer, m in zip(layers, messages, strict=True)] \
-        == [[]] * len(messages)
+from tests.router.system.uim_apps import (
+    PORT,
+    UimInbox,
+    hops_of,
+    pair,
+    send_uims,
+    tshark_agrees,
+    uim,
+    with_hops,
+)
 
 
 async def test_ten_uims_by_domain_arrive_whole_and_a_reply_by_domain_comes_back(tmp_path):

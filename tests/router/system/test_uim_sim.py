@@ -13,8 +13,7 @@ import trio
 from lbmr_proto import lbmc
 from lbmr_tools.sim import SimConfig, run_sim
 from lbmr_tools.sim.dataplane import uim_payload
-from tests.router.system.test_uim_routing import pair_and_trds
-from tests.router.system.uim_apps import UimInbox, hops_of
+from tests.router.system.uim_apps import UimInbox, hops_of, pair_and_trds
 
 
 async def test_lbmr_sim_sends_uims_by_domain_through_the_route_it_heard():
