@@ -41,7 +41,7 @@ import trio
 from lbmr_proto import lbmc
 
 from .. import peerlink as P
-from ..core.uim import DeliverMessage, DropMessage, ForwardMessage, StreamTarget, UimAction, UimPath
+from ..core.uim import DeliverMessage, DropMessage, ForwardMessage, UimStream, UimAction, UimPath
 from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
 from .tcp_fanout import accept_stream
@@ -63,6 +63,7 @@ RETRY_AFTER = 1.0  # seconds a failed target drops its messages before it is tri
 TARGET_IDLE = 30.0  # seconds without a message before a target closes
 LISTEN_BACKLOG = 64
 WRITE_BATCH = 256 << 10  # bytes of queued messages written at once
+DECIDE_BATCH = 1024  # messages decided before the other tasks run
 
 
 class _Target:
@@ -144,14 +145,14 @@ class UimRelay:
                 async def one(conn=conn):
                     nonlocal live
                     try:
-                        await self._sender(conn)
+                        await self._sender(conn, endpoint)
                     finally:
                         live -= 1
                         self.connections -= 1
 
                 n.start_soon(one)
 
-    async def _sender(self, conn: trio.SocketStream) -> None:
+    async def _sender(self, conn: trio.SocketStream, endpoint: str) -> None:
         """One sender's connection: whole messages decided one by one; a malformed
         stream, a message not completed in MESSAGE_TIMEOUT or IDLE_TIMEOUT of silence
         close it."""
@@ -180,7 +181,7 @@ class UimRelay:
                     self.counters["uim_malformed"] += 1
                     self.event("uim_malformed", f"stream offset {e.offset}: {e.reason}")
                     return
-                self._runs(runs, None)
+                await self._runs(runs, None, endpoint)
                 if not framer.buffered:
                     started = None
                 elif runs or started is None:
@@ -190,13 +191,19 @@ class UimRelay:
         finally:
             await trio.aclose_forcefully(conn)
 
-    def _runs(self, runs: list, stream: StreamTarget | None) -> None:
+    async def _runs(self, runs: list, stream: UimStream | None, endpoint: str | None) -> None:
+        """Decide and do each message of ``runs``, letting the other tasks run every
+        DECIDE_BATCH messages (a chunk of tiny messages holds the loop no longer)."""
         message = self.path.message
+        k = 0
         for run in runs:
             data, start = run.data, 0
             for end in run.ends:
-                self.take(message(data[start:end], stream))
+                self.take(message(data[start:end], stream, endpoint=endpoint))
                 start = end
+                k += 1
+                if k % DECIDE_BATCH == 0:
+                    await trio.lowlevel.checkpoint()
 
     # ------------------------------------------------------------ decisions done
 
@@ -393,7 +400,7 @@ class UimRelay:
     def open_far(self, link: Link, ev: S.StreamOpened, came_from: str | None) -> None:
         """The peer on ``link`` (router ``came_from``) opened UIM_ROUTED stream ``ev``."""
         tgt = ev.target
-        target = StreamTarget(tgt.domain_id, tgt.ip, tgt.port, tgt.hops, came_from)
+        target = UimStream(tgt.domain_id, tgt.ip, tgt.port, tgt.hops, came_from)
         refusal = self.path.open_stream(target)
         if refusal is not None:
             self.counters[refusal.reason.counter] += 1
@@ -407,7 +414,7 @@ class UimRelay:
             return
         link.nursery.start_soon(self._far, link, st, target)
 
-    async def _far(self, link: Link, st: StreamState, target: StreamTarget) -> None:
+    async def _far(self, link: Link, st: StreamState, target: UimStream) -> None:
         framer = lbmc.StreamFramer()
         try:
             while True:
@@ -419,7 +426,7 @@ class UimRelay:
                         self.counters["uim_malformed"] += 1
                         self.event("uim_malformed", f"UIM_ROUTED stream {st.sid}: offset {e.offset}: {e.reason}")
                         return
-                    self._runs(runs, target)
+                    await self._runs(runs, target, None)
                     try:
                         link.streams.consumed(st.sid, len(data))
                     except S.LocalStreamError:
