@@ -41,7 +41,7 @@ import trio
 from lbmr_proto import lbmc
 
 from .. import peerlink as P
-from ..core.uim import DeliverMessage, DropMessage, ForwardMessage, UimStream, UimAction, UimPath
+from ..core.uim import DeliverMessage, DropMessage, ForwardMessage, UimAction, UimPath, UimStream
 from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
 from .tcp_fanout import accept_stream

@@ -9,9 +9,9 @@ from router.core.uim import (
     DeliverMessage,
     DropMessage,
     ForwardMessage,
-    UimStream,
     UimDrop,
     UimPath,
+    UimStream,
 )
 from tests.router.helpers import Net
 from tests.router.system.uim_apps import hops_of, uim, with_hops
