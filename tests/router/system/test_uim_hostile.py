@@ -13,7 +13,7 @@ from router.config.model import RequestListener, acceptor_peer, initiator_peer, 
 from router.relays import uim as U
 from router.shell import router as R
 from router.shell.single import Router
-from tests.router.helpers import start_lbmrd
+from tests.router.helpers import connect_as_peer, start_lbmrd
 from tests.router.system.uim_apps import PORT, UimInbox, pair, routed, send_uims, uim, with_hops
 
 LISTENER = ("127.0.1.1", PORT)
@@ -192,4 +192,53 @@ async def test_a_peer_without_uim_routing_gets_no_streams_and_it_is_counted(monk
                 await trio.sleep(0.05)
         assert ra.uim.counters["uim_streams_opened"] == 0 and app2.messages == []
         assert ra.link.connected  # the link stays up
+        n.cancel_scope.cancel()
+
+
+async def test_a_hostile_peer_streams_are_refused_checked_and_closed_and_the_link_stays():
+    """A peer of our own opens UIM_ROUTED streams at router B: one for an unknown domain
+    (refused), one whose messages name another destination too (those dropped), one of
+    garbage (closed); the good messages arrive, the link stays up."""
+    async with trio.open_nursery() as n:
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1", fanout=False,
+                                              request_listener=RequestListener(port=PORT)),
+                    acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
+        addr = await n.start(rb.run)
+        app1, app2 = await apps(n)
+        stream, conn = await connect_as_peer(addr["peer"], capabilities=R.PEER_CAPABILITIES)
+        assert conn.capabilities & P.Capability.UIM_ROUTING
+        now = trio.current_time
+        dest = (2, *app2.address)
+
+        def open_stream(sid, domain, ip, port):
+            return conn.send(P.StreamOpen(sid, 0, P.StreamKind.UIM_ROUTED, 1 << 20,
+                                          P.RoutedUimTarget(domain, ip, port, 0)), now())
+        good = [uim(i, dest, (1, *app1.address), hops=1) for i in range(3)]
+        other = uim(9, (2, app2.address[0], app2.address[1] + 1), (1, *app1.address), hops=1)
+        await stream.send_all(open_stream(1, *dest) + open_stream(3, 9, "127.0.9.9", 5000)
+                              + open_stream(5, *dest))
+        answers = {}
+        closed = set()
+
+        async def read_until(pred):
+            with trio.fail_after(10):
+                while not pred():
+                    for ev in conn.receive_data(await stream.receive_some(65536), now()):
+                        if isinstance(ev, P.StreamAccept | P.StreamRefuse):
+                            answers[ev.stream_id] = ev
+                        elif isinstance(ev, P.StreamClose):
+                            closed.add(ev.stream_id)
+                    await stream.send_all(conn.data_to_send())
+        await read_until(lambda: len(answers) == 3)
+        assert isinstance(answers[1], P.StreamAccept) and isinstance(answers[5], P.StreamAccept)
+        assert isinstance(answers[3], P.StreamRefuse) and "no route" in answers[3].reason
+        await stream.send_all(conn.send(P.StreamData(1, b"".join(good[:2] + [other] + good[2:])), now())
+                              + conn.send(P.StreamData(5, b"\x7f" * 64), now()))
+        await read_until(lambda: 5 in closed)
+        got = await app2.wait_for(3)
+        assert got == [with_hops(m, 2) for m in good]
+        c = rb.uim.counters
+        assert c["uim_stream_mismatch"] == 1 and c["uim_malformed"] == 1 and c["uim_unreachable"] == 1
+        assert rb.link is not None and rb.link.connected
         n.cancel_scope.cancel()
