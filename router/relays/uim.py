@@ -145,18 +145,19 @@ class UimRelay:
                 async def one(conn=conn):
                     nonlocal live
                     try:
-                        await self._sender(conn, endpoint)
+                        await self.serve_connection(conn, endpoint)
                     finally:
                         live -= 1
                         self.connections -= 1
 
                 n.start_soon(one)
 
-    async def _sender(self, conn: trio.SocketStream, endpoint: str) -> None:
-        """One sender's connection: whole messages decided one by one; a malformed
-        stream, a message not completed in MESSAGE_TIMEOUT or IDLE_TIMEOUT of silence
-        close it."""
-        framer = lbmc.StreamFramer()
+    async def serve_connection(self, conn: trio.abc.Stream, endpoint: str) -> None:
+        """One sender's connection ``conn`` to endpoint ``endpoint``'s listener, until it
+        ends: whole messages decided one by one; a malformed stream, a message not
+        completed MESSAGE_TIMEOUT seconds after its first byte, or IDLE_TIMEOUT seconds
+        of silence close it (counted)."""
+        framer = _Framer()
         started = None  # when the message held incomplete began
         try:
             while True:
@@ -175,13 +176,12 @@ class UimRelay:
                     if framer.buffered:
                         self.counters["uim_truncated"] += 1
                     return
-                try:
-                    runs = framer.cut(data)
-                except lbmc.LbmcDecodeError as e:
-                    self.counters["uim_malformed"] += 1
-                    self.event("uim_malformed", f"stream offset {e.offset}: {e.reason}")
-                    return
+                runs, error = framer.cut(data)
                 await self._runs(runs, None, endpoint)
+                if error is not None:
+                    self.counters["uim_malformed"] += 1
+                    self.event("uim_malformed", f"stream offset {error.offset}: {error.reason}")
+                    return
                 if not framer.buffered:
                     started = None
                 elif runs or started is None:
@@ -415,18 +415,18 @@ class UimRelay:
         link.nursery.start_soon(self._far, link, st, target)
 
     async def _far(self, link: Link, st: StreamState, target: UimStream) -> None:
-        framer = lbmc.StreamFramer()
+        framer = _Framer()
         try:
             while True:
                 while st.incoming:
                     data = st.incoming.popleft()
-                    try:
-                        runs = framer.cut(data)
-                    except lbmc.LbmcDecodeError as e:
-                        self.counters["uim_malformed"] += 1
-                        self.event("uim_malformed", f"UIM_ROUTED stream {st.sid}: offset {e.offset}: {e.reason}")
-                        return
+                    runs, error = framer.cut(data)
                     await self._runs(runs, target, None)
+                    if error is not None:
+                        self.counters["uim_malformed"] += 1
+                        self.event("uim_malformed", f"UIM_ROUTED stream {st.sid}: offset {error.offset}: "
+                                                    f"{error.reason}")
+                        return
                     try:
                         link.streams.consumed(st.sid, len(data))
                     except S.LocalStreamError:
@@ -439,6 +439,36 @@ class UimRelay:
                 await st.incoming_ready.wait()
         finally:
             link.close_stream(st)
+
+
+class _Framer:
+    """:class:`lbmr_proto.lbmc.StreamFramer` for a stream that ends at its first malformed
+    message: :meth:`cut` gives the whole messages before it too. ``held``: a copy of the
+    incomplete message the framer holds (< 64 KiB)."""
+
+    __slots__ = ("framer", "held")
+
+    def __init__(self) -> None:
+        self.framer = lbmc.StreamFramer()
+        self.held = b""
+
+    @property
+    def buffered(self) -> int:
+        return self.framer.buffered
+
+    def cut(self, data: bytes | memoryview) -> tuple[list[lbmc.MessageRun], lbmc.LbmcDecodeError | None]:
+        """The runs of whole messages ``data`` completes, and the error of a malformed
+        message (None: none; the stream is over after one)."""
+        f = self.framer
+        start = f.offset  # stream offset of the held message's first byte
+        try:
+            runs = f.cut(data)
+        except lbmc.LbmcDecodeError as e:  # e.offset: where the bad message starts (or its msglen)
+            whole = (self.held + bytes(data))[:max(0, e.offset - start)]
+            return lbmc.StreamFramer().cut(whole), e
+        b = f.buffered
+        self.held = b"" if not b else bytes(data[-b:]) if b <= len(data) else self.held + bytes(data)
+        return runs, None
 
 
 async def _connect(bind_ip: str, addr: tuple[str, int]) -> trio.SocketStream:
