@@ -13,8 +13,26 @@ from router.config.model import RequestListener, acceptor_peer, initiator_peer, 
 from router.relays import uim as U
 from router.shell import router as R
 from router.shell.single import Router
-from tests.router.helpers import connect_as_peer, start_lbmrd
-from tests.router.system.uim_apps import PORT, UimInbox, pair, routed, send_uims, uim, with_hops
+from tests.router.helpers import (
+    advertise_forever,
+    connect_as_peer,
+    fetch_tcp,
+    pattern,
+    resolve,
+    start_lbmrd,
+    tcp_source,
+    udp,
+)
+from tests.router.system.uim_apps import (
+    PORT,
+    UimInbox,
+    pair,
+    pair_and_trds,
+    routed,
+    send_uims,
+    uim,
+    with_hops,
+)
 
 LISTENER = ("127.0.1.1", PORT)
 
@@ -36,7 +54,7 @@ async def apps(n):
 
 async def test_a_flood_to_unknown_and_refusing_destinations_is_counted_and_others_still_arrive():
     async with trio.open_nursery() as n:
-        ra, rb = await pair(n)
+        ra, rb, trd1, trd2 = await pair_and_trds(n)
         app1, app2 = await apps(n)
         unknown = [uim(i, (77, "127.0.2.9", 1000 + i % 7), (1, *app1.address)) for i in range(5000)]
         nobody = [uim(i, (2, "127.0.2.9", 9), (1, *app1.address)) for i in range(5000)]  # port 9: refused
@@ -48,10 +66,19 @@ async def test_a_flood_to_unknown_and_refusing_destinations_is_counted_and_other
             async with stream:
                 for _ in range(4):
                     await stream.send_all(flood)
+        src = await tcp_source(n, "127.0.1.5", 2_000_000)  # a relayed TCP session, meanwhile
+        n.start_soon(advertise_forever, udp("127.0.1.5"), trd1, *src)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        relayed = {}
+
+        async def receiver():
+            relayed["bytes"] = await fetch_tcp(tir, 2_000_000)
         async with trio.open_nursery() as fn:
             for _ in range(3):
                 fn.start_soon(flooder)
+            fn.start_soon(receiver)
             await good_uims_arrive(app1, app2)
+        assert relayed["bytes"] == pattern(2_000_000)  # the data plane carried on
         c = ra.uim.counters
         with trio.fail_after(10):  # every one of them decided, once
             while c["uim_in"] < 3 * 4 * 15000 + 10:
