@@ -64,8 +64,9 @@ __all__ = ["MultiRouter", "Unit", "serve_signals", "proxy_bound", "PEER_CAPABILI
 
 log = logging.getLogger("lbmr-router")
 
-#: what a peer link announces (and ROUTING): every stream kind this router's data plane relays
-PEER_CAPABILITIES = P.DEFAULT_CAPABILITIES | P.Capability.UIM_ROUTING
+#: what a peer link announces besides the protocol's DEFAULT_CAPABILITIES (and ROUTING): the
+#: stream kinds of its own this router's data plane relays
+PEER_CAPABILITIES = P.Capability.UIM_ROUTING
 
 ADVERTISE_CHUNK = 500  # topics of one session advertised at its new proxy before the loop runs again
 
@@ -241,7 +242,7 @@ class MultiRouter:
             for spec, peer, pair in self._specs:
                 units = {u.endpoint.name: u for u in self.links if u.link_id == spec.id}
                 first = units[spec.endpoints[0]]
-                caps = (PEER_CAPABILITIES | P.Capability.ROUTING) if spec.routed else P.DEFAULT_CAPABILITIES
+                caps = P.DEFAULT_CAPABILITIES | (PEER_CAPABILITIES | P.Capability.ROUTING if spec.routed else 0)
                 identity = P.RouterIdentity(s.name if spec.routed else first.name,
                                             domains if spec.routed else (first.endpoint.domain_id,),
                                             capabilities=int(caps))

@@ -199,7 +199,7 @@ async def test_a_peer_without_uim_routing_gets_no_streams_and_it_is_counted(monk
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
         listener = RequestListener(port=PORT)
-        monkeypatch.setattr(R, "PEER_CAPABILITIES", P.DEFAULT_CAPABILITIES)  # router B: an older version
+        monkeypatch.setattr(R, "PEER_CAPABILITIES", 0)  # router B: an older version
         rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1", fanout=False,
                                               request_listener=listener),
                     acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
@@ -233,7 +233,7 @@ async def test_a_hostile_peer_streams_are_refused_checked_and_closed_and_the_lin
                     acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
         addr = await n.start(rb.run)
         app1, app2 = await apps(n)
-        stream, conn = await connect_as_peer(addr["peer"], capabilities=R.PEER_CAPABILITIES)
+        stream, conn = await connect_as_peer(addr["peer"], capabilities=P.DEFAULT_CAPABILITIES | R.PEER_CAPABILITIES)
         assert conn.capabilities & P.Capability.UIM_ROUTING
         now = trio.current_time
         dest = (2, *app2.address)
