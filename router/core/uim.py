@@ -71,6 +71,7 @@ class UimDrop(Enum):
     BACK = "uim_refused_back"
     HOP_LIMIT = "uim_hop_limit"
     NOT_DELIVERABLE = "uim_not_deliverable"
+    OWN_LISTENER = "uim_to_own_listener"
     STREAM_MISMATCH = "uim_stream_mismatch"
 
     @property
@@ -137,13 +138,17 @@ class UimPath:
     :func:`router.core.requests.deliverable_address`); ``routing``: the
     router's route info (its map's next hop to each domain; None: this router
     has no peers that route); ``max_hop_count``: the most peer links a UIM
-    crosses (``<route-info max-hop-count>``). ``counters``: what is counted
+    crosses (``<route-info max-hop-count>``); ``own``: the (ip, port) of this router's
+    request listeners, never a destination (a UIM delivered there would come back
+    in, again and again until its hop limit). ``counters``: what is counted
     (``uim_in``, ``uim_delivered``/``uim_forwarded`` decisions, and the drops
     by :class:`UimDrop`)."""
 
     def __init__(self, served: dict[str, tuple[int, str]], routing: Routing | None, *,
-                 max_hop_count: int = 100, counters: Counter[str] | None = None) -> None:
+                 max_hop_count: int = 100, own: frozenset[tuple[str, int]] = frozenset(),
+                 counters: Counter[str] | None = None) -> None:
         self.by_domain = {dom: (name, ip) for name, (dom, ip) in served.items()}
+        self.own = own
         self.routing = routing
         self.max_hop_count = max_hop_count
         self.counters: Counter[str] = counters if counters is not None else Counter()
@@ -211,6 +216,8 @@ class UimPath:
                          came_from=None if stream is None else stream.came_from)
         if isinstance(got, RefuseUim):
             return self._drop(_REFUSAL_DROP[got.reason], f"domain {dest.domain_id}: {got.reason.value}")
+        if isinstance(got, DeliverUim) and (dest.ip, dest.port) in self.own:
+            return self._drop(UimDrop.OWN_LISTENER, f"{dest.ip}:{dest.port}")
         out = with_hops_taken(bytes(message), dest.hops_taken + 1)
         if isinstance(got, DeliverUim):
             self.counters["uim_to_deliver"] += 1

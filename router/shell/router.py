@@ -284,7 +284,8 @@ class MultiRouter:
         """The UIM data path: delivery in each endpoint's TRD from its request
         address, forwarding on the peer links (their tasks are added as made)."""
         served = {e.name: (e.domain_id, self.relay_settings[e.name].request_ip) for e in self.config.endpoints}
-        path = UimPath(served, self.routing, max_hop_count=self.config.route_info.max_hop_count)
+        own = frozenset(e.request_address for e in self.config.endpoints if e.request_address is not None)
+        path = UimPath(served, self.routing, max_hop_count=self.config.route_info.max_hop_count, own=own)
         uim = UimRelay(path, {name: ip for name, (_, ip) in served.items()}, self._tasks, self.routing,
                        self._uim_event)
         uim.nursery = nursery

@@ -269,3 +269,17 @@ async def test_a_hostile_peer_streams_are_refused_checked_and_closed_and_the_lin
         assert c["uim_stream_mismatch"] == 1 and c["uim_malformed"] == 1 and c["uim_unreachable"] == 1
         assert rb.link is not None and rb.link.connected
         n.cancel_scope.cancel()
+
+
+async def test_a_uim_to_the_routers_own_listener_is_dropped_not_looped():
+    async with trio.open_nursery() as n:
+        ra, rb = await pair(n)
+        app1, app2 = await apps(n)
+        await send_uims(LISTENER, [uim(1, (2, "127.0.2.1", PORT), (1, *app1.address))], bind_ip="127.0.1.9")
+        with trio.fail_after(5):
+            while not rb.uim.counters["uim_to_own_listener"]:
+                await trio.sleep(0.05)
+        await trio.sleep(0.3)
+        assert rb.uim.counters["uim_to_own_listener"] == 1 and rb.uim.counters["uim_connections"] == 0
+        await good_uims_arrive(app1, app2)
+        n.cancel_scope.cancel()
