@@ -291,36 +291,47 @@ class UimRelay:
     # ------------------------------------------------------------ delivery in our TRD
 
     async def _deliver(self, t: _Target) -> None:
+        """One destination in our TRD: one connection, made at the first message and
+        again after the destination closed it (watched: it never says anything)."""
         _, endpoint, ip, port = t.key
         conn = None
-        try:
-            while await self._wait(t):
-                if conn is None:
-                    try:
-                        with trio.fail_after(CONNECT_TIMEOUT):
-                            conn = await _connect(self.bind_ips.get(endpoint, "0.0.0.0"), (ip, port))
-                    except (OSError, trio.TooSlowError) as e:
-                        self._failed(t, "uim_deliver_unreachable", f"{ip}:{port}: {e}")
+        gone = trio.Event()  # the destination closed the connection
+        async with trio.open_nursery() as watchers:
+            try:
+                while await self._wait(t):
+                    if conn is not None and gone.is_set():
+                        self.counters["uim_deliver_reconnects"] += 1
+                        await trio.aclose_forcefully(conn)
+                        conn = None
+                    if conn is None:
+                        try:
+                            with trio.fail_after(CONNECT_TIMEOUT):
+                                conn = await _connect(self.bind_ips.get(endpoint, "0.0.0.0"), (ip, port))
+                        except (OSError, trio.TooSlowError) as e:
+                            self._failed(t, "uim_deliver_unreachable", f"{ip}:{port}: {e}")
+                            continue
+                        self.counters["uim_deliver_connections"] += 1
+                        gone = trio.Event()
+                        watchers.start_soon(_watch, conn, gone)
+                    data, n = self._batch(t)
+                    ok = False
+                    with trio.move_on_after(STALL_TIMEOUT):
+                        try:
+                            await conn.send_all(data)
+                            ok = True
+                        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                            pass
+                    if ok:
+                        self.counters["uim_delivered"] += n
                         continue
-                    self.counters["uim_deliver_connections"] += 1
-                data, n = self._batch(t)
-                ok = False
-                with trio.move_on_after(STALL_TIMEOUT):
-                    try:
-                        await conn.send_all(data)
-                        ok = True
-                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                        pass
-                if ok:
-                    self.counters["uim_delivered"] += n
-                    continue
-                self.counters["uim_deliver_failed"] += n
-                await trio.aclose_forcefully(conn)
-                conn = None
-                self._failed(t, "uim_deliver_failed", f"{ip}:{port}: stalled or closed")
-        finally:
-            if conn is not None:
-                await trio.aclose_forcefully(conn)
+                    self.counters["uim_deliver_failed"] += n
+                    await trio.aclose_forcefully(conn)
+                    conn = None
+                    self._failed(t, "uim_deliver_failed", f"{ip}:{port}: stalled or closed")
+            finally:
+                watchers.cancel_scope.cancel()
+                if conn is not None:
+                    await trio.aclose_forcefully(conn)
 
     # ------------------------------------------------------------ towards a peer
 
@@ -439,6 +450,17 @@ class UimRelay:
                 await st.incoming_ready.wait()
         finally:
             link.close_stream(st)
+
+
+async def _watch(conn: trio.SocketStream, gone: trio.Event) -> None:
+    """Read (and discard) what a destination sends on its connection until it closes
+    it: then ``gone``."""
+    try:
+        while await conn.receive_some(READ_CHUNK):
+            pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    gone.set()
 
 
 class _Framer:

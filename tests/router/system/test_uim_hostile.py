@@ -283,3 +283,29 @@ async def test_a_uim_to_the_routers_own_listener_is_dropped_not_looped():
         assert rb.uim.counters["uim_to_own_listener"] == 1 and rb.uim.counters["uim_connections"] == 0
         await good_uims_arrive(app1, app2)
         n.cancel_scope.cancel()
+
+
+async def test_a_destination_that_closes_its_connection_gets_a_new_one():
+    """A context that closes the connection after each message (as one may close an
+    idle UIM connection): the next message comes on a new connection, none lost."""
+    async with trio.open_nursery() as n:
+        ra, rb = await pair(n)
+        app1 = UimInbox("127.0.1.9")
+        await n.start(app1.serve)
+        got = []
+        closer = (await trio.open_tcp_listeners(0, host="127.0.2.7"))[0]
+        addr = closer.socket.getsockname()[:2]
+
+        async def take_one_and_close(stream):
+            async with stream:
+                got.append(await stream.receive_some(65536))
+        n.start_soon(trio.serve_listeners, take_one_and_close, [closer])
+        for i in range(5):
+            await send_uims(LISTENER, [uim(i, (2, *addr), (1, *app1.address))], bind_ip="127.0.1.9")
+            with trio.fail_after(5):
+                while len(got) <= i:
+                    await trio.sleep(0.02)
+            await trio.sleep(0.2)  # the close reaches the router
+        assert got == [with_hops(uim(i, (2, *addr), (1, *app1.address)), 2) for i in range(5)]
+        assert rb.uim.counters["uim_deliver_reconnects"] == 4
+        n.cancel_scope.cancel()
