@@ -18,7 +18,8 @@
   :data:`STALL_TIMEOUT`), refusing or unreachable loses its own messages,
   counted, and nobody else's; after a failure it drops what comes for
   :data:`RETRY_AFTER` seconds, then tries again. A target idle for
-  :data:`TARGET_IDLE` seconds closes.
+  :data:`TARGET_IDLE` seconds closes; when all :data:`MAX_TARGETS` are taken,
+  the least recently used one with nothing queued makes room.
 * **UIM_ROUTED streams the peer opens** (:meth:`UimRelay.open_far`):
   refused at once when :meth:`UimPath.open_stream` says so, else accepted;
   their bytes are framed and each message decided like a listener's.
@@ -33,7 +34,7 @@ connection silent for :data:`IDLE_TIMEOUT`; targets (:data:`MAX_TARGETS`).
 from __future__ import annotations
 
 import socket
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 import trio
@@ -64,12 +65,13 @@ TARGET_IDLE = 30.0  # seconds without a message before a target closes
 LISTEN_BACKLOG = 64
 WRITE_BATCH = 256 << 10  # bytes of queued messages written at once
 DECIDE_BATCH = 1024  # messages decided before the other tasks run
+EVICT_SCAN = 64  # least recently used destinations looked at for one to close when all are taken
 
 
 class _Target:
     """One destination's queue (either kind)."""
 
-    __slots__ = ("key", "queue", "held", "wake", "down_until", "last_used", "scope")
+    __slots__ = ("key", "queue", "held", "wake", "down_until", "last_used", "scope", "busy")
 
     def __init__(self, key: tuple, now: float) -> None:
         self.key = key
@@ -79,6 +81,7 @@ class _Target:
         self.down_until = float("-inf")
         self.last_used = now
         self.scope = trio.CancelScope()
+        self.busy = False  # writing messages taken from the queue
 
 
 class UimRelay:
@@ -100,7 +103,7 @@ class UimRelay:
         self.nursery: trio.Nursery | None = None  # the router's: targets and far streams
         self.connections = 0  # senders' connections open on all listeners
         self.queued = 0  # bytes queued for all targets
-        self._targets: dict[tuple, _Target] = {}
+        self._targets: OrderedDict[tuple, _Target] = OrderedDict()  # least recently used first
 
     @property
     def target_count(self) -> int:
@@ -220,11 +223,13 @@ class UimRelay:
         now = trio.current_time()
         t = self._targets.get(key)
         if t is None:
-            if len(self._targets) >= MAX_TARGETS or self.nursery is None:
+            if self.nursery is None or (len(self._targets) >= MAX_TARGETS and not self._evict()):
                 self.counters["uim_targets_full"] += 1
                 return
             t = self._targets[key] = _Target(key, now)
             self.nursery.start_soon(self._target, t)
+        else:
+            self._targets.move_to_end(key)
         t.last_used = now
         size = len(action.message)
         if now < t.down_until:
@@ -240,6 +245,19 @@ class UimRelay:
         t.held += size
         self.queued += size
         t.wake.set()
+
+    def _evict(self) -> bool:
+        """Make room for a new destination: close the least recently used one with
+        nothing queued (among the EVICT_SCAN oldest); False if there is none."""
+        for k, (key, t) in enumerate(self._targets.items()):
+            if k >= EVICT_SCAN:
+                break
+            if not t.queue and not t.busy:
+                del self._targets[key]
+                t.scope.cancel()
+                self.counters["uim_targets_evicted"] += 1
+                return True
+        return False
 
     def _drop_queue(self, t: _Target, counter: str) -> None:
         n = len(t.queue)
@@ -315,12 +333,14 @@ class UimRelay:
                         watchers.start_soon(_watch, conn, gone)
                     data, n = self._batch(t)
                     ok = False
+                    t.busy = True
                     with trio.move_on_after(STALL_TIMEOUT):
                         try:
                             await conn.send_all(data)
                             ok = True
                         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                             pass
+                    t.busy = False
                     if ok:
                         self.counters["uim_delivered"] += n
                         continue
@@ -376,7 +396,10 @@ class UimRelay:
                                                               f"{st.refused or 'no answer'}")
                         continue
                 data, n = self._batch(t)
-                if not await self._send(link, st, data):
+                t.busy = True
+                sent = await self._send(link, st, data)
+                t.busy = False
+                if not sent:
                     self.counters["uim_forward_failed"] += n
                     self._failed(t, "uim_forward_failed", f"{router}: stream stalled or closed")
                     continue
