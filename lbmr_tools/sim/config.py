@@ -384,7 +384,7 @@ def build_contexts(cfg: SimConfig, addrs: Sequence[Addr], start: float,
     daemons = daemon_list(cfg)
     ctxs = [Context(daemons, multicast=cfg.multicast, timing=cfg.timing, start=start,
                     src_id=rng.randbytes(8), rng=rng, index=i, local_ip=addrs[i][0],
-                    max_datagram=cfg.max_datagram,
+                    max_datagram=cfg.max_datagram, late_join=cfg.transport == "tcp" and cfg.retention > 0,
                     request_port=REQUEST_PORT_BASE + i if request_ports is None else request_ports[i])
             for i in range(cfg.contexts)]
     topics = topic_names(cfg)
