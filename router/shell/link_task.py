@@ -99,14 +99,18 @@ class LinkTask:
     ``wake``: where its frames go; ``relays``: endpoint name -> that endpoint's
     :class:`router.relays.endpoint_relay.Relay` on this link; ``counters`` and ``event(kind,
     detail)``: the link's counters and event log; ``pair``: this side of an
-    endpoint pair (None for a peer link)."""
+    endpoint pair (None for a peer link); ``uim``: the router's UIM data path
+    (:class:`router.relays.uim.UimRelay`), where the UIM_ROUTED streams the
+    peer opens go (None: they are refused as an unsupported kind)."""
 
     def __init__(self, spec: LinkSpec, peer: PeerConfig, identity: P.RouterIdentity, core: RouterCore,
-                 wake: Wake, relays: dict, counters, event, *, pair: PairLink | None = None) -> None:
+                 wake: Wake, relays: dict, counters, event, *, pair: PairLink | None = None,
+                 uim=None) -> None:
         self.spec, self.peer, self.identity = spec, peer, identity
         self.core, self.wake, self.relays = core, wake, relays
         self.counters, self.event = counters, event
         self.pair = pair
+        self.uim = uim
         self.tls = None if peer.tls is None else tls_context(peer.tls, server_side=(peer.role == "acceptor"))
         self.link: Link | PairLink | None = None
         self._handshakes: dict[trio.CancelScope, Link | None] = {}  # incoming links not yet connected
@@ -275,6 +279,10 @@ class LinkTask:
                 self.wake.set()
             elif isinstance(it, S.STREAM_FRAMES):
                 for sev in link.streams.receive(it):
+                    if isinstance(sev, S.StreamOpened) and sev.kind == P.StreamKind.UIM_ROUTED \
+                            and self.uim is not None:
+                        self.uim.open_far(link, sev, core.routing.peer_of(self.spec.name))
+                        continue
                     self._relay_for(sev).stream_event(link, sev)
                 link.flush_streams()
         return False

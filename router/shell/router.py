@@ -47,8 +47,10 @@ from ..core.router_core import (
     StopProxy,
 )
 from ..core.routing import Routing
+from ..core.uim import UimPath
 from ..relays.endpoint_relay import PortPool, Relay
 from ..relays.interface import RelaySettings
+from ..relays.uim import UimRelay
 from .link_task import LinkTask
 from .monitor import monitor_access, router_page, sessions_page
 from .pair_link import PairLink, pair_links
@@ -56,9 +58,12 @@ from .portal_task import IO_BATCH, PortalTask, new_portal
 from .relay_site import RelaySite
 from .wake import Wake
 
-__all__ = ["MultiRouter", "Unit", "serve_signals", "proxy_bound"]
+__all__ = ["MultiRouter", "Unit", "serve_signals", "proxy_bound", "PEER_CAPABILITIES"]
 
 log = logging.getLogger("lbmr-router")
+
+#: what a peer link announces (and ROUTING): every stream kind this router's data plane relays
+PEER_CAPABILITIES = P.DEFAULT_CAPABILITIES | P.Capability.UIM_ROUTING
 
 ADVERTISE_CHUNK = 500  # topics of one session advertised at its new proxy before the loop runs again
 
@@ -180,6 +185,9 @@ class MultiRouter:
         self._nursery: trio.Nursery | None = None
         self._advertising: set[tuple[str, str, int]] = set()  # (link, endpoint, proxy id): topics to go
         self.started: float | None = None  # when run() began (trio's clock, seconds)
+        self.uim: UimRelay | None = None  # unicast immediate messages by domain (router.relays.uim)
+        self.uim_events = EventRing(1000)
+        self.uim_listeners: dict[str, tuple[str, int]] = {}  # endpoint -> its request listener's address
         self._plan()
 
     def _plan(self) -> None:
@@ -226,23 +234,28 @@ class MultiRouter:
             domains = tuple(e.domain_id for e in s.endpoints)
             for unit in self.links:
                 unit.core = core
+            self.uim = self._build_uim(nursery)
             self._units = {(u.link_id, u.endpoint.name): u for u in self.links}
             for spec, peer, pair in self._specs:
                 units = {u.endpoint.name: u for u in self.links if u.link_id == spec.id}
                 first = units[spec.endpoints[0]]
-                caps = P.DEFAULT_CAPABILITIES | (P.Capability.ROUTING if spec.routed else 0)
+                caps = (PEER_CAPABILITIES | P.Capability.ROUTING) if spec.routed else P.DEFAULT_CAPABILITIES
                 identity = P.RouterIdentity(s.name if spec.routed else first.name,
                                             domains if spec.routed else (first.endpoint.domain_id,),
                                             capabilities=int(caps))
                 relays = {}
                 task = LinkTask(spec, peer, identity, core, self.wake, relays, first.counters, first.event,
-                                pair=pair)
+                                pair=pair, uim=self.uim if spec.routed else None)
                 for name, u in units.items():
                     u.task = task
                     u.relay = relays[name] = self._relay(u, task)
                 self._tasks[spec.id] = task
             for portal in self.portals.values():
                 await nursery.start(portal.run, core, self.wake)
+            for e in s.endpoints:
+                if e.request_address is not None:
+                    self.uim_listeners[e.name] = await nursery.start(self.uim.serve_listener, e.name,
+                                                                     e.request_address)
             nursery.start_soon(self._core_loop)
             reports = []
             for spec, _, _ in self._specs:
@@ -263,6 +276,20 @@ class MultiRouter:
                                                 "peer": None}
             task_status.started({"tr": first["tr"], "peer": first["peer"], "links": reports,
                                  "metrics": metrics_addr})
+
+    def _build_uim(self, nursery: trio.Nursery) -> UimRelay:
+        """The UIM data path: delivery in each endpoint's TRD from its request
+        address, forwarding on the peer links (their tasks are added as made)."""
+        served = {e.name: (e.domain_id, self.relay_settings[e.name].request_ip) for e in self.config.endpoints}
+        path = UimPath(served, self.routing, max_hop_count=self.config.route_info.max_hop_count)
+        uim = UimRelay(path, {name: ip for name, (_, ip) in served.items()}, self._tasks, self.routing,
+                       self._uim_event)
+        uim.nursery = nursery
+        return uim
+
+    def _uim_event(self, kind: str, detail: str) -> None:
+        self.uim_events.add(trio.current_time(), kind, detail)
+        log.info("%s %s", kind, detail)
 
     def _relay(self, unit: Unit, task: LinkTask) -> Relay:
         e = unit.endpoint
@@ -394,7 +421,16 @@ class MultiRouter:
             routing["transit"] = self.core.transit.status()
         routing["counters"] = dict(self.core.routing_counters) if self.core is not None else {}
         return {**first, "name": self.config.name, "portals": self.portal_summary(), "acl": self.acl_status(),
-                "topology": routing, "links": [r.status() for r in self.links]}
+                "topology": routing, "links": [r.status() for r in self.links], "uim": self.uim_status()}
+
+    def uim_status(self) -> dict:
+        """The UIM data path: its listeners, counters, targets and events."""
+        u = self.uim
+        if u is None:
+            return {}
+        return {"listeners": {name: f"{ip}:{port}" for name, (ip, port) in self.uim_listeners.items()},
+                "connections": u.connections, "targets": u.target_count, "queued_bytes": u.queued,
+                "counters": dict(u.counters), "events": self.uim_events.dump(trio.current_time())}
 
     def prometheus_text(self) -> str:
         p = PrometheusText()
@@ -421,6 +457,9 @@ class MultiRouter:
         p.by_label("lbmr_router_portal_acl_rejected_total", "counter", "portal",
                    {name: v["rejected"] for name, v in self.acl_status().items()},
                    "Interest, sources and advertisements refused by each portal's ACL.")
+        if self.uim is not None:
+            p.by_label("lbmr_router_uim_total", "counter", "what", self.uim.counters,
+                       "Unicast immediate messages by domain: taken, passed on, dropped, by kind.")
         p.metric("lbmr_router_proxies", "gauge", sum(x["proxies"] for x in summary))
         p.metric("lbmr_router_adverts", "gauge", sum(x["adverts"] for x in summary))
         p.metric("lbmr_router_streams", "gauge", sum(len(r.link.state) for r in self.links if r.link))

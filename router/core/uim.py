@@ -1,0 +1,221 @@
+"""Unicast immediate messages routed by domain, sans-IO: what the router does
+with each UIM it takes (``lbmr-router(8)``, "Unicast immediate messages by
+domain").
+
+A UIM comes in either at an endpoint's request listener (``<request-tcp>``,
+the address its remote domain route records name: an application in that
+TRD sends ``TCP:domain:ip:port`` there) or on a UIM_ROUTED stream of a peer
+link (capability UIM_ROUTING). :meth:`UimPath.message` looks at one whole
+LBMC message and returns one typed decision:
+
+* :class:`DeliverMessage`: this router serves the destination domain: write
+  ``message`` to the destination (``ip``:``port``) in the TRD of endpoint
+  ``endpoint``;
+* :class:`ForwardMessage`: pass ``message`` on to router ``next_router``, on
+  a UIM_ROUTED stream of ``hops`` (the peer links crossed before that one);
+* :class:`DropMessage`: drop it, for ``reason`` (a :class:`UimDrop`; the
+  I/O counts it under ``reason.counter``).
+
+A message passed on (delivered or forwarded) is the one that came in with
+``hops_taken`` of its DESTINATION header one higher (the only byte that
+changes); the sender's (orig) domain, address and port stay, so the
+destination can answer by domain. A message without a DESTINATION header is
+dropped (:data:`UimDrop.NO_DESTINATION`): one more decision for it fits in
+:meth:`UimPath.message`, the one dispatch.
+
+Loops cannot happen: a stream never goes back to the router it came from,
+crosses at most ``max_hop_count`` peer links
+(:func:`router.core.requests.route_uim`), and ``hops_taken`` above
+:data:`MAX_HOPS_TAKEN` is dropped. Decisions are cached per destination
+until the routes change (:attr:`router.core.routing.Routing.version`),
+at most :data:`MAX_CACHED` of them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from enum import Enum
+
+from lbmr_proto import lbmc
+
+from .requests import (
+    DeliverUim,
+    Destination,
+    ForwardUim,
+    RefuseUim,
+    UimDecision,
+    UimRefusal,
+    destination_of,
+    route_uim,
+    with_hops_taken,
+)
+from .routing import Routing
+
+__all__ = ["UimPath", "UimDrop", "DeliverMessage", "ForwardMessage", "DropMessage", "UimAction",
+           "StreamTarget", "MAX_HOPS_TAKEN", "MAX_CACHED"]
+
+#: routers a UIM may have crossed (``hops_taken``); beyond, it is dropped (the DRO's
+#: hard drop at 255 hops)
+MAX_HOPS_TAKEN = 255
+#: decisions cached per (domain, ip, where it came from, hops)
+MAX_CACHED = 4096
+
+
+class UimDrop(Enum):
+    """Why a UIM is dropped; ``counter`` is what the router counts it under."""
+
+    MALFORMED = "uim_malformed"
+    NO_DESTINATION = "uim_no_destination"
+    UNREACHABLE = "uim_unreachable"
+    BACK = "uim_refused_back"
+    HOP_LIMIT = "uim_hop_limit"
+    NOT_DELIVERABLE = "uim_not_deliverable"
+    STREAM_MISMATCH = "uim_stream_mismatch"
+
+    @property
+    def counter(self) -> str:
+        return self.value
+
+
+_REFUSAL_DROP = {UimRefusal.UNREACHABLE: UimDrop.UNREACHABLE, UimRefusal.BACK: UimDrop.BACK,
+                 UimRefusal.HOP_LIMIT: UimDrop.HOP_LIMIT, UimRefusal.NOT_DELIVERABLE: UimDrop.NOT_DELIVERABLE}
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverMessage:
+    """Write ``message`` to ``ip``:``port`` in the TRD of endpoint ``endpoint``."""
+
+    endpoint: str
+    ip: str
+    port: int
+    message: bytes
+    destination: Destination
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardMessage:
+    """Send ``message`` to router ``next_router`` on a UIM_ROUTED stream for
+    ``domain_id``, ``ip``:``port`` of ``hops`` (peer links crossed before)."""
+
+    next_router: str
+    hops: int
+    domain_id: int
+    ip: str
+    port: int
+    message: bytes
+    destination: Destination
+
+
+@dataclass(frozen=True, slots=True)
+class DropMessage:
+    """Drop the message (count ``reason.counter``); ``detail`` for the log."""
+
+    reason: UimDrop
+    detail: str = ""
+
+
+UimAction = DeliverMessage | ForwardMessage | DropMessage
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTarget:
+    """Where a UIM_ROUTED stream the peer opened goes: its destination
+    (``domain_id``, ``ip``, ``port``), its ``hops`` and the router it came
+    from (``came_from``)."""
+
+    domain_id: int
+    ip: str
+    port: int
+    hops: int
+    came_from: str | None
+
+
+class UimPath:
+    """The UIM decisions of one router. ``served``: endpoint name -> (domain id,
+    the endpoint's interface address: where a destination may be delivered,
+    :func:`router.core.requests.deliverable_address`); ``routing``: the
+    router's route info (its map's next hop to each domain; None: this router
+    has no peers that route); ``max_hop_count``: the most peer links a UIM
+    crosses (``<route-info max-hop-count>``). ``counters``: what is counted
+    (``uim_in``, ``uim_delivered``/``uim_forwarded`` decisions, and the drops
+    by :class:`UimDrop`)."""
+
+    def __init__(self, served: dict[str, tuple[int, str]], routing: Routing | None, *,
+                 max_hop_count: int = 100, counters: Counter[str] | None = None) -> None:
+        self.by_domain = {dom: (name, ip) for name, (dom, ip) in served.items()}
+        self.routing = routing
+        self.max_hop_count = max_hop_count
+        self.counters: Counter[str] = counters if counters is not None else Counter()
+        self._cache: dict[tuple, UimDecision] = {}
+        self._version = -1
+
+    # ------------------------------------------------------------ decisions
+
+    def route(self, domain_id: int, ip: str, *, hops: int | None = None,
+              came_from: str | None = None) -> UimDecision:
+        """Where a UIM for ``domain_id`` (destination address ``ip``) goes from
+        here (:func:`router.core.requests.route_uim`): ``hops`` and ``came_from``
+        of the UIM_ROUTED stream it came on, None for one that entered here."""
+        version = self.routing.version if self.routing is not None else 0
+        if version != self._version or len(self._cache) >= MAX_CACHED:
+            self._cache.clear()
+            self._version = version
+        key = (domain_id, ip, hops, came_from)
+        got = self._cache.get(key)
+        if got is None:
+            name_ip = self.by_domain.get(domain_id)
+            next_router = None
+            if name_ip is None and self.routing is not None:
+                r = self.routing.map.route(domain_id)
+                next_router = r.next_hop if r is not None else None
+            got = self._cache[key] = route_uim(
+                domain_id, ip, hops=hops, came_from=came_from,
+                served=(domain_id,) if name_ip is not None else (),
+                next_router=next_router, endpoint_ip=name_ip[1] if name_ip else "0.0.0.0",
+                max_hop_count=self.max_hop_count)
+        return got
+
+    def open_stream(self, target: StreamTarget) -> DropMessage | None:
+        """A UIM_ROUTED stream the peer opened for ``target``: None to accept it, a
+        :class:`DropMessage` to refuse it (its reason is the STREAM_REFUSE's)."""
+        got = self.route(target.domain_id, target.ip, hops=target.hops, came_from=target.came_from)
+        if isinstance(got, RefuseUim):
+            self.counters["uim_streams_refused"] += 1
+            return DropMessage(_REFUSAL_DROP[got.reason], got.reason.value)
+        self.counters["uim_streams_accepted"] += 1
+        return None
+
+    def message(self, message: bytes | memoryview, stream: StreamTarget | None = None) -> UimAction:
+        """The one decision for one whole LBMC ``message``: taken at an endpoint's
+        request listener (``stream`` None) or on a UIM_ROUTED stream the peer
+        opened for ``stream`` (its messages must be for that destination)."""
+        self.counters["uim_in"] += 1
+        try:
+            dest = destination_of(message)
+        except lbmc.LbmcDecodeError as e:
+            return self._drop(UimDrop.MALFORMED, str(e))
+        if dest is None:
+            return self._drop(UimDrop.NO_DESTINATION)
+        if stream is not None and (dest.domain_id, dest.ip, dest.port) != (stream.domain_id, stream.ip, stream.port):
+            return self._drop(UimDrop.STREAM_MISMATCH, f"{dest.domain_id}:{dest.ip}:{dest.port} on a stream for "
+                                                       f"{stream.domain_id}:{stream.ip}:{stream.port}")
+        if dest.hops_taken >= MAX_HOPS_TAKEN:
+            return self._drop(UimDrop.HOP_LIMIT, f"hops_taken {dest.hops_taken}")
+        if dest.port == 0 or dest.domain_id == 0:
+            return self._drop(UimDrop.NOT_DELIVERABLE, f"domain {dest.domain_id} port {dest.port}")
+        got = self.route(dest.domain_id, dest.ip, hops=None if stream is None else stream.hops,
+                         came_from=None if stream is None else stream.came_from)
+        if isinstance(got, RefuseUim):
+            return self._drop(_REFUSAL_DROP[got.reason], f"domain {dest.domain_id}: {got.reason.value}")
+        out = with_hops_taken(bytes(message), dest.hops_taken + 1)
+        if isinstance(got, DeliverUim):
+            self.counters["uim_to_deliver"] += 1
+            return DeliverMessage(self.by_domain[dest.domain_id][0], dest.ip, dest.port, out, dest)
+        assert isinstance(got, ForwardUim)
+        self.counters["uim_to_forward"] += 1
+        return ForwardMessage(got.next_router, got.hops, dest.domain_id, dest.ip, dest.port, out, dest)
+
+    def _drop(self, reason: UimDrop, detail: str = "") -> DropMessage:
+        self.counters[reason.counter] += 1
+        return DropMessage(reason, detail)

@@ -1,0 +1,186 @@
+"""Hostile UIM traffic at a router's request listener, on loopback (the pair of
+test_uim_routing): a flood, an endless message, an unknown domain, a stalled
+destination, too many connections, an older peer without UIM_ROUTING. Each is
+bounded and counted, and UIMs to a good destination still arrive."""
+
+from __future__ import annotations
+
+import trio
+
+from lbmr_proto import lbmc
+from router import peerlink as P
+from router.config.model import RequestListener, acceptor_peer, initiator_peer, lbmrd_endpoint
+from router.relays import uim as U
+from router.shell import router as R
+from router.shell.single import Router
+from tests.router.helpers import start_lbmrd
+from tests.router.system.test_uim_routing import PORT, pair, routed
+from tests.router.system.uim_apps import UimInbox, send_uims, uim, with_hops
+
+LISTENER = ("127.0.1.1", PORT)
+
+
+async def good_uims_arrive(app1, app2, count=10, seq=1000):
+    sent = [uim(seq + i, (2, *app2.address), (1, *app1.address)) for i in range(count)]
+    before = len(app2.messages)
+    await send_uims(LISTENER, sent, bind_ip="127.0.1.9")
+    got = await app2.wait_for(before + count)
+    assert got[before:before + count] == [with_hops(m, 2) for m in sent]
+
+
+async def apps(n):
+    app1, app2 = UimInbox("127.0.1.9"), UimInbox("127.0.2.9")
+    await n.start(app1.serve)
+    await n.start(app2.serve)
+    return app1, app2
+
+
+async def test_a_flood_to_unknown_and_refusing_destinations_is_counted_and_others_still_arrive():
+    async with trio.open_nursery() as n:
+        ra, rb = await pair(n)
+        app1, app2 = await apps(n)
+        unknown = [uim(i, (77, "127.0.2.9", 1000 + i % 7), (1, *app1.address)) for i in range(5000)]
+        nobody = [uim(i, (2, "127.0.2.9", 9), (1, *app1.address)) for i in range(5000)]  # port 9: refused
+        bare = [lbmc.data_message(0, i, b"x" * 20) for i in range(5000)]
+        flood = b"".join(unknown + nobody + bare)
+
+        async def flooder():
+            stream = await trio.open_tcp_stream(*LISTENER)
+            async with stream:
+                for _ in range(4):
+                    await stream.send_all(flood)
+        async with trio.open_nursery() as fn:
+            for _ in range(3):
+                fn.start_soon(flooder)
+            await good_uims_arrive(app1, app2)
+        c = ra.uim.counters
+        with trio.fail_after(10):  # every one of them decided, once
+            while c["uim_in"] < 3 * 4 * 15000 + 10:
+                await trio.sleep(0.05)
+        assert c["uim_unreachable"] == 3 * 4 * 5000
+        assert c["uim_no_destination"] == 3 * 4 * 5000
+        with trio.fail_after(10):
+            while rb.uim.counters["uim_deliver_unreachable"] + rb.uim.counters["uim_target_down"] \
+                    + rb.uim.counters["uim_delivered"] < 3 * 4 * 5000 + 10:
+                await trio.sleep(0.05)
+        assert rb.uim.counters["uim_delivered"] == 10
+        assert ra.uim.queued == 0 or ra.uim.queued <= U.QUEUED_TOTAL
+        n.cancel_scope.cancel()
+
+
+async def test_an_endless_message_and_a_silent_connection_are_closed_and_counted(monkeypatch):
+    monkeypatch.setattr(U, "MESSAGE_TIMEOUT", 0.5)
+    monkeypatch.setattr(U, "IDLE_TIMEOUT", 1.0)
+    async with trio.open_nursery() as n:
+        ra, _ = await pair(n)
+        app1, app2 = await apps(n)
+        endless = await trio.open_tcp_stream(*LISTENER)
+        head = uim(1, (2, *app2.address), (1, *app1.address), size=60000)
+        await endless.send_all(head[:100])  # a message of ~60 kB that never completes
+        silent = await trio.open_tcp_stream(*LISTENER)
+
+        async def trickle():  # a byte at a time: still never completes in time
+            for b in head[100:200]:
+                try:
+                    await endless.send_all(bytes([b]))
+                except trio.BrokenResourceError:
+                    return
+                await trio.sleep(0.05)
+        n.start_soon(trickle)
+        await good_uims_arrive(app1, app2)
+        with trio.fail_after(5):
+            assert await endless.receive_some(10) == b""  # the router closed it
+            assert await silent.receive_some(10) == b""
+        c = ra.uim.counters
+        assert c["uim_message_timeout"] == 1 and c["uim_connections_idle"] >= 1
+        with trio.fail_after(5):
+            while ra.uim.connections:  # (the good sender's ends as it closes)
+                await trio.sleep(0.05)
+        n.cancel_scope.cancel()
+
+
+async def test_garbage_closes_the_connection_and_is_counted():
+    async with trio.open_nursery() as n:
+        ra, _ = await pair(n)
+        app1, app2 = await apps(n)
+        bad = await trio.open_tcp_stream(*LISTENER)
+        await bad.send_all(b"GET / HTTP/1.1\r\n\r\n")
+        with trio.fail_after(5):
+            assert await bad.receive_some(10) == b""
+        assert ra.uim.counters["uim_malformed"] == 1
+        await good_uims_arrive(app1, app2)
+        n.cancel_scope.cancel()
+
+
+async def test_connections_beyond_the_bound_are_refused_and_counted(monkeypatch):
+    monkeypatch.setattr(U, "MAX_CONNECTIONS", 3)
+    async with trio.open_nursery() as n:
+        ra, _ = await pair(n)
+        app1, app2 = await apps(n)
+        held = [await trio.open_tcp_stream(*LISTENER) for _ in range(3)]
+        await trio.sleep(0.2)
+        extra = await trio.open_tcp_stream(*LISTENER)
+        with trio.fail_after(5):
+            assert await extra.receive_some(10) == b""
+        assert ra.uim.counters["uim_connections_refused"] >= 1
+        for s in held:
+            await s.aclose()
+        await trio.sleep(0.2)
+        await good_uims_arrive(app1, app2)
+        n.cancel_scope.cancel()
+
+
+async def test_a_stalled_destination_loses_only_its_own_messages(monkeypatch):
+    monkeypatch.setattr(U, "STALL_TIMEOUT", 1.0)
+    async with trio.open_nursery() as n:
+        ra, rb = await pair(n)
+        app1, app2 = await apps(n)
+        stalled_listener = (await trio.open_tcp_listeners(0, host="127.0.2.8"))[0]
+        stalled = stalled_listener.socket.getsockname()[:2]
+        conns = []
+
+        async def never_read():
+            while True:
+                conns.append(await stalled_listener.accept())  # accepted, never read
+        n.start_soon(never_read)
+        big = [uim(i, (2, *stalled), (1, *app1.address), size=60000) for i in range(200)]  # 12 MB
+        n.start_soon(send_uims, LISTENER, big, "127.0.1.9")
+        await trio.sleep(0.5)
+        await good_uims_arrive(app1, app2)
+        c = rb.uim.counters
+        with trio.fail_after(10):
+            while c["uim_delivered"] + c["uim_deliver_failed"] + c["uim_target_queue_full"] \
+                    + c["uim_target_down"] + c["uim_deliver_unreachable"] < 200 + 10:
+                await trio.sleep(0.1)
+        assert c["uim_deliver_failed"] + c["uim_target_queue_full"] + c["uim_target_down"] > 0
+        assert len(conns) >= 1
+        await good_uims_arrive(app1, app2, seq=2000)  # and still after the stall
+        n.cancel_scope.cancel()
+
+
+async def test_a_peer_without_uim_routing_gets_no_streams_and_it_is_counted(monkeypatch):
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        listener = RequestListener(port=PORT)
+        monkeypatch.setattr(R, "PEER_CAPABILITIES", P.DEFAULT_CAPABILITIES)  # router B: an older version
+        rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1", fanout=False,
+                                              request_listener=listener),
+                    acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
+        b_addr = await n.start(rb.run)
+        monkeypatch.undo()
+        ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [trd1], interface="127.0.1.1", fanout=False,
+                                              request_listener=listener),
+                    initiator_peer("A-to-B", "127.0.0.1", b_addr["peer"][1], reconnect_interval_ms=1000))
+        await n.start(ra.run)
+        await routed(ra, rb)
+        assert not ra.link.capabilities & P.Capability.UIM_ROUTING
+        app1, app2 = await apps(n)
+        await send_uims(LISTENER, [uim(i, (2, *app2.address), (1, *app1.address)) for i in range(10)],
+                        bind_ip="127.0.1.9")
+        with trio.fail_after(5):
+            while ra.uim.counters["uim_forward_peer_unable"] + ra.uim.counters["uim_target_down"] < 10:
+                await trio.sleep(0.05)
+        assert ra.uim.counters["uim_streams_opened"] == 0 and app2.messages == []
+        assert ra.link.connected  # the link stays up
+        n.cancel_scope.cancel()
