@@ -13,6 +13,12 @@ LBMC message and returns one typed decision:
   ``endpoint``;
 * :class:`ForwardMessage`: pass ``message`` on to router ``next_router``, on
   a UIM_ROUTED stream of ``hops`` (the peer links crossed before that one);
+* :class:`RecoverMessage`: a late-join or retransmission request (LJI_REQ,
+  UME_RXREQ; no DESTINATION) that came to an endpoint's listener for a proxy
+  of ours (its transport index names the proxy,
+  :func:`router.core.recovery.proxy_transport_index`): carry it on a RECOVERY
+  stream on the link the proxy's advertisement came from, for the receiver's
+  address it names (:mod:`router.core.recovery`);
 * :class:`DropMessage`: drop it, for ``reason`` (a :class:`UimDrop`; the
   I/O counts it under ``reason.counter``).
 
@@ -39,6 +45,7 @@ from enum import Enum
 
 from lbmr_proto import lbmc
 
+from .recovery import recovery_request
 from .requests import (
     DeliverUim,
     Destination,
@@ -46,13 +53,14 @@ from .requests import (
     RefuseUim,
     UimDecision,
     UimRefusal,
+    deliverable_address,
     destination_of,
     route_uim,
     with_hops_taken,
 )
 from .routing import Routing
 
-__all__ = ["UimPath", "UimDrop", "DeliverMessage", "ForwardMessage", "DropMessage", "UimAction",
+__all__ = ["UimPath", "UimDrop", "DeliverMessage", "ForwardMessage", "RecoverMessage", "DropMessage", "UimAction",
            "StreamTarget", "MAX_HOPS_TAKEN", "MAX_CACHED"]
 
 #: routers a UIM may have crossed (``hops_taken``); beyond, it is dropped (the DRO's
@@ -72,6 +80,8 @@ class UimDrop(Enum):
     HOP_LIMIT = "uim_hop_limit"
     NOT_DELIVERABLE = "uim_not_deliverable"
     STREAM_MISMATCH = "uim_stream_mismatch"
+    RECOVERY_UNKNOWN = "recovery_unknown_proxy"  # a request naming no proxy of the endpoint
+    RECOVERY_REQUESTER = "recovery_requester_not_deliverable"  # the answer address is not one to connect to
 
     @property
     def counter(self) -> str:
@@ -108,6 +118,21 @@ class ForwardMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class RecoverMessage:
+    """Send ``message`` (a late-join or retransmission request, unchanged) on the
+    RECOVERY stream on link ``link`` for the peer's advertisement ``advert_id`` and
+    the receiver at ``requester_ip``:``requester_port`` (where the answers go, in the
+    TRD of endpoint ``endpoint``)."""
+
+    endpoint: str
+    link: str
+    advert_id: int
+    requester_ip: str
+    requester_port: int
+    message: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class DropMessage:
     """Drop the message (count ``reason.counter``); ``detail`` for the log."""
 
@@ -115,7 +140,7 @@ class DropMessage:
     detail: str = ""
 
 
-UimAction = DeliverMessage | ForwardMessage | DropMessage
+UimAction = DeliverMessage | ForwardMessage | RecoverMessage | DropMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,12 +162,15 @@ class UimPath:
     :func:`router.core.requests.deliverable_address`); ``routing``: the
     router's route info (its map's next hop to each domain; None: this router
     has no peers that route); ``max_hop_count``: the most peer links a UIM
-    crosses (``<route-info max-hop-count>``). ``counters``: what is counted
-    (``uim_in``, ``uim_delivered``/``uim_forwarded`` decisions, and the drops
-    by :class:`UimDrop`)."""
+    crosses (``<route-info max-hop-count>``); ``proxies``: the router's proxies
+    (:meth:`router.core.router_core.RouterCore.proxied`; None: no late join or OTR
+    request is taken). ``counters``: what is counted
+    (``uim_in``, ``uim_delivered``/``uim_forwarded``/``recovery_requests`` decisions, and
+    the drops by :class:`UimDrop`)."""
 
     def __init__(self, served: dict[str, tuple[int, str]], routing: Routing | None, *,
-                 max_hop_count: int = 100, counters: Counter[str] | None = None) -> None:
+                 max_hop_count: int = 100, counters: Counter[str] | None = None, proxies=None) -> None:
+        self.proxies = proxies
         self.by_domain = {dom: (name, ip) for name, (dom, ip) in served.items()}
         self.routing = routing
         self.max_hop_count = max_hop_count
@@ -186,15 +214,19 @@ class UimPath:
         self.counters["uim_streams_accepted"] += 1
         return None
 
-    def message(self, message: bytes | memoryview, stream: StreamTarget | None = None) -> UimAction:
-        """The one decision for one whole LBMC ``message``: taken at an endpoint's
-        request listener (``stream`` None) or on a UIM_ROUTED stream the peer
-        opened for ``stream`` (its messages must be for that destination)."""
+    def message(self, message: bytes | memoryview, stream: StreamTarget | None = None,
+                endpoint: str | None = None) -> UimAction:
+        """The one decision for one whole LBMC ``message``: taken at endpoint
+        ``endpoint``'s request listener (``stream`` None) or on a UIM_ROUTED stream
+        the peer opened for ``stream`` (its messages must be for that destination)."""
         self.counters["uim_in"] += 1
         try:
             dest = destination_of(message)
+            recovery = recovery_request(message) if dest is None and stream is None else None
         except lbmc.LbmcDecodeError as e:
             return self._drop(UimDrop.MALFORMED, str(e))
+        if recovery is not None and endpoint is not None and self.proxies is not None:
+            return self._recover(message, recovery, endpoint)
         if dest is None:
             return self._drop(UimDrop.NO_DESTINATION)
         if stream is not None and (dest.domain_id, dest.ip, dest.port) != (stream.domain_id, stream.ip, stream.port):
@@ -215,6 +247,19 @@ class UimPath:
         assert isinstance(got, ForwardUim)
         self.counters["uim_to_forward"] += 1
         return ForwardMessage(got.next_router, got.hops, dest.domain_id, dest.ip, dest.port, out, dest)
+
+    def _recover(self, message, req, endpoint: str) -> RecoverMessage | DropMessage:
+        """A late-join or OTR request at ``endpoint``'s listener: to the proxy its
+        transport index names, if the answer address is one to connect to."""
+        got = self.proxies.proxied(endpoint, req.transport_idx)
+        if got is None:
+            return self._drop(UimDrop.RECOVERY_UNKNOWN, f"{req.header.name} transport index {req.transport_idx}")
+        name_ip = next((ip for dom, (name, ip) in self.by_domain.items() if name == endpoint), "0.0.0.0")
+        if not req.port or not deliverable_address(req.ip, name_ip):
+            return self._drop(UimDrop.RECOVERY_REQUESTER, f"{req.header.name} answer address {req.ip}:{req.port}")
+        self.counters["recovery_requests"] += 1
+        link, f = got
+        return RecoverMessage(endpoint, link, f.advert_id, req.ip, req.port, bytes(message))
 
     def _drop(self, reason: UimDrop, detail: str = "") -> DropMessage:
         self.counters[reason.counter] += 1

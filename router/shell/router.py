@@ -63,7 +63,7 @@ __all__ = ["MultiRouter", "Unit", "serve_signals", "proxy_bound", "PEER_CAPABILI
 log = logging.getLogger("lbmr-router")
 
 #: what a peer link announces (and ROUTING): every stream kind this router's data plane relays
-PEER_CAPABILITIES = P.DEFAULT_CAPABILITIES | P.Capability.UIM_ROUTING
+PEER_CAPABILITIES = P.DEFAULT_CAPABILITIES | P.Capability.UIM_ROUTING | P.Capability.RECOVERY
 
 ADVERTISE_CHUNK = 500  # topics of one session advertised at its new proxy before the loop runs again
 
@@ -281,7 +281,7 @@ class MultiRouter:
         """The UIM data path: delivery in each endpoint's TRD from its request
         address, forwarding on the peer links (their tasks are added as made)."""
         served = {e.name: (e.domain_id, self.relay_settings[e.name].request_ip) for e in self.config.endpoints}
-        path = UimPath(served, self.routing, max_hop_count=self.config.route_info.max_hop_count)
+        path = UimPath(served, self.routing, max_hop_count=self.config.route_info.max_hop_count, proxies=self.core)
         uim = UimRelay(path, {name: ip for name, (_, ip) in served.items()}, self._tasks, self.routing,
                        self._uim_event)
         uim.nursery = nursery
