@@ -36,6 +36,7 @@ from .dataplane import (
     MAX_PAYLOAD,
     RM_MIN_DATAGRAM,
     RU_MAX_DATAGRAM,
+    parse_uim_address,
 )
 from .netif import check_group, check_loopback
 from .report import exit_status, render
@@ -127,6 +128,15 @@ def _group_cb(ctx, param, value):
         raise click.BadParameter(str(e)) from None
 
 
+def _uim_cb(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return parse_uim_address(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 def _timing_cb(ctx, param, values):
     try:
         return parse_timing(values)
@@ -165,7 +175,8 @@ def config_from_params(params: dict) -> SimConfig:
         data_ignore_interval=params["data_ignore_interval"], data_nak_backoff=params["data_nak_backoff"],
         data_source_linger=params["data_source_linger"], lbtru_wire=params["lbtru_wire"],
         requests=params["requests"], request_interval=params["request_interval"],
-        retention=params["retention"], late_join=params["late_join"], otr=params["otr"])
+        retention=params["retention"], late_join=params["late_join"], otr=params["otr"],
+        uim=params["uim"], uim_count=params["uim_count"], request_ports=params["request_ports"])
     check_config(cfg)
     cfg.source_ip = source_ip_of(cfg)
     return cfg
@@ -283,6 +294,17 @@ def config_from_params(params: dict) -> SimConfig:
               help="Receivers ask for every message missing from the stream (UME_RXREQ naming their "
                    "request port; --data-drop-every N discards some on purpose) and take the "
                    "retransmissions.")
+@click.option("--uim", metavar="TCP:DOMAIN:IP:PORT", callback=_uim_cb,
+              help="Context 0 sends unicast immediate messages to the context at IP:PORT (its request "
+                   "port) in domain DOMAIN, as UM addresses them when DROs are in use: through the "
+                   "router request listener its TRD's remote domain route records name for DOMAIN, once "
+                   "it has heard one, each with a DESTINATION header (orig: its domain, address and "
+                   "request port). The run ends once they are sent.")
+@click.option("--uim-count", type=click.IntRange(1, MAX_REQUESTS), default=10, show_default=True, metavar="N",
+              help="How many UIMs --uim sends.")
+@click.option("--request-ports", is_flag=True,
+              help="Every context opens its request port (UM's request_tcp_port: 14391 + context index) "
+                   "and the report counts the UIMs by domain each one takes.")
 def main(as_json: bool, **params) -> None:
     """Simulate Ultra Messaging contexts' topic resolution on loopback,
     against one or more lbmrds (unicast) or on a multicast group, and report
@@ -298,6 +320,8 @@ def main(as_json: bool, **params) -> None:
       lbmr-sim --daemon 127.0.0.1:15380 --daemon 127.0.0.1:15381 --bind-base 127.0.1.1
       lbmr-sim --transport lbtrm --pcap sim.pcap --json
       lbmr-sim --data-bytes 3M --verify-data --requests 20 --retention 1000 --late-join --otr
+      lbmr-sim --daemon 127.0.1.1:15380 --bind 127.0.1.9 --topics 0 --receivers-per-context 0 \\
+          --uim TCP:2:127.0.2.9:14391
       ip netns exec NS lbmr-sim --multicast 224.9.10.11:12965 --bind-base 127.0.1.1
       ip netns exec NS lbmr-sim --multicast --transport lbtrm --data-datagrams 400 --verify-data \\
           --data-drop-every 20 --data-drop-copies 2 --data-ignore-interval 0.3 --data-nak-backoff 0.05

@@ -125,7 +125,18 @@ class SimConfig:
     every message missing from the stream; ``data_drop_every`` n discards
     some on purpose). With any of these every context opens its request
     port (UM's request_tcp_port: 14391 + context index, or a kernel-chosen
-    port when taken) and advertises it."""
+    port when taken) and advertises it.
+
+    Unicast immediate messages by domain: with ``uim`` (domain, ip, port),
+    UM's ``TCP:domain:ip:port``, context 0 sends ``uim_count`` UIMs there
+    once it has heard, in its TRD, a router's remote domain route record for
+    that domain (LBMR ext 6): to the router's request listener the record
+    names, each with a DESTINATION header (orig: the context's domain as the
+    routers' records say it, its address and request port).
+    ``request_ports`` opens every context's request port without requests:
+    a context that takes UIMs (counted in its port's report). With either,
+    contexts keep themselves known to their lbmrds even without sources or
+    receivers (UM's ``resolver_unicast_force_alive``), to hear the records."""
 
     daemons: list[Addr] = field(default_factory=list)
     contexts: int = 4
@@ -167,11 +178,21 @@ class SimConfig:
     retention: int = 0
     late_join: bool = False
     otr: bool = False
+    uim: tuple[int, str, int] | None = None
+    uim_count: int = 10
+    request_ports: bool = False
 
     @property
     def uses_uim(self) -> bool:
-        """Requests, late join or OTR: every context opens its request port."""
+        """Requests, late join or OTR (modelled on TCP sources' streams)."""
         return bool(self.requests or self.late_join or self.otr)
+
+    @property
+    def opens_request_ports(self) -> bool:
+        """Every context opens its request port: for requests, late join or OTR, to
+        send UIMs by domain (``uim``: the replies' address) or to take them
+        (``request_ports``)."""
+        return self.uses_uim or self.uim is not None or self.request_ports
 
 
 def daemon_list(cfg: SimConfig) -> list[Addr]:
@@ -385,6 +406,9 @@ def build_contexts(cfg: SimConfig, addrs: Sequence[Addr], start: float,
     ctxs = [Context(daemons, multicast=cfg.multicast, timing=cfg.timing, start=start,
                     src_id=rng.randbytes(8), rng=rng, index=i, local_ip=addrs[i][0],
                     max_datagram=cfg.max_datagram, late_join=cfg.transport == "tcp" and cfg.retention > 0,
+                    # a context that sends or takes UIMs by domain must hear the routers' records
+                    # without sources or receivers (UM's resolver_unicast_force_alive)
+                    force_alive=cfg.uim is not None or cfg.request_ports,
                     request_port=REQUEST_PORT_BASE + i if request_ports is None else request_ports[i])
             for i in range(cfg.contexts)]
     topics = topic_names(cfg)

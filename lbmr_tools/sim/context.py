@@ -16,7 +16,9 @@ from lbmr_proto import (
     ExFuncOption,
     LateJoinOption,
     LBMRDecodeError,
+    LocalDomainOption,
     OtidOption,
+    RemoteDomainRoute,
     SourceIdOption,
     decode,
 )
@@ -37,6 +39,7 @@ Addr = tuple[str, int]
 
 DEFAULT_DAEMON: Addr = ("127.0.0.1", LBMRD_PORT)
 REQUEST_PORT_BASE = 14391  # UM request_tcp_port_low: the extended-functionality option's port
+MAX_DOMAIN_ROUTES = 4096  # remote domains a context remembers routes to
 
 
 
@@ -180,6 +183,11 @@ class Context:
         self._targets = Targets(self.daemons, self.multicast, self.timing, start)
         self._alive_since: float | None = start if force_alive else None
         self.stats: Counter[str] = Counter()
+        # what DRO traffic in the TRD tells a context (UM's "Domain ID discovered", "Route
+        # discovered to Domain ID d through ip:port"): its TRD's domain id (0: not heard)
+        # and, per remote domain, the router request listener to send its UIMs to
+        self.domain_id = 0
+        self.domain_routes: dict[int, Addr] = {}
 
     # ------------------------------------------------------------ setup
 
@@ -378,6 +386,22 @@ class Context:
 
     # ------------------------------------------------------------- input
 
+    def _route_heard(self, pkt) -> None:
+        """A remote domain route record (LBMR ext 6) of a router in the TRD: each domain
+        it names is reached through its ``ip``:``port``; the packet's local domain option
+        names our TRD's domain id."""
+        st = self.stats
+        st["domain_routes_received"] += 1
+        r = pkt.ext
+        for o in pkt.options or ():
+            if type(o) is LocalDomainOption and o.local_domain_id:
+                self.domain_id = o.local_domain_id
+        if not r.port or r.ip == "0.0.0.0":
+            return
+        for d in r.domains:
+            if d and (d in self.domain_routes or len(self.domain_routes) < MAX_DOMAIN_ROUTES):
+                self.domain_routes[d] = (r.ip, r.port)
+
     def receive(self, data: bytes, now: float, src: Addr | None = None) -> list[Datagram]:
         """Process one incoming datagram at ``now`` from ``src`` (if known).
 
@@ -405,6 +429,9 @@ class Context:
                     return []
         if pkt.type in (2, 3):
             st["keepalives_received"] += 1
+            return []
+        if isinstance(pkt.ext, RemoteDomainRoute):
+            self._route_heard(pkt)
             return []
         if pkt.type == 4 and pkt.tmb is not None:
             return self._use_responses(pkt.tmb.tmrs, now)

@@ -73,6 +73,7 @@ class SimResult:
     verify_data: bool = False
     data_sources: list[dict] = field(default_factory=list)  # see data_source_report()
     request_ports: list[dict] = field(default_factory=list)  # RequestPort.report() + context
+    uim: dict | None = None  # context 0's UIMs by domain (UimSendReport.as_dict()), if asked
 
     @property
     def resolved(self) -> int:
@@ -114,6 +115,7 @@ class SimResult:
                          for c, a in zip(self.contexts, self.clients, strict=True)],
             "data_sources": self.data_sources,
             "request_ports": self.request_ports,
+            "uim": self.uim,
         }
 
 
@@ -232,6 +234,16 @@ def render_text(result: SimResult) -> str:
                          f"{sum(sent)} receivers in all; {sum(q['responses'].values())} responses with the "
                          f"right index and payload for {len(q['responses'])} requests, "
                          f"{q['bad_payloads']} with a wrong payload")
+        st = rp["stats"]
+        if st.get("uims") or st.get("uims_bad"):
+            hops = ", ".join(f"{n} with hops_taken {h}" for h, n in sorted(st["uim_hops"].items()))
+            lines.append(f"request port of ctx {rp['context']} ({rp['address']}): {st['uims']} UIMs by domain "
+                         f"({hops}), {st['uims_bad']} with a wrong payload")
+    if result.uim is not None:
+        u = result.uim
+        via = f" through {u['via']} (route heard after {u['route_after_s']} s)" if u["via"] else ""
+        err = f": {u['error']}" if u["error"] else ""
+        lines.append(f"UIMs to {u['to']}: {u['sent']}/{u['count']} sent{via}{err}")
     s = result.summary()
     if s["median_ms"] is None:
         times = "no time to resolve"
@@ -253,6 +265,8 @@ def render(result: SimResult, as_json: bool = False) -> str:
 
 def exit_status(result: SimResult) -> int:
     """0 when every receiver resolved (and, with verify_data, verified its
-    data), else 1."""
+    data, and with a UIM by domain asked, all were sent), else 1."""
     ok = result.all_resolved and (not result.verify_data or result.all_data_verified)
+    if result.uim is not None and result.uim["sent"] < result.uim["count"]:
+        ok = False
     return 0 if ok else 1

@@ -36,9 +36,11 @@ from .dataplane import (
     RuLiveSource,
     TcpDataReceiver,
     TcpDataSource,
+    UimSendReport,
     UmRuDataReceiver,
     UmTcpReceiver,
     UmTcpSource,
+    send_by_domain,
     topic_seed,
 )
 from .netif import multicast_interface, open_multicast_socket
@@ -186,6 +188,11 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
     servers: list[tuple[int, str, object]] = []  # (context, topic, data source)
     req_ports: list[RequestPort] = []  # one per context, with requests, late join or OTR
     data_rx: dict | None = {} if config.verify_data else None  # Receiver -> data receiver | error
+    uim_report = None
+    if config.uim is not None:
+        d, ip, port = config.uim
+        uim_report = UimSendReport(f"TCP:{d}:{ip}:{port}", config.uim_count,
+                                   error=f"no route to domain {d} heard")
     try:
         if iface is not None:
             group, port = config.multicast
@@ -208,7 +215,7 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
         async with trio.open_nursery() as nursery:
             nursery.cancel_scope.deadline = end
             req_port_numbers = None
-            if config.uses_uim:  # the ports the TIRs advertise: open before the first one
+            if config.opens_request_ports:  # the ports the TIRs advertise: open before the first one
                 req_port_numbers = [0] * len(addrs)
                 req_ports.extend([None] * len(addrs))
 
@@ -261,12 +268,30 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
             has_receivers = any(c.receivers for c in ctxs)
             task_status.started(clients)
             data_pending = 0
+            if uim_report is not None:
+                data_pending += 1  # (its task starts below)
             resolved_seen = [-1] * len(ctxs)
 
             def check_done() -> None:
-                if (has_receivers and not config.keep_running and data_pending == 0
+                if ((has_receivers or uim_report is not None) and not config.keep_running and data_pending == 0
                         and all(c.all_resolved for c in ctxs)):
                     nursery.cancel_scope.cancel()
+
+            async def send_uims(report: UimSendReport) -> None:
+                """Context 0's UIMs by domain, once it heard a route to the domain."""
+                nonlocal data_pending
+                try:
+                    ctx, dest = ctxs[0], config.uim
+                    while dest[0] not in ctx.domain_routes:
+                        await trio.sleep(0.05)
+                    now = trio.current_time()
+                    report.route_after_s = round(now - start, 3)
+                    report.error = None
+                    orig = (ctx.domain_id, addrs[0], req_port_numbers[0])
+                    await send_by_domain(report, ctx.domain_routes[dest[0]], addrs[0], dest, orig, end - now)
+                finally:
+                    data_pending -= 1
+                    check_done()
 
             async def fetch(ctx: Context, r) -> None:
                 """Fetch receiver ``r``'s data once every data source is up (a local
@@ -343,6 +368,8 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                 nursery.start_soon(ticker, ctx, sock, me, wake)
                 nursery.start_soon(listener, ctx, sock, me, wake)
             nursery.start_soon(start_data_sources)
+            if uim_report is not None:
+                nursery.start_soon(send_uims, uim_report)
         elapsed = trio.current_time() - start
         if not ctxs:  # the duration ended while the data sources were starting
             ctxs[:] = build_contexts(config, clients, start, rng)
@@ -354,4 +381,5 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
     return SimResult(receiver_results(ctxs, clients, data_rx), ctxs, clients, daemon_list(config), elapsed,
                      errors["send"], errors["recv"], sent, config.multicast, config.verify_data,
                      [data_source_report(ci, topic, server) for ci, topic, server in servers],
-                     [dict(rp.report(), context=i) for i, rp in enumerate(req_ports)])
+                     [dict(rp.report(), context=i) for i, rp in enumerate(req_ports)],
+                     None if uim_report is None else uim_report.as_dict())

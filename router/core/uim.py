@@ -61,7 +61,7 @@ from .requests import (
 from .routing import Routing
 
 __all__ = ["UimPath", "UimDrop", "DeliverMessage", "ForwardMessage", "RecoverMessage", "DropMessage", "UimAction",
-           "StreamTarget", "MAX_HOPS_TAKEN", "MAX_CACHED"]
+           "UimStream", "MAX_HOPS_TAKEN", "MAX_CACHED"]
 
 #: routers a UIM may have crossed (``hops_taken``); beyond, it is dropped (the DRO's
 #: hard drop at 255 hops)
@@ -144,7 +144,7 @@ UimAction = DeliverMessage | ForwardMessage | RecoverMessage | DropMessage
 
 
 @dataclass(frozen=True, slots=True)
-class StreamTarget:
+class UimStream:
     """Where a UIM_ROUTED stream the peer opened goes: its destination
     (``domain_id``, ``ip``, ``port``), its ``hops`` and the router it came
     from (``came_from``)."""
@@ -204,7 +204,7 @@ class UimPath:
                 max_hop_count=self.max_hop_count)
         return got
 
-    def open_stream(self, target: StreamTarget) -> DropMessage | None:
+    def open_stream(self, target: UimStream) -> DropMessage | None:
         """A UIM_ROUTED stream the peer opened for ``target``: None to accept it, a
         :class:`DropMessage` to refuse it (its reason is the STREAM_REFUSE's)."""
         got = self.route(target.domain_id, target.ip, hops=target.hops, came_from=target.came_from)
@@ -214,11 +214,13 @@ class UimPath:
         self.counters["uim_streams_accepted"] += 1
         return None
 
-    def message(self, message: bytes | memoryview, stream: StreamTarget | None = None,
+    def message(self, message: bytes | memoryview, stream: UimStream | None = None, *,
                 endpoint: str | None = None) -> UimAction:
-        """The one decision for one whole LBMC ``message``: taken at endpoint
-        ``endpoint``'s request listener (``stream`` None) or on a UIM_ROUTED stream
-        the peer opened for ``stream`` (its messages must be for that destination)."""
+        """The one decision for one whole LBMC ``message``: taken at the request
+        listener of endpoint ``endpoint`` (``stream`` None) or on a UIM_ROUTED
+        stream the peer opened for ``stream`` (its messages must be for that
+        destination; ``endpoint`` None). Every kind of message a listener takes is
+        decided here (one more kind: one more branch and decision type)."""
         self.counters["uim_in"] += 1
         try:
             dest = destination_of(message)

@@ -54,9 +54,9 @@ from ..core.uim import (
     DropMessage,
     ForwardMessage,
     RecoverMessage,
-    StreamTarget,
     UimAction,
     UimPath,
+    UimStream,
 )
 from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
@@ -79,6 +79,7 @@ RETRY_AFTER = 1.0  # seconds a failed target drops its messages before it is tri
 TARGET_IDLE = 30.0  # seconds without a message before a target closes
 LISTEN_BACKLOG = 64
 WRITE_BATCH = 256 << 10  # bytes of queued messages written at once
+DECIDE_BATCH = 1024  # messages decided before the other tasks run
 
 
 class _Target:
@@ -160,18 +161,19 @@ class UimRelay:
                 async def one(conn=conn):
                     nonlocal live
                     try:
-                        await self._sender(conn, endpoint)
+                        await self.serve_connection(conn, endpoint)
                     finally:
                         live -= 1
                         self.connections -= 1
 
                 n.start_soon(one)
 
-    async def _sender(self, conn: trio.SocketStream, endpoint: str) -> None:
-        """One sender's connection: whole messages decided one by one; a malformed
-        stream, a message not completed in MESSAGE_TIMEOUT or IDLE_TIMEOUT of silence
-        close it."""
-        framer = lbmc.StreamFramer()
+    async def serve_connection(self, conn: trio.abc.Stream, endpoint: str) -> None:
+        """One sender's connection ``conn`` to endpoint ``endpoint``'s listener, until it
+        ends: whole messages decided one by one; a malformed stream, a message not
+        completed MESSAGE_TIMEOUT seconds after its first byte, or IDLE_TIMEOUT seconds
+        of silence close it (counted)."""
+        framer = _Framer()
         started = None  # when the message held incomplete began
         try:
             while True:
@@ -190,13 +192,12 @@ class UimRelay:
                     if framer.buffered:
                         self.counters["uim_truncated"] += 1
                     return
-                try:
-                    runs = framer.cut(data)
-                except lbmc.LbmcDecodeError as e:
+                runs, error = framer.cut(data)
+                await self._runs(runs, None, endpoint)
+                if error is not None:
                     self.counters["uim_malformed"] += 1
-                    self.event("uim_malformed", f"stream offset {e.offset}: {e.reason}")
+                    self.event("uim_malformed", f"stream offset {error.offset}: {error.reason}")
                     return
-                self._runs(runs, None, endpoint)
                 if not framer.buffered:
                     started = None
                 elif runs or started is None:
@@ -206,13 +207,19 @@ class UimRelay:
         finally:
             await trio.aclose_forcefully(conn)
 
-    def _runs(self, runs: list, stream: StreamTarget | None, endpoint: str | None = None) -> None:
+    async def _runs(self, runs: list, stream: UimStream | None, endpoint: str | None) -> None:
+        """Decide and do each message of ``runs``, letting the other tasks run every
+        DECIDE_BATCH messages (a chunk of tiny messages holds the loop no longer)."""
         message = self.path.message
+        k = 0
         for run in runs:
             data, start = run.data, 0
             for end in run.ends:
-                self.take(message(data[start:end], stream, endpoint))
+                self.take(message(data[start:end], stream, endpoint=endpoint))
                 start = end
+                k += 1
+                if k % DECIDE_BATCH == 0:
+                    await trio.lowlevel.checkpoint()
 
     # ------------------------------------------------------------ decisions done
 
@@ -491,7 +498,7 @@ class UimRelay:
     def open_far(self, link: Link, ev: S.StreamOpened, came_from: str | None) -> None:
         """The peer on ``link`` (router ``came_from``) opened UIM_ROUTED stream ``ev``."""
         tgt = ev.target
-        target = StreamTarget(tgt.domain_id, tgt.ip, tgt.port, tgt.hops, came_from)
+        target = UimStream(tgt.domain_id, tgt.ip, tgt.port, tgt.hops, came_from)
         refusal = self.path.open_stream(target)
         if refusal is not None:
             self.counters[refusal.reason.counter] += 1
@@ -505,19 +512,19 @@ class UimRelay:
             return
         link.nursery.start_soon(self._far, link, st, target)
 
-    async def _far(self, link: Link, st: StreamState, target: StreamTarget) -> None:
-        framer = lbmc.StreamFramer()
+    async def _far(self, link: Link, st: StreamState, target: UimStream) -> None:
+        framer = _Framer()
         try:
             while True:
                 while st.incoming:
                     data = st.incoming.popleft()
-                    try:
-                        runs = framer.cut(data)
-                    except lbmc.LbmcDecodeError as e:
+                    runs, error = framer.cut(data)
+                    await self._runs(runs, target, None)
+                    if error is not None:
                         self.counters["uim_malformed"] += 1
-                        self.event("uim_malformed", f"UIM_ROUTED stream {st.sid}: offset {e.offset}: {e.reason}")
+                        self.event("uim_malformed", f"UIM_ROUTED stream {st.sid}: offset {error.offset}: "
+                                                    f"{error.reason}")
                         return
-                    self._runs(runs, target)
                     try:
                         link.streams.consumed(st.sid, len(data))
                     except S.LocalStreamError:
@@ -552,6 +559,36 @@ async def send_on_stream(link: Link, st: StreamState, data: bytes | memoryview) 
                 return False
         pending = rest
     return True
+
+
+class _Framer:
+    """:class:`lbmr_proto.lbmc.StreamFramer` for a stream that ends at its first malformed
+    message: :meth:`cut` gives the whole messages before it too. ``held``: a copy of the
+    incomplete message the framer holds (< 64 KiB)."""
+
+    __slots__ = ("framer", "held")
+
+    def __init__(self) -> None:
+        self.framer = lbmc.StreamFramer()
+        self.held = b""
+
+    @property
+    def buffered(self) -> int:
+        return self.framer.buffered
+
+    def cut(self, data: bytes | memoryview) -> tuple[list[lbmc.MessageRun], lbmc.LbmcDecodeError | None]:
+        """The runs of whole messages ``data`` completes, and the error of a malformed
+        message (None: none; the stream is over after one)."""
+        f = self.framer
+        start = f.offset  # stream offset of the held message's first byte
+        try:
+            runs = f.cut(data)
+        except lbmc.LbmcDecodeError as e:  # e.offset: where the bad message starts (or its msglen)
+            whole = (self.held + bytes(data))[:max(0, e.offset - start)]
+            return lbmc.StreamFramer().cut(whole), e
+        b = f.buffered
+        self.held = b"" if not b else bytes(data[-b:]) if b <= len(data) else self.held + bytes(data)
+        return runs, None
 
 
 async def connect_from(bind_ip: str, addr: tuple[str, int]) -> trio.SocketStream:

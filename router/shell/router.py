@@ -7,7 +7,9 @@ one per link (:class:`router.shell.link_task.LinkTask`: each ``<peer>``, and eac
 side of a pair of endpoints, whose control is joined in the core and whose
 relayed sessions cross in memory, :class:`router.shell.pair_link.PairLink`), one per proxy listener and relayed stream
 (:class:`router.relays.endpoint_relay.Relay`, one per link and endpoint, sharing the
-endpoint's relay ports), the HTTP endpoint, the signals, and the core task:
+endpoint's relay ports), one per endpoint's request listener and per
+connection and destination of unicast immediate messages by domain
+(:class:`router.relays.uim.UimRelay`), the HTTP endpoint, the signals, and the core task:
 it runs the core's timers at its deadline and, whenever another task gave
 the core input (and set the :class:`router.shell.wake.Wake`), carries out its
 outputs (TR datagrams, frames, proxies to start and stop, events).

@@ -190,12 +190,18 @@ from .tcp import (
 from .tcpbytes import TcpByteConnStats, TcpByteReceiver, TcpByteReceiveResult, TcpByteSource
 from .uim import (
     RESPONSE_SIZE,
+    UIM_SIZE,
     RequestPort,
     RequestStats,
     Responder,
+    UimSendReport,
+    parse_uim_address,
     request_header,
     response_message,
     response_payload,
+    send_by_domain,
+    uim_by_domain,
+    uim_payload,
 )
 from .umru import UmRuDataReceiver, UmRuReceiveResult
 from .umtcp import UmTcpReceiver, UmTcpReceiveResult, UmTcpSource, retrans_message
@@ -213,5 +219,6 @@ __all__ = [
     "RuLiveSource", "RuClient", "RuLiveReceiver", "RuLiveReceiveResult", "LIVE_RU_MIN_DATAGRAM",
     "LIVE_RU_MAX_DATAGRAM", "live_ru_payload",
     "RESPONSE_SIZE", "RequestPort", "RequestStats", "Responder", "request_header", "response_message",
+    "UIM_SIZE", "UimSendReport", "parse_uim_address", "send_by_domain", "uim_by_domain", "uim_payload",
     "response_payload", "Repair", "RepairCounts", "MAX_MISSING", "StreamMismatch", "UmTcpReceiver", "UmTcpReceiveResult", "UmTcpSource", "retrans_message",
 ]

@@ -51,6 +51,8 @@ Addr = tuple[str, int]
 
 RESPONSE_SIZE = 64  # payload bytes of a response
 RESPONSE_KEY = b"\0lbmr-sim/response"
+UIM_SIZE = 64  # payload bytes of a UIM sent by domain
+UIM_KEY = b"\0lbmr-sim/uim"
 REQUEST_INDEXES = 1 << 16  # request indexes a receiver may use (late join, OTR)
 RECEIVER_INDEX_BASE = 1 << 31  # receivers' request indexes: from here, a block of REQUEST_INDEXES each
 MAX_REGISTRATIONS = (1 << 31) // REQUEST_INDEXES  # receivers registered with one port at once
@@ -69,6 +71,72 @@ def response_message(seed: int, qidx: int, size: int = RESPONSE_SIZE) -> bytes:
     """A response UIM to request ``qidx`` of the requester keyed by ``seed``:
     a MESSAGE with topic index ``qidx``, sequence 0, no headers."""
     return lbmc.data_message(qidx & 0xFFFFFFFF, 0, response_payload(seed, qidx, size))
+
+
+def uim_payload(seq: int, size: int = UIM_SIZE) -> bytes:
+    return bytes(message_payload(topic_seed(UIM_KEY, 0), seq, size))
+
+
+def uim_by_domain(seq: int, dest: tuple[int, str, int], orig: tuple[int, str, int],
+                  size: int = UIM_SIZE) -> bytes:
+    """UIM number ``seq`` addressed ``TCP:domain:ip:port`` (``dest``) from ``orig``
+    (the sender's domain, address and request port): a MESSAGE with a DESTINATION
+    header (``hops_taken`` 0), sequence number ``seq`` and ``size`` payload bytes of
+    the simulator's UIM stream at ``seq``."""
+    d = lbmc.DestinationHeader(0, dest[0], dest[1], dest[2], 0, orig[0], orig[1], orig[2])
+    return lbmc.data_message(0, seq & 0xFFFFFFFF, uim_payload(seq, size), d)
+
+
+def parse_uim_address(text: str) -> tuple[int, str, int]:
+    """UM's ``TCP:domain:ip:port`` -> (domain, ip, port); ValueError otherwise."""
+    parts = text.split(":")
+    if len(parts) != 4 or parts[0].upper() != "TCP" or not parts[1].isdigit() or not parts[3].isdigit():
+        raise ValueError(f"expected TCP:DOMAIN:IP:PORT, got {text!r}")
+    domain, port = int(parts[1]), int(parts[3])
+    if not 0 < domain <= 0xFFFFFFFF or not 0 < port <= 0xFFFF:
+        raise ValueError(f"domain id (1..2**32-1) or port (1..65535) out of range in {text!r}")
+    try:
+        socket.inet_aton(parts[2])
+    except OSError:
+        raise ValueError(f"not an IPv4 address in {text!r}") from None
+    if parts[2].count(".") != 3:
+        raise ValueError(f"not a dotted-quad IPv4 address in {text!r}")
+    return domain, parts[2], port
+
+
+@dataclass
+class UimSendReport:
+    """Context 0's UIMs by domain: ``to`` (TCP:domain:ip:port), the router listener
+    it sent them through (``via``), when it heard the route (``route_after_s``, from
+    the start of the run), how many went (``sent``), and why not all (``error``)."""
+
+    to: str
+    count: int
+    via: str | None = None
+    route_after_s: float | None = None
+    sent: int = 0
+    error: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+async def send_by_domain(report: UimSendReport, via: Addr, bind_ip: str | None, dest: tuple[int, str, int],
+                         orig: tuple[int, str, int], timeout: float) -> None:
+    """Send ``report.count`` UIMs to ``dest`` through the router listener ``via``, on one
+    connection from ``bind_ip``, within ``timeout`` seconds; counted in ``report``."""
+    report.via = f"{via[0]}:{via[1]}"
+    with trio.move_on_after(timeout) as scope:
+        try:
+            stream = await connect_from(bind_ip, via)
+            async with stream:
+                for seq in range(report.count):
+                    await stream.send_all(uim_by_domain(seq, dest, orig))
+                    report.sent += 1
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+            report.error = f"{via[0]}:{via[1]}: {e}"
+    if scope.cancelled_caught:
+        report.error = f"not sent within {timeout} s"
 
 
 def request_header(qidx: int, ip: str, port: int) -> lbmc.RequestHeader:
@@ -111,6 +179,9 @@ class PortStats:
     malformed: int = 0
     other: int = 0
     idle_closed: int = 0
+    uims: int = 0  # UIMs addressed by domain (a DESTINATION header) with the simulator's payload
+    uims_bad: int = 0  # ... with another payload
+    uim_hops: dict[str, int] = field(default_factory=dict)  # their hops_taken (routers crossed): count
 
 
 class _Registration:
@@ -222,6 +293,16 @@ class RequestPort:
         """Sort one message that came in from ``peer_ip``."""
         st = self.stats
         st.messages += 1
+        dest = m.header(lbmc.DestinationHeader)
+        if dest is not None:
+            if m.kind == lbmc.MESSAGE and m.payload and m.payload == uim_payload(m.sqn, len(m.payload)):
+                st.uims += 1
+                hops = str(dest.hops_taken)
+                if hops in st.uim_hops or len(st.uim_hops) < 64:
+                    st.uim_hops[hops] = st.uim_hops.get(hops, 0) + 1
+            else:
+                st.uims_bad += 1
+            return
         if m.kind == lbmc.MESSAGE and m.header(lbmc.RequestHeader) is None:
             owner = self._owner(m.tidx)
             if not isinstance(owner, RequestStats):

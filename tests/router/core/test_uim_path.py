@@ -9,9 +9,9 @@ from router.core.uim import (
     DeliverMessage,
     DropMessage,
     ForwardMessage,
-    StreamTarget,
     UimDrop,
     UimPath,
+    UimStream,
 )
 from tests.router.helpers import Net
 from tests.router.system.uim_apps import hops_of, uim, with_hops
@@ -35,9 +35,9 @@ def test_a_uim_for_a_far_domain_is_forwarded_with_one_more_hop_then_delivered_wh
     assert isinstance(at_a, ForwardMessage)
     assert (at_a.next_router, at_a.hops, at_a.domain_id, at_a.ip, at_a.port) == ("B", 0, 3, "10.3.0.9", 16001)
     assert at_a.message == with_hops(m, 1)  # only hops_taken changed
-    at_b = path["B"].message(at_a.message, StreamTarget(3, "10.3.0.9", 16001, 0, "A"))
+    at_b = path["B"].message(at_a.message, UimStream(3, "10.3.0.9", 16001, 0, "A"))
     assert isinstance(at_b, ForwardMessage) and (at_b.next_router, at_b.hops) == ("C", 1)
-    at_c = path["C"].message(at_b.message, StreamTarget(3, "10.3.0.9", 16001, 1, "B"))
+    at_c = path["C"].message(at_b.message, UimStream(3, "10.3.0.9", 16001, 1, "B"))
     assert isinstance(at_c, DeliverMessage)
     assert (at_c.endpoint, at_c.ip, at_c.port) == ("epC", "10.3.0.9", 16001)
     assert hops_of(at_c.message) == 3 and at_c.message == with_hops(m, 3)
@@ -71,19 +71,19 @@ def test_a_stream_never_goes_back_and_its_messages_must_match_it():
     _, path = chain()
     b = path["B"]
     # a stream from C for domain 3 would go back to C
-    assert b.open_stream(StreamTarget(3, "10.3.0.9", 1, 0, "C")).reason is UimDrop.BACK
-    assert b.open_stream(StreamTarget(9, "10.9.0.9", 1, 0, "A")).reason is UimDrop.UNREACHABLE
-    assert b.open_stream(StreamTarget(3, "10.3.0.9", 1, 0, "A")) is None
+    assert b.open_stream(UimStream(3, "10.3.0.9", 1, 0, "C")).reason is UimDrop.BACK
+    assert b.open_stream(UimStream(9, "10.9.0.9", 1, 0, "A")).reason is UimDrop.UNREACHABLE
+    assert b.open_stream(UimStream(3, "10.3.0.9", 1, 0, "A")) is None
     other = uim(1, (3, "10.3.0.8", 1), ORIG, hops=1)
-    got = b.message(other, StreamTarget(3, "10.3.0.9", 1, 0, "A"))
+    got = b.message(other, UimStream(3, "10.3.0.9", 1, 0, "A"))
     assert isinstance(got, DropMessage) and got.reason is UimDrop.STREAM_MISMATCH
 
 
 def test_the_hop_limit_ends_a_stream_before_it_loops():
     n, _ = chain()
     b = UimPath({"epB": (2, "10.0.0.1")}, n.r["B"], max_hop_count=3)
-    assert b.open_stream(StreamTarget(3, "10.3.0.9", 1, 1, "A")) is None  # 2 + 1 <= 3
-    assert b.open_stream(StreamTarget(3, "10.3.0.9", 1, 2, "A")).reason is UimDrop.HOP_LIMIT
+    assert b.open_stream(UimStream(3, "10.3.0.9", 1, 1, "A")) is None  # 2 + 1 <= 3
+    assert b.open_stream(UimStream(3, "10.3.0.9", 1, 2, "A")).reason is UimDrop.HOP_LIMIT
 
 
 def test_decisions_follow_a_route_change():

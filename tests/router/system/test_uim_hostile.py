@@ -13,9 +13,26 @@ from router.config.model import RequestListener, acceptor_peer, initiator_peer, 
 from router.relays import uim as U
 from router.shell import router as R
 from router.shell.single import Router
-from tests.router.helpers import start_lbmrd
-from tests.router.system.test_uim_routing import PORT, pair, routed
-from tests.router.system.uim_apps import UimInbox, send_uims, uim, with_hops
+from tests.router.helpers import (
+    advertise_forever,
+    connect_as_peer,
+    fetch_tcp,
+    pattern,
+    resolve,
+    start_lbmrd,
+    tcp_source,
+    udp,
+)
+from tests.router.system.uim_apps import (
+    PORT,
+    UimInbox,
+    pair,
+    pair_and_trds,
+    routed,
+    send_uims,
+    uim,
+    with_hops,
+)
 
 LISTENER = ("127.0.1.1", PORT)
 
@@ -37,7 +54,7 @@ async def apps(n):
 
 async def test_a_flood_to_unknown_and_refusing_destinations_is_counted_and_others_still_arrive():
     async with trio.open_nursery() as n:
-        ra, rb = await pair(n)
+        ra, rb, trd1, trd2 = await pair_and_trds(n)
         app1, app2 = await apps(n)
         unknown = [uim(i, (77, "127.0.2.9", 1000 + i % 7), (1, *app1.address)) for i in range(5000)]
         nobody = [uim(i, (2, "127.0.2.9", 9), (1, *app1.address)) for i in range(5000)]  # port 9: refused
@@ -49,19 +66,38 @@ async def test_a_flood_to_unknown_and_refusing_destinations_is_counted_and_other
             async with stream:
                 for _ in range(4):
                     await stream.send_all(flood)
+        src = await tcp_source(n, "127.0.1.5", 2_000_000)  # a relayed TCP session, meanwhile
+        n.start_soon(advertise_forever, udp("127.0.1.5"), trd1, *src)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        relayed = {}
+
+        async def receiver():
+            relayed["bytes"] = await fetch_tcp(tir, 2_000_000)
         async with trio.open_nursery() as fn:
             for _ in range(3):
                 fn.start_soon(flooder)
+            fn.start_soon(receiver)
             await good_uims_arrive(app1, app2)
+        assert relayed["bytes"] == pattern(2_000_000)  # the data plane carried on
         c = ra.uim.counters
         with trio.fail_after(10):  # every one of them decided, once
             while c["uim_in"] < 3 * 4 * 15000 + 10:
                 await trio.sleep(0.05)
         assert c["uim_unreachable"] == 3 * 4 * 5000
         assert c["uim_no_destination"] == 3 * 4 * 5000
-        with trio.fail_after(10):
-            while rb.uim.counters["uim_deliver_unreachable"] + rb.uim.counters["uim_target_down"] \
-                    + rb.uim.counters["uim_delivered"] < 3 * 4 * 5000 + 10:
+        a, b = ra.uim.counters, rb.uim.counters
+        total = 3 * 4 * 5000 + 10  # for domain 2: to a refused port, and the good ones
+
+        def dropped_at_a():
+            return sum(a[k] for k in ("uim_target_queue_full", "uim_queued_total_full", "uim_target_down",
+                                      "uim_forward_failed", "uim_forward_refused"))
+
+        def outcomes_at_b():
+            return sum(b[k] for k in ("uim_delivered", "uim_deliver_unreachable", "uim_target_down",
+                                      "uim_target_queue_full", "uim_deliver_failed"))
+        with trio.fail_after(20):  # every message for domain 2 accounted for, once
+            while not (a["uim_to_forward"] == total and dropped_at_a() + a["uim_forwarded"] == total
+                       and b["uim_in"] == a["uim_forwarded"] and outcomes_at_b() == b["uim_in"]):
                 await trio.sleep(0.05)
         assert rb.uim.counters["uim_delivered"] == 10
         assert ra.uim.queued == 0 or ra.uim.queued <= U.QUEUED_TOTAL
@@ -183,4 +219,53 @@ async def test_a_peer_without_uim_routing_gets_no_streams_and_it_is_counted(monk
                 await trio.sleep(0.05)
         assert ra.uim.counters["uim_streams_opened"] == 0 and app2.messages == []
         assert ra.link.connected  # the link stays up
+        n.cancel_scope.cancel()
+
+
+async def test_a_hostile_peer_streams_are_refused_checked_and_closed_and_the_link_stays():
+    """A peer of our own opens UIM_ROUTED streams at router B: one for an unknown domain
+    (refused), one whose messages name another destination too (those dropped), one of
+    garbage (closed); the good messages arrive, the link stays up."""
+    async with trio.open_nursery() as n:
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1", fanout=False,
+                                              request_listener=RequestListener(port=PORT)),
+                    acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
+        addr = await n.start(rb.run)
+        app1, app2 = await apps(n)
+        stream, conn = await connect_as_peer(addr["peer"], capabilities=R.PEER_CAPABILITIES)
+        assert conn.capabilities & P.Capability.UIM_ROUTING
+        now = trio.current_time
+        dest = (2, *app2.address)
+
+        def open_stream(sid, domain, ip, port):
+            return conn.send(P.StreamOpen(sid, 0, P.StreamKind.UIM_ROUTED, 1 << 20,
+                                          P.RoutedUimTarget(domain, ip, port, 0)), now())
+        good = [uim(i, dest, (1, *app1.address), hops=1) for i in range(3)]
+        other = uim(9, (2, app2.address[0], app2.address[1] + 1), (1, *app1.address), hops=1)
+        await stream.send_all(open_stream(1, *dest) + open_stream(3, 9, "127.0.9.9", 5000)
+                              + open_stream(5, *dest))
+        answers = {}
+        closed = set()
+
+        async def read_until(pred):
+            with trio.fail_after(10):
+                while not pred():
+                    for ev in conn.receive_data(await stream.receive_some(65536), now()):
+                        if isinstance(ev, P.StreamAccept | P.StreamRefuse):
+                            answers[ev.stream_id] = ev
+                        elif isinstance(ev, P.StreamClose):
+                            closed.add(ev.stream_id)
+                    await stream.send_all(conn.data_to_send())
+        await read_until(lambda: len(answers) == 3)
+        assert isinstance(answers[1], P.StreamAccept) and isinstance(answers[5], P.StreamAccept)
+        assert isinstance(answers[3], P.StreamRefuse) and "no route" in answers[3].reason
+        await stream.send_all(conn.send(P.StreamData(1, b"".join(good[:2] + [other] + good[2:])), now())
+                              + conn.send(P.StreamData(5, b"\x7f" * 64), now()))
+        await read_until(lambda: 5 in closed)
+        got = await app2.wait_for(3)
+        assert got == [with_hops(m, 2) for m in good]
+        c = rb.uim.counters
+        assert c["uim_stream_mismatch"] == 1 and c["uim_malformed"] == 1 and c["uim_unreachable"] == 1
+        assert rb.link is not None and rb.link.connected
         n.cancel_scope.cancel()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import trio
 
-from lbmr_proto import lbmc
 from router.config.model import RequestListener, lbmrd_endpoint, router_config
 from router.shell.router import MultiRouter
 from tests.router.helpers import (
@@ -20,39 +19,17 @@ from tests.router.helpers import (
     converged,
     initiator_link,
     start_lbmrd,
-    start_routers,
 )
-from tests.tshark_judge import compare_lbmc, run_tshark_lbmc, segments, write_lbttcp_pcap
-from tests.router.system.uim_apps import UimInbox, hops_of, send_uims, uim, with_hops
-
-PORT = 14611
-
-
-async def routed(*routers, timeout: float = 10.0) -> None:
-    """Until each router has a route to the other's domain."""
-    with trio.fail_after(timeout):
-        while not all(r.routing is not None and len(r.routing.map.routes()) >= 2 for r in routers):
-            await trio.sleep(0.05)
-
-
-async def pair(n):
-    _, trd1 = await start_lbmrd(n, "127.0.1.1")
-    _, trd2 = await start_lbmrd(n, "127.0.2.1")
-    ra, rb = await start_routers(n, trd1, trd2, request_listener=RequestListener(port=PORT))
-    await routed(ra, rb)
-    return ra, rb
-
-
-def tshark_agrees(tmp_path, messages: list[bytes], source: tuple[str, int]) -> None:
-    """The messages as delivered, in an LBT-TCP capture: tshark decodes each (DESTINATION
-    with its hops_taken) as we do, with no expert info."""
-    pcap = tmp_path / "uim.pcap"
-    write_lbttcp_pcap(pcap, [(True, s) for s in segments(messages)], source=source)
-    frames = run_tshark_lbmc(pcap, port=source[1])
-    layers = [layer for f in frames for layer in f.lbmc]
-    assert len(layers) == len(messages) and not any(f.flagged for f in frames)
-    assert [compare_lbmc(layer, lbmc.decode(m)) for layer, m in zip(layers, messages, strict=True)] \
-        == [[]] * len(messages)
+from tests.router.system.uim_apps import (
+    PORT,
+    UimInbox,
+    hops_of,
+    pair,
+    send_uims,
+    tshark_agrees,
+    uim,
+    with_hops,
+)
 
 
 async def test_ten_uims_by_domain_arrive_whole_and_a_reply_by_domain_comes_back(tmp_path):
@@ -109,3 +86,28 @@ async def test_a_chain_of_three_routers_delivers_and_replies(tmp_path):
         assert await app1.wait_for(1) == [with_hops(reply, 3)]
         n.cancel_scope.cancel()
     tshark_agrees(tmp_path, got, app3.address)
+
+
+async def test_one_router_joining_two_trds_directly_delivers_both_ways():
+    """A router with an endpoint in each TRD (no peer link): it serves both domains, so it
+    delivers at once (hops_taken 1: one router)."""
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        eps = [lbmrd_endpoint(f"TRD{d}", d, [trd], interface=IPS[d], fanout=False,
+                              request_listener=RequestListener(port=PORT)) for d, trd in ((1, trd1), (2, trd2))]
+        r = MultiRouter(router_config("direct", eps))
+        await n.start(r.run)
+        app1, app2 = UimInbox("127.0.1.9"), UimInbox("127.0.2.9")
+        await n.start(app1.serve)
+        await n.start(app2.serve)
+        sent = [uim(i, (2, *app2.address), (1, *app1.address)) for i in range(10)]
+        await send_uims((IPS[1], PORT), sent, bind_ip="127.0.1.9")
+        assert await app2.wait_for(10) == [with_hops(m, 1) for m in sent]
+        reply = uim(100, (1, *app1.address), (2, *app2.address))
+        await send_uims((IPS[2], PORT), [reply], bind_ip="127.0.2.9")
+        assert await app1.wait_for(1) == [with_hops(reply, 1)]
+        assert r.uim.counters["uim_delivered"] == 11 and r.uim.counters["uim_streams_opened"] == 0
+        assert r.status()["uim"]["listeners"] == {"TRD1": f"{IPS[1]}:{PORT}", "TRD2": f"{IPS[2]}:{PORT}"}
+        assert 'lbmr_router_uim_total{what="uim_delivered"} 11' in r.prometheus_text()
+        n.cancel_scope.cancel()

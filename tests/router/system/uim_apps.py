@@ -1,12 +1,19 @@
 """UM-like applications for the UIM-by-domain tests: a context's request port
 that collects the unicast immediate messages it is sent (:class:`UimInbox`),
-and UIMs addressed ``TCP:domain:ip:port`` (:func:`uim`)."""
+UIMs addressed ``TCP:domain:ip:port`` (:func:`uim`), the routed pair they
+cross (:func:`pair`: TRD1 and TRD2 on loopback, request listeners on
+:data:`PORT`) and tshark's judgement of what was delivered."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import trio
 
 from lbmr_proto import lbmc
+from router.config.model import RequestListener
+from tests.router.helpers import start_lbmrd, start_routers
+from tests.tshark_judge import compare_lbmc, run_tshark_lbmc, segments, write_lbttcp_pcap
 
 
 def uim(seq: int, dest: tuple[int, str, int], orig: tuple[int, str, int], size: int = 100, hops: int = 0) -> bytes:
@@ -70,6 +77,41 @@ def hops_of(message: bytes) -> int:
 def with_hops(message: bytes, hops: int) -> bytes:
     m = lbmc.decode(message)
     d = m.header(lbmc.DestinationHeader)
-    import dataclasses
     heads = tuple(dataclasses.replace(h, hops_taken=hops) if h is d else h for h in m.headers)
     return lbmc.encode(dataclasses.replace(m, headers=heads))
+
+
+PORT = 14611
+
+
+async def routed(*routers, timeout: float = 10.0) -> None:
+    """Until each router has a route to the other's domain."""
+    with trio.fail_after(timeout):
+        while not all(r.routing is not None and len(r.routing.map.routes()) >= 2 for r in routers):
+            await trio.sleep(0.05)
+
+
+async def pair_and_trds(n):
+    """Routers A and B, routed, and the lbmrds (ip, port) of TRD1 and TRD2."""
+    _, trd1 = await start_lbmrd(n, "127.0.1.1")
+    _, trd2 = await start_lbmrd(n, "127.0.2.1")
+    ra, rb = await start_routers(n, trd1, trd2, request_listener=RequestListener(port=PORT))
+    await routed(ra, rb)
+    return ra, rb, trd1, trd2
+
+
+async def pair(n):
+    ra, rb, _, _ = await pair_and_trds(n)
+    return ra, rb
+
+
+def tshark_agrees(tmp_path, messages: list[bytes], source: tuple[str, int]) -> None:
+    """The messages as delivered, in an LBT-TCP capture: tshark decodes each (DESTINATION
+    with its hops_taken) as we do, with no expert info."""
+    pcap = tmp_path / "uim.pcap"
+    write_lbttcp_pcap(pcap, [(True, s) for s in segments(messages)], source=source)
+    frames = run_tshark_lbmc(pcap, port=source[1])
+    layers = [layer for f in frames for layer in f.lbmc]
+    assert len(layers) == len(messages) and not any(f.flagged for f in frames)
+    assert [compare_lbmc(layer, lbmc.decode(m)) for layer, m in zip(layers, messages, strict=True)] \
+        == [[]] * len(messages)
