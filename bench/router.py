@@ -7,6 +7,7 @@ convergence across the routers.
                            [--ru-rates 10000,30000] [--no-tls] [--no-ru]
                            [--profile auto|py-spy|cprofile|none] [--no-inprocess]
                            [--fanout-n 1,10,100] [--fanout-window 3] [--no-fanout] [--only-fanout]
+                           [--lj-rounds 3] [--no-latejoin] [--only-latejoin]
 
 Everything runs on loopback (127.0.0.0/8) and stops by itself (a hard limit
 of HARD_LIMIT_S seconds ends a stuck run).
@@ -103,6 +104,13 @@ between its endpoints in memory.
    framing, queues or drops), what any router in that place could reach on
    this host, and the routed rate as a share of it.
 
+6. Late join (bench/router_latejoin.py; --lj-rounds, --no-latejoin,
+   --only-latejoin): a late joiner takes 10,000 retained messages (UME_LJ_INFO,
+   RETRANS) then the live stream, straight from lbmr-sim's retaining source and
+   through a pair of routers (its LJI_REQ to router B's <request-tcp>, a RECOVERY
+   stream to router A, the answers back), in one trio loop in this process: the
+   best time of each and routed / direct.
+
 The pieces: bench/router_deploy.py (deployments, sources, receivers, CPU
 accounting), bench/router_measure.py (sections 1 to 3), bench/router_profile.py
 (section 4), bench/router_fanout.py and bench/fanout.py (section 5); this
@@ -140,6 +148,7 @@ from bench.router_deploy import (  # noqa: E402
     resolve,
 )
 from bench.router_fanout import run_fanout  # noqa: E402
+from bench.router_latejoin import run_latejoin  # noqa: E402
 from bench.router_measure import (  # noqa: E402
     CONVERGE_TIMEOUT_S,
     GAP_S,
@@ -228,9 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fanout-window", type=float, default=3.0, help="fan-out: seconds measured per case")
     ap.add_argument("--no-fanout", action="store_true", help="skip the fan-out measurement")
     ap.add_argument("--only-fanout", action="store_true", help="measure only the fan-out (section 5)")
+    ap.add_argument("--lj-rounds", type=int, default=3, help="late join: rounds of each path; the best counts")
+    ap.add_argument("--no-latejoin", action="store_true", help="skip the late-join measurement")
+    ap.add_argument("--only-latejoin", action="store_true", help="measure only the late join (section 6)")
     args = ap.parse_args(argv)
-    if args.runs < 1 or args.topics < 1 or args.mbytes <= 0:
-        ap.error("--runs and --topics must be at least 1, --mbytes positive")
+    if args.runs < 1 or args.topics < 1 or args.mbytes <= 0 or args.lj_rounds < 1:
+        ap.error("--runs, --topics and --lj-rounds must be at least 1, --mbytes positive")
     total = int(args.mbytes * 1_000_000)
     mb = total / 1e6
 
@@ -247,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(td)
         if args.only_fanout:
             run_fanout(tmp, stack, args)
+            print(f"\ntotal {time.monotonic() - started:.1f} s")
+            return 0
+        if args.only_latejoin:
+            run_latejoin(args.lj_rounds)
             print(f"\ntotal {time.monotonic() - started:.1f} s")
             return 0
         stack.callback(source.close)
@@ -371,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                         print("      (no profile written)")
         if not args.no_fanout:
             run_fanout(tmp, stack, args)
+        if not args.no_latejoin:
+            run_latejoin(args.lj_rounds)
     signal.alarm(0)
     print(f"\ntotal {time.monotonic() - started:.1f} s")
     return 0
