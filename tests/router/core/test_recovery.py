@@ -34,6 +34,7 @@ from router.core.routing import Routing
 from router.core.tr import PortalTR, PortalTRSettings
 from router.core.uim import DropMessage, ForwardMessage, RecoverMessage, UimDrop, UimPath
 from tests.router.helpers import APP, GROUP, OTID, TOPIC, dgram
+from tests.tshark_judge import compare_lbmc, run_tshark_lbmc, write_lbttcp_pcap
 
 CAPS = int(P.DEFAULT_CAPABILITIES | P.Capability.ROUTING | P.Capability.RECOVERY)
 RELAY = ("10.2.0.1", 24000)
@@ -201,3 +202,18 @@ def test_a_source_without_a_request_port_offers_no_late_join_across_the_routers(
     a, b, aid, proxy = pair(options=())
     assert not [o for o in proxy.options if isinstance(o, L.LateJoinOption)]
     assert a.advert_request_port("peer", "T1", aid) is None
+
+
+def test_tshark_decodes_the_requests_as_router_a_delivers_them_with_no_expert(tmp_path):
+    """The rewritten LJI_REQ and UME_RXREQ on a connection to the source's request port
+    (the dissector's default UIM ports are 14391..14395), field by field."""
+    source = SourceRequestPort(*SOURCE_PORT, 5)
+    msgs = [lbmc.decode(to_source(raw, source, ("10.1.0.1", 40001))) for raw in (lji(3), rxreq(3, 12345))]
+    pcap = tmp_path / "to_source.pcap"
+    n = write_lbttcp_pcap(pcap, [(False, lbmc.encode(m)) for m in msgs], source=SOURCE_PORT,
+                          receiver=("10.1.0.1", 40500))
+    frames = run_tshark_lbmc(pcap, port=SOURCE_PORT[1])
+    assert len(frames) == n and not [(f.number, f.experts) for f in frames if f.flagged]
+    layers = [layer for f in frames for layer in f.lbmc]
+    assert len(layers) == 2
+    assert [compare_lbmc(layer, m) for layer, m in zip(layers, msgs, strict=True)] == [[], []]
