@@ -220,3 +220,28 @@ async def settled(cond, timeout=10.0):
     with trio.fail_after(timeout):
         while not cond():
             await trio.sleep(0.02)
+
+
+async def test_one_router_joining_two_trds_serves_a_late_joiner():
+    """A router with an endpoint in each TRD (no peer link): the request crosses between
+    its endpoints in memory, as the session does."""
+    async with trio.open_nursery() as n:
+        trds = {d: (await start_lbmrd(n, IPS[d]))[1] for d in (1, 2)}
+        eps = [lbmrd_endpoint(f"TRD{d}", d, [trds[d]], interface=IPS[d], request_listener=LISTENER) for d in (1, 2)]
+        router = MultiRouter(router_config("direct", eps))
+        await n.start(router.run)
+        src, sport = await retaining_source(n, trds[1], retention=2000, rate=10_000)
+        tir = await resolve(udp(RCV), trds[2])
+        first = TcpDataReceiver(tir.transport.ip, tir.transport.port, None, LJ_SEED, tidx=LJ_TIDX,
+                                bind_ip="127.0.2.20", timeout=60, max_bytes=100 * 1_000_000)
+        n.start_soon(first.run)
+        with trio.fail_after(20):
+            while src.next_sqn < 3000:
+                await trio.sleep(0.02)
+        rport = RequestPort(RCV)
+        await n.start(rport.serve)
+        r = await recovering_receiver(tir, rport, 100 * 500, late_join=True).run()
+        n.cancel_scope.cancel()
+    assert r.ok, r
+    assert r.lj_high - r.lj_low + 1 == 2000 and r.first_sqn == r.lj_low and r.messages == r.last_sqn - r.first_sqn + 1
+    assert router.uim.counters["recovery_requests"] == 1 and router.uim.counters["recovery_streams_opened"] == 1
