@@ -48,7 +48,7 @@ from .requests import (
     write_answer_at,
 )
 
-__all__ = ["SourceRequestPort", "RecoveryRequest", "request_port_of", "proxy_transport_index",
+__all__ = ["SourceRequestPort", "RecoveryRequest", "request_port_of", "proxy_transport_index", "answer_from_source",
            "recovery_request", "to_source", "TRANSPORT_AT", "TOPIC_AT"]
 
 #: byte offsets, from the header's first byte, of ``transport_idx`` and the topic index
@@ -149,3 +149,10 @@ def to_source(message: bytes, source: SourceRequestPort, listener: tuple[str, in
             _U32.pack_into(out, off + TRANSPORT_AT, source.transport_idx & 0xFFFFFFFF)
             write_answer_at(out, off, header, packed)
     return None if out is None else bytes(out)
+
+
+def answer_from_source(peer_ip: str, source_ip: str) -> bool:
+    """Whether a connection from ``peer_ip`` to the router's listener for a request may
+    carry the answers of the source at ``source_ip``: from the same address, or both on
+    loopback (a host's contexts use several). Nobody else's bytes reach the receiver."""
+    return peer_ip == source_ip or (peer_ip.startswith("127.") and source_ip.startswith("127."))

@@ -172,6 +172,7 @@ class UimPath:
                  max_hop_count: int = 100, counters: Counter[str] | None = None, proxies=None) -> None:
         self.proxies = proxies
         self.by_domain = {dom: (name, ip) for name, (dom, ip) in served.items()}
+        self.endpoint_ips = {name: ip for name, (_, ip) in served.items()}
         self.routing = routing
         self.max_hop_count = max_hop_count
         self.counters: Counter[str] = counters if counters is not None else Counter()
@@ -256,8 +257,7 @@ class UimPath:
         got = self.proxies.proxied(endpoint, req.transport_idx)
         if got is None:
             return self._drop(UimDrop.RECOVERY_UNKNOWN, f"{req.header.name} transport index {req.transport_idx}")
-        name_ip = next((ip for dom, (name, ip) in self.by_domain.items() if name == endpoint), "0.0.0.0")
-        if not req.port or not deliverable_address(req.ip, name_ip):
+        if not req.port or not deliverable_address(req.ip, self.endpoint_ips.get(endpoint, "0.0.0.0")):
             return self._drop(UimDrop.RECOVERY_REQUESTER, f"{req.header.name} answer address {req.ip}:{req.port}")
         self.counters["recovery_requests"] += 1
         link, f = got

@@ -20,7 +20,8 @@ source behind it, and the source's answers back. :class:`RecoveryRelay`:
   anything that is not such a request is dropped (``recovery_not_request``):
   a peer never makes us send a source anything else;
 * takes the source's connections to the listener (its answers: UME_LJ_INFO,
-  then RETRANS), and sends their bytes, whole LBMC messages, on the stream,
+  then RETRANS; a connection from another host is refused,
+  ``recovery_answers_refused_stranger``), and sends their bytes, whole LBMC messages, on the stream,
   with the stream's credit; the receivers' router writes them to the
   receiver unchanged.
 
@@ -39,7 +40,7 @@ import trio
 from lbmr_proto import lbmc
 
 from .. import peerlink as P
-from ..core.recovery import SourceRequestPort, to_source
+from ..core.recovery import SourceRequestPort, answer_from_source, to_source
 from ..core.requests import PassUnchanged, RequesterKey, RequestMap, RequestSlot
 from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
@@ -124,7 +125,7 @@ class RecoveryRelay:
                 return
             self.counters["recovery_streams_accepted"] += 1
             async with trio.open_nursery() as n:
-                n.start_soon(self._take_answers, link, st, slot, sock, n.cancel_scope)
+                n.start_soon(self._take_answers, link, st, source, slot, sock, n.cancel_scope)
                 await self._requests(link, st, source, slot.listener, conn)
                 n.cancel_scope.cancel()
         finally:
@@ -180,11 +181,12 @@ class RecoveryRelay:
             st.incoming_ready = trio.Event()
             await st.incoming_ready.wait()
 
-    async def _take_answers(self, link: Link, st: StreamState, slot: RequestSlot, sock,
-                            scope: trio.CancelScope) -> None:
-        """The source's connections to the stream's listener: their messages, whole,
-        on the stream (one at a time in each; several connections interleave whole
-        messages). A stream that takes nothing for STALL_TIMEOUT ends."""
+    async def _take_answers(self, link: Link, st: StreamState, source: SourceRequestPort, slot: RequestSlot,
+                            sock, scope: trio.CancelScope) -> None:
+        """The source's connections to the stream's listener (from the source's host
+        only): their messages, whole, on the stream (one at a time in each; several
+        connections interleave whole messages). A stream that takes nothing for
+        STALL_TIMEOUT ends."""
         listener = trio.SocketListener(sock)
         lock = trio.Lock()
         async with trio.open_nursery() as n:
@@ -193,6 +195,10 @@ class RecoveryRelay:
                     c = await listener.accept()
                 except (trio.ClosedResourceError, OSError):
                     return
+                if not answer_from_source(_peer_ip(c), source.ip):
+                    self.counters["recovery_answers_refused_stranger"] += 1  # only the source answers
+                    await trio.aclose_forcefully(c)
+                    continue
                 if not self.map.responder_connected(slot, trio.current_time()):
                     self.counters["recovery_answers_refused_busy"] += 1
                     await trio.aclose_forcefully(c)
@@ -226,3 +232,10 @@ class RecoveryRelay:
         finally:
             self.map.responder_closed(slot, trio.current_time())
             await trio.aclose_forcefully(c)
+
+
+def _peer_ip(c: trio.SocketStream) -> str:
+    try:
+        return c.socket.getpeername()[0]
+    except OSError:
+        return ""

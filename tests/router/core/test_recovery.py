@@ -16,6 +16,7 @@ from router.core.acl import OPEN
 from router.core.recovery import (
     RecoveryRequest,
     SourceRequestPort,
+    answer_from_source,
     proxy_transport_index,
     recovery_request,
     request_port_of,
@@ -140,6 +141,13 @@ def test_to_source_rewrites_the_transport_index_and_the_answer_address_only():
 
 def test_the_proxy_transport_index_is_the_portal_id():
     assert proxy_transport_index(7) == 7 and proxy_transport_index(1 << 32 | 3) == 3
+
+
+def test_only_the_source_answers_at_the_routers_listener():
+    assert answer_from_source("10.1.0.5", "10.1.0.5")
+    assert answer_from_source("127.0.1.1", "127.0.1.5")  # loopback: one host
+    assert not answer_from_source("10.1.0.6", "10.1.0.5")
+    assert not answer_from_source("127.0.0.1", "10.1.0.5") and not answer_from_source("", "10.1.0.5")
 
 
 # ------------------------------------------------------------------ across two cores
