@@ -79,6 +79,7 @@ class UimDrop(Enum):
     BACK = "uim_refused_back"
     HOP_LIMIT = "uim_hop_limit"
     NOT_DELIVERABLE = "uim_not_deliverable"
+    OWN_LISTENER = "uim_to_own_listener"
     STREAM_MISMATCH = "uim_stream_mismatch"
     RECOVERY_UNKNOWN = "recovery_unknown_proxy"  # a request naming no proxy of the endpoint
     RECOVERY_REQUESTER = "recovery_requester_not_deliverable"  # the answer address is not one to connect to
@@ -162,17 +163,21 @@ class UimPath:
     :func:`router.core.requests.deliverable_address`); ``routing``: the
     router's route info (its map's next hop to each domain; None: this router
     has no peers that route); ``max_hop_count``: the most peer links a UIM
-    crosses (``<route-info max-hop-count>``); ``proxies``: the router's proxies
+    crosses (``<route-info max-hop-count>``); ``own``: the (ip, port) of this router's
+    request listeners, never a destination (a UIM delivered there would come back
+    in, again and again until its hop limit); ``proxies``: the router's proxies
     (:meth:`router.core.router_core.RouterCore.proxied`; None: no late join or OTR
-    request is taken). ``counters``: what is counted
-    (``uim_in``, ``uim_delivered``/``uim_forwarded``/``recovery_requests`` decisions, and
-    the drops by :class:`UimDrop`)."""
+    request is taken). ``counters``: what is counted (``uim_in``,
+    ``uim_delivered``/``uim_forwarded``/``recovery_requests`` decisions, and the
+    drops by :class:`UimDrop`)."""
 
     def __init__(self, served: dict[str, tuple[int, str]], routing: Routing | None, *,
-                 max_hop_count: int = 100, counters: Counter[str] | None = None, proxies=None) -> None:
+                 max_hop_count: int = 100, own: frozenset[tuple[str, int]] = frozenset(),
+                 counters: Counter[str] | None = None, proxies=None) -> None:
         self.proxies = proxies
         self.by_domain = {dom: (name, ip) for name, (dom, ip) in served.items()}
         self.endpoint_ips = {name: ip for name, (_, ip) in served.items()}
+        self.own = own
         self.routing = routing
         self.max_hop_count = max_hop_count
         self.counters: Counter[str] = counters if counters is not None else Counter()
@@ -243,6 +248,8 @@ class UimPath:
                          came_from=None if stream is None else stream.came_from)
         if isinstance(got, RefuseUim):
             return self._drop(_REFUSAL_DROP[got.reason], f"domain {dest.domain_id}: {got.reason.value}")
+        if isinstance(got, DeliverUim) and (dest.ip, dest.port) in self.own:
+            return self._drop(UimDrop.OWN_LISTENER, f"{dest.ip}:{dest.port}")
         out = with_hops_taken(bytes(message), dest.hops_taken + 1)
         if isinstance(got, DeliverUim):
             self.counters["uim_to_deliver"] += 1

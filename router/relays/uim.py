@@ -18,7 +18,8 @@
   :data:`STALL_TIMEOUT`), refusing or unreachable loses its own messages,
   counted, and nobody else's; after a failure it drops what comes for
   :data:`RETRY_AFTER` seconds, then tries again. A target idle for
-  :data:`TARGET_IDLE` seconds closes.
+  :data:`TARGET_IDLE` seconds closes; when all :data:`MAX_TARGETS` are taken,
+  the least recently used one with nothing queued makes room.
 * **Late-join and OTR requests** (:class:`router.core.uim.RecoverMessage`):
   a target per (link, advertisement, receiver address): one RECOVERY stream
   on the link the proxy's advertisement came from, the requests (unchanged)
@@ -41,7 +42,7 @@ connection silent for :data:`IDLE_TIMEOUT`; targets (:data:`MAX_TARGETS`).
 from __future__ import annotations
 
 import socket
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 import trio
@@ -80,12 +81,13 @@ TARGET_IDLE = 30.0  # seconds without a message before a target closes
 LISTEN_BACKLOG = 64
 WRITE_BATCH = 256 << 10  # bytes of queued messages written at once
 DECIDE_BATCH = 1024  # messages decided before the other tasks run
+EVICT_SCAN = 64  # least recently used destinations looked at for one to close when all are taken
 
 
 class _Target:
     """One destination's queue (either kind)."""
 
-    __slots__ = ("key", "queue", "held", "wake", "down_until", "last_used", "scope")
+    __slots__ = ("key", "queue", "held", "wake", "down_until", "last_used", "scope", "busy")
 
     def __init__(self, key: tuple, now: float) -> None:
         self.key = key
@@ -95,6 +97,7 @@ class _Target:
         self.down_until = float("-inf")
         self.last_used = now
         self.scope = trio.CancelScope()
+        self.busy = False  # writing messages taken from the queue
 
 
 class UimRelay:
@@ -116,7 +119,7 @@ class UimRelay:
         self.nursery: trio.Nursery | None = None  # the router's: targets and far streams
         self.connections = 0  # senders' connections open on all listeners
         self.queued = 0  # bytes queued for all targets
-        self._targets: dict[tuple, _Target] = {}
+        self._targets: OrderedDict[tuple, _Target] = OrderedDict()  # least recently used first
 
     @property
     def target_count(self) -> int:
@@ -239,11 +242,13 @@ class UimRelay:
         now = trio.current_time()
         t = self._targets.get(key)
         if t is None:
-            if len(self._targets) >= MAX_TARGETS or self.nursery is None:
+            if self.nursery is None or (len(self._targets) >= MAX_TARGETS and not self._evict()):
                 self.counters["uim_targets_full"] += 1
                 return
             t = self._targets[key] = _Target(key, now)
             self.nursery.start_soon(self._target, t)
+        else:
+            self._targets.move_to_end(key)
         t.last_used = now
         size = len(action.message)
         if now < t.down_until:
@@ -259,6 +264,19 @@ class UimRelay:
         t.held += size
         self.queued += size
         t.wake.set()
+
+    def _evict(self) -> bool:
+        """Make room for a new destination: close the least recently used one with
+        nothing queued (among the EVICT_SCAN oldest); False if there is none."""
+        for k, (key, t) in enumerate(self._targets.items()):
+            if k >= EVICT_SCAN:
+                break
+            if not t.queue and not t.busy:
+                del self._targets[key]
+                t.scope.cancel()
+                self.counters["uim_targets_evicted"] += 1
+                return True
+        return False
 
     def _drop_queue(self, t: _Target, counter: str) -> None:
         n = len(t.queue)
@@ -312,36 +330,49 @@ class UimRelay:
     # ------------------------------------------------------------ delivery in our TRD
 
     async def _deliver(self, t: _Target) -> None:
+        """One destination in our TRD: one connection, made at the first message and
+        again after the destination closed it (watched: it never says anything)."""
         _, endpoint, ip, port = t.key
         conn = None
-        try:
-            while await self._wait(t):
-                if conn is None:
-                    try:
-                        with trio.fail_after(CONNECT_TIMEOUT):
-                            conn = await connect_from(self.bind_ips.get(endpoint, "0.0.0.0"), (ip, port))
-                    except (OSError, trio.TooSlowError) as e:
-                        self._failed(t, "uim_deliver_unreachable", f"{ip}:{port}: {e}")
+        gone = trio.Event()  # the destination closed the connection
+        async with trio.open_nursery() as watchers:
+            try:
+                while await self._wait(t):
+                    if conn is not None and gone.is_set():
+                        self.counters["uim_deliver_reconnects"] += 1
+                        await trio.aclose_forcefully(conn)
+                        conn = None
+                    if conn is None:
+                        try:
+                            with trio.fail_after(CONNECT_TIMEOUT):
+                                conn = await connect_from(self.bind_ips.get(endpoint, "0.0.0.0"), (ip, port))
+                        except (OSError, trio.TooSlowError) as e:
+                            self._failed(t, "uim_deliver_unreachable", f"{ip}:{port}: {e}")
+                            continue
+                        self.counters["uim_deliver_connections"] += 1
+                        gone = trio.Event()
+                        watchers.start_soon(_watch, conn, gone)
+                    data, n = self._batch(t)
+                    ok = False
+                    t.busy = True
+                    with trio.move_on_after(STALL_TIMEOUT):
+                        try:
+                            await conn.send_all(data)
+                            ok = True
+                        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                            pass
+                    t.busy = False
+                    if ok:
+                        self.counters["uim_delivered"] += n
                         continue
-                    self.counters["uim_deliver_connections"] += 1
-                data, n = self._batch(t)
-                ok = False
-                with trio.move_on_after(STALL_TIMEOUT):
-                    try:
-                        await conn.send_all(data)
-                        ok = True
-                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                        pass
-                if ok:
-                    self.counters["uim_delivered"] += n
-                    continue
-                self.counters["uim_deliver_failed"] += n
-                await trio.aclose_forcefully(conn)
-                conn = None
-                self._failed(t, "uim_deliver_failed", f"{ip}:{port}: stalled or closed")
-        finally:
-            if conn is not None:
-                await trio.aclose_forcefully(conn)
+                    self.counters["uim_deliver_failed"] += n
+                    await trio.aclose_forcefully(conn)
+                    conn = None
+                    self._failed(t, "uim_deliver_failed", f"{ip}:{port}: stalled or closed")
+            finally:
+                watchers.cancel_scope.cancel()
+                if conn is not None:
+                    await trio.aclose_forcefully(conn)
 
     # ------------------------------------------------------------ towards a peer
 
@@ -386,7 +417,10 @@ class UimRelay:
                                                               f"{st.refused or 'no answer'}")
                         continue
                 data, n = self._batch(t)
-                if not await self._send(link, st, data):
+                t.busy = True
+                sent = await self._send(link, st, data)
+                t.busy = False
+                if not sent:
                     self.counters["uim_forward_failed"] += n
                     self._failed(t, "uim_forward_failed", f"{router}: stream stalled or closed")
                     continue
@@ -439,6 +473,7 @@ class UimRelay:
                             link.close_stream(st)
                             st = None
                             continue
+                        t.busy = True  # answers may flow at any time: never evicted while open
                         n.start_soon(self._answers, link, st, t, endpoint, (ip, port))
                     data, k = self._batch(t)
                     if not await send_on_stream(link, st, data):
@@ -448,6 +483,7 @@ class UimRelay:
                     self.counters["recovery_requests_sent"] += k
                 n.cancel_scope.cancel()
         finally:
+            t.busy = False
             if st is not None and link is not None:
                 link.close_stream(st)
 
@@ -559,6 +595,17 @@ async def send_on_stream(link: Link, st: StreamState, data: bytes | memoryview) 
                 return False
         pending = rest
     return True
+
+
+async def _watch(conn: trio.SocketStream, gone: trio.Event) -> None:
+    """Read (and discard) what a destination sends on its connection until it closes
+    it: then ``gone``."""
+    try:
+        while await conn.receive_some(READ_CHUNK):
+            pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    gone.set()
 
 
 class _Framer:

@@ -64,8 +64,9 @@ __all__ = ["MultiRouter", "Unit", "serve_signals", "proxy_bound", "PEER_CAPABILI
 
 log = logging.getLogger("lbmr-router")
 
-#: what a peer link announces (and ROUTING): every stream kind this router's data plane relays
-PEER_CAPABILITIES = P.DEFAULT_CAPABILITIES | P.Capability.UIM_ROUTING | P.Capability.RECOVERY
+#: what a peer link announces besides the protocol's DEFAULT_CAPABILITIES (and ROUTING): the
+#: stream kinds of its own this router's data plane relays
+PEER_CAPABILITIES = P.Capability.UIM_ROUTING | P.Capability.RECOVERY
 
 ADVERTISE_CHUNK = 500  # topics of one session advertised at its new proxy before the loop runs again
 
@@ -241,7 +242,7 @@ class MultiRouter:
             for spec, peer, pair in self._specs:
                 units = {u.endpoint.name: u for u in self.links if u.link_id == spec.id}
                 first = units[spec.endpoints[0]]
-                caps = (PEER_CAPABILITIES | P.Capability.ROUTING) if spec.routed else P.DEFAULT_CAPABILITIES
+                caps = P.DEFAULT_CAPABILITIES | (PEER_CAPABILITIES | P.Capability.ROUTING if spec.routed else 0)
                 identity = P.RouterIdentity(s.name if spec.routed else first.name,
                                             domains if spec.routed else (first.endpoint.domain_id,),
                                             capabilities=int(caps))
@@ -283,7 +284,9 @@ class MultiRouter:
         """The UIM data path: delivery in each endpoint's TRD from its request
         address, forwarding on the peer links (their tasks are added as made)."""
         served = {e.name: (e.domain_id, self.relay_settings[e.name].request_ip) for e in self.config.endpoints}
-        path = UimPath(served, self.routing, max_hop_count=self.config.route_info.max_hop_count, proxies=self.core)
+        own = frozenset(e.request_address for e in self.config.endpoints if e.request_address is not None)
+        path = UimPath(served, self.routing, max_hop_count=self.config.route_info.max_hop_count, own=own,
+                       proxies=self.core)
         uim = UimRelay(path, {name: ip for name, (_, ip) in served.items()}, self._tasks, self.routing,
                        self._uim_event)
         uim.nursery = nursery

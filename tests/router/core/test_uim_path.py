@@ -67,6 +67,16 @@ def test_drops_are_typed_and_counted():
     assert a.counters["uim_in"] == len(cases)
 
 
+def test_the_routers_own_listener_is_never_a_destination():
+    """A UIM delivered to the router's own listener would come back in, again and again."""
+    n, _ = chain()
+    c = UimPath({"epC": (3, "10.0.0.1")}, n.r["C"], own=frozenset({("10.3.0.1", 14391)}))
+    got = c.message(uim(1, (3, "10.3.0.1", 14391), ORIG))
+    assert isinstance(got, DropMessage) and got.reason is UimDrop.OWN_LISTENER
+    assert c.counters["uim_to_own_listener"] == 1
+    assert isinstance(c.message(uim(1, (3, "10.3.0.1", 14392), ORIG)), DeliverMessage)
+
+
 def test_a_stream_never_goes_back_and_its_messages_must_match_it():
     _, path = chain()
     b = path["B"]

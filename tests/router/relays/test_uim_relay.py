@@ -103,3 +103,36 @@ async def test_garbage_and_a_cut_message_are_counted(autojump_clock):
         await client.aclose()
     await serve(r2, cut)
     assert r2.counters["uim_truncated"] == 1
+
+
+async def test_when_all_destinations_are_taken_the_least_recently_used_idle_one_makes_room(monkeypatch):
+    """Destinations in our TRD (a served domain): with MAX_TARGETS 2, a third one closes
+    the least recently used one with nothing queued, counted."""
+    monkeypatch.setattr(U, "MAX_TARGETS", 2)
+    events = []
+    r = U.UimRelay(UimPath({"ep": (2, "127.0.0.1")}, None), {"ep": "127.0.0.1"}, {}, None,
+                   lambda kind, detail: events.append(kind))
+    inbox = []
+
+    async def take_all(stream):
+        async with stream:
+            while data := await stream.receive_some(65536):
+                inbox.append(data)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    def to(p, seq=1):
+        return r.path.message(uim(seq, (2, "127.0.0.1", p), (1, "10.1.0.9", 15001)))
+    async with trio.open_nursery() as n:
+        r.nursery = n
+        n.start_soon(trio.serve_listeners, take_all, listeners)
+        r.take(to(port))
+        await trio.sleep(0.2)
+        r.take(to(port + 1))  # (nobody there: down, idle)
+        await trio.sleep(0.2)
+        r.take(to(port))  # the first is the most recently used now
+        await trio.sleep(0.2)
+        r.take(to(port + 2))  # evicts port + 1
+        assert r.counters["uim_targets_evicted"] == 1 and r.target_count == 2
+        assert r.counters["uim_delivered"] == 2
+        n.cancel_scope.cancel()

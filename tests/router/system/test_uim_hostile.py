@@ -199,7 +199,7 @@ async def test_a_peer_without_uim_routing_gets_no_streams_and_it_is_counted(monk
         _, trd1 = await start_lbmrd(n, "127.0.1.1")
         _, trd2 = await start_lbmrd(n, "127.0.2.1")
         listener = RequestListener(port=PORT)
-        monkeypatch.setattr(R, "PEER_CAPABILITIES", P.DEFAULT_CAPABILITIES)  # router B: an older version
+        monkeypatch.setattr(R, "PEER_CAPABILITIES", 0)  # router B: an older version
         rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1", fanout=False,
                                               request_listener=listener),
                     acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
@@ -233,7 +233,7 @@ async def test_a_hostile_peer_streams_are_refused_checked_and_closed_and_the_lin
                     acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
         addr = await n.start(rb.run)
         app1, app2 = await apps(n)
-        stream, conn = await connect_as_peer(addr["peer"], capabilities=R.PEER_CAPABILITIES)
+        stream, conn = await connect_as_peer(addr["peer"], capabilities=P.DEFAULT_CAPABILITIES | R.PEER_CAPABILITIES)
         assert conn.capabilities & P.Capability.UIM_ROUTING
         now = trio.current_time
         dest = (2, *app2.address)
@@ -268,4 +268,44 @@ async def test_a_hostile_peer_streams_are_refused_checked_and_closed_and_the_lin
         c = rb.uim.counters
         assert c["uim_stream_mismatch"] == 1 and c["uim_malformed"] == 1 and c["uim_unreachable"] == 1
         assert rb.link is not None and rb.link.connected
+        n.cancel_scope.cancel()
+
+
+async def test_a_uim_to_the_routers_own_listener_is_dropped_not_looped():
+    async with trio.open_nursery() as n:
+        ra, rb = await pair(n)
+        app1, app2 = await apps(n)
+        await send_uims(LISTENER, [uim(1, (2, "127.0.2.1", PORT), (1, *app1.address))], bind_ip="127.0.1.9")
+        with trio.fail_after(5):
+            while not rb.uim.counters["uim_to_own_listener"]:
+                await trio.sleep(0.05)
+        await trio.sleep(0.3)
+        assert rb.uim.counters["uim_to_own_listener"] == 1 and rb.uim.counters["uim_connections"] == 0
+        await good_uims_arrive(app1, app2)
+        n.cancel_scope.cancel()
+
+
+async def test_a_destination_that_closes_its_connection_gets_a_new_one():
+    """A context that closes the connection after each message (as one may close an
+    idle UIM connection): the next message comes on a new connection, none lost."""
+    async with trio.open_nursery() as n:
+        ra, rb = await pair(n)
+        app1 = UimInbox("127.0.1.9")
+        await n.start(app1.serve)
+        got = []
+        closer = (await trio.open_tcp_listeners(0, host="127.0.2.7"))[0]
+        addr = closer.socket.getsockname()[:2]
+
+        async def take_one_and_close(stream):
+            async with stream:
+                got.append(await stream.receive_some(65536))
+        n.start_soon(trio.serve_listeners, take_one_and_close, [closer])
+        for i in range(5):
+            await send_uims(LISTENER, [uim(i, (2, *addr), (1, *app1.address))], bind_ip="127.0.1.9")
+            with trio.fail_after(5):
+                while len(got) <= i:
+                    await trio.sleep(0.02)
+            await trio.sleep(0.2)  # the close reaches the router
+        assert got == [with_hops(uim(i, (2, *addr), (1, *app1.address)), 2) for i in range(5)]
+        assert rb.uim.counters["uim_deliver_reconnects"] == 4
         n.cancel_scope.cancel()
