@@ -9,6 +9,7 @@ convergence across the routers.
                            [--fanout-n 1,10,100] [--fanout-window 3] [--no-fanout] [--only-fanout]
                            [--rr-runs 2] [--rr-count 2000] [--rr-rate-count 10000] [--rr-responders 3]
                            [--rr-window 64] [--no-requests] [--only-requests]
+                           [--lj-rounds 3] [--no-latejoin] [--only-latejoin]
 
 Everything runs on loopback (127.0.0.0/8) and stops by itself (a hard limit
 of HARD_LIMIT_S seconds ends a stuck run).
@@ -127,11 +128,17 @@ between its endpoints in memory.
    and per response (from /proc, their set-up included) against the
    requester's own, and the routers' request counters over the section.
    Every wait is bounded (warm-up 20 s, a measurement 60 s).
+7. Late join (bench/router_latejoin.py; --lj-rounds, --no-latejoin,
+   --only-latejoin): a late joiner takes 10,000 retained messages (UME_LJ_INFO,
+   RETRANS) then the live stream, straight from lbmr-sim's retaining source and
+   through a pair of routers (its LJI_REQ to router B's <request-tcp>, a RECOVERY
+   stream to router A, the answers back), in one trio loop in this process: the
+   best time of each and routed / direct.
 
 The pieces: bench/router_deploy.py (deployments, sources, receivers, CPU
 accounting), bench/router_measure.py (sections 1 to 3), bench/router_profile.py
 (section 4), bench/router_fanout.py and bench/fanout.py (section 5),
-bench/router_requests.py (section 6); this script reads the options, runs the
+bench/router_requests.py (section 6), bench/router_latejoin.py (section 7); this script reads the options, runs the
 sections and prints what they found.
 """
 
@@ -166,6 +173,7 @@ from bench.router_deploy import (  # noqa: E402
     resolve,
 )
 from bench.router_fanout import run_fanout  # noqa: E402
+from bench.router_latejoin import run_latejoin  # noqa: E402
 from bench.router_measure import (  # noqa: E402
     CONVERGE_TIMEOUT_S,
     GAP_S,
@@ -268,9 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-requests", action="store_true", help="skip the requests and responses (section 6)")
     ap.add_argument("--only-requests", action="store_true",
                     help="measure only the requests and responses (section 6)")
+    ap.add_argument("--lj-rounds", type=int, default=3, help="late join: rounds of each path; the best counts")
+    ap.add_argument("--no-latejoin", action="store_true", help="skip the late-join measurement")
+    ap.add_argument("--only-latejoin", action="store_true", help="measure only the late join (section 7)")
     args = ap.parse_args(argv)
-    if args.runs < 1 or args.topics < 1 or args.mbytes <= 0:
-        ap.error("--runs and --topics must be at least 1, --mbytes positive")
+    if args.runs < 1 or args.topics < 1 or args.mbytes <= 0 or args.lj_rounds < 1:
+        ap.error("--runs, --topics and --lj-rounds must be at least 1, --mbytes positive")
     if not (1 <= args.rr_runs <= 10 and 1 <= args.rr_count <= 100_000 and 1 <= args.rr_rate_count <= 100_000
             and 1 <= args.rr_responders <= 16 and 1 <= args.rr_window <= 4096):
         ap.error("--rr-runs 1 to 10, --rr-count and --rr-rate-count 1 to 100000, --rr-responders 1 to 16, --rr-window 1 to 4096")
@@ -294,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.only_requests:
             print_requests(request_rows(tmp, stack, args), args)
+            print(f"\ntotal {time.monotonic() - started:.1f} s")
+            return 0
+        if args.only_latejoin:
+            run_latejoin(args.lj_rounds)
             print(f"\ntotal {time.monotonic() - started:.1f} s")
             return 0
         stack.callback(source.close)
@@ -420,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
             run_fanout(tmp, stack, args)
         if not args.no_requests:
             print_requests(request_rows(tmp, stack, args), args)
+        if not args.no_latejoin:
+            run_latejoin(args.lj_rounds)
     signal.alarm(0)
     print(f"\ntotal {time.monotonic() - started:.1f} s")
     return 0

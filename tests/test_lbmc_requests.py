@@ -55,13 +55,17 @@ def _judge(tmp_path, chunks_msgs, port):
     assert not [(f.number, f.experts) for f in frames if f.flagged]
 
 
-def test_the_data_connection_carries_requests_and_the_receivers_requests(tmp_path):
+def test_the_data_connection_carries_requests(tmp_path):
     req = request_header(7, "127.0.1.1", REQUEST_PORT)
     request = C.decode(C.data_message(3, 100, b"p" * 40, req))
-    lji = C.Message(C.CONTROL, headers=(C.LateJoinRequestHeader(0, 65536, 0, 3, "127.0.1.2", 14392),))
-    rxreq = C.Message(C.CONTROL, headers=(C.UmeRxReqHeader(0, 65537, 0, 3, 99, 14392, 0, "127.0.1.2"),))
-    _judge(tmp_path, [(True, [C.Message(C.MESSAGE, 3, 99, b"q" * 40), request]), (False, [lji]),
-                      (False, [rxreq])], port=14371)
+    _judge(tmp_path, [(True, [C.Message(C.MESSAGE, 3, 99, b"q" * 40), request])], port=14371)
+
+
+def test_the_sources_request_port_takes_the_receivers_late_join_and_otr_requests(tmp_path):
+    # UIMs from a receiver's connection to the source's request port (its late-join option's)
+    lji = C.Message(C.CONTROL, headers=(C.LateJoinRequestHeader(0, 65536, 1, 3, "127.0.1.2", 14392),))
+    rxreq = C.Message(C.CONTROL, headers=(C.UmeRxReqHeader(0, 65537, 1, 3, 99, 14392, 0, "127.0.1.2"),))
+    _judge(tmp_path, [(False, [lji]), (False, [rxreq])], port=REQUEST_PORT)
 
 
 def test_the_request_port_takes_responses_and_the_sources_answers(tmp_path):

@@ -9,7 +9,7 @@ import json
 import pytest
 import trio
 
-from lbmr_proto import lbmc
+from lbmr_proto import LateJoinOption, lbmc
 from lbmr_tools import sim
 from lbmr_tools.sim import SimConfig, parse_args, render, run_sim
 from lbmr_tools.sim.dataplane import (
@@ -92,6 +92,7 @@ async def test_requests_get_a_response_from_every_receiver_and_a_late_joiner_and
         src = UmTcpSource(LO, 0, seed=7, rate=10_000, message_size=100, requests=20, request_interval=100,
                           request_port=port.address, first_qidx=st.first_qidx, retention=5000)
         ip, p = await n.start(src.serve)
+        n.start_soon(src.take_requests, port.serve_source(1))  # its late-join option: port.address, index 1
         rport = RequestPort("127.0.0.2")
         await n.start(rport.serve)
         res = {}
@@ -99,7 +100,8 @@ async def test_requests_get_a_response_from_every_receiver_and_a_late_joiner_and
         def receiver(name, **kw):
             async def run():
                 res[name] = await UmTcpReceiver(ip, p, 100 * 2500, 7, request_port=rport,
-                                                bind_ip="127.0.0.2", timeout=20, **kw).run()
+                                                source_request=(*port.address, 1), bind_ip="127.0.0.2",
+                                                timeout=20, **kw).run()
             return run
 
         async with trio.open_nursery() as m:
@@ -125,6 +127,9 @@ async def test_requests_get_a_response_from_every_receiver_and_a_late_joiner_and
     assert src.requests_sent == [2] * 20  # the late joiner was not there yet
     assert src.counters["lj_answered"] == 1 and src.counters["rx_answered"] == otr.recovered
     assert port.stats.responses == 60 and rport.stats.unclaimed == 0
+    # the requests came to the source's request port as UIMs, none on the data connections
+    assert port.stats.recovery_requests == 1 + otr.otr_requests and port.stats.unknown_transport == 0
+    assert src.counters["other_control"] == 0 and src.counters["wrong_topic"] == 0
 
 
 async def test_the_request_port_counts_what_is_not_a_right_response_and_survives_garbage():
@@ -197,7 +202,16 @@ async def test_sim_late_join_and_otr_receivers_get_consecutive_streams():
         assert d["lj_low"] == 0 and d["first_sqn"] == 0  # the clock started with this receiver: all retained
         assert d["messages"] == d["last_sqn"] - d["first_sqn"] + 1
     for ds in res.data_sources:
-        assert ds["counters"]["lj_answered"] == 1 and ds["counters"]["rx_answered"] >= 1
+        c = ds["counters"]
+        assert c["lj_answered"] == 1 and c["rx_answered"] >= 1
+        assert c["other_control"] == c["wrong_topic"] == 0  # nothing upstream on the data connection
+    # the requests went to the request ports the sources' late-join options name, as UIMs
+    assert sum(p["stats"]["recovery_requests"] for p in res.request_ports) >= 2 + len(res.receivers)
+    assert all(p["stats"]["unknown_transport"] == 0 for p in res.request_ports)
+    for c in res.contexts:
+        for i, s in enumerate(c.sources, 1):
+            (lj,) = [o for o in s.tir.options if isinstance(o, LateJoinOption)]
+            assert (lj.src_tcp_port, lj.transport_idx) == (c.request_port, i)
 
 
 def test_sim_request_options_parse_and_are_checked():

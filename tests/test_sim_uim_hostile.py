@@ -33,24 +33,35 @@ async def test_the_request_port_bounds_connections_and_closes_idle_ones(autojump
 
 async def test_a_source_answers_only_the_address_a_request_came_from():
     async with trio.open_nursery() as n:
-        src = UmTcpSource(LO, 0, seed=3, rate=1000, message_size=100, retention=1_000_000)
+        port = RequestPort(LO)
+        await n.start(port.serve)
+        src = UmTcpSource(LO, 0, seed=3, rate=1000, message_size=100, retention=1_000_000, tidx=7)
         ip, p = await n.start(src.serve)
+        n.start_soon(src.take_requests, port.serve_source(1))
         s = await trio.open_tcp_stream(ip, p)
         await s.receive_some(1000)  # the stream runs
+        # upstream on the data connection: not where UM sends requests (counted, ignored)
+        await s.send_all(_control(lbmc.LateJoinRequestHeader(0, 1, 1, 7, LO, 14391)))
+        u = await trio.open_tcp_stream(*port.address)  # UIMs to the source's request port
         # a late-join and an OTR request naming somebody else: refused, nothing sent there
-        await s.send_all(_control(lbmc.LateJoinRequestHeader(0, 1, 0, 0, "10.1.2.3", 14391))
-                         + _control(lbmc.UmeRxReqHeader(0, 2, 0, 0, 1, 14391, 0, "192.0.2.1")))
+        await u.send_all(_control(lbmc.LateJoinRequestHeader(0, 1, 1, 7, "10.1.2.3", 14391))
+                         + _control(lbmc.UmeRxReqHeader(0, 2, 1, 7, 1, 14391, 0, "192.0.2.1")))
+        # another transport index (no such source) and another topic index: counted, dropped
+        await u.send_all(_control(lbmc.LateJoinRequestHeader(0, 1, 9, 7, LO, 14391))
+                         + _control(lbmc.UmeRxReqHeader(0, 2, 1, 8, 1, 14391, 0, LO)))
         # one for message 0 (we have seen it: retained), naming our own address and a port where
         # nobody listens: tried, failed, counted
-        await s.send_all(_control(lbmc.UmeRxReqHeader(0, 3, 0, 0, 0, 9, 0, "127.0.0.1")))
+        await u.send_all(_control(lbmc.UmeRxReqHeader(0, 3, 1, 7, 0, 9, 0, "127.0.0.1")))
         with trio.move_on_after(10):
             while src.counters["answer_failures"] + src.counters["answers_refused"] < 3:
                 await trio.sleep(0.01)
         await s.aclose()
+        await u.aclose()
         n.cancel_scope.cancel()
     c = src.counters
-    assert (c["lj_requests"], c["rx_requests"], c["answers_refused"]) == (1, 2, 2)
-    assert c["answer_failures"] == 1 and c["lj_answered"] == 0, sorted(c.items())
+    assert (c["lj_requests"], c["rx_requests"], c["answers_refused"], c["wrong_topic"]) == (1, 3, 2, 1)
+    assert c["answer_failures"] == 1 and c["lj_answered"] == 0 and c["other_control"] == 1, sorted(c.items())
+    assert (port.stats.recovery_requests, port.stats.unknown_transport) == (4, 1)
 
 
 async def test_a_receiver_never_responds_to_a_third_party():
@@ -67,12 +78,16 @@ async def test_a_late_join_of_a_big_retention_is_streamed_in_pieces():
     async with trio.open_nursery() as n:
         port = RequestPort("127.0.0.2")
         await n.start(port.serve)
+        src_port = RequestPort(LO)
+        await n.start(src_port.serve)
         src = UmTcpSource(LO, 0, seed=5, rate=200_000, message_size=16, retention=30_000, max_burst=256)
         ip, p = await n.start(src.serve)
+        n.start_soon(src.take_requests, src_port.serve_source(1))
         first = await trio.open_tcp_stream(ip, p)  # runs the clock past the retention
         while src.next_sqn < 40_000:
             await first.receive_some(1 << 16)
-        late = UmTcpReceiver(ip, p, 16 * 100, 5, request_port=port, late_join=True, bind_ip="127.0.0.2",
+        late = UmTcpReceiver(ip, p, 16 * 100, 5, request_port=port, source_request=(*src_port.address, 1),
+                             late_join=True, bind_ip="127.0.0.2",
                              timeout=30)
         async with trio.open_nursery() as m:
             async def drain():

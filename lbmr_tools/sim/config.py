@@ -405,7 +405,7 @@ def build_contexts(cfg: SimConfig, addrs: Sequence[Addr], start: float,
     daemons = daemon_list(cfg)
     ctxs = [Context(daemons, multicast=cfg.multicast, timing=cfg.timing, start=start,
                     src_id=rng.randbytes(8), rng=rng, index=i, local_ip=addrs[i][0],
-                    max_datagram=cfg.max_datagram,
+                    max_datagram=cfg.max_datagram, late_join=cfg.transport == "tcp" and cfg.retention > 0,
                     # a context that sends or takes UIMs by domain must hear the routers' records
                     # without sources or receivers (UM's resolver_unicast_force_alive)
                     force_alive=cfg.uim is not None or cfg.request_ports,

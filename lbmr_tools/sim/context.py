@@ -14,6 +14,7 @@ from lbmr_proto import (
     TIR,
     TQR,
     ExFuncOption,
+    LateJoinOption,
     LBMRDecodeError,
     LocalDomainOption,
     OtidOption,
@@ -144,7 +145,8 @@ class Context:
                  timing: Timing | None = None, start: float = 0.0, src_id: bytes | None = None,
                  rng: random.Random | None = None, index: int = 0, local_ip: str = "127.0.0.1",
                  max_datagram: int = DEFAULT_MAX_DATAGRAM, force_alive: bool = False,
-                 request_port: int = REQUEST_PORT_BASE, ignore_unknown_source: bool = True) -> None:
+                 request_port: int = REQUEST_PORT_BASE, ignore_unknown_source: bool = True,
+                 late_join: bool = False) -> None:
         if multicast is not None:
             if daemons:
                 raise ValueError("a context uses either daemons or a multicast group, not both")
@@ -168,6 +170,7 @@ class Context:
         self.local_ip = local_ip
         self.max_datagram = max_datagram
         self.request_port = request_port
+        self.late_join = late_join
         self.ignore_unknown_source = ignore_unknown_source
         self.trailer = um_trailer(self.src_id)
         if max_datagram < 4 + len(self.trailer) + MAX_NAME_LEN + 80:
@@ -203,8 +206,7 @@ class Context:
         otid = make_otid(transport, idx, self.ctx_id, len(self.sources) + 1, session)
         ip = getattr(transport, "ip", "0.0.0.0")
         tir = TIR(topic, transport, ttl=TIR_TTL, index=idx,
-                  options=[OtidOption(0x8000, otid),
-                           ExFuncOption(0x8000, self.request_port, 0, ip, 0)])
+                  options=self._source_options(otid, ip, len(self.sources) + 1))
         src = Source(topic, transport, idx, otid, tir, tir.encode(),
                      Schedule(now, self.timing.ad_phase()), ready)
         if not ready:
@@ -234,7 +236,7 @@ class Context:
         otid = make_otid(transport, idx, self.ctx_id, self.sources.index(src) + 1, session)
         ip = getattr(transport, "ip", "0.0.0.0")
         tir = TIR(src.topic, transport, ttl=TIR_TTL, index=idx,
-                  options=[OtidOption(0x8000, otid), ExFuncOption(0x8000, self.request_port, 0, ip, 0)])
+                  options=self._source_options(otid, ip, self.sources.index(src) + 1))
         old = src.transport
         src.transport, src.otid, src.tir, src.record = transport, otid, tir, tir.encode()
         for r in self._receivers_by_topic.get(src.topic, ()):
@@ -242,6 +244,21 @@ class Context:
                 r.sources.discard(r.transport)
                 r.resolved_at = None
                 self._resolve_local(r, src, r.created)
+
+    def transport_index(self, src: Source) -> int:
+        """``src``'s transport index (1, 2, ... in the order sources were added):
+        what its late-join option names."""
+        return self.sources.index(src) + 1
+
+    def _source_options(self, otid: bytes, ip: str, transport_idx: int) -> list:
+        """A source's TIR options: its OTID and the context's request port
+        (extended functionality; with ``late_join`` also the late-join option,
+        naming the source's transport index ``transport_idx``: late-join and
+        OTR requests go to that port and name that index)."""
+        if not self.late_join:
+            return [OtidOption(0x8000, otid), ExFuncOption(0x8000, self.request_port, 0, ip, 0)]
+        return [OtidOption(0x8000, otid), LateJoinOption(0, self.request_port, 0, ip, transport_idx, 0, 0),
+                ExFuncOption(0x8000, self.request_port, 0, ip, 0x1)]
 
     def add_receiver(self, topic: str, *, now: float | None = None) -> Receiver:
         """Create a receiver for ``topic`` from ``now``. It queries until a

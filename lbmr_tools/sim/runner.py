@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import trio
 
+from lbmr_proto import LateJoinOption
 from lbmr_proto.capture import PcapWriter
 
 from .config import (
@@ -106,18 +107,34 @@ async def _start_data_source(nursery, cfg: SimConfig, ip: str, port: int, topic:
     return await _start_on(nursery, make, port)
 
 
-def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str, request_port: RequestPort | None):
+def late_join_port(tir, fill_ip: str) -> tuple[str, int, int] | None:
+    """(ip, port, transport index) of the source's request port as the
+    late-join option of ``tir`` names them (an address 0.0.0.0: ``fill_ip``,
+    the transport's), or None without one."""
+    for o in (tir.options or ()) if tir is not None else ():
+        if isinstance(o, LateJoinOption):
+            return (fill_ip if o.src_ip_addr == "0.0.0.0" else o.src_ip_addr), o.src_tcp_port, o.transport_idx
+    return None
+
+
+def _data_receiver(cfg: SimConfig, topic: str, transport, local_ip: str, request_port: RequestPort | None,
+                   tir=None):
     """The data receiver for a receiver of ``topic`` resolved to
-    ``transport`` (its context's request port: ``request_port``), or an
-    error text when there is no data to fetch."""
+    ``transport`` (its context's request port: ``request_port``; the
+    source's, for late join and OTR, from the late-join option of ``tir``),
+    or an error text when there is no data to fetch."""
     seed = topic_seed(topic, cfg.data_seed)
     name = transport.NAME
     if name == "TCP":
         if cfg.data_bytes is None:
             return "resolved a TCP source but --data-bytes is not given"
         if cfg.uses_uim:
+            source_request = late_join_port(tir, transport.ip)
+            if (cfg.late_join or cfg.otr) and source_request is None:
+                return "resolved a TCP source whose TIR offers no late join (no late-join option)"
             return UmTcpReceiver(transport.ip, transport.port, cfg.data_bytes, seed,
-                                 request_port=request_port, late_join=cfg.late_join, otr=cfg.otr,
+                                 request_port=request_port, source_request=source_request,
+                                 late_join=cfg.late_join, otr=cfg.otr,
                                  drop_every=cfg.data_drop_every, rate_limit_bps=cfg.data_rate_limit,
                                  timeout=cfg.duration, bind_ip=local_ip)
         return TcpDataReceiver(transport.ip, transport.port, cfg.data_bytes, seed,
@@ -230,6 +247,11 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                         server.set_session(src.transport.session_id)
                     else:  # TCP and LBT-RU: the advertised topic index
                         server.tidx = src.index
+                    if isinstance(server, UmTcpSource) and server.retention and req_ports:
+                        # late join and OTR requests come to the context's request port, naming
+                        # the transport index the source's late-join option advertises
+                        nursery.start_soon(server.take_requests,
+                                           req_ports[ci].serve_source(ctx.transport_index(src)))
                     ctx.source_ready(src, trio.current_time(),
                                      None if port == base + n else _with_port(src.transport, port))
                     wakes[ci][0].set()  # its ticker: advertise now
@@ -278,7 +300,7 @@ async def run_sim(config: SimConfig, *, task_status=trio.TASK_STATUS_IGNORED) ->
                 try:
                     await data_ready.wait()
                     rx = _data_receiver(config, r.topic, r.transport, ctx.local_ip,
-                                        req_ports[ctx.index] if req_ports else None)
+                                        req_ports[ctx.index] if req_ports else None, r.tir)
                     data_rx[r] = rx
                     if not isinstance(rx, str):
                         await rx.run()

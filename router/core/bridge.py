@@ -92,6 +92,7 @@ from dataclasses import dataclass
 from .. import peerlink as P
 from .acl import OPEN, PortalAcl, Session
 from .endpoint_portal import PortalView
+from .recovery import SourceRequestPort, request_port_of
 from .sessions import ProxySession, ProxySessions, SourceAdverts
 from .tr import (
     LocalInterest,
@@ -410,6 +411,16 @@ class Bridge:
         (where a stream the peer opens for it connects), or None."""
         return self._adverts.body(advert_id)
 
+    def advert_request_port(self, advert_id: int) -> SourceRequestPort | None:
+        """Where the source behind our advertisement ``advert_id`` takes late-join and
+        OTR requests (its TIR's options, :func:`router.core.recovery.request_port_of`),
+        or None."""
+        return request_port_of(self._adverts.tir_options(advert_id))
+
+    def proxied(self, advert_id: int) -> P.Advertisement | None:
+        """The peer's advertisement ``advert_id``, if a proxy here serves it."""
+        return self._sessions.advert(advert_id)
+
     def advert_sources(self) -> dict[int, object]:
         return self._adverts.bodies()
 
@@ -516,7 +527,7 @@ class Bridge:
                     aid = None
                 if aid is None:
                     aid = next(self._advert_ids)
-                session = self._adverts.set(key, aid, ev.transport_body)
+                session = self._adverts.set(key, aid, ev.transport_body, ev.tir_options)
                 self._advertise(aid, ev.topic, ev.otid, ev.transport_body.TYPE, withdraw=False,
                                 session=session,
                                 origin_session_id=getattr(ev.transport_body, "session_id", 0) or 0,

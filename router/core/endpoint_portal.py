@@ -75,6 +75,7 @@ class PortalView:
         # _interest, to match (the patterns that compile), its states bounded
         self._matching: InterestIndex[Key] = InterestIndex(max_states=portal.max_states_per_link)
         self._proxies: dict[int, int] = {}  # the link's advert id -> the portal's proxy id
+        self._adverts: dict[int, int] = {}  # the portal's proxy id -> the link's advert id
         self._events: list = []
 
     # ------------------------------------------------------------------ the link's calls
@@ -129,15 +130,26 @@ class PortalView:
             pid = next(self._portal.proxy_ids)
         self._portal.tr.add_proxy(replace(proxy, advert_id=pid), now)
         self._proxies[proxy.advert_id] = pid
+        self._adverts[pid] = proxy.advert_id
         self._portal.dispatch(caller=self)
 
     def remove_proxy(self, advert_id: int, now: float) -> bool:
         pid = self._proxies.pop(advert_id, None)
         if pid is None:
             return False
+        self._adverts.pop(pid, None)
         done = self._portal.tr.remove_proxy(pid, now)
         self._portal.dispatch(caller=self)
         return done
+
+    def proxy_id(self, advert_id: int) -> int | None:
+        """The portal's id of the proxy of the link's advertisement ``advert_id`` (what
+        its TIR names as transport index), or None."""
+        return self._proxies.get(advert_id)
+
+    def advert_of(self, proxy_id: int) -> int | None:
+        """The link's advert id the portal's proxy ``proxy_id`` stands for, or None."""
+        return self._adverts.get(proxy_id)
 
     def requery(self, topic: str, now: float) -> float | None:
         return self._portal.tr.requery(topic, now)

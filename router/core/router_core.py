@@ -62,6 +62,7 @@ from .bridge import SendFrame as BridgeSendFrame
 from .bridge import StartProxy as BridgeStartProxy
 from .bridge import StopProxy as BridgeStopProxy
 from .endpoint_portal import EndpointPortal
+from .recovery import SourceRequestPort, proxy_transport_index
 from .routing import Routing
 from .tr import PortalTR
 from .transit import Transit
@@ -258,6 +259,38 @@ class RouterCore:
             if b.advert_source(advert_id) is not None:
                 return e
         return st.spec.endpoints[0]
+
+    def advert_request_port(self, link: str, endpoint: str, advert_id: int) -> SourceRequestPort | None:
+        """Where the source behind our advertisement ``advert_id`` on ``link`` takes
+        late-join and OTR requests (:mod:`router.core.recovery`): a source of
+        ``endpoint``'s TRD, as its TIR's options say; or (transit) our proxy of the
+        advertisement passed on, at ``endpoint``'s request listener under that proxy's
+        transport index (the request takes the next hop there); None if neither."""
+        st = self._links[link]
+        got = st.bridges[endpoint].advert_request_port(advert_id)
+        if got is None and st.spec.routed and endpoint == st.spec.endpoints[0]:
+            up = self.transit.advert_upstream(st.spec.name, advert_id)
+            listener = self.portals[endpoint].tr.settings.request_address
+            if up is None or listener is None:
+                return None
+            for up_st in self._links.values():
+                if up_st.spec.name == up[0] and endpoint in up_st.bridges:
+                    pid = up_st.bridges[endpoint].portal.proxy_id(up[1])
+                    if pid is not None:  # (a proxy only passed on, not advertised here: none)
+                        got = SourceRequestPort(listener[0], listener[1], proxy_transport_index(pid))
+        return got
+
+    def proxied(self, endpoint: str, proxy_id: int) -> tuple[str, P.Advertisement] | None:
+        """The peer's advertisement ``endpoint``'s proxy ``proxy_id`` serves, and the
+        link it came on: (link id, the ADVERTISEMENT), or None (a request's transport
+        index names the proxy: :func:`router.core.recovery.proxy_transport_index`)."""
+        for lid, st in self._links.items():
+            bridge = st.bridges.get(endpoint)
+            aid = bridge.portal.advert_of(proxy_id) if bridge is not None else None
+            f = bridge.proxied(aid) if aid is not None else None
+            if f is not None:
+                return lid, f
+        return None
 
     def proxy_advert(self, link: str, endpoint: str, proxy_id: int) -> int | None:
         """The advert id a new stream of proxy ``proxy_id`` names on the link."""

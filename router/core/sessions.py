@@ -142,6 +142,11 @@ class ProxySessions:
     def proxy(self, proxy_id: int) -> ProxySession | None:
         return self._by_proxy.get(proxy_id)
 
+    def advert(self, advert_id: int) -> P.Advertisement | None:
+        """The peer's advertisement ``advert_id`` if it is served here."""
+        ps = self._of_advert.get(advert_id)
+        return None if ps is None else ps.adverts.get(advert_id)
+
     def advert_of(self, proxy_id: int) -> int | None:
         """A live advertisement of proxy ``proxy_id`` (the oldest): what a stream
         for one of its receivers names on the link. None if it serves none."""
@@ -165,6 +170,7 @@ class SourceAdverts:
         self._body: dict[int, object] = {}
         self._session: dict[int, int] = {}  # advert id -> session name (0: not grouped)
         self._by_session: dict[int, set[int]] = {}
+        self._options: dict[int, bytes] = {}  # advert id -> the source TIR's request options
 
     def __contains__(self, key: tuple[str, bytes]) -> bool:
         return key in self._ids
@@ -178,10 +184,12 @@ class SourceAdverts:
     def get(self, key: tuple[str, bytes]) -> int | None:
         return self._ids.get(key)
 
-    def set(self, key: tuple[str, bytes], advert_id: int, body) -> int:
+    def set(self, key: tuple[str, bytes], advert_id: int, body, tir_options: bytes = b"") -> int:
         """Advert ``advert_id`` is ``key``'s, its source at ``body`` (which may
-        have changed); its session name."""
+        have changed; ``tir_options``: its TIR's UME, late-join and exfunc options, as
+        the advertisement carries them); its session name."""
         self._unsession(advert_id)
+        self._options[advert_id] = tir_options
         self._ids[key] = advert_id
         self._key[advert_id] = key
         self._body[advert_id] = body
@@ -197,6 +205,7 @@ class SourceAdverts:
             return None
         self._unsession(aid)
         self._session.pop(aid, None)
+        self._options.pop(aid, None)
         del self._key[aid]
         return aid, self._body.pop(aid)
 
@@ -209,11 +218,15 @@ class SourceAdverts:
                 del self._by_session[s]
 
     def clear(self) -> None:
-        for d in (self._ids, self._key, self._body, self._session, self._by_session):
+        for d in (self._ids, self._key, self._body, self._session, self._by_session, self._options):
             d.clear()
 
     def body(self, advert_id: int):
         return self._body.get(advert_id)
+
+    def tir_options(self, advert_id: int) -> bytes:
+        """The request options (UME, late join, exfunc) of the source behind ``advert_id``."""
+        return self._options.get(advert_id, b"")
 
     def bodies(self) -> dict[int, object]:
         return dict(self._body)

@@ -276,6 +276,11 @@ class Transit:
         got = self._up.get(up)
         return None if got is None else got.body
 
+    def advert_upstream(self, link: str, advert_id: int) -> tuple[str, int] | None:
+        """(the link, the advert id there) of the peer's advertisement our transit advert
+        ``advert_id`` on ``link`` passes on (our proxy of it is that advert id), or None."""
+        return self._down.get((link, advert_id))
+
     def link_down(self, link: str) -> list[SendOnLink]:
         """Peer link ``link`` is gone: its interest and our adverts on it are forgotten."""
         self._sent.pop(link, None)

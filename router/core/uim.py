@@ -13,6 +13,12 @@ LBMC message and returns one typed decision:
   ``endpoint``;
 * :class:`ForwardMessage`: pass ``message`` on to router ``next_router``, on
   a UIM_ROUTED stream of ``hops`` (the peer links crossed before that one);
+* :class:`RecoverMessage`: a late-join or retransmission request (LJI_REQ,
+  UME_RXREQ; no DESTINATION) that came to an endpoint's listener for a proxy
+  of ours (its transport index names the proxy,
+  :func:`router.core.recovery.proxy_transport_index`): carry it on a RECOVERY
+  stream on the link the proxy's advertisement came from, for the receiver's
+  address it names (:mod:`router.core.recovery`);
 * :class:`DropMessage`: drop it, for ``reason`` (a :class:`UimDrop`; the
   I/O counts it under ``reason.counter``).
 
@@ -39,6 +45,7 @@ from enum import Enum
 
 from lbmr_proto import lbmc
 
+from .recovery import recovery_request
 from .requests import (
     DeliverUim,
     Destination,
@@ -46,13 +53,14 @@ from .requests import (
     RefuseUim,
     UimDecision,
     UimRefusal,
+    deliverable_address,
     destination_of,
     route_uim,
     with_hops_taken,
 )
 from .routing import Routing
 
-__all__ = ["UimPath", "UimDrop", "DeliverMessage", "ForwardMessage", "DropMessage", "UimAction",
+__all__ = ["UimPath", "UimDrop", "DeliverMessage", "ForwardMessage", "RecoverMessage", "DropMessage", "UimAction",
            "UimStream", "MAX_HOPS_TAKEN", "MAX_CACHED"]
 
 #: routers a UIM may have crossed (``hops_taken``); beyond, it is dropped (the DRO's
@@ -73,6 +81,8 @@ class UimDrop(Enum):
     NOT_DELIVERABLE = "uim_not_deliverable"
     OWN_LISTENER = "uim_to_own_listener"
     STREAM_MISMATCH = "uim_stream_mismatch"
+    RECOVERY_UNKNOWN = "recovery_unknown_proxy"  # a request naming no proxy of the endpoint
+    RECOVERY_REQUESTER = "recovery_requester_not_deliverable"  # the answer address is not one to connect to
 
     @property
     def counter(self) -> str:
@@ -109,6 +119,21 @@ class ForwardMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class RecoverMessage:
+    """Send ``message`` (a late-join or retransmission request, unchanged) on the
+    RECOVERY stream on link ``link`` for the peer's advertisement ``advert_id`` and
+    the receiver at ``requester_ip``:``requester_port`` (where the answers go, in the
+    TRD of endpoint ``endpoint``)."""
+
+    endpoint: str
+    link: str
+    advert_id: int
+    requester_ip: str
+    requester_port: int
+    message: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class DropMessage:
     """Drop the message (count ``reason.counter``); ``detail`` for the log."""
 
@@ -116,7 +141,7 @@ class DropMessage:
     detail: str = ""
 
 
-UimAction = DeliverMessage | ForwardMessage | DropMessage
+UimAction = DeliverMessage | ForwardMessage | RecoverMessage | DropMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,14 +165,18 @@ class UimPath:
     has no peers that route); ``max_hop_count``: the most peer links a UIM
     crosses (``<route-info max-hop-count>``); ``own``: the (ip, port) of this router's
     request listeners, never a destination (a UIM delivered there would come back
-    in, again and again until its hop limit). ``counters``: what is counted
-    (``uim_in``, ``uim_delivered``/``uim_forwarded`` decisions, and the drops
-    by :class:`UimDrop`)."""
+    in, again and again until its hop limit); ``proxies``: the router's proxies
+    (:meth:`router.core.router_core.RouterCore.proxied`; None: no late join or OTR
+    request is taken). ``counters``: what is counted (``uim_in``,
+    ``uim_delivered``/``uim_forwarded``/``recovery_requests`` decisions, and the
+    drops by :class:`UimDrop`)."""
 
     def __init__(self, served: dict[str, tuple[int, str]], routing: Routing | None, *,
                  max_hop_count: int = 100, own: frozenset[tuple[str, int]] = frozenset(),
-                 counters: Counter[str] | None = None) -> None:
+                 counters: Counter[str] | None = None, proxies=None) -> None:
+        self.proxies = proxies
         self.by_domain = {dom: (name, ip) for name, (dom, ip) in served.items()}
+        self.endpoint_ips = {name: ip for name, (_, ip) in served.items()}
         self.own = own
         self.routing = routing
         self.max_hop_count = max_hop_count
@@ -201,8 +230,11 @@ class UimPath:
         self.counters["uim_in"] += 1
         try:
             dest = destination_of(message)
+            recovery = recovery_request(message) if dest is None and stream is None else None
         except lbmc.LbmcDecodeError as e:
             return self._drop(UimDrop.MALFORMED, str(e))
+        if recovery is not None and endpoint is not None and self.proxies is not None:
+            return self._recover(message, recovery, endpoint)
         if dest is None:
             return self._drop(UimDrop.NO_DESTINATION)
         if stream is not None and (dest.domain_id, dest.ip, dest.port) != (stream.domain_id, stream.ip, stream.port):
@@ -225,6 +257,18 @@ class UimPath:
         assert isinstance(got, ForwardUim)
         self.counters["uim_to_forward"] += 1
         return ForwardMessage(got.next_router, got.hops, dest.domain_id, dest.ip, dest.port, out, dest)
+
+    def _recover(self, message, req, endpoint: str) -> RecoverMessage | DropMessage:
+        """A late-join or OTR request at ``endpoint``'s listener: to the proxy its
+        transport index names, if the answer address is one to connect to."""
+        got = self.proxies.proxied(endpoint, req.transport_idx)
+        if got is None:
+            return self._drop(UimDrop.RECOVERY_UNKNOWN, f"{req.header.name} transport index {req.transport_idx}")
+        if not req.port or not deliverable_address(req.ip, self.endpoint_ips.get(endpoint, "0.0.0.0")):
+            return self._drop(UimDrop.RECOVERY_REQUESTER, f"{req.header.name} answer address {req.ip}:{req.port}")
+        self.counters["recovery_requests"] += 1
+        link, f = got
+        return RecoverMessage(endpoint, link, f.advert_id, req.ip, req.port, bytes(message))
 
     def _drop(self, reason: UimDrop, detail: str = "") -> DropMessage:
         self.counters[reason.counter] += 1

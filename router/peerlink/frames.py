@@ -93,6 +93,11 @@ class StreamKind(IntEnum):
     # port), carried (STREAM_DATA, from the opener) towards the router that serves the
     # domain (:class:`RoutedUimTarget`)
     UIM_ROUTED = 0x83
+    # capability RECOVERY: one receiver's late-join and OTR requests (LJI_REQ, UME_RXREQ UIMs)
+    # for one of the acceptor's advertisements, carried (STREAM_DATA, from the opener) towards
+    # the source, and the source's answers (UME_LJ_INFO, RETRANS) back the other way, for the
+    # receiver's request address named in the STREAM_OPEN (:class:`ResponseTarget`)
+    RECOVERY = 0x84
 
 
 class RefuseCode(IntEnum):
@@ -122,6 +127,7 @@ class Capability(IntFlag):
     RESPONSES = 0x40  # RESPONSE streams (responses to requests relayed across the link)
     UIM_ROUTING = 0x80  # UIM_ROUTED streams (unicast immediate messages routed by domain id)
     TIR_OPTIONS = 0x100  # ADVERTISEMENT frames carry the origin's late-join, exfunc and UME TIR options
+    RECOVERY = 0x200  # RECOVERY streams (late-join and OTR requests to the source, its answers back)
 
 
 DEFAULT_CAPABILITIES = int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS
@@ -133,6 +139,7 @@ KIND_CAPABILITY: dict[int, Capability] = {
     StreamKind.LBTRU_SESSION: Capability.RU_SESSIONS,
     StreamKind.RESPONSE: Capability.RESPONSES,
     StreamKind.UIM_ROUTED: Capability.UIM_ROUTING,
+    StreamKind.RECOVERY: Capability.RECOVERY,
 }
 
 
@@ -681,6 +688,7 @@ StreamTarget = ResponseTarget | RoutedUimTarget
 KIND_TARGET: dict[int, type[ResponseTarget] | type[RoutedUimTarget]] = {
     StreamKind.RESPONSE: ResponseTarget,
     StreamKind.UIM_ROUTED: RoutedUimTarget,
+    StreamKind.RECOVERY: ResponseTarget,  # the receiver's request address, as its requests name it
 }
 
 

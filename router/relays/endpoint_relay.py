@@ -59,6 +59,7 @@ from .lbtru_streams import (
     RuStreamRelay,
     drain,
 )
+from .recovery import RecoveryRelay
 from .responses import RequestListeners, ResponseRelay
 from .tcp_fanout import FanoutRelay
 from .tcp_streams import TX_DEPTH, TcpStreamRelay
@@ -120,12 +121,14 @@ class Relay:
         self._next_port = 0  # where the round robin over the range goes on
         self.requests = RequestListeners(settings.request_ip, counters, event, site)
         self.responses = ResponseRelay(pool.requesters, settings.request_ip, counters, event)
+        self.recovery = RecoveryRelay(settings.request_ip, counters, event, site)
         context = RelayContext(settings, counters, event, site, pool.upstreams, pool.ru_upstreams, WindowBudget(),
                                self.requests, self.responses)
         instances = {cls: cls(context) for cls in dict.fromkeys(RELAYS.values())}
         self.relays: RelayTable = {key: instances[cls] for key, cls in RELAYS.items()}
         self._far = far_table(self.relays, settings.mode)  # stream kind -> the relay that accepts it
         self._far[P.StreamKind.RESPONSE] = self.responses
+        self._far[P.StreamKind.RECOVERY] = self.recovery
         self._serving: dict[int, TransportRelay] = {}  # proxy id -> the relay of its proxy
 
     @property

@@ -20,6 +20,14 @@
   :data:`RETRY_AFTER` seconds, then tries again. A target idle for
   :data:`TARGET_IDLE` seconds closes; when all :data:`MAX_TARGETS` are taken,
   the least recently used one with nothing queued makes room.
+* **Late-join and OTR requests** (:class:`router.core.uim.RecoverMessage`):
+  a target per (link, advertisement, receiver address): one RECOVERY stream
+  on the link the proxy's advertisement came from, the requests (unchanged)
+  one way; the source's answers the other way are written, unchanged, to one
+  TCP connection to the receiver's address (from the endpoint's address),
+  bounded like a delivery (:data:`STALL_TIMEOUT`); a receiver that cannot be
+  reached, or takes nothing, ends the stream (counted). The router behind
+  the advertisement serves the other end (:mod:`router.relays.recovery`).
 * **UIM_ROUTED streams the peer opens** (:meth:`UimRelay.open_far`):
   refused at once when :meth:`UimPath.open_stream` says so, else accepted;
   their bytes are framed and each message decided like a listener's.
@@ -42,12 +50,20 @@ import trio
 from lbmr_proto import lbmc
 
 from .. import peerlink as P
-from ..core.uim import DeliverMessage, DropMessage, ForwardMessage, UimAction, UimPath, UimStream
+from ..core.uim import (
+    DeliverMessage,
+    DropMessage,
+    ForwardMessage,
+    RecoverMessage,
+    UimAction,
+    UimPath,
+    UimStream,
+)
 from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
 from .tcp_fanout import accept_stream
 
-__all__ = ["UimRelay", "READ_CHUNK", "MAX_CONNECTIONS", "MAX_CONNECTIONS_TOTAL", "IDLE_TIMEOUT",
+__all__ = ["UimRelay", "send_on_stream", "connect_from", "READ_CHUNK", "MAX_CONNECTIONS", "MAX_CONNECTIONS_TOTAL", "IDLE_TIMEOUT",
            "MESSAGE_TIMEOUT", "TARGET_QUEUE", "QUEUED_TOTAL", "MAX_TARGETS", "STALL_TIMEOUT",
            "RETRY_AFTER", "TARGET_IDLE", "LISTEN_BACKLOG"]
 
@@ -217,6 +233,9 @@ class UimRelay:
             return  # (counted by the path)
         if isinstance(action, DeliverMessage):
             key = ("deliver", action.endpoint, action.ip, action.port)
+        elif isinstance(action, RecoverMessage):
+            key = ("recover", action.endpoint, action.link, action.advert_id, action.requester_ip,
+                   action.requester_port)
         else:
             assert isinstance(action, ForwardMessage)
             key = ("forward", action.next_router, action.domain_id, action.ip, action.port, action.hops)
@@ -294,6 +313,8 @@ class UimRelay:
             with t.scope:
                 if t.key[0] == "deliver":
                     await self._deliver(t)
+                elif t.key[0] == "recover":
+                    await self._recover(t)
                 else:
                     await self._forward(t)
         finally:
@@ -324,7 +345,7 @@ class UimRelay:
                     if conn is None:
                         try:
                             with trio.fail_after(CONNECT_TIMEOUT):
-                                conn = await _connect(self.bind_ips.get(endpoint, "0.0.0.0"), (ip, port))
+                                conn = await connect_from(self.bind_ips.get(endpoint, "0.0.0.0"), (ip, port))
                         except (OSError, trio.TooSlowError) as e:
                             self._failed(t, "uim_deliver_unreachable", f"{ip}:{port}: {e}")
                             continue
@@ -409,25 +430,104 @@ class UimRelay:
                 link.close_stream(st)
 
     async def _send(self, link: Link, st: StreamState, data: bytes) -> bool:
-        """``data`` on stream ``st`` within its credit and the link queue's space;
-        False if the stream or link closed, or no credit came for STALL_TIMEOUT."""
-        pending = memoryview(data)
-        while pending:
-            if st.closed or link.closed:
-                return False
-            st.credit = trio.Event()
-            try:
-                rest = link.streams.send(st.sid, pending, limit=link.outq.data_space())
-            except S.LocalStreamError:
-                return False
-            link.flush_streams()
-            if len(rest) == len(pending):
-                with trio.move_on_after(STALL_TIMEOUT) as cs:
-                    await st.credit.wait()
-                if cs.cancelled_caught:
-                    return False
-            pending = rest
-        return True
+        return await send_on_stream(link, st, data)
+
+    # ------------------------------------------------------------ late join and OTR
+
+    async def _recover(self, t: _Target) -> None:
+        """A receiver's late-join and OTR requests for one proxied advertisement:
+        one RECOVERY stream, the answers back to the receiver."""
+        _, endpoint, lid, advert_id, ip, port = t.key
+        task = self.links.get(lid)
+        link: Link | None = task.link if task is not None else None
+        st: StreamState | None = None
+        try:
+            async with trio.open_nursery() as n:
+                while await self._wait(t):
+                    if st is None or st.closed or link.closed:
+                        if st is not None:
+                            n.cancel_scope.cancel()  # the stream ended: the target with it
+                            return
+                        link = task.link if task is not None else None
+                        if link is None or not link.connected:
+                            self._failed(t, "recovery_no_link", f"no link {lid}")
+                            continue
+                        if not link.capabilities & P.Capability.RECOVERY:
+                            self._drop_queue(t, "recovery_peer_unable")
+                            t.down_until = trio.current_time() + RETRY_AFTER
+                            continue
+                        try:
+                            sid = link.streams.open(advert_id, P.StreamKind.RECOVERY, P.ResponseTarget(ip, port))
+                        except (S.LocalStreamError, P.FrameEncodeError) as e:
+                            self._failed(t, "recovery_failed", f"{lid}: {e}")
+                            continue
+                        st = link.state[sid] = StreamState(sid, P.StreamKind.RECOVERY)
+                        link.flush_streams()
+                        self.counters["recovery_streams_opened"] += 1
+                        with trio.move_on_after(CONNECT_TIMEOUT):
+                            await st.accepted.wait()
+                        if st.refused is not None or not st.accepted.is_set() or st.closed:
+                            self.counters["recovery_streams_refused_by_peer"] += 1
+                            self._failed(t, "recovery_refused", f"{lid} refused advert {advert_id} for "
+                                                                f"{ip}:{port}: {st.refused or 'no answer'}")
+                            link.close_stream(st)
+                            st = None
+                            continue
+                        t.busy = True  # answers may flow at any time: never evicted while open
+                        n.start_soon(self._answers, link, st, t, endpoint, (ip, port))
+                    data, k = self._batch(t)
+                    if not await send_on_stream(link, st, data):
+                        self.counters["recovery_requests_failed"] += k
+                        self._failed(t, "recovery_failed", f"{lid}: stream stalled or closed")
+                        continue
+                    self.counters["recovery_requests_sent"] += k
+                n.cancel_scope.cancel()
+        finally:
+            t.busy = False
+            if st is not None and link is not None:
+                link.close_stream(st)
+
+    async def _answers(self, link: Link, st: StreamState, t: _Target, endpoint: str,
+                       receiver: tuple[str, int]) -> None:
+        """The source's answers on RECOVERY stream ``st``, written to the receiver (one
+        connection, opened at the first answer); the stream ends when the receiver
+        cannot be reached or takes nothing for STALL_TIMEOUT."""
+        conn = None
+        try:
+            while True:
+                while st.incoming:
+                    data = st.incoming.popleft()
+                    t.last_used = trio.current_time()  # answers flowing keep the target
+                    ok = False
+                    with trio.move_on_after(STALL_TIMEOUT if conn is not None else CONNECT_TIMEOUT):
+                        try:
+                            if conn is None:
+                                conn = await connect_from(self.bind_ips.get(endpoint, "0.0.0.0"), receiver)
+                                self.counters["recovery_receiver_connections"] += 1
+                            await conn.send_all(data)
+                            ok = True
+                        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                            pass
+                    if not ok:
+                        self.counters["recovery_receiver_gone"] += 1
+                        self.event("recovery_receiver_gone", f"{receiver[0]}:{receiver[1]}")
+                        return
+                    self.counters["recovery_answer_bytes"] += len(data)
+                    try:
+                        link.streams.consumed(st.sid, len(data))
+                    except S.LocalStreamError:
+                        pass
+                    link.flush_streams()
+                if st.closed or link.closed:
+                    return
+                st.incoming_ready = trio.Event()
+                await st.incoming_ready.wait()
+        finally:
+            st.closed = True
+            link.close_stream(st)
+            t.wake.set()  # the target sees the stream end
+            if conn is not None:
+                await trio.aclose_forcefully(conn)
 
     # ------------------------------------------------------------ streams the peer opens
 
@@ -475,6 +575,28 @@ class UimRelay:
             link.close_stream(st)
 
 
+async def send_on_stream(link: Link, st: StreamState, data: bytes | memoryview) -> bool:
+    """``data`` on stream ``st`` within its credit and the link queue's space;
+    False if the stream or link closed, or no credit came for STALL_TIMEOUT."""
+    pending = memoryview(data)
+    while pending:
+        if st.closed or link.closed:
+            return False
+        st.credit = trio.Event()
+        try:
+            rest = link.streams.send(st.sid, pending, limit=link.outq.data_space())
+        except S.LocalStreamError:
+            return False
+        link.flush_streams()
+        if len(rest) == len(pending):
+            with trio.move_on_after(STALL_TIMEOUT) as cs:
+                await st.credit.wait()
+            if cs.cancelled_caught:
+                return False
+        pending = rest
+    return True
+
+
 async def _watch(conn: trio.SocketStream, gone: trio.Event) -> None:
     """Read (and discard) what a destination sends on its connection until it closes
     it: then ``gone``."""
@@ -516,7 +638,7 @@ class _Framer:
         return runs, None
 
 
-async def _connect(bind_ip: str, addr: tuple[str, int]) -> trio.SocketStream:
+async def connect_from(bind_ip: str, addr: tuple[str, int]) -> trio.SocketStream:
     """A TCP connection to ``addr`` from ``bind_ip`` ("0.0.0.0": the system's choice)."""
     sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:

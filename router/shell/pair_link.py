@@ -61,7 +61,7 @@ class PairLink:
 
     zero_copy = False  # (the relays' splice paths are for sockets)
     connected = True
-    capabilities = P.DEFAULT_CAPABILITIES  # both sides are this router
+    capabilities = P.DEFAULT_CAPABILITIES | P.Capability.RECOVERY  # both sides are this router
     state_name = P.State.CONNECTED.value
 
     def __init__(self, peer_name: str, role: str, max_queue: int) -> None:

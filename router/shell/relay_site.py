@@ -43,6 +43,11 @@ class RelaySite:
         advertisement ``advert_id`` on this link, or None."""
         return self.core.advert_source(self.link_task.spec.id, self.endpoint, advert_id)
 
+    def advert_request_port(self, advert_id: int):
+        """Where the source behind our advertisement ``advert_id`` on this link takes
+        late-join and OTR requests (:meth:`RouterCore.advert_request_port`), or None."""
+        return self.core.advert_request_port(self.link_task.spec.id, self.endpoint, advert_id)
+
     def proxy_advert(self, proxy_id: int) -> int | None:
         """The advert id a new stream of our proxy ``proxy_id`` names (a live
         advertisement of its session), or None."""

@@ -66,7 +66,7 @@ log = logging.getLogger("lbmr-router")
 
 #: what a peer link announces besides the protocol's DEFAULT_CAPABILITIES (and ROUTING): the
 #: stream kinds of its own this router's data plane relays
-PEER_CAPABILITIES = P.Capability.UIM_ROUTING
+PEER_CAPABILITIES = P.Capability.UIM_ROUTING | P.Capability.RECOVERY
 
 ADVERTISE_CHUNK = 500  # topics of one session advertised at its new proxy before the loop runs again
 
@@ -285,7 +285,8 @@ class MultiRouter:
         address, forwarding on the peer links (their tasks are added as made)."""
         served = {e.name: (e.domain_id, self.relay_settings[e.name].request_ip) for e in self.config.endpoints}
         own = frozenset(e.request_address for e in self.config.endpoints if e.request_address is not None)
-        path = UimPath(served, self.routing, max_hop_count=self.config.route_info.max_hop_count, own=own)
+        path = UimPath(served, self.routing, max_hop_count=self.config.route_info.max_hop_count, own=own,
+                       proxies=self.core)
         uim = UimRelay(path, {name: ip for name, (_, ip) in served.items()}, self._tasks, self.routing,
                        self._uim_event)
         uim.nursery = nursery

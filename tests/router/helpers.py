@@ -28,7 +28,15 @@ from lbmr_proto import (
     lbtru,
 )
 from lbmr_proto.um import synthesize_otid
-from lbmr_tools.sim.dataplane import RuLiveReceiver, RuLiveSource, TcpDataReceiver, TcpDataSource
+from lbmr_tools.sim.dataplane import (
+    RequestPort,
+    RuLiveReceiver,
+    RuLiveSource,
+    TcpDataReceiver,
+    TcpDataSource,
+    UmTcpReceiver,
+    UmTcpSource,
+)
 from lbmrd.server import Daemon, Settings
 from router import peerlink as P
 from router.config import ConfigError, RouterConfig, load_config
@@ -1120,3 +1128,49 @@ async def start_ru_requester(n, trd, **kw) -> tuple[Requester, RuRequester, trio
 
     await n.start(run)
     return req, run.src, scope
+
+
+# ------------------------------------------------------------------ late join and OTR
+
+LJ_SEED, LJ_TIDX = 41, 9  # the retaining source's stream and topic index
+
+
+def late_join_tir(ip: str, port: int, request_port: int, topic: str = ROUTED_TOPIC) -> bytes:
+    """A TR datagram with the TIR of a retaining TCP source at ``ip``:``port`` whose
+    late-join and exfunc options name its context's request port (transport index 1)."""
+    body = L.TcpTransport(ip, port)
+    return L.encode(L.Packet(0, 1, tirs=[L.TIR(topic, body, 60, LJ_TIDX, [
+        L.OtidOption(0x8000, synthesize_otid(body, LJ_TIDX)), L.LateJoinOption(0, request_port, 0, ip, 1, 0, 0),
+        L.ExFuncOption(0x8000, request_port, 0, ip, 0x1)])]))
+
+
+async def retaining_source(n, trd, *, ip: str = "127.0.1.5", retention: int = 10_000, message_size: int = 100,
+                           topic: str = ROUTED_TOPIC, **kw) -> tuple[UmTcpSource, RequestPort]:
+    """lbmr-sim's retaining TCP source at ``ip`` (transport index 1 of its context, whose
+    request port is on ``ip`` too), advertised in ``trd`` every 0.5 s: (source, request port)."""
+    port = RequestPort(ip)
+    await n.start(port.serve)
+    src = UmTcpSource(ip, 0, seed=LJ_SEED, tidx=LJ_TIDX, message_size=message_size, retention=retention, **kw)
+    sip, sport = await n.start(src.serve)
+    n.start_soon(src.take_requests, port.serve_source(1))
+
+    async def advertise():
+        sock, data = udp(ip), late_join_tir(sip, sport, port.address[1], topic)
+        while True:
+            await sock.sendto(data, trd)
+            await trio.sleep(0.5)
+
+    n.start_soon(advertise)
+    return src, port
+
+
+def recovering_receiver(tir, request_port: RequestPort, expect_bytes: int, **kw) -> UmTcpReceiver:
+    """lbmr-sim's receiver of the retaining source through the proxy of ``tir``, its
+    late-join and OTR requests to the listener the TIR's late-join option names, its
+    answers at ``request_port`` (bound where it receives from)."""
+    (lj,) = [o for o in tir.options if isinstance(o, L.LateJoinOption)]
+    kw.setdefault("timeout", 60)
+    kw.setdefault("idle_timeout", 20)
+    return UmTcpReceiver(tir.transport.ip, tir.transport.port, expect_bytes, LJ_SEED, request_port=request_port,
+                         source_request=(lj.src_ip_addr, lj.src_tcp_port, lj.transport_idx),
+                         bind_ip=request_port.address[0], **kw)

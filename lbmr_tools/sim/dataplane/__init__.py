@@ -47,7 +47,8 @@ Requests, late join and OTR
 requests (messages of its stream with a REQUEST header naming its context's
 request port) and keeps a retention buffer; :class:`UmTcpReceiver` responds
 to requests, asks for retained messages when it joins (LJI_REQ) and for
-missing ones (UME_RXREQ), naming its context's request port, where the
+missing ones (UME_RXREQ) as UIMs to the source's request port (named in its
+TIR's late-join option), naming its context's request port, where the
 source's answers come (UME_LJ_INFO, RETRANS). :class:`RequestPort`
 (:mod:`.uim`) is that port: it counts responses per request index and hands
 answers to the receivers that asked.

@@ -10,8 +10,13 @@ UM's way, as lbmr-sim models it:
   request port (``ipaddr``, ``port``, transport 0: TCP) and the request
   index ``qidx``; a receiver that responds connects to that address (one
   connection per requester, kept) and sends the response there;
-* a late-join request (LJI_REQ) and an OTR request (UME_RXREQ) name the
-  receiver's request port in the same way (``req_ip``/``req_port``,
+* a source that offers late join names its context's request port in its
+  TIR (late-join option 0x04: ``src_ip``/``src_tcp_port`` and its
+  ``transport_idx``; extended-functionality option 0x0E); a receiver sends
+  its late-join request (LJI_REQ) and OTR requests (UME_RXREQ) there, as
+  UIMs over a TCP connection of its own (never upstream on the data
+  connection), naming the source's ``transport_idx`` and topic index and the
+  receiver's own request port (``req_ip``/``req_port``,
   ``rx_ip``/``rx_port``); the source connects there and sends a CONTROL
   message with UME_LJ_INFO (the retained range, the request's index as
   ``qidx``; late join only) and the retained messages as RETRANS.
@@ -25,7 +30,8 @@ can be checked on its own. Wireshark's lbmc dissector shows it as DATA.
 :class:`RequestPort` only moves bytes and sorts messages: responses are
 counted per request index (with the payload check), UME_LJ_INFO goes to the
 receiver that owns its index, RETRANS to every receiver registered for the
-sending address and topic index (through bounded trio channels).
+sending address and topic index, LJI_REQ and UME_RXREQ to the source of the
+context with the transport index they name (through bounded trio channels).
 """
 
 from __future__ import annotations
@@ -167,6 +173,8 @@ class PortStats:
     unknown_qidx: int = 0  # responses and UME_LJ_INFO for no request of ours
     retransmissions: int = 0
     unclaimed: int = 0  # RETRANS no receiver registered for
+    recovery_requests: int = 0  # LJI_REQ and UME_RXREQ for one of our sources
+    unknown_transport: int = 0  # LJI_REQ and UME_RXREQ naming no source of ours
     overflow: int = 0  # messages for a receiver whose channel was full
     malformed: int = 0
     other: int = 0
@@ -210,6 +218,7 @@ class RequestPort:
         self._regs: dict[int, _Registration] = {}  # first index -> registration
         self._firsts: list[int] = []  # first_qidx of each of self.requests
         self._by_stream: dict[tuple[str, int], list[_Registration]] = {}
+        self._sources: dict[int, trio.MemorySendChannel] = {}  # transport index -> its source's requests
         self._live = 0
 
     # ------------------------------------------------------------ setup
@@ -242,6 +251,17 @@ class RequestPort:
         self._regs[first] = reg
         self._by_stream.setdefault((source_ip, tidx), []).append(reg)
         return first, recv
+
+    def serve_source(self, transport_idx: int) -> trio.MemoryReceiveChannel:
+        """The late-join and OTR requests (LJI_REQ, UME_RXREQ) naming the
+        context's source of transport index ``transport_idx``: a bounded
+        channel of (message, the address of the connection it came on).
+        ValueError if that index has a source already."""
+        if transport_idx in self._sources:
+            raise ValueError(f"transport index {transport_idx} has a source already")
+        send, recv = trio.open_memory_channel(self.channel_size)
+        self._sources[transport_idx] = send
+        return recv
 
     def unregister(self, first_idx: int) -> None:
         reg = self._regs.pop(first_idx, None)
@@ -299,6 +319,16 @@ class RequestPort:
                 st.unknown_qidx += 1
                 return
             self._deliver(owner, m)
+        elif m.kind == lbmc.CONTROL and (req := recovery_request(m)) is not None:
+            send = self._sources.get(req.transport_idx)
+            if send is None:
+                st.unknown_transport += 1
+                return
+            st.recovery_requests += 1
+            try:
+                send.send_nowait((m, peer_ip))
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                st.overflow += 1
         elif m.kind == lbmc.RETRANS:
             st.retransmissions += 1
             regs = self._by_stream.get((peer_ip, m.tidx))
@@ -424,6 +454,12 @@ class Responder:
             if s is not None:
                 await s.aclose()
         self._streams.clear()
+
+
+def recovery_request(m: lbmc.Message):
+    """The LJI_REQ or UME_RXREQ header of ``m``, or None."""
+    req = m.header(lbmc.LateJoinRequestHeader)
+    return req if req is not None else m.header(lbmc.UmeRxReqHeader)
 
 
 def same_party(named: str, peer: str) -> bool:

@@ -6,15 +6,19 @@
   context's request port) and keeps a retention buffer of its last
   ``retention`` messages (their range: a payload is derived from its
   sequence number, nothing is stored). A late-join request (LJI_REQ) or an
-  OTR request (UME_RXREQ) from a receiver, on the receiver's connection,
-  is answered by connecting to the port the request names and sending
-  UME_LJ_INFO (late join) and the retained messages as RETRANS.
+  OTR request (UME_RXREQ) from a receiver, a UIM that came to its context's
+  request port (:meth:`.uim.RequestPort.serve_source`: the port and transport
+  index its TIR's late-join option names), is answered by connecting to the
+  port the request names and sending UME_LJ_INFO (late join) and the
+  retained messages as RETRANS.
 * :class:`UmTcpReceiver` verifies the stream like a
   :class:`.tcp.TcpDataReceiver` and answers every request it sees
   (:class:`.uim.Responder`); with ``late_join`` it asks for the retained
   messages once the first live one is in, with ``otr`` it asks for every
   message missing from the stream (``drop_every`` discards some on purpose),
-  and takes the answers from its context's :class:`.uim.RequestPort`.
+  sending its requests as UIMs to the source's request port (one TCP
+  connection), and takes the answers from its context's
+  :class:`.uim.RequestPort`.
   :class:`.live.Repair` is its sans-IO core: which sequence numbers it has and
   which are missing.
 """
@@ -65,7 +69,8 @@ class UmTcpSource(TcpDataSource):
     at most ``rx_req_max`` messages when that is non-zero, and the request
     index as ``qidx``) then those messages as RETRANS; a UME_RXREQ gets its
     message as RETRANS when it is still retained (else ``counters
-    ["rx_unavailable"]``). Answers go to the address the request names over
+    ["rx_unavailable"]``); the requests come from :meth:`take_requests`.
+    Answers go to the address the request names over
     one connection per address (from ``bind_ip``), at most ``max_answers``
     addresses and ``MAX_PENDING`` requests each, and only to the address the
     request came from (:func:`.uim.same_party`; a request naming another
@@ -88,7 +93,7 @@ class UmTcpSource(TcpDataSource):
         self.requests_sent: list[int] = []
         self.counters = dict.fromkeys(("lj_requests", "lj_answered", "rx_requests", "rx_answered",
                                        "rx_unavailable", "retransmissions", "answers_refused",
-                                       "answer_failures", "other_control"), 0)
+                                       "answer_failures", "wrong_topic", "other_control"), 0)
         self._answers: dict[Addr, _Answers] = {}
 
     @property
@@ -120,23 +125,36 @@ class UmTcpSource(TcpDataSource):
         return None
 
     def _from_receiver(self, c, raw: bytes) -> None:
-        m = lbmc.decode(raw)
-        lji = m.header(lbmc.LateJoinRequestHeader)
-        rxreq = m.header(lbmc.UmeRxReqHeader)
-        if lji is not None:
-            self.counters["lj_requests"] += 1
-            self._owe(c, (lji.req_ip, lji.req_port), lji)
-        elif rxreq is not None:
-            self.counters["rx_requests"] += 1
-            self._owe(c, (rxreq.rx_ip, rxreq.rx_port), rxreq)
-        else:
-            self.counters["other_control"] += 1
+        """A message a receiver sent upstream on its data connection: UM's
+        receivers send late-join and OTR requests to the source's request port
+        (:meth:`take_requests`), so it is only counted."""
+        self.counters["other_control"] += 1
 
-    def _owe(self, c, addr: Addr, req) -> None:
-        """Queue the answer to ``req`` from receiver ``c`` for ``addr``: only
-        on the receiver's own address (0.0.0.0: that address; :func:`.uim.same_party`),
-        never a third party's (no reflection)."""
-        peer_ip = c.stats.peer.rpartition(":")[0]
+    async def take_requests(self, requests: trio.MemoryReceiveChannel) -> None:
+        """Answer the late-join and OTR requests of ``requests`` (the channel
+        :meth:`.uim.RequestPort.serve_source` gives for this source's transport
+        index; (message, sender's address)) until it closes. A request for
+        another topic index is refused (counted ``wrong_topic``)."""
+        async for m, peer_ip in requests:
+            lji = m.header(lbmc.LateJoinRequestHeader)
+            rxreq = m.header(lbmc.UmeRxReqHeader)
+            if lji is not None:
+                self.counters["lj_requests"] += 1
+                if lji.topic_idx != self.tidx:
+                    self.counters["wrong_topic"] += 1
+                    continue
+                self._owe(peer_ip, (lji.req_ip, lji.req_port), lji)
+            elif rxreq is not None:
+                self.counters["rx_requests"] += 1
+                if rxreq.id_2 != self.tidx:
+                    self.counters["wrong_topic"] += 1
+                    continue
+                self._owe(peer_ip, (rxreq.rx_ip, rxreq.rx_port), rxreq)
+
+    def _owe(self, peer_ip: str, addr: Addr, req) -> None:
+        """Queue the answer to ``req``, which came from ``peer_ip``, for
+        ``addr``: only on the requester's own address (0.0.0.0: that address;
+        :func:`.uim.same_party`), never a third party's (no reflection)."""
         if addr[0] == "0.0.0.0":
             addr = (peer_ip, addr[1])
         if not same_party(addr[0], peer_ip) or not addr[1]:
@@ -233,18 +251,24 @@ class UmTcpReceiver(TcpDataReceiver):
     """A :class:`.tcp.TcpDataReceiver` that answers requests and repairs its
     stream (see the module docstring). ``request_port``: its context's
     :class:`.uim.RequestPort` (needed for ``late_join`` and ``otr``), whose
-    address the requests name; ``drop_every`` n > 0 discards the first copy
+    address the requests name; ``source_request``: (ip, port, transport
+    index) of the source's request port as its TIR's late-join option names
+    them (needed too), where the requests go, each send bounded by
+    ``idle_timeout``; ``drop_every`` n > 0 discards the first copy
     of every live message whose sequence is n-1 mod n (with ``otr``). With
     ``respond`` every request seen gets a response from ``bind_ip``. It is
     done once it has ``expect_bytes`` payload bytes, nothing is missing and,
     with ``late_join``, the late-join answer is in."""
 
     def __init__(self, connect_ip: str, port: int, expect_bytes: int | None, seed: int = 0, *,
-                 request_port: RequestPort | None = None, respond: bool = True, late_join: bool = False,
-                 otr: bool = False, drop_every: int = 0, **kw) -> None:
+                 request_port: RequestPort | None = None, source_request: tuple[str, int, int] | None = None,
+                 respond: bool = True, late_join: bool = False, otr: bool = False, drop_every: int = 0,
+                 **kw) -> None:
         super().__init__(connect_ip, port, expect_bytes, seed, **kw)
-        if (late_join or otr) and request_port is None:
-            raise ValueError("late join and OTR need the receiver's request port")
+        if (late_join or otr) and (request_port is None or source_request is None):
+            raise ValueError("late join and OTR need the receiver's request port and the source's")
+        self.source_request = source_request
+        self._uim: trio.SocketStream | None = None  # to the source's request port
         if drop_every < 0 or (drop_every and not otr):
             raise ValueError("drop_every needs otr (and must be >= 0)")
         self.request_port, self.respond = request_port, respond
@@ -301,6 +325,8 @@ class UmTcpReceiver(TcpDataReceiver):
                 self.request_port.unregister(self._first_idx)
             with trio.CancelScope(shield=True):
                 await self.responder.aclose()
+                if self._uim is not None:
+                    await trio.aclose_forcefully(self._uim)
             rs = self.responder
             r.responses_sent, r.responses_failed, r.responses_refused = rs.sent, rs.failed, rs.refused
 
@@ -365,17 +391,36 @@ class UmTcpReceiver(TcpDataReceiver):
         if first and self.late_join:
             ip, port = self._my_port()
             self._lj_pending = True
-            await stream.send_all(lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(
-                lbmc.LateJoinRequestHeader(0, self._request_idx(), 0, self.repair.tidx, ip, port),))))
+            await self._send_uim(lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(
+                lbmc.LateJoinRequestHeader(0, self._request_idx(), self.source_request[2], self.repair.tidx,
+                                           ip, port),))))
         if missing and self.otr:
             ip, port = self._my_port()
+            tix = self.source_request[2]
             reqs = [lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(
-                lbmc.UmeRxReqHeader(0, self._request_idx(), 0, self.repair.tidx, q & 0xFFFFFFFF, port, 0, ip),)))
+                lbmc.UmeRxReqHeader(0, self._request_idx(), tix, self.repair.tidx, q & 0xFFFFFFFF, port, 0, ip),)))
                 for q in missing]
             r.otr_requests += len(reqs)
-            await stream.send_all(b"".join(reqs))
+            await self._send_uim(b"".join(reqs))
         if not drop:
             await self._request(m)
+
+    async def _send_uim(self, data: bytes) -> None:
+        """Send ``data`` (whole requests) to the source's request port, over
+        one connection opened at the first (from ``bind_ip``); a failure or a
+        send that takes longer than ``idle_timeout`` ends the run."""
+        with trio.move_on_after(self.idle_timeout) as scope:
+            try:
+                if self._uim is None:
+                    self._uim = await connect_from(self.bind_ip, self.source_request[:2])
+                await self._uim.send_all(data)
+                return
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                raise StreamMismatch(f"the source's request port {self.source_request[0]}:"
+                                     f"{self.source_request[1]}: {e}") from None
+        if scope.cancelled_caught:
+            raise StreamMismatch(f"the source's request port {self.source_request[0]}:"
+                                 f"{self.source_request[1]} took no request in {self.idle_timeout:g} s")
 
     async def _request(self, m: lbmc.Message) -> None:
         """Answer ``m`` if it is a request (live or recovered)."""

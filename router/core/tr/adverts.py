@@ -14,8 +14,9 @@ functionality (0x0E) options cross the peer link
 (:func:`origin_request_options`; the ADVERTISEMENT's ``tir_options``), and the
 proxy's TIR carries them with the address that names the source's request
 port (late-join and retransmission requests go there) replaced by the
-router's request listener in this TRD, ``request_address`` of the settings
-(:func:`proxy_request_options`; the UME option loses its store address and
+router's request listener in this TRD, ``request_address`` of the settings,
+and the transport index by the proxy's (:func:`proxy_request_options`;
+:mod:`router.core.recovery`; the UME option loses its store address and
 store flag: store traffic is not routed). Without a request listener the
 options are left out (``tir_options_dropped_no_listener``): the TRD's
 receivers never ask for late join at an address that cannot answer.
@@ -48,6 +49,7 @@ from lbmr_proto.topts import decode_tir_options
 from lbmr_proto.um import OTID_SIZE, TIR_TTL, Schedule, otid_topic_index
 
 from ...peerlink import ADVERT_TIR_OPTION_TYPES
+from ..recovery import proxy_transport_index
 from .events import Addr, ProxySource
 from .settings import PortalTRSettings
 from .timers import ProxyTimer, TimerHeap
@@ -82,10 +84,12 @@ def origin_request_options(options: Iterable[object] | None, fill_ip: str | None
     return b"".join(out.values())
 
 
-def proxy_request_options(raw: bytes, request: Addr) -> list:
+def proxy_request_options(raw: bytes, request: Addr, transport_idx: int | None = None) -> list:
     """The options a proxy's TIR carries for the origin's ``raw`` options (an
     ADVERTISEMENT's ``tir_options``): each with its request address and port replaced by
-    ``request`` (the router's request listener in the proxy's TRD); the UME option
+    ``request`` (the router's request listener in the proxy's TRD) and, given
+    ``transport_idx`` (the proxy's, :func:`router.core.recovery.proxy_transport_index`),
+    the late-join and UME options' transport index replaced by it; the UME option
     without store (address, port and store flag cleared). ValueError for bytes that are
     not such options."""
     if not raw:
@@ -100,6 +104,8 @@ def proxy_request_options(raw: bytes, request: Addr) -> list:
         if fields is None:
             raise ValueError(f"origin TIR option {o!r} does not cross")
         o = replace(o, **{fields[0]: request[0], fields[1]: request[1]})
+        if transport_idx is not None and isinstance(o, UmeOption | LateJoinOption):
+            o = replace(o, transport_idx=transport_idx)
         if isinstance(o, UmeOption):
             o = replace(o, flags=o.flags & ~_UME_STORE_FLAG, store_tcp_addr="0.0.0.0", store_tcp_port=0)
         out.append(o)
@@ -180,7 +186,8 @@ class ProxyAdverts:
             if self._request_address is None:
                 self._st["tir_options_dropped_no_listener"] += 1
             else:
-                request_opts = proxy_request_options(proxy.tir_options, self._request_address)
+                request_opts = proxy_request_options(proxy.tir_options, self._request_address,
+                                                     proxy_transport_index(proxy.advert_id))
                 self._st["tir_options_substituted"] += 1
         opts += request_opts
         try:

@@ -104,6 +104,10 @@ def test_the_proxy_substitutes_its_own_request_address_and_keeps_the_rest():
     # TRD, not routed) left out, the other flags kept
     assert ume == UmeOption(0x4000 | 0x0800, 0, 15391, "0.0.0.0", "10.2.0.1", 77, 3, 1200, 1000)
     assert proxy_request_options(b"", ROUTER_B) == []
+    # with the proxy's transport index: the late-join and UME options name it (exfunc has none)
+    lj, ex, ume = proxy_request_options(LATE_JOIN.encode() + EXFUNC.encode() + UME.encode(), ROUTER_B, 42)
+    assert (lj.transport_idx, ume.transport_idx) == (42, 42) and ex == ExFuncOption(0x8000, 15391, 0, "10.2.0.1", 0x3)
+    assert (lj.high_seqnum, lj.low_seqnum, ume.src_reg_id) == (1200, 1000, 77)
     with pytest.raises(ValueError):
         proxy_request_options(STORE.encode(), ROUTER_B)
 
@@ -164,7 +168,8 @@ def test_the_bridge_advertises_them_and_a_peer_bridge_proxies_them_at_its_reques
     assert tir.transport == TcpTransport("10.2.0.1", 14380)
     assert opts_of(tir, OtidOption)[0].otid == OTID and opts_of(tir, DomainIdOption)[0].domain_id == 1
     assert opts_of(tir, CostOption)[0].cost == 1
-    assert opts_of(tir, LateJoinOption) == [LateJoinOption(0, 15391, 0, "10.2.0.1", 3, 1200, 1000)]
+    # the proxy's transport index: its id in the portal (a request naming it finds the proxy)
+    assert opts_of(tir, LateJoinOption) == [LateJoinOption(0, 15391, 0, "10.2.0.1", 1, 1200, 1000)]
     assert opts_of(tir, ExFuncOption) == [ExFuncOption(0x8000, 15391, 0, "10.2.0.1", 0x3)]
     assert b.portal.stats()["tir_options_substituted"] == 1
 

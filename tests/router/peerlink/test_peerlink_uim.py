@@ -185,7 +185,9 @@ def test_capability_bits_and_kinds():
     assert KIND_CAPABILITY[StreamKind.RESPONSE] is Capability.RESPONSES
     assert KIND_CAPABILITY[StreamKind.UIM_ROUTED] is Capability.UIM_ROUTING
     assert KIND_CAPABILITY[StreamKind.LBTRU_SESSION] is Capability.RU_SESSIONS
-    assert set(KIND_TARGET) == {StreamKind.RESPONSE, StreamKind.UIM_ROUTED}
+    assert set(KIND_TARGET) == {StreamKind.RESPONSE, StreamKind.UIM_ROUTED, StreamKind.RECOVERY}
+    assert Capability.RECOVERY == 0x200 and StreamKind.RECOVERY == 0x84
+    assert KIND_CAPABILITY[StreamKind.RECOVERY] is Capability.RECOVERY
     # announced by default once the data plane relays them: RESPONSE yes, UIM_ROUTED not yet
     assert DEFAULT_CAPABILITIES & NEW == Capability.RESPONSES
     base = {StreamKind.TCP, StreamKind.LBTRU, StreamKind.LBTRM}
@@ -193,6 +195,7 @@ def test_capability_bits_and_kinds():
     assert set(stream_kinds(OLD)) == base | {StreamKind.LBTRU_SESSION}
     assert set(stream_kinds(DEFAULT_CAPABILITIES)) == base | {StreamKind.LBTRU_SESSION, StreamKind.RESPONSE}
     assert set(stream_kinds(Capability.UIM_ROUTING)) == base | {StreamKind.UIM_ROUTED}
+    assert set(stream_kinds(Capability.RECOVERY)) == base | {StreamKind.RECOVERY}
 
 
 RESP = StreamOpen(1, 7, StreamKind.RESPONSE, 1000, ResponseTarget("10.0.0.1", 14391))
