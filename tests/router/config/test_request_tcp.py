@@ -87,7 +87,7 @@ def test_one_address_names_the_uim_listener_and_the_late_join_request_address(tm
     tirs = [t for p in packets for t in p.tirs if t.topic == TOPIC]
     assert tirs and all(o.otid == OTID for o in tirs[0].options if isinstance(o, OtidOption))
     assert [o for o in tirs[0].options if isinstance(o, LateJoinOption)] == [
-        LateJoinOption(0, 15001, 0, "127.0.0.1", 3, 1200, 1000)]
+        LateJoinOption(0, 15001, 0, "127.0.0.1", 5, 1200, 1000)]  # the proxy's id (5), not the origin's index (3)
     assert tr.stats()["tir_options_substituted"] == 1
 
 
