@@ -153,7 +153,7 @@ class SsfCreqHeader(LbmcHeader):
 
 @fixed
 class UmeRxReqHeader(LbmcHeader):
-    """0x15 UME_RXREQ, 32 bytes: retransmission request for ``seqnum``; the
+    """0x15 UME_RXREQ, 28 bytes: retransmission request for ``seqnum``; the
     retransmission goes to (``rx_ip``, ``rx_port``). ``flags`` u16 (0x8000
     ignore, 0x4000 T; the low byte is a marker)."""
 

@@ -23,10 +23,11 @@ Where (each message passes once per router it crosses, on each side):
   the transport's own: connection requests, ACKs, NAKs).
 
 A path is made of rules, typed values. Address rules (:class:`AddressRule`:
-:class:`SetRequestAddress`, :class:`SetLateJoinAddress`,
-:class:`SetRetransmissionAddress`, :class:`MapRequests`,
-:class:`RecordRequesters`, :class:`CountRequests`) see the address a REQUEST,
-LJI_REQ or UME_RXREQ header names and may put another in its place: the
+:class:`SetRequestAddress`, :class:`MapRequests`,
+:class:`RecordRequesters`, :class:`CountRequests`) see the address a REQUEST
+header names and may put another in its place (UM sends LJI_REQ and
+UME_RXREQ to a source's request port, not in the session: they take the
+request listener's path, :mod:`router.core.recovery`): the
 header is found by walking the chain and the address written over at its
 offsets (:mod:`router.core.requests`: the one implementation), the message
 is not decoded and keeps its length. Header rules (:class:`Rule`:
@@ -67,9 +68,7 @@ from typing import ClassVar
 from lbmr_proto import LBMREncodeError, lbmc
 
 from .requests import (
-    LATE_JOIN_REQUEST,
     REQUEST,
-    RETRANSMIT_REQUEST,
     AnswerAddress,
     AnswerHeader,
     RequesterKey,
@@ -82,8 +81,8 @@ from .requests import (
     write_answer_at,
 )
 
-__all__ = ["MessagePath", "Rule", "AddressRule", "SetRequestAddress", "SetLateJoinAddress",
-           "SetRetransmissionAddress", "MapRequests", "RecordRequesters", "CountRequests", "DropHeaders",
+__all__ = ["MessagePath", "Rule", "AddressRule", "SetRequestAddress",
+           "MapRequests", "RecordRequesters", "CountRequests", "DropHeaders",
            "headed"]
 
 _NO_HEADERS = bytes((lbmc.NHDR_DATA, lbmc.NHDR_NONE))
@@ -159,20 +158,6 @@ class SetRequestAddress(_SetAddress):
     request port (the responder connects there)."""
 
     HEADER: ClassVar[AnswerHeader] = REQUEST
-
-
-@dataclass(frozen=True, slots=True)
-class SetLateJoinAddress(_SetAddress):
-    """Late-join requests (LJI_REQ, 0x4E) ask for the answer at (``ip``, ``port``)."""
-
-    HEADER: ClassVar[AnswerHeader] = LATE_JOIN_REQUEST
-
-
-@dataclass(frozen=True, slots=True)
-class SetRetransmissionAddress(_SetAddress):
-    """Retransmission requests (UME_RXREQ, 0x15) ask for the retransmission at (``ip``, ``port``)."""
-
-    HEADER: ClassVar[AnswerHeader] = RETRANSMIT_REQUEST
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -25,9 +25,7 @@ from router.core.message_path import (
     DropHeaders,
     MessagePath,
     Rule,
-    SetLateJoinAddress,
     SetRequestAddress,
-    SetRetransmissionAddress,
     headed,
 )
 from router.relays.endpoint_relay import RELAYS, Relay
@@ -148,20 +146,6 @@ def test_a_rewrite_that_changes_the_length_moves_every_later_message():
 def test_an_address_rule_is_checked_when_made(ip, port):
     with pytest.raises(ValueError):
         SetRequestAddress(ip, port)
-
-
-def test_late_join_and_retransmission_requests():
-    lji = lbmc.LateJoinRequestHeader(request_idx=1, req_ip="10.0.0.9", req_port=1111, rx_req_max=5)
-    rx = lbmc.UmeRxReqHeader(seqnum=42, rx_ip="10.0.0.9", rx_port=2222)
-    msgs = [lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(lji,))),
-            lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(rx,))), plain(3)]
-    path = MessagePath([SetLateJoinAddress("172.16.0.1", 3333), SetRetransmissionAddress("172.16.0.2", 4444)])
-    got = path.run(lbmc.MessageRun.of(msgs)).messages()
-    h = lbmc.decode(got[0]).header(lbmc.LateJoinRequestHeader)
-    assert (h.req_ip, h.req_port, h.rx_req_max) == ("172.16.0.1", 3333, 5)
-    h = lbmc.decode(got[1]).header(lbmc.UmeRxReqHeader)
-    assert (h.rx_ip, h.rx_port, h.seqnum) == ("172.16.0.2", 4444, 42)
-    assert got[2] == msgs[2]
 
 
 def test_an_undecodable_message_passes_as_it_is_and_is_counted():
