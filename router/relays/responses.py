@@ -49,6 +49,7 @@ from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
 from .tcp_fanout import accept_stream, refuse_stream
 from .tcp_streams import pump
+from .uim import connect_from
 
 __all__ = ["RequestListeners", "ResponseRelay", "REQUEST_BACKLOG", "origin_key"]
 
@@ -248,7 +249,7 @@ class ResponseRelay:
         try:
             try:
                 with trio.fail_after(CONNECT_TIMEOUT):
-                    conn = await trio.open_tcp_stream(target.ip, target.port)
+                    conn = await connect_from(self.endpoint_ip, (target.ip, target.port))  # from the TRD's side
             except (OSError, trio.TooSlowError) as e:
                 self.counters["responses_requester_gone"] += 1
                 refuse_stream(link, st, f"cannot connect to the requester {target.ip}:{target.port}: {e}",
