@@ -8,6 +8,10 @@ source behind it, and the source's answers back. :class:`RecoveryRelay`:
 
 * refuses it when the source offers no request port (its TIR had no late-join,
   UME or extended-functionality option; ``recovery_refused_no_source``), when
+  the port's address is not one to connect to on a TIR's word
+  (:func:`router.core.requests.deliverable_address`: not 0.0.0.0, multicast,
+  broadcast, reserved, nor loopback unless the endpoint is;
+  ``recovery_refused_source_address``), when
   no listener can be had (``recovery_refused_busy``), or when the source's
   request port cannot be reached (``recovery_source_unreachable``);
 * else opens a listener of its own for the stream (one per stream, at the
@@ -41,7 +45,13 @@ from lbmr_proto import lbmc
 
 from .. import peerlink as P
 from ..core.recovery import SourceRequestPort, answer_from_source, to_source
-from ..core.requests import PassUnchanged, RequesterKey, RequestMap, RequestSlot
+from ..core.requests import (
+    PassUnchanged,
+    RequesterKey,
+    RequestMap,
+    RequestSlot,
+    deliverable_address,
+)
 from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
 from .tcp_fanout import accept_stream, refuse_stream
@@ -75,6 +85,10 @@ class RecoveryRelay:
         source = self.site.advert_request_port(ev.advert_id)
         if source is None:
             self._refuse(link, st, "the source offers no late join", "recovery_refused_no_source")
+            return
+        if not deliverable_address(source.ip, self.request_ip):  # a TIR names it: a TRD's word only
+            self._refuse(link, st, f"the source's request port {source.ip}:{source.port} is not an address "
+                                   "to connect to", "recovery_refused_source_address")
             return
         if self.request_ip == "0.0.0.0":  # no address of ours to name as the answers' listener
             self._refuse(link, st, "no request address in this TRD", "recovery_refused_no_address")
