@@ -35,6 +35,7 @@ connection to the source.
 
 from __future__ import annotations
 
+import math
 import socket
 from collections import Counter
 from collections.abc import Callable
@@ -57,9 +58,10 @@ from ..peerlink import streams as S
 from .tcp_fanout import accept_stream, refuse_stream
 from .uim import STALL_TIMEOUT, connect_from, send_on_stream
 
-__all__ = ["RecoveryRelay", "ANSWER_READ"]
+__all__ = ["RecoveryRelay", "ANSWER_READ", "MAX_STREAMS"]
 
 ANSWER_READ = 64 << 10  # bytes per read from the source's answer connection
+MAX_STREAMS = 256  # RECOVERY streams served at once per endpoint and link (a listener and a connection each)
 LISTEN_BACKLOG = 16
 
 
@@ -76,7 +78,10 @@ class RecoveryRelay:
         self.counters = counters
         self.event = event
         self.site = site
-        self.map = RequestMap(counters=Counter())  # its own counters: listeners here are not requests'
+        # its own counters (listeners here are not requests'); a slot lives exactly as long as its
+        # stream (forget_origin at its end), never expired to make room: its listener and
+        # connection stay open until the stream ends, and so must its place in the bound
+        self.map = RequestMap(max_listeners=MAX_STREAMS, idle_timeout=math.inf, counters=Counter())
 
     def open_far(self, link: Link, ev: S.StreamOpened, origin) -> None:
         """The peer opened RECOVERY stream ``ev`` for our advertisement ``ev.advert_id``."""
