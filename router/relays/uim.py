@@ -65,7 +65,8 @@ from .tcp_fanout import accept_stream
 
 __all__ = ["UimRelay", "send_on_stream", "connect_from", "READ_CHUNK", "MAX_CONNECTIONS", "MAX_CONNECTIONS_TOTAL", "IDLE_TIMEOUT",
            "MESSAGE_TIMEOUT", "TARGET_QUEUE", "QUEUED_TOTAL", "MAX_TARGETS", "STALL_TIMEOUT",
-           "RETRY_AFTER", "TARGET_IDLE", "LISTEN_BACKLOG"]
+           "RETRY_AFTER", "TARGET_IDLE", "LISTEN_BACKLOG", "MAX_FAR_STREAMS",
+           "MAX_RECOVERY_TARGETS"]
 
 READ_CHUNK = 64 << 10  # bytes per read from a sender's connection
 MAX_CONNECTIONS = 64  # senders' connections at once on one request listener
@@ -75,6 +76,10 @@ MESSAGE_TIMEOUT = 10.0  # seconds a started message has to complete
 TARGET_QUEUE = 1 << 20  # bytes queued for one target (the DRO's max-queue)
 QUEUED_TOTAL = 64 << 20  # bytes queued for all targets
 MAX_TARGETS = 1024  # destinations (connections and streams) at once
+#: late-join/OTR destinations at once: each holds a RECOVERY stream that is never evicted
+#: while open (answers may come), so they may take only part of MAX_TARGETS
+MAX_RECOVERY_TARGETS = MAX_TARGETS // 4
+MAX_FAR_STREAMS = MAX_TARGETS  # UIM_ROUTED streams a peer has open to us at once on one link (its MAX_TARGETS)
 STALL_TIMEOUT = 5.0  # seconds a target may take to take what is written to it
 RETRY_AFTER = 1.0  # seconds a failed target drops its messages before it is tried again
 TARGET_IDLE = 30.0  # seconds without a message before a target closes
@@ -120,6 +125,8 @@ class UimRelay:
         self.connections = 0  # senders' connections open on all listeners
         self.queued = 0  # bytes queued for all targets
         self._targets: OrderedDict[tuple, _Target] = OrderedDict()  # least recently used first
+        self.recovering = 0  # late-join/OTR destinations (RecoverMessage targets) now
+        self._far_streams: dict[int, int] = {}  # id(link) -> UIM_ROUTED streams the peer has open on it
 
     @property
     def target_count(self) -> int:
@@ -242,10 +249,15 @@ class UimRelay:
         now = trio.current_time()
         t = self._targets.get(key)
         if t is None:
+            if key[0] == "recover" and self.recovering >= MAX_RECOVERY_TARGETS:
+                self.counters["recovery_targets_full"] += 1
+                return
             if self.nursery is None or (len(self._targets) >= MAX_TARGETS and not self._evict()):
                 self.counters["uim_targets_full"] += 1
                 return
             t = self._targets[key] = _Target(key, now)
+            if key[0] == "recover":
+                self.recovering += 1
             self.nursery.start_soon(self._target, t)
         else:
             self._targets.move_to_end(key)
@@ -318,6 +330,8 @@ class UimRelay:
                 else:
                     await self._forward(t)
         finally:
+            if t.key[0] == "recover":
+                self.recovering -= 1
             self._drop_queue(t, "uim_target_closed")
             if self._targets.get(t.key) is t:
                 del self._targets[t.key]
@@ -532,8 +546,14 @@ class UimRelay:
     # ------------------------------------------------------------ streams the peer opens
 
     def open_far(self, link: Link, ev: S.StreamOpened, came_from: str | None) -> None:
-        """The peer on ``link`` (router ``came_from``) opened UIM_ROUTED stream ``ev``."""
+        """The peer on ``link`` (router ``came_from``) opened UIM_ROUTED stream ``ev``:
+        refused beyond MAX_FAR_STREAMS open on the link (counted ``uim_streams_refused_busy``)."""
         tgt = ev.target
+        if self._far_streams.get(id(link), 0) >= MAX_FAR_STREAMS:
+            self.counters["uim_streams_refused_busy"] += 1
+            link.streams.refuse(ev.stream_id, P.RefuseCode.REFUSED, f"{MAX_FAR_STREAMS} UIM_ROUTED streams open")
+            link.flush_streams()
+            return
         target = UimStream(tgt.domain_id, tgt.ip, tgt.port, tgt.hops, came_from)
         refusal = self.path.open_stream(target)
         if refusal is not None:
@@ -546,10 +566,16 @@ class UimRelay:
         if not accept_stream(link, st, self.counters):
             link.state.pop(ev.stream_id, None)
             return
+        self._far_streams[id(link)] = self._far_streams.get(id(link), 0) + 1
         link.nursery.start_soon(self._far, link, st, target)
 
     async def _far(self, link: Link, st: StreamState, target: UimStream) -> None:
+        """A UIM_ROUTED stream the peer opened, until it ends: whole messages decided
+        one by one; a malformed stream, a message not completed MESSAGE_TIMEOUT seconds
+        after its first byte, or IDLE_TIMEOUT seconds of silence close it (counted),
+        as a sender's connection to a listener."""
         framer = _Framer()
+        started = None  # when the message held incomplete began
         try:
             while True:
                 while st.incoming:
@@ -561,6 +587,10 @@ class UimRelay:
                         self.event("uim_malformed", f"UIM_ROUTED stream {st.sid}: offset {error.offset}: "
                                                     f"{error.reason}")
                         return
+                    if not framer.buffered:
+                        started = None
+                    elif runs or started is None:
+                        started = trio.current_time()
                     try:
                         link.streams.consumed(st.sid, len(data))
                     except S.LocalStreamError:
@@ -570,8 +600,20 @@ class UimRelay:
                 if st.closed or link.closed:
                     return
                 st.incoming_ready = trio.Event()
-                await st.incoming_ready.wait()
+                until = trio.current_time() + IDLE_TIMEOUT
+                if started is not None:
+                    until = min(until, started + MESSAGE_TIMEOUT)
+                with trio.move_on_at(until) as cs:
+                    await st.incoming_ready.wait()
+                if cs.cancelled_caught:
+                    self.counters["uim_message_timeout" if started is not None else "uim_streams_idle"] += 1
+                    return
         finally:
+            n = self._far_streams.get(id(link), 0) - 1
+            if n > 0:
+                self._far_streams[id(link)] = n
+            else:
+                self._far_streams.pop(id(link), None)
             link.close_stream(st)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from router.core.uim import UimPath
+from router.core.uim import RecoverMessage, UimPath
 from router.relays import uim as U
 from tests.router.system.uim_apps import uim
 
@@ -135,4 +135,25 @@ async def test_when_all_destinations_are_taken_the_least_recently_used_idle_one_
         r.take(to(port + 2))  # evicts port + 1
         assert r.counters["uim_targets_evicted"] == 1 and r.target_count == 2
         assert r.counters["uim_delivered"] == 2
+        n.cancel_scope.cancel()
+
+
+async def test_late_join_destinations_take_only_their_share_of_the_destinations(monkeypatch, autojump_clock):
+    """Late-join/OTR destinations (one per receiver address and proxy) hold a RECOVERY
+    stream that is never evicted while open: a sender naming many receiver addresses gets
+    at most MAX_RECOVERY_TARGETS of them (counted), and deliveries keep their room."""
+    monkeypatch.setattr(U, "MAX_TARGETS", 4)
+    monkeypatch.setattr(U, "MAX_RECOVERY_TARGETS", 2, raising=False)
+    r = U.UimRelay(UimPath({"ep": (2, "127.0.0.1")}, None), {"ep": "127.0.0.1"}, {}, None, lambda kind, detail: None)
+    async with trio.open_nursery() as n:
+        r.nursery = n
+        for port in range(15000, 15005):  # five receivers' addresses, one proxy (link "l1", advert 7)
+            r.take(RecoverMessage("ep", "l1", 7, "127.0.0.1", port, MSG))
+        await trio.sleep(0.1)
+        assert r.recovering == 2 and r.target_count == 2 and r.counters["recovery_targets_full"] == 3
+        r.take(r.path.message(uim(1, (2, "127.0.0.1", 9), (1, "10.1.0.9", 15001))))
+        r.take(r.path.message(uim(2, (2, "127.0.0.1", 10), (1, "10.1.0.9", 15001))))
+        assert r.target_count == 4 and r.counters["uim_targets_full"] == 0
+        await trio.sleep(U.TARGET_IDLE + 1)  # all idle: they close, and the count with them
+        assert r.recovering == 0 and r.target_count == 0
         n.cancel_scope.cancel()

@@ -309,3 +309,55 @@ async def test_a_destination_that_closes_its_connection_gets_a_new_one():
         assert got == [with_hops(uim(i, (2, *addr), (1, *app1.address)), 2) for i in range(5)]
         assert rb.uim.counters["uim_deliver_reconnects"] == 4
         n.cancel_scope.cancel()
+
+
+async def test_a_peers_uim_routed_streams_are_bounded_in_number_and_in_time(monkeypatch):
+    """A peer opens more UIM_ROUTED streams than MAX_FAR_STREAMS (refused, counted), holds a
+    message incomplete on one (closed MESSAGE_TIMEOUT after its first byte) and says nothing
+    on another (closed after IDLE_TIMEOUT): each stream holds up to a message's bytes, so
+    neither their number nor their time is the peer's to choose."""
+    monkeypatch.setattr(U, "MAX_FAR_STREAMS", 2, raising=False)
+    monkeypatch.setattr(U, "MESSAGE_TIMEOUT", 0.5)
+    monkeypatch.setattr(U, "IDLE_TIMEOUT", 1.5)
+    async with trio.open_nursery() as n:
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1", fanout=False,
+                                              request_listener=RequestListener(port=PORT)),
+                    acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
+        addr = await n.start(rb.run)
+        app1, app2 = await apps(n)
+        stream, conn = await connect_as_peer(addr["peer"], capabilities=P.DEFAULT_CAPABILITIES | R.PEER_CAPABILITIES)
+        now = trio.current_time
+        dest = (2, *app2.address)
+
+        def open_stream(sid):
+            return conn.send(P.StreamOpen(sid, 0, P.StreamKind.UIM_ROUTED, 1 << 20, P.RoutedUimTarget(*dest, 0)), now())
+        answers, closed = {}, {}
+
+        async def read_until(pred, timeout=10):
+            with trio.fail_after(timeout):
+                while not pred():
+                    for ev in conn.receive_data(await stream.receive_some(65536), now()):
+                        if isinstance(ev, P.StreamAccept | P.StreamRefuse):
+                            answers[ev.stream_id] = ev
+                        elif isinstance(ev, P.StreamClose):
+                            closed[ev.stream_id] = now()
+                    await stream.send_all(conn.data_to_send())
+        t0 = now()
+        await stream.send_all(open_stream(1) + open_stream(3) + open_stream(5))
+        await read_until(lambda: len(answers) == 3)
+        assert isinstance(answers[1], P.StreamAccept) and isinstance(answers[3], P.StreamAccept)
+        assert isinstance(answers[5], P.StreamRefuse)
+        good = uim(1, dest, (1, *app1.address), hops=1)
+        await stream.send_all(conn.send(P.StreamData(1, good + good[:40]), now()))  # one whole, one begun
+        await read_until(lambda: 1 in closed and 3 in closed)
+        assert closed[1] - t0 < 1.4 and closed[3] - t0 >= 1.5
+        assert await app2.wait_for(1) == [with_hops(good, 2)]
+        c = rb.uim.counters
+        assert c["uim_streams_refused_busy"] == 1 and c["uim_message_timeout"] == 1 and c["uim_streams_idle"] == 1
+        # their places are free again
+        await stream.send_all(open_stream(7))
+        await read_until(lambda: 7 in answers)
+        assert isinstance(answers[7], P.StreamAccept)
+        assert rb.link is not None and rb.link.connected
+        n.cancel_scope.cancel()
