@@ -44,17 +44,30 @@ import trio
 
 from .. import peerlink as P
 from ..core.message_path import CountRequests, MapRequests, MessagePath, RecordRequesters
-from ..core.requests import RequesterTable, RequestMap, RequestSlot, deliverable_address
+from ..core.requests import (
+    DEFAULT_MAX_RESPONDERS,
+    DEFAULT_MAX_RESPONDERS_TOTAL,
+    RequesterTable,
+    RequestMap,
+    RequestSlot,
+    deliverable_address,
+)
 from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
 from .tcp_fanout import accept_stream, refuse_stream
 from .tcp_streams import pump
 from .uim import connect_from
 
-__all__ = ["RequestListeners", "ResponseRelay", "REQUEST_BACKLOG", "origin_key"]
+__all__ = ["RequestListeners", "ResponseRelay", "REQUEST_BACKLOG", "origin_key", "MAX_RESPONSES_PER_REQUESTER",
+           "MAX_RESPONSES"]
 
 #: connections waiting to be accepted on one request listener
 REQUEST_BACKLOG = 64
+#: RESPONSE streams (each a connection to the requester) open at once on one link for one
+#: requester address, and for all of them (the receivers' side takes at most as many
+#: responders: :data:`router.core.requests.DEFAULT_MAX_RESPONDERS`, ``_TOTAL``)
+MAX_RESPONSES_PER_REQUESTER = DEFAULT_MAX_RESPONDERS
+MAX_RESPONSES = DEFAULT_MAX_RESPONDERS_TOTAL
 
 
 def origin_key(origin) -> tuple:
@@ -219,6 +232,8 @@ class ResponseRelay:
         self.endpoint_ip = endpoint_ip
         self.counters = counters
         self.event = event
+        self._open: Counter[tuple[str, int]] = Counter()  # RESPONSE streams open, by requester address
+        self._open_total = 0
 
     def upstream_path(self, rules, origin) -> MessagePath:
         """The message path of the upstream session of ``origin`` (its key,
@@ -235,6 +250,12 @@ class ResponseRelay:
         if not deliverable_address(target.ip, self.endpoint_ip):
             self._refuse(link, ev.stream_id, "requester address not deliverable", "responses_refused_address")
             return
+        requester = (target.ip, target.port)
+        if self._open[requester] >= MAX_RESPONSES_PER_REQUESTER or self._open_total >= MAX_RESPONSES:
+            self._refuse(link, ev.stream_id, "too many responses open", "responses_refused_busy")
+            return
+        self._open[requester] += 1
+        self._open_total += 1
         st = link.state[ev.stream_id] = StreamState(ev.stream_id, ev.kind)
         st.advert_id = ev.advert_id
         link.nursery.start_soon(self._deliver, link, st, target)
@@ -265,4 +286,9 @@ class ResponseRelay:
             finally:
                 await trio.aclose_forcefully(conn)
         finally:
+            requester = (target.ip, target.port)
+            self._open[requester] -= 1
+            self._open_total -= 1
+            if not self._open[requester]:
+                del self._open[requester]
             link.state.pop(st.sid, None)

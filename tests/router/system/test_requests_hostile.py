@@ -14,6 +14,7 @@ from lbmr_proto import lbmc
 from router import peerlink as P
 from router.core.requests import DEFAULT_MAX_LISTENERS, DEFAULT_SPARE_LISTENERS
 from router.link import StreamState
+from router.relays import responses as RS
 from tests.router.helpers import (
     REQ_TOPIC,
     Responders,
@@ -156,3 +157,35 @@ async def test_nobody_can_queue_a_connection_on_a_spare_listener():
             assert s.connect_ex(slot.listener) == 0
         n.cancel_scope.cancel()
 
+
+
+async def test_response_streams_for_one_requester_are_bounded(monkeypatch):
+    """A peer gone wrong opens many RESPONSE streams for one requester a request did name:
+    router A connects to it at most MAX_RESPONSES_PER_REQUESTER times at once; the rest are
+    refused, counted (one small message from a peer never makes a crowd of connections)."""
+    monkeypatch.setattr(RS, "MAX_RESPONSES_PER_REQUESTER", 2, raising=False)
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        req, scope = await start_requester(n, trd1, count=5)
+        tir = await resolve(udp("127.0.2.9"), trd2, topic=REQ_TOPIC)
+        await Responders((tir.transport.ip, tir.transport.port), per_request=0).run(until=5)
+        link = rb.link
+        (proxy_id,) = rb.relay.requests.map.slots()[0].key.origin,
+        aid = rb.relay.site.proxy_advert(proxy_id)
+        before = len(req.callers)
+        states = []
+        for _ in range(6):
+            sid = link.streams.open(aid, P.StreamKind.RESPONSE, P.ResponseTarget(req.request_ip, req.request_port))
+            states.append(link.state.setdefault(sid, StreamState(sid, P.StreamKind.RESPONSE)))
+        link.flush_streams()
+        with trio.fail_after(5):
+            for st in states:
+                await st.accepted.wait()
+        assert sum(st.refused is None for st in states) == 2
+        assert [st.refused for st in states if st.refused] == ["too many responses open"] * 4
+        assert ra.counters["responses_refused_busy"] == 4 and ra.counters["responses_delivered"] == 2
+        await trio.sleep(0.2)
+        assert len(req.callers) - before == 2
+        for st in states:
+            link.close_stream(st)
+        n.cancel_scope.cancel()
