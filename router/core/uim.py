@@ -83,6 +83,7 @@ class UimDrop(Enum):
     STREAM_MISMATCH = "uim_stream_mismatch"
     RECOVERY_UNKNOWN = "recovery_unknown_proxy"  # a request naming no proxy of the endpoint
     RECOVERY_REQUESTER = "recovery_requester_not_deliverable"  # the answer address is not one to connect to
+    # (or is our own request listener)
 
     @property
     def counter(self) -> str:
@@ -264,7 +265,8 @@ class UimPath:
         got = self.proxies.proxied(endpoint, req.transport_idx)
         if got is None:
             return self._drop(UimDrop.RECOVERY_UNKNOWN, f"{req.header.name} transport index {req.transport_idx}")
-        if not req.port or not deliverable_address(req.ip, self.endpoint_ips.get(endpoint, "0.0.0.0")):
+        if not req.port or not deliverable_address(req.ip, self.endpoint_ips.get(endpoint, "0.0.0.0")) \
+                or (req.ip, req.port) in self.own:  # answers written into our listener: taken as requests again
             return self._drop(UimDrop.RECOVERY_REQUESTER, f"{req.header.name} answer address {req.ip}:{req.port}")
         self.counters["recovery_requests"] += 1
         link, f = got

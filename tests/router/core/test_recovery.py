@@ -182,6 +182,12 @@ def test_requests_for_no_proxy_or_answers_nobody_may_connect_to_are_dropped_and_
         got = path.message(lji(lj.transport_idx, ip, port), endpoint="T2")
         assert isinstance(got, DropMessage) and got.reason is UimDrop.RECOVERY_REQUESTER, (ip, port)
     assert path.counters["recovery_unknown_proxy"] == 3 and path.counters["recovery_requester_not_deliverable"] == 4
+    # nor our own request listener: the source's answers would come in there as new messages
+    # (a source's crafted answer, taken as a request, would open streams of its own)
+    own = UimPath({"T2": (2, "10.2.0.1")}, b.routing, proxies=b, own=frozenset({("10.2.0.1", 15390)}))
+    got = own.message(lji(lj.transport_idx, "10.2.0.1", 15390), endpoint="T2")
+    assert isinstance(got, DropMessage) and got.reason is UimDrop.RECOVERY_REQUESTER
+    assert isinstance(own.message(lji(lj.transport_idx, "10.2.0.1", 15391), endpoint="T2"), RecoverMessage)
     # without a listener's endpoint (on a UIM_ROUTED stream) or without proxies: no late join
     assert UimPath({"T2": (2, "10.2.0.1")}, b.routing).message(lji(lj.transport_idx), endpoint="T2").reason \
         is UimDrop.NO_DESTINATION
