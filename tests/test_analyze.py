@@ -606,7 +606,8 @@ def test_permission_denied_captures_are_capture_errors(synth):
         home = tmp / "home"
         home.mkdir()
         os.chown(home, nobody.pw_uid, nobody.pw_gid)
-        env = dict(os.environ, HOME=str(home), LBMR_TEST_TMP=str(tmp))
+        # (no class archive: nobody's empty cache would have its JVM write one, 120 MB, at exit)
+        env = dict(os.environ, HOME=str(home), LBMR_TEST_TMP=str(tmp), LBMR_ANALYZE_CLASS_CACHE="off")
         env.pop("PYSPARK_PYTHON", None)
         p = _unprivileged([Path(sys.executable).parent / "lbmr-analyze", caps, "--out", home / "out",
                            "--port", "20000", "--conf", "spark.ui.enabled=false", "--master", "local[2]",
