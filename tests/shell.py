@@ -77,11 +77,12 @@ class Shell:
                 break
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
+                self.proc.poll()  # reap bash: a zombie stays in its group and would keep the group "alive"
                 try:
                     os.killpg(self.proc.pid, 0)
                 except ProcessLookupError:
                     break
-                time.sleep(0.2)
+                time.sleep(0.05)
         self.proc.wait(10)
         for f in self._files:
             f.close()

@@ -434,11 +434,12 @@ def test_big_file_split_into_byte_ranges(spark, tmp_path):
     ng = write_pcapng(tmp_path / "big.pcapng", dg, sections=2, tsresol=6)
     whole = run(spark, [pc], tmp_path / "whole", report=False)
     assert len(whole.splits) == 1 and whole.decode_partitions == 1
-    split = run(spark, [pc], tmp_path / "split", split_size=50_000, report=False)
+    # (each split is a task of its own: a dozen prove the point, and cost about a second per two)
+    split = run(spark, [pc], tmp_path / "split", split_size=90_000, report=False)
     assert len(split.splits) > 10 and split.decode_partitions == len(split.splits)
     assert split.rows == whole.rows
     assert_tables_equal(split.tables, whole.tables)
-    ngs = run(spark, [ng], tmp_path / "ng", split_size=50_000, report=False)
+    ngs = run(spark, [ng], tmp_path / "ng", split_size=90_000, report=False)
     assert ngs.decode_partitions > 10
     assert_tables_equal(ngs.tables, whole.tables, [n for n in COMPARED if n not in ("files", "decode_errors")])
     want = reference_for(pc, ports=PORTS, storm=1000)
@@ -606,7 +607,8 @@ def test_permission_denied_captures_are_capture_errors(synth):
         home = tmp / "home"
         home.mkdir()
         os.chown(home, nobody.pw_uid, nobody.pw_gid)
-        env = dict(os.environ, HOME=str(home), LBMR_TEST_TMP=str(tmp))
+        # (no class archive: nobody's empty cache would have its JVM write one, 120 MB, at exit)
+        env = dict(os.environ, HOME=str(home), LBMR_TEST_TMP=str(tmp), LBMR_ANALYZE_CLASS_CACHE="off")
         env.pop("PYSPARK_PYTHON", None)
         p = _unprivileged([Path(sys.executable).parent / "lbmr-analyze", caps, "--out", home / "out",
                            "--port", "20000", "--conf", "spark.ui.enabled=false", "--master", "local[2]",

@@ -102,7 +102,7 @@ def cluster(tmp_path_factory):
                 pass
             assert master.poll() is None and worker.poll() is None, (tmp / "master.log").read_text()
             assert time.monotonic() < deadline, "the worker did not register with the master"
-            time.sleep(1)
+            time.sleep(0.2)
         yield dict(url=url, env=env, tmp=tmp)
     finally:
         for p in (worker, master):

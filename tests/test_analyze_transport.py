@@ -102,11 +102,11 @@ def without_extras(row: dict, extra=("source_last", "icmp_first", "icmp_last")) 
 
 @pytest.fixture(scope="module")
 def real_runs(spark, tmp_path_factory):
-    """The real capture whole (one byte range) and cut into 16 KiB ranges (69 tasks)."""
+    """The real capture whole (one byte range) and cut into 32 KiB ranges (42 tasks)."""
     d = tmp_path_factory.mktemp("real-tx")
     path = real_capture()
     whole = run(spark, [path], d / "whole", report=False)
-    cut = run(spark, [path], d / "cut", split_size=16 << 10, report=False)
+    cut = run(spark, [path], d / "cut", split_size=32 << 10, report=False)
     assert whole.decode_partitions == 1 and cut.decode_partitions > 30
     return path, whole, cut
 
@@ -130,7 +130,7 @@ def test_real_capture_sessions_equal_inspect_and_tshark(real_runs):
         assert [t["queriers"] for t in res.tables["transport_topics"]] == [
             "10.29.4.101:35101 10.29.4.101:54247", "10.29.4.101:35101 10.29.4.101:54247", "10.29.4.101:54247"]
         assert res.tables["transport_errors"] == []
-    # the cut run merges its 69 parts to the very same tables, timeline included
+    # the cut run merges its 42 parts to the very same tables, timeline included
     for name in TRANSPORT_TABLES:
         assert cut.tables[name] == whole.tables[name], name
 

@@ -36,7 +36,7 @@ def _capture(ns, path):
     while time.monotonic() < deadline and not (path.exists() and path.stat().st_size > 0):
         time.sleep(0.1)
     assert path.exists(), "dumpcap did not start"
-    time.sleep(1.5)
+    time.sleep(0.3)  # (dumpcap opens the interface before it writes the file's first block)
     return dump
 
 

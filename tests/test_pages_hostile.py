@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import threading
 import time
 
 import pytest
@@ -137,6 +138,7 @@ def api(base: str, what: str) -> dict:
 def pair(tmp_path_factory):
     c = RouterChain(tmp_path_factory.mktemp("hostile"), 2, spare_acceptors={"r2": 1})
     socks = []
+    stop, beat = threading.Event(), None
     try:
         end = time.monotonic() + WAIT
 
@@ -174,8 +176,20 @@ def pair(tmp_path_factory):
         shown = {visible(t) for t in TOPICS}
         until(lambda: shown <= proxied(), "proxies of every hostile topic at r2")
         until(lambda: FAKE_NAME[:5] in json.dumps(api(c.base("r2"), "router")), "the fake router")
+
+        def source_and_receiver_go_on():  # as long as the module runs: neither the source nor the interest lapses
+            while not stop.wait(1.0):
+                for data, dst in ((tirs, c.lbmrd[1]), (tqrs, c.lbmrd[2]), (wc, c.lbmrd[2])):
+                    (ctx if dst == c.lbmrd[1] else rcv).sendto(data, dst)
+
+        beat = threading.Thread(target=source_and_receiver_go_on, daemon=True)
+        beat.start()
+        until(lambda: len(api(c.base("r2"), "sessions?limit=100")["rows"]) == 2, "both sessions at r2")
         yield c
     finally:
+        stop.set()
+        if beat is not None:
+            beat.join(5)
         for s in socks:
             s.close()
         c.stop()
@@ -207,9 +221,12 @@ def test_hostile_names_are_text_and_run_nothing(pair, browser, tmp_path, size):
     try:
         p.open()
         p.page.wait_for_function("() => document.querySelector('#sessions .tools .info').textContent"
-                                 " === '1 in all'")  # one source session: its seven topics
+                                 " === '2 in all'")  # two source sessions (TRD1's, the fake's): seven topics each
         p.page.click("#interest summary")  # the interest list unfolded: its names laid out too
-        p.page.wait_for_timeout(3500)  # one more refresh: every table redrawn from fresh data
+        # one more refresh: every table redrawn from fresh data
+        mark = p.js("() => document.getElementById('updated').textContent")
+        p.page.wait_for_function("m => { const u = document.getElementById('updated');"
+                                 " return u.textContent !== m && !u.classList.contains('stale'); }", arg=mark)
         p.screenshot(tmp_path / f"hostile-{size}.png", full_page=True)
         d = p.js(_DOM)
         assert d["pwned"] is None and d["csp"] == [] and p.dialogs == []
@@ -238,7 +255,8 @@ def test_the_json_carries_printable_names(pair):
     assert "\u202e" not in text and not any(0xDC80 <= ord(ch) <= 0xDCFF for ch in text)
     assert visible(FAKE_NAME) in {lk["peer"] for lk in s["links"]}
     rows = json.loads(wait_http(pair.base("r2") + "/api/sessions?q=" + "%3Cscript%3E"))["rows"]
-    assert len(rows) == 1 and rows[0]["topics"]["items"] == [visible(t) for t in TOPICS]
+    assert sorted(r["link"] for r in rows) == ["2-from-1", "2-spare-0"], rows  # TRD1's source, the fake's
+    assert all(r["topics"]["items"] == [visible(t) for t in TOPICS] for r in rows), rows
     assert json.loads(wait_http(pair.base("r2") + "/api/sessions?q=%3Cnope%3E"))["rows"] == []
 
 

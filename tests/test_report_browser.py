@@ -125,14 +125,21 @@ def check_all(o: ReportPage, shot: Path) -> None:
 # ============================================================== a busy made-up capture
 
 
-@pytest.fixture
-def made_up(browser, tmp_path):
-    out = tmp_path / "report"
+@pytest.fixture(scope="module")
+def made_up_report(tmp_path_factory) -> Path:
+    """The report of the made-up tables, written once (its plots take seconds); each test
+    opens it in a fresh page of its own."""
+    out = tmp_path_factory.mktemp("made-up") / "report"
     out.mkdir()
     t = RT.tables()
     write_tables(out, t)
     write_report(out, t, RT.summary(), top=RT.TOP)
-    yield from _opened(browser, out / "report.html", tmp_path)
+    return out / "report.html"
+
+
+@pytest.fixture
+def made_up(browser, made_up_report, tmp_path):
+    yield from _opened(browser, made_up_report, tmp_path)
 
 
 def test_made_up_capture_renders(made_up, tmp_path):

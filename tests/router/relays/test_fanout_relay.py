@@ -62,7 +62,7 @@ async def test_one_copy_on_the_link_and_one_source_connection_for_any_number_of_
         async with trio.open_nursery() as rn:
             for rx in rxs:
                 await rn.start(run, rx)
-            await trio.sleep(3)
+            await trio.sleep(1.5)  # 3,000 messages of the live session
             src_scope.cancel()  # the origin ends the session: every receiver gets EOF
         link = fwd.a_to_b - link0
         for r in results:
@@ -442,7 +442,7 @@ async def test_one_copy_on_each_link_of_a_chain_of_three_for_ten_receivers():
                 rx = TcpDataReceiver(tir.transport.ip, tir.transport.port, None, TCP_SEED, tidx=TCP_TIDX,
                                      bind_ip=f"127.0.3.{20 + k}", timeout=60)
                 await rn.start(run, rx)
-            await trio.sleep(3)
+            await trio.sleep(1.5)  # 3,000 messages of the live session
             src_scope.cancel()
         one = max(r.stream_bytes for r in results)
         for r in results:

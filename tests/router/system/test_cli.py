@@ -90,6 +90,16 @@ def test_shipped_pair_bridges_a_topic(tmp_path):
                                       stdout=subprocess.DEVNULL))
         logb = tmp_path / "b.log"
         procs.append(subprocess.Popen(ROUTER + ["-L", str(logb), str(cfgs["router-b.xml"])]))
+
+        def serving(port):
+            try:
+                return bool(_status(port))
+            except OSError:
+                return False
+
+        # router B's portals listen before its metrics answer: A's first connection is not refused (to be
+        # tried again only after the shipped reconnect interval, 5 s)
+        _wait(lambda: serving(mb), what="router B")
         procs.append(subprocess.Popen(ROUTER + ["-L", str(tmp_path / "a.log"), str(cfgs["router-a.xml"])]))
 
         def connected():

@@ -47,7 +47,7 @@ def test_router_pair_across_namespaces(netns_factory, tmp_path):
         b.popen(LBMRD + ["-i", "127.0.2.1", "--stats-interval", "0"], stdout=logs["lb"], stderr=logs["lb"])
         b.popen(ROUTER + [str(cfg_b)], stdout=logs["rb"], stderr=logs["rb"])
         a.popen(ROUTER + [str(cfg_a)], stdout=logs["ra"], stderr=logs["ra"])
-        common = ["--topics", "1", "--topic-prefix", "md.ns.", "--data-bytes", "20M", "--json"]
+        common = ["--topics", "1", "--topic-prefix", "md.ns.", "--data-bytes", "5M", "--json"]
         a.popen(SIM + ["--daemon", "127.0.1.1:15380", "--bind-base", "127.0.1.10", "--contexts", "1",
                        "--receivers-per-context", "0", "--duration", "60", "--keep-running"] + common,
                 stdout=logs["src"], stderr=logs["src"])
@@ -62,7 +62,7 @@ def test_router_pair_across_namespaces(netns_factory, tmp_path):
         report = json.loads(r.stdout)
         (rcv,) = report["receivers"]
         assert rcv["resolved"] and rcv["transport"].startswith("TCP 127.0.2.1:"), rcv  # router B's proxy
-        assert rcv["data"]["ok"] and rcv["data"]["bytes"] == 20 * 1024 * 1024, rcv["data"]
+        assert rcv["data"]["ok"] and rcv["data"]["bytes"] == 5 * 1024 * 1024, rcv["data"]
     finally:
         for f in logs.values():
             f.close()
