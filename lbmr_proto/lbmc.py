@@ -536,6 +536,11 @@ class StreamFramer:
             self._rx[:held] = self._buf
         return memoryview(self._rx)[held:]
 
+    def drop_receive_buffer(self) -> None:
+        """Let go of the buffer :meth:`receive_buffer` handed out, nothing received
+        into it (:attr:`reserved` 0)."""
+        self._rx = None
+
     def received(self, nbytes: int) -> list[MessageRun]:
         """:meth:`cut` for the ``nbytes`` read into the last :meth:`receive_buffer`:
         at most one run, a read-only view of that buffer (never written again)."""

@@ -253,6 +253,22 @@ def test_framer_received_needs_a_buffer_and_rejects_a_bad_start():
     assert ei.value.offset == len(good)
 
 
+def test_framer_drops_a_receive_buffer_nothing_came_into():
+    f = C.StreamFramer()
+    m = C.data_message(1, 1, b"abcdef")
+    f.receive_buffer(len(m))[:3] = m[:3]
+    assert f.received(3) == [] and f.buffered == 3  # an incomplete message: held, no run
+    f.receive_buffer(1000)
+    assert f.reserved == 3 + 1000
+    f.drop_receive_buffer()  # the read got nothing
+    assert f.reserved == 0 and f.buffered == 3
+    with pytest.raises(ValueError):
+        f.received(1)
+    f.receive_buffer(1000)[:len(m) - 3] = m[3:]
+    (run,) = f.received(len(m) - 3)
+    assert run.messages() == [m] and f.reserved == 0 and f.buffered == 0
+
+
 def test_message_run_of_counts_and_fits():
     run = C.MessageRun.of([b"a" * 10, b"b" * 20, b"c" * 5])
     assert run.data == b"a" * 10 + b"b" * 20 + b"c" * 5 and run.ends == [10, 30, 35] and run.count == 3

@@ -352,6 +352,11 @@ class SessionFanout:
         :meth:`lbmr_proto.lbmc.StreamFramer.receive_buffer`)."""
         return self.framer.receive_buffer(size)
 
+    def drop_receive_buffer(self) -> None:
+        """The last :meth:`receive_buffer` got nothing (the socket was empty): let it
+        go, so that an idle session holds none."""
+        self.framer.drop_receive_buffer()
+
     def received(self, nbytes: int, now: float) -> list[Dropped]:
         """:meth:`feed` for the ``nbytes`` read into the last :meth:`receive_buffer`."""
         start = self.framer.offset

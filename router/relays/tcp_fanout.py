@@ -60,7 +60,7 @@ from ..core.fanout import (
 )
 from ..core.message_path import MessagePath
 from ..core.tr.pacing import RatePacer
-from ..link import CONNECT_TIMEOUT, READ_SIZE, Link, StreamState
+from ..link import CONNECT_TIMEOUT, SPLICE_FRAME, Link, StreamState
 from ..peerlink import streams as S
 from .interface import RelayContext, TransportRelay, Upstreams
 
@@ -80,6 +80,12 @@ RECEIVER_READ = 64 << 10  # bytes per read of what a receiver sends (at most)
 RECEIVER_UPSTREAM_RATE = 256 << 10
 RECEIVER_UPSTREAM_BURST = 64 << 10
 IOV_MAX = 64  # chunks per writev to a receiver
+# bytes per read of an origin (at most; and at most what the room lets in): one frame on a
+# zero-copy link. After a read that filled its buffer the next one is tried at once (the
+# bytes are most likely there: no wait for the socket, no scheduler round per read), the
+# task letting the others run after UPSTREAM_YIELD bytes
+UPSTREAM_READ = SPLICE_FRAME
+UPSTREAM_YIELD = 4 << 20
 # receiver connections of one endpoint's proxies at once (as many as the link streams
 # of the per-connection relay); their queues share a QueueBudget of 256 MiB
 FANOUT_MAX_RECEIVERS = 4096
@@ -442,13 +448,16 @@ class FanoutRelay(TransportRelay):
         """Read the origin into the session's receive buffer, only as far as the
         slowest link stream that keeps up takes it (:meth:`SessionFanout.room`):
         when the links take no more, the origin is not read and TCP paces it. The
-        buffer is taken only once the socket is readable (an idle session holds
-        none) and is no larger than the room. Each wait lasts at most
+        buffer is taken only once the socket is readable, or right after a read
+        that filled its buffer (given back if that finds the socket empty: an idle
+        session holds none), and is no larger than the room (nor UPSTREAM_READ). Each wait lasts at most
         UPSTREAM_LINGER, so that a session whose last stream left closes within
         twice that even when the origin is quiet."""
         idle_since = math.inf
         core, sock = up.core, conn.socket
         fd = sock.fileno()
+        ready = False  # the last read filled its buffer: more is most likely there, read at once
+        unyielded = 0  # bytes read since the task last let the others run
         while True:
             if up.sinks or up.waiting:
                 idle_since = math.inf
@@ -465,23 +474,34 @@ class FanoutRelay(TransportRelay):
                 up.room = trio.Event()
                 with trio.move_on_at(min(now + UPSTREAM_LINGER, core.recheck_at())):
                     await up.room.wait()
+                ready, unyielded = True, 0
                 continue
-            with trio.move_on_after(UPSTREAM_LINGER) as waited:
-                try:
-                    await trio.lowlevel.wait_readable(sock)
-                except (trio.ClosedResourceError, OSError):
-                    pass  # (the read says why)
-            if waited.cancelled_caught:
-                continue
+            if ready and unyielded >= UPSTREAM_YIELD:
+                unyielded = 0
+                await trio.lowlevel.checkpoint()
+            elif not ready:
+                unyielded = 0
+                with trio.move_on_after(UPSTREAM_LINGER) as waited:
+                    try:
+                        await trio.lowlevel.wait_readable(sock)
+                    except (trio.ClosedResourceError, OSError):
+                        pass  # (the read says why)
+                if waited.cancelled_caught:
+                    continue
+            want = min(UPSTREAM_READ, room)
             try:
-                k = os.readv(fd, [core.receive_buffer(min(READ_SIZE, room))])
+                k = os.readv(fd, [core.receive_buffer(want)])
             except (BlockingIOError, InterruptedError):
+                core.drop_receive_buffer()  # (an idle session holds none)
+                ready = False
                 continue
             except OSError:
                 k = 0
             if not k:
                 up.by_origin = True
                 return
+            ready = k == want
+            unyielded += k
             self._count_link_drops(core.received(k, trio.current_time()))
             for (link, sid), st in up.sinks.items():
                 self._far_push(up, link, st, core.sinks[link, sid])
