@@ -497,7 +497,7 @@ class StreamFramer:
 
     def __init__(self) -> None:
         self._buf = bytearray()
-        self._rx: bytearray | None = None  # the buffer of receive(), the held bytes first
+        self._rx: memoryview | None = None  # the buffer of receive_buffer(), the held bytes first
         self._need = 0  # msglen of the message being assembled (0: its 4-byte start is not known yet)
         self.offset = 0  # stream offset of the first byte not yet returned in a message
         self.messages = 0
@@ -525,16 +525,23 @@ class StreamFramer:
         """The messages the next bytes of the stream complete, each copied."""
         return [m for run in self.cut(bytes(data)) for m in run.messages()]
 
-    def receive_buffer(self, size: int) -> memoryview:
+    def receive_buffer(self, size: int, into: bytearray | None = None) -> memoryview:
         """Room for the stream's next ``size`` bytes at most, to read into (e.g.
         ``socket.recv_into``), then tell :meth:`received` how many came: in a new
-        buffer, after a copy of the incomplete message held, so that the messages
-        they complete are one run."""
+        buffer (or ``into``, a buffer of at least :attr:`buffered` + ``size``
+        bytes nobody else writes while a view of it is alive, e.g. from a pool),
+        after a copy of the incomplete message held, so that the messages they
+        complete are one run. The buffer stays viewed (reserved) until
+        :meth:`received` or :meth:`drop_receive_buffer`."""
         held = len(self._buf)
-        if self._rx is None or len(self._rx) != held + size:  # (else: the last one, unused)
-            self._rx = bytearray(held + size)
-            self._rx[:held] = self._buf
-        return memoryview(self._rx)[held:]
+        if into is not None:
+            if len(into) < held + size:
+                raise ValueError(f"a buffer of {len(into)} bytes for {held} held and {size} to receive")
+            self._rx = memoryview(into)[:held + size]
+        elif self._rx is None or len(self._rx) != held + size:  # (else: the last one, unused)
+            self._rx = memoryview(bytearray(held + size))
+        self._rx[:held] = self._buf
+        return self._rx[held:]
 
     def drop_receive_buffer(self) -> None:
         """Let go of the buffer :meth:`receive_buffer` handed out, nothing received
@@ -550,7 +557,7 @@ class StreamFramer:
         held = len(self._buf)
         self._buf = bytearray()  # (moved to the start of rx)
         self._need = 0
-        return self.cut(memoryview(rx).toreadonly()[:held + nbytes])
+        return self.cut(rx.toreadonly()[:held + nbytes])
 
     def cut(self, data: bytes | memoryview) -> list[MessageRun]:
         """The messages the next bytes of the stream complete, without copying

@@ -53,6 +53,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from lbmr_proto import lbmc
+from lbmr_runtime.buffers import BufferPool
 
 from .message_path import MessagePath, headed
 
@@ -293,10 +294,13 @@ class SessionFanout:
     shared with the other sessions of the portal (default: this session's own,
     :data:`DEFAULT_BUDGET`); ``path``: the message path every run passes
     before the queues (None: none, the messages go as they came);
-    ``lag_timeout``: seconds a sink may hold the others back (:meth:`room`)."""
+    ``lag_timeout``: seconds a sink may hold the others back (:meth:`room`);
+    ``pool``: where :meth:`receive_buffer` takes its buffers (None: a new one
+    each time)."""
 
     def __init__(self, max_queue: int = DEFAULT_MAX_QUEUE, budget: QueueBudget | None = None,
-                 path: MessagePath | None = None, lag_timeout: float = DEFAULT_LAG_TIMEOUT) -> None:
+                 path: MessagePath | None = None, lag_timeout: float = DEFAULT_LAG_TIMEOUT,
+                 pool: BufferPool | None = None) -> None:
         if max_queue < MIN_MAX_QUEUE:
             raise ValueError(f"max_queue must be at least {MIN_MAX_QUEUE} bytes (one message)")
         self.max_queue = max_queue
@@ -305,6 +309,7 @@ class SessionFanout:
         self._checked = 0.0  # when room() last looked
         self.budget = budget if budget is not None else QueueBudget()
         self.path = path
+        self.pool = pool
         self.framer = lbmc.StreamFramer()
         self.sinks: dict[Hashable, SinkQueue] = {}
         self.session_id_message: bytes | None = None  # the last TCP_SID control message
@@ -349,8 +354,12 @@ class SessionFanout:
     def receive_buffer(self, size: int) -> memoryview:
         """Room for the session's next ``size`` bytes at most, to read into; then
         :meth:`received` (the messages they complete go to the queues as one run:
-        :meth:`lbmr_proto.lbmc.StreamFramer.receive_buffer`)."""
-        return self.framer.receive_buffer(size)
+        :meth:`lbmr_proto.lbmc.StreamFramer.receive_buffer`; from the pool, if
+        the session has one)."""
+        framer = self.framer
+        if self.pool is None:
+            return framer.receive_buffer(size)
+        return framer.receive_buffer(size, self.pool.take(framer.buffered + size))
 
     def drop_receive_buffer(self) -> None:
         """The last :meth:`receive_buffer` got nothing (the socket was empty): let it

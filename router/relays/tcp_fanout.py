@@ -51,6 +51,7 @@ from itertools import count
 import trio
 
 from lbmr_proto import lbmc
+from lbmr_runtime.buffers import BufferPool
 
 from .. import peerlink as P
 from ..core.fanout import (
@@ -86,6 +87,7 @@ IOV_MAX = 64  # chunks per writev to a receiver
 # task letting the others run after UPSTREAM_YIELD bytes
 UPSTREAM_READ = SPLICE_FRAME
 UPSTREAM_YIELD = 4 << 20
+UPSTREAM_BUFFERS = 8  # read buffers kept for use again (router.core.fanout, lbmr_runtime.buffers)
 # receiver connections of one endpoint's proxies at once (as many as the link streams
 # of the per-connection relay); their queues share a QueueBudget of 256 MiB
 FANOUT_MAX_RECEIVERS = 4096
@@ -161,6 +163,8 @@ class FanoutRelay(TransportRelay):
         self.upstream = MessagePath(settings.upstream_rules)
         self._keys = count()
         self.budget = QueueBudget()  # every queue of this relay's sessions
+        # the upstream sessions' read buffers, used again once nothing views them
+        self.read_buffers = BufferPool(UPSTREAM_READ + lbmc.MAX_MSGLEN, UPSTREAM_BUFFERS)
         self.receivers = 0  # receiver connections of all this relay's proxies
         self._proxies: dict[int, _Proxy] = {}  # the near side of each proxy serving, by proxy id
 
@@ -407,7 +411,8 @@ class FanoutRelay(TransportRelay):
         up = self.upstreams.get(key)
         if up is None or up.done or up.by_origin:
             path = self.context.responses.upstream_path(self.settings.downstream_rules, key)  # its requesters noted
-            up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget, path))
+            up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget, path,
+                                                                   pool=self.read_buffers))
             (self.upstreams.nursery or link.nursery).start_soon(self._upstream, up)
         up.waiting += 1
         link.nursery.start_soon(self._far_stream, up, link, st)
