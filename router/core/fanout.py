@@ -57,7 +57,7 @@ from lbmr_runtime.buffers import BufferPool
 
 from .message_path import MessagePath, headed
 
-__all__ = ["DEFAULT_MAX_QUEUE", "MIN_MAX_QUEUE", "DEFAULT_STALL_TIMEOUT", "DEFAULT_BUDGET",
+__all__ = ["COPY_RATIO", "DEFAULT_MAX_QUEUE", "MIN_MAX_QUEUE", "DEFAULT_STALL_TIMEOUT", "DEFAULT_BUDGET",
            "DEFAULT_LAG_TIMEOUT", "Batch",
            "Dropped", "QueueBudget", "SharedBuffer", "SinkQueue", "SessionFanout"]
 
@@ -78,6 +78,13 @@ DEFAULT_LAG_TIMEOUT = 1.0
 #: connects and never reads (again and again) holds the others back a tenth as long
 NEW_SINK_LAG = 0.1
 
+
+#: a view of less than 1/COPY_RATIO of its buffer is queued as a copy of its own (a run
+#: fed, the rest of a chunk after a write), so that a few bytes do not keep a large
+#: buffer (counted in the budget at its full size) alive; larger ones stay views
+#: (a copy of a quarter of each buffer fed in pieces cost a router half its bytes
+#: copied once more)
+COPY_RATIO = 16
 
 #: a run of whole LBMC messages (``data``, ``ends``: the offset just past each)
 Batch = lbmc.MessageRun
@@ -252,7 +259,7 @@ class SinkQueue:
                 self._let_go(buffer)
             else:
                 rest = c[nbytes:]
-                if len(rest) * 4 < buffer.size:  # a little of a large buffer: a copy of its own
+                if len(rest) * COPY_RATIO < buffer.size:  # a little of a large buffer: a copy of its own
                     chunks.popleft()
                     self._let_go(buffer)
                     own = bytes(rest)
@@ -461,7 +468,7 @@ class SessionFanout:
             if not self.sinks:
                 continue
             data = batch.data
-            if isinstance(data, memoryview) and len(data) * 4 < SharedBuffer.of(data).size:
+            if isinstance(data, memoryview) and len(data) * COPY_RATIO < SharedBuffer.of(data).size:
                 batch = Batch(bytes(data), batch.ends)  # a little of a large buffer: a copy
             buffer = self._buffer_of(batch.data)
             for key, q in self.sinks.items():
