@@ -37,7 +37,7 @@ PEEK_AFTER_SPLICE = 16  # ... but after a spliced frame, likely followed by anot
 # the scheduler and an epoll_wait, a few percent of a router's CPU at one frame a pause).
 RX_YIELD = 4 << 20
 # buffers of whole payloads (a fanned-out session's, one per frame) kept for use again
-RX_BUFFERS = 8
+RX_BUFFERS = 40
 _DATA_HEAD = P.HEADER_SIZE + 4  # header and stream id of a STREAM_DATA frame
 _LEN4 = (4).to_bytes(4, "big")
 

@@ -292,7 +292,9 @@ class FanoutRelay(TransportRelay):
         if k:
             q.wrote(k, trio.current_time())
             st = rx.proxy.st
-            if st is not None and st.incoming:  # the stream's bytes held back may go on
+            # the stream's bytes held back may go on once the queue has room for a quarter of
+            # its size (SessionFanout.room: less wakes the stream task for nothing)
+            if st is not None and st.incoming and 3 * q.room >= q.held:
                 st.incoming_ready.set()
         if q.held:
             rx.blocked = True
