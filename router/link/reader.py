@@ -36,8 +36,10 @@ PEEK_AFTER_SPLICE = 16  # ... but after a spliced frame, likely followed by anot
 # spliced STREAM_DATA frames: after RX_YIELD bytes of them (each such pause costs a round of
 # the scheduler and an epoll_wait, a few percent of a router's CPU at one frame a pause).
 RX_YIELD = 4 << 20
-# buffers of whole payloads (a fanned-out session's, one per frame) kept for use again
-RX_BUFFERS = 40
+# buffers of whole payloads (a fanned-out session's, one per frame; MAX_PAYLOAD bytes each)
+# kept for use again: at most 16 MiB a link, in use or not (a stream may hold up to its
+# window of frames: beyond the kept ones, frames get buffers of their own)
+RX_BUFFERS = 16
 _DATA_HEAD = P.HEADER_SIZE + 4  # header and stream id of a STREAM_DATA frame
 _LEN4 = (4).to_bytes(4, "big")
 
