@@ -14,7 +14,10 @@ free to be written again.
 
 from __future__ import annotations
 
-__all__ = ["BufferPool"]
+__all__ = ["BufferPool", "PROBES"]
+
+#: kept buffers :meth:`BufferPool.take` looks at, at most, before it makes a new one
+PROBES = 2
 
 
 def _unviewed(buf: bytearray) -> bool:
@@ -48,8 +51,9 @@ class BufferPool:
         """A buffer of at least ``nbytes`` bytes to read into (its old bytes
         are left: write before viewing). A kept one (``size`` bytes) when
         ``nbytes`` is from a quarter of ``size`` up to ``size`` and one is
-        free; else a new one of exactly ``nbytes`` (kept while fewer than
-        ``keep`` are, if it is of the pool's size). The taker holds it by its
+        free among the PROBES given out longest ago; else a new one (of the
+        pool's size, kept while fewer than ``keep`` are; of exactly ``nbytes``
+        outside that range). The taker holds it by its
         views: it views it at once, and the pool gives it out again once none
         is alive."""
         size = self.size
@@ -57,7 +61,9 @@ class BufferPool:
             return bytearray(nbytes)
         kept = self._kept
         n = len(kept)
-        for k in range(n):
+        # views go in about the order the buffers were given out: the one given out
+        # longest ago is looked at first, and at most PROBES of them
+        for k in range(min(n, PROBES)):
             i = (self._next + k) % n
             buf = kept[i]
             if _unviewed(buf):
@@ -66,5 +72,6 @@ class BufferPool:
                 return buf
         buf = bytearray(size)
         if n < self.keep:
-            kept.append(buf)
+            kept.insert(self._next, buf)  # (given out last: looked at last)
+            self._next = (self._next + 1) % (n + 1)
         return buf

@@ -430,6 +430,16 @@ class SessionFanout:
             return max(room, MIN_READ)
         return room if room >= slow_size >> 2 else 0
 
+    def opens(self, q: SinkQueue) -> bool:
+        """Whether :meth:`room` would offer bytes now were ``q`` the pacing sink with
+        the least room (its queue empty, or room for a quarter of it beside the
+        incomplete message held): a sink that took bytes wakes the reader of the
+        session only then (less would be paced again at once)."""
+        if not q.held:
+            return True
+        r = q.room
+        return r - self.framer.buffered >= (r + q.held) >> 2
+
     def recheck_at(self) -> float:
         """When :meth:`room` may say more without any sink taking bytes: when a
         pacing sink that holds bytes reaches the lag timeout (inf: none)."""

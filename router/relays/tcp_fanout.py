@@ -293,8 +293,8 @@ class FanoutRelay(TransportRelay):
             q.wrote(k, trio.current_time())
             st = rx.proxy.st
             # the stream's bytes held back may go on once the queue has room for a quarter of
-            # its size (SessionFanout.room: less wakes the stream task for nothing)
-            if st is not None and st.incoming and 3 * q.room >= q.held:
+            # its size (SessionFanout.opens: less would wake the stream task for nothing)
+            if st is not None and st.incoming and rx.proxy.core.opens(q):
                 st.incoming_ready.set()
         if q.held:
             rx.blocked = True
