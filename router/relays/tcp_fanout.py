@@ -277,20 +277,29 @@ class FanoutRelay(TransportRelay):
         scope.cancel()
 
     def _push(self, rx: _Receiver) -> None:
-        """Write what the receiver's socket takes now (never waits)."""
+        """Write what the receiver's socket takes now (never waits): again after a
+        short write, until the queue is empty or the socket refuses more (a short
+        write does not mean a full socket: the kernel may take a few segments a
+        call while the receiver keeps up)."""
         q = rx.queue
         if rx.blocked or rx.broken or not q.held:
             return
+        fd = rx.fd
+        wrote = 0
         try:
-            k = os.writev(rx.fd, q.head(IOV_MAX))
+            while q.held:
+                k = os.writev(fd, q.head(IOV_MAX))
+                if not k:
+                    break
+                q.wrote(k, trio.current_time())
+                wrote += k
         except (BlockingIOError, InterruptedError):
-            k = 0
+            pass
         except OSError:
             rx.broken = True
             rx.wake.set()
             return
-        if k:
-            q.wrote(k, trio.current_time())
+        if wrote:
             st = rx.proxy.st
             # the stream's bytes held back may go on once the queue has room for a quarter of
             # its size (SessionFanout.opens: less would wake the stream task for nothing)
