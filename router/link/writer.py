@@ -360,24 +360,32 @@ class LinkWriter:
 
     def _write_mem(self) -> int:
         """``_tx`` then ``_tx_mem`` (the payload of a STREAM_DATA frame) with sendmsg: the
-        bytes written, or -1 when the socket is full first (a short write says so)."""
-        tx, mem = self._tx, self._tx_mem
-        try:
-            k = self._sock.sendmsg([tx, mem] if tx is not None else [mem])
-        except (BlockingIOError, InterruptedError):
-            return -1
-        sent = k
-        if tx is not None:
-            if k < len(tx):
-                self._tx = tx[k:]
+        bytes written, or -1 when the socket refuses more first. A short write is followed
+        by another at once: it does not say the socket is full (on loopback the kernel
+        takes a few segments a call while the peer keeps up; a wait for writability would
+        cost a scheduler round for nothing)."""
+        sock = self._sock
+        sent = 0
+        while True:
+            tx, mem = self._tx, self._tx_mem
+            try:
+                k = sock.sendmsg([tx, mem] if tx is not None else [mem])
+            except (BlockingIOError, InterruptedError):
                 return -1
-            k -= len(tx)
-            self._tx = None
-        if k < len(mem):
-            self._tx_mem = mem[k:]
-            return -1
-        self._tx_mem = None
-        return sent
+            if not k:
+                return -1
+            sent += k
+            if tx is not None:
+                if k < len(tx):
+                    self._tx = tx[k:]
+                    continue
+                k -= len(tx)
+                self._tx = None
+            if k < len(mem):
+                self._tx_mem = mem[k:]
+                continue
+            self._tx_mem = None
+            return sent
 
     def _next_tx(self, now: float) -> bool:
         """Take the next bytes to write: the connection's own bytes, then queued frames
