@@ -97,11 +97,14 @@ between its endpoints in memory.
    80 %) of what the minimal fan-out delivered to each receiver (goal
    TARGET_FANOUT_RATIO), with the messages
    each router dropped and the CPU seconds per GB delivered of router A,
-   router B and the forwarder, and of the minimal fan-out process. With
-   them, the minimal chain: the routed path's processes built of minimal
-   ones (a copy relay, the counting forwarder, the minimal fan-out: no
-   framing, queues or drops), what any router in that place could reach on
-   this host, and the routed rate as a share of it.
+   router B (and the two together) and the forwarder, and of the minimal
+   fan-out process. With them, the minimal chain: the routed path's
+   processes built of minimal ones (a copy relay, the counting forwarder,
+   the minimal fan-out: no framing, queues or drops), what any router in
+   that place could reach on this host, and the routed rate as a share of
+   it; and the CPU seconds per GB of the routed path's three processes as a
+   multiple of the minimal chain's three (on a host whose CPUs are the
+   limit, the rates follow from these).
 
 The pieces: bench/router_deploy.py (deployments, sources, receivers, CPU
 accounting), bench/router_measure.py (sections 1 to 3), bench/router_profile.py

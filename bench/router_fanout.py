@@ -141,8 +141,11 @@ def print_fanout(rows: list[dict]) -> None:
                   f"{chain:5.3f} of the minimal chain; messages "
                   f"dropped at router A {r['dropped_a']}, at router B {r['dropped_b']}")
         c = r["cpu"]
-        print(f"        CPU s/GB delivered: router A {c['a']:.2f}, router B {c['b']:.2f}, forwarder "
-              f"{c['fwd']:.2f} (minimal fan-out process {r['baseline_cpu']:.2f})")
+        path = c["a"] + c["b"] + c["fwd"]
+        print(f"        CPU s/GB delivered: router A {c['a']:.2f}, router B {c['b']:.2f} (routers "
+              f"{c['a'] + c['b']:.2f}), forwarder {c['fwd']:.2f}; the routed path's processes {path:.2f}, "
+              f"{path / max(r['chain_cpu'], 1e-9):.2f}x the minimal chain's {r['chain_cpu']:.2f} "
+              f"(minimal fan-out process {r['baseline_cpu']:.2f})")
 
 
 def run_fanout(tmp: Path, stack: contextlib.ExitStack, args) -> None:
