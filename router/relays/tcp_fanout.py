@@ -87,8 +87,10 @@ IOV_MAX = 64  # chunks per writev to a receiver
 # task letting the others run after UPSTREAM_YIELD bytes
 UPSTREAM_READ = SPLICE_FRAME
 UPSTREAM_YIELD = 4 << 20
-UPSTREAM_BUFFERS = 12  # read buffers kept for use again: as many as a session has in flight at full
-# speed (its link queue, 8 MiB, and its queue; lbmr_runtime.buffers)
+# read buffers kept for use again (lbmr_runtime.buffers): as many as a session has in flight
+# at full speed (its link queue, 8 MiB, and its own queue)
+UPSTREAM_BUFFERS = 12
+
 # receiver connections of one endpoint's proxies at once (as many as the link streams
 # of the per-connection relay); their queues share a QueueBudget of 256 MiB
 FANOUT_MAX_RECEIVERS = 4096
