@@ -96,7 +96,10 @@ between its endpoints in memory.
    chain and no message dropped), then paced at FANOUT_LOADS (100 % and
    80 %) of what the minimal fan-out delivered to each receiver (goal
    TARGET_FANOUT_RATIO), with the messages
-   each router dropped and the CPU seconds per GB delivered of router A,
+   each router dropped in the measured window (the goal's) and, apart,
+   during the warm-up (the receivers connect one after the other and none is
+   read until all are: the first ones, taking nothing for a while, may fall
+   behind and drop), and the CPU seconds per GB delivered of router A,
    router B (and the two together) and the forwarder, and of the minimal
    fan-out process. With them, the minimal chain: the routed path's
    processes built of minimal ones (a copy relay, the counting forwarder,
