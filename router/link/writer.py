@@ -45,6 +45,7 @@ DRAIN_BUDGET = 8 << 20
 # STREAM_DATA frames of at least this many data bytes are written as their 16-byte head
 # (PeerConnection.send_data_head) and their data, from memory, in one sendmsg: no copy
 SEND_MEM_MIN = 4 << 10
+MEM_WRITES = 16  # sendmsg calls in a row for one such frame (a frame's worth: a few segments each)
 _DONE, _BLOCKED, _MORE = "done", "blocked", "more"
 
 
@@ -363,10 +364,11 @@ class LinkWriter:
         bytes written, or -1 when the socket refuses more first. A short write is followed
         by another at once: it does not say the socket is full (on loopback the kernel
         takes a few segments a call while the peer keeps up; a wait for writability would
-        cost a scheduler round for nothing)."""
+        cost a scheduler round for nothing), at most MEM_WRITES times (a peer that
+        frees its window a few bytes at a time holds nobody up)."""
         sock = self._sock
         sent = 0
-        while True:
+        for _ in range(MEM_WRITES):
             tx, mem = self._tx, self._tx_mem
             try:
                 k = sock.sendmsg([tx, mem] if tx is not None else [mem])
@@ -386,6 +388,7 @@ class LinkWriter:
                 continue
             self._tx_mem = None
             return sent
+        return -1  # (the writer task goes on once the socket is writable)
 
     def _next_tx(self, now: float) -> bool:
         """Take the next bytes to write: the connection's own bytes, then queued frames

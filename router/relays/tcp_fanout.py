@@ -81,6 +81,7 @@ RECEIVER_READ = 64 << 10  # bytes per read of what a receiver sends (at most)
 RECEIVER_UPSTREAM_RATE = 256 << 10
 RECEIVER_UPSTREAM_BURST = 64 << 10
 IOV_MAX = 64  # chunks per writev to a receiver
+PUSH_WRITES = 16  # writevs to a receiver in a row (a queue's worth or more: a few segments each)
 # bytes per read of an origin (at most; and at most what the room lets in): one frame on a
 # zero-copy link. After a read that filled its buffer the next one is tried at once (the
 # bytes are most likely there: no wait for the socket, no scheduler round per read), the
@@ -283,19 +284,23 @@ class FanoutRelay(TransportRelay):
         """Write what the receiver's socket takes now (never waits): again after a
         short write, until the queue is empty or the socket refuses more (a short
         write does not mean a full socket: the kernel may take a few segments a
-        call while the receiver keeps up)."""
+        call while the receiver keeps up), at most PUSH_WRITES times (then the
+        receiver's task goes on once the socket is writable: a receiver that
+        frees its window a few bytes at a time holds nobody up)."""
         q = rx.queue
         if rx.blocked or rx.broken or not q.held:
             return
         fd = rx.fd
         wrote = 0
         try:
-            while q.held:
+            for _ in range(PUSH_WRITES):
                 k = os.writev(fd, q.head(IOV_MAX))
                 if not k:
                     break
                 q.wrote(k, trio.current_time())
                 wrote += k
+                if not q.held:
+                    break
         except (BlockingIOError, InterruptedError):
             pass
         except OSError:
