@@ -473,14 +473,15 @@ class FanoutRelay(TransportRelay):
         slowest link stream that keeps up takes it (:meth:`SessionFanout.room`):
         when the links take no more, the origin is not read and TCP paces it. The
         buffer is taken only once the socket is readable, or right after a read
-        that filled its buffer (given back if that finds the socket empty: an idle
-        session holds none), and is no larger than the room (nor UPSTREAM_READ). Each wait lasts at most
-        UPSTREAM_LINGER, so that a session whose last stream left closes within
-        twice that even when the origin is quiet."""
+        that filled its buffer or a wait for room (given back if the socket is
+        empty: an idle session holds none), and is no larger than the room (nor
+        UPSTREAM_READ). Each wait lasts at most UPSTREAM_LINGER, so that a
+        session whose last stream left closes within twice that even when the
+        origin is quiet."""
         idle_since = math.inf
         core, sock = up.core, conn.socket
         fd = sock.fileno()
-        ready = False  # the last read filled its buffer: more is most likely there, read at once
+        ready = False  # the last read filled its buffer (or room came): read at once, no wait
         unyielded = 0  # bytes read since the task last let the others run
         while True:
             if up.sinks or up.waiting:
