@@ -99,12 +99,18 @@ between its endpoints in memory.
    chain and no message dropped), then paced at FANOUT_LOADS (100 % and
    80 %) of what the minimal fan-out delivered to each receiver (goal
    TARGET_FANOUT_RATIO), with the messages
-   each router dropped and the CPU seconds per GB delivered of router A,
-   router B and the forwarder, and of the minimal fan-out process. With
-   them, the minimal chain: the routed path's processes built of minimal
-   ones (a copy relay, the counting forwarder, the minimal fan-out: no
-   framing, queues or drops), what any router in that place could reach on
-   this host, and the routed rate as a share of it.
+   each router dropped in the measured window (the goal's) and, apart,
+   during the warm-up (the receivers connect one after the other and none is
+   read until all are: the first ones, taking nothing for a while, may fall
+   behind and drop), and the CPU seconds per GB delivered of router A,
+   router B (and the two together) and the forwarder, and of the minimal
+   fan-out process. With them, the minimal chain: the routed path's
+   processes built of minimal ones (a copy relay, the counting forwarder,
+   the minimal fan-out: no framing, queues or drops), what any router in
+   that place could reach on this host, and the routed rate as a share of
+   it; and the CPU seconds per GB of the routed path's three processes as a
+   multiple of the minimal chain's three (on a host whose CPUs are the
+   limit, the rates follow from these).
 
 6. Requests and responses (bench/router_requests.py; --rr-runs, --rr-count,
    --rr-rate-count, --rr-responders, --rr-window, --no-requests,

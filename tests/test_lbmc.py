@@ -253,6 +253,67 @@ def test_framer_received_needs_a_buffer_and_rejects_a_bad_start():
     assert ei.value.offset == len(good)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 2]), st.integers(1, 60)), min_size=1, max_size=8),
+       st.lists(st.integers(1, 5000), min_size=1, max_size=20), st.integers(0, 400),
+       st.sampled_from([None, 0xFF, 0xF1, 0x13]))
+def test_framer_frames_runs_of_alike_messages_as_one_by_one(runs, cuts, bad_at, bad_byte):
+    """Mostly messages of one size (framed a run at a time, C-level), now and then
+    one of another size or kind, and perhaps a bad start: cut in any pieces, the
+    framer gives every message, whole and in order, or raises at the bad start's
+    offset."""
+    msgs = []
+    for q, kind in enumerate(k for k, count in runs for _ in range(count)):
+        if kind == 2:
+            msgs.append(C.encode(C.Message(C.CONTROL, headers=(C.TcpSidHeader(0, q),))))
+        else:
+            msgs.append(C.data_message(1, q, bytes([q % 256]) * (100 if kind == 0 else 37)))
+    stream = bytearray(b"".join(msgs))
+    bad_offset = None
+    if bad_byte is not None and bad_at < len(msgs):
+        bad_offset = sum(map(len, msgs[:bad_at]))
+        stream[bad_offset] = bad_byte  # a version or kind UM does not send
+        msgs = msgs[:bad_at]
+    stream = bytes(stream)
+    f = C.StreamFramer()
+    got, pos, i = [], 0, 0
+    with pytest.raises(C.LbmcDecodeError) if bad_offset is not None else _no_error() as raised:
+        while pos < len(stream):
+            piece = stream[pos:pos + cuts[i % len(cuts)]]
+            i += 1
+            got += [m for r in f.cut(piece) for m in r.messages()]
+            pos += len(piece)
+    assert got == msgs[:len(got)]
+    if bad_offset is None:
+        assert got == msgs and f.buffered == 0
+    else:  # (the messages of the piece that raised are not given)
+        assert raised.value.offset == bad_offset
+
+
+class _no_error:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_framer_drops_a_receive_buffer_nothing_came_into():
+    f = C.StreamFramer()
+    m = C.data_message(1, 1, b"abcdef")
+    f.receive_buffer(len(m))[:3] = m[:3]
+    assert f.received(3) == [] and f.buffered == 3  # an incomplete message: held, no run
+    f.receive_buffer(1000)
+    assert f.reserved == 3 + 1000
+    f.drop_receive_buffer()  # the read got nothing
+    assert f.reserved == 0 and f.buffered == 3
+    with pytest.raises(ValueError):
+        f.received(1)
+    f.receive_buffer(1000)[:len(m) - 3] = m[3:]
+    (run,) = f.received(len(m) - 3)
+    assert run.messages() == [m] and f.reserved == 0 and f.buffered == 0
+
+
 def test_message_run_of_counts_and_fits():
     run = C.MessageRun.of([b"a" * 10, b"b" * 20, b"c" * 5])
     assert run.data == b"a" * 10 + b"b" * 20 + b"c" * 5 and run.ends == [10, 30, 35] and run.count == 3

@@ -53,10 +53,11 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from lbmr_proto import lbmc
+from lbmr_runtime.buffers import BufferPool
 
 from .message_path import MessagePath, headed
 
-__all__ = ["DEFAULT_MAX_QUEUE", "MIN_MAX_QUEUE", "DEFAULT_STALL_TIMEOUT", "DEFAULT_BUDGET",
+__all__ = ["COPY_RATIO", "DEFAULT_MAX_QUEUE", "MIN_MAX_QUEUE", "DEFAULT_STALL_TIMEOUT", "DEFAULT_BUDGET",
            "DEFAULT_LAG_TIMEOUT", "Batch",
            "Dropped", "QueueBudget", "SharedBuffer", "SinkQueue", "SessionFanout"]
 
@@ -77,6 +78,13 @@ DEFAULT_LAG_TIMEOUT = 1.0
 #: connects and never reads (again and again) holds the others back a tenth as long
 NEW_SINK_LAG = 0.1
 
+
+#: a view of less than 1/COPY_RATIO of its buffer is queued as a copy of its own (a run
+#: fed, the rest of a chunk after a write), so that a few bytes do not keep a large
+#: buffer (counted in the budget at its full size) alive; larger ones stay views
+#: (a copy of a quarter of each buffer fed in pieces cost a router half its bytes
+#: copied once more)
+COPY_RATIO = 16
 
 #: a run of whole LBMC messages (``data``, ``ends``: the offset just past each)
 Batch = lbmc.MessageRun
@@ -251,7 +259,7 @@ class SinkQueue:
                 self._let_go(buffer)
             else:
                 rest = c[nbytes:]
-                if len(rest) * 4 < buffer.size:  # a little of a large buffer: a copy of its own
+                if len(rest) * COPY_RATIO < buffer.size:  # a little of a large buffer: a copy of its own
                     chunks.popleft()
                     self._let_go(buffer)
                     own = bytes(rest)
@@ -293,10 +301,13 @@ class SessionFanout:
     shared with the other sessions of the portal (default: this session's own,
     :data:`DEFAULT_BUDGET`); ``path``: the message path every run passes
     before the queues (None: none, the messages go as they came);
-    ``lag_timeout``: seconds a sink may hold the others back (:meth:`room`)."""
+    ``lag_timeout``: seconds a sink may hold the others back (:meth:`room`);
+    ``pool``: where :meth:`receive_buffer` takes its buffers (None: a new one
+    each time)."""
 
     def __init__(self, max_queue: int = DEFAULT_MAX_QUEUE, budget: QueueBudget | None = None,
-                 path: MessagePath | None = None, lag_timeout: float = DEFAULT_LAG_TIMEOUT) -> None:
+                 path: MessagePath | None = None, lag_timeout: float = DEFAULT_LAG_TIMEOUT,
+                 pool: BufferPool | None = None) -> None:
         if max_queue < MIN_MAX_QUEUE:
             raise ValueError(f"max_queue must be at least {MIN_MAX_QUEUE} bytes (one message)")
         self.max_queue = max_queue
@@ -305,6 +316,7 @@ class SessionFanout:
         self._checked = 0.0  # when room() last looked
         self.budget = budget if budget is not None else QueueBudget()
         self.path = path
+        self.pool = pool
         self.framer = lbmc.StreamFramer()
         self.sinks: dict[Hashable, SinkQueue] = {}
         self.session_id_message: bytes | None = None  # the last TCP_SID control message
@@ -349,8 +361,17 @@ class SessionFanout:
     def receive_buffer(self, size: int) -> memoryview:
         """Room for the session's next ``size`` bytes at most, to read into; then
         :meth:`received` (the messages they complete go to the queues as one run:
-        :meth:`lbmr_proto.lbmc.StreamFramer.receive_buffer`)."""
-        return self.framer.receive_buffer(size)
+        :meth:`lbmr_proto.lbmc.StreamFramer.receive_buffer`; from the pool, if
+        the session has one)."""
+        framer = self.framer
+        if self.pool is None:
+            return framer.receive_buffer(size)
+        return framer.receive_buffer(size, self.pool.take(framer.buffered + size))
+
+    def drop_receive_buffer(self) -> None:
+        """The last :meth:`receive_buffer` got nothing (the socket was empty): let it
+        go, so that an idle session holds none."""
+        self.framer.drop_receive_buffer()
 
     def received(self, nbytes: int, now: float) -> list[Dropped]:
         """:meth:`feed` for the ``nbytes`` read into the last :meth:`receive_buffer`."""
@@ -409,6 +430,16 @@ class SessionFanout:
             return max(room, MIN_READ)
         return room if room >= slow_size >> 2 else 0
 
+    def opens(self, q: SinkQueue) -> bool:
+        """Whether :meth:`room` would offer bytes now were ``q`` the pacing sink with
+        the least room (its queue empty, or room for a quarter of it beside the
+        incomplete message held): a sink that took bytes wakes the reader of the
+        session only then (less would be paced again at once)."""
+        if not q.held:
+            return True
+        r = q.room
+        return r - self.framer.buffered >= (r + q.held) >> 2
+
     def recheck_at(self) -> float:
         """When :meth:`room` may say more without any sink taking bytes: when a
         pacing sink that holds bytes reaches the lag timeout (inf: none)."""
@@ -447,7 +478,7 @@ class SessionFanout:
             if not self.sinks:
                 continue
             data = batch.data
-            if isinstance(data, memoryview) and len(data) * 4 < SharedBuffer.of(data).size:
+            if isinstance(data, memoryview) and len(data) * COPY_RATIO < SharedBuffer.of(data).size:
                 batch = Batch(bytes(data), batch.ends)  # a little of a large buffer: a copy
             buffer = self._buffer_of(batch.data)
             for key, q in self.sinks.items():

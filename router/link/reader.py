@@ -21,6 +21,8 @@ import socket
 
 import trio
 
+from lbmr_runtime.buffers import BufferPool
+
 from .. import peerlink as P
 from ..peerlink import streams as S
 from .splice import Pipe, PipePool, splice
@@ -34,6 +36,10 @@ PEEK_AFTER_SPLICE = 16  # ... but after a spliced frame, likely followed by anot
 # spliced STREAM_DATA frames: after RX_YIELD bytes of them (each such pause costs a round of
 # the scheduler and an epoll_wait, a few percent of a router's CPU at one frame a pause).
 RX_YIELD = 4 << 20
+# buffers of whole payloads (a fanned-out session's, one per frame; MAX_PAYLOAD bytes each)
+# kept for use again: at most 16 MiB a link, in use or not (a stream may hold up to its
+# window of frames: beyond the kept ones, frames get buffers of their own)
+RX_BUFFERS = 16
 _DATA_HEAD = P.HEADER_SIZE + 4  # header and stream id of a STREAM_DATA frame
 _LEN4 = (4).to_bytes(4, "big")
 
@@ -65,6 +71,7 @@ class LinkReader:
         self._waited = False  # the last move waited for the socket instead of probing it
         self._pipe_full = False  # the last move most likely filled the stream's pipe
         self._scratch: bytearray | None = None
+        self._buffers = BufferPool(P.MAX_PAYLOAD, RX_BUFFERS)  # whole payloads (_receive_whole)
         self.spliced_in = 0  # payload bytes spliced from the link
 
     async def receive(self) -> tuple[list, bool]:
@@ -278,10 +285,11 @@ class LinkReader:
             await self._splice_step(st)
 
     async def _receive_whole(self, st: StreamState, nbytes: int) -> None:
-        """Read ``nbytes`` of payload into a buffer of their own, then hand it to ``st``
-        at once (a read-only view, never written again): one item and one wake-up of
-        the stream per frame, whatever the pieces the link's socket gives."""
-        buf = memoryview(bytearray(nbytes))
+        """Read ``nbytes`` of payload into a buffer of their own (from the reader's
+        pool: written again only once no view of it is alive), then hand it to ``st``
+        at once (a read-only view): one item and one wake-up of the stream per frame,
+        whatever the pieces the link's socket gives."""
+        buf = memoryview(self._buffers.take(nbytes))[:nbytes]
         while self._left:
             try:
                 k = self._sock.recv_into(buf[nbytes - self._left:])

@@ -45,6 +45,7 @@ DRAIN_BUDGET = 8 << 20
 # STREAM_DATA frames of at least this many data bytes are written as their 16-byte head
 # (PeerConnection.send_data_head) and their data, from memory, in one sendmsg: no copy
 SEND_MEM_MIN = 4 << 10
+MEM_WRITES = 16  # sendmsg calls in a row for one such frame (a frame's worth: a few segments each)
 _DONE, _BLOCKED, _MORE = "done", "blocked", "more"
 
 
@@ -360,24 +361,34 @@ class LinkWriter:
 
     def _write_mem(self) -> int:
         """``_tx`` then ``_tx_mem`` (the payload of a STREAM_DATA frame) with sendmsg: the
-        bytes written, or -1 when the socket is full first (a short write says so)."""
-        tx, mem = self._tx, self._tx_mem
-        try:
-            k = self._sock.sendmsg([tx, mem] if tx is not None else [mem])
-        except (BlockingIOError, InterruptedError):
-            return -1
-        sent = k
-        if tx is not None:
-            if k < len(tx):
-                self._tx = tx[k:]
+        bytes written, or -1 when the socket refuses more first. A short write is followed
+        by another at once: it does not say the socket is full (on loopback the kernel
+        takes a few segments a call while the peer keeps up; a wait for writability would
+        cost a scheduler round for nothing), at most MEM_WRITES times (a peer that
+        frees its window a few bytes at a time holds nobody up)."""
+        sock = self._sock
+        sent = 0
+        for _ in range(MEM_WRITES):
+            tx, mem = self._tx, self._tx_mem
+            try:
+                k = sock.sendmsg([tx, mem] if tx is not None else [mem])
+            except (BlockingIOError, InterruptedError):
                 return -1
-            k -= len(tx)
-            self._tx = None
-        if k < len(mem):
-            self._tx_mem = mem[k:]
-            return -1
-        self._tx_mem = None
-        return sent
+            if not k:
+                return -1
+            sent += k
+            if tx is not None:
+                if k < len(tx):
+                    self._tx = tx[k:]
+                    continue
+                k -= len(tx)
+                self._tx = None
+            if k < len(mem):
+                self._tx_mem = mem[k:]
+                continue
+            self._tx_mem = None
+            return sent
+        return -1  # (the writer task goes on once the socket is writable)
 
     def _next_tx(self, now: float) -> bool:
         """Take the next bytes to write: the connection's own bytes, then queued frames

@@ -51,6 +51,7 @@ from itertools import count
 import trio
 
 from lbmr_proto import lbmc
+from lbmr_runtime.buffers import BufferPool
 
 from .. import peerlink as P
 from ..core.fanout import (
@@ -60,7 +61,7 @@ from ..core.fanout import (
 )
 from ..core.message_path import MessagePath
 from ..core.tr.pacing import RatePacer
-from ..link import CONNECT_TIMEOUT, READ_SIZE, Link, StreamState
+from ..link import CONNECT_TIMEOUT, SPLICE_FRAME, Link, StreamState
 from ..peerlink import streams as S
 from .interface import RelayContext, TransportRelay, Upstreams
 
@@ -80,6 +81,17 @@ RECEIVER_READ = 64 << 10  # bytes per read of what a receiver sends (at most)
 RECEIVER_UPSTREAM_RATE = 256 << 10
 RECEIVER_UPSTREAM_BURST = 64 << 10
 IOV_MAX = 64  # chunks per writev to a receiver
+PUSH_WRITES = 16  # writevs to a receiver in a row (a queue's worth or more: a few segments each)
+# bytes per read of an origin (at most; and at most what the room lets in): one frame on a
+# zero-copy link. After a read that filled its buffer the next one is tried at once (the
+# bytes are most likely there: no wait for the socket, no scheduler round per read), the
+# task letting the others run after UPSTREAM_YIELD bytes
+UPSTREAM_READ = SPLICE_FRAME
+UPSTREAM_YIELD = 4 << 20
+# read buffers kept for use again (lbmr_runtime.buffers): as many as a session has in flight
+# at full speed (its link queue, 8 MiB, and its own queue)
+UPSTREAM_BUFFERS = 12
+
 # receiver connections of one endpoint's proxies at once (as many as the link streams
 # of the per-connection relay); their queues share a QueueBudget of 256 MiB
 FANOUT_MAX_RECEIVERS = 4096
@@ -155,6 +167,8 @@ class FanoutRelay(TransportRelay):
         self.upstream = MessagePath(settings.upstream_rules)
         self._keys = count()
         self.budget = QueueBudget()  # every queue of this relay's sessions
+        # the upstream sessions' read buffers, used again once nothing views them
+        self.read_buffers = BufferPool(UPSTREAM_READ + lbmc.MAX_MSGLEN, UPSTREAM_BUFFERS)
         self.receivers = 0  # receiver connections of all this relay's proxies
         self._proxies: dict[int, _Proxy] = {}  # the near side of each proxy serving, by proxy id
 
@@ -267,22 +281,37 @@ class FanoutRelay(TransportRelay):
         scope.cancel()
 
     def _push(self, rx: _Receiver) -> None:
-        """Write what the receiver's socket takes now (never waits)."""
+        """Write what the receiver's socket takes now (never waits): again after a
+        short write, until the queue is empty or the socket refuses more (a short
+        write does not mean a full socket: the kernel may take a few segments a
+        call while the receiver keeps up), at most PUSH_WRITES times (then the
+        receiver's task goes on once the socket is writable: a receiver that
+        frees its window a few bytes at a time holds nobody up)."""
         q = rx.queue
         if rx.blocked or rx.broken or not q.held:
             return
+        fd = rx.fd
+        wrote = 0
         try:
-            k = os.writev(rx.fd, q.head(IOV_MAX))
+            for _ in range(PUSH_WRITES):
+                k = os.writev(fd, q.head(IOV_MAX))
+                if not k:
+                    break
+                q.wrote(k, trio.current_time())
+                wrote += k
+                if not q.held:
+                    break
         except (BlockingIOError, InterruptedError):
-            k = 0
+            pass
         except OSError:
             rx.broken = True
             rx.wake.set()
             return
-        if k:
-            q.wrote(k, trio.current_time())
+        if wrote:
             st = rx.proxy.st
-            if st is not None and st.incoming:  # the stream's bytes held back may go on
+            # the stream's bytes held back may go on once the queue has room for a quarter of
+            # its size (SessionFanout.opens: less would wake the stream task for nothing)
+            if st is not None and st.incoming and rx.proxy.core.opens(q):
                 st.incoming_ready.set()
         if q.held:
             rx.blocked = True
@@ -401,7 +430,8 @@ class FanoutRelay(TransportRelay):
         up = self.upstreams.get(key)
         if up is None or up.done or up.by_origin:
             path = self.context.responses.upstream_path(self.settings.downstream_rules, key)  # its requesters noted
-            up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget, path))
+            up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget, path,
+                                                                   pool=self.read_buffers))
             (self.upstreams.nursery or link.nursery).start_soon(self._upstream, up)
         up.waiting += 1
         link.nursery.start_soon(self._far_stream, up, link, st)
@@ -442,13 +472,17 @@ class FanoutRelay(TransportRelay):
         """Read the origin into the session's receive buffer, only as far as the
         slowest link stream that keeps up takes it (:meth:`SessionFanout.room`):
         when the links take no more, the origin is not read and TCP paces it. The
-        buffer is taken only once the socket is readable (an idle session holds
-        none) and is no larger than the room. Each wait lasts at most
-        UPSTREAM_LINGER, so that a session whose last stream left closes within
-        twice that even when the origin is quiet."""
+        buffer is taken only once the socket is readable, or right after a read
+        that filled its buffer or a wait for room (given back if the socket is
+        empty: an idle session holds none), and is no larger than the room (nor
+        UPSTREAM_READ). Each wait lasts at most UPSTREAM_LINGER, so that a
+        session whose last stream left closes within twice that even when the
+        origin is quiet."""
         idle_since = math.inf
         core, sock = up.core, conn.socket
         fd = sock.fileno()
+        ready = False  # the last read filled its buffer (or room came): read at once, no wait
+        unyielded = 0  # bytes read since the task last let the others run
         while True:
             if up.sinks or up.waiting:
                 idle_since = math.inf
@@ -465,23 +499,34 @@ class FanoutRelay(TransportRelay):
                 up.room = trio.Event()
                 with trio.move_on_at(min(now + UPSTREAM_LINGER, core.recheck_at())):
                     await up.room.wait()
+                ready, unyielded = True, 0
                 continue
-            with trio.move_on_after(UPSTREAM_LINGER) as waited:
-                try:
-                    await trio.lowlevel.wait_readable(sock)
-                except (trio.ClosedResourceError, OSError):
-                    pass  # (the read says why)
-            if waited.cancelled_caught:
-                continue
+            if ready and unyielded >= UPSTREAM_YIELD:
+                unyielded = 0
+                await trio.lowlevel.checkpoint()
+            elif not ready:
+                unyielded = 0
+                with trio.move_on_after(UPSTREAM_LINGER) as waited:
+                    try:
+                        await trio.lowlevel.wait_readable(sock)
+                    except (trio.ClosedResourceError, OSError):
+                        pass  # (the read says why)
+                if waited.cancelled_caught:
+                    continue
+            want = min(UPSTREAM_READ, room)
             try:
-                k = os.readv(fd, [core.receive_buffer(min(READ_SIZE, room))])
+                k = os.readv(fd, [core.receive_buffer(want)])
             except (BlockingIOError, InterruptedError):
+                core.drop_receive_buffer()  # (an idle session holds none)
+                ready = False
                 continue
             except OSError:
                 k = 0
             if not k:
                 up.by_origin = True
                 return
+            ready = k == want
+            unyielded += k
             self._count_link_drops(core.received(k, trio.current_time()))
             for (link, sid), st in up.sinks.items():
                 self._far_push(up, link, st, core.sinks[link, sid])

@@ -405,3 +405,19 @@ def test_a_sink_that_joins_before_the_tcp_sid_held_back_still_gets_it_first():
     f.feed(held, 0.0)
     f.feed(b"".join(stream[1:]), 0.0)
     assert taken(b) == [sid] + stream[1:]
+
+
+def test_opens_says_when_room_offers_bytes_again_for_its_sink():
+    """A sink that took bytes wakes the session's reader only when room() would
+    offer some (its queue empty, or room for a quarter beside the incomplete
+    message held): opens() agrees with room() for the only sink, at every step."""
+    f = SessionFanout(max_queue=MIN_MAX_QUEUE * 2)
+    q = f.add("q", 0.0)
+    assert f.opens(q) and f.room(0.0) > 0
+    run = b"".join(msg(k, 1000) for k in range(120))
+    f.feed(run + msg(999, 1000)[:500], 0.0)  # an incomplete message held by the framer
+    assert f.framer.buffered == 500
+    while q.held:
+        assert f.opens(q) == (f.room(0.0) > 0), (q.held, q.room)
+        q.wrote(min(q.held, 3000), 0.0)
+    assert f.opens(q) and f.room(0.0) > 0
