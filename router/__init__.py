@@ -16,8 +16,9 @@ list; its own docstring says more):
   (:mod:`router.core.interest`); and the data plane's state machines: the
   fan-out queues, the message path every relayed LBMC message passes
   (:mod:`router.core.message_path`), requests and responses
-  (:mod:`router.core.requests`), the LBT-RM and LBT-RU proxies and the LBT-RU
-  proxy receiver.
+  (:mod:`router.core.requests`), UIMs routed by domain (:mod:`router.core.uim`),
+  late-join and OTR requests (:mod:`router.core.recovery`), the LBT-RM and
+  LBT-RU proxies and the LBT-RU proxy receiver.
 * :mod:`router.config` - reads and checks the XML file (``load_config``,
   ``parse_config``) into immutable settings (:mod:`router.config.model`).
 * :mod:`router.link` - one connected peer link on trio (:class:`router.link.Link`):
@@ -31,7 +32,11 @@ list; its own docstring says more):
   settings): TCP fan-out and per connection (:mod:`router.relays.tcp_fanout`,
   :mod:`router.relays.tcp_streams`), LBT-RU likewise
   (:mod:`router.relays.lbtru_fanout`, :mod:`router.relays.lbtru_streams`),
-  LBT-RM (:mod:`router.relays.lbtrm`).
+  LBT-RM (:mod:`router.relays.lbtrm`); the request listener and UIM
+  destinations (:mod:`router.relays.uim`), responses
+  (:mod:`router.relays.responses`), late-join and OTR answers
+  (:mod:`router.relays.recovery`), their unicast connections
+  (:mod:`router.relays.unicast`).
 * :mod:`router.shell` - the trio shell, one nursery per router
   (:class:`router.shell.router.MultiRouter`): a task per endpoint TR socket
   (:mod:`router.shell.portal_task`), per link (:mod:`router.shell.link_task`;

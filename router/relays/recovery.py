@@ -56,7 +56,8 @@ from ..core.requests import (
 from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
 from .tcp_fanout import accept_stream, refuse_stream
-from .uim import STALL_TIMEOUT, connect_from, send_on_stream
+from .uim import STALL_TIMEOUT
+from .unicast import connect_from, send_on_stream
 
 __all__ = ["RecoveryRelay", "ANSWER_READ", "MAX_STREAMS"]
 
@@ -241,7 +242,7 @@ class RecoveryRelay:
                 if not raws:
                     continue
                 async with lock:
-                    if not await send_on_stream(link, st, b"".join(bytes(r) for r in raws)):
+                    if not await send_on_stream(link, st, b"".join(bytes(r) for r in raws), STALL_TIMEOUT):
                         self.counters["recovery_answers_stalled"] += 1
                         scope.cancel()
                         return

@@ -56,7 +56,7 @@ from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
 from .tcp_fanout import accept_stream, refuse_stream
 from .tcp_streams import pump
-from .uim import connect_from
+from .unicast import connect_from
 
 __all__ = ["RequestListeners", "ResponseRelay", "REQUEST_BACKLOG", "origin_key", "MAX_RESPONSES_PER_REQUESTER",
            "MAX_RESPONSES"]

@@ -47,8 +47,6 @@ from collections.abc import Callable
 
 import trio
 
-from lbmr_proto import lbmc
-
 from .. import peerlink as P
 from ..core.uim import (
     DeliverMessage,
@@ -62,13 +60,13 @@ from ..core.uim import (
 from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
 from .tcp_fanout import accept_stream
+from .unicast import READ_CHUNK, UimFramer, connect_from, send_on_stream, watch_until_closed
 
-__all__ = ["UimRelay", "send_on_stream", "connect_from", "READ_CHUNK", "MAX_CONNECTIONS", "MAX_CONNECTIONS_TOTAL", "IDLE_TIMEOUT",
+__all__ = ["UimRelay", "MAX_CONNECTIONS", "MAX_CONNECTIONS_TOTAL", "IDLE_TIMEOUT",
            "MESSAGE_TIMEOUT", "TARGET_QUEUE", "QUEUED_TOTAL", "MAX_TARGETS", "STALL_TIMEOUT",
            "RETRY_AFTER", "TARGET_IDLE", "LISTEN_BACKLOG", "MAX_FAR_STREAMS",
            "MAX_RECOVERY_TARGETS"]
 
-READ_CHUNK = 64 << 10  # bytes per read from a sender's connection
 MAX_CONNECTIONS = 64  # senders' connections at once on one request listener
 MAX_CONNECTIONS_TOTAL = 1024  # and on all of them
 IDLE_TIMEOUT = 60.0  # seconds a sender's connection may stay silent
@@ -183,7 +181,7 @@ class UimRelay:
         ends: whole messages decided one by one; a malformed stream, a message not
         completed MESSAGE_TIMEOUT seconds after its first byte, or IDLE_TIMEOUT seconds
         of silence close it (counted)."""
-        framer = _Framer()
+        framer = UimFramer()
         started = None  # when the message held incomplete began
         try:
             while True:
@@ -365,7 +363,7 @@ class UimRelay:
                             continue
                         self.counters["uim_deliver_connections"] += 1
                         gone = trio.Event()
-                        watchers.start_soon(_watch, conn, gone)
+                        watchers.start_soon(watch_until_closed, conn, gone)
                     data, n = self._batch(t)
                     ok = False
                     t.busy = True
@@ -444,7 +442,7 @@ class UimRelay:
                 link.close_stream(st)
 
     async def _send(self, link: Link, st: StreamState, data: bytes) -> bool:
-        return await send_on_stream(link, st, data)
+        return await send_on_stream(link, st, data, STALL_TIMEOUT)
 
     # ------------------------------------------------------------ late join and OTR
 
@@ -490,7 +488,7 @@ class UimRelay:
                         t.busy = True  # answers may flow at any time: never evicted while open
                         n.start_soon(self._answers, link, st, t, endpoint, (ip, port))
                     data, k = self._batch(t)
-                    if not await send_on_stream(link, st, data):
+                    if not await send_on_stream(link, st, data, STALL_TIMEOUT):
                         self.counters["recovery_requests_failed"] += k
                         self._failed(t, "recovery_failed", f"{lid}: stream stalled or closed")
                         continue
@@ -574,7 +572,7 @@ class UimRelay:
         one by one; a malformed stream, a message not completed MESSAGE_TIMEOUT seconds
         after its first byte, or IDLE_TIMEOUT seconds of silence close it (counted),
         as a sender's connection to a listener."""
-        framer = _Framer()
+        framer = UimFramer()
         started = None  # when the message held incomplete began
         try:
             while True:
@@ -615,79 +613,3 @@ class UimRelay:
             else:
                 self._far_streams.pop(id(link), None)
             link.close_stream(st)
-
-
-async def send_on_stream(link: Link, st: StreamState, data: bytes | memoryview) -> bool:
-    """``data`` on stream ``st`` within its credit and the link queue's space;
-    False if the stream or link closed, or no credit came for STALL_TIMEOUT."""
-    pending = memoryview(data)
-    while pending:
-        if st.closed or link.closed:
-            return False
-        st.credit = trio.Event()
-        try:
-            rest = link.streams.send(st.sid, pending, limit=link.outq.data_space())
-        except S.LocalStreamError:
-            return False
-        link.flush_streams()
-        if len(rest) == len(pending):
-            with trio.move_on_after(STALL_TIMEOUT) as cs:
-                await st.credit.wait()
-            if cs.cancelled_caught:
-                return False
-        pending = rest
-    return True
-
-
-async def _watch(conn: trio.SocketStream, gone: trio.Event) -> None:
-    """Read (and discard) what a destination sends on its connection until it closes
-    it: then ``gone``."""
-    try:
-        while await conn.receive_some(READ_CHUNK):
-            pass
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
-    gone.set()
-
-
-class _Framer:
-    """:class:`lbmr_proto.lbmc.StreamFramer` for a stream that ends at its first malformed
-    message: :meth:`cut` gives the whole messages before it too. ``held``: a copy of the
-    incomplete message the framer holds (< 64 KiB)."""
-
-    __slots__ = ("framer", "held")
-
-    def __init__(self) -> None:
-        self.framer = lbmc.StreamFramer()
-        self.held = b""
-
-    @property
-    def buffered(self) -> int:
-        return self.framer.buffered
-
-    def cut(self, data: bytes | memoryview) -> tuple[list[lbmc.MessageRun], lbmc.LbmcDecodeError | None]:
-        """The runs of whole messages ``data`` completes, and the error of a malformed
-        message (None: none; the stream is over after one)."""
-        f = self.framer
-        start = f.offset  # stream offset of the held message's first byte
-        try:
-            runs = f.cut(data)
-        except lbmc.LbmcDecodeError as e:  # e.offset: where the bad message starts (or its msglen)
-            whole = (self.held + bytes(data))[:max(0, e.offset - start)]
-            return lbmc.StreamFramer().cut(whole), e
-        b = f.buffered
-        self.held = b"" if not b else bytes(data[-b:]) if b <= len(data) else self.held + bytes(data)
-        return runs, None
-
-
-async def connect_from(bind_ip: str, addr: tuple[str, int]) -> trio.SocketStream:
-    """A TCP connection to ``addr`` from ``bind_ip`` ("0.0.0.0": the system's choice)."""
-    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        if bind_ip != "0.0.0.0":
-            await sock.bind((bind_ip, 0))
-        await sock.connect(addr)
-    except BaseException:
-        sock.close()
-        raise
-    return trio.SocketStream(sock)

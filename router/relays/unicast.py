@@ -1,0 +1,101 @@
+"""UM's unicast TCP connections as the router's relays make them (the UIM
+listener and its destinations, :mod:`router.relays.uim`; late-join and OTR
+answers, :mod:`router.relays.recovery`; responses,
+:mod:`router.relays.responses`): a connection from an endpoint's address
+(:func:`connect_from`), bytes on a peer-link stream within its credit
+(:func:`send_on_stream`), a destination watched until it closes
+(:func:`watch_until_closed`), a UIM stream cut into whole LBMC messages up to
+its first malformed one (:class:`UimFramer`). Sizes in bytes, times in
+seconds (trio's clock)."""
+
+from __future__ import annotations
+
+import socket
+
+import trio
+
+from lbmr_proto import lbmc
+
+from ..link import Link, StreamState
+from ..peerlink import streams as S
+
+__all__ = ["READ_CHUNK", "connect_from", "send_on_stream", "watch_until_closed", "UimFramer"]
+
+READ_CHUNK = 64 << 10  # bytes per read from a sender's or destination's connection
+
+
+async def send_on_stream(link: Link, st: StreamState, data: bytes | memoryview, stall_timeout: float) -> bool:
+    """``data`` on stream ``st`` within its credit and the link queue's space;
+    False if the stream or link closed, or no credit came for ``stall_timeout``
+    seconds."""
+    pending = memoryview(data)
+    while pending:
+        if st.closed or link.closed:
+            return False
+        st.credit = trio.Event()
+        try:
+            rest = link.streams.send(st.sid, pending, limit=link.outq.data_space())
+        except S.LocalStreamError:
+            return False
+        link.flush_streams()
+        if len(rest) == len(pending):
+            with trio.move_on_after(stall_timeout) as cs:
+                await st.credit.wait()
+            if cs.cancelled_caught:
+                return False
+        pending = rest
+    return True
+
+
+async def watch_until_closed(conn: trio.SocketStream, gone: trio.Event) -> None:
+    """Read (and discard) what a destination sends on its connection until it closes
+    it: then ``gone``."""
+    try:
+        while await conn.receive_some(READ_CHUNK):
+            pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    gone.set()
+
+
+class UimFramer:
+    """:class:`lbmr_proto.lbmc.StreamFramer` for a stream that ends at its first malformed
+    message: :meth:`cut` gives the whole messages before it too. ``held``: a copy of the
+    incomplete message the framer holds (< 64 KiB)."""
+
+    __slots__ = ("framer", "held")
+
+    def __init__(self) -> None:
+        self.framer = lbmc.StreamFramer()
+        self.held = b""
+
+    @property
+    def buffered(self) -> int:
+        return self.framer.buffered
+
+    def cut(self, data: bytes | memoryview) -> tuple[list[lbmc.MessageRun], lbmc.LbmcDecodeError | None]:
+        """The runs of whole messages ``data`` completes, and the error of a malformed
+        message (None: none; the stream is over after one)."""
+        f = self.framer
+        start = f.offset  # stream offset of the held message's first byte
+        try:
+            runs = f.cut(data)
+        except lbmc.LbmcDecodeError as e:  # e.offset: where the bad message starts (or its msglen)
+            whole = (self.held + bytes(data))[:max(0, e.offset - start)]
+            return lbmc.StreamFramer().cut(whole), e
+        b = f.buffered
+        self.held = b"" if not b else bytes(data[-b:]) if b <= len(data) else self.held + bytes(data)
+        return runs, None
+
+
+async def connect_from(bind_ip: str, addr: tuple[str, int]) -> trio.SocketStream:
+    """A TCP connection to ``addr`` from ``bind_ip`` ("0.0.0.0": the system's choice)."""
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        if bind_ip != "0.0.0.0":
+            await sock.bind((bind_ip, 0))
+        await sock.connect(addr)
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketStream(sock)
