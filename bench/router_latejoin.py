@@ -127,7 +127,7 @@ async def _measure(rounds: int) -> dict:
 
 def run_latejoin(rounds: int = 3) -> None:
     """Measure and print section 7."""
-    print(f"\n6. Late join of {RETAINED:,} retained messages ({SIZE} B, source at {RATE:,.0f}/s) then {LIVE} live, "
+    print(f"\n7. Late join of {RETAINED:,} retained messages ({SIZE} B, source at {RATE:,.0f}/s) then {LIVE} live, "
           f"one trio loop in this process, best of {rounds} rounds")
     res = trio.run(_measure, rounds)
     best = {k: min(v) for k, v in res["times"].items() if v}
