@@ -15,8 +15,9 @@ list; its own docstring says more):
   sessions, routing and transit, ACLs, the one interest index
   (:mod:`router.core.interest`); and the data plane's state machines: the
   fan-out queues, the message path every relayed LBMC message passes
-  (:mod:`router.core.message_path`), requests and responses
-  (:mod:`router.core.requests`), UIMs routed by domain (:mod:`router.core.uim`),
+  (:mod:`router.core.message_path`), the answer addresses of
+  messages (:mod:`router.core.message_addresses`), requests and responses
+  (:mod:`router.core.request_maps`), UIMs routed by domain (:mod:`router.core.uim`),
   late-join and OTR requests (:mod:`router.core.recovery`), the LBT-RM and
   LBT-RU proxies and the LBT-RU proxy receiver.
 * :mod:`router.config` - reads and checks the XML file (``load_config``,

@@ -16,8 +16,10 @@ topic: the one index and cache they are matched with),
 proxies and the LBT-RU proxy source that re-publishes LBT-RM and LBT-RU
 origins), :mod:`router.core.lbtru_upstream` (the LBT-RU proxy receiver of
 an origin session), :mod:`router.core.fanout` (TCP sessions' fan-out
-queues), :mod:`router.core.requests` (requests and responses across routers:
-answer addresses rewritten in messages, request listeners, the requesters
-a response may go to). The peer-link protocol is its own sans-IO package,
+queues), :mod:`router.core.message_addresses` (the answer addresses and
+DESTINATION headers of LBMC messages, read and written in place),
+:mod:`router.core.request_maps` (requests and responses across routers:
+request listeners, the requesters a response may go to),
+:mod:`router.core.uim` (UIMs routed by domain). The peer-link protocol is its own sans-IO package,
 :mod:`router.peerlink`.
 """

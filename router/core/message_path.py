@@ -29,7 +29,7 @@ header names and may put another in its place (UM sends LJI_REQ and
 UME_RXREQ to a source's request port, not in the session: they take the
 request listener's path, :mod:`router.core.recovery`): the
 header is found by walking the chain and the address written over at its
-offsets (:mod:`router.core.requests`: the one implementation), the message
+offsets (:mod:`router.core.message_addresses`: the one implementation), the message
 is not decoded and keeps its length. Header rules (:class:`Rule`:
 :class:`DropHeaders`) see decoded headers and may change anything, after
 the address rules. With no rule every input comes back as it is, at the
@@ -67,19 +67,16 @@ from typing import ClassVar
 
 from lbmr_proto import LBMREncodeError, lbmc
 
-from .requests import (
+from .message_addresses import (
     REQUEST,
     AnswerAddress,
     AnswerHeader,
-    RequesterKey,
-    RequesterTable,
-    RequestMap,
-    RewriteTo,
     answer_at,
     find_header,
     packed_address,
     write_answer_at,
 )
+from .request_maps import RequesterKey, RequesterTable, RequestMap, RewriteTo
 
 __all__ = ["MessagePath", "Rule", "AddressRule", "SetRequestAddress",
            "MapRequests", "RecordRequesters", "CountRequests", "DropHeaders",
@@ -121,11 +118,11 @@ class Rule(ABC):
 
 class AddressRule(ABC):
     """A rule on the answer address of the headers of one type (``HEADER``, a
-    :class:`router.core.requests.AnswerHeader`: REQUEST, LJI_REQ, UME_RXREQ):
+    :class:`router.core.message_addresses.AnswerHeader`: REQUEST, LJI_REQ, UME_RXREQ):
     :meth:`address` is shown what each such header names and says where it
     should name instead. The path reads and writes the address in place, at
-    the header's offsets (:func:`router.core.requests.answer_at`,
-    :func:`router.core.requests.write_answer_at`): no decoding, the message's
+    the header's offsets (:func:`router.core.message_addresses.answer_at`,
+    :func:`router.core.message_addresses.write_answer_at`): no decoding, the message's
     length kept."""
 
     __slots__ = ()
@@ -164,8 +161,8 @@ class SetRequestAddress(_SetAddress):
 class MapRequests(AddressRule):
     """The receivers' side of a proxied session (``origin``: what names it in
     ``requests``' keys): each REQUEST header is pointed at the request
-    listener of ``requests`` (:class:`router.core.requests.RequestMap`) that
-    stands for its requester (:meth:`~router.core.requests.RequestMap.map_request`);
+    listener of ``requests`` (:class:`router.core.request_maps.RequestMap`) that
+    stands for its requester (:meth:`~router.core.request_maps.RequestMap.map_request`);
     the request index stays. A request the map cannot give a listener passes
     unchanged (counted there)."""
 
@@ -182,7 +179,7 @@ class MapRequests(AddressRule):
 class RecordRequesters(AddressRule):
     """The origin's side of a session (``origin``: what names it in
     ``requesters``' keys): every requester its REQUEST headers name is
-    recorded (:meth:`router.core.requests.RequesterTable.saw`), so that a
+    recorded (:meth:`router.core.request_maps.RequesterTable.saw`), so that a
     response for it may come back; nothing is changed."""
 
     requesters: RequesterTable

@@ -24,7 +24,7 @@ Across routers:
   own that it passes on, its own listener and that proxy's index) and
   rewrites each request (:func:`to_source`): the source's transport index,
   and as answer address a listener of A's own for that receiver
-  (:class:`router.core.requests.RequestMap`); the source's answers there go
+  (:class:`router.core.request_maps.RequestMap`); the source's answers there go
   back on the stream, and B writes them to the receiver, unchanged.
 
 Byte order: everything on the wire is big-endian (network order); addresses
@@ -39,7 +39,7 @@ from typing import NamedTuple
 from lbmr_proto import ExFuncOption, LateJoinOption, LBMRDecodeError, UmeOption
 from lbmr_proto.topts import decode_tir_options
 
-from .requests import (
+from .message_addresses import (
     LATE_JOIN_REQUEST,
     RETRANSMIT_REQUEST,
     AnswerHeader,
@@ -69,7 +69,7 @@ class SourceRequestPort(NamedTuple):
 
 class RecoveryRequest(NamedTuple):
     """A late-join or retransmission request in one LBMC message: its ``header``
-    (:data:`router.core.requests.LATE_JOIN_REQUEST` or ``RETRANSMIT_REQUEST``) at byte
+    (:data:`router.core.message_addresses.LATE_JOIN_REQUEST` or ``RETRANSMIT_REQUEST``) at byte
     ``offset``, and what it names: ``transport_idx``, ``topic_idx``, the answer address
     (``ip``, ``port``)."""
 
@@ -119,7 +119,7 @@ def proxy_transport_index(proxy_id: int) -> int:
 def recovery_request(message: bytes | bytearray | memoryview) -> RecoveryRequest | None:
     """The first LJI_REQ or UME_RXREQ header of one LBMC message, or None.
     :class:`lbmr_proto.lbmc.LbmcDecodeError` for a malformed message
-    (:func:`router.core.requests.find_header`)."""
+    (:func:`router.core.message_addresses.find_header`)."""
     for header in (LATE_JOIN_REQUEST, RETRANSMIT_REQUEST):
         found = find_header(message, header.code, header.size)
         if found:

@@ -31,7 +31,7 @@ dropped (:data:`UimDrop.NO_DESTINATION`): one more decision for it fits in
 
 Loops cannot happen: a stream never goes back to the router it came from,
 crosses at most ``max_hop_count`` peer links
-(:func:`router.core.requests.route_uim`), and ``hops_taken`` above
+(:func:`route_uim`), and ``hops_taken`` above
 :data:`MAX_HOPS_TAKEN` is dropped. Decisions are cached per destination
 until the routes change (:attr:`router.core.routing.Routing.version`),
 at most :data:`MAX_CACHED` of them.
@@ -40,28 +40,86 @@ at most :data:`MAX_CACHED` of them.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
 
 from lbmr_proto import lbmc
 
+from .message_addresses import Destination, deliverable_address, destination_of, with_hops_taken
 from .recovery import recovery_request
-from .requests import (
-    DeliverUim,
-    Destination,
-    ForwardUim,
-    RefuseUim,
-    UimDecision,
-    UimRefusal,
-    deliverable_address,
-    destination_of,
-    route_uim,
-    with_hops_taken,
-)
 from .routing import Routing
 
-__all__ = ["UimPath", "UimDrop", "DeliverMessage", "ForwardMessage", "RecoverMessage", "DropMessage", "UimAction",
+__all__ = ["UimRefusal", "DeliverUim", "ForwardUim", "RefuseUim", "UimDecision", "route_uim",
+           "UimPath", "UimDrop", "DeliverMessage", "ForwardMessage", "RecoverMessage", "DropMessage", "UimAction",
            "UimStream", "MAX_HOPS_TAKEN", "MAX_CACHED"]
+
+
+# ------------------------------------------------------------------ the route of one destination
+
+
+class UimRefusal(Enum):
+    """Why a router does not take a unicast immediate message (or a UIM_ROUTED stream)
+    for a destination further."""
+
+    UNREACHABLE = "no route to the destination domain"
+    BACK = "the route to the destination domain leads back where it came from"
+    HOP_LIMIT = "it would cross more than max-hop-count peer links"
+    NOT_DELIVERABLE = "the destination address is not one to connect to on another TRD's word"
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverUim:
+    """This router serves the destination domain: connect to the destination, deliver."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardUim:
+    """Pass it on towards router ``next_router`` (on the link to it), in a UIM_ROUTED
+    stream of ``hops`` (the peer links crossed before that one)."""
+
+    next_router: str
+    hops: int
+
+
+@dataclass(frozen=True, slots=True)
+class RefuseUim:
+    """Refuse it (the UIM_ROUTED stream: STREAM_REFUSE code 1, ``reason.value`` as the
+    reason; a UIM that entered here: drop it and count it)."""
+
+    reason: UimRefusal
+
+
+UimDecision = DeliverUim | ForwardUim | RefuseUim
+
+
+def route_uim(domain_id: int, ip: str, *, hops: int | None, came_from: str | None,
+              served: Collection[int], next_router: str | None, endpoint_ip: str,
+              max_hop_count: int) -> UimDecision:
+    """Where a UIM for ``domain_id`` (its DESTINATION address ``ip``) goes from this router.
+
+    ``hops``: the hops of the UIM_ROUTED stream it came on (None: it entered here, at an
+    endpoint's UIM listener); ``came_from``: the router that stream came from (None: it
+    entered here); ``served``: the domains of this router's endpoint portals, and
+    ``endpoint_ip`` the interface of the one serving ``domain_id``; ``next_router``: the
+    next hop of this router's route to ``domain_id`` (None: no route); ``max_hop_count``:
+    the most peer links a UIM may cross (``<route-info max-hop-count>``). Never back to
+    the router it came from: a loop ends at the hop limit at the latest."""
+    if domain_id in served:
+        if deliverable_address(ip, endpoint_ip):
+            return DeliverUim()
+        return RefuseUim(UimRefusal.NOT_DELIVERABLE)
+    if next_router is None:
+        return RefuseUim(UimRefusal.UNREACHABLE)
+    if next_router == came_from:
+        return RefuseUim(UimRefusal.BACK)
+    out = 0 if hops is None else hops + 1
+    if out + 1 > max_hop_count:
+        return RefuseUim(UimRefusal.HOP_LIMIT)
+    return ForwardUim(next_router, out)
+
+
+# ------------------------------------------------------------------ the path of one message
 
 #: routers a UIM may have crossed (``hops_taken``); beyond, it is dropped (the DRO's
 #: hard drop at 255 hops)
@@ -161,7 +219,7 @@ class UimStream:
 class UimPath:
     """The UIM decisions of one router. ``served``: endpoint name -> (domain id,
     the endpoint's interface address: where a destination may be delivered,
-    :func:`router.core.requests.deliverable_address`); ``routing``: the
+    :func:`router.core.message_addresses.deliverable_address`); ``routing``: the
     router's route info (its map's next hop to each domain; None: this router
     has no peers that route); ``max_hop_count``: the most peer links a UIM
     crosses (``<route-info max-hop-count>``); ``own``: the (ip, port) of this router's
@@ -190,7 +248,7 @@ class UimPath:
     def route(self, domain_id: int, ip: str, *, hops: int | None = None,
               came_from: str | None = None) -> UimDecision:
         """Where a UIM for ``domain_id`` (destination address ``ip``) goes from
-        here (:func:`router.core.requests.route_uim`): ``hops`` and ``came_from``
+        here (:func:`route_uim`): ``hops`` and ``came_from``
         of the UIM_ROUTED stream it came on, None for one that entered here."""
         version = self.routing.version if self.routing is not None else 0
         if version != self._version or len(self._cache) >= MAX_CACHED:

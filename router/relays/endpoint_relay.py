@@ -31,7 +31,7 @@ import trio
 
 from .. import peerlink as P
 from ..core.lbtru_fanout import WindowBudget
-from ..core.requests import RequesterTable
+from ..core.request_maps import RequesterTable
 from ..core.tr import relay_transport
 from ..link import Link
 from ..peerlink import streams as S

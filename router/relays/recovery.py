@@ -9,14 +9,14 @@ source behind it, and the source's answers back. :class:`RecoveryRelay`:
 * refuses it when the source offers no request port (its TIR had no late-join,
   UME or extended-functionality option; ``recovery_refused_no_source``), when
   the port's address is not one to connect to on a TIR's word
-  (:func:`router.core.requests.deliverable_address`: not 0.0.0.0, multicast,
+  (:func:`router.core.message_addresses.deliverable_address`: not 0.0.0.0, multicast,
   broadcast, reserved, nor loopback unless the endpoint is;
   ``recovery_refused_source_address``), when
   no listener can be had (``recovery_refused_busy``), or when the source's
   request port cannot be reached (``recovery_source_unreachable``);
 * else opens a listener of its own for the stream (one per stream, at the
   endpoint's request address, a port the system chooses; the
-  :class:`router.core.requests.RequestMap` of the endpoint's relay bounds
+  :class:`router.core.request_maps.RequestMap` of the endpoint's relay bounds
   them: at most 256, and 64 answer connections each), connects to the
   source's request port (from the endpoint's address) and accepts;
 * writes each request to the source with the source's transport index and
@@ -45,14 +45,9 @@ import trio
 from lbmr_proto import lbmc
 
 from .. import peerlink as P
+from ..core.message_addresses import deliverable_address
 from ..core.recovery import SourceRequestPort, answer_from_source, to_source
-from ..core.requests import (
-    PassUnchanged,
-    RequesterKey,
-    RequestMap,
-    RequestSlot,
-    deliverable_address,
-)
+from ..core.request_maps import PassUnchanged, RequesterKey, RequestMap, RequestSlot
 from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
 from .tcp_fanout import accept_stream, refuse_stream

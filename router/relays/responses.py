@@ -1,5 +1,5 @@
 """Requests and responses across the peer links, on trio (``lbmr-router(8)``,
-"Requests and responses"; the sans-IO maps are :mod:`router.core.requests`,
+"Requests and responses"; the sans-IO maps are :mod:`router.core.request_maps`,
 the rewrite is the message path's, :mod:`router.core.message_path`).
 
 Receivers' side (:class:`RequestListeners`, one per endpoint relay on one
@@ -13,7 +13,7 @@ the relay port range: that is the proxies'; a firewall between responders
 and the router must let those ephemeral ports through). The path maps
 requests synchronously as the session's bytes are framed, so a few sockets
 are bound in advance (spares, not listening: nobody can queue a connection
-on one before a request names it; :class:`router.core.requests.RequestMap`);
+on one before a request names it; :class:`router.core.request_maps.RequestMap`);
 after each run, before its bytes go to the receivers, the relay calls
 :meth:`RequestListeners.settle`: the listeners just assigned listen and are
 served, the expired ones close, spares are bound again. A responder that connects to a listener becomes one RESPONSE stream
@@ -25,10 +25,10 @@ the link's credit and the writer's bounded queue, unchanged.
 Origin side (:class:`ResponseRelay`): a RESPONSE stream the peer opens for
 one of our advertisements is accepted only for a requester a request of
 that advertisement's source session named recently
-(:class:`router.core.requests.RequesterTable`, fed by
+(:class:`router.core.request_maps.RequesterTable`, fed by
 :class:`router.core.message_path.RecordRequesters` where the origin's
 messages are framed: the fan-out upstream), at an address the router may
-connect to on another TRD's word (:func:`router.core.requests.deliverable_address`);
+connect to on another TRD's word (:func:`router.core.message_addresses.deliverable_address`);
 the router connects to the requester and accepts once connected, else
 refuses (code 1). In a chain, the middle router's origin side connects to its
 own request listener: its receivers' side takes it on towards the origin.
@@ -43,14 +43,14 @@ from collections.abc import Callable, Hashable
 import trio
 
 from .. import peerlink as P
+from ..core.message_addresses import deliverable_address
 from ..core.message_path import CountRequests, MapRequests, MessagePath, RecordRequesters
-from ..core.requests import (
+from ..core.request_maps import (
     DEFAULT_MAX_RESPONDERS,
     DEFAULT_MAX_RESPONDERS_TOTAL,
     RequesterTable,
     RequestMap,
     RequestSlot,
-    deliverable_address,
 )
 from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
@@ -65,7 +65,7 @@ __all__ = ["RequestListeners", "ResponseRelay", "REQUEST_BACKLOG", "origin_key",
 REQUEST_BACKLOG = 64
 #: RESPONSE streams (each a connection to the requester) open at once on one link for one
 #: requester address, and for all of them (the receivers' side takes at most as many
-#: responders: :data:`router.core.requests.DEFAULT_MAX_RESPONDERS`, ``_TOTAL``)
+#: responders: :data:`router.core.request_maps.DEFAULT_MAX_RESPONDERS`, ``_TOTAL``)
 MAX_RESPONSES_PER_REQUESTER = DEFAULT_MAX_RESPONDERS
 MAX_RESPONSES = DEFAULT_MAX_RESPONDERS_TOTAL
 

@@ -172,7 +172,7 @@ def test_requests_in_data_payloads_pass_each_sides_message_path():
     other messages stay; an SM passes untouched."""
     from lbmr_proto import lbmc
     from router.core.message_path import MapRequests, MessagePath, RecordRequesters
-    from router.core.requests import RequesterTable, RequestMap
+    from router.core.request_maps import RequesterTable, RequestMap
 
     c = Counter()
     origin = RmOrigin(SRC, c)

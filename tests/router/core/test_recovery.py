@@ -13,6 +13,7 @@ import lbmr_proto as L
 from lbmr_proto import lbmc
 from router import peerlink as P
 from router.core.acl import OPEN
+from router.core.message_addresses import LATE_JOIN_REQUEST, RETRANSMIT_REQUEST
 from router.core.recovery import (
     RecoveryRequest,
     SourceRequestPort,
@@ -22,7 +23,6 @@ from router.core.recovery import (
     request_port_of,
     to_source,
 )
-from router.core.requests import LATE_JOIN_REQUEST, RETRANSMIT_REQUEST
 from router.core.router_core import (
     EndpointRules,
     LinkSpec,

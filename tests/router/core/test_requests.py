@@ -1,7 +1,9 @@
-"""router/core/requests.py: answer addresses in LBMC messages (REQUEST, LJI_REQ,
-UME_RXREQ) read and rewritten in place, DESTINATION read and its hop count set,
-and the two bounded maps of requests across routers (the receivers' side's
-request listeners, the origin side's requesters), on virtual times in seconds.
+"""Requests across routers, sans-IO: answer addresses in LBMC messages (REQUEST,
+LJI_REQ, UME_RXREQ) read and rewritten in place, DESTINATION read and its hop
+count set (router/core/message_addresses.py), the routing decision of a UIM
+(router/core/uim.py, route_uim), and the two bounded maps of requests across
+routers (router/core/request_maps.py: the receivers' side's request
+listeners, the origin side's requesters), on virtual times in seconds.
 tshark's lbmc dissector judges the rewritten bytes."""
 
 from __future__ import annotations
@@ -15,33 +17,31 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from lbmr_proto import lbmc as C
-from router.core.requests import (
+from router.core.message_addresses import (
     ANSWER_HEADERS,
     LATE_JOIN_REQUEST,
     REQUEST,
     RETRANSMIT_REQUEST,
     AnswerAddress,
-    DeliverUim,
     Destination,
-    ForwardUim,
-    NeedListener,
-    PassUnchanged,
-    RefuseUim,
-    RequesterKey,
-    RequesterTable,
-    RequestMap,
-    RequestSlot,
-    RewriteTo,
-    UimRefusal,
-    Unmapped,
     answer_address,
     deliverable_address,
     destination_of,
     find_header,
     rewrite_answer_address,
-    route_uim,
     with_hops_taken,
 )
+from router.core.request_maps import (
+    NeedListener,
+    PassUnchanged,
+    RequesterKey,
+    RequesterTable,
+    RequestMap,
+    RequestSlot,
+    RewriteTo,
+    Unmapped,
+)
+from router.core.uim import DeliverUim, ForwardUim, RefuseUim, UimRefusal, route_uim
 from tests import strategies as S
 from tests.tshark_judge import compare_lbmc, run_tshark_lbmc, segments, write_lbttcp_pcap
 

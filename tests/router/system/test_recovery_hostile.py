@@ -17,7 +17,7 @@ import trio
 import lbmr_proto as L
 from lbmr_proto import lbmc
 from router.config.model import RequestListener
-from router.core.requests import RequestMap
+from router.core.request_maps import RequestMap
 from router.relays import recovery as RV
 from tests import netns
 from tests.router.helpers import LJ_TIDX, resolve, retaining_source, start_forwarded_pair, udp

@@ -12,7 +12,7 @@ import trio
 
 from lbmr_proto import lbmc
 from router import peerlink as P
-from router.core.requests import DEFAULT_MAX_LISTENERS, DEFAULT_SPARE_LISTENERS
+from router.core.request_maps import DEFAULT_MAX_LISTENERS, DEFAULT_SPARE_LISTENERS
 from router.link import StreamState
 from router.relays import responses as RS
 from tests.router.helpers import (
