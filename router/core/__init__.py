@@ -5,7 +5,10 @@ address conversions, no clock: every input takes ``now``).
 for the whole router), :mod:`router.core.tr` (an endpoint portal's topic resolution, UM's wire
 behaviour), :mod:`router.core.endpoint_portal` (that portal shared by the
 links it serves), :mod:`router.core.bridge` (one link's view of a portal
-joined to the peer), :mod:`router.core.sessions` (proxies by transport
+joined to the peer; its typed outputs :mod:`router.core.bridge_outputs`, its
+ACLs :mod:`router.core.bridge_acl`, its far side, our sources advertised,
+:mod:`router.core.bridge_adverts`, and its near side, the peer's sources
+proxied, :mod:`router.core.bridge_proxies`), :mod:`router.core.sessions` (proxies by transport
 session), :mod:`router.core.routing` and :mod:`router.core.topology` (route
 info, the map and its trees), :mod:`router.core.transit` (interest and
 sources passed between peer links), :mod:`router.core.acl` and

@@ -56,11 +56,12 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .. import peerlink as P
-from .bridge import Bridge, ProxyDown, ProxyUp
-from .bridge import Notice as BridgeNotice
-from .bridge import SendFrame as BridgeSendFrame
-from .bridge import StartProxy as BridgeStartProxy
-from .bridge import StopProxy as BridgeStopProxy
+from .bridge import Bridge
+from .bridge_outputs import Notice as BridgeNotice
+from .bridge_outputs import ProxyDown, ProxyUp
+from .bridge_outputs import SendFrame as BridgeSendFrame
+from .bridge_outputs import StartProxy as BridgeStartProxy
+from .bridge_outputs import StopProxy as BridgeStopProxy
 from .endpoint_portal import EndpointPortal
 from .recovery import SourceRequestPort, proxy_transport_index
 from .routing import Routing

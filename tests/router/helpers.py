@@ -47,7 +47,8 @@ from router.config.model import (
     lbmrd_endpoint,
     router_config,
 )
-from router.core.bridge import Bridge, SendFrame
+from router.core.bridge import Bridge
+from router.core.bridge_outputs import SendFrame
 from router.core.routing import Routing
 from router.core.tr import PortalTR, PortalTRSettings
 from router.core.transit import Transit

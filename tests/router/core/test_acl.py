@@ -39,7 +39,8 @@ from router.core.acl import (
     TopicPattern,
     TransportIs,
 )
-from router.core.bridge import Bridge, Notice, SendFrame, StartProxy
+from router.core.bridge import Bridge
+from router.core.bridge_outputs import Notice, SendFrame, StartProxy
 from router.core.tr import PortalTR, PortalTRSettings
 from router.shell.router import MultiRouter
 from tests.helpers import free_port, write

@@ -17,7 +17,8 @@ from lbmr_proto import (
     decode,
 )
 from router import peerlink as P
-from router.core.bridge import Bridge, Notice, ProxyDown, ProxyUp, SendFrame, StartProxy, StopProxy
+from router.core.bridge import Bridge
+from router.core.bridge_outputs import Notice, ProxyDown, ProxyUp, SendFrame, StartProxy, StopProxy
 from router.core.sessions import session_key
 from router.core.tr import PortalTR, PortalTRSettings
 from tests.router.helpers import APP, GROUP, OTID, TOPIC, advert, bridge, dgram, frames, source_tir

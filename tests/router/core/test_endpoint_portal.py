@@ -14,7 +14,8 @@ import trio
 import lbmr_proto as L
 from router import peerlink as P
 from router.config.model import acceptor_peer, initiator_peer, router_config
-from router.core.bridge import Bridge, SendFrame
+from router.core.bridge import Bridge
+from router.core.bridge_outputs import SendFrame
 from router.core.endpoint_portal import EndpointPortal
 from router.core.tr import (
     PortalTR,

@@ -11,7 +11,8 @@ import itertools
 
 from lbmr_proto import Packet, SourceIdOption, SourceTypeOption, WcTQR, encode
 from router import peerlink as P
-from router.core.bridge import Bridge, StartProxy
+from router.core.bridge import Bridge
+from router.core.bridge_outputs import StartProxy
 from router.core.routing import RECALC_BURST, RECALC_RATE, Routing
 from router.core.topology import MAX_MAP_ENTRIES, MAX_ROUTERS
 from router.core.tr import PortalTR, PortalTRSettings

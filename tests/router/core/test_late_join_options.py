@@ -30,7 +30,8 @@ from lbmr_proto import (
 )
 from lbmr_proto.capture import write_udp_pcap
 from router import peerlink as P
-from router.core.bridge import Bridge, SendFrame, StartProxy
+from router.core.bridge import Bridge
+from router.core.bridge_outputs import SendFrame, StartProxy
 from router.core.routing import Routing
 from router.core.tr import PortalTR, PortalTRSettings, ProxySource, SourceSeen
 from router.core.tr.adverts import origin_request_options, proxy_request_options
