@@ -33,8 +33,9 @@ list; its own docstring says more):
   settings): TCP fan-out and per connection (:mod:`router.relays.tcp_fanout`,
   :mod:`router.relays.tcp_streams`), LBT-RU likewise
   (:mod:`router.relays.lbtru_fanout`, :mod:`router.relays.lbtru_streams`),
-  LBT-RM (:mod:`router.relays.lbtrm`); the request listener and UIM
-  destinations (:mod:`router.relays.uim`), responses
+  LBT-RM (:mod:`router.relays.lbtrm`); the request listener
+  (:mod:`router.relays.uim`) and UIM destinations
+  (:mod:`router.relays.uim_targets`), responses
   (:mod:`router.relays.responses`), late-join and OTR answers
   (:mod:`router.relays.recovery`), their unicast connections
   (:mod:`router.relays.unicast`).

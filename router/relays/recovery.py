@@ -1,6 +1,6 @@
 """Late join and OTR across routers, on trio: the side of the router behind the
 advertisement (``lbmr-router(8)``, "Late join and OTR"; the sans-IO rewrite is
-:mod:`router.core.recovery`, the receivers' side is :mod:`router.relays.uim`).
+:mod:`router.core.recovery`, the receivers' side is :mod:`router.relays.uim_targets`).
 
 A RECOVERY stream the peer opens for one of our advertisements carries one
 receiver's late-join and OTR requests (LJI_REQ, UME_RXREQ UIMs) towards the
@@ -51,8 +51,7 @@ from ..core.request_maps import PassUnchanged, RequesterKey, RequestMap, Request
 from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
 from .tcp_fanout import accept_stream, refuse_stream
-from .uim import STALL_TIMEOUT
-from .unicast import connect_from, send_on_stream
+from .unicast import STALL_TIMEOUT, connect_from, send_on_stream
 
 __all__ = ["RecoveryRelay", "ANSWER_READ", "MAX_STREAMS"]
 

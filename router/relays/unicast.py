@@ -1,27 +1,66 @@
 """UM's unicast TCP connections as the router's relays make them (the UIM
-listener and its destinations, :mod:`router.relays.uim`; late-join and OTR
-answers, :mod:`router.relays.recovery`; responses,
-:mod:`router.relays.responses`): a connection from an endpoint's address
-(:func:`connect_from`), bytes on a peer-link stream within its credit
-(:func:`send_on_stream`), a destination watched until it closes
-(:func:`watch_until_closed`), a UIM stream cut into whole LBMC messages up to
-its first malformed one (:class:`UimFramer`). Sizes in bytes, times in
-seconds (trio's clock)."""
+listener and its destinations, :mod:`router.relays.uim` and
+:mod:`router.relays.uim_targets`; late-join and OTR answers,
+:mod:`router.relays.recovery`; responses, :mod:`router.relays.responses`): a
+connection from an endpoint's address (:func:`connect_from`), a peer-link
+stream opened and accepted by the peer (:func:`open_accepted_stream`), bytes on
+a peer-link stream within its credit (:func:`send_on_stream`), a destination
+watched until it closes (:func:`watch_until_closed`), a UIM stream cut into
+whole LBMC messages up to its first malformed one (:class:`UimFramer`). Sizes
+in bytes, times in seconds (trio's clock)."""
 
 from __future__ import annotations
 
 import socket
+from collections import Counter
 
 import trio
 
 from lbmr_proto import lbmc
 
-from ..link import Link, StreamState
+from .. import peerlink as P
+from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
 
-__all__ = ["READ_CHUNK", "connect_from", "send_on_stream", "watch_until_closed", "UimFramer"]
+__all__ = ["READ_CHUNK", "STALL_TIMEOUT", "connect_from", "send_on_stream", "watch_until_closed", "UimFramer",
+           "open_accepted_stream", "StreamNotOpened", "StreamRefused"]
 
 READ_CHUNK = 64 << 10  # bytes per read from a sender's or destination's connection
+STALL_TIMEOUT = 5.0  # seconds a destination (or a stream's credit) may take to take what is written to it
+
+
+class StreamNotOpened(Exception):
+    """A stream could not be opened on the link (its stream ids ran out, a target
+    that does not encode): nothing was sent. The message is the cause's."""
+
+
+class StreamRefused(Exception):
+    """The peer refused a stream we opened, or did not answer in time; the message
+    is the refusal's reason (or "no answer"). The stream is closed."""
+
+
+async def open_accepted_stream(link: Link, advert_id: int, kind: P.StreamKind, target, *,
+                               counters: Counter[str], opened: str, refused: str,
+                               accept_timeout: float = CONNECT_TIMEOUT) -> StreamState:
+    """Open a ``kind`` stream for ``advert_id`` (0: none) towards ``target`` on ``link``,
+    then wait at most ``accept_timeout`` seconds for the peer to accept it: the
+    accepted stream. Counted in ``counters``: under ``opened`` once it is opened,
+    under ``refused`` when it is refused or not answered (:class:`StreamRefused`, the
+    stream closed); :class:`StreamNotOpened` when it cannot be opened."""
+    try:
+        sid = link.streams.open(advert_id, kind, target)
+    except (S.LocalStreamError, P.FrameEncodeError) as e:
+        raise StreamNotOpened(str(e)) from e
+    st = link.state[sid] = StreamState(sid, kind)
+    link.flush_streams()
+    counters[opened] += 1
+    with trio.move_on_after(accept_timeout):
+        await st.accepted.wait()
+    if st.refused is not None or not st.accepted.is_set() or st.closed:
+        counters[refused] += 1
+        link.close_stream(st)
+        raise StreamRefused(st.refused or "no answer")
+    return st
 
 
 async def send_on_stream(link: Link, st: StreamState, data: bytes | memoryview, stall_timeout: float) -> bool:

@@ -11,6 +11,7 @@ import trio.testing
 
 from router.core.uim import RecoverMessage, UimPath
 from router.relays import uim as U
+from router.relays import uim_targets as UT
 from tests.router.system.uim_apps import uim
 
 MSG = uim(1, (2, "10.2.0.9", 15000), (1, "10.1.0.9", 15001), size=1000)
@@ -108,7 +109,7 @@ async def test_garbage_and_a_cut_message_are_counted(autojump_clock):
 async def test_when_all_destinations_are_taken_the_least_recently_used_idle_one_makes_room(monkeypatch):
     """Destinations in our TRD (a served domain): with MAX_TARGETS 2, a third one closes
     the least recently used one with nothing queued, counted."""
-    monkeypatch.setattr(U, "MAX_TARGETS", 2)
+    monkeypatch.setattr(UT, "MAX_TARGETS", 2)
     events = []
     r = U.UimRelay(UimPath({"ep": (2, "127.0.0.1")}, None), {"ep": "127.0.0.1"}, {}, None,
                    lambda kind, detail: events.append(kind))
@@ -142,8 +143,8 @@ async def test_late_join_destinations_take_only_their_share_of_the_destinations(
     """Late-join/OTR destinations (one per receiver address and proxy) hold a RECOVERY
     stream that is never evicted while open: a sender naming many receiver addresses gets
     at most MAX_RECOVERY_TARGETS of them (counted), and deliveries keep their room."""
-    monkeypatch.setattr(U, "MAX_TARGETS", 4)
-    monkeypatch.setattr(U, "MAX_RECOVERY_TARGETS", 2, raising=False)
+    monkeypatch.setattr(UT, "MAX_TARGETS", 4)
+    monkeypatch.setattr(UT, "MAX_RECOVERY_TARGETS", 2)
     r = U.UimRelay(UimPath({"ep": (2, "127.0.0.1")}, None), {"ep": "127.0.0.1"}, {}, None, lambda kind, detail: None)
     async with trio.open_nursery() as n:
         r.nursery = n
@@ -154,6 +155,6 @@ async def test_late_join_destinations_take_only_their_share_of_the_destinations(
         r.take(r.path.message(uim(1, (2, "127.0.0.1", 9), (1, "10.1.0.9", 15001))))
         r.take(r.path.message(uim(2, (2, "127.0.0.1", 10), (1, "10.1.0.9", 15001))))
         assert r.target_count == 4 and r.counters["uim_targets_full"] == 0
-        await trio.sleep(U.TARGET_IDLE + 1)  # all idle: they close, and the count with them
+        await trio.sleep(UT.TARGET_IDLE + 1)  # all idle: they close, and the count with them
         assert r.recovering == 0 and r.target_count == 0
         n.cancel_scope.cancel()

@@ -11,6 +11,7 @@ from lbmr_proto import lbmc
 from router import peerlink as P
 from router.config.model import RequestListener, acceptor_peer, initiator_peer, lbmrd_endpoint
 from router.relays import uim as U
+from router.relays import uim_targets as UT
 from router.shell import router as R
 from router.shell.single import Router
 from tests.router.helpers import (
@@ -100,7 +101,7 @@ async def test_a_flood_to_unknown_and_refusing_destinations_is_counted_and_other
                        and b["uim_in"] == a["uim_forwarded"] and outcomes_at_b() == b["uim_in"]):
                 await trio.sleep(0.05)
         assert rb.uim.counters["uim_delivered"] == 10
-        assert ra.uim.queued == 0 or ra.uim.queued <= U.QUEUED_TOTAL
+        assert ra.uim.queued == 0 or ra.uim.queued <= UT.QUEUED_TOTAL
         n.cancel_scope.cancel()
 
 
@@ -167,7 +168,7 @@ async def test_connections_beyond_the_bound_are_refused_and_counted(monkeypatch)
 
 
 async def test_a_stalled_destination_loses_only_its_own_messages(monkeypatch):
-    monkeypatch.setattr(U, "STALL_TIMEOUT", 1.0)
+    monkeypatch.setattr(UT, "STALL_TIMEOUT", 1.0)
     async with trio.open_nursery() as n:
         ra, rb = await pair(n)
         app1, app2 = await apps(n)
