@@ -17,7 +17,8 @@ sources passed between peer links), :mod:`router.core.acl` and
 topic: the one index and cache they are matched with),
 :mod:`router.core.lbtrm` and :mod:`router.core.lbtru_fanout` (LBT-RM
 proxies and the LBT-RU proxy source that re-publishes LBT-RM and LBT-RU
-origins), :mod:`router.core.lbtru_upstream` (the LBT-RU proxy receiver of
+origins; how it reads its origin, :mod:`router.core.lbtru_origin`, and the
+window budget an endpoint's proxies share, :mod:`router.core.lbtru_window`), :mod:`router.core.lbtru_upstream` (the LBT-RU proxy receiver of
 an origin session), :mod:`router.core.fanout` (TCP sessions' fan-out
 queues), :mod:`router.core.message_addresses` (the answer addresses and
 DESTINATION headers of LBMC messages, read and written in place),

@@ -4,12 +4,8 @@ and of an LBT-RM origin in a TRD without multicast (the endpoint's
 ``<lbt-rm transport="lbt-ru"/>``, :mod:`router.relays.lbtrm`). The
 datagrams are :mod:`lbmr_proto.lbtru` (UM's LBT-RU) towards the receivers;
 from the peer they are the origin's as it sent them, read by the proxy's
-origin input: :class:`LbtrmInput` (LBT-RM DATA and SM; NAKs up are LBT-RM
-NAKs) or :class:`LbtruInput` (LBT-RU DATA and SM, as the far router's
-upstream receiver passes them on; NAKs up are LBT-RU NAKs). Either gives
-the same three things: a sequence, its payload and whether it is a
-retransmission (:class:`OriginData`), or the origin's lead and trail
-(:class:`OriginLead`).
+origin input (:mod:`router.core.lbtru_origin`: LBT-RM or LBT-RU, each
+giving sequences, payloads and the origin's lead and trail).
 
 The proxy's TIR advertises an LBT-RU transport: the relay address and port
 and a session id (the origin's for an LBT-RU origin, the proxy's own for an
@@ -29,8 +25,8 @@ LBT-RM one). Then:
   amplification). Data the client missed meanwhile it NAKs, like any loss;
 * **retransmission**: the last ``window`` datagrams (and at most
   ``window_bytes`` of payload; all the proxies of an endpoint together
-  within their :class:`WindowBudget`, each cut to a fair share while they
-  are over it) are kept. A NAK from a client is answered
+  within their :class:`router.core.lbtru_window.WindowBudget`, each cut to a
+  fair share while they are over it) are kept. A NAK from a client is answered
   from them (DATA with the retransmission flag, at most ``rx_rate`` a second
   per client in bursts of ``rx_burst``, and with many clients NAKing (within
   the last second) ``rx_total_rate`` and ``rx_total_burst`` shared out
@@ -81,16 +77,16 @@ import math
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from lbmr_proto import lbtrm as RM
 from lbmr_proto import lbtru as RU
 
-__all__ = ["RuFanout", "RuClient", "OriginData", "OriginLead", "LbtrmInput", "LbtruInput", "WindowBudget", "MAX_CLIENTS", "WINDOW", "WINDOW_BYTES",
-           "ENDPOINT_WINDOW_BYTES"]
+from .lbtru_origin import LbtrmInput, LbtruInput, OriginLead
+from .lbtru_window import WindowBudget
+
+__all__ = ["RuFanout", "RuClient", "MAX_CLIENTS", "WINDOW", "WINDOW_BYTES"]
 
 MAX_CLIENTS = 256  # receivers of one proxy
 WINDOW = 4096  # datagrams kept for retransmission ...
 WINDOW_BYTES = 8 << 20  # ... and at most this many payload bytes
-ENDPOINT_WINDOW_BYTES = 256 << 20  # payload bytes all the proxies of one endpoint keep
 CLIENT_TIMEOUT = 10.0  # seconds (UM's transport_lbtru_client_activity_timeout)
 CONNECT_TIMEOUT = 2.0  # seconds an unconfirmed client is kept
 SM_MIN, SM_MAX = 0.2, 10.0  # seconds (UM's transport_lbtru_sm_minimum/maximum_interval)
@@ -103,119 +99,6 @@ MAX_PENDING = 65536  # (sequence, client) pairs waiting for the origin's retrans
 
 Addr = tuple[str, int]
 Out = list[tuple[bytes, Addr]]
-
-
-@dataclass(frozen=True, slots=True)
-class OriginData:
-    """A DATA datagram of the origin: sequence ``sqn``, the origin's trail
-    sequence ``trail``, ``payload`` and whether it is a ``retransmission``."""
-
-    sqn: int
-    trail: int
-    payload: bytes
-    retransmission: bool
-
-
-@dataclass(frozen=True, slots=True)
-class OriginLead:
-    """A session message of the origin: its ``lead`` and ``trail`` sequences."""
-
-    lead: int
-    trail: int
-
-
-class LbtrmInput:
-    """An LBT-RM origin: its DATA and SM datagrams; NAKs up are LBT-RM NAKs
-    whose header carries ``nak_port`` and ``nak_session`` (the far router
-    rewrites them for the origin)."""
-
-    def __init__(self, nak_port: int = 0, nak_session: int = 0) -> None:
-        self.nak_port, self.nak_session = nak_port, nak_session & 0xFFFFFFFF
-
-    @staticmethod
-    def decode(data: bytes, counters: Counter[str]) -> OriginData | OriginLead | None:
-        """What the datagram says, or None (counted) if it is not for the proxy."""
-        try:
-            m = RM.decode(data)
-        except RM.LbtrmDecodeError:
-            counters["lbtru_rm_malformed"] += 1
-            return None
-        if isinstance(m, RM.SessionMessage):
-            return OriginLead(m.lead_sqn, m.trail_sqn)
-        if not isinstance(m, RM.Data):
-            counters["lbtru_rm_not_data"] += 1  # the origin's NCFs, or a NAK that has no business here
-            return None
-        if m.header.next_hdr:
-            counters["lbtru_rm_options_dropped"] += 1
-            return None
-        return OriginData(m.sqn, m.trail_sqn, m.payload, m.retransmission)
-
-    def encode_naks(self, sqns: list[int]) -> list[bytes]:
-        """LBT-RM NAKs of ``sqns`` (as many as they need)."""
-        return [RM.encode_nak(self.nak_port, self.nak_session, sqns[i:i + RM.MAX_NAKS])
-                for i in range(0, len(sqns), RM.MAX_NAKS)]
-
-
-class LbtruInput:
-    """An LBT-RU origin, through the far router's upstream receiver
-    (:mod:`router.core.lbtru_upstream`): its DATA and SM datagrams as it
-    sent them; NAKs up are LBT-RU NAKs without options (the upstream
-    receiver asks the origin under its own client and session ids)."""
-
-    @staticmethod
-    def decode(data: bytes, counters: Counter[str]) -> OriginData | OriginLead | None:
-        """What the datagram says, or None (counted) if it is not for the proxy."""
-        try:
-            m = RU.decode(data)
-        except RU.LbtruDecodeError:
-            counters["lbtru_session_malformed"] += 1
-            return None
-        if isinstance(m, RU.SessionMessage):
-            return OriginLead(m.lead_sqn, m.trail_sqn)
-        if not isinstance(m, RU.Data):
-            counters["lbtru_session_not_data"] += 1
-            return None
-        return OriginData(m.sqn, m.trail_sqn, m.payload, m.retransmission)
-
-    @staticmethod
-    def encode_naks(sqns: list[int]) -> list[bytes]:
-        """LBT-RU NAKs of ``sqns`` (as many as they need)."""
-        return [RU.encode_nak(sqns[i:i + RU.MAX_NAKS]) for i in range(0, len(sqns), RU.MAX_NAKS)]
-
-
-class WindowBudget:
-    """The payload bytes the LBT-RU proxies of one endpoint keep, together:
-    at most ``limit``, or ``MIN_SHARE`` a proxy when there are so many that
-    that is more. While they are over, each is cut to its fair share (the
-    limit over the number of proxies): the one adding data first, then the
-    others above their share, oldest data first. ``used``: bytes kept now."""
-
-    MIN_SHARE = 64 << 10  # bytes a proxy may always keep
-
-    def __init__(self, limit: int = ENDPOINT_WINDOW_BYTES) -> None:
-        if limit < 1:
-            raise ValueError("window budget must be positive")
-        self.limit = limit
-        self.used = 0
-        self.members: list[RuFanout] = []
-        self._cursor = 0
-
-    def fair(self) -> int:
-        """The bytes one proxy may keep while the budget is over."""
-        return max(self.MIN_SHARE, self.limit // max(1, len(self.members)))
-
-    def reclaim(self) -> None:
-        """Trim the proxies above their fair share (round robin, each proxy
-        looked at once per call) until the budget holds."""
-        fair = self.fair()
-        for _ in range(len(self.members)):
-            if self.used <= self.limit:
-                return
-            self._cursor %= len(self.members)
-            m = self.members[self._cursor]
-            self._cursor += 1
-            while m.buffer and m.buffer_bytes > fair and self.used > self.limit:
-                m.evict_oldest()
 
 
 @dataclass(slots=True)
@@ -368,7 +251,7 @@ class RuFanout:
     def _evict(self) -> None:
         """Keep at most ``window`` sequences and ``window_bytes`` bytes; while
         the proxies sharing :attr:`budget` are over it, at most our fair share,
-        and then trim the others above theirs (:meth:`WindowBudget.reclaim`)."""
+        and then trim the others above theirs (:meth:`router.core.lbtru_window.WindowBudget.reclaim`)."""
         assert self.lead is not None
         b = self.budget
         while self.buffer and (self.lead - self.trail + 1 > self.window or self.buffer_bytes > self.window_bytes

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 import trio
 
 from .. import peerlink as P
-from ..core.lbtru_fanout import WindowBudget
+from ..core.lbtru_window import WindowBudget
 from ..core.request_maps import RequesterTable
 from ..core.tr import relay_transport
 from ..link import Link

@@ -82,7 +82,7 @@ from ..config.model import (
     LbtrmConfig,
 )
 from ..core.fanout import DEFAULT_MAX_QUEUE, DEFAULT_STALL_TIMEOUT
-from ..core.lbtru_fanout import WindowBudget
+from ..core.lbtru_window import WindowBudget
 from ..core.message_path import Rule
 
 if TYPE_CHECKING:

@@ -37,7 +37,9 @@ from lbmr_runtime.netif import open_multicast_socket
 
 from .. import peerlink as P
 from ..core.lbtrm import DatagramQueue, GroupPool, RmOrigin, RmProxy
-from ..core.lbtru_fanout import LbtrmInput, RuFanout, WindowBudget
+from ..core.lbtru_fanout import RuFanout
+from ..core.lbtru_origin import LbtrmInput
+from ..core.lbtru_window import WindowBudget
 from ..link import Link, StreamState
 from ..peerlink import streams as S
 from .interface import RelayContext, RelaySettings, TransportRelay

@@ -48,8 +48,10 @@ from lbmr_proto import LbtruSessionTransport
 
 from .. import peerlink as P
 from ..core.lbtrm import DatagramQueue
-from ..core.lbtru_fanout import LbtruInput, RuFanout, WindowBudget
+from ..core.lbtru_fanout import RuFanout
+from ..core.lbtru_origin import LbtruInput
 from ..core.lbtru_upstream import EndReason, RuUpstream, UpstreamState
+from ..core.lbtru_window import WindowBudget
 from ..link import Link, StreamState
 from ..peerlink import streams as S
 from .interface import RelayContext, TransportRelay, Upstreams

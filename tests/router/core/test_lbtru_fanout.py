@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from lbmr_proto import lbtrm as RM
 from lbmr_proto import lbtru as RU
-from router.core.lbtru_fanout import LbtrmInput, RuFanout, WindowBudget
+from router.core.lbtru_fanout import RuFanout
+from router.core.lbtru_origin import LbtrmInput
+from router.core.lbtru_window import WindowBudget
 
 SID = 0x5E55
 A, B = ("10.0.0.5", 14360), ("10.0.0.6", 14361)

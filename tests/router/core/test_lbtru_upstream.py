@@ -1,10 +1,11 @@
 """The far router's LBT-RU proxy receiver (router.core.lbtru_upstream), sans-IO,
-and the LBT-RU origin input of the proxy source (router.core.lbtru_fanout.LbtruInput)."""
+and the LBT-RU origin input of the proxy source (router.core.lbtru_origin.LbtruInput)."""
 
 from __future__ import annotations
 
 from lbmr_proto import lbtru as RU
-from router.core.lbtru_fanout import LbtruInput, RuFanout
+from router.core.lbtru_fanout import RuFanout
+from router.core.lbtru_origin import LbtruInput
 from router.core.lbtru_upstream import MAX_GAP, EndReason, RuUpstream, UpstreamState
 
 ORIGIN = ("127.0.1.5", 14380)
