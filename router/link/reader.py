@@ -33,8 +33,10 @@ SPLICE_MIN = 16 << 10  # payloads from this many bytes on are spliced, smaller o
 PEEK_SIZE = 64 << 10  # bytes peeked: whole bursts of control frames and datagrams at a time ...
 PEEK_AFTER_SPLICE = 16  # ... but after a spliced frame, likely followed by another: its head (read)
 # The reader lets the other tasks run after each read that did not wait, except between
-# spliced STREAM_DATA frames: after RX_YIELD bytes of them (each such pause costs a round of
-# the scheduler and an epoll_wait, a few percent of a router's CPU at one frame a pause).
+# large STREAM_DATA frames (spliced, or read whole for a fanned-out session): after RX_YIELD
+# bytes of them (each such pause costs a round of the scheduler and an epoll_wait, a few
+# percent of a router's CPU at one frame a pause; a fanned-out stream's task then takes the
+# payloads held in one go).
 RX_YIELD = 4 << 20
 # buffers of whole payloads (a fanned-out session's, one per frame; MAX_PAYLOAD bytes each)
 # kept for use again: at most 16 MiB a link, in use or not (a stream may hold up to its
@@ -79,13 +81,13 @@ class LinkReader:
         True when the peer closed the connection. The payloads of large STREAM_DATA
         frames are spliced to their streams before this returns."""
         # fairness: a busy link never starves the pumps; it lets them run after every call
-        # that did not wait, except in a run of spliced data frames: after RX_YIELD bytes
+        # that did not wait, except in a run of large data frames: after RX_YIELD bytes
         unyielded = 0 if self._rx_waited else self._rx_unyielded + self._rx_charge
         if unyielded >= RX_YIELD:
             unyielded = 0
             await trio.lowlevel.checkpoint()
         self._rx_unyielded = unyielded
-        self._rx_charge = RX_YIELD  # (a spliced frame charges its size instead)
+        self._rx_charge = RX_YIELD  # (a frame whose payload the reader took charges its size instead)
         self._rx_waited = False
         while True:
             if self._stream.socket.fileno() < 0:
@@ -278,7 +280,8 @@ class LinkReader:
         self._waited = False
         self._pipe_full = False
         if not (st.kind == P.StreamKind.TCP and isinstance(st.sock, trio.SocketStream)):
-            self._rx_charge = RX_YIELD  # (its consumer runs before the next frame)
+            # (charged its size too: its consumer runs once RX_YIELD bytes came, or the reader
+            # waited, and takes every payload held then in one go)
             await self._receive_whole(st, nbytes)
             return
         while self._left:

@@ -292,12 +292,13 @@ class FanoutRelay(TransportRelay):
             return
         fd = rx.fd
         wrote = 0
+        now = trio.current_time()  # (the writes in a row take microseconds: one time for them)
         try:
             for _ in range(PUSH_WRITES):
                 k = os.writev(fd, q.head(IOV_MAX))
                 if not k:
                     break
-                q.wrote(k, trio.current_time())
+                q.wrote(k, now)
                 wrote += k
                 if not q.held:
                     break
@@ -366,8 +367,12 @@ class FanoutRelay(TransportRelay):
                     return
                 st.incoming_ready = trio.Event()
                 recheck = core.recheck_at() if st.incoming else math.inf  # (bytes held back)
-                with trio.move_on_at(min(idle_since + NEAR_LINGER, recheck)):
+                deadline = min(idle_since + NEAR_LINGER, recheck)
+                if deadline == math.inf:  # (the usual case: receivers, nothing held back)
                     await st.incoming_ready.wait()
+                else:
+                    with trio.move_on_at(deadline):
+                        await st.incoming_ready.wait()
         except lbmc.LbmcDecodeError as e:
             self.counters["fanout_stream_malformed"] += 1
             self.event("fanout_stream_malformed", f"peer {link.peer_name}: {e}")
@@ -393,7 +398,8 @@ class FanoutRelay(TransportRelay):
         while incoming:
             behind = core.fell_behind
             room = core.room(now)
-            self.counters["fanout_receivers_behind"] += core.fell_behind - behind
+            if core.fell_behind != behind:
+                self.counters["fanout_receivers_behind"] += core.fell_behind - behind
             if not room:
                 self.counters["fanout_stream_paced"] += 1
                 break
@@ -484,16 +490,17 @@ class FanoutRelay(TransportRelay):
         ready = False  # the last read filled its buffer (or room came): read at once, no wait
         unyielded = 0  # bytes read since the task last let the others run
         while True:
+            now = trio.current_time()
             if up.sinks or up.waiting:
                 idle_since = math.inf
             elif idle_since == math.inf:
-                idle_since = trio.current_time()
-            elif trio.current_time() >= idle_since + UPSTREAM_LINGER:
+                idle_since = now
+            elif now >= idle_since + UPSTREAM_LINGER:
                 return
-            now = trio.current_time()
             behind = core.fell_behind
             room = core.room(now)
-            self.counters["fanout_link_streams_behind"] += core.fell_behind - behind
+            if core.fell_behind != behind:
+                self.counters["fanout_link_streams_behind"] += core.fell_behind - behind
             if not room:
                 self.counters["fanout_upstream_paced"] += 1
                 up.room = trio.Event()
