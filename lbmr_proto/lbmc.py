@@ -441,11 +441,14 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
 class MessageRun:
     """Whole LBMC messages back to back in ``data`` (``bytes``, or a
     ``memoryview`` of bytes that never change); ``ends``: the offset just past
-    each message, ascending (the last is ``len(data)``)."""
+    each message, ascending (the last is ``len(data)``), a list, or a
+    ``range`` (size, ..., size) when the messages are all of one size (as
+    :meth:`StreamFramer.cut` gives a run of them: no list built). Read it as a
+    sequence; never change it."""
 
     __slots__ = ("data", "ends")
 
-    def __init__(self, data: bytes | memoryview, ends: list[int]) -> None:
+    def __init__(self, data: bytes | memoryview, ends: list[int] | range) -> None:
         self.data = data
         self.ends = ends
 
@@ -592,52 +595,55 @@ class StreamFramer:
             out.append(MessageRun(bytes(buf), [len(buf)]))
             self._done(len(buf), 1)
             buf.clear()
-        base, ends = pos, []
-        unpack, hlens = _START.unpack_from, _HLEN
+        base, lead = pos, range(0)
         if n - pos >= 4 * UNIFORM_MIN:
-            pos = self._uniform(mv, pos, ends)
+            lead = self._uniform(mv, pos)
+            if lead:
+                pos += lead[-1]
+        ends = []  # (after the lead, one at a time)
+        unpack, hlens = _START.unpack_from, _HLEN
         while n - pos >= 4:
             vt, msglen = unpack(mv, pos)
             if msglen < hlens[vt] or not hlens[vt]:
-                self._done(pos - base, len(ends))
+                self._done(pos - base, len(lead) + len(ends))
                 self._start(mv, pos)  # raises
             if n - pos < msglen:
                 break
             pos += msglen
             ends.append(pos - base)
-        if ends:
-            out.append(MessageRun(mv[base:pos], ends))
-            self._done(pos - base, len(ends))
+        if lead or ends:
+            out.append(MessageRun(mv[base:pos], lead if not ends else [*lead, *ends]))
+            self._done(pos - base, len(lead) + len(ends))
         if pos < n:
             buf += mv[pos:]
             self._need = self._start(buf, 0) if len(buf) >= 4 else 0
         return out
 
     @staticmethod
-    def _uniform(mv: memoryview, pos: int, ends: list[int]) -> int:
-        """The leading messages of ``mv[pos:]`` that are all alike in kind and
-        length (a source of messages of one size): their ends appended to
-        ``ends`` (counted from ``pos``), checked with strided slices at C level
-        instead of one message at a time; the offset after them (``pos`` when
-        fewer than UNIFORM_MIN are alike: the caller frames the messages one by
-        one, and finds any bad start there). Tried once per :meth:`cut`, so its
-        cost stays linear whatever the stream."""
+    def _uniform(mv: memoryview, pos: int) -> range:
+        """The ends (counted from ``pos``) of the leading messages of ``mv[pos:]``
+        that are all alike in kind and length (a source of messages of one
+        size), checked with strided slices at C level instead of one message at
+        a time: ``range(size, k * size + 1, size)`` for ``k`` of them, empty
+        when fewer than UNIFORM_MIN are alike (the caller frames the messages
+        one by one, and finds any bad start there). Tried once per :meth:`cut`,
+        so its cost stays linear whatever the stream."""
+        none = range(0)
         vt, msglen = _START.unpack_from(mv, pos)
         hlen = _HLEN[vt]
         if not hlen or msglen < hlen:
-            return pos
+            return none
         k = (len(mv) - pos) // msglen
         if k < UNIFORM_MIN:
-            return pos
+            return none
         end = pos + k * msglen
         # each message's ver_type, msglen high and low bytes: how many lead alike
         for off, byte in ((0, vt), (2, msglen >> 8), (3, msglen & 0xFF)):
             column = mv[pos + off:end:msglen].tobytes()
             k = min(k, len(column) - len(column.lstrip(bytes((byte,)))))
         if k < UNIFORM_MIN:
-            return pos
-        ends.extend(range(msglen, k * msglen + 1, msglen))
-        return pos + k * msglen
+            return none
+        return range(msglen, k * msglen + 1, msglen)
 
     def _done(self, nbytes: int, messages: int) -> None:
         self.offset += nbytes

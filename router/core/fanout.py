@@ -466,13 +466,11 @@ class SessionFanout:
         for batch in batches:
             start, ends = offset, batch.ends  # (as they came: the path may change lengths)
             offset += len(batch.data)
-            if path is None:
-                self._note_controls(batch)
-            else:  # one scan for the path and the TCP_SID control messages (both have headers)
-                which = headed(batch)
-                if which:
+            which = headed(batch)  # one scan for the path and the TCP_SID control messages (both have headers)
+            if which:
+                if path is not None:
                     batch = path.run_at(batch, which, now)
-                    self._note_controls_at(batch, which)
+                self._note_controls_at(batch, which)
             self.messages += batch.count
             self.nbytes += len(batch.data)
             if not self.sinks:
@@ -510,16 +508,9 @@ class SessionFanout:
         self._last_obj = id(data.obj)  # (not the object: held views keep it alive, ids unique)
         return buffer
 
-    def _note_controls(self, batch: Batch) -> None:
-        data, start = batch.data, 0
-        for end in batch.ends:
-            if data[start] & 0x0F == lbmc.CONTROL:
-                self._note_control(bytes(data[start:end]))
-            start = end
-
     def _note_controls_at(self, batch: Batch, which: list[int]) -> None:
-        """:meth:`_note_controls` for the messages ``which`` (those with extension
-        headers: a TCP_SID control message has one)."""
+        """Remember the last TCP_SID control message among the messages ``which`` of
+        ``batch`` (those with extension headers: a TCP_SID control message has one)."""
         data, ends = batch.data, batch.ends
         for i in which:
             start = ends[i - 1] if i else 0

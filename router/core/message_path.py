@@ -95,8 +95,8 @@ def headed(run: lbmc.MessageRun) -> list[int]:
     slice when the messages are all of one size)."""
     data, ends = run.data, run.ends
     n, size = len(ends), ends[0]
-    if ends[-1] == size * n and ends == list(range(size, size * n + 1, size)):  # messages of one size
-        nexts = bytes(memoryview(data)[1::size])
+    if type(ends) is range or (ends[-1] == size * n and ends == list(range(size, size * n + 1, size))):
+        nexts = bytes(memoryview(data)[1::size])  # messages of one size
     else:
         nexts = bytes(map(data.__getitem__, map(_ONE, chain((0,), islice(ends, n - 1)))))
     if not nexts.translate(None, _NO_HEADERS):

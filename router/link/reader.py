@@ -26,7 +26,7 @@ from lbmr_runtime.buffers import BufferPool
 from .. import peerlink as P
 from ..peerlink import streams as S
 from .splice import Pipe, PipePool, splice
-from .stream import READ_SIZE, StreamState
+from .stream import READ_SIZE, STREAM_WINDOW_MAX, StreamState
 from .writer import LinkWriter, wait_link_socket
 
 SPLICE_MIN = 16 << 10  # payloads from this many bytes on are spliced, smaller ones copied
@@ -39,9 +39,12 @@ PEEK_AFTER_SPLICE = 16  # ... but after a spliced frame, likely followed by anot
 # payloads held in one go).
 RX_YIELD = 4 << 20
 # buffers of whole payloads (a fanned-out session's, one per frame; MAX_PAYLOAD bytes each)
-# kept for use again: at most 16 MiB a link, in use or not (a stream may hold up to its
-# window of frames: beyond the kept ones, frames get buffers of their own)
-RX_BUFFERS = 16
+# kept for use again: as many as a stream at full speed holds, its window of frames and a
+# few more for its queues (on a busy host a stream's window grows to STREAM_WINDOW_MAX, and
+# every frame beyond the kept buffers cost a fresh MiB: page faults and zeroing, 5 % of
+# router B's CPU with 16 kept); so at most 36 MiB a link, in use or not, held only once a
+# stream needed them (beyond them, frames get buffers of their own)
+RX_BUFFERS = STREAM_WINDOW_MAX // P.MAX_PAYLOAD + 4
 _DATA_HEAD = P.HEADER_SIZE + 4  # header and stream id of a STREAM_DATA frame
 _LEN4 = (4).to_bytes(4, "big")
 

@@ -89,8 +89,11 @@ PUSH_WRITES = 16  # writevs to a receiver in a row (a queue's worth or more: a f
 UPSTREAM_READ = SPLICE_FRAME
 UPSTREAM_YIELD = 4 << 20
 # read buffers kept for use again (lbmr_runtime.buffers): as many as a session has in flight
-# at full speed (its link queue, 8 MiB, and its own queue)
-UPSTREAM_BUFFERS = 12
+# at full speed (its link queue, 8 MiB, its own queue, and what the link's writer holds, in
+# reads that often fill a buffer only in part: with 12 kept one read in 40 still took a
+# fresh MiB, with 20 one in 45, with 32 none once all were made), an endpoint's sessions
+# sharing them
+UPSTREAM_BUFFERS = 32
 
 # receiver connections of one endpoint's proxies at once (as many as the link streams
 # of the per-connection relay); their queues share a QueueBudget of 256 MiB
