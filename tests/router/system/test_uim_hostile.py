@@ -5,6 +5,9 @@ bounded and counted, and UIMs to a good destination still arrive."""
 
 from __future__ import annotations
 
+import logging
+import math
+
 import trio
 
 from lbmr_proto import lbmc
@@ -147,6 +150,36 @@ async def test_garbage_closes_the_connection_and_is_counted():
         assert ra.uim.counters["uim_malformed"] == 1
         await good_uims_arrive(app1, app2)
         n.cancel_scope.cancel()
+
+
+async def test_garbage_connections_are_all_counted_and_their_log_lines_bounded(monkeypatch, caplog):
+    monkeypatch.setattr(R, "LOG_WINDOW", 2.0)  # a short window, so the summary comes soon
+    caplog.set_level(logging.INFO, logger="lbmr-router")
+    garbage = 300
+    async with trio.open_nursery() as n:
+        ra, _ = await pair(n)
+        t0 = trio.current_time()
+        for _ in range(garbage):
+            bad = await trio.open_tcp_stream(*LISTENER)
+            await bad.send_all(b"GET / HTTP/1.1\r\n\r\n")
+            with trio.fail_after(5):
+                assert await bad.receive_some(10) == b""
+            await bad.aclose()
+        assert ra.uim.counters["uim_malformed"] == garbage
+        assert sum(1 for e in ra.uim_events if e[1] == "uim_malformed") == garbage
+        with trio.fail_after(10):
+            while ra.log_limit.next_due() is not None:
+                await trio.sleep(0.1)
+        elapsed = trio.current_time() - t0
+        n.cancel_scope.cancel()
+    msgs = [r.getMessage() for r in caplog.records]
+    lines = [m for m in msgs if m.startswith("uim_malformed ")]
+    summaries = [m for m in msgs if m.endswith("uim_malformed events suppressed in the last 2 s")]
+    assert summaries, msgs[-5:]
+    suppressed = sum(int(m.split()[0]) for m in summaries)
+    assert len(lines) + suppressed == garbage
+    windows = math.ceil(elapsed / 2.0) + 1
+    assert len(lines) <= R.LOG_LINES_PER_WINDOW * windows and len(summaries) <= windows
 
 
 async def test_connections_beyond_the_bound_are_refused_and_counted(monkeypatch):
