@@ -491,6 +491,8 @@ class MultiRouter:
         for s in summary:
             total.update(s["counters"])
         p.by_label("lbmr_router_events_total", "counter", "kind", total, "Router events, by kind.")
+        p.metric("lbmr_router_log_lines_suppressed_total", "counter", self.log_limit.suppressed_total,
+                 "Event log lines left out by the per-kind limit (see the summary lines).")
         p.family("lbmr_router_portal_drops_total", "counter", "Drops and refusals, by portal and kind.")
         for s in summary:
             for k, v in sorted(s["drops"].items()):

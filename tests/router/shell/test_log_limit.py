@@ -42,6 +42,7 @@ async def test_a_burst_of_one_kind_logs_the_bound_and_one_summary_after_the_wind
         summary = f"{10_000 - R.LOG_LINES_PER_WINDOW} more uim_malformed events suppressed in the last 10 s"
         assert [m for _, m in _lines(caplog, "suppressed")] == [summary]
         assert trio.current_time() - t0 >= R.LOG_WINDOW
+        assert f"lbmr_router_log_lines_suppressed_total {10_000 - R.LOG_LINES_PER_WINDOW}" in router.prometheus_text()
         # a new window logs again; a quiet window leaves no summary
         for i in range(5):
             unit.event("uim_malformed", f"later {i}")
