@@ -17,6 +17,10 @@ import it; it imports none of them.
 * :mod:`lbmr_runtime.monitor` -- the operators' pages (static HTML, CSS and
   scripts as package data) and the bounded, printable JSON they read;
 * :mod:`lbmr_runtime.events` -- the recent-events ring;
+* :mod:`lbmr_runtime.loglimit` -- a sans-IO limit on log lines per event
+  kind (N per window, the rest counted into one summary line);
+* :mod:`lbmr_runtime.eventlog` -- those limited lines on trio's clock, with
+  the task that logs each window's summary when it ends;
 * :mod:`lbmr_runtime.netif` -- local interfaces, interface specs, multicast
   interface checks and multicast socket set-up.
 """

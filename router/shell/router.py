@@ -32,9 +32,10 @@ from functools import partial
 
 import trio
 
+from lbmr_runtime.eventlog import LimitedLog
 from lbmr_runtime.events import EventRing
 from lbmr_runtime.http import PrometheusText, serve_http
-from lbmr_runtime.loglimit import LogDecision, LogLimiter
+from lbmr_runtime.loglimit import LogLimiter
 from lbmr_runtime.monitor import page_routes
 
 from .. import peerlink as P
@@ -61,7 +62,7 @@ from .portal_task import IO_BATCH, PortalTask, new_portal
 from .relay_site import RelaySite
 from .wake import Wake
 
-__all__ = ["MultiRouter", "Unit", "serve_signals", "proxy_bound", "log_event", "PEER_CAPABILITIES",
+__all__ = ["MultiRouter", "Unit", "serve_signals", "proxy_bound", "PEER_CAPABILITIES",
            "LOG_LINES_PER_WINDOW", "LOG_WINDOW"]
 
 log = logging.getLogger("lbmr-router")
@@ -74,21 +75,6 @@ ADVERTISE_CHUNK = 500  # topics of one session advertised at its new proxy befor
 
 LOG_LINES_PER_WINDOW = 20  # log lines per event kind per LOG_WINDOW; the rest is one summary line
 LOG_WINDOW = 10.0  # seconds
-
-
-def log_event(limit: LogLimiter, now: float, kind: str, detail: str) -> None:
-    """Log one event ``"kind detail"`` at ``now`` (trio's clock, seconds) if
-    ``limit`` lets it through, after the summaries of the windows that ended."""
-    log_summaries(limit, now)
-    if limit.admit(kind, now) is LogDecision.LOG:
-        log.info("%s %s", kind, detail)
-
-
-def log_summaries(limit: LogLimiter, now: float) -> None:
-    """Log the summary of each of ``limit``'s windows that ended by ``now``
-    with lines suppressed."""
-    for s in limit.due(now):
-        log.info("%s", s.line())
 
 
 def proxy_bound(configured: int) -> int:
@@ -127,12 +113,12 @@ class Unit:
     ``endpoint`` and ``peer`` (the link's peer portal) settings, its
     ``events`` and ``relay``; its bridge, portal view and counters are the
     core's. Every event goes to ``events``; its log line goes through
-    ``log_limit`` (the router's, shared by its units)."""
+    ``event_log`` (the router's limit, shared by its units)."""
 
     def __init__(self, name: str, endpoint: EndpointConfig, peer: PeerConfig, link_id: str,
-                 log_limit: LogLimiter) -> None:
+                 event_log: LimitedLog) -> None:
         self.name, self.endpoint, self.peer, self.link_id = name, endpoint, peer, link_id
-        self.log_limit = log_limit
+        self.event_log = event_log
         self.events = EventRing(1000)
         self.core: RouterCore | None = None
         self.task: LinkTask | None = None
@@ -142,7 +128,7 @@ class Unit:
     def event(self, kind: str, detail: str) -> None:
         now = trio.current_time()
         self.events.add(now, kind, detail)
-        log_event(self.log_limit, now, kind, detail)
+        self.event_log.line(now, kind, "%s %s", kind, detail)
 
     @property
     def counters(self) -> Counter[str]:
@@ -214,7 +200,7 @@ class MultiRouter:
         self.started: float | None = None  # when run() began (trio's clock, seconds)
         self.uim: UimRelay | None = None  # unicast immediate messages by domain (router.relays.uim)
         self.uim_events = EventRing(1000)
-        self.log_limit = LogLimiter(LOG_LINES_PER_WINDOW, LOG_WINDOW)  # the events' log lines, all units'
+        self.event_log = LimitedLog(log, LogLimiter(LOG_LINES_PER_WINDOW, LOG_WINDOW))  # all units' events
         self.uim_listeners: dict[str, tuple[str, int]] = {}  # endpoint -> its request listener's address
         self._plan()
 
@@ -225,7 +211,7 @@ class MultiRouter:
         names = tuple(e.name for e in s.endpoints)
         for p in s.peers:
             self._specs.append((LinkSpec(p.name, p.name, names, p.cost, p.acl, True), p, None))
-            self.links += [Unit(s.name, e, p, p.name, self.log_limit) for e in s.endpoints]
+            self.links += [Unit(s.name, e, p, p.name, self.event_log) for e in s.endpoints]
         for i, a in enumerate(s.endpoints):
             for b in s.endpoints[i + 1:]:
                 name = f"{a.name}<->{b.name}"
@@ -235,7 +221,7 @@ class MultiRouter:
                     lid = f"{name}@{e.name}"
                     spec = LinkSpec(lid, name, (e.name,), peer.cost, peer.acl, False, pair=f"{name}@{other.name}")
                     self._specs.append((spec, peer, side))
-                    self.links.append(Unit(f"{s.name}/{e.name}", e, peer, lid, self.log_limit))
+                    self.links.append(Unit(f"{s.name}/{e.name}", e, peer, lid, self.event_log))
 
     def _build_core(self, now: float) -> RouterCore:
         s = self.config
@@ -285,7 +271,7 @@ class MultiRouter:
                     self.uim_listeners[e.name] = await nursery.start(self.uim.serve_listener, e.name,
                                                                      e.request_address)
             nursery.start_soon(self._core_loop)
-            nursery.start_soon(self._log_summaries)
+            nursery.start_soon(self.event_log.serve)
             reports = []
             for spec, _, _ in self._specs:
                 peer_addr = await nursery.start(self._tasks[spec.id].run)
@@ -321,16 +307,8 @@ class MultiRouter:
     def _uim_event(self, kind: str, detail: str) -> None:
         now = trio.current_time()
         self.uim_events.add(now, kind, detail)
-        log_event(self.log_limit, now, kind, detail)
+        self.event_log.line(now, kind, "%s %s", kind, detail)
 
-    async def _log_summaries(self) -> None:
-        """The summary lines of suppressed events when their windows end, even
-        if no later event comes."""
-        limit = self.log_limit
-        while True:
-            due = limit.next_due()
-            await trio.sleep_until(due if due is not None else trio.current_time() + limit.window_s)
-            log_summaries(limit, trio.current_time())
 
     def _relay(self, unit: Unit, task: LinkTask) -> Relay:
         e = unit.endpoint
@@ -491,7 +469,7 @@ class MultiRouter:
         for s in summary:
             total.update(s["counters"])
         p.by_label("lbmr_router_events_total", "counter", "kind", total, "Router events, by kind.")
-        p.metric("lbmr_router_log_lines_suppressed_total", "counter", self.log_limit.suppressed_total,
+        p.metric("lbmr_router_log_lines_suppressed_total", "counter", self.event_log.limit.suppressed_total,
                  "Event log lines left out by the per-kind limit (see the summary lines).")
         p.family("lbmr_router_portal_drops_total", "counter", "Drops and refusals, by portal and kind.")
         for s in summary:

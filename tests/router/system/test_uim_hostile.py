@@ -168,7 +168,7 @@ async def test_garbage_connections_are_all_counted_and_their_log_lines_bounded(m
         assert ra.uim.counters["uim_malformed"] == garbage
         assert sum(1 for e in ra.uim_events if e[1] == "uim_malformed") == garbage
         with trio.fail_after(10):
-            while ra.log_limit.next_due() is not None:
+            while ra.event_log.limit.next_due() is not None:
                 await trio.sleep(0.1)
         elapsed = trio.current_time() - t0
         n.cancel_scope.cancel()
