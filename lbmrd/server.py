@@ -21,6 +21,8 @@ from functools import partial
 
 import trio
 
+from lbmr_runtime.eventlog import LimitedLog
+from lbmr_runtime.loglimit import LogLimiter
 from lbmr_runtime.netif import local_addresses
 
 from .fanout import BatchReceiver, Fanout, Outbox, os_error_name
@@ -40,6 +42,8 @@ OUTBOX_CLIENTS = 256  # at most this many clients: relays are gathered in the ou
 OUTBOX_FLUSH = 256  # copies gathered from a batch before they are sent (bounds their delay)
 TURN_EVERY = 0.001  # seconds of received batches handled at most before the other tasks run
 EXPIRED_LOG_LINES = 100  # per activity check; the rest is one summary line
+MALFORMED_LOG_LINES = 20  # --debug lines of dropped malformed datagrams per MALFORMED_LOG_WINDOW
+MALFORMED_LOG_WINDOW = 10.0  # seconds; the rest of a window is one summary line
 
 
 def _large(d: Relay) -> bool:
@@ -129,6 +133,8 @@ class Daemon:
         self._waiter: SocketWaiter | None = None
         self.metrics_addr: tuple[str, int] | None = None
         self.started = 0.0  # when run() began (trio's clock, seconds)
+        # the --debug line of each malformed datagram, limited (a sender must not fill the disk)
+        self.malformed_log = LimitedLog(log, LogLimiter(MALFORMED_LOG_LINES, MALFORMED_LOG_WINDOW), logging.DEBUG)
         self.monitor_access = None  # the endpoint's token and TLS (lbmrd.metrics.monitor_access)
         if settings.metrics is not None:
             from .metrics import monitor_access
@@ -188,6 +194,7 @@ class Daemon:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._activity_loop)
+                nursery.start_soon(self.malformed_log.serve)
                 if self.settings.stats_interval > 0:
                     nursery.start_soon(self._stats_loop)
                 if self.settings.handle_signals:
@@ -288,7 +295,7 @@ class Daemon:
             elif t is Reply:
                 self._reply(d.payload, addr)
             elif t is Drop and d.reason == "malformed":
-                log.debug("dropped malformed datagram from %s:%d", *addr)
+                self.malformed_log.line(now, "malformed", "dropped malformed datagram from %s:%d", *addr)
         if outbox is not None and outbox.count:
             await self._flush(outbox)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 import socket
 
 import pytest
@@ -98,6 +100,37 @@ async def test_malformed_flood_is_counted_and_dropped():
         assert len(d.core.table) == 2  # garbage never registered anyone
         assert await nothing(good)  # nothing malformed was relayed
         n.cancel_scope.cancel()
+
+
+async def test_malformed_debug_lines_are_bounded_and_summarised(monkeypatch, caplog):
+    from lbmrd import server as S
+
+    monkeypatch.setattr(S, "MALFORMED_LOG_WINDOW", 1.0)  # a short window, so the summary comes soon
+    caplog.set_level(logging.DEBUG, logger="lbmrd")
+    async with trio.open_nursery() as n:
+        d, daemon = await start(n)
+        bad = client()
+        t0 = trio.current_time()
+        for i in range(500):
+            await bad.sendto(bytes((5, i & 255, 0, 0)), daemon)
+            if i % 100 == 0:
+                await trio.sleep(0.01)
+        await bad.sendto(b"\x02\x00\x00\x00", daemon)
+        await recv(bad)
+        dropped = d.core.counters.drops["malformed"]
+        assert dropped >= 400  # a few may be lost in the socket buffer
+        with trio.fail_after(5):
+            while d.malformed_log.limit.next_due() is not None:
+                await trio.sleep(0.05)
+        elapsed = trio.current_time() - t0
+        n.cancel_scope.cancel()
+    msgs = [r.getMessage() for r in caplog.records if r.name == "lbmrd"]
+    lines = [m for m in msgs if m.startswith("dropped malformed datagram from ")]
+    summaries = [m for m in msgs if m.endswith(" more malformed events suppressed in the last 1 s")]
+    assert summaries
+    assert len(lines) + sum(int(m.split()[0]) for m in summaries) == dropped
+    windows = math.ceil(elapsed / 1.0) + 1
+    assert len(lines) <= S.MALFORMED_LOG_LINES * windows
 
 
 NAT_XML = """<?xml version="1.0" encoding="UTF-8" ?>
