@@ -46,7 +46,9 @@ class RouterChain:
                 ip, lport = self.lbmrd[i]
                 tr = (f'<topic-resolution>\n        <interface>{ip}</interface>\n'
                       f'        <lbmrd address="{ip}" port="{lport}"/>\n      </topic-resolution>')
-                low = 30000 + 40 * i + (os.getpid() % 200) * 200
+                # proxies' ports: 40 a router, 200 a test process (by its pid, so that runs side by
+                # side differ), below 65536 whatever the pid (pid % 200 once gave 66640)
+                low = 30000 + 40 * i + (os.getpid() % 170) * 200
                 peers = []
                 if i > 1:
                     peers.append(peer_xml(f"{i}-from-{i - 1}", "127.0.0.1", acceptor_xml(link_ports[i])))
