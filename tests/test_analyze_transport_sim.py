@@ -229,9 +229,11 @@ def test_lbmr_sim_lossy_lbtru_sessions(netns_factory, tmp_path):
         s = sessions[d["source"]]
         (x,) = [x for x in t["transport_receivers"] if x["session"] == s["session"] and x["nak_packets"]]
         assert d["dropped_on_purpose"] == DATAGRAMS // DROP_EVERY == d["recovered"]
-        # (every NAK was answered by a retransmission: a datagram NAKed twice counts twice in "recovered")
-        assert (x["nak_packets"], x["naked_sqns"], x["recovered"], x["outstanding_count"]) == (
-            d["naks_sent"], d["missing_found"], x["nak_entries"], 0)
+        # every NAKed datagram was answered (none outstanding); a datagram NAKed again before its first
+        # retransmission came (a loaded host) counts twice in "recovered" when both answers are in the
+        # capture, once otherwise (seen once on a clean clone: 41 entries, 40 answered, none outstanding)
+        assert (x["nak_packets"], x["naked_sqns"], x["outstanding_count"]) == (d["naks_sent"], d["missing_found"], 0)
+        assert x["naked_sqns"] <= x["recovered"] <= x["nak_entries"]
         assert s["retransmissions"] == d["retransmissions"]
         assert s["source"] in lossy
     assert not [f for f in t["findings"] if f["kind"] in ("unrecoverable loss: source stopped", "NAKs never answered")]
