@@ -63,12 +63,17 @@ def test_bind_failure_exits_3():
     assert f"UDP 127.0.0.1:{port}" in r.stdout, r.stdout
 
 
-def _wait_http(url: str, deadline: float) -> str:
+def _wait_http(url: str, deadline: float, proc: subprocess.Popen | None = None) -> str:
+    """The body at ``url`` once it answers; fails at ``deadline``, or at once with what
+    ``proc`` (the daemon serving it) printed if it exited first."""
     while True:
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 return r.read().decode()
         except OSError:
+            if proc is not None and proc.poll() is not None:
+                out = proc.stdout.read() if proc.stdout is not None else ""
+                raise AssertionError(f"the daemon exited with {proc.returncode} before serving {url}: {out}") from None
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
@@ -82,7 +87,7 @@ def test_daemon_process_signals_metrics_and_json_log(tmp_path):
     p = subprocess.Popen(LBMRD + ["-i", "127.0.0.1", "-p", str(port), "-L", str(log), "--log-format", "json",
                                   "--metrics", f"127.0.0.1:{mport}", str(cfg)])
     try:
-        _wait_http(f"http://127.0.0.1:{mport}/metrics", time.monotonic() + 20)
+        _wait_http(f"http://127.0.0.1:{mport}/metrics", time.monotonic() + 20, p)
         c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         c.bind(("127.0.0.1", 0))
         c.settimeout(5)
@@ -173,7 +178,7 @@ def test_stats_interval_must_not_be_negative_and_open_metrics_warns():
                                   "--peer-daemon", "127.0.0.2:15380", "--ip-rate-limit", "100"],
                          stdout=subprocess.PIPE, text=True)
     try:
-        _wait_http(f"http://127.0.0.1:{mport}/metrics", time.monotonic() + 20)
+        _wait_http(f"http://127.0.0.1:{mport}/metrics", time.monotonic() + 20, p)
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=10) == 0
         out = p.stdout.read()
