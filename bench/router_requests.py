@@ -49,7 +49,7 @@ from pathlib import Path
 
 import lbmr_proto as L
 from bench.router_deploy import PY, RCV_IP, ROOT, SRC_IP, Processes
-from lbmr_proto import lbmc
+from lbmr_proto import lbmc, lbmc_stream
 
 RESPONSE_BYTES = 64  # payload bytes of a response (lbmr-sim's)
 REQUEST_TIDX = 1
@@ -98,7 +98,7 @@ class _Requester:
         self.sel.register(self.src, selectors.EVENT_READ, "src")
         self.sel.register(self.req, selectors.EVENT_READ, "req")
         self.sinks: list[socket.socket] = []  # source connections: every request goes to each
-        self.framers: dict[socket.socket, lbmc.StreamFramer] = {}
+        self.framers: dict[socket.socket, lbmc_stream.StreamFramer] = {}
         self.answers: dict[int, set[int]] = {}  # qidx -> the responders that answered it
         self.first_answer: dict[int, int] = {}  # qidx -> when its first response was read (_now_ns)
         self.legs: dict[int, tuple[int, int]] = {}  # qidx -> (request leg, response leg) of that one, ns
@@ -150,7 +150,7 @@ class _Requester:
                     c, _ = s.accept()
                     c.setblocking(False)
                     _nodelay(c)
-                    self.framers[c] = lbmc.StreamFramer()
+                    self.framers[c] = lbmc_stream.StreamFramer()
                     self.sel.register(c, selectors.EVENT_READ, "rsp")
             else:
                 try:
@@ -306,7 +306,7 @@ def responder_main(argv: list[str]) -> int:
         s.bind((ip, 0))
         s.settimeout(WARMUP_TIMEOUT_S)
         s.connect(source)
-        framer = lbmc.StreamFramer()
+        framer = lbmc_stream.StreamFramer()
         with s:
             while time.monotonic() < end:
                 data = s.recv(1 << 16)

@@ -7,7 +7,8 @@ without building objects (for daemons); :mod:`lbmr_proto.capture` reads and
 writes pcap/pcapng files; :mod:`lbmr_proto.um` is UM's topic-resolution model
 (timing, destinations, OTIDs, the datagram packer) shared by lbmr-sim and the router.
 :mod:`lbmr_proto.lbmc` is UM's message format (LBMC: the messages of TCP and
-LBT-RU sessions) with a framer for LBT-TCP streams; :mod:`lbmr_proto.lbtru` and
+LBT-RU sessions), :mod:`lbmr_proto.lbmc_stream` the framer for LBT-TCP streams
+(runs of whole messages, not copied); :mod:`lbmr_proto.lbtru` and
 :mod:`lbmr_proto.lbtrm` are the LBT-RU and LBT-RM datagrams.
 """
 
@@ -32,7 +33,7 @@ from .ext import (
 )
 from .lbmc import LbmcDecodeError
 from .lbmc import Message as LbmcMessage
-from .lbmc import StreamFramer as LbmcStreamFramer
+from .lbmc_stream import StreamFramer as LbmcStreamFramer
 from .packet import Packet, decode, encode
 from .popts import (
     LocalDomainOption,

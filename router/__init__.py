@@ -30,8 +30,10 @@ list; its own docstring says more):
   a link (:mod:`router.relays.endpoint_relay`: relay ports, proxies, and the
   table that picks the relay of each transport), and the relays, all of one
   written interface (:mod:`router.relays.interface`: lifecycle and typed
-  settings): TCP fan-out and per connection (:mod:`router.relays.tcp_fanout`,
-  :mod:`router.relays.tcp_streams`), LBT-RU likewise
+  settings, the accepting and refusing of a peer's stream): TCP fan-out (the
+  receivers' side :mod:`router.relays.tcp_fanout`, the origin's side
+  :mod:`router.relays.tcp_fanout_origin`) and per connection
+  (:mod:`router.relays.tcp_streams`), LBT-RU likewise
   (:mod:`router.relays.lbtru_fanout`, :mod:`router.relays.lbtru_streams`),
   LBT-RM (:mod:`router.relays.lbtrm`); the request listener
   (:mod:`router.relays.uim`) and UIM destinations

@@ -11,7 +11,7 @@ import socket
 
 import trio
 
-from lbmr_proto import lbmc
+from lbmr_proto import lbmc, lbmc_stream
 from lbmr_tools.sim.dataplane import TcpDataReceiver, TcpDataSource, data_message, message_payload
 from tests.helpers import tcp_proxy
 
@@ -145,7 +145,7 @@ async def test_a_gap_is_reported():
 async def _dropping_proxy(upstream, nth: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Relay one connection message by message, dropping the ``nth`` (0-based)."""
     client, server = await _one_connection(upstream, task_status)
-    framer, i = lbmc.StreamFramer(), 0
+    framer, i = lbmc_stream.StreamFramer(), 0
     async with client, server:
         while data := await server.receive_some(65536):
             for m in framer.feed(data):
@@ -204,7 +204,7 @@ async def test_tshark_decodes_a_receivers_capture_with_no_expert(tmp_path):
         ip, port = await nursery.start(src.serve)
         stream = await trio.open_tcp_stream(ip, port)
         got = bytearray()
-        framer = lbmc.StreamFramer()
+        framer = lbmc_stream.StreamFramer()
         msgs: list[bytes] = []
         async with stream:
             while len(msgs) < 40:

@@ -7,7 +7,7 @@ at the near one) gets whole messages from the next message boundary after it
 joined, through its own bounded queue:
 
 * :class:`SessionFanout` frames the session's bytes
-  (:class:`lbmr_proto.lbmc.StreamFramer`: at most one incomplete message
+  (:class:`lbmr_proto.lbmc_stream.StreamFramer`: at most one incomplete message
   held) and offers each run of whole messages (a :class:`Batch`) to every
   sink. It keeps the session's last TCP_SID control message (at most one
   message, < 64 KiB) and puts it first in the queue of every new sink, as the
@@ -52,7 +52,7 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from lbmr_proto import lbmc
+from lbmr_proto import lbmc, lbmc_stream
 from lbmr_runtime.buffers import BufferPool
 
 from .message_path import MessagePath, headed
@@ -87,7 +87,7 @@ NEW_SINK_LAG = 0.1
 COPY_RATIO = 16
 
 #: a run of whole LBMC messages (``data``, ``ends``: the offset just past each)
-Batch = lbmc.MessageRun
+Batch = lbmc_stream.MessageRun
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +317,7 @@ class SessionFanout:
         self.budget = budget if budget is not None else QueueBudget()
         self.path = path
         self.pool = pool
-        self.framer = lbmc.StreamFramer()
+        self.framer = lbmc_stream.StreamFramer()
         self.sinks: dict[Hashable, SinkQueue] = {}
         self.session_id_message: bytes | None = None  # the last TCP_SID control message
         self._partial = 0  # bytes of the incomplete message the framer holds, counted in the budget
@@ -361,7 +361,7 @@ class SessionFanout:
     def receive_buffer(self, size: int) -> memoryview:
         """Room for the session's next ``size`` bytes at most, to read into; then
         :meth:`received` (the messages they complete go to the queues as one run:
-        :meth:`lbmr_proto.lbmc.StreamFramer.receive_buffer`; from the pool, if
+        :meth:`lbmr_proto.lbmc_stream.StreamFramer.receive_buffer`; from the pool, if
         the session has one)."""
         framer = self.framer
         if self.pool is None:

@@ -102,7 +102,7 @@ def find_header(message: bytes | bytearray | memoryview, code: int, size: int) -
     empty if there is none). Each must be ``size`` bytes long. Walks the chain only (not
     the payload). A message whose chain is empty (its ``next_hdr``, byte 1, is DATA or
     NONE: most data messages) has none, and is not looked at further (its start is the
-    framer's to check: :class:`lbmr_proto.lbmc.StreamFramer`). Otherwise
+    framer's to check: :class:`lbmr_proto.lbmc_stream.StreamFramer`). Otherwise
     :class:`lbmr_proto.lbmc.LbmcDecodeError` (with the byte offset) for a message that is
     not one well-formed message: bad start, ``msglen`` other than the length, a header
     running past the end or of the wrong size."""

@@ -48,7 +48,7 @@ Rules that keep time take ``now`` (seconds, the caller's clock) from
 :meth:`MessagePath.run` and :meth:`MessagePath.payload`.
 
 Inputs and outputs: :meth:`MessagePath.run` takes and returns a
-:class:`lbmr_proto.lbmc.MessageRun` (whole messages back to back and the
+:class:`lbmr_proto.lbmc_stream.MessageRun` (whole messages back to back and the
 offset just past each); :meth:`MessagePath.payload` a datagram's payload
 (bytes holding whole messages back to back). Byte order: the wire's
 (big-endian), as :mod:`lbmr_proto.lbmc` reads it.
@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from itertools import chain, islice
 from typing import ClassVar
 
-from lbmr_proto import LBMREncodeError, lbmc
+from lbmr_proto import LBMREncodeError, lbmc, lbmc_stream
 
 from .message_addresses import (
     REQUEST,
@@ -88,7 +88,7 @@ _ONE = (1).__add__
 _START = struct.Struct("!BxH")  # ver_type, msglen
 
 
-def headed(run: lbmc.MessageRun) -> list[int]:
+def headed(run: lbmc_stream.MessageRun) -> list[int]:
     """The indexes (ascending) of the messages of ``run`` that have extension
     headers: whose base header's ``next_hdr`` (the message's byte 1) is
     neither DATA nor NONE. C-level passes only when there are none (a strided
@@ -261,7 +261,7 @@ class MessagePath:
         comes back as it is)."""
         return bool(self._by_code or self._addresses)
 
-    def run(self, run: lbmc.MessageRun, now: float = 0.0) -> lbmc.MessageRun:
+    def run(self, run: lbmc_stream.MessageRun, now: float = 0.0) -> lbmc_stream.MessageRun:
         """``run`` after the rules: itself when no message changed, else a new
         run (new bytes; the messages not changed copied as they were).
         ``now``: seconds on the caller's clock, for the rules that keep time."""
@@ -270,7 +270,7 @@ class MessagePath:
         which = headed(run)
         return self.run_at(run, which, now) if which else run
 
-    def run_at(self, run: lbmc.MessageRun, which: list[int], now: float = 0.0) -> lbmc.MessageRun:
+    def run_at(self, run: lbmc_stream.MessageRun, which: list[int], now: float = 0.0) -> lbmc_stream.MessageRun:
         """:meth:`run` for a caller that has the run's :func:`headed` indexes
         ``which`` already (the messages not in it are not looked at)."""
         data, ends = run.data, run.ends
@@ -286,7 +286,7 @@ class MessagePath:
             buf = bytearray(data)
             for i, new in changes:
                 buf[ends[i] - len(new):ends[i]] = new
-            return lbmc.MessageRun(memoryview(buf).toreadonly(), ends)
+            return lbmc_stream.MessageRun(memoryview(buf).toreadonly(), ends)
         parts: list = []
         new_ends: list[int] = []
         prev_i, prev_end, shift = 0, 0, 0
@@ -300,7 +300,7 @@ class MessagePath:
             prev_i, prev_end = i + 1, ends[i]
         parts.append(data[prev_end:])
         new_ends += [e + shift for e in ends[prev_i:]]
-        return lbmc.MessageRun(b"".join(parts), new_ends)
+        return lbmc_stream.MessageRun(b"".join(parts), new_ends)
 
     def payload(self, data: bytes, now: float = 0.0) -> bytes:
         """A datagram's payload (whole LBMC messages back to back) after the
@@ -319,7 +319,7 @@ class MessagePath:
         if pos != n or not ends:
             self.undecodable += 1
             return data
-        out = self.run(lbmc.MessageRun(data, ends), now)
+        out = self.run(lbmc_stream.MessageRun(data, ends), now)
         return data if out.data is data else bytes(out.data)
 
     def _message(self, message, now: float) -> bytes | None:

@@ -84,15 +84,16 @@ from ..config.model import (
 from ..core.fanout import DEFAULT_MAX_QUEUE, DEFAULT_STALL_TIMEOUT
 from ..core.lbtru_window import WindowBudget
 from ..core.message_path import Rule
+from ..peerlink import streams as S
 
 if TYPE_CHECKING:
-    from ..link import Link
+    from ..link import Link, StreamState
     from ..peerlink.streams import StreamOpened
     from ..shell.relay_site import RelaySite
     from .responses import RequestListeners, ResponseRelay
 
 __all__ = ["TransportRelay", "RelaySettings", "RelayContext", "RelayTable", "Upstreams", "Mode", "near_relay",
-           "far_table", "PORT_QUARANTINE", "TCP", "LBTRU", "LBTRM"]
+           "far_table", "accept_stream", "refuse_stream", "PORT_QUARANTINE", "TCP", "LBTRU", "LBTRM"]
 
 #: the LBMR transport codes of the relayed transports (the peer-link stream kinds of
 #: the per-connection relays and of LBT-RM are the same numbers)
@@ -282,3 +283,32 @@ def far_table(table: RelayTable, mode: Mode) -> dict[int, TransportRelay]:
         if relay.STREAM_KIND not in far or m is mode:
             far[relay.STREAM_KIND] = relay
     return far
+
+
+def accept_stream(link: Link, st: StreamState, counters: Counter[str]) -> bool:
+    """Accept the peer's stream ``st`` now that its source is there; False if the
+    peer closed it meanwhile (a STREAM_CLOSE right behind the STREAM_OPEN)."""
+    if st.closed:
+        counters["streams_closed_before_accept"] += 1
+        return False
+    try:
+        link.streams.accept(st.sid)
+    except S.LocalStreamError:
+        counters["streams_closed_before_accept"] += 1
+        return False
+    link.flush_streams()
+    st.accepted.set()
+    counters["streams_accepted"] += 1
+    return True
+
+
+def refuse_stream(link: Link, st: StreamState, reason: str, counters: Counter[str],
+                  event: Callable[[str, str], None]) -> None:
+    """Refuse the peer's stream ``st`` (its source cannot be had), counted and logged."""
+    counters["streams_refused"] += 1
+    event("stream_refused", reason)
+    try:
+        link.streams.refuse(st.sid, P.RefuseCode.REFUSED, reason)
+    except S.LocalStreamError:
+        pass
+    link.flush_streams()

@@ -54,8 +54,9 @@ from ..core.lbtru_upstream import EndReason, RuUpstream, UpstreamState
 from ..core.lbtru_window import WindowBudget
 from ..link import Link, StreamState
 from ..peerlink import streams as S
-from .interface import RelayContext, TransportRelay, Upstreams
-from .tcp_fanout import NEAR_LINGER, UPSTREAM_LINGER, accept_stream, refuse_stream
+from .interface import RelayContext, TransportRelay, Upstreams, accept_stream, refuse_stream
+from .tcp_fanout import NEAR_LINGER
+from .tcp_fanout_origin import UPSTREAM_LINGER
 
 __all__ = ["RuProxySource", "RuSessionRelay", "ru_socket", "udp_raw", "receive", "drain", "QUEUE_LIMIT", "FANOUT_YIELD"]
 

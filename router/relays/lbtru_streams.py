@@ -19,9 +19,8 @@ import trio
 from .. import peerlink as P
 from ..link import Link, StreamState
 from ..peerlink import streams as S
-from .interface import RelayContext, RelaySettings, TransportRelay
+from .interface import RelayContext, RelaySettings, TransportRelay, accept_stream, refuse_stream
 from .lbtru_fanout import ru_socket
-from .tcp_fanout import accept_stream, refuse_stream
 
 RU_BACKLOG = 64  # datagrams held per LBT-RU stream until the far side accepts
 # LBT-RU streams (one per receiver address) end after this long with no datagram

@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 import trio
 
-from lbmr_proto import lbmc
+from lbmr_proto import lbmc, lbmc_stream
 
 from .. import peerlink as P
 from ..core.message_addresses import deliverable_address
@@ -50,7 +50,7 @@ from ..core.recovery import SourceRequestPort, answer_from_source, to_source
 from ..core.request_maps import PassUnchanged, RequesterKey, RequestMap, RequestSlot
 from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
-from .tcp_fanout import accept_stream, refuse_stream
+from .interface import accept_stream, refuse_stream
 from .unicast import STALL_TIMEOUT, connect_from, send_on_stream
 
 __all__ = ["RecoveryRelay", "ANSWER_READ", "MAX_STREAMS"]
@@ -154,7 +154,7 @@ class RecoveryRelay:
                         listener: tuple[str, int], conn: trio.SocketStream) -> None:
         """The receiver's requests from the stream, rewritten, to the source; until
         the stream or the source's connection ends."""
-        framer = lbmc.StreamFramer()
+        framer = lbmc_stream.StreamFramer()
         while True:
             while st.incoming:
                 data = st.incoming.popleft()
@@ -221,7 +221,7 @@ class RecoveryRelay:
 
     async def _answer_connection(self, link: Link, st: StreamState, slot: RequestSlot, c: trio.SocketStream,
                                  lock: trio.Lock, scope: trio.CancelScope) -> None:
-        framer = lbmc.StreamFramer()
+        framer = lbmc_stream.StreamFramer()
         try:
             while True:
                 data = await c.receive_some(ANSWER_READ)

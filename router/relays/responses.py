@@ -54,7 +54,7 @@ from ..core.request_maps import (
 )
 from ..link import CONNECT_TIMEOUT, Link, StreamState
 from ..peerlink import streams as S
-from .tcp_fanout import accept_stream, refuse_stream
+from .interface import accept_stream, refuse_stream
 from .tcp_streams import pump
 from .unicast import connect_from
 

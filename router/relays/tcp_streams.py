@@ -21,8 +21,7 @@ from .. import peerlink as P
 from ..link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
 from ..link.splice import splice
 from ..peerlink import streams as S
-from .interface import TransportRelay
-from .tcp_fanout import accept_stream, refuse_stream
+from .interface import TransportRelay, accept_stream, refuse_stream
 
 # Zero copy, sending: frames (pipes) of one stream queued for the writer at once (the pump
 # fills the next while the writer writes one).

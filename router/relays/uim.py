@@ -6,7 +6,7 @@
   with ``<request-tcp>``, a task per accepted connection): the connection is
   consecutive LBMC messages framed by ``msglen``, read in chunks of
   :data:`READ_CHUNK` bytes and cut without copying
-  (:class:`lbmr_proto.lbmc.StreamFramer`); each whole message goes to
+  (:class:`lbmr_proto.lbmc_stream.StreamFramer`); each whole message goes to
   :meth:`UimPath.message` and what it decides is done at once, never
   waiting: a message is queued for its target or dropped, counted.
 * **Targets** (:class:`router.relays.uim_targets.UimTargets`, a task each):
@@ -38,7 +38,7 @@ from .. import peerlink as P
 from ..core.uim import UimAction, UimPath, UimStream
 from ..link import Link, StreamState
 from ..peerlink import streams as S
-from .tcp_fanout import accept_stream
+from .interface import accept_stream
 from .uim_targets import MAX_TARGETS, UimTargets
 from .unicast import READ_CHUNK, UimFramer
 

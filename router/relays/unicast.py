@@ -16,7 +16,7 @@ from collections import Counter
 
 import trio
 
-from lbmr_proto import lbmc
+from lbmr_proto import lbmc, lbmc_stream
 
 from .. import peerlink as P
 from ..link import CONNECT_TIMEOUT, Link, StreamState
@@ -98,21 +98,21 @@ async def watch_until_closed(conn: trio.SocketStream, gone: trio.Event) -> None:
 
 
 class UimFramer:
-    """:class:`lbmr_proto.lbmc.StreamFramer` for a stream that ends at its first malformed
+    """:class:`lbmr_proto.lbmc_stream.StreamFramer` for a stream that ends at its first malformed
     message: :meth:`cut` gives the whole messages before it too. ``held``: a copy of the
     incomplete message the framer holds (< 64 KiB)."""
 
     __slots__ = ("framer", "held")
 
     def __init__(self) -> None:
-        self.framer = lbmc.StreamFramer()
+        self.framer = lbmc_stream.StreamFramer()
         self.held = b""
 
     @property
     def buffered(self) -> int:
         return self.framer.buffered
 
-    def cut(self, data: bytes | memoryview) -> tuple[list[lbmc.MessageRun], lbmc.LbmcDecodeError | None]:
+    def cut(self, data: bytes | memoryview) -> tuple[list[lbmc_stream.MessageRun], lbmc.LbmcDecodeError | None]:
         """The runs of whole messages ``data`` completes, and the error of a malformed
         message (None: none; the stream is over after one)."""
         f = self.framer
@@ -121,7 +121,7 @@ class UimFramer:
             runs = f.cut(data)
         except lbmc.LbmcDecodeError as e:  # e.offset: where the bad message starts (or its msglen)
             whole = (self.held + bytes(data))[:max(0, e.offset - start)]
-            return lbmc.StreamFramer().cut(whole), e
+            return lbmc_stream.StreamFramer().cut(whole), e
         b = f.buffered
         self.held = b"" if not b else bytes(data[-b:]) if b <= len(data) else self.held + bytes(data)
         return runs, None

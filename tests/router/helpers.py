@@ -25,6 +25,7 @@ from lbmr_proto import (
     TcpTransport,
     encode,
     lbmc,
+    lbmc_stream,
     lbtru,
 )
 from lbmr_proto.um import synthesize_otid
@@ -957,7 +958,7 @@ class Requester:
     async def _answers(self, stream: trio.SocketStream) -> None:
         peer = stream.socket.getpeername()[:2]
         self.callers.append(peer)
-        framer = lbmc.StreamFramer()
+        framer = lbmc_stream.StreamFramer()
         try:
             async with stream:
                 while data := await stream.receive_some(65536):
@@ -999,7 +1000,7 @@ class Responders:
         await sock.bind((self.bind_ip, 0))
         await sock.connect(self.proxy)
         stream = trio.SocketStream(sock)
-        framer = lbmc.StreamFramer()
+        framer = lbmc_stream.StreamFramer()
         with trio.fail_after(timeout):
             async with stream, trio.open_nursery() as n:
                 while len(self.requests) < until:
@@ -1099,7 +1100,7 @@ class RuMessages(RuLiveReceiver):
     def _take(self, d) -> bool:
         if d.retransmission:
             return True
-        self.messages += lbmc.StreamFramer().feed(d.payload)
+        self.messages += lbmc_stream.StreamFramer().feed(d.payload)
         self.result.messages = len(self.messages)
         return True
 

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 import trio
 
-from lbmr_proto import lbmc
+from lbmr_proto import lbmc, lbmc_stream
 
 from .live import (
     DEFAULT_MESSAGE_RATE,
@@ -154,7 +154,7 @@ class TcpDataSource:
 
     async def _read(self, c: _Conn) -> None:
         """Frame and count what the receiver sends; close it on a malformed message."""
-        framer = lbmc.StreamFramer()
+        framer = lbmc_stream.StreamFramer()
         try:
             while True:
                 data = await c.stream.receive_some(65536)
@@ -353,7 +353,7 @@ class TcpDataReceiver(StreamReceiver):
 
     async def _read(self, stream: trio.SocketStream, t0: float) -> None:
         r = self.result
-        framer = lbmc.StreamFramer()
+        framer = lbmc_stream.StreamFramer()
         rate = self.rate_limit_bps
         size = self.read_size if rate is None else max(1024, min(self.read_size, int(rate / 50)))
         while not self._enough():

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import trio
 
-from lbmr_proto import lbmc
+from lbmr_proto import lbmc, lbmc_stream
 
 from .live import Repair, RepairCounts, StreamMismatch, count_control, message_payload
 from .tcp import TcpDataReceiver, TcpDataSource, TcpReceiveResult
@@ -357,7 +357,7 @@ class UmTcpReceiver(TcpDataReceiver):
 
     async def _read_stream(self, stream: trio.SocketStream, t0: float) -> None:
         r = self.result
-        framer = lbmc.StreamFramer()
+        framer = lbmc_stream.StreamFramer()
         rate = self.rate_limit_bps
         while not self._done():
             if self._covered():  # waiting for repairs only: no more of the stream

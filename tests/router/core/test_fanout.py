@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from lbmr_proto import lbmc
+from lbmr_proto import lbmc, lbmc_stream
 from router.core.fanout import (
     DEFAULT_MAX_QUEUE,
     MIN_MAX_QUEUE,
@@ -27,7 +27,7 @@ def taken(q) -> list[bytes]:
     """Everything queued, written out, framed back into messages."""
     data = b"".join(bytes(c) for c in q.head(1 << 20))
     q.wrote(len(data), 0.0)
-    return lbmc.StreamFramer().feed(data)
+    return lbmc_stream.StreamFramer().feed(data)
 
 
 def test_reads_into_the_sessions_receive_buffer_queue_one_run_per_read_with_drops_counted():
@@ -86,7 +86,7 @@ def test_partial_writes_keep_the_order_and_the_stall_clock():
     assert not q.stalled(14.9, 10.0) and q.stalled(15.0, 10.0)
     q.wrote(30, 15.0)  # a partial write is progress
     assert not q.stalled(24.0, 10.0)
-    assert lbmc.StreamFramer().feed(bytes(msg(1)[:30]) + b"".join(bytes(c) for c in q.head())) == [msg(1), msg(2)]
+    assert lbmc_stream.StreamFramer().feed(bytes(msg(1)[:30]) + b"".join(bytes(c) for c in q.head())) == [msg(1), msg(2)]
     q.wrote(q.held, 16.0)
     assert q.held == 0 and not q.stalled(100.0, 10.0)  # holding nothing is never stalled
 
@@ -210,7 +210,7 @@ def test_five_readers_lose_nothing_beside_five_hundred_sinks_that_never_take():
     budget = QueueBudget(limit)
     f = SessionFanout(max_queue=MIN_MAX_QUEUE, budget=budget)
     readers = [f.add(("reader", k), 0.0) for k in range(5)]
-    framers = [lbmc.StreamFramer() for _ in readers]
+    framers = [lbmc_stream.StreamFramer() for _ in readers]
     seen = [[] for _ in readers]
     stream = b"".join(msg(q, size) for q in range(count))
     pos, deaf, high, now, waits = 0, 0, 0, 0.0, 0
@@ -255,7 +255,7 @@ def test_a_lone_sink_paces_the_session_and_never_drops_however_slow():
     f = SessionFanout(max_queue=MIN_MAX_QUEUE * 4)
     assert f.room(0.0) == f.max_queue  # nobody to keep: anything
     q = f.add("q", 0.0)
-    framer, seen = lbmc.StreamFramer(), []
+    framer, seen = lbmc_stream.StreamFramer(), []
     stream = b"".join(msg(k, 1000) for k in range(3000))
     pos, now, waits = 0, 0.0, 0
     while pos < len(stream):
@@ -281,7 +281,7 @@ def test_a_sink_that_holds_a_faster_one_back_for_the_lag_timeout_drops_its_own()
     messages, the fast one none, and gets them all."""
     f = SessionFanout(max_queue=MIN_MAX_QUEUE * 4, lag_timeout=1.0)
     fast, slow = f.add("fast", 0.0), f.add("slow", 0.0)
-    framers = {"fast": lbmc.StreamFramer(), "slow": lbmc.StreamFramer()}
+    framers = {"fast": lbmc_stream.StreamFramer(), "slow": lbmc_stream.StreamFramer()}
     seen = {"fast": [], "slow": []}
     stream = b"".join(msg(k, 1000) for k in range(6000))
     pos, now, first_drop, holding = 0, 0.0, None, None
@@ -322,7 +322,7 @@ def test_a_sink_that_never_takes_holds_the_others_back_for_the_lag_timeout_only(
     assert f.recheck_at() == math.inf
     reader = f.add("reader", 20.0)
     assert f.room(20.0) >= MIN_MAX_QUEUE - lbmc.MAX_MSGLEN  # at once: the reader's room
-    framer, seen = lbmc.StreamFramer(), []
+    framer, seen = lbmc_stream.StreamFramer(), []
     for now in range(21, 221):
         stream = b"".join(msg(k, 1000) for k in range(50 * now, 50 * now + 50))
         assert f.room(float(now)) >= len(stream)
@@ -337,7 +337,7 @@ def test_sinks_that_keep_up_alike_pace_the_session_together_and_drop_nothing():
     is dropped over 100 s of a session faster than they are."""
     f = SessionFanout(max_queue=MIN_MAX_QUEUE * 4, lag_timeout=1.0)
     sinks = [f.add(k, 0.0) for k in range(3)]
-    framers = [lbmc.StreamFramer() for _ in sinks]
+    framers = [lbmc_stream.StreamFramer() for _ in sinks]
     seen = [[] for _ in sinks]
     next_sqn, now, step = 0, 0.0, 0
     while now < 100.0:

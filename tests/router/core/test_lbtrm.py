@@ -170,7 +170,7 @@ def test_requests_in_data_payloads_pass_each_sides_message_path():
     """The far side records the requesters its DATA payloads' requests name, the near
     side points them at its request listener; the length, sequence numbers and the
     other messages stay; an SM passes untouched."""
-    from lbmr_proto import lbmc
+    from lbmr_proto import lbmc, lbmc_stream
     from router.core.message_path import MapRequests, MessagePath, RecordRequesters
     from router.core.request_maps import RequesterTable, RequestMap
 
@@ -190,7 +190,7 @@ def test_requests_in_data_payloads_pass_each_sides_message_path():
     out = proxy.to_receivers(relayed, 6.0)
     got = RM.decode(out)
     assert (got.sqn, len(out)) == (41, len(d)) and got.header == RM.Header(RM.DATA, 24010, 0x77)
-    first, second = lbmc.StreamFramer().feed(got.payload)
+    first, second = lbmc_stream.StreamFramer().feed(got.payload)
     assert lbmc.decode(first).header(lbmc.RequestHeader) == lbmc.RequestHeader(qidx=42, port=40001,
                                                                                ipaddr="192.0.2.7")
     assert second == tick

@@ -15,7 +15,7 @@ from typing import ClassVar
 import pytest
 import trio
 
-from lbmr_proto import lbmc
+from lbmr_proto import lbmc, lbmc_stream
 from lbmr_proto import lbtru as RU
 from router import peerlink as P
 from router.config.model import lbmrd_endpoint, router_config
@@ -61,14 +61,14 @@ def request(sqn: int, *more) -> bytes:
 
 
 def frame(data: bytes) -> list[bytes]:
-    return lbmc.StreamFramer().feed(data)
+    return lbmc_stream.StreamFramer().feed(data)
 
 
 # ------------------------------------------------------------ the path alone
 
 
 def test_a_path_without_rules_passes_the_run_itself():
-    run = lbmc.MessageRun.of([plain(1), request(2), plain(3)])
+    run = lbmc_stream.MessageRun.of([plain(1), request(2), plain(3)])
     path = MessagePath()
     assert not path.active
     assert path.run(run) is run
@@ -79,10 +79,10 @@ def test_a_path_without_rules_passes_the_run_itself():
 def test_headed_picks_the_messages_with_extension_headers():
     control = lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(lbmc.TcpSidHeader(session_id=5),)))
     bare_control = lbmc.encode(lbmc.Message(lbmc.CONTROL))
-    run = lbmc.MessageRun.of([plain(1), request(2), bare_control, control, plain(5)])
+    run = lbmc_stream.MessageRun.of([plain(1), request(2), bare_control, control, plain(5)])
     assert headed(run) == [1, 3]
-    assert headed(lbmc.MessageRun.of([plain(1), plain(2)])) == []
-    assert headed(lbmc.MessageRun.of([request(1)])) == [0]
+    assert headed(lbmc_stream.MessageRun.of([plain(1), plain(2)])) == []
+    assert headed(lbmc_stream.MessageRun.of([request(1)])) == [0]
 
 
 def test_headed_agrees_with_reading_each_message():
@@ -98,15 +98,15 @@ def test_headed_agrees_with_reading_each_message():
             msgs = [rng.choice([same[0], filler]) for _ in range(rng.randint(1, 40))]
         else:
             msgs = [rng.choice([plain(1, rng.randint(0, 300)), request(2), same[1]]) for _ in range(rng.randint(1, 40))]
-        run = lbmc.MessageRun.of(msgs)
+        run = lbmc_stream.MessageRun.of(msgs)
         want = [i for i, m in enumerate(msgs) if m[1] not in (lbmc.NHDR_DATA, lbmc.NHDR_NONE)]
         assert headed(run) == want
-        view = lbmc.MessageRun(memoryview(run.data).toreadonly(), run.ends)
+        view = lbmc_stream.MessageRun(memoryview(run.data).toreadonly(), run.ends)
         assert headed(view) == want
 
 
 def test_plain_messages_are_not_touched_by_an_active_path():
-    run = lbmc.MessageRun.of([plain(i) for i in range(50)])
+    run = lbmc_stream.MessageRun.of([plain(i) for i in range(50)])
     path = MessagePath([SetRequestAddress("192.168.7.1", 15000)])
     assert path.active
     assert path.run(run) is run
@@ -116,7 +116,7 @@ def test_plain_messages_are_not_touched_by_an_active_path():
 def test_request_address_rewritten_in_place_and_the_rest_untouched():
     msgs = [plain(1), request(2), plain(3), request(4, ODOMAIN), plain(5)]
     path = MessagePath([SetRequestAddress("192.168.7.1", 15000)])
-    out = path.run(lbmc.MessageRun.of(msgs))
+    out = path.run(lbmc_stream.MessageRun.of(msgs))
     got = out.messages()
     assert len(out.data) == sum(map(len, msgs))  # same lengths
     assert [got[i] for i in (0, 2, 4)] == [msgs[i] for i in (0, 2, 4)]
@@ -134,7 +134,7 @@ def test_request_address_rewritten_in_place_and_the_rest_untouched():
 def test_a_rewrite_that_changes_the_length_moves_every_later_message():
     msgs = [plain(1, 10), request(2, ODOMAIN), plain(3, 300), request(4, ODOMAIN), plain(5, 1)]
     path = MessagePath([DropHeaders(frozenset({lbmc.OriginDomainHeader.CODE}))])
-    out = path.run(lbmc.MessageRun.of(msgs))
+    out = path.run(lbmc_stream.MessageRun.of(msgs))
     got = out.messages()
     assert out.ends[-1] == len(out.data) == sum(map(len, msgs)) - 2 * ODOMAIN.SIZE
     assert got[0] == msgs[0] and got[2] == msgs[2] and got[4] == msgs[4]
@@ -154,7 +154,7 @@ def test_an_undecodable_message_passes_as_it_is_and_is_counted():
     bad[lbmc.DATA_HEADER.size + 1] = 5  # the REQUEST header's hdr_len: not 16
     msgs = [plain(1), bytes(bad), good]
     path = MessagePath([SetRequestAddress("192.168.7.1", 15000)])
-    got = path.run(lbmc.MessageRun.of(msgs)).messages()
+    got = path.run(lbmc_stream.MessageRun.of(msgs)).messages()
     assert got[1] == bytes(bad) and got[0] == msgs[0]
     assert lbmc.decode(got[2]).header(lbmc.RequestHeader).port == 15000
     assert (path.undecodable, path.rewritten) == (1, 1)
@@ -175,7 +175,7 @@ def test_a_rewrite_past_65535_bytes_is_not_made():
     big = lbmc.data_message(1, 1, bytes(65400), ODOMAIN)
     small = request(2, ODOMAIN)
     path = MessagePath([Pad(250)])
-    got = path.run(lbmc.MessageRun.of([big, small])).messages()
+    got = path.run(lbmc_stream.MessageRun.of([big, small])).messages()
     assert got[0] == big and path.too_long == 1
     assert len(got[1]) == len(small) - ODOMAIN.SIZE + 250 and path.rewritten == 1
 
@@ -373,7 +373,7 @@ async def test_a_request_crossing_the_router_is_rewritten_by_the_origins_side():
         n.start_soon(advertise_forever, udp("127.0.1.5"), trd1, ip, port)
         tir = await resolve(udp("127.0.2.9"), trd2)
         conn = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
-        framer = lbmc.StreamFramer()
+        framer = lbmc_stream.StreamFramer()
         got: list[bytes] = []
         with trio.fail_after(20):
             while sum(m[1] == lbmc.RequestHeader.CODE for m in got) < 5:

@@ -12,7 +12,7 @@ import socket
 import pytest
 import trio
 
-from lbmr_proto import lbmc
+from lbmr_proto import lbmc, lbmc_stream
 from lbmr_tools.sim.dataplane import TcpDataReceiver
 from router.config.model import acceptor_peer, initiator_peer, lbmrd_endpoint
 from router.relays.tcp_fanout import RECEIVER_UPSTREAM_BURST, RECEIVER_UPSTREAM_RATE, FanoutRelay
@@ -285,7 +285,7 @@ async def test_tshark_decodes_a_capture_of_the_proxys_stream_with_no_expert(tmp_
         await tcp_live_source(n, trd1, rate=3000, message_size=700)
         tir = await resolve(udp("127.0.2.9"), trd2)
         stream = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
-        framer = lbmc.StreamFramer()
+        framer = lbmc_stream.StreamFramer()
         msgs: list[bytes] = []
         async with stream:
             with trio.fail_after(10):
@@ -352,7 +352,8 @@ async def test_the_session_lingers_briefly_after_its_last_receiver_and_then_lets
     (still one connection at the origin); once nobody comes back, the proxy's
     stream closes after NEAR_LINGER and the origin connection within twice
     UPSTREAM_LINGER after that."""
-    from router.relays.tcp_fanout import NEAR_LINGER, UPSTREAM_LINGER
+    from router.relays.tcp_fanout import NEAR_LINGER
+    from router.relays.tcp_fanout_origin import UPSTREAM_LINGER
 
     async with trio.open_nursery() as n:
         ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)

@@ -24,7 +24,7 @@ import sys
 import trio
 
 import lbmr_proto as L
-from lbmr_proto import lbmc
+from lbmr_proto import lbmc, lbmc_stream
 from lbmr_proto import lbtrm as RM
 from lbmr_runtime.netif import open_multicast_socket
 from tests.router.helpers import (
@@ -97,7 +97,7 @@ async def main(shape: str) -> dict:
                 # proxies share the default group range)
                 if isinstance(d, RM.Data) and sender[0] == proxy.ip and d.header.session_id == proxy.session_id:
                     heard.set()
-                    got += lbmc.StreamFramer().feed(d.payload)
+                    got += lbmc_stream.StreamFramer().feed(d.payload)
             rsp = Responders((proxy.ip, 0), bind_ip=f"{near}.30")
             await rsp.answer(got)
             while len(req.responses) < 20:

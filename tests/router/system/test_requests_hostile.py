@@ -10,7 +10,7 @@ import socket
 
 import trio
 
-from lbmr_proto import lbmc
+from lbmr_proto import lbmc, lbmc_stream
 from router import peerlink as P
 from router.core.request_maps import DEFAULT_MAX_LISTENERS, DEFAULT_SPARE_LISTENERS
 from router.link import StreamState
@@ -27,7 +27,7 @@ from tests.router.helpers import (
 
 async def ticks_after(proxy, n=20, timeout=10.0) -> list[int]:
     """The sqns of ``n`` plain messages a new receiver of the session at ``proxy`` gets."""
-    framer = lbmc.StreamFramer()
+    framer = lbmc_stream.StreamFramer()
     sqns: list[int] = []
     with trio.fail_after(timeout):
         async with await trio.open_tcp_stream(*proxy) as s:

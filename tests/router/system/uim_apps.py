@@ -10,7 +10,7 @@ import dataclasses
 
 import trio
 
-from lbmr_proto import lbmc
+from lbmr_proto import lbmc, lbmc_stream
 from router.config.model import RequestListener
 from tests.router.helpers import start_lbmrd, start_routers
 from tests.tshark_judge import compare_lbmc, run_tshark_lbmc, segments, write_lbttcp_pcap
@@ -42,7 +42,7 @@ class UimInbox:
 
     async def _conn(self, stream) -> None:
         self.connections += 1
-        framer = lbmc.StreamFramer()
+        framer = lbmc_stream.StreamFramer()
         async with stream:
             while True:
                 try:
