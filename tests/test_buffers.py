@@ -3,6 +3,7 @@
 import pytest
 
 from lbmr_proto import lbmc as C
+from lbmr_proto import lbmc_stream
 from lbmr_runtime.buffers import BufferPool
 
 
@@ -34,7 +35,7 @@ def test_small_and_large_requests_get_buffers_of_their_own():
 
 def test_a_framer_reading_into_pooled_buffers_keeps_its_buffer_viewed_until_received():
     pool = BufferPool(4096, keep=1)
-    f = C.StreamFramer()
+    f = lbmc_stream.StreamFramer()
     ms = [C.data_message(1, q, bytes([q]) * 700) for q in range(8)]
     stream = b"".join(ms)
     got, pos = [], 0

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import lbmr_proto as L
 from lbmr_proto import lbmc as C
+from lbmr_proto import lbmc_stream
 
 from . import strategies as S
 
@@ -79,7 +80,7 @@ def test_defaults_per_kind():
 
 
 def test_exported_from_the_package():
-    assert L.lbmc is C and L.LbmcMessage is C.Message and L.LbmcStreamFramer is C.StreamFramer
+    assert L.lbmc is C and L.LbmcMessage is C.Message and L.LbmcStreamFramer is lbmc_stream.StreamFramer
     assert L.LbmcDecodeError is C.LbmcDecodeError and issubclass(C.LbmcDecodeError, ValueError)
     assert not issubclass(C.LbmcDecodeError, L.LBMRDecodeError)
 
@@ -197,7 +198,7 @@ def _framed_in_pieces(cuts: list[int], take) -> None:
     with ``take(framer, piece)`` (the messages it gives): every message comes out
     once, whole, in order, and the framer holds only the incomplete one."""
     msgs, stream = _stream(40)
-    f = C.StreamFramer()
+    f = lbmc_stream.StreamFramer()
     got, pos, i = [], 0, 0
     while pos < len(stream):
         piece = stream[pos:pos + cuts[i % len(cuts)]]
@@ -214,7 +215,7 @@ def test_framer_returns_whole_messages_however_the_stream_is_cut(cuts):
     _framed_in_pieces(cuts, lambda f, piece: f.feed(piece))
 
 
-def _cut(f: C.StreamFramer, piece: bytes) -> list[bytes]:
+def _cut(f: lbmc_stream.StreamFramer, piece: bytes) -> list[bytes]:
     runs = f.cut(piece)
     assert len(runs) <= 2 and all(r.count and r.ends[-1] == len(r.data) for r in runs)
     whole = [r for r in runs if isinstance(r.data, memoryview)]
@@ -228,7 +229,7 @@ def test_framer_cut_gives_the_same_messages_as_views_of_what_it_was_fed(cuts):
     _framed_in_pieces(cuts, _cut)
 
 
-def _received(f: C.StreamFramer, piece: bytes) -> list[bytes]:
+def _received(f: lbmc_stream.StreamFramer, piece: bytes) -> list[bytes]:
     f.receive_buffer(1000)[:len(piece)] = piece
     runs = f.received(len(piece))
     assert len(runs) <= 1 and all(r.data.readonly and r.ends[-1] == len(r.data) for r in runs)
@@ -242,7 +243,7 @@ def test_framer_received_gives_one_run_read_only_whatever_the_reads(cuts):
 
 
 def test_framer_received_needs_a_buffer_and_rejects_a_bad_start():
-    f = C.StreamFramer()
+    f = lbmc_stream.StreamFramer()
     with pytest.raises(ValueError):
         f.received(1)
     good = C.data_message(1, 1, b"abc")
@@ -275,7 +276,7 @@ def test_framer_frames_runs_of_alike_messages_as_one_by_one(runs, cuts, bad_at, 
         stream[bad_offset] = bad_byte  # a version or kind UM does not send
         msgs = msgs[:bad_at]
     stream = bytes(stream)
-    f = C.StreamFramer()
+    f = lbmc_stream.StreamFramer()
     got, pos, i = [], 0, 0
     with pytest.raises(C.LbmcDecodeError) if bad_offset is not None else _no_error() as raised:
         while pos < len(stream):
@@ -299,7 +300,7 @@ class _no_error:
 
 
 def test_framer_drops_a_receive_buffer_nothing_came_into():
-    f = C.StreamFramer()
+    f = lbmc_stream.StreamFramer()
     m = C.data_message(1, 1, b"abcdef")
     f.receive_buffer(len(m))[:3] = m[:3]
     assert f.received(3) == [] and f.buffered == 3  # an incomplete message: held, no run
@@ -315,7 +316,7 @@ def test_framer_drops_a_receive_buffer_nothing_came_into():
 
 
 def test_message_run_of_counts_and_fits():
-    run = C.MessageRun.of([b"a" * 10, b"b" * 20, b"c" * 5])
+    run = lbmc_stream.MessageRun.of([b"a" * 10, b"b" * 20, b"c" * 5])
     assert run.data == b"a" * 10 + b"b" * 20 + b"c" * 5 and run.ends == [10, 30, 35] and run.count == 3
     assert [run.fitting(x) for x in (9, 10, 34, 35, 99)] == [0, 1, 2, 3, 3]
     assert run.messages() == [b"a" * 10, b"b" * 20, b"c" * 5]
@@ -323,15 +324,15 @@ def test_message_run_of_counts_and_fits():
 
 def test_framer_byte_by_byte_and_in_one_piece():
     msgs, stream = _stream(10)
-    f = C.StreamFramer()
+    f = lbmc_stream.StreamFramer()
     assert [m for i in range(len(stream)) for m in f.feed(stream[i:i + 1])] == msgs
-    assert C.StreamFramer().feed(stream) == msgs
-    assert C.StreamFramer().feed(memoryview(bytearray(stream))) == msgs
+    assert lbmc_stream.StreamFramer().feed(stream) == msgs
+    assert lbmc_stream.StreamFramer().feed(memoryview(bytearray(stream))) == msgs
 
 
 def test_framer_holds_at_most_one_message():
     big = C.data_message(1, 1, bytes(65535 - 12))
-    f = C.StreamFramer()
+    f = lbmc_stream.StreamFramer()
     assert f.feed(big[:-1]) == [] and f.buffered == 65534
     assert f.feed(big[-1:] + big[:3]) == [big] and f.buffered == 3
 
@@ -349,7 +350,7 @@ def test_framer_rejects_a_bad_start_with_the_stream_offset(head, off, why):
     good = C.data_message(1, 1, b"abc")
     for split in range(1, len(good) + len(head)):
         data = good + head
-        f = C.StreamFramer()
+        f = lbmc_stream.StreamFramer()
         if why is None:
             assert f.feed(data[:split]) + f.feed(data[split:]) == [good]
             continue
@@ -357,7 +358,7 @@ def test_framer_rejects_a_bad_start_with_the_stream_offset(head, off, why):
             f.feed(data[:split])
             f.feed(data[split:])
         assert ei.value.offset == len(good) + off
-        g = C.StreamFramer()
+        g = lbmc_stream.StreamFramer()
         with pytest.raises(C.LbmcDecodeError, match=why) as ei:
             g.cut(data[:split])
             g.cut(data[split:])
@@ -369,7 +370,7 @@ def test_framer_rejects_a_bad_start_with_the_stream_offset(head, off, why):
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200), st.integers(1, 50))
 def test_framer_only_raises_decode_error(data, step):
-    f = C.StreamFramer()
+    f = lbmc_stream.StreamFramer()
     try:
         for i in range(0, len(data), step):
             for m in f.feed(data[i:i + step]):

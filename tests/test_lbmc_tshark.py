@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from lbmr_proto import lbmc as C
+from lbmr_proto import lbmc_stream
 
 from . import strategies as S
 from .tshark_judge import (
@@ -117,7 +118,7 @@ def test_dissector_defect_segment_starting_inside_a_message(tmp_path):
     write_lbttcp_pcap(pcap, [(True, stream[i:i + 11]) for i in range(0, len(stream), 11)])
     shown = sum(len(f.lbmc) for f in run_tshark_lbmc(pcap))
     assert shown < len(msgs)
-    f = C.StreamFramer()
+    f = lbmc_stream.StreamFramer()
     assert [C.decode(m) for i in range(0, len(stream), 11) for m in f.feed(stream[i:i + 11])] == msgs
 
 

@@ -60,7 +60,7 @@ from ..core.message_path import MessagePath
 from ..core.tr.pacing import RatePacer
 from ..link import Link, StreamState
 from ..peerlink import streams as S
-from .interface import RelayContext, TransportRelay
+from .interface import RelayContext, TransportRelay, Upstreams
 from .tcp_fanout_origin import OriginFanout
 
 __all__ = ["FanoutRelay", "NEAR_LINGER", "FANOUT_MAX_RECEIVERS"]
@@ -133,6 +133,7 @@ class FanoutRelay(TransportRelay):
         self._keys = count()
         self.budget = QueueBudget()  # every queue of this relay's sessions
         self.origins = OriginFanout(context, self.budget)  # the far side: the origin sessions
+        self.upstreams: Upstreams = self.origins.upstreams  # (the endpoint's, shared by its links' relays)
         self.receivers = 0  # receiver connections of all this relay's proxies
         self._proxies: dict[int, _Proxy] = {}  # the near side of each proxy serving, by proxy id
 

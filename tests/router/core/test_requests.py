@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from lbmr_proto import lbmc as C
+from lbmr_proto import lbmc_stream
 from router.core.message_addresses import (
     ANSWER_HEADERS,
     LATE_JOIN_REQUEST,
@@ -565,7 +566,7 @@ def test_the_message_path_maps_each_requester_and_records_them_at_the_origin():
     def req(q, ip, port):
         return C.data_message(1, q, b"?", C.RequestHeader(qidx=q, port=port, ipaddr=ip))
 
-    run = C.MessageRun.of([req(1, "10.0.0.1", 1000), C.data_message(1, 2, b"x"), req(3, "10.0.0.2", 2000),
+    run = lbmc_stream.MessageRun.of([req(1, "10.0.0.1", 1000), C.data_message(1, 2, b"x"), req(3, "10.0.0.2", 2000),
                            req(4, "10.0.0.1", 1000)])
     table = RequesterTable(idle_timeout=30.0)
     origin_side = MessagePath([RecordRequesters(table, "sess")])
