@@ -173,8 +173,9 @@ class SinkQueue:
         self.limit = limit
         self.budget = budget if budget is not None else QueueBudget(limit)
         self.budget.sinks += 1
-        # the views queued, each with the buffer it points into
-        self.chunks: deque[tuple[SharedBuffer, memoryview]] = deque()
+        # the views queued, each with the buffer it points into and whether it is a whole
+        # run of messages without extension headers, none of it written yet
+        self.chunks: deque[tuple[SharedBuffer, memoryview, bool]] = deque()
         self.held = 0  # bytes queued (of views)
         self.last_progress = now  # when it last took bytes (or last was empty)
         self.dropped_messages = 0
@@ -202,10 +203,12 @@ class SinkQueue:
             return r
         return max(open_half, min(r, b.share - self.held, b.limit - b.held))
 
-    def offer(self, batch: Batch, now: float, buffer: SharedBuffer | None = None) -> tuple[int, int]:
+    def offer(self, batch: Batch, now: float, buffer: SharedBuffer | None = None,
+              plain: bool = False) -> tuple[int, int]:
         """Queue the leading messages of ``batch`` that fit; (messages, bytes)
         dropped. ``buffer``: the one ``batch.data`` is in (shared with the other
-        sinks the batch is offered to; by default its own)."""
+        sinks the batch is offered to; by default its own); ``plain``: none of
+        its messages has extension headers (:meth:`head_whole`)."""
         if buffer is None:
             buffer = SharedBuffer.of(batch.data)
         room = min(self.limit - self.held, self.budget.room(self.held, 0 if buffer.refs else buffer.size))
@@ -214,7 +217,7 @@ class SinkQueue:
             cut = batch.ends[k - 1]
             if not self.held:
                 self.last_progress = now
-            self._hold(buffer, memoryview(batch.data)[:cut])
+            self._hold(buffer, memoryview(batch.data)[:cut], plain)
             self.held += cut
             self.messages += k
         lost = batch.count - k
@@ -225,11 +228,11 @@ class SinkQueue:
         self.dropped_bytes += nbytes
         return lost, nbytes
 
-    def _hold(self, buffer: SharedBuffer, view: memoryview) -> None:
+    def _hold(self, buffer: SharedBuffer, view: memoryview, plain: bool) -> None:
         if not buffer.refs:
             self.budget.held += buffer.size
         buffer.refs += 1
-        self.chunks.append((buffer, view))
+        self.chunks.append((buffer, view, plain))
 
     def _let_go(self, buffer: SharedBuffer) -> None:
         buffer.refs -= 1
@@ -240,6 +243,16 @@ class SinkQueue:
         """The first ``max_parts`` chunks to write (not taken until :meth:`wrote`)."""
         chunks = self.chunks
         return [chunks[i][1] for i in range(min(max_parts, len(chunks)))]
+
+    def head_whole(self) -> memoryview | None:
+        """The chunk at the head when it is a whole run of messages none of which has
+        extension headers, none of it written yet (a far router sends it as one frame
+        that the near one may pass on unframed); else None."""
+        if self.chunks:
+            _, view, plain = self.chunks[0]
+            if plain:
+                return view
+        return None
 
     def wrote(self, nbytes: int, now: float) -> None:
         """``nbytes`` from the head went to the sink."""
@@ -252,7 +265,7 @@ class SinkQueue:
             self.pacing = True  # it took most of what it had: it keeps up again
         chunks = self.chunks
         while nbytes:
-            buffer, c = chunks[0]
+            buffer, c, _ = chunks[0]
             if len(c) <= nbytes:
                 nbytes -= len(c)
                 chunks.popleft()
@@ -266,14 +279,14 @@ class SinkQueue:
                     own_buffer = SharedBuffer(len(own))
                     own_buffer.refs = 1
                     self.budget.held += own_buffer.size
-                    chunks.appendleft((own_buffer, memoryview(own)))
+                    chunks.appendleft((own_buffer, memoryview(own), False))
                 else:
-                    chunks[0] = (buffer, rest)
+                    chunks[0] = (buffer, rest, False)
                 nbytes = 0
 
     def release(self) -> None:
         """The sink is gone: what it held goes back to the budget."""
-        for buffer, _ in self.chunks:
+        for buffer, _, _ in self.chunks:
             self._let_go(buffer)
         self.chunks.clear()
         self.held = 0
@@ -488,9 +501,9 @@ class SessionFanout:
                     first = bisect_left(ends, q.joins_at - start) + 1
                     if first >= batch.count:
                         continue
-                    lost, nbytes = q.offer(_from(batch, first), now, buffer)
+                    lost, nbytes = q.offer(_from(batch, first), now, buffer, not which)
                 else:
-                    lost, nbytes = q.offer(batch, now, buffer)
+                    lost, nbytes = q.offer(batch, now, buffer, not which)
                 if lost:
                     out.append(Dropped(key, lost, nbytes))
         return out

@@ -26,7 +26,7 @@ from lbmr_runtime.buffers import BufferPool
 from .. import peerlink as P
 from ..peerlink import streams as S
 from .splice import Pipe, PipePool, splice
-from .stream import READ_SIZE, STREAM_WINDOW_MAX, StreamState
+from .stream import READ_SIZE, STREAM_WINDOW_MAX, PipeSeg, StreamState
 from .writer import LinkWriter, wait_link_socket
 
 SPLICE_MIN = 16 << 10  # payloads from this many bytes on are spliced, smaller ones copied
@@ -156,7 +156,7 @@ class LinkReader:
         pos = 0
         max_payload = self._conn.max_payload
         while pos + P.HEADER_SIZE <= n:
-            magic, ver, ftype, _, _, length = P.HEADER.unpack_from(view, pos)
+            magic, ver, ftype, flags, _, length = P.HEADER.unpack_from(view, pos)
             if magic != P.MAGIC or ver != P.WIRE_VERSION or length > max_payload:
                 return self._feed(self._take(n))  # the connection refuses it
             if (ftype == P.FrameType.DATAGRAM and 4 <= length and pos + P.HEADER_SIZE + length <= n
@@ -171,7 +171,8 @@ class LinkReader:
                 if n < _DATA_HEAD:
                     return self._need(n)
                 self._peek_size = PEEK_AFTER_SPLICE
-                return await self._receive_held(self._take(_DATA_HEAD), length - 4)
+                whole = bool(flags & P.FLAG_WHOLE_MESSAGES and self._conn.capabilities & P.Capability.WHOLE_MESSAGES)
+                return await self._receive_held(self._take(_DATA_HEAD), length - 4, whole)
             self._peek_size = PEEK_SIZE
             total = P.HEADER_SIZE + length
             if pos + total > n:
@@ -243,8 +244,9 @@ class LinkReader:
 
     # ------------------------------------------------------------- spliced payloads
 
-    async def _receive_held(self, head: bytes, nbytes: int) -> list:
-        """A STREAM_DATA frame of ``nbytes`` data bytes whose 16-byte head was consumed."""
+    async def _receive_held(self, head: bytes, nbytes: int, whole: bool) -> list:
+        """A STREAM_DATA frame of ``nbytes`` data bytes whose 16-byte head was consumed
+        (``whole``: flagged FLAG_WHOLE_MESSAGES)."""
         sid = int.from_bytes(head[12:16], "big")
         items = self._conn.receive_data_head(head, trio.current_time())
         if items is None:
@@ -265,7 +267,7 @@ class LinkReader:
             return items
         st.rx_splicing = True
         try:
-            await self._splice_payload(st, nbytes)
+            await self._splice_payload(st, nbytes, whole)
         finally:
             st.rx_splicing = False
             if st.rx_pipe is not None and (st.rx_pipe.held == 0 or self._state.get(sid) is not st):
@@ -274,15 +276,20 @@ class LinkReader:
                 st.release_pipes(self._pipes)
         return items
 
-    async def _splice_payload(self, st: StreamState, nbytes: int) -> None:
+    async def _splice_payload(self, st: StreamState, nbytes: int, whole: bool) -> None:
         """Move ``nbytes`` of payload from the link to ``st``: into its pipes (up to
         RX_PIPES of them) while there is room, else copied into ``st.incoming``; what the
         stream's socket takes at once goes on at once (:meth:`forward`). A stream without
-        a socket to splice into (e.g. a fanned-out session's) gets the payload whole."""
+        a socket to splice into gets the payload whole; so does a fanned-out session's
+        (``st.whole_only``) but for a frame of ``whole`` messages while its proxy lets
+        them go to its lone receiver (``st.splice_whole``) and only pipe segments are
+        held before it."""
         self._left = nbytes
         self._waited = False
         self._pipe_full = False
-        if not (st.kind == P.StreamKind.TCP and isinstance(st.sock, trio.SocketStream)):
+        if not (st.kind == P.StreamKind.TCP and isinstance(st.sock, trio.SocketStream)) or (
+                st.whole_only and not (whole and st.splice_whole
+                                       and (not st.incoming or type(st.incoming[-1]) is PipeSeg))):
             # (charged its size too: its consumer runs once RX_YIELD bytes came, or the reader
             # waited, and takes every payload held then in one go)
             await self._receive_whole(st, nbytes)

@@ -100,6 +100,13 @@ class StreamState:
         self.rx_pipes = 0
         self.rx_splicing = False
         self.sink_broken = False  # splicing into ``sock`` failed: the pump ends the stream
+        # a fanned-out TCP session's stream (near side): its bytes are spliced into ``sock``
+        # (its proxy's lone receiver) only for frames of whole messages (FLAG_WHOLE_MESSAGES)
+        # while ``splice_whole``, which the proxy sets and clears (router.relays.tcp_fanout)
+        self.whole_only = False
+        self.splice_whole = False
+        self.spliced_in = 0  # bytes spliced from the link into the stream's pipes, in all
+        self.spliced_out = 0  # ... and out of them (to ``sock``, or thrown away), in all
 
     def wake(self) -> None:
         self.incoming_ready.set()
@@ -132,6 +139,7 @@ class StreamState:
         True when they are at its head (nothing of the stream is ahead of them: they may
         go on to the socket at once)."""
         pipe.held += k
+        self.spliced_in += k
         inc = self.incoming
         if inc and type(inc[-1]) is PipeSeg and inc[-1].pipe is pipe:
             inc[-1].nbytes += k
@@ -168,6 +176,7 @@ class StreamState:
         them (the caller returns their credit), drop the segment when done, give back
         drained pipes."""
         seg.nbytes -= k
+        self.spliced_out += k
         pipe = seg.pipe
         pipe.held -= k
         if seg.nbytes:

@@ -418,7 +418,7 @@ class LinkWriter:
                 if type(f) is P.StreamData and len(f.data) >= SEND_MEM_MIN:
                     freed = True
                     try:
-                        parts.append(self.conn.send_data_head(f.stream_id, len(f.data), now))
+                        parts.append(self.conn.send_data_head(f.stream_id, len(f.data), now, f.whole))
                     except P.LocalProtocolError:
                         continue
                     self.conn.stats.bytes_sent += len(f.data)

@@ -64,6 +64,7 @@ from .frames import (
     ADVERT_WITHDRAW,
     DEFAULT_CAPABILITIES,
     FLAG_IGNORABLE,
+    FLAG_WHOLE_MESSAGES,
     FRAME_TYPES,
     HEADER,
     HEADER_SIZE,
@@ -119,7 +120,7 @@ from .outqueue import (
 )
 
 __all__ = [
-    "MAGIC", "WIRE_VERSION", "PROTOCOL_VERSION", "HEADER_SIZE", "MAX_PAYLOAD", "FLAG_IGNORABLE",
+    "MAGIC", "WIRE_VERSION", "PROTOCOL_VERSION", "HEADER_SIZE", "MAX_PAYLOAD", "FLAG_IGNORABLE", "FLAG_WHOLE_MESSAGES",
     "FrameType", "ConnectCode", "InterestAction", "PatternType", "StreamKind", "RefuseCode",
     "CloseCode", "Capability", "State",
     "LocalProtocolError", "FrameEncodeError", "FrameDecodeError", "OutQueueOverflow",

@@ -36,12 +36,12 @@ def encode(frame: Frame, *, max_payload: int = MAX_PAYLOAD) -> bytes:
     """The wire bytes of one frame; :class:`FrameEncodeError` if it cannot be encoded."""
     if not isinstance(frame, Frame) or type(frame) not in FRAME_TYPES.values():
         raise FrameEncodeError(f"not a frame: {frame!r}")
-    return encode_raw(frame.TYPE, frame.payload(), max_payload=max_payload)
+    return encode_raw(frame.TYPE, frame.payload(), frame.header_flags(), max_payload=max_payload)
 
 
-def decode_payload(type_code: int, payload: bytes) -> Frame:
-    """The frame object of a known type from its payload; :class:`FrameDecodeError` if it is
-    malformed or the type is unknown."""
+def decode_payload(type_code: int, payload: bytes, flags: int = 0) -> Frame:
+    """The frame object of a known type from its payload (and its header's ``flags``);
+    :class:`FrameDecodeError` if it is malformed or the type is unknown."""
     cls = FRAME_TYPES.get(type_code)
     if cls is None:
         raise FrameDecodeError(f"unknown frame type 0x{type_code:02x}")
@@ -49,7 +49,7 @@ def decode_payload(type_code: int, payload: bytes) -> Frame:
     frame = cls._parse(r)
     if not cls._EXTENSIBLE:
         r.end()
-    return frame
+    return frame.with_header_flags(flags) if flags else frame
 
 
 def decode(data: bytes, *, max_payload: int = MAX_PAYLOAD) -> Frame:
@@ -61,7 +61,7 @@ def decode(data: bytes, *, max_payload: int = MAX_PAYLOAD) -> Frame:
         raise FrameDecodeError(f"incomplete frame ({len(data)} bytes)")
     if reader.buffered:
         raise FrameDecodeError(f"{reader.buffered} byte(s) after the frame")
-    return decode_payload(raw.type, raw.payload)
+    return decode_payload(raw.type, raw.payload, raw.flags)
 
 
 # --------------------------------------------------------------------------- framing

@@ -26,6 +26,7 @@ from .codec import (
 from .frames import (
     DEFAULT_CAPABILITIES,
     FLAG_IGNORABLE,
+    FLAG_WHOLE_MESSAGES,
     FRAME_TYPES,
     KIND_CAPABILITY,
     MAGIC,
@@ -289,7 +290,7 @@ class PeerConnection:
         all pending outgoing bytes. :class:`LocalProtocolError` if not allowed now. An
         ADVERTISEMENT's session goes only to a peer that has capability SESSIONS, its origin
         session id only to one that has ORIGIN_SID, its TIR options only to one that has
-        TIR_OPTIONS."""
+        TIR_OPTIONS; a STREAM_DATA's FLAG_WHOLE_MESSAGES only to one that has WHOLE_MESSAGES."""
         self._check_send(frame)
         if type(frame) is Advertisement:
             if frame.session and not self.capabilities & Capability.SESSIONS:
@@ -298,6 +299,8 @@ class PeerConnection:
                 frame = dataclasses.replace(frame, origin_session_id=0)
             if frame.tir_options and not self.capabilities & Capability.TIR_OPTIONS:
                 frame = dataclasses.replace(frame, tir_options=b"")
+        elif type(frame) is StreamData and frame.whole and not self.capabilities & Capability.WHOLE_MESSAGES:
+            frame = StreamData(frame.stream_id, frame.data)
         self._emit(frame, now)
         if isinstance(frame, DisconnectRequest):
             self._req_sent, self._req_reason = True, frame.reason
@@ -308,10 +311,11 @@ class PeerConnection:
             self._resp_deadline = now + self.disconnect_timeout
         return self.data_to_send()
 
-    def send_data_head(self, stream_id: int, nbytes: int, now: float) -> bytes:
+    def send_data_head(self, stream_id: int, nbytes: int, now: float, whole: bool = False) -> bytes:
         """Zero copy: the pending outgoing bytes and then the 16-byte head (header and stream
         id, big-endian) of a STREAM_DATA frame of ``nbytes`` data bytes that the caller
-        writes right after it. Checked and counted as ``send(StreamData(...))`` of those
+        writes right after it (``whole``: flagged FLAG_WHOLE_MESSAGES, if the peer has
+        capability WHOLE_MESSAGES). Checked and counted as ``send(StreamData(...))`` of those
         bytes would be (:class:`LocalProtocolError` if not allowed now, FrameEncodeError
         beyond ``max_payload``), without building the frame."""
         if self.state is not State.CONNECTED or not self.has_streams:
@@ -319,7 +323,8 @@ class PeerConnection:
         if not 0 <= stream_id <= U32 or not 0 <= nbytes <= self.max_payload - 4:
             raise FrameEncodeError(f"STREAM_DATA of {nbytes} bytes for stream {stream_id}: "
                                    f"not encodable (payload limit {self.max_payload})")
-        head = _DATA_HEAD.pack(MAGIC, WIRE_VERSION, FrameType.STREAM_DATA, 0, 0, 4 + nbytes, stream_id)
+        flags = FLAG_WHOLE_MESSAGES if whole and self.capabilities & Capability.WHOLE_MESSAGES else 0
+        head = _DATA_HEAD.pack(MAGIC, WIRE_VERSION, FrameType.STREAM_DATA, flags, 0, 4 + nbytes, stream_id)
         self._last_sent = now
         st = self.stats
         st.frames_sent += 1
@@ -537,7 +542,9 @@ class PeerConnection:
                     self._terminate(events, Rejected(reason, ConnectCode.VERSION_MISMATCH,
                                                      by_peer=code != ConnectCode.ACCEPTED))
                 return
-        frame = decode_payload(raw.type, raw.payload)
+        # (a header flag means something only with the capability that defines it)
+        flags = raw.flags & FLAG_WHOLE_MESSAGES if self.capabilities & Capability.WHOLE_MESSAGES else 0
+        frame = decode_payload(raw.type, raw.payload, flags)
         if self.state is State.CONNECTING:
             self._handle_handshake(frame, now, events)
         else:

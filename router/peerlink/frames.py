@@ -25,6 +25,9 @@ HEADER = struct.Struct(">4sBBBBI")  # magic, version, type, flags, reserved, pay
 HEADER_SIZE = HEADER.size  # 12
 MAX_PAYLOAD = 1 << 20  # 1 MiB
 FLAG_IGNORABLE = 0x01  # header flag: a receiver that does not know the type may skip the frame
+# header flag of STREAM_DATA (capability WHOLE_MESSAGES): the data is whole LBMC messages, none
+# with extension headers, and the stream is at a message boundary before and after it
+FLAG_WHOLE_MESSAGES = 0x02
 ADVERT_WITHDRAW = 0x01  # ADVERTISEMENT flags bit
 ADVERT_TIR_OPTIONS = 0x02  # ADVERTISEMENT flags bit: origin TIR options follow the topic
 U64 = (1 << 64) - 1
@@ -128,6 +131,7 @@ class Capability(IntFlag):
     UIM_ROUTING = 0x80  # UIM_ROUTED streams (unicast immediate messages routed by domain id)
     TIR_OPTIONS = 0x100  # ADVERTISEMENT frames carry the origin's late-join, exfunc and UME TIR options
     RECOVERY = 0x200  # RECOVERY streams (late-join and OTR requests to the source, its answers back)
+    WHOLE_MESSAGES = 0x400  # STREAM_DATA may carry FLAG_WHOLE_MESSAGES (fanned-out TCP sessions)
 
 
 DEFAULT_CAPABILITIES = int(Capability.STREAMS | Capability.DATAGRAMS | Capability.SESSIONS
@@ -317,6 +321,15 @@ class Frame(ABC):
     def wire_size(self) -> int:
         """Size of the encoded frame, header included."""
         return HEADER_SIZE + len(self.payload())
+
+    def header_flags(self) -> int:
+        """The flags byte of the frame's header (0 but for STREAM_DATA's FLAG_WHOLE_MESSAGES)."""
+        return 0
+
+    def with_header_flags(self, flags: int) -> Frame:
+        """The frame as decoded with the flags byte ``flags`` of its header (itself, but for
+        STREAM_DATA)."""
+        return self
 
 
 FRAME_TYPES: dict[int, type[Frame]] = {}
@@ -787,9 +800,19 @@ class _StreamBytes(Frame):
 @_frame
 @dataclass(frozen=True, slots=True)
 class StreamData(_StreamBytes):
-    """Bytes of a stream (counted against the receiver's credit)."""
+    """Bytes of a stream (counted against the receiver's credit). ``whole``: they are
+    whole LBMC messages, none with extension headers (header flag FLAG_WHOLE_MESSAGES,
+    sent only to a peer with capability WHOLE_MESSAGES): the receiver may pass them on
+    without framing them (a fanned-out TCP session's lone receiver: zero copy)."""
 
     TYPE: ClassVar[FrameType] = FrameType.STREAM_DATA
+    whole: bool = False
+
+    def header_flags(self) -> int:
+        return FLAG_WHOLE_MESSAGES if self.whole else 0
+
+    def with_header_flags(self, flags: int) -> StreamData:
+        return StreamData(self.stream_id, self.data, True) if flags & FLAG_WHOLE_MESSAGES else self
 
 
 @_frame

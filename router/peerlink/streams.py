@@ -222,6 +222,7 @@ class Stream:
     state: StreamState
     target: StreamTarget | None = None  # the fields of a RESPONSE or UIM_ROUTED stream's STREAM_OPEN
     send_credit: int = 0  # bytes we may still send
+    peer_window: int = 0  # the credit the peer first gave (it gives back what it consumes)
     recv_window: int = 0  # bytes the peer may still send
     unconsumed: int = 0  # received, not yet reported consumed
     ungranted: int = 0  # consumed, not yet returned to the peer as credit
@@ -385,6 +386,30 @@ class StreamTable:
         st.bytes_sent += off
         return mv[off:]
 
+    def send_whole(self, stream_id: int, data: bytes | memoryview, limit: int | None = None) -> bool:
+        """Frame ``data`` (read-only: whole LBMC messages, none with extension headers)
+        as one STREAM_DATA frame flagged whole (:attr:`StreamData.whole`) if the
+        stream's credit, ``limit`` (wire bytes) and a frame take it all: True. False:
+        nothing was framed; try again after the next :class:`CreditAvailable` if
+        :meth:`whole_fits`, else send it with :meth:`send`."""
+        st = self._sendable(stream_id)
+        n = len(data)
+        if not 0 < n <= min(st.send_credit, self.max_frame) or (
+                limit is not None and n + STREAM_DATA_OVERHEAD > limit):
+            return False
+        mv = memoryview(data).cast("B")
+        self._outbox.append(StreamData(stream_id, mv if mv.readonly else memoryview(bytes(mv)), True))
+        st.send_credit -= n
+        st.bytes_sent += n
+        return True
+
+    def whole_fits(self, stream_id: int, nbytes: int) -> bool:
+        """Whether :meth:`send_whole` of ``nbytes`` can ever succeed on the stream: a
+        frame's worth at most, and at most the credit the peer first gave (all of which
+        comes back once it consumed what it got)."""
+        st = self.streams.get(stream_id)
+        return st is not None and 0 < nbytes <= min(self.max_frame, st.peer_window)
+
     def send_datagram(self, stream_id: int, data: bytes) -> None:
         """One DATAGRAM on an open stream (no credit involved)."""
         st = self._sendable(stream_id)
@@ -512,14 +537,14 @@ class StreamTable:
                 self._outbox.append(StreamRefuse(sid, *problem))
             return [StreamError(sid, problem[1])]
         self.streams[sid] = Stream(sid, f.advert_id, f.kind, False, StreamState.PENDING, f.target,
-                                   send_credit=f.initial_credit)
+                                   send_credit=f.initial_credit, peer_window=f.initial_credit)
         return [StreamOpened(sid, f.advert_id, f.kind, f.target)]
 
     def _on_accept(self, f: StreamAccept) -> list[StreamEvent]:
         st = self.streams.get(f.stream_id)
         if st is not None and st.local and st.state is StreamState.OPENING:
             st.state = StreamState.OPEN
-            st.send_credit = f.initial_credit
+            st.send_credit = st.peer_window = f.initial_credit
             return [StreamAccepted(st.id, st.send_credit)]
         if st is not None and st.state is StreamState.CLOSING:
             return []  # we cancelled it meanwhile; its STREAM_CLOSE will follow

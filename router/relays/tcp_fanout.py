@@ -58,7 +58,7 @@ from ..core.fanout import (
 )
 from ..core.message_path import MessagePath
 from ..core.tr.pacing import RatePacer
-from ..link import Link, StreamState
+from ..link import Link, PipeSeg, StreamState
 from ..peerlink import streams as S
 from .interface import RelayContext, TransportRelay, Upstreams
 from .tcp_fanout_origin import OriginFanout
@@ -76,6 +76,7 @@ RECEIVER_READ = 64 << 10  # bytes per read of what a receiver sends (at most)
 RECEIVER_UPSTREAM_RATE = 256 << 10
 RECEIVER_UPSTREAM_BURST = 64 << 10
 IOV_MAX = 64  # chunks per writev to a receiver
+SPLICED_COUNT_INTERVAL = 1.0  # seconds between counts of the bytes spliced to a lone receiver (at most)
 PUSH_WRITES = 16  # writevs to a receiver in a row (a queue's worth or more: a few segments each)
 # receiver connections of one endpoint's proxies at once (as many as the link streams
 # of the per-connection relay); their queues share a QueueBudget of 256 MiB
@@ -103,6 +104,23 @@ class _Proxy:
         self.link: Link | None = None
         self.st: StreamState | None = None
         self.receivers: dict[int, _Receiver] = {}
+        # the receiver the stream's pipe segments are for (its socket is the stream's ``sock``):
+        # the lone one when whole-message frames began to be spliced to it
+        self.spliced: _Receiver | None = None
+        self.spliced_counted = 0  # of the stream's spliced bytes (StreamState.spliced_in)
+        self.segments_wait = math.inf  # since when pipe segments wait for it while others wait too
+
+
+def _discard_pipe(pipe, nbytes: int) -> None:
+    """Read and drop ``nbytes`` held in ``pipe`` (they were for a receiver that is gone)."""
+    while nbytes > 0 and not pipe.closed:
+        try:
+            k = len(os.read(pipe.r, min(nbytes, 1 << 20)))
+        except OSError:
+            return
+        if not k:
+            return
+        nbytes -= k
 
 
 def _peer(conn: trio.SocketStream) -> str:
@@ -170,6 +188,7 @@ class FanoutRelay(TransportRelay):
     def _open_stream(self, proxy: _Proxy, link: Link, aid: int, proxy_id: int, nursery) -> None:
         sid = link.streams.open(aid, P.StreamKind.TCP)
         st = link.state[sid] = StreamState(sid, P.StreamKind.TCP)
+        st.whole_only = True  # (spliced to a lone receiver: _splice_check)
         # the session's requests name our request listeners (router.relays.responses)
         proxy.core = SessionFanout(self.max_queue, self.budget, self.context.requests.path(proxy_id, link))
         self.context.requests.settle(proxy.nursery)  # spare listeners ready before the first request
@@ -190,11 +209,14 @@ class FanoutRelay(TransportRelay):
                     return
                 self._open_stream(proxy, link, aid, proxy_id, nursery)
             key, core = next(self._keys), proxy.core
-            held_back = sum(map(len, proxy.st.incoming))  # it joins at the next message after them
+            # it joins at the next message after the bytes held back (and after those spliced for
+            # the lone receiver before it, which the session's framer never sees)
+            held_back = sum(len(d) for d in proxy.st.incoming if type(d) is not PipeSeg)
             rx = _Receiver(conn, core.add(key, trio.current_time(), held_back), _peer(conn), proxy)
             proxy.receivers[key] = rx
             self.receivers += 1
             self.counters["fanout_receivers"] += 1
+            self._splice_check(proxy)
             try:
                 async with trio.open_nursery() as n:
                     n.start_soon(self._receiver_reads, rx, n.cancel_scope)
@@ -205,6 +227,11 @@ class FanoutRelay(TransportRelay):
                 self.receivers -= 1
                 core.remove(key)
                 if proxy.st is not None:
+                    self._count_spliced(proxy, proxy.st)
+                    if proxy.spliced is rx:
+                        rx.broken = True
+                        self._drop_segments(proxy)
+                    self._splice_check(proxy)
                     proxy.st.incoming_ready.set()  # the stream task looks at its receivers
                 self._receiver_ended(rx)
         finally:
@@ -253,7 +280,15 @@ class FanoutRelay(TransportRelay):
         receiver's task goes on once the socket is writable: a receiver that
         frees its window a few bytes at a time holds nobody up)."""
         q = rx.queue
-        if rx.blocked or rx.broken or not q.held:
+        if rx.blocked or rx.broken:
+            return
+        proxy = rx.proxy
+        if proxy.spliced is rx and self._holds_segments(rx):
+            if not self._forward(proxy):
+                return  # its socket is full (the writer task waits for it)
+            if proxy.st is not None and proxy.st.incoming:
+                proxy.st.incoming_ready.set()  # the stream's bytes behind them may go on
+        if not q.held:
             return
         fd = rx.fd
         wrote = 0
@@ -274,14 +309,16 @@ class FanoutRelay(TransportRelay):
             rx.wake.set()
             return
         if wrote:
-            st = rx.proxy.st
+            st = proxy.st
             # the stream's bytes held back may go on once the queue has room for a quarter of
             # its size (SessionFanout.opens: less would wake the stream task for nothing)
-            if st is not None and st.incoming and rx.proxy.core.opens(q):
+            if st is not None and st.incoming and proxy.core.opens(q):
                 st.incoming_ready.set()
         if q.held:
             rx.blocked = True
             rx.wake.set()
+        elif proxy.st is not None and not proxy.st.splice_whole:
+            self._splice_check(proxy)  # (an empty queue: its lone receiver may be spliced to)
 
     async def _receiver_writes(self, rx: _Receiver) -> None:
         """The receiver's queue into its socket; returns when it went away, stalled
@@ -295,13 +332,13 @@ class FanoutRelay(TransportRelay):
                     except (trio.ClosedResourceError, OSError):
                         return
                 rx.blocked = False
-                if q.stalled(trio.current_time(), self.stall_timeout):
+                if q.stalled(trio.current_time(), self.stall_timeout) or self._segments_stalled(rx):
                     self.counters["fanout_receivers_stalled"] += 1
                     self.event("fanout_receiver_stalled",
                                f"{rx.peer}: took nothing for {self.stall_timeout:g} s; disconnected")
                     return
                 self._push(rx)
-            elif q.held:
+            elif q.held or self._holds_segments(rx):
                 self._push(rx)
             elif q.closing:
                 return
@@ -332,7 +369,10 @@ class FanoutRelay(TransportRelay):
                     return
                 st.incoming_ready = trio.Event()
                 recheck = core.recheck_at() if st.incoming else math.inf  # (bytes held back)
-                deadline = min(idle_since + NEAR_LINGER, recheck)
+                if proxy.spliced is not None:  # (the reader passes its bytes on: count them now and then)
+                    self._count_spliced(proxy, st)
+                    recheck = min(recheck, now + SPLICED_COUNT_INTERVAL)
+                deadline = min(idle_since + NEAR_LINGER, recheck, proxy.segments_wait + core.lag_timeout)
                 if deadline == math.inf:  # (the usual case: receivers, nothing held back)
                     await st.incoming_ready.wait()
                 else:
@@ -342,8 +382,10 @@ class FanoutRelay(TransportRelay):
             self.counters["fanout_stream_malformed"] += 1
             self.event("fanout_stream_malformed", f"peer {link.peer_name}: {e}")
         finally:
+            self._count_spliced(proxy, st)
             if proxy.st is st:
-                proxy.st = proxy.link = proxy.core = None
+                proxy.st = proxy.link = proxy.core = proxy.spliced = None
+                proxy.spliced_counted, proxy.segments_wait = 0, math.inf
             core.end()
             for rx in proxy.receivers.values():
                 rx.wake.set()
@@ -361,6 +403,11 @@ class FanoutRelay(TransportRelay):
         nbytes = 0
         incoming = st.incoming
         while incoming:
+            if type(incoming[0]) is PipeSeg:  # (spliced for the lone receiver, before anyone else came)
+                if not self._forward(proxy):
+                    self._segments_held(proxy, now)
+                    break
+                continue
             behind = core.fell_behind
             room = core.room(now)
             if core.fell_behind != behind:
@@ -385,6 +432,130 @@ class FanoutRelay(TransportRelay):
             except S.LocalStreamError:
                 pass
             link.flush_streams()
+        self._count_spliced(proxy, st)
+        if not st.splice_whole:
+            self._splice_check(proxy)
+
+    # ------------------------------------- near side: spliced to a lone receiver
+
+    def _splice_check(self, proxy: _Proxy) -> None:
+        """Let the link's reader splice frames of whole messages without extension
+        headers (FLAG_WHOLE_MESSAGES: the far router's message path passed them, ours
+        has nothing to do) straight into the socket of the proxy's receiver, zero
+        copy, while it is the only one, its queue is empty, the session's framer
+        holds no incomplete message and no bytes of the stream wait before them;
+        stop it otherwise. Pipe segments go to the receiver they were spliced for
+        (``proxy.spliced``), which changes only once none is left."""
+        st = proxy.st
+        if st is None:
+            return
+        ok = False
+        link = proxy.link
+        gone = proxy.spliced
+        if gone is not None and gone.broken and not st.rx_splicing and not (
+                st.incoming and type(st.incoming[0]) is PipeSeg):
+            proxy.spliced = st.sock = None  # (its receiver went, its last segments with it)
+        if (len(proxy.receivers) == 1 and link.zero_copy and link.capabilities & P.Capability.WHOLE_MESSAGES
+                and not proxy.core.framer.buffered):
+            rx = next(iter(proxy.receivers.values()))
+            inc = st.incoming
+            if not (rx.queue.held or rx.broken) and (not inc or type(inc[-1]) is PipeSeg):
+                if proxy.spliced is None and not inc and not st.rx_splicing:
+                    proxy.spliced, st.sock, st.owns_sock, st.sink_broken = rx, rx.conn, False, False
+                    proxy.spliced_counted = st.spliced_out
+                ok = proxy.spliced is rx
+        st.splice_whole = ok
+
+    def _holds_segments(self, rx: _Receiver) -> bool:
+        """Whether pipe segments for ``rx`` are at the head of its proxy's stream."""
+        st = rx.proxy.st
+        return rx.proxy.spliced is rx and st is not None and bool(st.incoming) and type(st.incoming[0]) is PipeSeg
+
+    def _segments_stalled(self, rx: _Receiver) -> bool:
+        """``rx`` holds pipe segments and took none of their bytes for the stall timeout."""
+        return (self._holds_segments(rx)
+                and trio.current_time() - rx.queue.last_progress >= self.stall_timeout)
+
+    def _forward(self, proxy: _Proxy) -> bool:
+        """The pipe segments at the head of the stream into the socket of the receiver
+        they are for, as far as it takes them now (their credit goes back); thrown
+        away if it is gone. True when none is left at the head."""
+        st, rx = proxy.st, proxy.spliced
+        inc = st.incoming
+        if not inc or type(inc[0]) is not PipeSeg:
+            return True
+        if rx is None or rx.broken or st.sink_broken:
+            self._drop_segments(proxy)
+            return True
+        out = st.spliced_out
+        done = proxy.link.forward(st)
+        if st.sink_broken:  # it went away
+            rx.broken = True
+            rx.wake.set()
+            self._drop_segments(proxy)
+            return True
+        if st.spliced_out != out:
+            rx.queue.last_progress = trio.current_time()
+            proxy.segments_wait = math.inf
+        if not done and not rx.blocked:
+            rx.blocked = True  # its writer task goes on once its socket is writable
+            rx.wake.set()
+        return done
+
+    def _segments_held(self, proxy: _Proxy, now: float) -> None:
+        """Pipe segments wait for their receiver's socket: when other receivers wait
+        behind them (they joined after) for the lag timeout, it is disconnected (its
+        spliced bytes cannot be cut at a message boundary) and they go on."""
+        if len(proxy.receivers) < 2:
+            proxy.segments_wait = math.inf
+        elif proxy.segments_wait == math.inf:
+            proxy.segments_wait = now
+        elif now >= proxy.segments_wait + proxy.core.lag_timeout:
+            rx = proxy.spliced
+            proxy.segments_wait = math.inf
+            self.counters["fanout_receivers_behind"] += 1
+            if rx is not None:
+                self.event("fanout_receiver_behind",
+                           f"{rx.peer}: took none of its spliced bytes for {proxy.core.lag_timeout:g} s "
+                           f"while other receivers waited; disconnected")
+                rx.broken = True
+                rx.wake.set()
+            self._drop_segments(proxy)
+            proxy.st.incoming_ready.set()
+
+    def _drop_segments(self, proxy: _Proxy) -> None:
+        """Throw away the pipe segments at the head of the stream (their receiver is
+        gone) and return their credit; once none is left and the reader spliced its
+        last frame, the stream is spliced to nobody."""
+        st, link = proxy.st, proxy.link
+        self._count_spliced(proxy, st)
+        inc = st.incoming
+        dropped = 0
+        while inc and type(inc[0]) is PipeSeg:
+            seg = inc[0]
+            n = seg.nbytes
+            _discard_pipe(seg.pipe, n)
+            link.pipe_out(st, seg, n)
+            dropped += n
+        if dropped:
+            self.counters["fanout_spliced_dropped_bytes"] += dropped
+            try:
+                link.streams.consumed(st.sid, dropped)
+            except S.LocalStreamError:
+                pass
+            link.flush_streams()
+        st.splice_whole = False
+        if not st.rx_splicing:
+            st.sink_broken = False
+            st.sock = proxy.spliced = None
+        proxy.spliced_counted = st.spliced_out
+
+    def _count_spliced(self, proxy: _Proxy, st: StreamState) -> None:
+        """Add the bytes spliced to the lone receiver since the last count to the counters."""
+        n = st.spliced_out - proxy.spliced_counted
+        if n > 0:
+            self.counters["fanout_spliced_bytes"] += n
+            proxy.spliced_counted = st.spliced_out
 
     def _count_drops(self, drops) -> None:
         for d in drops:

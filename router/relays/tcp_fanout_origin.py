@@ -17,6 +17,7 @@ import trio
 from lbmr_proto import lbmc
 from lbmr_runtime.buffers import BufferPool
 
+from .. import peerlink as P
 from ..core.fanout import QueueBudget, SessionFanout, SinkQueue
 from ..link import CONNECT_TIMEOUT, SPLICE_FRAME, Link, StreamState
 from ..peerlink import streams as S
@@ -170,7 +171,8 @@ class OriginFanout:
                         pass  # (the read says why)
                 if waited.cancelled_caught:
                     continue
-            want = min(UPSTREAM_READ, room)
+            # (a run of whole messages fits one frame: the incomplete one held and the read)
+            want = min(UPSTREAM_READ - core.framer.buffered, room)
             try:
                 k = os.readv(fd, [core.receive_buffer(want)])
             except (BlockingIOError, InterruptedError):
@@ -200,21 +202,41 @@ class OriginFanout:
         the session's reader may go on). Each chunk's frames are
         queued before the next chunk is sized by the queue's space (a frame the
         queue refused would be lost), and written at once as far as the link's
-        socket takes them."""
+        socket takes them. To a peer with capability WHOLE_MESSAGES, a chunk that
+        is a whole run of messages without extension headers goes as one frame
+        flagged so (:meth:`SinkQueue.head_whole`; the near router may splice it to
+        a lone receiver), waiting for the credit and room it needs if they can
+        come (:meth:`~router.peerlink.streams.StreamTable.whole_fits`, and a
+        quarter of the link's queue)."""
         if link.closed or st.closed:
             return
         sent = 0
+        now = trio.current_time()  # (the frames queued in a row take microseconds: one time for them)
+        streams, sid = link.streams, st.sid
+        # (whole frames only where they can go: a quarter of the link's queue at most)
+        whole_max = link.outq.max_data_bytes // 4 if link.capabilities & P.Capability.WHOLE_MESSAGES else 0
         try:
-            for chunk in q.head():
-                rest = link.streams.send(st.sid, chunk, limit=link.outq.data_space())
-                sent += len(chunk) - len(rest)
+            while q.held:
+                whole = q.head_whole() if whole_max else None
+                if whole is not None and len(whole) <= whole_max and streams.whole_fits(sid, len(whole)):
+                    if not streams.send_whole(sid, whole, limit=link.outq.data_space()):
+                        break
+                    sent += len(whole)
+                    q.wrote(len(whole), now)
+                    link.flush_streams(direct=True)
+                    continue
+                chunk = q.head(1)[0]
+                rest = streams.send(sid, chunk, limit=link.outq.data_space())
+                k = len(chunk) - len(rest)
+                if k:
+                    sent += k
+                    q.wrote(k, now)
                 link.flush_streams(direct=True)
                 if len(rest):
                     break
         except S.LocalStreamError:
             st.closed = True
         if sent:
-            q.wrote(sent, trio.current_time())
             up.room.set()
 
     async def _far_stream(self, up: Upstream, link: Link, st: StreamState) -> None:

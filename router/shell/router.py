@@ -68,8 +68,9 @@ __all__ = ["MultiRouter", "Unit", "serve_signals", "proxy_bound", "PEER_CAPABILI
 log = logging.getLogger("lbmr-router")
 
 #: what a peer link announces besides the protocol's DEFAULT_CAPABILITIES (and ROUTING): the
-#: stream kinds of its own this router's data plane relays
-PEER_CAPABILITIES = P.Capability.UIM_ROUTING | P.Capability.RECOVERY
+#: stream kinds of its own this router's data plane relays, and whole-message frames of the
+#: TCP fan-out (spliced to a lone receiver)
+PEER_CAPABILITIES = P.Capability.UIM_ROUTING | P.Capability.RECOVERY | P.Capability.WHOLE_MESSAGES
 
 ADVERTISE_CHUNK = 500  # topics of one session advertised at its new proxy before the loop runs again
 

@@ -239,7 +239,7 @@ def test_five_readers_lose_nothing_beside_five_hundred_sinks_that_never_take():
     assert all(q.dropped_messages == 0 for q in readers)
     assert {d.sink[0] for d in drops} == {"deaf"}
     assert limit // 2 < high <= limit  # the budget was over half: the fair shares applied
-    buffers = {id(b): b for q in f.sinks.values() for b, _ in q.chunks}
+    buffers = {id(b): b for q in f.sinks.values() for b, _, _ in q.chunks}
     assert budget.held == sum(b.size for b in buffers.values())  # each buffer held, once
 
 
@@ -421,3 +421,33 @@ def test_opens_says_when_room_offers_bytes_again_for_its_sink():
         assert f.opens(q) == (f.room(0.0) > 0), (q.held, q.room)
         q.wrote(min(q.held, 3000), 0.0)
     assert f.opens(q) and f.room(0.0) > 0
+
+
+def test_head_whole_is_a_run_of_plain_messages_not_begun():
+    """SinkQueue.head_whole: a run of whole messages none of which has extension
+    headers, as it was queued (the far router sends it as one frame flagged
+    whole); not a run with a headed message, not the rest of a run begun, not
+    the TCP_SID a new sink gets first."""
+    f = SessionFanout()
+    sid = lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(lbmc.TcpSidHeader(0, 0xABCD),)))
+    plain = b"".join(msg(q) for q in range(5))
+    f.feed(plain, 0.0)  # before any sink: not queued
+    f.feed(sid, 0.0)
+    a = f.add("a", 0.0)
+    assert a.held == len(sid) and a.head_whole() is None  # the TCP_SID first
+    a.wrote(len(sid), 0.0)
+    f.feed(plain, 0.0)
+    assert bytes(a.head_whole()) == plain
+    a.wrote(10, 0.0)  # begun: the rest is no longer a whole run
+    assert a.head_whole() is None
+    a.wrote(len(plain) - 10, 0.0)
+    f.feed(msg(7) + sid + msg(8), 0.0)  # a run with a headed message
+    assert a.head_whole() is None
+    a.wrote(a.held, 0.0)
+    assert a.head_whole() is None and not a.held
+    # a run cut at a message boundary for want of room is still whole
+    small = SessionFanout(max_queue=MIN_MAX_QUEUE)
+    b = small.add("b", 0.0)
+    big = b"".join(msg(q, 30_000) for q in range(4))
+    assert small.feed(big, 0.0)  # some dropped
+    assert bytes(b.head_whole()) == big[:b.held] and b.held % len(msg(0, 30_000)) == 0

@@ -1,0 +1,104 @@
+"""Frames of whole messages (capability WHOLE_MESSAGES, STREAM_DATA header flag
+FLAG_WHOLE_MESSAGES): encoded and decoded with the flag, sent only to a peer that
+announced the capability and taken only from one, and framed all or nothing by
+``StreamTable.send_whole`` within the stream's credit."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.peerlink import (
+    DEFAULT_CAPABILITIES,
+    FLAG_WHOLE_MESSAGES,
+    HEADER,
+    Capability,
+    PeerConnection,
+    RouterIdentity,
+    State,
+    StreamData,
+    decode,
+    encode,
+)
+from router.peerlink.streams import STREAM_DATA_OVERHEAD, StreamAccepted, StreamTable
+
+WHOLE = DEFAULT_CAPABILITIES | Capability.WHOLE_MESSAGES
+
+
+def connected(caps_a: int, caps_b: int):
+    a = PeerConnection("initiator", RouterIdentity("router-a", (1,), caps_a), nonce=0xA)
+    b = PeerConnection("acceptor", RouterIdentity("router-b", (2,), caps_b), nonce=0xB)
+    b.start(0.0)
+    b.receive_data(a.start(0.0), 0.0)
+    a.receive_data(b.data_to_send(), 0.0)
+    b.receive_data(a.data_to_send(), 0.0)
+    assert a.state is b.state is State.CONNECTED
+    return a, b
+
+
+def flags_of(wire: bytes) -> int:
+    return HEADER.unpack_from(wire)[3]
+
+
+def test_a_whole_frame_carries_the_flag_and_decodes_with_it():
+    wire = encode(StreamData(5, b"\x00" * 40, whole=True))
+    assert flags_of(wire) == FLAG_WHOLE_MESSAGES
+    assert decode(wire) == StreamData(5, b"\x00" * 40, whole=True)
+    plain = encode(StreamData(5, b"\x00" * 40))
+    assert flags_of(plain) == 0 and decode(plain) == StreamData(5, b"\x00" * 40)
+
+
+def test_the_flag_crosses_only_when_both_ends_have_the_capability():
+    a, b = connected(WHOLE, WHOLE)
+    assert a.capabilities & Capability.WHOLE_MESSAGES
+    out = a.send(StreamData(3, b"x" * 100, whole=True), 1.0)
+    assert flags_of(out) == FLAG_WHOLE_MESSAGES
+    assert b.receive_data(out, 1.0) == [StreamData(3, b"x" * 100, whole=True)]
+    head = a.send_data_head(3, 70_000, 1.0, whole=True)
+    assert flags_of(head) == FLAG_WHOLE_MESSAGES
+
+    old_a, old_b = connected(WHOLE, DEFAULT_CAPABILITIES)  # b is an older router
+    assert not old_a.capabilities & Capability.WHOLE_MESSAGES
+    out = old_a.send(StreamData(3, b"x" * 100, whole=True), 1.0)
+    assert flags_of(out) == 0  # not sent to a peer that would not know it
+    assert flags_of(old_a.send_data_head(3, 70_000, 1.0, whole=True)) == 0
+    # ... and not taken from a peer that should not have sent it
+    assert old_b.receive_data(encode(StreamData(3, b"y" * 10, whole=True)), 1.0) == [StreamData(3, b"y" * 10)]
+
+
+def open_stream(window: int = 1 << 20, max_frame: int = 256 << 10):
+    ta = StreamTable("initiator", max_frame=max_frame)
+    tb = StreamTable("acceptor", initial_window=window)
+    sid = tb.open(advert_id=1)  # the near side opens, the far side sends (as the fan-out does)
+    for f in tb.frames_to_send():
+        ta.receive(f)
+    ta.accept(sid)
+    for f in ta.frames_to_send():
+        assert isinstance(tb.receive(f)[0], StreamAccepted)
+    assert ta.get(sid).send_credit == window
+    return ta, tb, sid
+
+
+def test_send_whole_is_one_flagged_frame_or_nothing():
+    ta, tb, sid = open_stream(window=300_000, max_frame=256 << 10)
+    run = bytes(200_000)
+    assert ta.whole_fits(sid, len(run))
+    assert ta.send_whole(sid, run)
+    (frame,) = ta.frames_to_send()
+    assert frame == StreamData(sid, run, whole=True)
+    assert ta.get(sid).send_credit == 100_000
+    # not enough credit: nothing framed, nothing taken (it fits once credit comes back)
+    assert not ta.send_whole(sid, run) and ta.frames_to_send() == []
+    assert ta.get(sid).send_credit == 100_000 and ta.whole_fits(sid, len(run))
+    # the link's queue has no room for it: nothing framed
+    assert not ta.send_whole(sid, bytes(50_000), limit=50_000 + STREAM_DATA_OVERHEAD - 1)
+    assert ta.send_whole(sid, bytes(50_000), limit=50_000 + STREAM_DATA_OVERHEAD)
+    assert len(ta.frames_to_send()) == 1
+
+
+@pytest.mark.parametrize("size, fits", [(256 << 10, True), ((256 << 10) + 1, False), (0, False)])
+def test_whole_fits_a_frame_and_the_peers_first_credit(size, fits):
+    ta, _, sid = open_stream(window=1 << 20, max_frame=256 << 10)
+    assert ta.whole_fits(sid, size) is fits
+    small, _, sid2 = open_stream(window=64 << 10, max_frame=256 << 10)
+    assert not small.whole_fits(sid2, 100 << 10)  # the peer's window would never let it in
+    assert not small.send_whole(sid2, bytes(100 << 10))

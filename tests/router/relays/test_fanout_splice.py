@@ -1,0 +1,204 @@
+"""TCP fan-out to a lone receiver, zero copy (router.relays.tcp_fanout): router A
+sends each run of whole messages without extension headers as one STREAM_DATA
+frame flagged whole (capability WHOLE_MESSAGES), and router B splices such
+frames from the link straight into its proxy's only receiver while that
+receiver's queue is empty. Receivers that join and leave switch the session
+between the spliced path and the queues with every receiver's stream whole and
+consecutive from its join point; an older peer gets no flagged frame; requests
+in the session are still rewritten at router B."""
+
+from __future__ import annotations
+
+import trio
+
+from lbmr_proto import lbmc, lbmc_stream
+from router.peerlink import Capability
+from router.shell import router as R
+from tests.router.helpers import (
+    SRC_IP,
+    TCP_SID,
+    advertise_forever,
+    resolve,
+    start_forwarded_pair,
+    tcp_live_source,
+    tcp_receiver,
+    udp,
+)
+
+
+async def wait_done(*receivers, timeout: float = 30) -> None:
+    with trio.fail_after(timeout):
+        while not all(rx.result.done for rx in receivers):
+            await trio.sleep(0.05)
+
+
+async def test_a_lone_receiver_gets_the_session_spliced_from_the_link():
+    """One receiver at full rate: nearly all of its bytes are spliced at router B
+    (only its first bytes, the TCP_SID and any run not whole, are framed there),
+    every message whole and consecutive, none dropped."""
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        src, _ = await tcp_live_source(n, trd1, rate=1e6, message_size=4000, max_burst=256)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        result = await tcp_receiver(tir, 0, max_bytes=30_000_000).run()
+        assert result.error is None and result.messages > 7000, result
+        assert result.session_id == TCP_SID
+        with trio.fail_after(10):  # (counted as the proxy sees the receiver go)
+            while rb.counters["fanout_spliced_bytes"] < 0.5 * result.stream_bytes:
+                await trio.sleep(0.05)
+        print(f"spliced {rb.counters['fanout_spliced_bytes']} of {result.stream_bytes} bytes")
+        assert rb.counters["fanout_dropped_messages"] == 0 and ra.counters["fanout_link_dropped_messages"] == 0
+        n.cancel_scope.cancel()
+
+
+async def test_receivers_that_join_and_leave_a_spliced_session_each_get_a_whole_consecutive_stream():
+    """The first receiver is spliced to; a second joins (both through the queues
+    from then on: the second from the next message after what was spliced), then
+    the first leaves; the second, alone now, is spliced to in its turn. Every
+    stream is whole and consecutive (the receivers check sequence numbers and
+    payloads)."""
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        await tcp_live_source(n, trd1, rate=1e6, message_size=4000, max_burst=256)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        first = tcp_receiver(tir, 0, max_bytes=300_000_000)
+        n.start_soon(first.run)
+        with trio.fail_after(10):
+            while rb.counters["fanout_spliced_bytes"] < 2_000_000:
+                await trio.sleep(0.05)
+        second = tcp_receiver(tir, 1, max_bytes=600_000_000)
+        n.start_soon(second.run)
+        await wait_done(first)
+        r1 = first.result
+        assert r1.error is None and r1.messages > 10_000, r1
+        spliced = rb.counters["fanout_spliced_bytes"]
+        await wait_done(second)
+        r2 = second.result
+        assert r2.error is None and r2.messages > 20_000, r2
+        assert r2.session_id == TCP_SID and r2.control_messages == 1  # TCP_SID first, once
+        assert r1.first_sqn < r2.first_sqn <= r1.last_sqn, (r1, r2)
+        with trio.fail_after(5):  # alone, spliced to (counted within a second)
+            while rb.counters["fanout_spliced_bytes"] < spliced + 50_000_000:
+                await trio.sleep(0.05)
+        assert rb.counters["fanout_dropped_messages"] == 0
+        n.cancel_scope.cancel()
+
+
+async def test_a_receiver_that_leaves_while_spliced_bytes_wait_for_it_loses_only_those():
+    """A lone receiver that stops reading (its socket full, spliced bytes held in
+    pipes for it) and then disconnects: what was held for it is thrown away
+    and its credit returned, and the next receiver gets the session whole."""
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        await tcp_live_source(n, trd1, rate=1e6, message_size=4000, max_burst=256)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        stuck = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+        got = 0
+        with trio.fail_after(10):
+            while got < 20_000_000:  # it reads (and is spliced to) ...
+                got += len(await stuck.receive_some(1 << 20))
+        await trio.sleep(1.0)  # ... then reads nothing: the bytes for it wait in pipes
+        assert rb.counters["fanout_receivers_stalled"] == 0
+        await stuck.aclose()
+        await trio.sleep(0.2)
+        result = await tcp_receiver(tir, 1, max_bytes=20_000_000).run()
+        assert result.error is None and result.messages > 4000, result
+        assert rb.counters["fanout_spliced_dropped_bytes"] > 0
+        n.cancel_scope.cancel()
+
+
+async def test_an_older_peer_gets_no_whole_frames_and_the_session_still_crosses(monkeypatch):
+    """Routers without capability WHOLE_MESSAGES: no frame is flagged, nothing
+    is spliced at router B, the receiver's stream is whole and consecutive."""
+    monkeypatch.setattr(R, "PEER_CAPABILITIES", R.PEER_CAPABILITIES & ~Capability.WHOLE_MESSAGES)
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        await tcp_live_source(n, trd1, rate=3000, message_size=3001)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        result = await tcp_receiver(tir, 0, max_bytes=5_000_000).run()
+        assert result.error is None and result.messages > 1000, result
+        assert rb.counters["fanout_spliced_bytes"] == 0
+        n.cancel_scope.cancel()
+
+
+async def test_a_lone_receiver_that_stops_reading_when_another_joins_is_cut_off_after_the_lag_timeout():
+    """Spliced bytes wait for a lone receiver that stopped reading when a second
+    receiver joins (from the next message after them): they cannot be cut at a
+    message boundary, so after the lag timeout that receiver is disconnected
+    (counted) and the second gets the session whole."""
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        await tcp_live_source(n, trd1, rate=1e6, message_size=4000, max_burst=256)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        stuck = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+        got = 0
+        with trio.fail_after(10):
+            while got < 20_000_000:
+                got += len(await stuck.receive_some(1 << 20))
+        await trio.sleep(0.5)  # it reads no more
+        second = tcp_receiver(tir, 1, max_bytes=20_000_000)
+        n.start_soon(second.run)
+        await wait_done(second, timeout=20)
+        assert second.result.error is None and second.result.messages > 4000, second.result
+        assert rb.counters["fanout_receivers_behind"] >= 1
+        assert rb.counters["fanout_spliced_dropped_bytes"] > 0
+        with trio.fail_after(5):  # the stuck one was disconnected: it reads to EOF
+            while await stuck.receive_some(1 << 20):
+                pass
+        n.cancel_scope.cancel()
+
+
+async def test_requests_among_spliced_runs_are_still_rewritten_at_the_near_router():
+    """A TCP origin that sends 2 MB runs of plain messages with a request after
+    each: the plain runs are spliced to the lone receiver, each request (a
+    message with a REQUEST header) goes framed through router B's message path
+    and names B's request listener; every message arrives, in order."""
+    per_run, runs = 250, 12
+    body = bytes(8000)
+
+    async def serve(task_status):
+        ls = trio.socket.socket()
+        await ls.bind((SRC_IP, 0))
+        ls.listen(4)
+        task_status.started(ls.getsockname())
+        sock, _ = await ls.accept()
+        async with trio.SocketStream(sock) as conn:
+            await conn.send_all(lbmc.encode(lbmc.Message(lbmc.CONTROL, headers=(lbmc.TcpSidHeader(0, TCP_SID),))))
+            sqn = 0
+            for r in range(runs):
+                await conn.send_all(b"".join(lbmc.data_message(3, sqn + k, body) for k in range(per_run)))
+                sqn += per_run
+                h = lbmc.RequestHeader(transport=0, qidx=r, port=14391, ipaddr=SRC_IP)
+                await conn.send_all(lbmc.data_message(3, sqn, b"request", h))
+                sqn += 1
+            await trio.sleep(30)
+
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        ip, port = await n.start(serve)
+        n.start_soon(advertise_forever, udp(SRC_IP), trd1, ip, port)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        conn = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+        framer = lbmc_stream.StreamFramer()
+        sqns, requests = [], []
+        with trio.fail_after(20):
+            while len(requests) < runs:
+                for m in framer.feed(await conn.receive_some(1 << 20)):
+                    d = lbmc.decode(m)
+                    if d.kind == lbmc.CONTROL:
+                        continue
+                    sqns.append(d.sqn)
+                    h = d.header(lbmc.RequestHeader)
+                    if h is not None:
+                        requests.append(h)
+                    else:
+                        assert d.payload == body
+        assert sqns == list(range(len(sqns)))  # the first to the last, none missing or twice
+        assert [h.qidx for h in requests] == list(range(runs))
+        assert {h.ipaddr for h in requests} == {"127.0.2.1"} and 14391 not in {h.port for h in requests}
+        assert rb.counters["requests_rewritten"] == runs
+        with trio.fail_after(5):
+            while rb.counters["fanout_spliced_bytes"] < 5_000_000:
+                await trio.sleep(0.05)
+        await conn.aclose()
+        n.cancel_scope.cancel()
