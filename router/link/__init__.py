@@ -23,11 +23,13 @@ from .stream import (
     LINK_INITIAL_BUDGET,
     LINK_WINDOW_BUDGET,
     READ_SIZE,
+    SPLICED_ITEMS,
     STREAM_FRAME,
     STREAM_WINDOW,
     STREAM_WINDOW_MAX,
     HeldChunk,
     PipeSeg,
+    SplicedBytes,
     StreamState,
     forget_stream,
 )
@@ -35,8 +37,8 @@ from .writer import MAX_CONTROL_FRAMES, LinkWriter
 
 __all__ = [
     "CONNECT_TIMEOUT", "LINK_INITIAL_BUDGET", "LINK_WINDOW_BUDGET", "MAX_CONTROL_FRAMES",
-    "RAW_LIMIT", "READ_SIZE", "SPLICE_FRAME", "SPLICE_MIN", "STREAM_FRAME", "STREAM_WINDOW",
-    "STREAM_WINDOW_MAX", "ZERO_COPY", "HeldChunk", "Link", "PipeSeg", "StreamState",
+    "RAW_LIMIT", "READ_SIZE", "SPLICED_ITEMS", "SPLICE_FRAME", "SPLICE_MIN", "STREAM_FRAME", "STREAM_WINDOW",
+    "STREAM_WINDOW_MAX", "ZERO_COPY", "HeldChunk", "Link", "PipeSeg", "SplicedBytes", "StreamState",
     "forget_stream",
 ]
 

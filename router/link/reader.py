@@ -26,7 +26,7 @@ from lbmr_runtime.buffers import BufferPool
 from .. import peerlink as P
 from ..peerlink import streams as S
 from .splice import Pipe, PipePool, splice
-from .stream import READ_SIZE, STREAM_WINDOW_MAX, PipeSeg, StreamState
+from .stream import READ_SIZE, STREAM_WINDOW_MAX, SplicedBytes, StreamState
 from .writer import LinkWriter, wait_link_socket
 
 SPLICE_MIN = 16 << 10  # payloads from this many bytes on are spliced, smaller ones copied
@@ -47,6 +47,9 @@ RX_YIELD = 4 << 20
 RX_BUFFERS = STREAM_WINDOW_MAX // P.MAX_PAYLOAD + 4
 _DATA_HEAD = P.HEADER_SIZE + 4  # header and stream id of a STREAM_DATA frame
 _LEN4 = (4).to_bytes(4, "big")
+# capability bits as plain ints (``int & IntFlag`` goes through enum: microseconds a frame)
+_WHOLE_MESSAGES = int(P.Capability.WHOLE_MESSAGES)
+_DATAGRAMS = int(P.Capability.DATAGRAMS)
 
 
 class LinkReader:
@@ -171,7 +174,7 @@ class LinkReader:
                 if n < _DATA_HEAD:
                     return self._need(n)
                 self._peek_size = PEEK_AFTER_SPLICE
-                whole = bool(flags & P.FLAG_WHOLE_MESSAGES and self._conn.capabilities & P.Capability.WHOLE_MESSAGES)
+                whole = bool(flags & P.FLAG_WHOLE_MESSAGES and self._conn.capabilities & _WHOLE_MESSAGES)
                 return await self._receive_held(self._take(_DATA_HEAD), length - 4, whole)
             self._peek_size = PEEK_SIZE
             total = P.HEADER_SIZE + length
@@ -193,7 +196,7 @@ class LinkReader:
 
     def _may_datagram(self) -> bool:
         return (self._conn.state is P.State.CONNECTED
-                and bool(self._conn.capabilities & P.Capability.DATAGRAMS))
+                and bool(self._conn.capabilities & _DATAGRAMS))
 
     def _receive_datagrams(self, view: bytes) -> list | None:
         """The run of whole DATAGRAM frames at the start of ``view``, straight to their
@@ -288,8 +291,7 @@ class LinkReader:
         self._waited = False
         self._pipe_full = False
         if not (st.kind == P.StreamKind.TCP and isinstance(st.sock, trio.SocketStream)) or (
-                st.whole_only and not (whole and st.splice_whole
-                                       and (not st.incoming or type(st.incoming[-1]) is PipeSeg))):
+                st.whole_only and not (whole and st.splice_whole)):
             # (charged its size too: its consumer runs once RX_YIELD bytes came, or the reader
             # waited, and takes every payload held then in one go)
             await self._receive_whole(st, nbytes)
@@ -357,7 +359,7 @@ class LinkReader:
         if not data:
             raise trio.BrokenResourceError("the peer closed the link in the middle of a frame")
         self._left = left - len(data)
-        st.incoming.append(data)
+        st.incoming.append(SplicedBytes(data) if st.whole_only else data)  # (in order, never framed)
         st.incoming_ready.set()
 
     def pipe_in(self, st: StreamState, pipe: Pipe, k: int) -> None:
@@ -365,7 +367,7 @@ class LinkReader:
         ``st.incoming`` and, if nothing of the stream is ahead of them, pass on at once
         what the socket takes."""
         self.spliced_in += k
-        if st.pipe_in(pipe, k) and not self.forward(st):
+        if st.pipe_in(pipe, k) and not (st.sink_idle and self.forward(st)):
             st.incoming_ready.set()  # the rest: the stream's pump, when the socket takes it
 
     def forward(self, st: StreamState) -> bool:

@@ -13,6 +13,7 @@ So no byte overtakes another of its stream, whichever path each took.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 
 import trio
@@ -59,6 +60,19 @@ class PipeSeg:
         self.nbytes = nbytes
 
 
+class SplicedBytes(bytes):
+    """Bytes of a frame spliced to a fanned-out session's lone receiver
+    (:attr:`StreamState.whole_only`) that took the copy path (no pipe was free):
+    they go to ``sock`` in order with the pipe segments around them, never to
+    the session's framer."""
+
+    __slots__ = ()
+
+
+#: the types of what a stream holds of frames spliced to its ``sock`` (items of ``incoming``)
+SPLICED_ITEMS = (PipeSeg, SplicedBytes)
+
+
 class HeldChunk:
     """The pipe of one queued :class:`~router.peerlink.streams.HeldData` frame; ``done``
     once the writer wrote it (or the link threw it away)."""
@@ -102,11 +116,23 @@ class StreamState:
         self.sink_broken = False  # splicing into ``sock`` failed: the pump ends the stream
         # a fanned-out TCP session's stream (near side): its bytes are spliced into ``sock``
         # (its proxy's lone receiver) only for frames of whole messages (FLAG_WHOLE_MESSAGES)
-        # while ``splice_whole``, which the proxy sets and clears (router.relays.tcp_fanout)
+        # while ``splice_whole``, and passed on at once only while ``sink_idle`` (nothing is
+        # queued for ``sock`` elsewhere); the proxy sets both (router.relays.tcp_fanout)
         self.whole_only = False
         self.splice_whole = False
+        self.sink_idle = True
         self.spliced_in = 0  # bytes spliced from the link into the stream's pipes, in all
         self.spliced_out = 0  # ... and out of them (to ``sock``, or thrown away), in all
+
+    def take_data(self, data: bytes, whole: bool) -> None:
+        """Bytes of a STREAM_DATA frame that came on the copy path (``whole``: flagged
+        whole messages) at the tail of ``incoming``: for a fanned-out session whose
+        frames go to its lone receiver (``splice_whole``), as :class:`SplicedBytes`
+        (to ``sock`` as they are, in order, never framed)."""
+        if whole and self.whole_only and self.splice_whole:
+            data = SplicedBytes(data)
+        self.incoming.append(data)
+        self.incoming_ready.set()
 
     def wake(self) -> None:
         self.incoming_ready.set()
@@ -182,12 +208,37 @@ class StreamState:
         if seg.nbytes:
             return
         self.incoming.popleft()
+        self._drained(pool, pipe)
+
+    def _drained(self, pool: PipePool, pipe: Pipe) -> None:
+        """Give ``pipe`` back if it is empty and no longer filled."""
         if pipe.held == 0:
             if pipe in self.rx_retired:
                 self.rx_retired.discard(pipe)
                 pool.release(pipe)
             elif pipe is self.rx_pipe and not self.rx_splicing:
                 self.retire_pipe(pool)
+
+    def drop_spliced(self, pool: PipePool) -> int:
+        """Throw away what ``incoming`` holds of frames spliced to ``sock`` (its receiver
+        is gone; the pipes' bytes read and dropped), keeping the other bytes in order:
+        the number of bytes dropped."""
+        kept, dropped = [], 0
+        for item in self.incoming:
+            if type(item) is PipeSeg:
+                pipe, n = item.pipe, item.nbytes
+                _discard(pipe, n)
+                pipe.held -= n
+                dropped += n
+                self._drained(pool, pipe)
+            elif type(item) is SplicedBytes:
+                dropped += len(item)
+            else:
+                kept.append(item)
+        if dropped:
+            self.incoming.clear()
+            self.incoming.extend(kept)
+        return dropped
 
     def retire_pipe(self, pool: PipePool) -> None:
         """Give back the stream's fill pipe (empty, or the stream is gone)."""
@@ -204,6 +255,18 @@ class StreamState:
         for pipe in self.rx_retired:
             pool.release(pipe)
         self.rx_retired.clear()
+
+
+def _discard(pipe: Pipe, nbytes: int) -> None:
+    """Read and drop ``nbytes`` at the head of ``pipe`` (copied once: a rare path)."""
+    while nbytes > 0 and not pipe.closed:
+        try:
+            k = len(os.read(pipe.r, min(nbytes, 1 << 20)))
+        except OSError:
+            return
+        if not k:
+            return
+        nbytes -= k
 
 
 def forget_stream(link, st: StreamState) -> None:

@@ -64,6 +64,9 @@ from .frames import (
     Topology,
 )
 
+# (a plain int: ``int & IntFlag`` goes through enum, a few microseconds on a per-frame path)
+_WHOLE_MESSAGES = int(Capability.WHOLE_MESSAGES)
+
 # --------------------------------------------------------------------------- link events
 
 
@@ -323,7 +326,7 @@ class PeerConnection:
         if not 0 <= stream_id <= U32 or not 0 <= nbytes <= self.max_payload - 4:
             raise FrameEncodeError(f"STREAM_DATA of {nbytes} bytes for stream {stream_id}: "
                                    f"not encodable (payload limit {self.max_payload})")
-        flags = FLAG_WHOLE_MESSAGES if whole and self.capabilities & Capability.WHOLE_MESSAGES else 0
+        flags = FLAG_WHOLE_MESSAGES if whole and self.capabilities & _WHOLE_MESSAGES else 0
         head = _DATA_HEAD.pack(MAGIC, WIRE_VERSION, FrameType.STREAM_DATA, flags, 0, 4 + nbytes, stream_id)
         self._last_sent = now
         st = self.stats
@@ -543,7 +546,7 @@ class PeerConnection:
                                                      by_peer=code != ConnectCode.ACCEPTED))
                 return
         # (a header flag means something only with the capability that defines it)
-        flags = raw.flags & FLAG_WHOLE_MESSAGES if self.capabilities & Capability.WHOLE_MESSAGES else 0
+        flags = raw.flags & FLAG_WHOLE_MESSAGES if self.capabilities & _WHOLE_MESSAGES else 0
         frame = decode_payload(raw.type, raw.payload, flags)
         if self.state is State.CONNECTING:
             self._handle_handshake(frame, now, events)

@@ -125,9 +125,11 @@ class StreamRefused(StreamEvent):
 
 @dataclass(frozen=True, slots=True)
 class DataReceived(StreamEvent):
-    """Stream bytes, in order. Call :meth:`StreamTable.consumed` once they are passed on."""
+    """Stream bytes, in order. Call :meth:`StreamTable.consumed` once they are passed on.
+    ``whole``: their frame was flagged whole messages (:attr:`StreamData.whole`)."""
 
     data: bytes
+    whole: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -597,7 +599,7 @@ class StreamTable:
         st = self._take_data(f.stream_id, len(f.data))
         if isinstance(st, list):
             return st
-        return [DataReceived(st.id, f.data)]
+        return [DataReceived(st.id, f.data, f.whole)]
 
     def receive_held(self, stream_id: int, nbytes: int) -> list[StreamEvent]:
         """``receive(StreamData)`` for a frame of ``nbytes`` data bytes that the I/O layer

@@ -269,7 +269,9 @@ class Relay:
             st.closed = True
             st.accepted.set()
             st.wake()
-        elif isinstance(ev, S.DataReceived | S.DatagramReceived):
+        elif isinstance(ev, S.DataReceived):
+            st.take_data(ev.data, ev.whole)
+        elif isinstance(ev, S.DatagramReceived):
             st.incoming.append(ev.data)
             st.incoming_ready.set()
         elif isinstance(ev, S.CreditAvailable):

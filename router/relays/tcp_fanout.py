@@ -58,7 +58,7 @@ from ..core.fanout import (
 )
 from ..core.message_path import MessagePath
 from ..core.tr.pacing import RatePacer
-from ..link import Link, PipeSeg, StreamState
+from ..link import SPLICED_ITEMS, Link, PipeSeg, SplicedBytes, StreamState
 from ..peerlink import streams as S
 from .interface import RelayContext, TransportRelay, Upstreams
 from .tcp_fanout_origin import OriginFanout
@@ -75,6 +75,7 @@ RECEIVER_READ = 64 << 10  # bytes per read of what a receiver sends (at most)
 # (UM receivers send a few control messages per session)
 RECEIVER_UPSTREAM_RATE = 256 << 10
 RECEIVER_UPSTREAM_BURST = 64 << 10
+_WHOLE_MESSAGES = int(P.Capability.WHOLE_MESSAGES)  # (a plain int: ``int & IntFlag`` goes through enum)
 IOV_MAX = 64  # chunks per writev to a receiver
 SPLICED_COUNT_INTERVAL = 1.0  # seconds between counts of the bytes spliced to a lone receiver (at most)
 PUSH_WRITES = 16  # writevs to a receiver in a row (a queue's worth or more: a few segments each)
@@ -107,20 +108,10 @@ class _Proxy:
         # the receiver the stream's pipe segments are for (its socket is the stream's ``sock``):
         # the lone one when whole-message frames began to be spliced to it
         self.spliced: _Receiver | None = None
-        self.spliced_counted = 0  # of the stream's spliced bytes (StreamState.spliced_in)
+        self.spliced_counted = 0  # of the stream's spliced bytes (StreamState.spliced_out) counted
+        self.spliced_seen = 0  # ... seen (progress of its receiver, whoever passed them on)
+        self.copied_out = 0  # bytes of spliced frames written from memory (no pipe was free), less those dropped
         self.segments_wait = math.inf  # since when pipe segments wait for it while others wait too
-
-
-def _discard_pipe(pipe, nbytes: int) -> None:
-    """Read and drop ``nbytes`` held in ``pipe`` (they were for a receiver that is gone)."""
-    while nbytes > 0 and not pipe.closed:
-        try:
-            k = len(os.read(pipe.r, min(nbytes, 1 << 20)))
-        except OSError:
-            return
-        if not k:
-            return
-        nbytes -= k
 
 
 def _peer(conn: trio.SocketStream) -> str:
@@ -211,12 +202,14 @@ class FanoutRelay(TransportRelay):
             key, core = next(self._keys), proxy.core
             # it joins at the next message after the bytes held back (and after those spliced for
             # the lone receiver before it, which the session's framer never sees)
-            held_back = sum(len(d) for d in proxy.st.incoming if type(d) is not PipeSeg)
+            held_back = sum(len(d) for d in proxy.st.incoming if type(d) not in SPLICED_ITEMS)
             rx = _Receiver(conn, core.add(key, trio.current_time(), held_back), _peer(conn), proxy)
             proxy.receivers[key] = rx
             self.receivers += 1
             self.counters["fanout_receivers"] += 1
             self._splice_check(proxy)
+            if proxy.st.incoming:
+                proxy.st.incoming_ready.set()  # (bytes spliced for another may hold it back: _segments_held)
             try:
                 async with trio.open_nursery() as n:
                     n.start_soon(self._receiver_reads, rx, n.cancel_scope)
@@ -273,23 +266,34 @@ class FanoutRelay(TransportRelay):
         scope.cancel()
 
     def _push(self, rx: _Receiver) -> None:
-        """Write what the receiver's socket takes now (never waits): again after a
-        short write, until the queue is empty or the socket refuses more (a short
-        write does not mean a full socket: the kernel may take a few segments a
+        """Write what the receiver's socket takes now (never waits): its queue, again
+        after a short write, until the queue is empty or the socket refuses more (a
+        short write does not mean a full socket: the kernel may take a few segments a
         call while the receiver keeps up), at most PUSH_WRITES times (then the
-        receiver's task goes on once the socket is writable: a receiver that
-        frees its window a few bytes at a time holds nobody up)."""
+        receiver's task goes on once the socket is writable: a receiver that frees
+        its window a few bytes at a time holds nobody up); then, its queue empty,
+        what was spliced for it at the head of the stream (:meth:`_forward`)."""
         q = rx.queue
         if rx.blocked or rx.broken:
             return
         proxy = rx.proxy
-        if proxy.spliced is rx and self._holds_segments(rx):
-            if not self._forward(proxy):
-                return  # its socket is full (the writer task waits for it)
-            if proxy.st is not None and proxy.st.incoming:
-                proxy.st.incoming_ready.set()  # the stream's bytes behind them may go on
-        if not q.held:
+        if q.held and not self._write_queue(rx, q, proxy):
             return
+        st = proxy.st
+        if st is None:
+            return
+        if proxy.spliced is rx:
+            st.sink_idle = True
+            if self._holds_segments(rx):
+                if not self._forward(proxy):
+                    return  # its socket is full (the writer task waits for it)
+                if st.incoming:
+                    st.incoming_ready.set()  # the stream's bytes behind them may go on
+        elif not st.splice_whole:
+            self._splice_check(proxy)  # (an empty queue: its lone receiver may be spliced to)
+
+    def _write_queue(self, rx: _Receiver, q: SinkQueue, proxy: _Proxy) -> bool:
+        """:meth:`_push` of the queue: True when it is empty now."""
         fd = rx.fd
         wrote = 0
         now = trio.current_time()  # (the writes in a row take microseconds: one time for them)
@@ -307,7 +311,7 @@ class FanoutRelay(TransportRelay):
         except OSError:
             rx.broken = True
             rx.wake.set()
-            return
+            return False
         if wrote:
             st = proxy.st
             # the stream's bytes held back may go on once the queue has room for a quarter of
@@ -317,8 +321,8 @@ class FanoutRelay(TransportRelay):
         if q.held:
             rx.blocked = True
             rx.wake.set()
-        elif proxy.st is not None and not proxy.st.splice_whole:
-            self._splice_check(proxy)  # (an empty queue: its lone receiver may be spliced to)
+            return False
+        return True
 
     async def _receiver_writes(self, rx: _Receiver) -> None:
         """The receiver's queue into its socket; returns when it went away, stalled
@@ -350,6 +354,7 @@ class FanoutRelay(TransportRelay):
         """The proxy's link stream: the session's bytes to every receiver; ends with
         the far side, the link, or NEAR_LINGER seconds after the last receiver left."""
         core = proxy.core
+        link.pipes.stream_started()  # (its frames may be spliced: the pipes are kept for reuse meanwhile)
         try:
             await st.accepted.wait()
             if st.refused is not None:
@@ -385,11 +390,13 @@ class FanoutRelay(TransportRelay):
             self._count_spliced(proxy, st)
             if proxy.st is st:
                 proxy.st = proxy.link = proxy.core = proxy.spliced = None
-                proxy.spliced_counted, proxy.segments_wait = 0, math.inf
+                proxy.spliced_counted = proxy.spliced_seen = proxy.copied_out = 0
+                proxy.segments_wait = math.inf
             core.end()
             for rx in proxy.receivers.values():
                 rx.wake.set()
             link.close_stream(st)
+            link.pipes.stream_ended()
 
     def _near_feed(self, proxy: _Proxy, link: Link, st: StreamState) -> None:
         """The stream's bytes from the peer to the receivers' queues and sockets,
@@ -403,7 +410,7 @@ class FanoutRelay(TransportRelay):
         nbytes = 0
         incoming = st.incoming
         while incoming:
-            if type(incoming[0]) is PipeSeg:  # (spliced for the lone receiver, before anyone else came)
+            if type(incoming[0]) in SPLICED_ITEMS:  # (spliced for the lone receiver: in order)
                 if not self._forward(proxy):
                     self._segments_held(proxy, now)
                     break
@@ -433,68 +440,101 @@ class FanoutRelay(TransportRelay):
                 pass
             link.flush_streams()
         self._count_spliced(proxy, st)
-        if not st.splice_whole:
-            self._splice_check(proxy)
+        self._splice_check(proxy)  # (and whether the lone receiver's queue is empty now: sink_idle)
 
     # ------------------------------------- near side: spliced to a lone receiver
 
     def _splice_check(self, proxy: _Proxy) -> None:
         """Let the link's reader splice frames of whole messages without extension
         headers (FLAG_WHOLE_MESSAGES: the far router's message path passed them, ours
-        has nothing to do) straight into the socket of the proxy's receiver, zero
-        copy, while it is the only one, its queue is empty, the session's framer
-        holds no incomplete message and no bytes of the stream wait before them;
-        stop it otherwise. Pipe segments go to the receiver they were spliced for
-        (``proxy.spliced``), which changes only once none is left."""
+        has nothing to do; each begins and ends at a message boundary) straight
+        into the socket of the proxy's receiver while it is the only one; stop it
+        otherwise. What is spliced waits in the stream's bytes, in order with the
+        bytes framed for the queues (:data:`router.link.SPLICED_ITEMS`), and goes to
+        its receiver once what was queued for it before has gone
+        (``st.sink_idle``). It goes to the receiver it was spliced for
+        (``proxy.spliced``), which changes only once none of it is left."""
         st = proxy.st
         if st is None:
             return
-        ok = False
         link = proxy.link
-        gone = proxy.spliced
-        if gone is not None and gone.broken and not st.rx_splicing and not (
-                st.incoming and type(st.incoming[0]) is PipeSeg):
-            proxy.spliced = st.sock = None  # (its receiver went, its last segments with it)
-        if (len(proxy.receivers) == 1 and link.zero_copy and link.capabilities & P.Capability.WHOLE_MESSAGES
-                and not proxy.core.framer.buffered):
+        old = proxy.spliced
+        if old is not None and (old.broken or len(proxy.receivers) != 1) and not st.rx_splicing \
+                and not any(type(d) in SPLICED_ITEMS for d in st.incoming):
+            proxy.spliced = st.sock = None  # (its receiver went or is not alone; nothing left for it)
+        ok = False
+        if len(proxy.receivers) == 1 and link.zero_copy and link.capabilities & _WHOLE_MESSAGES:
             rx = next(iter(proxy.receivers.values()))
-            inc = st.incoming
-            if not (rx.queue.held or rx.broken) and (not inc or type(inc[-1]) is PipeSeg):
-                if proxy.spliced is None and not inc and not st.rx_splicing:
-                    proxy.spliced, st.sock, st.owns_sock, st.sink_broken = rx, rx.conn, False, False
-                    proxy.spliced_counted = st.spliced_out
-                ok = proxy.spliced is rx
+            if proxy.spliced is None and not rx.broken and not st.rx_splicing:
+                proxy.spliced, st.sock, st.owns_sock, st.sink_broken = rx, rx.conn, False, False
+                proxy.spliced_counted = proxy.spliced_seen = st.spliced_out + proxy.copied_out
+            ok = proxy.spliced is rx and not rx.broken
         st.splice_whole = ok
+        rx = proxy.spliced
+        st.sink_idle = rx is not None and not rx.broken and not rx.queue.held
 
     def _holds_segments(self, rx: _Receiver) -> bool:
-        """Whether pipe segments for ``rx`` are at the head of its proxy's stream."""
+        """Whether bytes spliced for ``rx`` are at the head of its proxy's stream."""
         st = rx.proxy.st
-        return rx.proxy.spliced is rx and st is not None and bool(st.incoming) and type(st.incoming[0]) is PipeSeg
+        return rx.proxy.spliced is rx and st is not None and bool(st.incoming) \
+            and type(st.incoming[0]) in SPLICED_ITEMS
 
     def _segments_stalled(self, rx: _Receiver) -> bool:
-        """``rx`` holds pipe segments and took none of their bytes for the stall timeout."""
+        """``rx`` holds spliced bytes and took none of them for the stall timeout."""
         return (self._holds_segments(rx)
                 and trio.current_time() - rx.queue.last_progress >= self.stall_timeout)
 
     def _forward(self, proxy: _Proxy) -> bool:
-        """The pipe segments at the head of the stream into the socket of the receiver
-        they are for, as far as it takes them now (their credit goes back); thrown
-        away if it is gone. True when none is left at the head."""
+        """The spliced bytes at the head of the stream into the socket of the receiver
+        they are for, once its queue is empty, as far as the socket takes them now
+        (their credit goes back); thrown away if it is gone. True when none is left
+        at the head."""
         st, rx = proxy.st, proxy.spliced
         inc = st.incoming
-        if not inc or type(inc[0]) is not PipeSeg:
+        if not inc or type(inc[0]) not in SPLICED_ITEMS:
             return True
         if rx is None or rx.broken or st.sink_broken:
             self._drop_segments(proxy)
             return True
-        out = st.spliced_out
-        done = proxy.link.forward(st)
+        if rx.queue.held:
+            st.sink_idle = False
+            return False  # (what was queued for it goes first: _push forwards them after it)
+        link = proxy.link
+        done = True
+        while inc and type(inc[0]) in SPLICED_ITEMS:
+            if type(inc[0]) is PipeSeg:
+                if not link.forward(st):
+                    done = False
+                    break
+                continue
+            data = inc[0]  # (SplicedBytes: its frame took the copy path)
+            try:
+                k = os.write(rx.fd, data)
+            except (BlockingIOError, InterruptedError):
+                done = False
+                break
+            except OSError:
+                st.sink_broken = True
+                break
+            proxy.copied_out += k
+            try:
+                link.streams.consumed(st.sid, k)
+            except S.LocalStreamError:
+                pass
+            link.flush_streams()
+            if k < len(data):
+                inc[0] = SplicedBytes(data[k:])
+                done = False
+                break
+            inc.popleft()
         if st.sink_broken:  # it went away
             rx.broken = True
             rx.wake.set()
             self._drop_segments(proxy)
             return True
-        if st.spliced_out != out:
+        out = st.spliced_out + proxy.copied_out
+        if out != proxy.spliced_seen:  # it took bytes (here, or from the link's reader)
+            proxy.spliced_seen = out
             rx.queue.last_progress = trio.current_time()
             proxy.segments_wait = math.inf
         if not done and not rx.blocked:
@@ -503,9 +543,9 @@ class FanoutRelay(TransportRelay):
         return done
 
     def _segments_held(self, proxy: _Proxy, now: float) -> None:
-        """Pipe segments wait for their receiver's socket: when other receivers wait
-        behind them (they joined after) for the lag timeout, it is disconnected (its
-        spliced bytes cannot be cut at a message boundary) and they go on."""
+        """Spliced bytes wait for their receiver: when other receivers wait behind them
+        (they joined after) for the lag timeout, it is disconnected (its spliced bytes
+        cannot be cut at a message boundary) and they go on."""
         if len(proxy.receivers) < 2:
             proxy.segments_wait = math.inf
         elif proxy.segments_wait == math.inf:
@@ -524,19 +564,12 @@ class FanoutRelay(TransportRelay):
             proxy.st.incoming_ready.set()
 
     def _drop_segments(self, proxy: _Proxy) -> None:
-        """Throw away the pipe segments at the head of the stream (their receiver is
-        gone) and return their credit; once none is left and the reader spliced its
-        last frame, the stream is spliced to nobody."""
+        """Throw away what the stream holds spliced for a receiver that is gone, and
+        return its credit; once the reader finished its last spliced frame the
+        stream is spliced to nobody (:meth:`_splice_check`)."""
         st, link = proxy.st, proxy.link
         self._count_spliced(proxy, st)
-        inc = st.incoming
-        dropped = 0
-        while inc and type(inc[0]) is PipeSeg:
-            seg = inc[0]
-            n = seg.nbytes
-            _discard_pipe(seg.pipe, n)
-            link.pipe_out(st, seg, n)
-            dropped += n
+        dropped = st.drop_spliced(link.pipes)
         if dropped:
             self.counters["fanout_spliced_dropped_bytes"] += dropped
             try:
@@ -544,18 +577,19 @@ class FanoutRelay(TransportRelay):
             except S.LocalStreamError:
                 pass
             link.flush_streams()
-        st.splice_whole = False
+        st.splice_whole = st.sink_idle = False
         if not st.rx_splicing:
             st.sink_broken = False
             st.sock = proxy.spliced = None
-        proxy.spliced_counted = st.spliced_out
+        proxy.spliced_counted = proxy.spliced_seen = st.spliced_out + proxy.copied_out
 
     def _count_spliced(self, proxy: _Proxy, st: StreamState) -> None:
-        """Add the bytes spliced to the lone receiver since the last count to the counters."""
-        n = st.spliced_out - proxy.spliced_counted
+        """Add the bytes passed on to the lone receiver since the last count to the counters."""
+        out = st.spliced_out + proxy.copied_out
+        n = out - proxy.spliced_counted
         if n > 0:
             self.counters["fanout_spliced_bytes"] += n
-            proxy.spliced_counted = st.spliced_out
+            proxy.spliced_counted = out
 
     def _count_drops(self, drops) -> None:
         for d in drops:

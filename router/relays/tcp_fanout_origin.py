@@ -40,6 +40,7 @@ UPSTREAM_YIELD = 4 << 20
 # fresh MiB, with 20 one in 45, with 32 none once all were made), an endpoint's sessions
 # sharing them
 UPSTREAM_BUFFERS = 32
+_WHOLE_MESSAGES = int(P.Capability.WHOLE_MESSAGES)  # (a plain int: ``int & IntFlag`` goes through enum)
 
 
 class Upstream:
@@ -214,7 +215,7 @@ class OriginFanout:
         now = trio.current_time()  # (the frames queued in a row take microseconds: one time for them)
         streams, sid = link.streams, st.sid
         # (whole frames only where they can go: a quarter of the link's queue at most)
-        whole_max = link.outq.max_data_bytes // 4 if link.capabilities & P.Capability.WHOLE_MESSAGES else 0
+        whole_max = link.outq.max_data_bytes // 4 if link.capabilities & _WHOLE_MESSAGES else 0
         try:
             while q.held:
                 whole = q.head_whole() if whole_max else None
