@@ -293,7 +293,8 @@ class LinkReader:
         if not (st.kind == P.StreamKind.TCP and isinstance(st.sock, trio.SocketStream)) or (
                 st.whole_only and not (whole and st.splice_whole)):
             # (charged its size too: its consumer runs once RX_YIELD bytes came, or the reader
-            # waited, and takes every payload held then in one go)
+            # waited, and takes every payload held then in one go; no pipe of the stream is filled)
+            st.rx_splicing = False
             await self._receive_whole(st, nbytes)
             return
         while self._left:

@@ -58,10 +58,11 @@ from ..core.fanout import (
 )
 from ..core.message_path import MessagePath
 from ..core.tr.pacing import RatePacer
-from ..link import SPLICED_ITEMS, Link, PipeSeg, SplicedBytes, StreamState
+from ..link import SPLICED_ITEMS, Link, StreamState
 from ..peerlink import streams as S
 from .interface import RelayContext, TransportRelay, Upstreams
 from .tcp_fanout_origin import OriginFanout
+from .tcp_fanout_proxy import Proxy, Receiver
 
 __all__ = ["FanoutRelay", "NEAR_LINGER", "FANOUT_MAX_RECEIVERS"]
 
@@ -75,43 +76,12 @@ RECEIVER_READ = 64 << 10  # bytes per read of what a receiver sends (at most)
 # (UM receivers send a few control messages per session)
 RECEIVER_UPSTREAM_RATE = 256 << 10
 RECEIVER_UPSTREAM_BURST = 64 << 10
-_WHOLE_MESSAGES = int(P.Capability.WHOLE_MESSAGES)  # (a plain int: ``int & IntFlag`` goes through enum)
 IOV_MAX = 64  # chunks per writev to a receiver
 SPLICED_COUNT_INTERVAL = 1.0  # seconds between counts of the bytes spliced to a lone receiver (at most)
 PUSH_WRITES = 16  # writevs to a receiver in a row (a queue's worth or more: a few segments each)
 # receiver connections of one endpoint's proxies at once (as many as the link streams
 # of the per-connection relay); their queues share a QueueBudget of 256 MiB
 FANOUT_MAX_RECEIVERS = 4096
-
-
-class _Receiver:
-    __slots__ = ("conn", "fd", "queue", "peer", "blocked", "broken", "wake", "proxy")
-
-    def __init__(self, conn: trio.SocketStream, queue: SinkQueue, peer: str, proxy: _Proxy) -> None:
-        self.conn, self.queue, self.peer, self.proxy = conn, queue, peer, proxy
-        self.fd = conn.socket.fileno()  # written only while the receiver is in its proxy's table
-        self.blocked = False  # its socket was full: the writer waits for it
-        self.broken = False  # writing failed: it went away
-        self.wake = trio.Event()
-
-
-class _Proxy:
-    """The near side of one proxy: the link stream (if open), the receivers and
-    the nursery of its tasks (its request listeners' too)."""
-
-    def __init__(self, nursery: trio.Nursery) -> None:
-        self.nursery = nursery
-        self.core: SessionFanout | None = None
-        self.link: Link | None = None
-        self.st: StreamState | None = None
-        self.receivers: dict[int, _Receiver] = {}
-        # the receiver the stream's pipe segments are for (its socket is the stream's ``sock``):
-        # the lone one when whole-message frames began to be spliced to it
-        self.spliced: _Receiver | None = None
-        self.spliced_counted = 0  # of the stream's spliced bytes (StreamState.spliced_out) counted
-        self.spliced_seen = 0  # ... seen (progress of its receiver, whoever passed them on)
-        self.copied_out = 0  # bytes of spliced frames written from memory (no pipe was free), less those dropped
-        self.segments_wait = math.inf  # since when pipe segments wait for it while others wait too
 
 
 def _peer(conn: trio.SocketStream) -> str:
@@ -144,7 +114,7 @@ class FanoutRelay(TransportRelay):
         self.origins = OriginFanout(context, self.budget)  # the far side: the origin sessions
         self.upstreams: Upstreams = self.origins.upstreams  # (the endpoint's, shared by its links' relays)
         self.receivers = 0  # receiver connections of all this relay's proxies
-        self._proxies: dict[int, _Proxy] = {}  # the near side of each proxy serving, by proxy id
+        self._proxies: dict[int, Proxy] = {}  # the near side of each proxy serving, by proxy id
 
     # ------------------------------------------------------- near side
 
@@ -158,7 +128,7 @@ class FanoutRelay(TransportRelay):
         proxy = None
         try:
             async with trio.open_nursery() as n:
-                proxy = self._proxies[proxy_id] = _Proxy(n)
+                proxy = self._proxies[proxy_id] = Proxy(n)
                 while True:
                     conn = await listener.accept()
                     n.start_soon(self._receiver, proxy, conn, proxy_id, n)
@@ -176,20 +146,19 @@ class FanoutRelay(TransportRelay):
         return [{"peer": rx.peer, "queued_bytes": rx.queue.held, "dropped_messages": rx.queue.dropped_messages,
                  "dropped_bytes": rx.queue.dropped_bytes} for rx in proxy.receivers.values()]
 
-    def _open_stream(self, proxy: _Proxy, link: Link, aid: int, proxy_id: int, nursery) -> None:
+    def _open_stream(self, proxy: Proxy, link: Link, aid: int, proxy_id: int, nursery) -> None:
         sid = link.streams.open(aid, P.StreamKind.TCP)
         st = link.state[sid] = StreamState(sid, P.StreamKind.TCP)
-        st.whole_only = True  # (spliced to a lone receiver: _splice_check)
         # the session's requests name our request listeners (router.relays.responses)
-        proxy.core = SessionFanout(self.max_queue, self.budget, self.context.requests.path(proxy_id, link))
+        proxy.stream_opened(SessionFanout(self.max_queue, self.budget, self.context.requests.path(proxy_id, link)),
+                            link, st)
         self.context.requests.settle(proxy.nursery)  # spare listeners ready before the first request
-        proxy.link, proxy.st = link, st
         link.flush_streams()
         self.counters["streams_opened"] += 1
         self.counters["fanout_streams_opened"] += 1
         nursery.start_soon(self._near_stream, proxy, link, st)
 
-    async def _receiver(self, proxy: _Proxy, conn: trio.SocketStream, proxy_id: int, nursery) -> None:
+    async def _receiver(self, proxy: Proxy, conn: trio.SocketStream, proxy_id: int, nursery) -> None:
         try:
             if self.receivers >= FANOUT_MAX_RECEIVERS:
                 self.counters["fanout_receivers_full"] += 1
@@ -200,16 +169,14 @@ class FanoutRelay(TransportRelay):
                     return
                 self._open_stream(proxy, link, aid, proxy_id, nursery)
             key, core = next(self._keys), proxy.core
-            # it joins at the next message after the bytes held back (and after those spliced for
-            # the lone receiver before it, which the session's framer never sees)
-            held_back = sum(len(d) for d in proxy.st.incoming if type(d) not in SPLICED_ITEMS)
-            rx = _Receiver(conn, core.add(key, trio.current_time(), held_back), _peer(conn), proxy)
+            # it joins at the next message after the bytes held back
+            rx = Receiver(conn, core.add(key, trio.current_time(), proxy.held_back()), _peer(conn), proxy)
             proxy.receivers[key] = rx
             self.receivers += 1
             self.counters["fanout_receivers"] += 1
-            self._splice_check(proxy)
+            proxy.splice_check()
             if proxy.st.incoming:
-                proxy.st.incoming_ready.set()  # (bytes spliced for another may hold it back: _segments_held)
+                proxy.st.incoming_ready.set()  # (what is spliced for another may hold it back: _near_feed)
             try:
                 async with trio.open_nursery() as n:
                     n.start_soon(self._receiver_reads, rx, n.cancel_scope)
@@ -220,24 +187,24 @@ class FanoutRelay(TransportRelay):
                 self.receivers -= 1
                 core.remove(key)
                 if proxy.st is not None:
-                    self._count_spliced(proxy, proxy.st)
+                    self._count_spliced(proxy)
                     if proxy.spliced is rx:
                         rx.broken = True
-                        self._drop_segments(proxy)
-                    self._splice_check(proxy)
+                        self._count_spliced_dropped(proxy.drop_spliced())
+                    proxy.splice_check()
                     proxy.st.incoming_ready.set()  # the stream task looks at its receivers
                 self._receiver_ended(rx)
         finally:
             await trio.aclose_forcefully(conn)
 
-    def _receiver_ended(self, rx: _Receiver) -> None:
+    def _receiver_ended(self, rx: Receiver) -> None:
         q = rx.queue
         if q.dropped_messages:
             self.event("fanout_receiver_dropped",
                        f"{rx.peer}: {q.dropped_messages} messages ({q.dropped_bytes} bytes) dropped "
                        f"of {q.messages + q.dropped_messages}")
 
-    async def _receiver_reads(self, rx: _Receiver, scope: trio.CancelScope) -> None:
+    async def _receiver_reads(self, rx: Receiver, scope: trio.CancelScope) -> None:
         """What the receiver sends: framed, passed through the upstream message
         path and counted, not passed on, read at most RECEIVER_UPSTREAM_RATE
         bytes a second; ends the receiver at EOF, on an error, or on bytes that
@@ -265,7 +232,7 @@ class FanoutRelay(TransportRelay):
             pass
         scope.cancel()
 
-    def _push(self, rx: _Receiver) -> None:
+    def _push(self, rx: Receiver) -> None:
         """Write what the receiver's socket takes now (never waits): its queue, again
         after a short write, until the queue is empty or the socket refuses more (a
         short write does not mean a full socket: the kernel may take a few segments a
@@ -284,15 +251,15 @@ class FanoutRelay(TransportRelay):
             return
         if proxy.spliced is rx:
             st.sink_idle = True
-            if self._holds_segments(rx):
+            if proxy.holds_spliced(rx):
                 if not self._forward(proxy):
                     return  # its socket is full (the writer task waits for it)
                 if st.incoming:
                     st.incoming_ready.set()  # the stream's bytes behind them may go on
         elif not st.splice_whole:
-            self._splice_check(proxy)  # (an empty queue: its lone receiver may be spliced to)
+            proxy.splice_check()  # (an empty queue: its lone receiver may be spliced to)
 
-    def _write_queue(self, rx: _Receiver, q: SinkQueue, proxy: _Proxy) -> bool:
+    def _write_queue(self, rx: Receiver, q: SinkQueue, proxy: Proxy) -> bool:
         """:meth:`_push` of the queue: True when it is empty now."""
         fd = rx.fd
         wrote = 0
@@ -324,7 +291,7 @@ class FanoutRelay(TransportRelay):
             return False
         return True
 
-    async def _receiver_writes(self, rx: _Receiver) -> None:
+    async def _receiver_writes(self, rx: Receiver) -> None:
         """The receiver's queue into its socket; returns when it went away, stalled
         (nothing taken for the stall timeout) or the session ended."""
         q = rx.queue
@@ -336,13 +303,14 @@ class FanoutRelay(TransportRelay):
                     except (trio.ClosedResourceError, OSError):
                         return
                 rx.blocked = False
-                if q.stalled(trio.current_time(), self.stall_timeout) or self._segments_stalled(rx):
+                now = trio.current_time()
+                if q.stalled(now, self.stall_timeout) or rx.proxy.spliced_stalled(rx, now, self.stall_timeout):
                     self.counters["fanout_receivers_stalled"] += 1
                     self.event("fanout_receiver_stalled",
                                f"{rx.peer}: took nothing for {self.stall_timeout:g} s; disconnected")
                     return
                 self._push(rx)
-            elif q.held or self._holds_segments(rx):
+            elif q.held or rx.proxy.holds_spliced(rx):
                 self._push(rx)
             elif q.closing:
                 return
@@ -350,7 +318,7 @@ class FanoutRelay(TransportRelay):
                 rx.wake = trio.Event()
                 await rx.wake.wait()
 
-    async def _near_stream(self, proxy: _Proxy, link: Link, st: StreamState) -> None:
+    async def _near_stream(self, proxy: Proxy, link: Link, st: StreamState) -> None:
         """The proxy's link stream: the session's bytes to every receiver; ends with
         the far side, the link, or NEAR_LINGER seconds after the last receiver left."""
         core = proxy.core
@@ -375,9 +343,9 @@ class FanoutRelay(TransportRelay):
                 st.incoming_ready = trio.Event()
                 recheck = core.recheck_at() if st.incoming else math.inf  # (bytes held back)
                 if proxy.spliced is not None:  # (the reader passes its bytes on: count them now and then)
-                    self._count_spliced(proxy, st)
+                    self._count_spliced(proxy)
                     recheck = min(recheck, now + SPLICED_COUNT_INTERVAL)
-                deadline = min(idle_since + NEAR_LINGER, recheck, proxy.segments_wait + core.lag_timeout)
+                deadline = min(idle_since + NEAR_LINGER, recheck, proxy.spliced_wait + core.lag_timeout)
                 if deadline == math.inf:  # (the usual case: receivers, nothing held back)
                     await st.incoming_ready.wait()
                 else:
@@ -387,18 +355,16 @@ class FanoutRelay(TransportRelay):
             self.counters["fanout_stream_malformed"] += 1
             self.event("fanout_stream_malformed", f"peer {link.peer_name}: {e}")
         finally:
-            self._count_spliced(proxy, st)
             if proxy.st is st:
-                proxy.st = proxy.link = proxy.core = proxy.spliced = None
-                proxy.spliced_counted = proxy.spliced_seen = proxy.copied_out = 0
-                proxy.segments_wait = math.inf
+                self._count_spliced(proxy)
+            proxy.stream_ended(st)
             core.end()
             for rx in proxy.receivers.values():
                 rx.wake.set()
             link.close_stream(st)
             link.pipes.stream_ended()
 
-    def _near_feed(self, proxy: _Proxy, link: Link, st: StreamState) -> None:
+    def _near_feed(self, proxy: Proxy, link: Link, st: StreamState) -> None:
         """The stream's bytes from the peer to the receivers' queues and sockets,
         as far as the slowest receiver that keeps up takes them
         (:meth:`SessionFanout.room`); their credit goes back as they are taken.
@@ -412,7 +378,7 @@ class FanoutRelay(TransportRelay):
         while incoming:
             if type(incoming[0]) in SPLICED_ITEMS:  # (spliced for the lone receiver: in order)
                 if not self._forward(proxy):
-                    self._segments_held(proxy, now)
+                    self._spliced_held(proxy, now)
                     break
                 continue
             behind = core.fell_behind
@@ -439,157 +405,34 @@ class FanoutRelay(TransportRelay):
             except S.LocalStreamError:
                 pass
             link.flush_streams()
-        self._count_spliced(proxy, st)
-        self._splice_check(proxy)  # (and whether the lone receiver's queue is empty now: sink_idle)
+        self._count_spliced(proxy)
+        proxy.splice_check()  # (and whether the lone receiver's queue is empty now: sink_idle)
 
-    # ------------------------------------- near side: spliced to a lone receiver
-
-    def _splice_check(self, proxy: _Proxy) -> None:
-        """Let the link's reader splice frames of whole messages without extension
-        headers (FLAG_WHOLE_MESSAGES: the far router's message path passed them, ours
-        has nothing to do; each begins and ends at a message boundary) straight
-        into the socket of the proxy's receiver while it is the only one; stop it
-        otherwise. What is spliced waits in the stream's bytes, in order with the
-        bytes framed for the queues (:data:`router.link.SPLICED_ITEMS`), and goes to
-        its receiver once what was queued for it before has gone
-        (``st.sink_idle``). It goes to the receiver it was spliced for
-        (``proxy.spliced``), which changes only once none of it is left."""
-        st = proxy.st
-        if st is None:
-            return
-        link = proxy.link
-        old = proxy.spliced
-        if old is not None and (old.broken or len(proxy.receivers) != 1) and not st.rx_splicing \
-                and not any(type(d) in SPLICED_ITEMS for d in st.incoming):
-            proxy.spliced = st.sock = None  # (its receiver went or is not alone; nothing left for it)
-        ok = False
-        if len(proxy.receivers) == 1 and link.zero_copy and link.capabilities & _WHOLE_MESSAGES:
-            rx = next(iter(proxy.receivers.values()))
-            if proxy.spliced is None and not rx.broken and not st.rx_splicing:
-                proxy.spliced, st.sock, st.owns_sock, st.sink_broken = rx, rx.conn, False, False
-                proxy.spliced_counted = proxy.spliced_seen = st.spliced_out + proxy.copied_out
-            ok = proxy.spliced is rx and not rx.broken
-        st.splice_whole = ok
-        rx = proxy.spliced
-        st.sink_idle = rx is not None and not rx.broken and not rx.queue.held
-
-    def _holds_segments(self, rx: _Receiver) -> bool:
-        """Whether bytes spliced for ``rx`` are at the head of its proxy's stream."""
-        st = rx.proxy.st
-        return rx.proxy.spliced is rx and st is not None and bool(st.incoming) \
-            and type(st.incoming[0]) in SPLICED_ITEMS
-
-    def _segments_stalled(self, rx: _Receiver) -> bool:
-        """``rx`` holds spliced bytes and took none of them for the stall timeout."""
-        return (self._holds_segments(rx)
-                and trio.current_time() - rx.queue.last_progress >= self.stall_timeout)
-
-    def _forward(self, proxy: _Proxy) -> bool:
-        """The spliced bytes at the head of the stream into the socket of the receiver
-        they are for, once its queue is empty, as far as the socket takes them now
-        (their credit goes back); thrown away if it is gone. True when none is left
-        at the head."""
-        st, rx = proxy.st, proxy.spliced
-        inc = st.incoming
-        if not inc or type(inc[0]) not in SPLICED_ITEMS:
-            return True
-        if rx is None or rx.broken or st.sink_broken:
-            self._drop_segments(proxy)
-            return True
-        if rx.queue.held:
-            st.sink_idle = False
-            return False  # (what was queued for it goes first: _push forwards them after it)
-        link = proxy.link
-        done = True
-        while inc and type(inc[0]) in SPLICED_ITEMS:
-            if type(inc[0]) is PipeSeg:
-                if not link.forward(st):
-                    done = False
-                    break
-                continue
-            data = inc[0]  # (SplicedBytes: its frame took the copy path)
-            try:
-                k = os.write(rx.fd, data)
-            except (BlockingIOError, InterruptedError):
-                done = False
-                break
-            except OSError:
-                st.sink_broken = True
-                break
-            proxy.copied_out += k
-            try:
-                link.streams.consumed(st.sid, k)
-            except S.LocalStreamError:
-                pass
-            link.flush_streams()
-            if k < len(data):
-                inc[0] = SplicedBytes(data[k:])
-                done = False
-                break
-            inc.popleft()
-        if st.sink_broken:  # it went away
-            rx.broken = True
-            rx.wake.set()
-            self._drop_segments(proxy)
-            return True
-        out = st.spliced_out + proxy.copied_out
-        if out != proxy.spliced_seen:  # it took bytes (here, or from the link's reader)
-            proxy.spliced_seen = out
-            rx.queue.last_progress = trio.current_time()
-            proxy.segments_wait = math.inf
-        if not done and not rx.blocked:
-            rx.blocked = True  # its writer task goes on once its socket is writable
-            rx.wake.set()
+    def _forward(self, proxy: Proxy) -> bool:
+        """:meth:`Proxy.forward`, counted: True when nothing spliced is left at the head."""
+        done, dropped = proxy.forward()
+        self._count_spliced_dropped(dropped)
         return done
 
-    def _segments_held(self, proxy: _Proxy, now: float) -> None:
-        """Spliced bytes wait for their receiver: when other receivers wait behind them
-        (they joined after) for the lag timeout, it is disconnected (its spliced bytes
-        cannot be cut at a message boundary) and they go on."""
-        if len(proxy.receivers) < 2:
-            proxy.segments_wait = math.inf
-        elif proxy.segments_wait == math.inf:
-            proxy.segments_wait = now
-        elif now >= proxy.segments_wait + proxy.core.lag_timeout:
-            rx = proxy.spliced
-            proxy.segments_wait = math.inf
+    def _spliced_held(self, proxy: Proxy, now: float) -> None:
+        """:meth:`Proxy.spliced_held`, counted and told."""
+        rx = proxy.spliced
+        if proxy.spliced_held(now, proxy.core.lag_timeout):
             self.counters["fanout_receivers_behind"] += 1
             if rx is not None:
                 self.event("fanout_receiver_behind",
                            f"{rx.peer}: took none of its spliced bytes for {proxy.core.lag_timeout:g} s "
                            f"while other receivers waited; disconnected")
-                rx.broken = True
-                rx.wake.set()
-            self._drop_segments(proxy)
-            proxy.st.incoming_ready.set()
+            self._count_spliced_dropped(proxy.drop_spliced())
 
-    def _drop_segments(self, proxy: _Proxy) -> None:
-        """Throw away what the stream holds spliced for a receiver that is gone, and
-        return its credit; once the reader finished its last spliced frame the
-        stream is spliced to nobody (:meth:`_splice_check`)."""
-        st, link = proxy.st, proxy.link
-        self._count_spliced(proxy, st)
-        dropped = st.drop_spliced(link.pipes)
-        if dropped:
-            self.counters["fanout_spliced_dropped_bytes"] += dropped
-            try:
-                link.streams.consumed(st.sid, dropped)
-            except S.LocalStreamError:
-                pass
-            link.flush_streams()
-        st.splice_whole = st.sink_idle = False
-        if not st.rx_splicing:
-            st.sink_broken = False
-            st.sock = proxy.spliced = None
-        proxy.spliced_counted = proxy.spliced_seen = st.spliced_out + proxy.copied_out
-
-    def _count_spliced(self, proxy: _Proxy, st: StreamState) -> None:
-        """Add the bytes passed on to the lone receiver since the last count to the counters."""
-        out = st.spliced_out + proxy.copied_out
-        n = out - proxy.spliced_counted
-        if n > 0:
+    def _count_spliced(self, proxy: Proxy) -> None:
+        n = proxy.spliced_count()
+        if n:
             self.counters["fanout_spliced_bytes"] += n
-            proxy.spliced_counted = out
+
+    def _count_spliced_dropped(self, nbytes: int) -> None:
+        if nbytes:
+            self.counters["fanout_spliced_dropped_bytes"] += nbytes
 
     def _count_drops(self, drops) -> None:
         for d in drops:

@@ -61,11 +61,11 @@ async def test_receivers_that_join_and_leave_a_spliced_session_each_get_a_whole_
         ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
         await tcp_live_source(n, trd1, rate=1e6, message_size=4000, max_burst=256)
         tir = await resolve(udp("127.0.2.9"), trd2)
-        first = tcp_receiver(tir, 0, max_bytes=300_000_000)
+        first = tcp_receiver(tir, 0, max_bytes=400_000_000)
         n.start_soon(first.run)
         with trio.fail_after(10):
-            while rb.counters["fanout_spliced_bytes"] < 2_000_000:
-                await trio.sleep(0.05)
+            while first.result.stream_bytes < 20_000_000:
+                await trio.sleep(0.01)
         second = tcp_receiver(tir, 1, max_bytes=600_000_000)
         n.start_soon(second.run)
         await wait_done(first)
