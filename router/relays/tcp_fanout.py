@@ -36,7 +36,11 @@ upstream session before the link streams' queues (``downstream_rules``,
 and the requesters recorded), and at the near router in the proxy's
 session before the receivers' queues (requests pointed at the request
 listeners: :mod:`router.relays.responses`); a receiver's, at the near
-router, as it is framed (``upstream_rules``).
+router, as it is framed (``upstream_rules``). Runs of messages without
+extension headers, which the far router sends as frames flagged whole
+messages, have nothing in them for the near router's path: to a lone
+receiver they are spliced from the link, never framed
+(:mod:`router.relays.tcp_fanout_proxy`).
 """
 
 from __future__ import annotations

@@ -12,14 +12,21 @@ from __future__ import annotations
 import trio
 
 from lbmr_proto import lbmc, lbmc_stream
+from router import peerlink as P
+from router.config.model import acceptor_peer, lbmrd_endpoint
 from router.peerlink import Capability
 from router.shell import router as R
+from router.shell.single import Router
 from tests.router.helpers import (
+    OTID,
+    ROUTED_TOPIC,
     SRC_IP,
     TCP_SID,
     advertise_forever,
+    connect_as_peer,
     resolve,
     start_forwarded_pair,
+    start_lbmrd,
     tcp_live_source,
     tcp_receiver,
     udp,
@@ -218,4 +225,54 @@ async def test_a_lone_receiver_that_keeps_reading_is_never_taken_for_stalled():
         assert result.error is None and result.messages > 14_000, result
         assert rb.counters["fanout_receivers_stalled"] == 0
         assert rb.counters["fanout_spliced_bytes"] > 0
+        n.cancel_scope.cancel()
+
+
+async def test_a_peer_that_flags_bytes_that_are_not_messages_garbles_only_that_receivers_stream():
+    """A peer of our own plays the sources' router: it advertises a TCP session,
+    accepts the stream router B opens for its lone receiver and sends 64 KiB that
+    are not LBMC, flagged whole messages. Router B passes them on as they are (it
+    trusts the flag as it trusts the bytes of fanout="off"); the next unflagged
+    bytes, framed, are not LBMC either: the stream is closed (counted), the
+    receiver's connection ends, and the link stays up."""
+    async with trio.open_nursery() as n:
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1"),
+                    acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
+        addr = await n.start(rb.run)
+        stream, conn = await connect_as_peer(addr["peer"], capabilities=P.DEFAULT_CAPABILITIES | R.PEER_CAPABILITIES)
+        assert conn.capabilities & Capability.WHOLE_MESSAGES
+        now = trio.current_time
+        tir = None
+        for _ in range(20):  # (advertised again until TRD2 wants the topic: router B binds no unwanted proxy)
+            await stream.send_all(conn.send(P.Advertisement(ROUTED_TOPIC, 1, OTID, P.StreamKind.TCP, 7), now()))
+            try:
+                tir = await resolve(udp("127.0.2.9"), trd2, timeout=0.5)
+                break
+            except trio.TooSlowError:
+                with trio.move_on_after(0.1):  # (whatever B said meanwhile)
+                    conn.receive_data(await stream.receive_some(65536), now())
+                await stream.send_all(conn.data_to_send())
+        assert tir is not None
+        rx = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+        sid = None
+        with trio.fail_after(10):
+            while sid is None:
+                for ev in conn.receive_data(await stream.receive_some(65536), now()):
+                    if isinstance(ev, P.StreamOpen) and ev.advert_id == 7:
+                        sid = ev.stream_id
+                await stream.send_all(conn.data_to_send())
+        garbage = bytes(range(256)) * 256  # 64 KiB, not LBMC
+        await stream.send_all(conn.send(P.StreamAccept(sid, 1 << 20), now())
+                              + conn.send(P.StreamData(sid, garbage, whole=True), now()))
+        got = b""
+        with trio.fail_after(10):
+            while len(got) < len(garbage):
+                got += await rx.receive_some(1 << 20)
+        assert got == garbage
+        await stream.send_all(conn.send(P.StreamData(sid, b"\x7f" * 64), now()))
+        with trio.fail_after(10):
+            assert await rx.receive_some(1 << 20) == b""  # the proxy's stream ended
+        assert rb.counters["fanout_stream_malformed"] == 1
+        assert rb.status()["peer"]["state"] == "CONNECTED"
         n.cancel_scope.cancel()
