@@ -12,27 +12,20 @@ from router.peerlink import (
     FLAG_WHOLE_MESSAGES,
     HEADER,
     Capability,
-    PeerConnection,
     RouterIdentity,
-    State,
     StreamData,
     decode,
     encode,
 )
 from router.peerlink.streams import STREAM_DATA_OVERHEAD, StreamAccepted, StreamTable
+from tests.router.helpers import connected_peers
 
 WHOLE = DEFAULT_CAPABILITIES | Capability.WHOLE_MESSAGES
 
 
 def connected(caps_a: int, caps_b: int):
-    a = PeerConnection("initiator", RouterIdentity("router-a", (1,), caps_a), nonce=0xA)
-    b = PeerConnection("acceptor", RouterIdentity("router-b", (2,), caps_b), nonce=0xB)
-    b.start(0.0)
-    b.receive_data(a.start(0.0), 0.0)
-    a.receive_data(b.data_to_send(), 0.0)
-    b.receive_data(a.data_to_send(), 0.0)
-    assert a.state is b.state is State.CONNECTED
-    return a, b
+    return connected_peers(a_id=RouterIdentity("router-a", (1,), caps_a),
+                           b_id=RouterIdentity("router-b", (2,), caps_b))
 
 
 def flags_of(wire: bytes) -> int:

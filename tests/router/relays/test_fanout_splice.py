@@ -33,6 +33,20 @@ from tests.router.helpers import (
 )
 
 
+async def spliced_then_stuck(n):
+    """A pair, the live source at full rate, and a lone receiver that read 20 MB (spliced
+    to) and reads no more: (rb, tir, its connection)."""
+    ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+    await tcp_live_source(n, trd1, rate=1e6, message_size=4000, max_burst=256)
+    tir = await resolve(udp("127.0.2.9"), trd2)
+    stuck = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+    got = 0
+    with trio.fail_after(10):
+        while got < 20_000_000:
+            got += len(await stuck.receive_some(1 << 20))
+    return rb, tir, stuck
+
+
 async def wait_done(*receivers, timeout: float = 30) -> None:
     with trio.fail_after(timeout):
         while not all(rx.result.done for rx in receivers):
@@ -96,15 +110,8 @@ async def test_a_receiver_that_leaves_while_spliced_bytes_wait_for_it_loses_only
     pipes for it) and then disconnects: what was held for it is thrown away
     and its credit returned, and the next receiver gets the session whole."""
     async with trio.open_nursery() as n:
-        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
-        await tcp_live_source(n, trd1, rate=1e6, message_size=4000, max_burst=256)
-        tir = await resolve(udp("127.0.2.9"), trd2)
-        stuck = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
-        got = 0
-        with trio.fail_after(10):
-            while got < 20_000_000:  # it reads (and is spliced to) ...
-                got += len(await stuck.receive_some(1 << 20))
-        await trio.sleep(1.0)  # ... then reads nothing: the bytes for it wait in pipes
+        rb, tir, stuck = await spliced_then_stuck(n)
+        await trio.sleep(1.0)  # the bytes for it wait in pipes
         assert rb.counters["fanout_receivers_stalled"] == 0
         await stuck.aclose()
         await trio.sleep(0.2)
@@ -134,15 +141,8 @@ async def test_a_lone_receiver_that_stops_reading_when_another_joins_is_cut_off_
     message boundary, so after the lag timeout that receiver is disconnected
     (counted) and the second gets the session whole."""
     async with trio.open_nursery() as n:
-        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
-        await tcp_live_source(n, trd1, rate=1e6, message_size=4000, max_burst=256)
-        tir = await resolve(udp("127.0.2.9"), trd2)
-        stuck = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
-        got = 0
-        with trio.fail_after(10):
-            while got < 20_000_000:
-                got += len(await stuck.receive_some(1 << 20))
-        await trio.sleep(0.5)  # it reads no more
+        rb, tir, stuck = await spliced_then_stuck(n)
+        await trio.sleep(0.5)
         second = tcp_receiver(tir, 1, max_bytes=20_000_000)
         n.start_soon(second.run)
         await wait_done(second, timeout=20)
