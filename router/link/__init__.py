@@ -32,6 +32,7 @@ from .stream import (
     SplicedBytes,
     StreamState,
     forget_stream,
+    return_credit,
 )
 from .writer import MAX_CONTROL_FRAMES, LinkWriter
 
@@ -39,6 +40,7 @@ __all__ = [
     "CONNECT_TIMEOUT", "LINK_INITIAL_BUDGET", "LINK_WINDOW_BUDGET", "MAX_CONTROL_FRAMES",
     "RAW_LIMIT", "READ_SIZE", "SPLICED_ITEMS", "SPLICE_FRAME", "SPLICE_MIN", "STREAM_FRAME", "STREAM_WINDOW",
     "STREAM_WINDOW_MAX", "ZERO_COPY", "HeldChunk", "Link", "PipeSeg", "SplicedBytes", "StreamState",
+    "return_credit",
     "forget_stream",
 ]
 

@@ -269,6 +269,19 @@ def _discard(pipe: Pipe, nbytes: int) -> None:
         nbytes -= k
 
 
+def return_credit(link, st: StreamState, nbytes: int, direct: bool = False) -> bool:
+    """``nbytes`` of stream ``st``'s bytes from the peer were passed on: their credit goes
+    back to ``link``'s other end (a :class:`router.link.Link` or a
+    :class:`router.shell.pair_link.PairLink`), and the frames it makes are queued
+    (``direct``: written at once, zero-copy links). False when the stream is gone here."""
+    try:
+        link.streams.consumed(st.sid, nbytes)
+    except S.LocalStreamError:
+        return False
+    link.flush_streams(direct)
+    return True
+
+
 def forget_stream(link, st: StreamState) -> None:
     """Close stream ``st`` towards ``link``'s other end (a :class:`router.link.Link` or a
     :class:`router.shell.pair_link.PairLink`; unless the stream or the link is closed

@@ -1,6 +1,8 @@
 """Sans-IO core of the router's peer link (the TCP link between two routers), as a
-package: :mod:`.frames`, :mod:`.codec`, :mod:`.connection`, :mod:`.outqueue` and
-:mod:`.streams`; every public name of the first four is importable from here.
+package: :mod:`.wire` (header, codes, capabilities, errors, payload codec),
+:mod:`.frames`, :mod:`.codec`, :mod:`.events` and :mod:`.connection`,
+:mod:`.outqueue`, and :mod:`.streams` (with :mod:`.stream_events`); every public
+name of the first six is importable from here.
 
 Protocol logic only, in the style of h11/wsproto: objects take bytes and the
 current time and return events and bytes. Nothing here touches a socket, a
@@ -40,15 +42,14 @@ from .codec import (
     encode,
     encode_raw,
 )
-from .connection import (
-    AcceptFn,
+from .connection import AcceptFn, PeerConnection
+from .events import (
     Closed,
     Connected,
     ConnectionLost,
     DisconnectRequested,
     Event,
     LinkStats,
-    PeerConnection,
     PeerInfo,
     ProtocolError,
     Rejected,
@@ -58,27 +59,9 @@ from .connection import (
     Timeout,
 )
 from .frames import (
-    ADVERT_TIR_OPTION_TYPES,
-    ADVERT_TIR_OPTIONS,
-    ADVERT_TIR_OPTIONS_MAX,
-    ADVERT_WITHDRAW,
-    DEFAULT_CAPABILITIES,
-    FLAG_IGNORABLE,
-    FLAG_WHOLE_MESSAGES,
     FRAME_TYPES,
-    HEADER,
-    HEADER_SIZE,
-    KIND_CAPABILITY,
     KIND_TARGET,
-    MAGIC,
-    MAX_PAYLOAD,
-    PROTOCOL_VERSION,
-    U64,
-    WIRE_VERSION,
     Advertisement,
-    Capability,
-    CloseCode,
-    ConnectCode,
     ConnectOk,
     ConnectRequest,
     ConnectResponse,
@@ -87,36 +70,56 @@ from .frames import (
     DisconnectRequest,
     DisconnectResponse,
     Frame,
-    FrameDecodeError,
-    FrameEncodeError,
-    FrameType,
     Interest,
-    InterestAction,
     Keepalive,
     KeepaliveAck,
-    LocalProtocolError,
-    OutQueueOverflow,
-    PatternType,
-    PayloadReader,
-    RefuseCode,
     ResponseTarget,
     RoutedUimTarget,
-    State,
     StreamAccept,
     StreamClose,
     StreamCredit,
     StreamData,
-    StreamKind,
     StreamOpen,
     StreamRefuse,
     StreamTarget,
     Topology,
     check_target,
-    check_tir_options,
-    stream_kinds,
 )
 from .outqueue import (
     OutQueue,
+)
+from .wire import (
+    ADVERT_TIR_OPTION_TYPES,
+    ADVERT_TIR_OPTIONS,
+    ADVERT_TIR_OPTIONS_MAX,
+    ADVERT_WITHDRAW,
+    DEFAULT_CAPABILITIES,
+    FLAG_IGNORABLE,
+    FLAG_WHOLE_MESSAGES,
+    HEADER,
+    HEADER_SIZE,
+    KIND_CAPABILITY,
+    MAGIC,
+    MAX_PAYLOAD,
+    PROTOCOL_VERSION,
+    U64,
+    WIRE_VERSION,
+    Capability,
+    CloseCode,
+    ConnectCode,
+    FrameDecodeError,
+    FrameEncodeError,
+    FrameType,
+    InterestAction,
+    LocalProtocolError,
+    OutQueueOverflow,
+    PatternType,
+    PayloadReader,
+    RefuseCode,
+    State,
+    StreamKind,
+    check_tir_options,
+    stream_kinds,
 )
 
 __all__ = [

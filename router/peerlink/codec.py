@@ -9,12 +9,14 @@ from typing import NamedTuple
 
 from .frames import (
     FRAME_TYPES,
+    Frame,
+)
+from .wire import (
     HEADER,
     HEADER_SIZE,
     MAGIC,
     MAX_PAYLOAD,
     WIRE_VERSION,
-    Frame,
     FrameDecodeError,
     FrameEncodeError,
     PayloadReader,

@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections import deque
 
 from .frames import (
-    HEADER_SIZE,
     Datagram,
     Frame,
-    OutQueueOverflow,
     StreamData,
 )
 from .streams import DatagramBatch, HeldData
+from .wire import (
+    HEADER_SIZE,
+    OutQueueOverflow,
+)
 
 # --------------------------------------------------------------------------- writer queue
 

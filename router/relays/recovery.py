@@ -48,7 +48,7 @@ from .. import peerlink as P
 from ..core.message_addresses import deliverable_address
 from ..core.recovery import SourceRequestPort, answer_from_source, to_source
 from ..core.request_maps import PassUnchanged, RequesterKey, RequestMap, RequestSlot
-from ..link import CONNECT_TIMEOUT, Link, StreamState
+from ..link import CONNECT_TIMEOUT, Link, StreamState, return_credit
 from ..peerlink import streams as S
 from .interface import accept_stream, refuse_stream
 from .unicast import STALL_TIMEOUT, connect_from, send_on_stream
@@ -185,11 +185,8 @@ class RecoveryRelay:
                         self.counters["recovery_source_stalled"] += 1
                         return
                     self.counters["recovery_requests_delivered"] += len(out)
-                try:
-                    link.streams.consumed(st.sid, len(data))
-                except S.LocalStreamError:
+                if not return_credit(link, st, len(data)):
                     return
-                link.flush_streams()
             if st.closed or link.closed:
                 return
             st.incoming_ready = trio.Event()

@@ -62,7 +62,7 @@ from ..core.fanout import (
 )
 from ..core.message_path import MessagePath
 from ..core.tr.pacing import RatePacer
-from ..link import SPLICED_ITEMS, Link, StreamState
+from ..link import SPLICED_ITEMS, Link, StreamState, return_credit
 from ..peerlink import streams as S
 from .interface import RelayContext, TransportRelay, Upstreams
 from .tcp_fanout_origin import OriginFanout
@@ -404,11 +404,7 @@ class FanoutRelay(TransportRelay):
             for rx in proxy.receivers.values():
                 self._push(rx)
         if nbytes:
-            try:
-                link.streams.consumed(st.sid, nbytes)
-            except S.LocalStreamError:
-                pass
-            link.flush_streams()
+            return_credit(link, st, nbytes)
         self._count_spliced(proxy)
         proxy.splice_check()  # (and whether the lone receiver's queue is empty now: sink_idle)
 

@@ -19,7 +19,7 @@ from lbmr_runtime.buffers import BufferPool
 
 from .. import peerlink as P
 from ..core.fanout import QueueBudget, SessionFanout, SinkQueue
-from ..link import CONNECT_TIMEOUT, SPLICE_FRAME, Link, StreamState
+from ..link import CONNECT_TIMEOUT, SPLICE_FRAME, Link, StreamState, return_credit
 from ..peerlink import streams as S
 from .interface import RelayContext, Upstreams, accept_stream, refuse_stream
 
@@ -277,11 +277,7 @@ class OriginFanout:
                 nbytes = sum(map(len, st.incoming))
                 st.incoming.clear()
                 self.counters["fanout_link_bytes_ignored"] += nbytes
-                try:
-                    link.streams.consumed(st.sid, nbytes)
-                except S.LocalStreamError:
-                    pass
-                link.flush_streams()
+                return_credit(link, st, nbytes)
             self._far_push(up, link, st, q)
             if q.finished:
                 return

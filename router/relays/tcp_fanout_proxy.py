@@ -23,8 +23,7 @@ import trio
 
 from .. import peerlink as P
 from ..core.fanout import SessionFanout, SinkQueue
-from ..link import SPLICED_ITEMS, Link, PipeSeg, SplicedBytes, StreamState
-from ..peerlink import streams as S
+from ..link import SPLICED_ITEMS, Link, PipeSeg, SplicedBytes, StreamState, return_credit
 
 __all__ = ["Proxy", "Receiver"]
 
@@ -145,11 +144,7 @@ class Proxy:
                 st.sink_broken = True
                 break
             self._copied += k
-            try:
-                link.streams.consumed(st.sid, k)
-            except S.LocalStreamError:
-                pass
-            link.flush_streams()
+            return_credit(link, st, k)
             if k < len(data):
                 inc[0] = SplicedBytes(data[k:])
                 done = False
@@ -198,11 +193,7 @@ class Proxy:
         st, link = self.st, self.link
         dropped = st.drop_spliced(link.pipes)
         if dropped:
-            try:
-                link.streams.consumed(st.sid, dropped)
-            except S.LocalStreamError:
-                pass
-            link.flush_streams()
+            return_credit(link, st, dropped)
         st.splice_whole = st.sink_idle = False
         if not st.rx_splicing:
             st.sink_broken = False

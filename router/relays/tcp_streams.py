@@ -18,7 +18,7 @@ from collections import deque
 import trio
 
 from .. import peerlink as P
-from ..link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState
+from ..link import CONNECT_TIMEOUT, READ_SIZE, HeldChunk, Link, PipeSeg, StreamState, return_credit
 from ..link.splice import splice
 from ..peerlink import streams as S
 from .interface import TransportRelay, accept_stream, refuse_stream
@@ -228,11 +228,7 @@ async def pump_down(link: Link, st: StreamState, scope) -> None:
                 scope.cancel()
                 return
             st.incoming.popleft()
-            try:
-                link.streams.consumed(st.sid, len(data))
-            except S.LocalStreamError:
-                pass
-            link.flush_streams()
+            return_credit(link, st, len(data))
         if st.closed or link.closed:
             scope.cancel()
             return

@@ -36,7 +36,7 @@ import trio
 
 from .. import peerlink as P
 from ..core.uim import UimAction, UimPath, UimStream
-from ..link import Link, StreamState
+from ..link import Link, StreamState, return_credit
 from ..peerlink import streams as S
 from .interface import accept_stream
 from .uim_targets import MAX_TARGETS, UimTargets
@@ -246,11 +246,7 @@ class UimRelay:
                         started = None
                     elif runs or started is None:
                         started = trio.current_time()
-                    try:
-                        link.streams.consumed(st.sid, len(data))
-                    except S.LocalStreamError:
-                        pass
-                    link.flush_streams()
+                    return_credit(link, st, len(data))
                     await trio.lowlevel.checkpoint()
                 if st.closed or link.closed:
                     return

@@ -36,8 +36,7 @@ import trio
 
 from .. import peerlink as P
 from ..core.uim import DeliverMessage, DropMessage, ForwardMessage, RecoverMessage, UimAction
-from ..link import CONNECT_TIMEOUT, Link, StreamState
-from ..peerlink import streams as S
+from ..link import CONNECT_TIMEOUT, Link, StreamState, return_credit
 from .unicast import (
     STALL_TIMEOUT,
     StreamNotOpened,
@@ -385,11 +384,7 @@ class UimTargets:
                         self.event("recovery_receiver_gone", f"{receiver[0]}:{receiver[1]}")
                         return
                     self.counters["recovery_answer_bytes"] += len(data)
-                    try:
-                        link.streams.consumed(st.sid, len(data))
-                    except S.LocalStreamError:
-                        pass
-                    link.flush_streams()
+                    return_credit(link, st, len(data))
                 if st.closed or link.closed:
                     return
                 st.incoming_ready = trio.Event()
