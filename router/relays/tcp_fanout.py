@@ -183,6 +183,7 @@ class FanoutRelay(TransportRelay):
                 proxy.st.incoming_ready.set()  # (what is spliced for another may hold it back: _near_feed)
             try:
                 async with trio.open_nursery() as n:
+                    rx.scope = n.cancel_scope
                     n.start_soon(self._receiver_reads, rx, n.cancel_scope)
                     await self._receiver_writes(rx)
                     n.cancel_scope.cancel()
@@ -423,6 +424,8 @@ class FanoutRelay(TransportRelay):
                 self.event("fanout_receiver_behind",
                            f"{rx.peer}: took none of its spliced bytes for {proxy.core.lag_timeout:g} s "
                            f"while other receivers waited; disconnected")
+                if rx.scope is not None:
+                    rx.scope.cancel()  # (at once: its queue no longer holds the others back)
             self._count_spliced_dropped(proxy.drop_spliced())
 
     def _count_spliced(self, proxy: Proxy) -> None:

@@ -34,7 +34,7 @@ class Receiver:
     """One receiver connection of a proxy: its socket (``conn``, ``fd``), queue and
     writer's state."""
 
-    __slots__ = ("conn", "fd", "queue", "peer", "blocked", "broken", "wake", "proxy")
+    __slots__ = ("conn", "fd", "queue", "peer", "blocked", "broken", "wake", "proxy", "scope")
 
     def __init__(self, conn: trio.SocketStream, queue: SinkQueue, peer: str, proxy: Proxy) -> None:
         self.conn, self.queue, self.peer, self.proxy = conn, queue, peer, proxy
@@ -42,6 +42,7 @@ class Receiver:
         self.blocked = False  # its socket was full: the writer waits for it
         self.broken = False  # writing failed: it went away
         self.wake = trio.Event()
+        self.scope: trio.CancelScope | None = None  # its tasks' (cancelled: it is disconnected)
 
 
 class Proxy:

@@ -9,6 +9,8 @@ in the session are still rewritten at router B."""
 
 from __future__ import annotations
 
+import socket
+
 import trio
 
 from lbmr_proto import lbmc, lbmc_stream
@@ -35,11 +37,15 @@ from tests.router.helpers import (
 
 async def spliced_then_stuck(n):
     """A pair, the live source at full rate, and a lone receiver that read 20 MB (spliced
-    to) and reads no more: (rb, tir, its connection)."""
+    to) and reads no more, its receive buffer small (what is spliced for it then waits in
+    router B's pipes, whatever the host's load): (rb, tir, its connection)."""
     ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
     await tcp_live_source(n, trd1, rate=1e6, message_size=4000, max_burst=256)
     tir = await resolve(udp("127.0.2.9"), trd2)
-    stuck = await trio.open_tcp_stream(tir.transport.ip, tir.transport.port)
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    await sock.connect((tir.transport.ip, tir.transport.port))
+    stuck = trio.SocketStream(sock)
     got = 0
     with trio.fail_after(10):
         while got < 20_000_000:
