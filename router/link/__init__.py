@@ -157,6 +157,17 @@ class Link:
         """Queue the stream table's frames for the writer (:meth:`LinkWriter.flush_streams`)."""
         self.tx.flush_streams(direct)
 
+    def flush_stream(self, st: StreamState) -> None:
+        """``flush_streams(direct=True)`` after a data pump queued frames of ``st``:
+        what the flush queued is noted as the stream's
+        (:meth:`StreamState.writer_backlog` tells how much of it the writer has
+        not taken yet)."""
+        outq = self.tx.outq
+        before = outq.data_in
+        self.tx.flush_streams(True)
+        if outq.data_in > before:
+            st.queued(outq, outq.data_in - before)
+
     def send_now(self) -> None:
         """Write what is queued, as far as the socket takes it at once (zero-copy links; the
         writer task otherwise). Never waits, never raises."""

@@ -19,6 +19,7 @@ from collections import deque
 import trio
 
 from ..peerlink import streams as S
+from ..peerlink.outqueue import OutQueue
 from .splice import Pipe, PipePool, splice
 
 READ_SIZE = 256 << 10  # bytes per read from the link and from relayed TCP streams
@@ -123,6 +124,25 @@ class StreamState:
         self.sink_idle = True
         self.spliced_in = 0  # bytes spliced from the link into the stream's pipes, in all
         self.spliced_out = 0  # ... and out of them (to ``sock``, or thrown away), in all
+        # the stream's frames in the link writer's queue, as noted (:meth:`queued`): per
+        # flush, the queue's ``data_in`` after it and the encoded bytes it queued; their sum
+        self.queued_frames: deque[tuple[int, int]] = deque()
+        self.queued_bytes = 0
+
+    def queued(self, outq: OutQueue, nbytes: int) -> None:
+        """The stream's frames just queued in the link writer's ``outq``: ``nbytes``
+        encoded bytes, the last the queue took."""
+        self.queued_frames.append((outq.data_in, nbytes))
+        self.queued_bytes += nbytes
+
+    def writer_backlog(self, outq: OutQueue) -> int:
+        """Encoded bytes of the stream's frames (as :meth:`queued` noted them) still
+        in the link writer's queue ``outq``: not yet taken by the writer (a frame
+        taken is being written from memory, or was written)."""
+        frames, out = self.queued_frames, outq.data_out
+        while frames and frames[0][0] <= out:
+            self.queued_bytes -= frames.popleft()[1]
+        return self.queued_bytes
 
     def take_data(self, data: bytes, whole: bool) -> None:
         """Bytes of a STREAM_DATA frame that came on the copy path (``whole``: flagged

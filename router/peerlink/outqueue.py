@@ -42,6 +42,10 @@ class OutQueue:
         self._q: deque[tuple[Frame, int]] = deque()  # (frame, data bytes or 0 for control)
         self.control_count = 0
         self.data_bytes = 0
+        # encoded data bytes ever queued, and ever taken off the queue (written or thrown
+        # away): a frame queued when ``data_in`` reached x has left once ``data_out`` >= x
+        self.data_in = 0
+        self.data_out = 0
         self.dropped_datagrams = 0
         self.dropped_datagram_bytes = 0
         self.refused_stream_data = 0
@@ -76,6 +80,7 @@ class OutQueue:
                     self.refused_stream_data += 1
                 return False
             self.data_bytes += size
+            self.data_in += size
             self._q.append((frame, size))
             return True
         if self.control_count >= self.max_control:
@@ -92,6 +97,7 @@ class OutQueue:
         frame, size = self._q.popleft()
         if size:
             self.data_bytes -= size
+            self.data_out += size
         else:
             self.control_count -= 1
         return frame
@@ -111,6 +117,7 @@ class OutQueue:
         out = [f for f, _ in self._q]
         self.discarded += len(out)
         self._q.clear()
+        self.data_out += self.data_bytes
         self.control_count = self.data_bytes = 0
         return out
 
@@ -118,6 +125,7 @@ class OutQueue:
         """Drop everything (the link went down); returns how many frames were dropped."""
         n = len(self._q)
         self._q.clear()
+        self.data_out += self.data_bytes
         self.control_count = self.data_bytes = 0
         self.discarded += n
         return n

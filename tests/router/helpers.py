@@ -599,16 +599,18 @@ class Forwarder:
         scope.cancel()
 
 
-async def start_forwarded_pair(n, a: dict | None = None, b: dict | None = None, **endpoint):
-    """lbmrds, router B (TRD2, acceptor), the forwarder, router A (TRD1, initiator
-    to the forwarder); ``endpoint``: EndpointConfig fields of both, ``a``/``b``:
-    of one. The link is up when it returns. (ra, rb, fwd, trd1, trd2)."""
+async def start_forwarded_pair(n, a: dict | None = None, b: dict | None = None, *, pace: float | None = None,
+                               **endpoint):
+    """lbmrds, router B (TRD2, acceptor), the forwarder (``pace``: its bytes per
+    second from A to B), router A (TRD1, initiator to the forwarder);
+    ``endpoint``: EndpointConfig fields of both, ``a``/``b``: of one. The link
+    is up when it returns. (ra, rb, fwd, trd1, trd2)."""
     _, trd1 = await start_lbmrd(n, "127.0.1.1")
     _, trd2 = await start_lbmrd(n, "127.0.2.1")
     rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1", **endpoint | (b or {})),
                 acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
     b_addr = await n.start(rb.run)
-    fwd = Forwarder(b_addr["peer"])
+    fwd = Forwarder(b_addr["peer"], pace=pace)
     f_addr = await n.start(fwd.serve)
     ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [trd1], interface="127.0.1.1", **endpoint | (a or {})),
                 initiator_peer("A-to-B", *f_addr, reconnect_interval_ms=500))

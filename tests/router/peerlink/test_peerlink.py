@@ -765,6 +765,23 @@ def test_outqueue_keeps_fifo_order_across_classes_and_clear_counts():
     assert q.clear() == len(frames) and q.discarded == len(frames) and len(q) == 0
 
 
+def test_outqueue_counts_data_bytes_in_and_out():
+    """``data_in``/``data_out``: encoded data bytes ever queued, and ever taken
+    off (popped or thrown away); control frames not counted."""
+    q = OutQueue()
+    q.put(StreamData(1, bytes(84)))  # 100 wire bytes
+    q.put(Keepalive(1, 1))
+    q.put(Datagram(3, bytes(34)))  # 50
+    assert (q.data_in, q.data_out) == (150, 0)
+    q.pop()
+    q.pop()
+    assert (q.data_in, q.data_out) == (150, 100)
+    q.put(StreamData(1, bytes(84)))
+    assert q.clear() == 2 and (q.data_in, q.data_out, q.data_bytes) == (250, 250, 0)
+    q.put(StreamData(1, bytes(84)))
+    assert len(q.take_all()) == 1 and (q.data_in, q.data_out) == (350, 350)
+
+
 # --------------------------------------------------------------------------- streams
 
 

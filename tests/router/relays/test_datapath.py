@@ -642,3 +642,27 @@ async def test_writer_resumes_frames_cut_by_a_full_socket_in_order():
         assert link.tx_blocked > blocked0  # the socket was full in the middle of frames
         assert link.spliced_out - spliced0 > total // 2  # and the frames were spliced
         n.cancel_scope.cancel()
+
+
+def test_a_streams_writer_backlog_is_its_frames_the_writer_has_not_taken():
+    """The frames a stream noted as queued (:meth:`StreamState.queued`) leave its
+    backlog once the writer's queue took them off; another stream's frames
+    between them count for nobody."""
+    q = P.OutQueue()
+    st = StreamState(1, 0)
+    q.put(P.StreamData(1, bytes(84)))  # 100 wire bytes
+    st.queued(q, 100)
+    q.put(P.Datagram(3, bytes(34)))  # another stream's 50
+    q.put(P.StreamData(1, bytes(184)))
+    st.queued(q, 200)
+    assert st.writer_backlog(q) == 300
+    q.pop()
+    assert st.writer_backlog(q) == 200
+    q.pop()
+    assert st.writer_backlog(q) == 200  # its second frame is still queued
+    q.pop()
+    assert st.writer_backlog(q) == 0
+    q.put(P.StreamData(1, bytes(84)))
+    st.queued(q, 100)
+    q.clear()  # the link went down
+    assert st.writer_backlog(q) == 0
