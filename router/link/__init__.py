@@ -31,6 +31,7 @@ from .stream import (
     PipeSeg,
     SplicedBytes,
     StreamState,
+    flush_stream,
     forget_stream,
     return_credit,
 )
@@ -40,8 +41,7 @@ __all__ = [
     "CONNECT_TIMEOUT", "LINK_INITIAL_BUDGET", "LINK_WINDOW_BUDGET", "MAX_CONTROL_FRAMES",
     "RAW_LIMIT", "READ_SIZE", "SPLICED_ITEMS", "SPLICE_FRAME", "SPLICE_MIN", "STREAM_FRAME", "STREAM_WINDOW",
     "STREAM_WINDOW_MAX", "ZERO_COPY", "HeldChunk", "Link", "PipeSeg", "SplicedBytes", "StreamState",
-    "return_credit",
-    "forget_stream",
+    "flush_stream", "forget_stream", "return_credit",
 ]
 
 CONNECT_TIMEOUT = 5.0  # seconds to connect to a real source (far side) or to the peer
@@ -156,17 +156,6 @@ class Link:
     def flush_streams(self, direct: bool = False) -> None:
         """Queue the stream table's frames for the writer (:meth:`LinkWriter.flush_streams`)."""
         self.tx.flush_streams(direct)
-
-    def flush_stream(self, st: StreamState) -> None:
-        """``flush_streams(direct=True)`` after a data pump queued frames of ``st``:
-        what the flush queued is noted as the stream's
-        (:meth:`StreamState.writer_backlog` tells how much of it the writer has
-        not taken yet)."""
-        outq = self.tx.outq
-        before = outq.data_in
-        self.tx.flush_streams(True)
-        if outq.data_in > before:
-            st.queued(outq, outq.data_in - before)
 
     def send_now(self) -> None:
         """Write what is queued, as far as the socket takes it at once (zero-copy links; the

@@ -302,6 +302,19 @@ def return_credit(link, st: StreamState, nbytes: int, direct: bool = False) -> b
     return True
 
 
+def flush_stream(link, st: StreamState) -> None:
+    """``link.flush_streams(direct=True)`` after a data pump queued frames of ``st``
+    (``link``: a :class:`router.link.Link` or a
+    :class:`router.shell.pair_link.PairLink`): what the flush queued is noted as the
+    stream's (:meth:`StreamState.writer_backlog` tells how much of it the writer has
+    not taken yet)."""
+    outq = link.outq
+    before = outq.data_in
+    link.flush_streams(True)
+    if outq.data_in > before:
+        st.queued(outq, outq.data_in - before)
+
+
 def forget_stream(link, st: StreamState) -> None:
     """Close stream ``st`` towards ``link``'s other end (a :class:`router.link.Link` or a
     :class:`router.shell.pair_link.PairLink`; unless the stream or the link is closed

@@ -19,7 +19,7 @@ from lbmr_runtime.buffers import BufferPool
 
 from .. import peerlink as P
 from ..core.fanout import QueueBudget, SessionFanout, SinkQueue
-from ..link import CONNECT_TIMEOUT, SPLICE_FRAME, Link, StreamState, return_credit
+from ..link import CONNECT_TIMEOUT, SPLICE_FRAME, Link, StreamState, flush_stream, return_credit
 from ..peerlink import streams as S
 from .interface import RelayContext, Upstreams, accept_stream, refuse_stream
 
@@ -236,7 +236,7 @@ class OriginFanout:
                         break
                     sent += len(whole)
                     q.wrote(len(whole), now)
-                    link.flush_stream(st)
+                    flush_stream(link, st)
                     continue
                 chunk = q.head(1)[0]
                 rest = streams.send(sid, chunk, limit=room)
@@ -244,7 +244,7 @@ class OriginFanout:
                 if k:
                     sent += k
                     q.wrote(k, now)
-                link.flush_stream(st)
+                flush_stream(link, st)
                 if len(rest):
                     break
         except S.LocalStreamError:

@@ -105,14 +105,6 @@ class PairLink:
         for f in self.streams.frames_to_send():
             self.put(f)
 
-    def flush_stream(self, st: StreamState) -> None:
-        """:meth:`flush_streams` after a data pump queued frames of ``st``, what
-        it queued noted as the stream's (as :meth:`router.link.Link.flush_stream`)."""
-        before = self.outq.data_in
-        self.flush_streams()
-        if self.outq.data_in > before:
-            st.queued(self.outq, self.outq.data_in - before)
-
     def close_stream(self, st: StreamState) -> None:
         """Close stream ``st`` towards the other side (unless closed already) and forget it."""
         forget_stream(self, st)
