@@ -6,7 +6,8 @@ convergence across the routers.
     python bench/router.py [--mbytes 200] [--runs 3] [--topics 8] [--ru-count 30000]
                            [--ru-rates 10000,30000] [--no-tls] [--no-ru]
                            [--profile auto|py-spy|cprofile|none] [--no-inprocess]
-                           [--fanout-n 1,10,100] [--fanout-window 3] [--no-fanout] [--only-fanout]
+                           [--fanout-n 1,10,100] [--fanout-window 3] [--fanout-rounds 3]
+                           [--no-fanout] [--only-fanout]
                            [--rr-runs 2] [--rr-count 2000] [--rr-rate-count 10000] [--rr-responders 3]
                            [--rr-window 64] [--no-requests] [--only-requests]
                            [--lj-rounds 3] [--no-latejoin] [--only-latejoin]
@@ -87,8 +88,8 @@ between its endpoints in memory.
    Without py-spy (or with --profile cprofile) a fresh pair of router
    processes runs one routed transfer under cProfile instead.
 
-5. Fan-out (bench/fanout.py; --fanout-n, --fanout-window, --no-fanout,
-   --only-fanout): two more deployments, the shipped configs as they are
+5. Fan-out (bench/fanout.py; --fanout-n, --fanout-window, --fanout-rounds,
+   --no-fanout, --only-fanout): two more deployments, the shipped configs as they are
    (fan-out on) and with fanout="off" (the per-connection relay: before),
    each peer link through a counting forwarder process; one
    live LBMC source in TRD1 and N receivers in TRD2 (this process, one epoll
@@ -110,7 +111,10 @@ between its endpoints in memory.
    that place could reach on this host, and the routed rate as a share of
    it; and the CPU seconds per GB of the routed path's three processes as a
    multiple of the minimal chain's three (on a host whose CPUs are the
-   limit, the rates follow from these).
+   limit, the rates follow from these). The share of the chain (source
+   unpaced) is measured --fanout-rounds times, the chain and the routed path
+   in turn, each against the chain just before it, and their median counts:
+   one pair of windows on a shared 2-CPU host swings by several hundredths.
 
 6. Requests and responses (bench/router_requests.py; --rr-runs, --rr-count,
    --rr-rate-count, --rr-responders, --rr-window, --no-requests,
@@ -250,6 +254,17 @@ def print_cpu_per_gb(per_gb: dict, ends: dict | None = None) -> None:
           "less CPU per byte moves more bytes once the CPUs are the limit)")
 
 
+def congestion_control() -> str:
+    """The host's default TCP congestion control (Linux), which shapes every
+    loopback figure here: BBR paces each socket's sends with timers where the
+    qdisc is not fq (loopback's is none), and on a virtual machine that costs
+    more CPU than the copies (lbmr-router(8), BUGS)."""
+    try:
+        return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mbytes", type=float, default=200, help="MB (10^6 bytes) per transfer")
@@ -267,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fanout-n", default="1,10,100",
                     help="fan-out: receiver counts to measure, comma-separated")
     ap.add_argument("--fanout-window", type=float, default=3.0, help="fan-out: seconds measured per case")
+    ap.add_argument("--fanout-rounds", type=int, default=3,
+                    help="fan-out: rounds of the routed path against the minimal chain (unpaced source), "
+                         "each in turn; the median counts")
     ap.add_argument("--no-fanout", action="store_true", help="skip the fan-out measurement")
     ap.add_argument("--only-fanout", action="store_true", help="measure only the fan-out (section 5)")
     ap.add_argument("--rr-runs", type=int, default=2,
@@ -286,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-latejoin", action="store_true", help="skip the late-join measurement")
     ap.add_argument("--only-latejoin", action="store_true", help="measure only the late join (section 7)")
     args = ap.parse_args(argv)
-    if args.runs < 1 or args.topics < 1 or args.mbytes <= 0 or args.lj_rounds < 1:
-        ap.error("--runs, --topics and --lj-rounds must be at least 1, --mbytes positive")
+    if args.runs < 1 or args.topics < 1 or args.mbytes <= 0 or args.lj_rounds < 1 or not 1 <= args.fanout_rounds <= 10:
+        ap.error("--runs, --topics and --lj-rounds must be at least 1, --fanout-rounds 1 to 10, --mbytes positive")
     if not (1 <= args.rr_runs <= 10 and 1 <= args.rr_count <= 100_000 and 1 <= args.rr_rate_count <= 100_000
             and 1 <= args.rr_responders <= 16 and 1 <= args.rr_window <= 4096):
         ap.error("--rr-runs 1 to 10, --rr-count and --rr-rate-count 1 to 100000, --rr-responders 1 to 16, --rr-window 1 to 4096")
@@ -301,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.alarm(HARD_LIMIT_S)
     started = time.monotonic()
     print(f"lbmr-router benchmark: {mb:g} MB per transfer, best of {args.runs}, reads/writes of "
-          f"{CHUNK // 1024} KiB, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+          f"{CHUNK // 1024} KiB, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+          f"TCP congestion control {congestion_control()}")
     source = DataSource(total)
     with tempfile.TemporaryDirectory(prefix="bench-router-") as td, contextlib.ExitStack() as stack:
         tmp = Path(td)
