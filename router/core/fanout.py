@@ -341,13 +341,14 @@ class SessionFanout:
         self.nbytes = 0
         self.ended = False
 
-    def add(self, key: Hashable, now: float, behind: int = 0) -> SinkQueue:
+    def add(self, key: Hashable, now: float, behind: int = 0, limit: int | None = None) -> SinkQueue:
         """A new sink: it gets the session's TCP_SID message first (if one came),
         then the messages of every later :meth:`feed`; with ``behind``, the
         bytes of the session the caller holds and has not fed yet (taken before
         the sink came), only the messages that start after them: it joins at
-        the next message, not at bytes held back for the others."""
-        q = self.sinks[key] = SinkQueue(self.max_queue, now, self.budget)
+        the next message, not at bytes held back for the others. ``limit``:
+        its queue's bytes (default ``max_queue``; at least that)."""
+        q = self.sinks[key] = SinkQueue(max(limit or 0, self.max_queue), now, self.budget)
         if behind > 0:
             q.joins_at = self.fed + behind
         q.closing = self.ended

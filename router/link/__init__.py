@@ -46,7 +46,8 @@ __all__ = [
 
 CONNECT_TIMEOUT = 5.0  # seconds to connect to a real source (far side) or to the peer
 RAW_LIMIT = 1 << 20  # bytes of the connection's own answers (keepalive acks, ...) held unsent
-# Zero-copy links: frames of up to a pipe's worth (MAX_PAYLOAD less the stream id).
+# Zero-copy links: frames of up to MAX_PAYLOAD less the stream id (a pipe's worth), or
+# LARGE_PAYLOAD less it once the handshake negotiated LARGE_FRAMES (:meth:`Link.negotiated`).
 # LBMR_ROUTER_ZERO_COPY=0 in the environment turns zero copy off (bench/router.py
 # measures both paths).
 SPLICE_FRAME = P.MAX_PAYLOAD - 4
@@ -147,6 +148,14 @@ class Link:
     def tx_blocked(self) -> int:
         """Times the zero-copy writer found the socket full in the middle of a frame."""
         return self.tx.tx_blocked
+
+    def negotiated(self, capabilities: int) -> None:
+        """The handshake completed with ``capabilities`` (both sides' bits): the stream
+        kinds they allow are accepted from now (RESPONSE, ...), and a zero-copy link's
+        frames carry up to the connection's payload limit (LARGE_FRAMES: 4 MiB)."""
+        self.streams.kinds = frozenset(int(k) for k in P.stream_kinds(capabilities))
+        if self.zero_copy:
+            self.streams.max_frame = self.conn.max_payload - 4
 
     # ------------------------------------------------------------- writing
 

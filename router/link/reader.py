@@ -43,8 +43,11 @@ RX_YIELD = 4 << 20
 # few more for its queues (on a busy host a stream's window grows to STREAM_WINDOW_MAX, and
 # every frame beyond the kept buffers cost a fresh MiB: page faults and zeroing, 5 % of
 # router B's CPU with 16 kept); so at most 36 MiB a link, in use or not, held only once a
-# stream needed them (beyond them, frames get buffers of their own)
+# stream needed them (beyond them, frames get buffers of their own). Frames larger than
+# MAX_PAYLOAD (LARGE_FRAMES) take buffers of LARGE_PAYLOAD bytes: RX_LARGE_BUFFERS of them
+# kept (as many bytes)
 RX_BUFFERS = STREAM_WINDOW_MAX // P.MAX_PAYLOAD + 4
+RX_LARGE_BUFFERS = RX_BUFFERS * P.MAX_PAYLOAD // P.LARGE_PAYLOAD
 _DATA_HEAD = P.HEADER_SIZE + 4  # header and stream id of a STREAM_DATA frame
 _LEN4 = (4).to_bytes(4, "big")
 # capability bits as plain ints (``int & IntFlag`` goes through enum: microseconds a frame)
@@ -79,7 +82,8 @@ class LinkReader:
         self._waited = False  # the last move waited for the socket instead of probing it
         self._pipe_full = False  # the last move most likely filled the stream's pipe
         self._scratch: bytearray | None = None
-        self._buffers = BufferPool(P.MAX_PAYLOAD, RX_BUFFERS)  # whole payloads (_receive_whole)
+        self._buffers = BufferPool(P.MAX_PAYLOAD, RX_BUFFERS)  # whole payloads (_receive_whole) ...
+        self._large_buffers: BufferPool | None = None  # ... larger than MAX_PAYLOAD (made on first use)
         self.spliced_in = 0  # payload bytes spliced from the link
 
     async def receive(self) -> tuple[list, bool]:
@@ -161,6 +165,8 @@ class LinkReader:
         while pos + P.HEADER_SIZE <= n:
             magic, ver, ftype, flags, _, length = P.HEADER.unpack_from(view, pos)
             if magic != P.MAGIC or ver != P.WIRE_VERSION or length > max_payload:
+                if pos:  # (the frames before it first: the handshake's last may raise the limit)
+                    break
                 return self._feed(self._take(n))  # the connection refuses it
             if (ftype == P.FrameType.DATAGRAM and 4 <= length and pos + P.HEADER_SIZE + length <= n
                     and self._may_datagram()):
@@ -305,7 +311,12 @@ class LinkReader:
         pool: written again only once no view of it is alive), then hand it to ``st``
         at once (a read-only view): one item and one wake-up of the stream per frame,
         whatever the pieces the link's socket gives."""
-        buf = memoryview(self._buffers.take(nbytes))[:nbytes]
+        pool = self._buffers
+        if nbytes > pool.size:
+            if self._large_buffers is None:
+                self._large_buffers = BufferPool(P.LARGE_PAYLOAD, RX_LARGE_BUFFERS)
+            pool = self._large_buffers
+        buf = memoryview(pool.take(nbytes))[:nbytes]
         while self._left:
             try:
                 k = self._sock.recv_into(buf[nbytes - self._left:])

@@ -99,6 +99,7 @@ from .wire import (
     HEADER,
     HEADER_SIZE,
     KIND_CAPABILITY,
+    LARGE_PAYLOAD,
     MAGIC,
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
@@ -123,7 +124,7 @@ from .wire import (
 )
 
 __all__ = [
-    "MAGIC", "WIRE_VERSION", "PROTOCOL_VERSION", "HEADER_SIZE", "MAX_PAYLOAD", "FLAG_IGNORABLE", "FLAG_WHOLE_MESSAGES",
+    "MAGIC", "WIRE_VERSION", "PROTOCOL_VERSION", "HEADER_SIZE", "MAX_PAYLOAD", "LARGE_PAYLOAD", "FLAG_IGNORABLE", "FLAG_WHOLE_MESSAGES",
     "FrameType", "ConnectCode", "InterestAction", "PatternType", "StreamKind", "RefuseCode",
     "CloseCode", "Capability", "State",
     "LocalProtocolError", "FrameEncodeError", "FrameDecodeError", "OutQueueOverflow",

@@ -59,6 +59,7 @@ from .wire import (
     FLAG_IGNORABLE,
     FLAG_WHOLE_MESSAGES,
     KIND_CAPABILITY,
+    LARGE_PAYLOAD,
     MAGIC,
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
@@ -114,7 +115,7 @@ class PeerConnection:
                  keepalive_interval: float = 5.0, dead_after: float = 15.0,
                  handshake_timeout: float = 5.0, disconnect_timeout: float = 5.0,
                  max_payload: int = MAX_PAYLOAD, nonce: int | None = None,
-                 keepalive_idle: bool = True) -> None:
+                 keepalive_idle: bool = True, large_payload: int = LARGE_PAYLOAD) -> None:
         if role not in ("initiator", "acceptor"):
             raise ValueError(f"role must be 'initiator' or 'acceptor', not {role!r}")
         self.role = role
@@ -125,7 +126,10 @@ class PeerConnection:
         self.dead_after = dead_after
         self.handshake_timeout = handshake_timeout
         self.disconnect_timeout = disconnect_timeout
-        self.max_payload = max_payload
+        if large_payload < max_payload:
+            raise ValueError(f"large_payload ({large_payload}) must be at least max_payload ({max_payload})")
+        self.max_payload = max_payload  # the limit now (raised to large_payload once connected with LARGE_FRAMES)
+        self.large_payload = large_payload
         self.nonce = secrets.randbits(64) if nonce is None else nonce
         self.state = State.IDLE
         self.peer: PeerInfo | None = None
@@ -476,6 +480,10 @@ class PeerConnection:
         self._hs_deadline = math.inf
         self.capabilities = self.identity.capabilities & self.peer.capabilities
         self.has_streams = bool(self.capabilities & Capability.STREAMS)
+        if self.capabilities & Capability.LARGE_FRAMES:
+            # (from the next frame on, both ways: each side raises its limit as it connects, and
+            # the peer sends a large frame only once it is connected, after its last handshake frame)
+            self.max_payload = self._reader.max_payload = self.large_payload
         events.append(Connected(self.peer, self.capabilities))
 
     def _response(self, code: int, reason: str) -> ConnectResponse:

@@ -23,30 +23,43 @@ from ..link import CONNECT_TIMEOUT, SPLICE_FRAME, Link, StreamState, flush_strea
 from ..peerlink import streams as S
 from .interface import RelayContext, Upstreams, accept_stream, refuse_stream
 
-__all__ = ["LINK_BACKLOG", "OriginFanout", "Upstream", "UPSTREAM_LINGER"]
+__all__ = ["LINK_BACKLOG", "LINK_BACKLOG_MAX", "OriginFanout", "Upstream", "UPSTREAM_LINGER", "link_backlog"]
 
 # seconds a session's upstream connection stays open after its last stream left (a
 # stream that comes back at once finds the session running)
 UPSTREAM_LINGER = 1.0
 # bytes per read of an origin (at most; and at most what the room lets in): one frame on a
-# zero-copy link. After a read that filled its buffer the next one is tried at once (the
-# bytes are most likely there: no wait for the socket, no scheduler round per read), the
-# task letting the others run after UPSTREAM_YIELD bytes
+# zero-copy link, the largest frame of the session's links (UPSTREAM_READ unless a link
+# negotiated LARGE_FRAMES: then LARGE_READ; the frames of a link with smaller ones are cut
+# to its size, not flagged whole). After a read that filled its buffer the next one is
+# tried at once (the bytes are most likely there: no wait for the socket, no scheduler
+# round per read), the task letting the others run after UPSTREAM_YIELD bytes
 UPSTREAM_READ = SPLICE_FRAME
+LARGE_READ = P.LARGE_PAYLOAD - 4
 UPSTREAM_YIELD = 4 << 20
 # read buffers kept for use again (lbmr_runtime.buffers): as many as a session has in flight
 # at full speed (its link queue, 8 MiB, its own queue, and what the link's writer holds, in
 # reads that often fill a buffer only in part: with 12 kept one read in 40 still took a
 # fresh MiB, with 20 one in 45, with 32 none once all were made), an endpoint's sessions
-# sharing them
+# sharing them; as many bytes of LARGE_READ buffers for sessions that read so much
 UPSTREAM_BUFFERS = 32
+UPSTREAM_BUFFER_BYTES = UPSTREAM_BUFFERS * (UPSTREAM_READ + lbmc.MAX_MSGLEN)
 # frames' worth (the link's largest) of a session's stream in the link's queue at most, as
 # the per-connection relay's TX_DEPTH: the link's socket buffer keeps the link busy, and the
 # rest waits in the session's queue, not read yet, so that the bytes between a read and their
 # write stay few (still in the CPU's cache when written). bench/router.py, fan-out to one
-# receiver: router A's system time per GB a tenth less than with the link's whole queue
+# receiver: router A's system time per GB a tenth less than with the link's whole queue.
+# At most LINK_BACKLOG_MAX bytes, but one frame always: one 4 MiB frame (LARGE_FRAMES)
 LINK_BACKLOG = 2
+LINK_BACKLOG_MAX = P.LARGE_PAYLOAD + P.HEADER_SIZE
 _WHOLE_MESSAGES = int(P.Capability.WHOLE_MESSAGES)  # (a plain int: ``int & IntFlag`` goes through enum)
+
+
+def link_backlog(max_frame: int) -> int:
+    """Bytes of one session's frames that router A keeps in the queue of a link whose
+    frames carry at most ``max_frame`` data bytes (LINK_BACKLOG, LINK_BACKLOG_MAX)."""
+    frame = max_frame + S.STREAM_DATA_OVERHEAD
+    return max(min(LINK_BACKLOG * frame, LINK_BACKLOG_MAX), frame)
 
 
 class Upstream:
@@ -66,6 +79,7 @@ class Upstream:
         self.by_origin = False  # the origin ended the session (EOF)
         self.done = False
         self.room = trio.Event()  # set when a stream's queue took bytes: the reader may go on
+        self.read_size = UPSTREAM_READ  # bytes per read at most: the largest frame of its links
 
 
 class OriginFanout:
@@ -82,8 +96,10 @@ class OriginFanout:
         self.upstreams: Upstreams = context.upstreams
         self.max_queue = self.settings.fanout_max_queue
         self.budget = budget
-        # the upstream sessions' read buffers, used again once nothing views them
-        self.read_buffers = BufferPool(UPSTREAM_READ + lbmc.MAX_MSGLEN, UPSTREAM_BUFFERS)
+        # the upstream sessions' read buffers, used again once nothing views them, by read size
+        self.read_buffers = {size: BufferPool(size + lbmc.MAX_MSGLEN,
+                                              UPSTREAM_BUFFER_BYTES // (size + lbmc.MAX_MSGLEN))
+                             for size in (UPSTREAM_READ, LARGE_READ)}
 
 
     def open_far(self, link: Link, ev: S.StreamOpened, origin) -> None:
@@ -95,7 +111,7 @@ class OriginFanout:
         if up is None or up.done or up.by_origin:
             path = self.context.responses.upstream_path(self.settings.downstream_rules, key)  # its requesters noted
             up = self.upstreams[key] = Upstream(key, SessionFanout(self.max_queue, self.budget, path,
-                                                                   pool=self.read_buffers))
+                                                                   pool=self.read_buffers[UPSTREAM_READ]))
             (self.upstreams.nursery or link.nursery).start_soon(self._upstream, up)
         up.waiting += 1
         link.nursery.start_soon(self._far_stream, up, link, st)
@@ -179,7 +195,7 @@ class OriginFanout:
                 if waited.cancelled_caught:
                     continue
             # (a run of whole messages fits one frame: the incomplete one held and the read)
-            want = min(UPSTREAM_READ - core.framer.buffered, room)
+            want = min(up.read_size - core.framer.buffered, room)
             try:
                 k = os.readv(fd, [core.receive_buffer(want)])
             except (BlockingIOError, InterruptedError):
@@ -224,9 +240,11 @@ class OriginFanout:
         sent = 0
         now = trio.current_time()  # (the frames queued in a row take microseconds: one time for them)
         streams, sid, outq = link.streams, st.sid, link.outq
-        # (whole frames only where they can go: a quarter of the link's queue at most)
-        whole_max = outq.max_data_bytes // 4 if link.capabilities & _WHOLE_MESSAGES else 0
-        backlog_max = LINK_BACKLOG * (streams.max_frame + S.STREAM_DATA_OVERHEAD)
+        # (whole frames only where they can go: a quarter of the link's queue at most, or
+        # half for a frame larger than MAX_PAYLOAD: LARGE_FRAMES)
+        whole_max = max(outq.max_data_bytes // 4, min(outq.max_data_bytes // 2, streams.max_frame)) \
+            if link.capabilities & _WHOLE_MESSAGES else 0
+        backlog_max = link_backlog(streams.max_frame)
         try:
             while q.held:
                 room = min(outq.data_space(), backlog_max - st.writer_backlog(outq))
@@ -267,8 +285,11 @@ class OriginFanout:
                 return
             if not accept_stream(link, st, self.counters):
                 return
-            q = up.core.add(key, trio.current_time())
+            # (its queue takes a frame of the link's whole: the session's reads are that large)
+            q = up.core.add(key, trio.current_time(),
+                            limit=max(self.max_queue, link.streams.max_frame + lbmc.MAX_MSGLEN))
             up.sinks[key] = st
+            self._sized(up)
             up.room.set()
             await self._far_serve(up, link, st, q)
             if up.by_origin:
@@ -276,6 +297,7 @@ class OriginFanout:
         finally:
             up.sinks.pop(key, None)
             up.core.remove(key)
+            self._sized(up)
             up.room.set()
             link.close_stream(st)
             link.state.pop(st.sid, None)
@@ -294,6 +316,15 @@ class OriginFanout:
             if q.finished:
                 return
             await st.credit.wait()
+
+    def _sized(self, up: Upstream) -> None:
+        """The session's read size after its links changed: the largest frame of its
+        links (UPSTREAM_READ at least; LARGE_READ at most), read into buffers of that size."""
+        size = LARGE_READ if any(link.streams.max_frame > UPSTREAM_READ for link, _ in up.sinks) \
+            else UPSTREAM_READ
+        if size != up.read_size:
+            up.read_size = size
+            up.core.pool = self.read_buffers[size]
 
     def _far_refused(self, link: Link, st: StreamState, up: Upstream) -> None:
         refuse_stream(link, st, up.failed or "the session ended", self.counters, self.event)

@@ -265,8 +265,7 @@ class LinkTask:
                 self.counters["peer_connects"] += 1
                 link.up.set()
                 link.wake_writer.set()
-                # the stream kinds of the negotiated capabilities are accepted from now (RESPONSE)
-                link.streams.kinds = frozenset(int(k) for k in P.stream_kinds(it.capabilities))
+                link.negotiated(it.capabilities)  # (stream kinds, frame size)
                 core.link_up(lid, it.peer, it.capabilities, trio.current_time())
                 self.wake.set()
             elif isinstance(it, P.Terminated):

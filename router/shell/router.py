@@ -69,8 +69,9 @@ log = logging.getLogger("lbmr-router")
 
 #: what a peer link announces besides the protocol's DEFAULT_CAPABILITIES (and ROUTING): the
 #: stream kinds of its own this router's data plane relays, and whole-message frames of the
-#: TCP fan-out (spliced to a lone receiver)
-PEER_CAPABILITIES = P.Capability.UIM_ROUTING | P.Capability.RECOVERY | P.Capability.WHOLE_MESSAGES
+#: TCP fan-out (spliced to a lone receiver), frames of up to 4 MiB (LARGE_FRAMES)
+PEER_CAPABILITIES = (P.Capability.UIM_ROUTING | P.Capability.RECOVERY | P.Capability.WHOLE_MESSAGES
+                     | P.Capability.LARGE_FRAMES)
 
 ADVERTISE_CHUNK = 500  # topics of one session advertised at its new proxy before the loop runs again
 

@@ -15,9 +15,9 @@ import trio
 from lbmr_proto import lbmc, lbmc_stream
 from lbmr_tools.sim.dataplane import TcpDataReceiver
 from router.config.model import acceptor_peer, initiator_peer, lbmrd_endpoint
-from router.peerlink.wire import STREAM_DATA_OVERHEAD
+from router.peerlink.wire import LARGE_PAYLOAD, MAX_PAYLOAD, STREAM_DATA_OVERHEAD
 from router.relays.tcp_fanout import RECEIVER_UPSTREAM_BURST, RECEIVER_UPSTREAM_RATE, FanoutRelay
-from router.relays.tcp_fanout_origin import LINK_BACKLOG
+from router.relays.tcp_fanout_origin import link_backlog
 from router.shell.single import Router
 from tests.router.helpers import (
     SRC_IP,
@@ -493,13 +493,15 @@ async def test_a_link_slower_than_the_source_paces_the_origin_and_nothing_is_dro
 async def test_a_sessions_frames_in_the_link_queue_stay_within_the_link_backlog():
     """A link slower than the source, with room in its queue (8 MiB) and in the
     stream's credit: router A keeps at most LINK_BACKLOG frames of the session
-    in the link's queue and holds the rest in the session's queue, not read
-    from the origin yet (what it holds between a read and its write stays
-    small). The receiver gets every message, consecutive and whole."""
+    in the link's queue (one, of 4 MiB: the routers negotiated LARGE_FRAMES)
+    and holds the rest in the session's queue, not read from the origin yet
+    (what it holds between a read and its write stays small). The receiver
+    gets every message, consecutive and whole."""
     async with trio.open_nursery() as n:
         ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n, pace=30e6)
         await tcp_live_source(n, trd1, rate=20_000, message_size=8000, max_burst=256)
         tir = await resolve(udp("127.0.2.9"), trd2)
+        assert ra.link.streams.max_frame == LARGE_PAYLOAD - 4  # (LARGE_FRAMES)
         frame = ra.link.streams.max_frame + STREAM_DATA_OVERHEAD
         most = 0
 
@@ -513,7 +515,8 @@ async def test_a_sessions_frames_in_the_link_queue_stay_within_the_link_backlog(
         result = await tcp_receiver(tir, 0, max_bytes=30_000_000).run()
         assert result.error is None and result.messages > 3000, result
         assert ra.counters["fanout_upstream_paced"] > 0  # the link was the bottleneck
-        assert frame <= most <= LINK_BACKLOG * frame, (most, frame)
+        # (frames larger than MAX_PAYLOAD queued: a read is a frame, of what the origin's socket holds)
+        assert MAX_PAYLOAD < most <= link_backlog(ra.link.streams.max_frame) == frame, (most, frame)
         assert ra.counters["fanout_link_dropped_messages"] == 0
         assert rb.counters["fanout_dropped_messages"] == 0
         n.cancel_scope.cancel()
