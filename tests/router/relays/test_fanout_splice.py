@@ -15,7 +15,7 @@ import trio
 
 from lbmr_proto import lbmc, lbmc_stream
 from router import peerlink as P
-from router.config.model import acceptor_peer, lbmrd_endpoint
+from router.config.model import acceptor_peer, initiator_peer, lbmrd_endpoint
 from router.peerlink import Capability
 from router.shell import router as R
 from router.shell.single import Router
@@ -281,4 +281,62 @@ async def test_a_peer_that_flags_bytes_that_are_not_messages_garbles_only_that_r
             assert await rx.receive_some(1 << 20) == b""  # the proxy's stream ended
         assert rb.counters["fanout_stream_malformed"] == 1
         assert rb.status()["peer"]["state"] == "CONNECTED"
+        n.cancel_scope.cancel()
+
+
+async def test_frames_of_4_mib_reach_several_receivers_through_queues_of_1_mb_and_none_is_dropped():
+    """Routers that negotiated LARGE_FRAMES carry a session at full rate in frames
+    larger than 1 MiB; router B takes each into its receivers' queues of 1 MB
+    (the DRO's max-queue) in parts, as room comes: three receivers, every
+    stream whole and consecutive, nothing dropped on either router."""
+    async with trio.open_nursery() as n:
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n)
+        assert ra.link.capabilities & Capability.LARGE_FRAMES
+        assert ra.link.streams.max_frame == P.LARGE_PAYLOAD - 4
+        await tcp_live_source(n, trd1, rate=1e6, message_size=4000, max_burst=256)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        sent = ra.link.conn.stats.bytes_sent, ra.link.conn.stats.frames_sent
+        receivers = [tcp_receiver(tir, i, max_bytes=60_000_000) for i in range(3)]
+        for rx in receivers:
+            n.start_soon(rx.run)
+        await wait_done(*receivers)
+        for rx in receivers:
+            assert rx.result.error is None and rx.result.messages > 14_000, rx.result
+            assert rx.result.session_id == TCP_SID
+        nbytes = ra.link.conn.stats.bytes_sent - sent[0]
+        frames = ra.link.conn.stats.frames_sent - sent[1]
+        print(f"{frames} frames, {nbytes / frames:.0f} bytes each")
+        assert nbytes / frames > P.MAX_PAYLOAD  # (the link's frames: large ones, and a few small)
+        assert rb.counters["fanout_dropped_messages"] == 0 and ra.counters["fanout_link_dropped_messages"] == 0
+        n.cancel_scope.cancel()
+
+
+async def test_a_router_b_without_large_frames_gets_frames_of_1_mib_still_spliced(monkeypatch):
+    """Router B of an older version (no LARGE_FRAMES): router A frames the session
+    in frames of at most 1 MiB, still flagged whole, router B splices them to
+    its lone receiver; the stream is whole and consecutive."""
+    async with trio.open_nursery() as n:
+        _, trd1 = await start_lbmrd(n, "127.0.1.1")
+        _, trd2 = await start_lbmrd(n, "127.0.2.1")
+        monkeypatch.setattr(R, "PEER_CAPABILITIES", R.PEER_CAPABILITIES & ~Capability.LARGE_FRAMES)
+        rb = Router("routerB", lbmrd_endpoint("B-TRD2", 2, [trd2], interface="127.0.2.1"),
+                    acceptor_peer("B-to-A", 0, interface="127.0.0.1"))
+        b_addr = await n.start(rb.run)
+        monkeypatch.undo()
+        ra = Router("routerA", lbmrd_endpoint("A-TRD1", 1, [trd1], interface="127.0.1.1"),
+                    initiator_peer("A-to-B", *b_addr["peer"], reconnect_interval_ms=500))
+        await n.start(ra.run)
+        with trio.fail_after(5):
+            while ra.link is None or not ra.link.connected:
+                await trio.sleep(0.05)
+        assert not ra.link.capabilities & Capability.LARGE_FRAMES
+        assert ra.link.conn.max_payload == P.MAX_PAYLOAD and ra.link.streams.max_frame == P.MAX_PAYLOAD - 4
+        await tcp_live_source(n, trd1, rate=1e6, message_size=4000, max_burst=256)
+        tir = await resolve(udp("127.0.2.9"), trd2)
+        result = await tcp_receiver(tir, 0, max_bytes=30_000_000).run()
+        assert result.error is None and result.messages > 7000, result
+        with trio.fail_after(10):
+            while rb.counters["fanout_spliced_bytes"] < 0.5 * result.stream_bytes:
+                await trio.sleep(0.05)
+        assert rb.counters["fanout_dropped_messages"] == 0 and ra.counters["fanout_link_dropped_messages"] == 0
         n.cancel_scope.cancel()
