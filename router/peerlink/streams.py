@@ -116,7 +116,9 @@ class Stream:
     state: StreamState
     target: StreamTarget | None = None  # the fields of a RESPONSE or UIM_ROUTED stream's STREAM_OPEN
     send_credit: int = 0  # bytes we may still send
-    peer_window: int = 0  # the credit the peer first gave (it gives back what it consumes)
+    # the most credit the peer gave at once (first its initial credit): a lower bound of its
+    # window, which grows while its consumer keeps up (the peer gives back what it consumes)
+    peer_window: int = 0
     recv_window: int = 0  # bytes the peer may still send
     unconsumed: int = 0  # received, not yet reported consumed
     ungranted: int = 0  # consumed, not yet returned to the peer as credit
@@ -299,10 +301,17 @@ class StreamTable:
 
     def whole_fits(self, stream_id: int, nbytes: int) -> bool:
         """Whether :meth:`send_whole` of ``nbytes`` can ever succeed on the stream: a
-        frame's worth at most, and at most the credit the peer first gave (all of which
-        comes back once it consumed what it got)."""
+        frame's worth at most, and at most half the peer's window (``peer_window``, a
+        lower bound of it). The peer grants credit once half its window was consumed,
+        so once it consumed what it got the credit is more than half the window: a
+        larger frame could wait for credit that never comes (the peer waiting for
+        more bytes before it grants any)."""
+        return 0 < nbytes <= self.whole_limit(stream_id)
+
+    def whole_limit(self, stream_id: int) -> int:
+        """The largest ``nbytes`` :meth:`whole_fits` takes now (0: no such stream)."""
         st = self.streams.get(stream_id)
-        return st is not None and 0 < nbytes <= min(self.max_frame, st.peer_window)
+        return 0 if st is None else min(self.max_frame, st.peer_window >> 1)
 
     def send_datagram(self, stream_id: int, data: bytes) -> None:
         """One DATAGRAM on an open stream (no credit involved)."""
@@ -517,6 +526,8 @@ class StreamTable:
         if f.increment == 0:
             return []
         st.send_credit += f.increment
+        if st.send_credit > st.peer_window:
+            st.peer_window = st.send_credit  # (its window grew: a grant carried the growth)
         return [CreditAvailable(st.id, st.send_credit)]
 
     def _on_close(self, f: StreamClose) -> list[StreamEvent]:

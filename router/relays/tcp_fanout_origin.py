@@ -29,11 +29,13 @@ __all__ = ["LINK_BACKLOG", "LINK_BACKLOG_MAX", "OriginFanout", "Upstream", "UPST
 # stream that comes back at once finds the session running)
 UPSTREAM_LINGER = 1.0
 # bytes per read of an origin (at most; and at most what the room lets in): one frame on a
-# zero-copy link, the largest frame of the session's links (UPSTREAM_READ unless a link
-# negotiated LARGE_FRAMES: then LARGE_READ; the frames of a link with smaller ones are cut
-# to its size, not flagged whole). After a read that filled its buffer the next one is
-# tried at once (the bytes are most likely there: no wait for the socket, no scheduler
-# round per read), the task letting the others run after UPSTREAM_YIELD bytes
+# zero-copy link, UPSTREAM_READ, or as much as a whole frame of one of the session's
+# streams may be if that is more (a link that negotiated LARGE_FRAMES, a stream whose
+# peer's window is 8 MiB or more: StreamTable.whole_limit; at most LARGE_READ; the frames
+# of the streams that take less are cut to their size, not flagged whole). After a read
+# that filled its buffer the next one is tried at once (the bytes are most likely there:
+# no wait for the socket, no scheduler round per read), the task letting the others run
+# after UPSTREAM_YIELD bytes
 UPSTREAM_READ = SPLICE_FRAME
 LARGE_READ = P.LARGE_PAYLOAD - 4
 UPSTREAM_YIELD = 4 << 20
@@ -79,7 +81,6 @@ class Upstream:
         self.by_origin = False  # the origin ended the session (EOF)
         self.done = False
         self.room = trio.Event()  # set when a stream's queue took bytes: the reader may go on
-        self.read_size = UPSTREAM_READ  # bytes per read at most: the largest frame of its links
 
 
 class OriginFanout:
@@ -195,7 +196,7 @@ class OriginFanout:
                 if waited.cancelled_caught:
                     continue
             # (a run of whole messages fits one frame: the incomplete one held and the read)
-            want = min(up.read_size - core.framer.buffered, room)
+            want = min(self._read_size(up) - core.framer.buffered, room)
             try:
                 k = os.readv(fd, [core.receive_buffer(want)])
             except (BlockingIOError, InterruptedError):
@@ -289,7 +290,6 @@ class OriginFanout:
             q = up.core.add(key, trio.current_time(),
                             limit=max(self.max_queue, link.streams.max_frame + lbmc.MAX_MSGLEN))
             up.sinks[key] = st
-            self._sized(up)
             up.room.set()
             await self._far_serve(up, link, st, q)
             if up.by_origin:
@@ -297,7 +297,6 @@ class OriginFanout:
         finally:
             up.sinks.pop(key, None)
             up.core.remove(key)
-            self._sized(up)
             up.room.set()
             link.close_stream(st)
             link.state.pop(st.sid, None)
@@ -317,14 +316,17 @@ class OriginFanout:
                 return
             await st.credit.wait()
 
-    def _sized(self, up: Upstream) -> None:
-        """The session's read size after its links changed: the largest frame of its
-        links (UPSTREAM_READ at least; LARGE_READ at most), read into buffers of that size."""
-        size = LARGE_READ if any(link.streams.max_frame > UPSTREAM_READ for link, _ in up.sinks) \
-            else UPSTREAM_READ
-        if size != up.read_size:
-            up.read_size = size
-            up.core.pool = self.read_buffers[size]
+    def _read_size(self, up: Upstream) -> int:
+        """Bytes of the session's next read at most: UPSTREAM_READ, or the largest
+        whole frame one of its streams takes now if that is more (LARGE_FRAMES),
+        read into buffers of LARGE_READ then."""
+        size = UPSTREAM_READ
+        for link, sid in up.sinks:
+            size = max(size, link.streams.whole_limit(sid))
+        pool = self.read_buffers[UPSTREAM_READ if size == UPSTREAM_READ else LARGE_READ]
+        if up.core.pool is not pool:
+            up.core.pool = pool
+        return size
 
     def _far_refused(self, link: Link, st: StreamState, up: Upstream) -> None:
         refuse_stream(link, st, up.failed or "the session ended", self.counters, self.event)

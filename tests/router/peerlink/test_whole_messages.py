@@ -72,12 +72,12 @@ def open_stream(window: int = 1 << 20, max_frame: int = 256 << 10):
 
 
 def test_send_whole_is_one_flagged_frame_or_nothing():
-    ta, tb, sid = open_stream(window=300_000, max_frame=256 << 10)
-    run = bytes(200_000)
+    ta, tb, sid = open_stream(window=400_000, max_frame=256 << 10)
+    run = bytes(150_000)
     assert ta.whole_fits(sid, len(run))
-    assert ta.send_whole(sid, run)
-    (frame,) = ta.frames_to_send()
-    assert frame == StreamData(sid, run, whole=True)
+    assert ta.send_whole(sid, run) and ta.send_whole(sid, run)
+    frames = ta.frames_to_send()
+    assert frames == [StreamData(sid, run, whole=True)] * 2
     assert ta.get(sid).send_credit == 100_000
     # not enough credit: nothing framed, nothing taken (it fits once credit comes back)
     assert not ta.send_whole(sid, run) and ta.frames_to_send() == []
@@ -89,9 +89,52 @@ def test_send_whole_is_one_flagged_frame_or_nothing():
 
 
 @pytest.mark.parametrize("size, fits", [(256 << 10, True), ((256 << 10) + 1, False), (0, False)])
-def test_whole_fits_a_frame_and_the_peers_first_credit(size, fits):
+def test_whole_fits_a_frame_and_half_the_peers_window(size, fits):
     ta, _, sid = open_stream(window=1 << 20, max_frame=256 << 10)
     assert ta.whole_fits(sid, size) is fits
     small, _, sid2 = open_stream(window=64 << 10, max_frame=256 << 10)
-    assert not small.whole_fits(sid2, 100 << 10)  # the peer's window would never let it in
+    assert not small.whole_fits(sid2, 40 << 10)  # more than half the peer's window: it could never come
+    assert small.whole_fits(sid2, 32 << 10)
     assert not small.send_whole(sid2, bytes(100 << 10))
+
+
+def test_a_frame_of_more_than_half_the_window_could_wait_for_credit_forever():
+    """The peer grants credit once it consumed half its window: after a frame of
+    just under half, consumed whole, no credit comes back and the sender holds
+    just over half the window. A whole frame larger than half the window is
+    therefore never attempted (it would wait for that credit for ever)."""
+    window = 4 << 20
+    ta, tb, sid = open_stream(window=window, max_frame=window)
+    first = window // 2 - 1
+    assert ta.send_whole(sid, bytes(first))
+    for f in ta.frames_to_send():
+        tb.receive(f)
+    tb.consumed(sid, first)
+    assert tb.frames_to_send() == []  # below half the window: no grant
+    assert ta.get(sid).send_credit == window - first < window // 2 + 2
+    assert not ta.whole_fits(sid, window // 2 + 2)  # (sent as it could go instead: StreamTable.send)
+    assert ta.whole_fits(sid, window // 2)  # never more than the credit that is sure to come
+
+
+def test_the_senders_bound_grows_with_the_peers_window():
+    """A grant that grows the peer's window (its consumer keeps up) raises what
+    the sender knows of that window (``peer_window``: the most credit it held),
+    and with it the largest whole frame."""
+    ta = StreamTable("initiator", max_frame=8 << 20)
+    tb = StreamTable("acceptor", initial_window=4 << 20, max_window=32 << 20, window_budget=128 << 20)
+    sid = tb.open(advert_id=1)
+    for f in tb.frames_to_send():
+        ta.receive(f)
+    ta.accept(sid)
+    for f in ta.frames_to_send():
+        tb.receive(f)
+    assert ta.get(sid).peer_window == 4 << 20 and not ta.whole_fits(sid, 4 << 20)
+    for _ in range(2):  # two frames of 2 MiB, each consumed at once: a grant that doubles the window
+        assert ta.send_whole(sid, bytes(2 << 20))
+        for f in ta.frames_to_send():
+            tb.receive(f)
+        tb.consumed(sid, 2 << 20)
+        for f in tb.frames_to_send():
+            ta.receive(f)
+    assert ta.get(sid).peer_window >= 8 << 20
+    assert ta.whole_fits(sid, 4 << 20)
