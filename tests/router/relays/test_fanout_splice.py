@@ -163,11 +163,11 @@ async def test_a_lone_receiver_that_stops_reading_when_another_joins_is_cut_off_
 
 
 async def test_requests_among_spliced_runs_are_still_rewritten_at_the_near_router():
-    """A TCP origin that sends 2 MB runs of plain messages with a request after
+    """A TCP origin that sends 8 MB runs of plain messages with a request after
     each: the plain runs are spliced to the lone receiver, each request (a
     message with a REQUEST header) goes framed through router B's message path
     and names B's request listener; every message arrives, in order."""
-    per_run, runs = 250, 12
+    per_run, runs = 1000, 6
     body = bytes(8000)
 
     async def serve(task_status):
@@ -212,7 +212,7 @@ async def test_requests_among_spliced_runs_are_still_rewritten_at_the_near_route
         assert {h.ipaddr for h in requests} == {"127.0.2.1"} and 14391 not in {h.port for h in requests}
         assert rb.counters["requests_rewritten"] == runs
         with trio.fail_after(5):
-            while rb.counters["fanout_spliced_bytes"] < 5_000_000:
+            while rb.counters["fanout_spliced_bytes"] < 10_000_000:
                 await trio.sleep(0.05)
         await conn.aclose()
         n.cancel_scope.cancel()
