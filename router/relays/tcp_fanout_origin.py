@@ -286,9 +286,9 @@ class OriginFanout:
                 return
             if not accept_stream(link, st, self.counters):
                 return
-            # (its queue takes a frame of the link's whole: the session's reads are that large)
-            q = up.core.add(key, trio.current_time(),
-                            limit=max(self.max_queue, link.streams.max_frame + lbmc.MAX_MSGLEN))
+            # (its queue takes one of the link's frames whole, beside an incomplete message:
+            # the session's reads are that large)
+            q = up.core.add(key, trio.current_time(), limit=link.streams.max_frame + lbmc.MAX_MSGLEN)
             up.sinks[key] = st
             up.room.set()
             await self._far_serve(up, link, st, q)
