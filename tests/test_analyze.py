@@ -2,7 +2,8 @@
 captures with known answers and on the real capture, the report, idempotence,
 corrupt captures, split-vs-unsplit equality, the CLI and the Java check.
 
-One real SparkSession (local[2]) serves the whole module.  Every analysis is
+One real SparkSession (local[2], the suite's: ``spark_session`` in conftest.py)
+serves the whole module.  Every analysis is
 compared with a plain-Python computation written here, independently of the
 package, over the same decoded records.
 """
@@ -26,7 +27,7 @@ from lbmr_analyze import splits as S  # noqa: E402
 from lbmr_analyze.cli import main as cli_main  # noqa: E402
 from lbmr_analyze.cli import parse_size  # noqa: E402
 from lbmr_analyze.javacheck import find_java, java_version  # noqa: E402
-from lbmr_analyze.job import TABLES, Progress, build_session, run  # noqa: E402
+from lbmr_analyze.job import TABLES, Progress, run  # noqa: E402
 from lbmr_proto.capture import (
     LINKTYPE_RAW,
     CaptureError,
@@ -43,6 +44,7 @@ from tests.analyze_reference import (
     ref_records,
     reference,
     reference_for,
+    shuffle_partitions,
     synthetic_datagrams,
     write_pcap,
 )
@@ -55,11 +57,8 @@ REAL_CAPTURE = Path(__file__).resolve().parents[1].parent / "shared" / "captures
 
 
 @pytest.fixture(scope="module")
-def spark():
-    s = build_session("local[2]", [("spark.sql.shuffle.partitions", "4"), ("spark.ui.enabled", "false"),
-                                   ("spark.driver.memory", "2g")], progress_bar=False)
-    yield s
-    s.stop()
+def spark(spark_session):
+    yield from shuffle_partitions(spark_session, 4)
 
 
 # ============================================================== synthetic captures
