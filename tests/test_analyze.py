@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -445,11 +446,23 @@ def test_big_file_split_into_byte_ranges(spark, tmp_path):
     assert_tables_equal(whole.tables, want, [n for n in COMPARED if n not in ("files",)])
 
 
-def test_cli_end_to_end(spark, synth, tmp_path):
+@pytest.fixture
+def sigint_kept():
+    """SIGINT's handler restored after the test: the CLI run in this process ignores
+    SIGINT once its output is in place, and an ignored SIGINT is inherited by every
+    process the suite starts later (those tests stop theirs with SIGINT); the suite's
+    SparkSession lives on, so no new SparkContext installs its own handler again."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_cli_end_to_end(spark, synth, tmp_path, sigint_kept):
     from click.testing import CliRunner
     r = CliRunner().invoke(cli_main, [str(synth), "--out", str(tmp_path / "o"), "--port", "20000",
                                       "--storm-threshold", str(STORM), "--split-size", "2K", "--top", "3"],
                            catch_exceptions=False)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN     # (what sigint_kept undoes)
     assert r.exit_code == 0, r.output
     assert "lbmr-analyze: 1 file(s)" in r.stdout and "report:" in r.stdout
     assert "7/7 writing report" in r.stderr      # (the transport pass is a step of its own)
