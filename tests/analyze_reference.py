@@ -456,3 +456,15 @@ def analyse_without_spark(cap: Path, out: Path, split_size: int = 1 << 30, *, tr
     if transport:
         tx = transport_pass(None, rows, ports, merged)
     return analyse(None, str(out / "records"), merged, transport=tx, storm_threshold=storm_threshold)
+
+
+def shuffle_partitions(spark, n: int):
+    """``spark`` with ``n`` shuffle partitions (a runtime SQL option), restored after
+    (a generator for a module's fixture)."""
+    key = "spark.sql.shuffle.partitions"
+    before = spark.conf.get(key)
+    spark.conf.set(key, str(n))
+    try:
+        yield spark
+    finally:
+        spark.conf.set(key, before)

@@ -2,7 +2,8 @@
 captures with known answers and on the real capture, the report, idempotence,
 corrupt captures, split-vs-unsplit equality, the CLI and the Java check.
 
-One real SparkSession (local[2]) serves the whole module.  Every analysis is
+One real SparkSession (local[2], the suite's: ``spark_session`` in conftest.py)
+serves the whole module.  Every analysis is
 compared with a plain-Python computation written here, independently of the
 package, over the same decoded records.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -26,7 +28,7 @@ from lbmr_analyze import splits as S  # noqa: E402
 from lbmr_analyze.cli import main as cli_main  # noqa: E402
 from lbmr_analyze.cli import parse_size  # noqa: E402
 from lbmr_analyze.javacheck import find_java, java_version  # noqa: E402
-from lbmr_analyze.job import TABLES, Progress, build_session, run  # noqa: E402
+from lbmr_analyze.job import TABLES, Progress, run  # noqa: E402
 from lbmr_proto.capture import (
     LINKTYPE_RAW,
     CaptureError,
@@ -43,6 +45,7 @@ from tests.analyze_reference import (
     ref_records,
     reference,
     reference_for,
+    shuffle_partitions,
     synthetic_datagrams,
     write_pcap,
 )
@@ -55,11 +58,8 @@ REAL_CAPTURE = Path(__file__).resolve().parents[1].parent / "shared" / "captures
 
 
 @pytest.fixture(scope="module")
-def spark():
-    s = build_session("local[2]", [("spark.sql.shuffle.partitions", "4"), ("spark.ui.enabled", "false"),
-                                   ("spark.driver.memory", "2g")], progress_bar=False)
-    yield s
-    s.stop()
+def spark(spark_session):
+    yield from shuffle_partitions(spark_session, 4)
 
 
 # ============================================================== synthetic captures
@@ -446,11 +446,23 @@ def test_big_file_split_into_byte_ranges(spark, tmp_path):
     assert_tables_equal(whole.tables, want, [n for n in COMPARED if n not in ("files",)])
 
 
-def test_cli_end_to_end(spark, synth, tmp_path):
+@pytest.fixture
+def sigint_kept():
+    """SIGINT's handler restored after the test: the CLI run in this process ignores
+    SIGINT once its output is in place, and an ignored SIGINT is inherited by every
+    process the suite starts later (those tests stop theirs with SIGINT); the suite's
+    SparkSession lives on, so no new SparkContext installs its own handler again."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_cli_end_to_end(spark, synth, tmp_path, sigint_kept):
     from click.testing import CliRunner
     r = CliRunner().invoke(cli_main, [str(synth), "--out", str(tmp_path / "o"), "--port", "20000",
                                       "--storm-threshold", str(STORM), "--split-size", "2K", "--top", "3"],
                            catch_exceptions=False)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN     # (what sigint_kept undoes)
     assert r.exit_code == 0, r.output
     assert "lbmr-analyze: 1 file(s)" in r.stdout and "report:" in r.stdout
     assert "7/7 writing report" in r.stderr      # (the transport pass is a step of its own)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from lbmr_analyze.job import TABLES, TRANSPORT_TABLES, build_session, run
+from lbmr_analyze.job import TABLES, TRANSPORT_TABLES, run
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_CAPTURE = ROOT.parent / "shared" / "captures" / "um614-multicast-tr.pcap"
@@ -34,8 +34,12 @@ SPARK_HOME = Path(pyspark.__file__).parent
 VENV_BIN = Path(sys.executable).parent
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 SPLIT = 400_000             # bytes: the 1.4 MB real capture in four byte ranges
+#: the JVM's client compiler only (as lbmr-analyze's own driver, lbmr_analyze.job.DRIVER_JIT): the
+#: master, the worker and each job's executor are started, then do little JVM work (the records
+#: go from the Python workers to Parquet), so the optimising compiler's start-up work never pays back
+JIT = "-XX:TieredStopAtLevel=1"
 FEW = ["--conf", "spark.sql.shuffle.partitions=4", "--conf", "spark.ui.enabled=false",
-       "--conf", "spark.executor.memory=1g"]
+       "--conf", "spark.executor.memory=1g", "--conf", f"spark.executor.extraJavaOptions={JIT}"]
 
 
 def _free_port() -> int:
@@ -50,7 +54,8 @@ PRIVATE = "private"
 
 def _spark_env(tmp: Path) -> dict:
     env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1",
-               SPARK_LOG_DIR=str(tmp / "logs"), SPARK_PID_DIR=str(tmp), SPARK_NO_DAEMONIZE="1")
+               SPARK_LOG_DIR=str(tmp / "logs"), SPARK_PID_DIR=str(tmp), SPARK_NO_DAEMONIZE="1",
+               SPARK_DAEMON_JAVA_OPTS=JIT)
     # no python3 with lbmr-kit on PATH: executors run only the Python they are told to
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
                                   if p and Path(p).resolve() != VENV_BIN.resolve())
@@ -98,7 +103,7 @@ def cluster(tmp_path_factory):
                     state = json.loads(r.read())
                 if state.get("aliveworkers", 0) >= 1:
                     break
-            except OSError:
+            except (OSError, ValueError):       # not listening yet, or not yet serving its JSON
                 pass
             assert master.poll() is None and worker.poll() is None, (tmp / "master.log").read_text()
             assert time.monotonic() < deadline, "the worker did not register with the master"
@@ -129,13 +134,10 @@ def inputs(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def local_tables(inputs, tmp_path_factory) -> dict:
-    spark = build_session("local[2]", [("spark.ui.enabled", "false")], progress_bar=False)
-    try:
-        res = run(spark, [inputs], tmp_path_factory.mktemp("local") / "out", split_size=SPLIT,
-                  storm_threshold=50, report=False)
-    finally:
-        spark.stop()
+def local_tables(inputs, tmp_path_factory, spark_session) -> dict:
+    """The tables of the same inputs on local[2] (the suite's embedded session)."""
+    res = run(spark_session, [inputs], tmp_path_factory.mktemp("local") / "out", split_size=SPLIT,
+              storm_threshold=50, report=False)
     return json.loads(json.dumps(res.tables, default=str))
 
 

@@ -24,7 +24,7 @@ import lbmr_proto as L
 from lbmr_analyze import partials as P
 from lbmr_analyze import splits as S
 from lbmr_analyze.findings import SEVERITIES
-from lbmr_analyze.job import TABLES, analyse, build_session, run
+from lbmr_analyze.job import TABLES, analyse, run
 from lbmr_analyze.rows import write_split
 from tests.analyze_reference import (
     PORTS,
@@ -34,6 +34,7 @@ from tests.analyze_reference import (
     iso,
     iso_s,
     reference_for,
+    shuffle_partitions,
     write_pcap,
 )
 
@@ -51,11 +52,8 @@ def pure_analyse(cap: Path, out: Path, *, storm: int = STORM, top: int = 20) -> 
 
 
 @pytest.fixture(scope="module")
-def spark():
-    s = build_session("local[2]", [("spark.sql.shuffle.partitions", "2"), ("spark.ui.enabled", "false")],
-                      progress_bar=False)
-    yield s
-    s.stop()
+def spark(spark_session):
+    yield from shuffle_partitions(spark_session, 2)
 
 
 # ============================================================== no source-id option, a storm second

@@ -21,8 +21,9 @@ from pathlib import Path
 import pyspark  # noqa: F401  - a test requirement: a missing pyspark fails, never skips
 import pytest
 
-from lbmr_analyze.job import TRANSPORT_TABLES, build_session, run
+from lbmr_analyze.job import TRANSPORT_TABLES, run
 from lbmr_analyze.transport_findings import NAK_GENERATION_S
+from tests.analyze_reference import shuffle_partitions
 from tests.helpers import real_capture
 from tests.transport_captures import (
     FINDINGS_DECODE_AS,
@@ -39,11 +40,8 @@ LBMR_INSPECT = Path(sys.executable).parent / "lbmr-inspect"
 
 
 @pytest.fixture(scope="module")
-def spark():
-    s = build_session("local[2]", [("spark.sql.shuffle.partitions", "2"), ("spark.ui.enabled", "false")],
-                      progress_bar=False)
-    yield s
-    s.stop()
+def spark(spark_session):
+    yield from shuffle_partitions(spark_session, 2)
 
 
 # ============================================================== references, written here
