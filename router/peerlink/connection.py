@@ -55,6 +55,7 @@ from .frames import (
     StreamRefuse,
     Topology,
 )
+from .handshake import judge_peer, version_reason
 from .wire import (
     FLAG_IGNORABLE,
     FLAG_WHOLE_MESSAGES,
@@ -427,7 +428,7 @@ class PeerConnection:
             if major != PROTOCOL_VERSION[0]:
                 if cls is ConnectRequest:
                     self._refuse(events, ConnectCode.VERSION_MISMATCH,
-                                 _version_reason(major, minor), now)
+                                 version_reason(major, minor), now)
                 else:  # its code and reason sit in the frozen leading fields too
                     r = PayloadReader(raw.payload, "CONNECT_RESPONSE")
                     r.pos = 4
@@ -435,7 +436,7 @@ class PeerConnection:
                         code, said = r.u16(), r.string()
                     except FrameDecodeError:
                         code, said = ConnectCode.ACCEPTED, ""
-                    reason = _version_reason(major, minor) + (f"; the peer says: {said}" if said else "")
+                    reason = version_reason(major, minor) + (f"; the peer says: {said}" if said else "")
                     self._terminate(events, Rejected(reason, ConnectCode.VERSION_MISMATCH,
                                                      by_peer=code != ConnectCode.ACCEPTED))
                 return
@@ -451,7 +452,7 @@ class PeerConnection:
         if isinstance(frame, ConnectRequest):
             peer = PeerInfo(frame.name, frame.domains, frame.nonce, frame.capabilities, frame.version)
             self.peer = peer
-            code, reason = self._judge(peer)
+            code, reason = judge_peer(self.identity, peer, self.accept_fn)
             if code != ConnectCode.ACCEPTED:
                 self._refuse(events, code, reason, now)
                 return
@@ -464,7 +465,7 @@ class PeerConnection:
                     f"peer {frame.name!r} refused the connection: {frame.reason or 'no reason given'}",
                     frame.code, by_peer=True))
                 return
-            code, reason = self._judge(peer)
+            code, reason = judge_peer(self.identity, peer, self.accept_fn)
             if code != ConnectCode.ACCEPTED:
                 self._terminate(events, Rejected(reason, code, by_peer=False))
                 return
@@ -494,34 +495,6 @@ class PeerConnection:
         """Acceptor: answer with a refusing CONNECT_RESPONSE and close."""
         self._emit(self._response(code, reason), now)
         self._terminate(events, Rejected(reason, code, by_peer=False), keep_output=True)
-
-    def _judge(self, peer: PeerInfo) -> tuple[int, str]:
-        """The built-in acceptance checks, then the user's ``accept``."""
-        if peer.version[0] != PROTOCOL_VERSION[0]:
-            return ConnectCode.VERSION_MISMATCH, _version_reason(*peer.version)
-        if not peer.name:
-            return ConnectCode.BAD_REQUEST, "the peer sent an empty router name"
-        if 0 in peer.domains:
-            return ConnectCode.BAD_REQUEST, f"router {peer.name!r} announces domain id 0 (invalid)"
-        if len(set(peer.domains)) != len(peer.domains):
-            return ConnectCode.BAD_REQUEST, f"router {peer.name!r} announces a domain id twice"
-        shared = sorted(set(peer.domains) & set(self.identity.domains))
-        if shared:
-            return ConnectCode.DOMAIN_CONFLICT, (
-                f"domain id{'s' if len(shared) > 1 else ''} {', '.join(map(str, shared))} "
-                f"served by both {self.identity.name!r} and {peer.name!r}: each TRD must be "
-                "behind one side of a peer link")
-        if peer.name == self.identity.name:
-            return ConnectCode.DUPLICATE_NAME, (
-                f"both routers are named {peer.name!r} (or the router connected to itself)")
-        if self.accept_fn is not None:
-            try:
-                ok, reason = self.accept_fn(peer)
-            except Exception as e:  # a broken callback must not break the receive path
-                return ConnectCode.REFUSED, f"acceptance check failed: {e!r}"
-            if not ok:
-                return ConnectCode.REFUSED, reason or "refused by local policy"
-        return ConnectCode.ACCEPTED, ""
 
     def _handle_connected(self, frame: Frame, now: float, events: list) -> None:
         name = frame.TYPE.name
@@ -598,9 +571,3 @@ def _kind_name(kind: int) -> str:
     except ValueError:
         return f"0x{int(kind):02x}"
 
-
-def _version_reason(major: int, minor: int) -> str:
-    me = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
-    rel = "higher" if major > PROTOCOL_VERSION[0] else "lower"
-    return (f"the peer speaks protocol {major}.{minor}, this router speaks {me}: "
-            f"a {rel} major version is not supported")
