@@ -14,10 +14,7 @@ free to be written again.
 
 from __future__ import annotations
 
-__all__ = ["BufferPool", "PROBES"]
-
-#: kept buffers :meth:`BufferPool.take` looks at, at most, before it makes a new one
-PROBES = 2
+__all__ = ["BufferPool"]
 
 
 def _unviewed(buf: bytearray) -> bool:
@@ -51,19 +48,22 @@ class BufferPool:
         """A buffer of at least ``nbytes`` bytes to read into (its old bytes
         are left: write before viewing). A kept one (``size`` bytes) when
         ``nbytes`` is from a quarter of ``size`` up to ``size`` and one is
-        free among the PROBES given out longest ago; else a new one (of the
-        pool's size, kept while fewer than ``keep`` are; of exactly ``nbytes``
-        outside that range). The taker holds it by its
-        views: it views it at once, and the pool gives it out again once none
-        is alive."""
+        free, looked for from the one given out longest ago through all kept
+        ones (they do not come free in the order they went out: with only the
+        two oldest looked at, router A's pool of 8 buffers of 4 MiB gave out a
+        fresh one for every read while 2 of its 8 were free, each a page fault
+        per 4 KiB and 4 MiB of zeros); else a new one (of the pool's size, kept while
+        fewer than ``keep`` are; of exactly ``nbytes`` outside that range).
+        The taker holds it by its views: it views it at once, and the pool
+        gives it out again once none is alive."""
         size = self.size
         if not size >> 2 <= nbytes <= size:
             return bytearray(nbytes)
         kept = self._kept
         n = len(kept)
         # views go in about the order the buffers were given out: the one given out
-        # longest ago is looked at first, and at most PROBES of them
-        for k in range(min(n, PROBES)):
+        # longest ago is looked at first (a look: a byte appended and taken off)
+        for k in range(n):
             i = (self._next + k) % n
             buf = kept[i]
             if _unviewed(buf):

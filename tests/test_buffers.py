@@ -53,3 +53,14 @@ def test_a_framer_reading_into_pooled_buffers_keeps_its_buffer_viewed_until_rece
     assert got == ms and pool.reused == 2
     with pytest.raises(ValueError):
         f.receive_buffer(100, bytearray(50))
+
+
+def test_a_free_buffer_is_found_whichever_kept_one_it_is():
+    pool = BufferPool(1000, keep=4)
+    views = [memoryview(pool.take(1000)) for _ in range(4)]
+    bufs = [v.obj for v in views]
+    del views[2]  # the third given out comes free first; the oldest two stay viewed
+    assert pool.take(1000) is bufs[2] and pool.reused == 1
+    views.clear()
+    assert {id(pool.take(1000)) for _ in range(3)} <= {id(b) for b in bufs}
+    assert pool.reused == 4
