@@ -199,13 +199,21 @@ class OriginFanout:
                 await trio.lowlevel.checkpoint()
             elif not ready:
                 unyielded = 0
-                lowat = min(UPSTREAM_LOWAT, room) if self._held_ahead(up) else 1
+                lowat = 1
+                if self._held_ahead(up):
+                    try:  # (a quarter of the receive buffer at most: the kernel would else grow
+                        # the buffer and clamp the window to the mark, which the sender then
+                        # may never fill)
+                        lowat = max(1, min(UPSTREAM_LOWAT, room,
+                                           sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4))
+                    except OSError:
+                        pass  # (the read says why)
                 if lowat != up.lowat:
                     try:
                         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
                         up.lowat = lowat
                     except OSError:
-                        pass  # (the read says why)
+                        pass
                 if up.lowat > 1:
                     self.counters["fanout_upstream_coalesced"] += 1
                 with trio.move_on_after(UPSTREAM_LINGER) as waited:
