@@ -20,7 +20,7 @@ from tests.router.helpers import (
 )
 
 TIDX = 7
-BURST = 12_000_000  # bytes of 8 KB messages: more than one link frame and its backlog
+BURST = 3_000_000  # bytes of 8 KB messages: more than one frame while the peer window is small
 TAIL = b"tail"
 
 
@@ -53,17 +53,18 @@ async def bursty_source(n, trd1, bursts: int, go: trio.MemoryReceiveChannel):
 
 
 async def test_a_bursts_last_message_is_read_as_soon_as_the_link_has_taken_the_rest(monkeypatch):
-    """The link is paced (50 MB/s), so router A's streams hold each burst for a
-    while after it was read: the reader waits for UPSTREAM_LOWAT bytes (counted,
-    the socket's SO_RCVLOWAT raised) when the small last message comes. The
-    linger after which every wait ends is made a minute: the last message of
-    each of 3 bursts still arrives within seconds, once the link has taken the
-    burst, and every message is whole and consecutive."""
+    """The link is paced (10 MB/s), so router A's streams hold each 3 MB burst
+    (more than one frame) for a while after it was read: the reader waits for
+    the low-water mark (counted) when the small last message comes, 50 ms
+    later. The linger after which every wait ends is made a minute: the last
+    message of each of 3 bursts still arrives within seconds, once the link's
+    writer has taken the burst's frames, and every message is whole and
+    consecutive. (Without the end of the wait, it fails.)"""
     monkeypatch.setattr(tcp_fanout_origin, "UPSTREAM_LINGER", 60.0)
     lowats = []
 
     async with trio.open_nursery() as n:
-        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n, pace=50e6)
+        ra, rb, fwd, trd1, trd2 = await start_forwarded_pair(n, pace=10e6)
         go_send, go = trio.open_memory_channel(3)
         await bursty_source(n, trd1, 3, go)
         tir = await resolve(udp("127.0.2.9"), trd2)
