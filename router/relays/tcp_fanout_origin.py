@@ -199,26 +199,10 @@ class OriginFanout:
                 await trio.lowlevel.checkpoint()
             elif not ready:
                 unyielded = 0
-                lowat = 1
-                if self._held_ahead(up):
-                    try:  # (a quarter of the receive buffer at most: the kernel would else grow
-                        # the buffer and clamp the window to the mark, which the sender then
-                        # may never fill)
-                        lowat = max(1, min(UPSTREAM_LOWAT, room,
-                                           sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4))
-                    except OSError:
-                        pass  # (the read says why)
-                if lowat != up.lowat:
-                    try:
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
-                        up.lowat = lowat
-                    except OSError:
-                        pass
-                if up.lowat > 1:
-                    self.counters["fanout_upstream_coalesced"] += 1
+                coalesce = self._mark_reads(up, sock, room)
                 with trio.move_on_after(UPSTREAM_LINGER) as waited:
                     with trio.CancelScope() as coalescing:
-                        up.coalescing = coalescing if up.lowat > 1 else None
+                        up.coalescing = coalescing if coalesce else None
                         try:
                             await trio.lowlevel.wait_readable(sock)
                         except (trio.ClosedResourceError, OSError):
@@ -245,6 +229,30 @@ class OriginFanout:
             self._count_link_drops(core.received(k, trio.current_time()))
             for (link, sid), st in up.sinks.items():
                 self._far_push(up, link, st, core.sinks[link, sid])
+
+    def _mark_reads(self, up: Upstream, sock: socket.socket, room: int) -> bool:
+        """Set the origin socket's low-water mark for the reader's next wait: UPSTREAM_LOWAT
+        bytes (at most the room, and a quarter of the socket's receive buffer: the kernel
+        would else grow the buffer and clamp the window to the mark, which the sender then
+        might never fill) while every stream holds bytes ahead (:meth:`_held_ahead`), else
+        1 byte. True when the mark is above 1 byte (counted: such a wait ends early once a
+        stream has nothing ahead, :meth:`_wake_reader`)."""
+        mark = 1
+        if self._held_ahead(up):
+            try:
+                mark = max(1, min(UPSTREAM_LOWAT, room,
+                                  sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4))
+            except OSError:
+                pass  # (the read says why)
+        if mark != up.lowat:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, mark)
+                up.lowat = mark
+            except OSError:
+                pass  # (the read says why)
+        if up.lowat > 1:
+            self.counters["fanout_upstream_coalesced"] += 1
+        return up.lowat > 1
 
     @staticmethod
     def _held_ahead(up: Upstream) -> bool:
