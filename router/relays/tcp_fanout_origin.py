@@ -259,10 +259,9 @@ class OriginFanout:
         """Every stream of the session holds bytes its link writer has not taken yet
         (in its queue, or framed in the link's queue): bytes read now would go out
         only after them. False with no stream."""
-        sinks = up.core.sinks
+        queues = up.core.sinks  # (a stream's queue is there while it is in ``up.sinks``)
         for (link, sid), st in up.sinks.items():
-            q = sinks.get((link, sid))
-            if not (q is not None and q.held) and not st.writer_backlog(link.outq):
+            if not queues[link, sid].held and not st.writer_backlog(link.outq):
                 return False
         return bool(up.sinks)
 
